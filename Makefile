@@ -1,0 +1,31 @@
+# Two commands for a newcomer: `make run` and `make test`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+# torch first and pinned: a looser requirement would pull a multi-GB CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[test,plots]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/swarm run
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[bench]'
+	for s in scripts/bench_*.py; do echo "== $$s"; $(BIN)/python $$s || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

@@ -1,0 +1,87 @@
+"""What gossip and the replay federation need from a transport: a *link*.
+
+`swarm.gossip` and `swarm.buffer` import no sockets. They talk to neighbours
+through an object with this shape, which :class:`swarm.peer.Peer` provides over
+ZeroMQ and :mod:`swarm.gossip.sim` provides in memory for simulations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Protocol, Sequence
+
+import numpy as np
+
+from .wire import Message
+
+__all__ = ["Member", "View", "Link", "Handler"]
+
+Handler = Callable[[Message], Awaitable[None] | None]
+
+
+@dataclass(frozen=True)
+class Member:
+    id: str
+    addr: str
+    rank: int
+
+
+@dataclass(frozen=True)
+class View:
+    """A numbered membership view: the ordered member list of one epoch.
+
+    Position in ``members`` (sorted by rank) is what topologies use, so a hole
+    left by a dead peer closes at once.
+    """
+
+    epoch: int
+    members: tuple[Member, ...] = field(default_factory=tuple)
+
+    @property
+    def ids(self) -> list[str]:
+        return [m.id for m in self.members]
+
+    def index(self, peer_id: str) -> int:
+        for i, m in enumerate(self.members):
+            if m.id == peer_id:
+                return i
+        return -1
+
+    def member(self, peer_id: str) -> Member | None:
+        i = self.index(peer_id)
+        return self.members[i] if i >= 0 else None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "members": [[m.id, m.addr, m.rank] for m in self.members]}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> "View":
+        return cls(int(d["epoch"]), tuple(Member(str(i), str(a), int(r)) for i, a, r in d["members"]))
+
+
+class Link(Protocol):
+    """A peer's connection to its neighbours, as gossip and the buffer see it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def view(self) -> View: ...
+
+    def neighbours(self) -> list[str]:
+        """Current neighbour ids, from the view and the peer's topology."""
+        ...
+
+    async def send(self, dst: str, t: str, body: dict[str, Any] | None = None,
+                   arrays: Sequence[np.ndarray] = (), *, timeout: float | None = None) -> bool:
+        """Send to one peer. Returns False if the message was dropped (queue full
+        past ``timeout``, or unknown peer); never raises for a slow neighbour."""
+        ...
+
+    def on(self, t: str, handler: Handler) -> None:
+        """Call ``handler(msg)`` for every message of type ``t`` received."""
+        ...
+
+    def on_view(self, callback: Callable[[View], None]) -> None:
+        """Call ``callback(view)`` whenever a new view is installed."""
+        ...
