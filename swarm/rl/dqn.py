@@ -1,0 +1,310 @@
+"""DQN with double Q-learning, a target network and prioritized replay.
+
+The update rule is :meth:`DQNAgent.update` and reads top to bottom on one
+screen, in the manner of CleanRL's ``dqn.py``; everything else here is plumbing
+(epsilon-greedy acting, assembling transitions, target updates, checkpoints).
+
+The Q-network's parameters live in one flat float32 tensor
+(:func:`swarm.rl.flat.flatten_parameters`), exposed by :meth:`parameters` as a
+numpy view that the gossip engine averages in place. Transitions go into the
+replay buffer given to the constructor, which a peer may federate with its
+neighbours; the agent only adds, samples and updates priorities.
+
+    >>> buf = ReplayBuffer(schema=dqn_schema((4,)), capacity=50_000, alpha=0.6,
+    ...                    eps=1e-6, decay=0.0, prioritized=True, seed=0)
+    >>> agent = DQNAgent((4,), 2, buf, DQNConfig(), seed=0)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError, SwarmError
+from ..peer.agent import BaseAgent
+from .flat import flatten_parameters, is_flat
+from .hparams import DQNConfig
+
+__all__ = ["DQNAgent", "QNetwork", "dqn_schema"]
+
+
+def dqn_schema(obs_shape: tuple[int, ...]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The replay schema DQN needs, for a buffer built outside the agent."""
+    shape = tuple(int(d) for d in obs_shape)
+    return {
+        "obs": ("float32", shape),
+        "action": ("int64", ()),
+        "reward": ("float32", ()),
+        "next_obs": ("float32", shape),
+        "done": ("float32", ()),
+    }
+
+
+class QNetwork(nn.Module):
+    """A small MLP from a flat observation to one Q-value per action."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: list[int]):
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = obs_dim
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        layers.append(nn.Linear(width, n_actions))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs.flatten(1))
+
+
+class DQNAgent(BaseAgent):
+    """Epsilon-greedy DQN agent over a discrete action space.
+
+    Args:
+        obs_shape: shape of one observation (flattened for the MLP).
+        n_actions: number of discrete actions.
+        buffer: a replay buffer with the :func:`dqn_schema` fields
+            (``add``, ``sample(n, beta)``, ``update_priorities``, ``len``).
+        config: hyperparameters; defaults to :class:`DQNConfig`.
+        seed: seeds the network initialisation and exploration.
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, buffer: Any,
+                 config: DQNConfig | None = None, seed: int = 0):
+        cfg = config or DQNConfig()
+        cfg.check()
+        if n_actions < 1:
+            raise ConfigError(f"n_actions = {n_actions}: need at least one action")
+        for name in ("add", "sample", "update_priorities", "__len__"):
+            if not hasattr(buffer, name):
+                raise ConfigError(f"buffer: {type(buffer).__name__} has no {name}(); "
+                                  "pass a swarm.buffer.ReplayBuffer")
+        self.cfg = cfg
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.n_actions = int(n_actions)
+        self.buffer = buffer
+        self.rng = np.random.default_rng(seed)
+        # Seed the initialisation without touching the caller's global torch RNG:
+        # many agents may share one process in simulations.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.q = QNetwork(int(np.prod(self.obs_shape)), self.n_actions, cfg.hidden)
+        self.flat = flatten_parameters(self.q)
+        self._vec = self.flat.numpy()
+        self.target = copy.deepcopy(self.q)
+        self.target.requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.lr)
+
+        self.steps = 0      # env steps taken (calls to deliberate)
+        self.updates = 0    # gradient steps taken
+        self._obs: np.ndarray | None = None
+        self._action: int | None = None
+        self._pending: tuple[np.ndarray, int, float] | None = None  # (obs, action, reward) awaiting next obs
+        self._loss_sum = 0.0
+        self._td_sum = 0.0
+        self._q_sum = 0.0
+        self._n_logged = 0
+
+    @classmethod
+    def for_env(cls, env: Any, buffer: Any, config: DQNConfig | None = None, seed: int = 0) -> "DQNAgent":
+        """Build an agent sized for a Gymnasium env with a Discrete action space."""
+        n = getattr(env.action_space, "n", None)
+        if n is None:
+            raise ConfigError(f"env action space {env.action_space} is not Discrete; DQN needs discrete actions")
+        return cls(env.observation_space.shape, int(n), buffer, config, seed)
+
+    # ------------------------------------------------------------ the update rule
+
+    def update(self, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """One gradient step on a batch; returns (loss, per-item TD errors)."""
+        cfg = self.cfg
+        obs, actions, rewards = batch["obs"], batch["action"].long(), batch["reward"]
+        next_obs, dones = batch["next_obs"], batch["done"]
+        with torch.no_grad():
+            if cfg.double:  # online net picks the action, target net values it
+                next_actions = self.q(next_obs).argmax(dim=1, keepdim=True)
+                next_q = self.target(next_obs).gather(1, next_actions).squeeze(1)
+            else:
+                next_q = self.target(next_obs).max(dim=1).values
+            td_target = rewards + cfg.gamma * (1.0 - dones) * next_q
+        q_taken = self.q(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
+        td_error = td_target - q_taken
+        # Importance weights undo the bias of prioritized sampling.
+        elementwise = F.huber_loss(q_taken, td_target, reduction="none", delta=cfg.huber_delta)
+        loss = (weights * elementwise).mean()
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.max_grad_norm > 0:
+            nn.utils.clip_grad_norm_(self.q.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+
+        self.updates += 1
+        if self.updates % cfg.target_every == 0:
+            self._update_target()
+        loss_value = loss.item()
+        self._log(loss_value, td_error, q_taken)
+        return loss_value, td_error.detach()
+
+    def learn(self) -> float | None:
+        """Sample the buffer, take one update, feed TD errors back as priorities."""
+        if len(self.buffer) < self.cfg.batch_size:
+            return None
+        sample = self.buffer.sample(self.cfg.batch_size, beta=self.beta)
+        batch = {k: torch.as_tensor(v) for k, v in sample.batch.items()}
+        weights = torch.as_tensor(np.asarray(sample.weights, dtype=np.float32))
+        loss, td = self.update(batch, weights)
+        self.buffer.update_priorities(sample.indices, td.abs().numpy())
+        return loss
+
+    def _update_target(self) -> None:
+        tau = self.cfg.tau
+        with torch.no_grad():
+            for tp, p in zip(self.target.parameters(), self.q.parameters()):
+                if tau >= 1.0:
+                    tp.copy_(p)
+                else:
+                    tp.mul_(1.0 - tau).add_(p, alpha=tau)
+
+    # ------------------------------------------------------------ schedules
+
+    @property
+    def epsilon(self) -> float:
+        """Exploration rate now: linear from eps_start to eps_end over eps_steps."""
+        c = self.cfg
+        frac = min(1.0, self.steps / c.eps_steps)
+        return c.eps_start + frac * (c.eps_end - c.eps_start)
+
+    @property
+    def beta(self) -> float:
+        """Importance-sampling exponent now: linear from beta_start to 1."""
+        c = self.cfg
+        frac = min(1.0, self.steps / c.beta_steps)
+        return c.beta_start + frac * (1.0 - c.beta_start)
+
+    # ------------------------------------------------------------ BaseAgent
+
+    def perceive(self, observations: Any) -> None:
+        obs = self._check_obs(observations)
+        if self._pending is not None:
+            self._store(*self._pending, obs, done=0.0)
+            self._pending = None
+        self._obs = obs
+
+    def deliberate(self) -> int:
+        if self._obs is None:
+            raise SwarmError("deliberate() before perceive(): the agent has no observation yet")
+        cfg = self.cfg
+        if self.steps >= cfg.learning_starts and self.steps % cfg.train_every == 0:
+            for _ in range(cfg.updates_per_train):
+                self.learn()
+        if self.rng.random() < self.epsilon:
+            action = int(self.rng.integers(self.n_actions))
+        else:
+            action = self.act(self._obs)
+        self.steps += 1
+        self._action = action
+        return action
+
+    def reflect(self, reward: float, terminal: bool, *, truncated: bool = False,
+                next_observations: Any = None) -> None:
+        if self._obs is None or self._action is None:
+            raise SwarmError("reflect() before deliberate(): there is no action to learn from")
+        reward = float(reward)
+        if not np.isfinite(reward):
+            raise SwarmError(f"reflect(reward={reward}): the reward must be finite")
+        obs, action = self._obs, self._action
+        self._action = None
+        if terminal:
+            # Next state is masked out by done=1, so any placeholder does.
+            nxt = obs if next_observations is None else self._check_obs(next_observations)
+            self._store(obs, action, reward, nxt, done=1.0)
+            self._obs = None
+        elif next_observations is not None:
+            nxt = self._check_obs(next_observations)
+            self._store(obs, action, reward, nxt, done=0.0)
+            # After a cut-off the next perceive() starts a new episode.
+            self._obs = None if truncated else nxt
+        elif truncated:
+            raise SwarmError("reflect(truncated=True) needs next_observations: the value of the state "
+                             "where the episode was cut off still counts")
+        else:
+            self._pending = (obs, action, reward)
+
+    def act(self, observations: Any) -> int:
+        obs = self._check_obs(observations)
+        with torch.no_grad():
+            q = self.q(torch.from_numpy(obs).unsqueeze(0))
+        return int(q.argmax(dim=1).item())
+
+    def parameters(self) -> np.ndarray:
+        return self._vec
+
+    def on_parameters_changed(self) -> None:
+        if not is_flat(self.q, self.flat):
+            raise SwarmError("the Q-network's parameters no longer live in the gossip vector "
+                             "(was the module moved or its parameters replaced?)")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "q": self.q.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "steps": self.steps,
+            "updates": self.updates,
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = {"q", "target", "optimizer", "steps", "updates", "rng"} - set(state)
+        if missing:
+            raise SwarmError(f"DQN checkpoint lacks {sorted(missing)}")
+        try:
+            # Module.load_state_dict copies into the existing tensors, so the
+            # parameters stay inside the flat gossip vector.
+            self.q.load_state_dict(state["q"])
+            self.target.load_state_dict(state["target"])
+        except RuntimeError as e:
+            raise SwarmError(f"DQN checkpoint does not fit this network: {e}") from None
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])
+        self.updates = int(state["updates"])
+        self.rng.bit_generator.state = state["rng"]
+
+    def metrics(self) -> dict[str, float]:
+        """Means since the last call (loss, |TD|, Q) plus epsilon and counters."""
+        out = {"epsilon": self.epsilon, "updates": float(self.updates), "steps": float(self.steps)}
+        if self._n_logged:
+            n = self._n_logged
+            out.update(loss=self._loss_sum / n, td_abs=self._td_sum / n, q_mean=self._q_sum / n)
+            self._loss_sum = self._td_sum = self._q_sum = 0.0
+            self._n_logged = 0
+        return out
+
+    # ------------------------------------------------------------ plumbing
+
+    def _check_obs(self, observations: Any) -> np.ndarray:
+        obs = np.asarray(observations, dtype=np.float32)
+        if obs.shape != self.obs_shape:
+            raise SwarmError(f"observation has shape {obs.shape}; this agent was built for {self.obs_shape}")
+        return obs
+
+    def _store(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray, done: float) -> None:
+        self.buffer.add({
+            "obs": obs[None],
+            "action": np.array([action], dtype=np.int64),
+            "reward": np.array([reward], dtype=np.float32),
+            "next_obs": next_obs[None],
+            "done": np.array([done], dtype=np.float32),
+        })
+
+    def _log(self, loss: float, td: torch.Tensor, q: torch.Tensor) -> None:
+        self._loss_sum += loss
+        self._td_sum += float(td.detach().abs().mean())
+        self._q_sum += float(q.detach().mean())
+        self._n_logged += 1

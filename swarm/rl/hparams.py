@@ -1,0 +1,64 @@
+"""Hyperparameters of the reference agents, as typed config (no torch here).
+
+Kept apart from :mod:`swarm.rl.dqn` so that experiment specs can be loaded and
+checked without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import opt
+from ..errors import ConfigError
+
+__all__ = ["DQNConfig"]
+
+
+def _pos(x: float) -> bool:
+    return x > 0
+
+
+def _nonneg(x: float) -> bool:
+    return x >= 0
+
+
+def _unit(x: float) -> bool:
+    return 0.0 <= x <= 1.0
+
+
+@dataclass
+class DQNConfig:
+    """DQN with double Q-learning, a target network and prioritized replay."""
+
+    hidden: list[int] = opt([64, 64], "hidden layer widths of the Q-network MLP",
+                            lambda h: len(h) >= 1 and all(w > 0 for w in h),
+                            "must be a non-empty list of positive widths")
+    lr: float = opt(1e-3, "Adam learning rate", _pos, "must be > 0")
+    gamma: float = opt(0.99, "discount factor", lambda g: 0.0 <= g < 1.0, "must be in [0, 1)")
+    batch_size: int = opt(64, "transitions per update", _pos, "must be > 0")
+    learning_starts: int = opt(1000, "env steps before the first update (random actions until then)",
+                               _nonneg, "must be >= 0")
+    train_every: int = opt(1, "env steps between updates", _pos, "must be > 0")
+    updates_per_train: int = opt(1, "gradient steps each time an update is due", _pos, "must be > 0")
+    double: bool = opt(True, "double DQN: the online net picks the next action, the target net values it")
+    tau: float = opt(1.0, "target update rate: 1.0 copies (hard update), < 1 is Polyak averaging",
+                     lambda t: 0.0 < t <= 1.0, "must be in (0, 1]")
+    target_every: int = opt(500, "updates between target-network updates", _pos, "must be > 0")
+    huber_delta: float = opt(1.0, "Huber loss threshold", _pos, "must be > 0")
+    max_grad_norm: float = opt(10.0, "gradient clipping norm; 0 disables", _nonneg, "must be >= 0")
+    eps_start: float = opt(1.0, "initial exploration rate", _unit, "must be in [0, 1]")
+    eps_end: float = opt(0.05, "final exploration rate", _unit, "must be in [0, 1]")
+    eps_steps: int = opt(10_000, "env steps over which epsilon falls linearly to eps_end", _pos, "must be > 0")
+    beta_start: float = opt(0.4, "initial importance-sampling exponent", _unit, "must be in [0, 1]")
+    beta_steps: int = opt(50_000, "env steps over which beta rises linearly to 1", _pos, "must be > 0")
+
+    def check(self, prefix: str = "") -> None:
+        """Cross-field checks that a single field's check cannot see.
+
+        ``prefix`` (e.g. ``"dqn."``) makes the error name the full key when this
+        config sits inside a larger one. (Not named ``validate``, which
+        :func:`swarm.config.from_dict` would call without the prefix.)
+        """
+        if self.eps_end > self.eps_start:
+            raise ConfigError(f"{prefix}eps_end = {self.eps_end} is above {prefix}eps_start = "
+                              f"{self.eps_start}; epsilon only falls")

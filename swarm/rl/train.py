@@ -1,0 +1,122 @@
+"""A plain single-process training loop over a Gymnasium env.
+
+This is the isolated learner: no peer, no gossip. The peer-side runner drives
+an agent the same way (perceive → deliberate → step → reflect) and gossips
+between steps; comparing the two is what the experiments measure.
+
+    >>> result = run_agent("CartPole-v1", agent, steps=20_000, seed=0)
+    >>> result.returns[-10:]
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..peer.agent import BaseAgent
+
+__all__ = ["StepInfo", "RunResult", "run_agent", "evaluate", "make_env"]
+
+
+@dataclass
+class StepInfo:
+    """What the ``on_step`` callback sees after each env step."""
+
+    step: int                       # env steps done so far (1-based)
+    reward: float
+    terminal: bool
+    truncated: bool
+    episode_return: float | None    # set on the step that ends an episode
+    agent: BaseAgent
+
+
+@dataclass
+class RunResult:
+    """Episode returns of a run and where in the run each episode ended."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    returns: list[float] = field(default_factory=list)
+    episode_ends: list[int] = field(default_factory=list)   # env step at which each episode ended
+
+    def mean_return(self, last: int = 10) -> float:
+        """Mean return of the last ``last`` finished episodes (NaN if none)."""
+        tail = self.returns[-last:]
+        return float(np.mean(tail)) if tail else float("nan")
+
+
+def make_env(env_id: str, **kwargs: Any) -> Any:
+    """``gymnasium.make`` with an error naming the env when the id is unknown."""
+    import gymnasium as gym
+
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.Error as e:
+        raise ConfigError(f"env = {env_id!r}: gymnasium cannot make it ({e})") from None
+
+
+def run_agent(env_id: str, agent: BaseAgent, steps: int, seed: int = 0,
+              on_step: Callable[[StepInfo], bool | None] | None = None) -> RunResult:
+    """Train ``agent`` on a fresh ``env_id`` for ``steps`` env steps.
+
+    ``on_step`` is called after every step; returning True stops the run early
+    (e.g. once an evaluation says the task is solved). Episodes that a time limit
+    cuts off are reported to the agent as truncated with their final observation,
+    so it can still bootstrap from it.
+    """
+    if steps < 0:
+        raise ConfigError(f"steps = {steps}: must be >= 0")
+    env = make_env(env_id)
+    result = RunResult()
+    start = time.perf_counter()
+    try:
+        env.action_space.seed(seed)
+        obs, _ = env.reset(seed=seed)
+        agent.perceive(obs)
+        ep_return = 0.0
+        for t in range(1, steps + 1):
+            action = agent.deliberate()
+            obs, reward, terminated, truncated, _ = env.step(action)
+            ep_return += float(reward)
+            done = terminated or truncated
+            agent.reflect(float(reward), bool(terminated), truncated=bool(truncated),
+                          next_observations=obs if done else None)
+            finished = ep_return if done else None
+            if done:
+                result.returns.append(ep_return)
+                result.episode_ends.append(t)
+                ep_return = 0.0
+                obs, _ = env.reset()
+            agent.perceive(obs)
+            result.steps = t
+            if on_step is not None and on_step(StepInfo(t, float(reward), bool(terminated),
+                                                        bool(truncated), finished, agent)):
+                break
+    finally:
+        env.close()
+        result.seconds = time.perf_counter() - start
+    return result
+
+
+def evaluate(env_id: str, agent: BaseAgent, episodes: int = 5, seed: int = 10_000) -> list[float]:
+    """Returns of ``episodes`` greedy episodes (``agent.act``), no learning."""
+    if episodes < 1:
+        raise ConfigError(f"episodes = {episodes}: must be >= 1")
+    env = make_env(env_id)
+    returns = []
+    try:
+        for i in range(episodes):
+            obs, _ = env.reset(seed=seed + i)
+            total, done = 0.0, False
+            while not done:
+                obs, reward, terminated, truncated, _ = env.step(agent.act(obs))
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+    finally:
+        env.close()
+    return returns
