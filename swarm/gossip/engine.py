@@ -1,0 +1,501 @@
+"""The gossip engine: CHOCO-style compressed deltas over a :class:`~swarm.link.Link`.
+
+One round for peer i, with senders N(i) and mixing weights w (see
+:mod:`swarm.gossip.topology`)::
+
+    q_i   = C(x_i − x̂_i)           # compressed delta: the only thing sent
+    x̂_i  += q_i ;  x̂_j += q_j      # public copies, identical on both ends
+    x_i  += γ · Σ_j w_ij (x̂_j − x̂_i)
+
+With the identity codec and γ = 1 this is exact gossip ``x ← W x``; for every
+codec the sum over peers is unchanged in lockstep (each pair's terms cancel
+because both ends hold the same copies).
+
+Streams and copies
+    On static topologies a peer has one outgoing stream (one x̂_i, broadcast to
+    all its receivers). On time-varying ones (one-peer exponential, random
+    pairing) it keeps one stream per receiver, because a receiver that is not
+    heard from every round cannot follow a broadcast copy. Each stream carries a
+    version; a receiver holds one copy per sender with that version.
+
+    A receiver that is new to a stream, whose send failed, or that reports a gap
+    (``gsp_nack``) is sent the *full* public copy (dense float32) instead of a
+    delta, so nobody ever applies a delta to a copy it never had.
+
+Messages (registered with :func:`swarm.wire.register_type`)
+    ``gsp_delta``  body ``{r, ver, meta}``, arrays = the codec's frames
+    ``gsp_full``   body ``{r, ver}``, arrays = ``[x̂ float32[d]]``
+    ``gsp_nack``   body ``{ver}``: "my copy of you is not at ``ver − 1``; send it full"
+
+Sync modes
+    ``lockstep`` waits (up to ``round_timeout``) for every sender's round-t
+    message; ``bounded`` waits only for senders more than ``max_staleness``
+    rounds behind; ``async`` never waits and uses whatever has arrived. Messages
+    from a sender's *future* rounds are held back in lockstep and bounded so
+    both ends mix the same copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from .. import wire
+from ..errors import ConfigError, GossipError
+from ..link import Link, View
+from ..wire import Message
+from . import topology as topo
+from ._codecs import Received, make_codec
+
+__all__ = ["Gossip", "RoundResult", "GossipStats", "SYNC_MODES", "MODES"]
+
+log = logging.getLogger(__name__)
+
+T_DELTA = wire.register_type("gsp_delta")
+T_FULL = wire.register_type("gsp_full")
+T_NACK = wire.register_type("gsp_nack")
+
+SYNC_MODES = ("lockstep", "bounded", "async")
+MODES = ("params", "pseudo_gradient")
+
+# Random pairing meets many partners over time; past this many per-receiver
+# streams the least recently used is forgotten (its next meeting starts full).
+_MAX_EDGE_STREAMS = 8
+
+
+@dataclass
+class RoundResult:
+    """What one gossip round did.
+
+    ``ok`` is true only if the peer actually averaged with somebody; a round
+    with no participants (alone in the view, everyone timed out) is reported
+    with ``ok = False`` and ``reason``.
+    """
+
+    round: int
+    participants: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    staleness: dict[str, int] = field(default_factory=dict)
+    bytes_out: int = 0
+    bytes_in: int = 0
+    sent: int = 0
+    full_sent: int = 0
+    dropped: int = 0
+    rejected: int = 0
+    waited_s: float = 0.0
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.participants)
+
+
+@dataclass
+class GossipStats:
+    """Counters over the engine's life (rejections never change state)."""
+
+    rounds: int = 0
+    rounds_alone: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+    dropped_sends: int = 0
+    rejected_nonfinite: int = 0
+    rejected_size: int = 0
+    rejected_malformed: int = 0
+    out_of_sync: int = 0
+    nacks_sent: int = 0
+    full_sent: int = 0
+    ignored_strangers: int = 0
+
+
+class _OutStream:
+    """One public copy x̂ of our own vector, and who holds it at which version."""
+
+    def __init__(self, d: int, codec: Any):
+        self.hat = np.zeros(d, np.float32)
+        self.ver = 0
+        self.codec = codec
+        self.synced: set[str] = set()
+
+
+class _InCopy:
+    """Our copy of a sender's public stream, and its messages not yet applied."""
+
+    def __init__(self, d: int, codec: Any):
+        self.hat = np.zeros(d, np.float32)
+        self.ver = -1          # -1: never had a full state, so deltas cannot apply
+        self.round = -1        # round of the last message applied
+        self.codec = codec
+        self.pending: deque[Message] = deque()
+
+
+class Gossip:
+    """Gossip averaging of one float32 vector with the neighbours a link provides.
+
+    >>> g = Gossip(link, x, topology="ring", codec="identity", gamma=1.0)
+    >>> result = await g.round()          # one round; x is updated in place
+
+    Parameters
+    ----------
+    link: the transport (a :class:`swarm.peer.Peer` or a :class:`swarm.gossip.sim.SimLink`).
+    params: a 1-D contiguous float32 array, updated in place (see
+        :func:`swarm.gossip.flat.flat_parameters` for a torch module).
+    topology, edges, seed: as in :mod:`swarm.gossip.topology`, applied to the link's view.
+    codec: codec spec for :func:`swarm.compress.get_codec`; one instance per stream.
+    gamma: CHOCO consensus step in (0, 1]; 1 with the identity codec is exact gossip,
+        compressed codecs need less (e.g. 0.2–0.5 for sign or top-1%).
+    sync: ``lockstep``, ``bounded`` or ``async``; ``max_staleness`` for ``bounded``.
+    round_timeout: longest a round waits for neighbours, in seconds.
+    send_timeout: passed to ``link.send``.
+    mode: ``params`` (plain averaging) or ``pseudo_gradient`` (outer Nesterov step on
+        the movement to the neighbourhood average, DiLoCo-style), with ``outer_lr``
+        and ``outer_momentum``.
+    local_steps: H, the local steps between rounds counted by :meth:`local_step`.
+    """
+
+    def __init__(self, link: Link, params: np.ndarray, *, topology: str = "ring",
+                 codec: str = "identity", gamma: float = 1.0,
+                 sync: Literal["lockstep", "bounded", "async"] = "lockstep",
+                 max_staleness: int = 1, round_timeout: float = 5.0,
+                 send_timeout: float | None = 1.0, edges: Any = None, seed: int = 0,
+                 mode: Literal["params", "pseudo_gradient"] = "params",
+                 outer_lr: float = 0.7, outer_momentum: float = 0.9, local_steps: int = 1):
+        if not isinstance(params, np.ndarray) or params.dtype != np.float32 or params.ndim != 1 \
+                or not params.flags.c_contiguous or not params.flags.writeable:
+            raise ConfigError("params must be a writeable 1-D contiguous float32 numpy array, got "
+                              f"{type(params).__name__} {getattr(params, 'dtype', '')} "
+                              f"shape {getattr(params, 'shape', '')}")
+        if params.size == 0:
+            raise ConfigError("params is empty: nothing to gossip")
+        if topology not in topo.TOPOLOGIES:
+            raise ConfigError(f"unknown topology {topology!r}; choose one of {', '.join(topo.TOPOLOGIES)}")
+        if not (isinstance(gamma, (int, float)) and 0 < gamma <= 1):
+            raise ConfigError(f"gamma must be in (0, 1], got {gamma!r}")
+        if sync not in SYNC_MODES:
+            raise ConfigError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
+        if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+            raise ConfigError(f"max_staleness must be an integer >= 0, got {max_staleness!r}")
+        if not (isinstance(round_timeout, (int, float)) and round_timeout > 0):
+            raise ConfigError(f"round_timeout must be > 0 seconds, got {round_timeout!r}")
+        if mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        if not (isinstance(outer_lr, (int, float)) and outer_lr > 0):
+            raise ConfigError(f"outer_lr must be > 0, got {outer_lr!r}")
+        if not (isinstance(outer_momentum, (int, float)) and 0 <= outer_momentum < 1):
+            raise ConfigError(f"outer_momentum must be in [0, 1), got {outer_momentum!r}")
+        if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
+            raise ConfigError(f"local_steps must be an integer >= 1, got {local_steps!r}")
+        make_codec(codec)  # fail now, naming the spec, rather than in the first round
+        if topology == "custom":
+            # positions must fit the current view; later views are checked per round
+            topo._edge_list(edges, max(1, len(link.view.members)))
+
+        self.link = link
+        self.x = params
+        self.d = params.size
+        self.topology, self.edges, self.seed = topology, edges, seed
+        self.codec_spec = codec
+        self.gamma = float(gamma)
+        self.sync, self.max_staleness = sync, max_staleness
+        self.round_timeout, self.send_timeout = float(round_timeout), send_timeout
+        self.mode, self.outer_lr, self.outer_momentum = mode, float(outer_lr), float(outer_momentum)
+        self.local_steps = local_steps
+        self.t = 0
+        self.stats = GossipStats()
+        self._per_edge = topology in topo.TIME_VARYING
+        self._out: OrderedDict[str, _OutStream] = OrderedDict()  # key "" = broadcast stream
+        self._in: dict[str, _InCopy] = {}
+        self._arrived = asyncio.Event()
+        self._bytes_in = 0
+        self._rejected = 0
+        self._steps = 0
+        self._scratch = np.empty(self.d, np.float32)
+        self._anchor = params.copy() if mode == "pseudo_gradient" else None
+        self._momentum = np.zeros(self.d, np.float32) if mode == "pseudo_gradient" else None
+        self._view: View = link.view
+        link.on(T_DELTA, self._on_message)
+        link.on(T_FULL, self._on_message)
+        link.on(T_NACK, self._on_nack)
+        link.on_view(self._on_view)
+
+    # ------------------------------------------------------------ topology
+
+    def _positions(self, t: int) -> tuple[int, list[str], list[str], dict[str, float]]:
+        """(my position, sender ids, receiver ids, weights by id incl. self) for round t."""
+        ids = self._view.ids
+        i = self._view.index(self.link.id)
+        if i < 0:
+            return -1, [], [], {}
+        n = len(ids)
+        kw = dict(edges=self.edges, seed=self.seed)
+        snd = [ids[j] for j in topo.senders(self.topology, n, i, t, **kw)]
+        rcv = [ids[j] for j in topo.receivers(self.topology, n, i, t, **kw)]
+        w = {ids[j]: v for j, v in topo.weights(self.topology, n, i, t, **kw).items()}
+        return i, snd, rcv, w
+
+    def _on_view(self, view: View) -> None:
+        # Neighbours follow the new view at the next round; copies of peers that
+        # left are dropped so a later return starts from a full state.
+        if view.epoch < self._view.epoch:
+            return
+        self._view = view
+        present = set(view.ids)
+        for src in [s for s in self._in if s not in present]:
+            del self._in[src]
+        for key in [k for k in self._out if k and k not in present]:
+            del self._out[key]
+        for s in self._out.values():
+            s.synced &= present
+        self._arrived.set()
+
+    # ------------------------------------------------------------ receiving
+
+    def _on_message(self, msg: Message) -> None:
+        if self._view.index(msg.src) < 0:
+            self.stats.ignored_strangers += 1
+            return
+        copy = self._in.get(msg.src)
+        if copy is None:
+            copy = self._in[msg.src] = _InCopy(self.d, make_codec(self.codec_spec))
+        n = msg.nbytes or sum(int(a.nbytes) for a in msg.arrays)
+        self._bytes_in += n
+        self.stats.bytes_in += n
+        copy.pending.append(msg)
+        self._arrived.set()
+
+    def _on_nack(self, msg: Message) -> None:
+        stream = self._out.get(msg.src if self._per_edge else "")
+        if stream is not None:
+            stream.synced.discard(msg.src)
+
+    def _reject(self, src: str, kind: str, why: str) -> None:
+        setattr(self.stats, kind, getattr(self.stats, kind) + 1)
+        self._rejected += 1
+        log.debug("gossip: rejected message from %s: %s", src, why)
+
+    def _apply_pending(self, src: str, copy: _InCopy, upto: int | None) -> list[int]:
+        """Apply queued messages of ``src`` in order, up to round ``upto``; returns
+        versions that failed to apply (each gets a nack)."""
+        gaps: list[int] = []
+        while copy.pending:
+            msg = copy.pending[0]
+            r, ver = msg.body.get("r"), msg.body.get("ver")
+            if not isinstance(r, int) or not isinstance(ver, int) or isinstance(r, bool):
+                copy.pending.popleft()
+                self._reject(src, "rejected_malformed", "body lacks integer r and ver")
+                continue
+            if upto is not None and r > upto:
+                break
+            copy.pending.popleft()
+            if msg.t == T_FULL:
+                if len(msg.arrays) != 1 or msg.arrays[0].dtype != np.float32 or msg.arrays[0].size != self.d:
+                    self._reject(src, "rejected_size", f"full state is not float32[{self.d}]")
+                    gaps.append(ver)
+                    continue
+                a = msg.arrays[0].reshape(-1)
+                if not np.isfinite(a).all():
+                    self._reject(src, "rejected_nonfinite", "full state has NaN/Inf")
+                    copy.ver = -1  # the old copy no longer matches the sender's
+                    gaps.append(ver)
+                    continue
+                np.copyto(copy.hat, a)
+                copy.ver, copy.round = ver, r
+                continue
+            if copy.ver < 0 or ver != copy.ver + 1:
+                self.stats.out_of_sync += 1
+                copy.ver = -1
+                gaps.append(ver)
+                continue
+            meta = msg.body.get("meta")
+            if not isinstance(meta, dict):
+                self._reject(src, "rejected_malformed", "delta without codec meta")
+                copy.ver = -1
+                gaps.append(ver)
+                continue
+            try:
+                q = copy.codec.decode(Received(meta, list(msg.arrays)))
+            except Exception as e:  # a codec may raise anything on hostile meta
+                self._reject(src, "rejected_malformed", f"codec could not decode: {e}")
+                copy.ver = -1
+                gaps.append(ver)
+                continue
+            q = np.asarray(q).reshape(-1)
+            if q.size != self.d:
+                self._reject(src, "rejected_size", f"delta has {q.size} values, expected {self.d}")
+                copy.ver = -1
+                gaps.append(ver)
+                continue
+            if not np.isfinite(q).all():
+                self._reject(src, "rejected_nonfinite", "delta has NaN/Inf")
+                copy.ver = -1
+                gaps.append(ver)
+                continue
+            copy.hat += q
+            copy.ver, copy.round = ver, r
+        return gaps
+
+    # ------------------------------------------------------------ a round
+
+    def _stream_for(self, dst: str) -> _OutStream:
+        key = dst if self._per_edge else ""
+        s = self._out.get(key)
+        if s is None:
+            s = self._out[key] = _OutStream(self.d, make_codec(self.codec_spec))
+            if self._per_edge and len(self._out) > _MAX_EDGE_STREAMS:
+                self._out.popitem(last=False)
+        else:
+            self._out.move_to_end(key)
+        return s
+
+    async def _send(self, dst: str, t: str, body: dict, arrays: list, res: RoundResult) -> bool:
+        nbytes = sum(len(f) if isinstance(f, (bytes, bytearray)) else int(np.asarray(f).nbytes)
+                     for f in wire.encode(t, self.link.id, body=body, arrays=arrays))
+        ok = await self.link.send(dst, t, body, arrays, timeout=self.send_timeout)
+        if ok:
+            res.bytes_out += nbytes
+            res.sent += 1
+        else:
+            res.dropped += 1
+        return ok
+
+    async def round(self) -> RoundResult:
+        """Run one gossip round; ``x`` is updated in place. Never raises for a slow,
+        dead or misbehaving neighbour: that shows in the result."""
+        if self.stats.rounds == 0:
+            # A peer joining a running swarm adopts its neighbours' round number,
+            # which time-varying topologies and lockstep both rely on.
+            seen = [m.body.get("r") for c in self._in.values() for m in c.pending]
+            self.t = max([self.t] + [r for r in seen if isinstance(r, int) and not isinstance(r, bool)])
+        t = self.t
+        res = RoundResult(round=t)
+        self._bytes_in, self._rejected = 0, 0
+        me, senders, receivers, w = self._positions(t)
+        if me < 0:
+            res.reason = "not a member of the current view"
+        # 1. compress and send our deltas (full state to anyone not in sync).
+        streams: dict[int, tuple[_OutStream, list[str]]] = {}
+        for dst in receivers:
+            s = self._stream_for(dst)
+            streams.setdefault(id(s), (s, []))[1].append(dst)
+        if not self._per_edge and receivers:
+            self._stream_for("").synced &= set(receivers)
+        sends = []
+        for s, dsts in streams.values():
+            np.subtract(self.x, s.hat, out=self._scratch)
+            enc = s.codec.encode(self._scratch)
+            q = s.codec.decode(enc)
+            s.hat += np.asarray(q, np.float32).reshape(-1)
+            s.ver += 1
+            meta = dict(enc.meta)
+            frames = [np.asarray(f) for f in enc.frames]
+            for dst in dsts:
+                if dst in s.synced:
+                    sends.append((s, dst, T_DELTA, {"r": t, "ver": s.ver, "meta": meta}, frames))
+                else:
+                    sends.append((s, dst, T_FULL, {"r": t, "ver": s.ver}, [s.hat]))
+        for s, dst, typ, body, arrays in sends:
+            if await self._send(dst, typ, body, arrays, res):
+                if typ == T_FULL:
+                    res.full_sent += 1
+                    self.stats.full_sent += 1
+                s.synced.add(dst)
+            else:
+                s.synced.discard(dst)
+
+        # 2. wait as the sync mode says, applying arrivals as they come.
+        upto = None if self.sync == "async" else t
+        need = {"lockstep": t, "bounded": t - self.max_staleness, "async": None}[self.sync]
+        t0 = time.monotonic()
+        deadline = t0 + self.round_timeout
+        while True:
+            await self._drain(upto)
+            waiting = [] if need is None else [j for j in senders if self._copy_round(j) < need]
+            if not waiting:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                pass
+            # the view may have changed while we waited
+            senders = [j for j in senders if self._view.index(j) >= 0]
+        res.waited_s = time.monotonic() - t0
+
+        # 3. mix with every sender whose copy is usable.
+        usable = [j for j in senders if j in self._in and self._in[j].ver >= 0
+                  and (need is None or self._in[j].round >= need)]
+        res.missing = [j for j in senders if j not in usable]
+        res.participants = usable
+        res.staleness = {j: max(0, t - self._in[j].round) for j in usable}
+        if usable:
+            own = (self._out[receivers[0] if self._per_edge else ""].hat if receivers
+                   else self._out[""].hat if "" in self._out else self.x)
+            acc = self._scratch
+            acc.fill(0.0)
+            total = 0.0
+            for j in usable:
+                acc += np.float32(w[j]) * self._in[j].hat
+                total += w[j]
+            acc -= np.float32(total) * own
+            acc *= np.float32(self.gamma)
+            self.x += acc
+            if self.mode == "pseudo_gradient":
+                self._outer_step()
+        else:
+            self.stats.rounds_alone += 1
+            if not res.reason:
+                res.reason = ("alone in the view" if not senders
+                              else "no neighbour's state arrived in time")
+        res.bytes_in, res.rejected = self._bytes_in, self._rejected
+        self.stats.bytes_out += res.bytes_out
+        self.stats.dropped_sends += res.dropped
+        self.stats.rounds += 1
+        self.t += 1
+        return res
+
+    def _copy_round(self, j: str) -> int:
+        c = self._in.get(j)
+        return c.round if c is not None and c.ver >= 0 else -1
+
+    async def _drain(self, upto: int | None) -> None:
+        for src in list(self._in):
+            copy = self._in[src]
+            if not copy.pending:
+                continue
+            gaps = self._apply_pending(src, copy, upto)
+            if gaps and self._view.index(src) >= 0:
+                self.stats.nacks_sent += 1
+                await self.link.send(src, T_NACK, {"ver": gaps[-1]}, (), timeout=self.send_timeout)
+
+    def _outer_step(self) -> None:
+        # x now holds the neighbourhood average y. Pseudo-gradient g = anchor − y;
+        # Nesterov: m ← μm + g; anchor ← anchor − lr (g + μm); x ← anchor.
+        g = self._anchor - self.x
+        self._momentum *= np.float32(self.outer_momentum)
+        self._momentum += g
+        g += np.float32(self.outer_momentum) * self._momentum
+        self._anchor -= np.float32(self.outer_lr) * g
+        np.copyto(self.x, self._anchor)
+
+    async def local_step(self) -> RoundResult | None:
+        """Count one local training step; every ``local_steps``-th call runs a round."""
+        self._steps += 1
+        if self._steps % self.local_steps:
+            return None
+        return await self.round()
+
+    def reset_anchor(self) -> None:
+        """In pseudo-gradient mode, take the current ``x`` as the outer parameters
+        (call after loading a checkpoint)."""
+        if self._anchor is not None:
+            np.copyto(self._anchor, self.x)
+            self._momentum.fill(0.0)
