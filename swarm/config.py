@@ -79,9 +79,14 @@ class CoordinatorConfig:
     """Membership and failure detection settings of the coordinator."""
 
     bind: str = opt("tcp://127.0.0.1:5555", "ROUTER address the coordinator binds")
-    heartbeat_timeout_s: float = opt(0.25, "silence after which a peer is suspected", _positive, "must be > 0")
-    probe_timeout_s: float = opt(0.15, "deadline for a suspected peer to answer a direct probe",
+    heartbeat_timeout_s: float = opt(1.0, "heartbeat silence after which a peer is suspected and probed",
+                                     _positive, "must be > 0")
+    probe_timeout_s: float = opt(0.3, "deadline for a suspected peer to answer a direct probe",
                                  _positive, "must be > 0")
+    zmtp_heartbeat_s: float = opt(0.1, "ZMTP heartbeat interval on peer connections (libzmq answers "
+                                  "these, so only a frozen or dead process misses them)", _positive, "must be > 0")
+    zmtp_timeout_s: float = opt(0.3, "ZMTP heartbeat timeout: a frozen peer is detected after about this long",
+                                _positive, "must be > 0")
     rejoin_grace_s: float = opt(0.3, "after a (re)start, how long to gather re-joins before the first view",
                                 _nonneg, "must be >= 0")
     tick_s: float = opt(0.02, "failure detector period", _positive, "must be > 0")

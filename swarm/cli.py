@@ -1,0 +1,246 @@
+"""`swarm` — the command line. The only place that picks uvloop.
+
+    swarm coordinator --bind tcp://0.0.0.0:5555
+    swarm peer --coordinator tcp://HOST:5555 [--bind ADDR] [--id ID] [--rank N]
+    swarm status --coordinator tcp://HOST:5555 [--json]
+    swarm run [SPEC] [--set key=value ...]
+
+Peers also read SWARM_COORDINATOR and SWARM_RANK, and fall back to what Slurm
+(SLURM_PROCID) and torchrun (RANK, MASTER_ADDR) set, so existing launchers can
+start them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, Callable, Coroutine
+
+from .config import CoordinatorConfig, PeerConfig, SwarmConfig, load_config
+from .errors import SwarmError
+
+log = logging.getLogger("swarm.cli")
+
+DEFAULT_PORT = 5555
+
+
+def _runner(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    try:
+        import uvloop
+        factory = uvloop.new_event_loop
+    except ImportError:  # uvloop is a dependency, but a plain loop works too
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main())
+
+
+async def _until_signal() -> None:
+    """Return on SIGINT or SIGTERM (Ctrl-C leaves cleanly)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
+    """Coordinator addresses from SWARM_COORDINATOR (comma-separated) or MASTER_ADDR."""
+    env = os.environ if environ is None else environ
+    if env.get("SWARM_COORDINATOR"):
+        return [a.strip() for a in env["SWARM_COORDINATOR"].split(",") if a.strip()]
+    if env.get("MASTER_ADDR"):
+        port = env.get("SWARM_COORDINATOR_PORT", str(DEFAULT_PORT))
+        return [f"tcp://{env['MASTER_ADDR']}:{port}"]
+    return []
+
+
+def env_rank(environ: dict[str, str] | None = None) -> int:
+    """Requested rank from SWARM_RANK, else SLURM_PROCID, else torchrun's RANK; -1 if none."""
+    env = os.environ if environ is None else environ
+    for key in ("SWARM_RANK", "SLURM_PROCID", "RANK"):
+        if env.get(key, "") != "":
+            try:
+                r = int(env[key])
+            except ValueError:
+                raise SwarmError(f"{key}={env[key]!r} is not an integer rank") from None
+            if r < 0:
+                raise SwarmError(f"{key}={r} must be >= 0")
+            return r
+    return -1
+
+
+def _config(args: argparse.Namespace) -> SwarmConfig:
+    return load_config(getattr(args, "config", None), list(getattr(args, "set", None) or []))
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from .coordinator import Coordinator
+
+    cfg = _config(args).coordinator
+    if args.bind:
+        cfg.bind = args.bind
+
+    async def main() -> int:
+        async with Coordinator(cfg) as coord:
+            print(f"swarm coordinator on {coord.address} (pid {os.getpid()})", flush=True)
+            stop = asyncio.create_task(_until_signal())
+            done = asyncio.create_task(coord.closed())
+            await asyncio.wait([stop, done], return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if done.done():
+                done.result()
+        return 0
+
+    return _runner(main)
+
+
+def cmd_peer(args: argparse.Namespace) -> int:
+    from .peer import Peer
+
+    cfg: PeerConfig = _config(args).peer
+    coords = [args.coordinator] if args.coordinator else (cfg.coordinators or env_coordinator())
+    if not coords:
+        raise SwarmError("no coordinator: pass --coordinator tcp://HOST:PORT or set SWARM_COORDINATOR")
+    cfg.coordinators = coords
+    if args.bind:
+        cfg.bind = args.bind
+    if args.id:
+        cfg.id = args.id
+    if args.topology:
+        cfg.topology = args.topology
+    cfg.rank = args.rank if args.rank is not None else (cfg.rank if cfg.rank >= 0 else env_rank())
+
+    async def main() -> int:
+        peer = Peer(cfg)
+        await peer.start()
+        try:
+            print(f"swarm peer {peer.id} on {peer.address}, rank {peer.rank}, "
+                  f"coordinator {coords[0]} (pid {os.getpid()})", flush=True)
+            last = -1
+
+            def show(view: Any) -> None:
+                nonlocal last
+                if view.epoch != last:
+                    last = view.epoch
+                    print(f"epoch {view.epoch}: {len(view.members)} members, "
+                          f"neighbours {peer.neighbours()}", flush=True)
+
+            peer.on_view(show)
+            show(peer.view)
+            await _until_signal()
+            print(f"swarm peer {peer.id} leaving", flush=True)
+        finally:
+            await peer.close()
+        return 0
+
+    return _runner(main)
+
+
+async def query_status(address: str, timeout: float = 2.0) -> dict[str, Any]:
+    """Ask a coordinator for its member table and view."""
+    import zmq
+    import zmq.asyncio
+
+    from . import transport as tp
+    from . import wire
+
+    ctx = zmq.asyncio.Context()
+    s = tp.dealer(ctx, hwm=4)
+    try:
+        tp.connect(s, address)
+        await s.send_multipart(wire.encode("status", f"status-{os.getpid()}"))
+        if not await s.poll(int(timeout * 1000)):
+            raise SwarmError(f"no coordinator answered at {address} within {timeout} s")
+        msg = wire.decode(await s.recv_multipart(), wire.Limits(max_header_bytes=64 * 1024 * 1024))
+        return msg.body
+    finally:
+        s.close(0)
+        ctx.term()
+
+
+def format_status(st: dict[str, Any]) -> str:
+    lines = [f"coordinator {st['coordinator']}  epoch {st['epoch']}  uptime {st['uptime_s']:.1f} s  "
+             f"members {len(st['view']['members'])}"]
+    head = f"{'id':<20} {'rank':>4} {'state':<8} {'hb age':>7} {'linked':>6}  {'address':<24} neighbours"
+    lines += [head, "-" * len(head)]
+    for r in st["members"]:
+        age = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.2f}"
+        lines.append(f"{r['id']:<20} {r['rank']:>4} {r['state']:<8} {age:>7} {r['linked_epoch']:>6}  "
+                     f"{r['addr']:<24} {','.join(r['neighbours'])}")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    addrs = [args.coordinator] if args.coordinator else env_coordinator()
+    if not addrs:
+        raise SwarmError("no coordinator: pass --coordinator tcp://HOST:PORT or set SWARM_COORDINATOR")
+    st = asyncio.run(query_status(addrs[0], args.timeout))
+    print(json.dumps(st, indent=2) if args.json else format_status(st))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .experiment.launch import run_experiment
+
+    return run_experiment(args.spec, list(args.set or []), resume=getattr(args, "resume", None))
+
+
+# ---------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="swarm", description="Decentralized RL over ZeroMQ gossip.")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    c = sub.add_parser("coordinator", help="run a coordinator (membership and failover only)")
+    c.add_argument("--bind", default=None, help=f"address to bind (default tcp://127.0.0.1:{DEFAULT_PORT})")
+    c.add_argument("--config", help="TOML or JSON config file")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
+    c.set_defaults(func=cmd_coordinator)
+
+    q = sub.add_parser("peer", help="run one peer; joins the coordinator and links to its neighbours")
+    q.add_argument("--coordinator", help="coordinator address (else SWARM_COORDINATOR or MASTER_ADDR)")
+    q.add_argument("--bind", help="address to bind (default tcp://127.0.0.1:*)")
+    q.add_argument("--id", help="peer id (default HOSTNAME-PID)")
+    q.add_argument("--rank", type=int, help="requested rank (else SWARM_RANK, SLURM_PROCID or RANK)")
+    q.add_argument("--topology", help="ring, grid, torus, exponential, full ...")
+    q.add_argument("--config", help="TOML or JSON config file")
+    q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
+    q.set_defaults(func=cmd_peer)
+
+    s = sub.add_parser("status", help="show the member table and current view")
+    s.add_argument("--coordinator", help="coordinator address (else SWARM_COORDINATOR)")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer")
+    s.set_defaults(func=cmd_status)
+
+    r = sub.add_parser("run", help="run an experiment: a coordinator and N peers on this host")
+    r.add_argument("spec", nargs="?", help="spec file (TOML or JSON); none runs the built-in default")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec value")
+    r.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return args.func(args) or 0
+    except SwarmError as e:
+        print(f"swarm: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

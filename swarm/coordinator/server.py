@@ -1,0 +1,326 @@
+"""The coordinator: membership and failover, never on the data path.
+
+Protocol (see docs/wire.md for the envelope)::
+
+    peer → coord   join {addr, rank, inc, last_epoch}   → welcome {rank, epoch} | refuse {reason}
+    peer → coord   heartbeat {inc, linked, stats}        → rejoin {} if unknown/dead/other incarnation
+    peer → coord   leave {inc}                           → bye {}
+    peer → coord   suspect {id}                          (a neighbour's link broke)
+    coord → peer   probe {nonce}                         → probe_ack {nonce, inc}
+    coord → peer   view {epoch, members}                 (on every change, and to a peer that lags)
+    peer → coord   linked {e}                            (all neighbours of epoch e answered hello)
+    any  → coord   status {}                             → status_reply {...}
+
+Failure detection, fastest first:
+
+1. the TCP connection of a peer closes (crash) or its ZMTP heartbeat times out
+   (frozen process): the ROUTER's monitor reports the connection's fd, which
+   maps to the peer; a probe to a route that is gone fails at once → dead;
+2. a neighbour reports a broken link (``suspect``) → direct probe → dead if
+   there is no answer within ``probe_timeout_s``;
+3. no heartbeat for ``heartbeat_timeout_s`` → the same probe.
+
+A live but slow peer refutes a suspicion by answering the probe or by its next
+heartbeat. The coordinator keeps nothing it cannot rebuild: after a restart
+it answers unknown heartbeats with ``rejoin``, gathers re-joins for
+``rejoin_grace_s`` and continues the epochs above the highest one peers report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from dataclasses import replace
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from .. import transport as tp
+from .. import wire
+from ..config import CoordinatorConfig
+from ..errors import MembershipError, SwarmError, WireError
+from ..wire import Limits
+from .table import ALIVE, DEAD, SUSPECT, MemberTable
+
+log = logging.getLogger("swarm.coordinator")
+
+__all__ = ["Coordinator"]
+
+
+class _Closing(Exception):
+    pass
+
+
+def _int(body: dict[str, Any], key: str, default: int | None = None) -> int:
+    v = body.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise WireError(f"{key} must be an integer, got {v!r}")
+    return v
+
+
+def _str(body: dict[str, Any], key: str) -> str:
+    v = body.get(key)
+    if not isinstance(v, str) or not v or len(v) > 512:
+        raise WireError(f"{key} must be a non-empty string, got {v!r}")
+    return v
+
+
+class Coordinator:
+    """Membership table, failure detector and view publisher.
+
+    >>> async with Coordinator(bind="tcp://127.0.0.1:5555") as coord:
+    ...     await coord.closed()      # serve until close() or a failure
+    """
+
+    def __init__(self, config: CoordinatorConfig | None = None, *,
+                 context: zmq.asyncio.Context | None = None, limits: Limits | None = None,
+                 name: str = "coordinator", **overrides: Any) -> None:
+        cfg = config or CoordinatorConfig()
+        try:
+            cfg = replace(cfg, **overrides)
+        except TypeError as e:
+            raise SwarmError(f"unknown Coordinator option: {e}") from None
+        self.config = cfg
+        self.name = name
+        self.limits = limits or Limits(max_header_bytes=1024 * 1024, max_message_bytes=4 * 1024 * 1024)
+        self.table = MemberTable()
+        self.address = ""
+        self.started = 0.0
+        self.malformed = 0
+        self._own_ctx = context is None
+        self._ctx = context or zmq.asyncio.Context(io_threads=1)
+        self._router: zmq.asyncio.Socket | None = None
+        self._plain: zmq.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._fds: dict[int, str] = {}
+        self._dirty = False
+        self._grace_until = 0.0
+        self._nonce = itertools.count(1)
+        self._stop = asyncio.Event()
+        self._runner: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._bad = tp.BadInput(name)
+
+    async def __aenter__(self) -> "Coordinator":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._router = tp.router(self._ctx, limits=self.limits, hwm=10_000,
+                                 heartbeat_s=cfg.zmtp_heartbeat_s, heartbeat_timeout_s=cfg.zmtp_timeout_s)
+        self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            self.address = tp.bind(self._router, cfg.bind)
+        except Exception:
+            self._shutdown()
+            raise
+        self._plain = tp.shadow(self._router)
+        self.started = time.monotonic()
+        self._grace_until = self.started + cfg.rejoin_grace_s
+        self._runner = asyncio.create_task(self._run(), name="coordinator")
+        log.info("coordinator listening on %s", self.address)
+
+    async def closed(self) -> None:
+        """Wait until the coordinator stops; re-raise its failure if it had one."""
+        if self._runner is not None:
+            await asyncio.shield(self._runner)
+        if self._failure is not None:
+            raise self._failure
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._runner is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._runner), 2.0)
+            except (asyncio.TimeoutError, Exception):
+                self._runner.cancel()
+        self._shutdown()
+        if self._failure is not None:
+            raise self._failure
+
+    def _shutdown(self) -> None:
+        for s in (self._monitor, self._router):
+            if s is not None:
+                s.close(0)
+        self._monitor = self._router = None
+        if self._own_ctx:
+            self._ctx.term()
+            self._own_ctx = False
+
+    async def _run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._recv_loop())
+                tg.create_task(self._tick_loop())
+                await self._stop.wait()
+                raise _Closing()
+        except* _Closing:
+            pass
+        except* Exception as eg:
+            self._failure = eg.exceptions[0]
+            log.error("coordinator failed: %r", self._failure)
+
+    # ------------------------------------------------------------- sending
+
+    def _send(self, route: bytes, t: str, body: dict[str, Any]) -> bool:
+        frames = [route] + wire.encode(t, self.name, epoch=self.table.epoch, body=body)
+        return tp.try_send(self._plain, frames)
+
+    def _publish(self) -> None:
+        self._dirty = False
+        view = self.table.publish()
+        frames = wire.encode("view", self.name, epoch=view.epoch, body=view.to_wire())
+        for m in self.table.alive():
+            tp.try_send(self._plain, [m.route] + frames)
+        log.info("epoch %d: %d members", view.epoch, len(view.members))
+
+    def _probe(self, pid: str, cause: str) -> None:
+        m = self.table.get(pid)
+        if m is None or m.state == DEAD:
+            return
+        nonce = next(self._nonce)
+        if not self._send(m.route, "probe", {"nonce": nonce}):
+            # the route is gone: the connection closed, nobody is there to answer
+            if self.table.mark_dead(pid, cause):
+                self._dirty = True
+            return
+        if m.state == ALIVE:
+            m.state = SUSPECT
+            m.probe_deadline = time.monotonic() + self.config.probe_timeout_s
+            m.cause = cause
+        m.probe_nonce = nonce
+
+    # ------------------------------------------------------------- receiving
+
+    async def _recv_loop(self) -> None:
+        poller = zmq.asyncio.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        mon_plain = tp.shadow(self._monitor)
+        while True:
+            events = dict(await poller.poll(100))
+            if self._monitor in events:
+                for frames in tp.drain(mon_plain):
+                    self._on_monitor([f.bytes for f in frames])
+            if self._router in events:
+                for frames in tp.drain(self._plain):
+                    self._on_message(frames)
+            if self._dirty and time.monotonic() >= self._grace_until:
+                self._publish()
+
+    def _on_monitor(self, frames: list[bytes]) -> None:
+        ev = parse_monitor_message(frames)
+        if ev["event"] == zmq.EVENT_DISCONNECTED:
+            pid = self._fds.pop(int(ev["value"]), None)
+            if pid is not None:
+                self._probe(pid, "disconnected")
+
+    def _on_message(self, frames: list[zmq.Frame]) -> None:
+        try:
+            route, msg = tp.decode_routed(frames, self.limits)
+            self._handle(route, msg, tp.srcfd(frames[-1]))
+        except WireError as e:
+            self.malformed += 1
+            self._bad(frames[0].bytes if frames else b"?", e)
+
+    def _handle(self, route: bytes, msg: wire.Message, fd: int) -> None:
+        t, body, src = msg.t, msg.body, msg.src
+        now = time.monotonic()
+        if t == "status":
+            self._send(route, "status_reply", self.status())
+            return
+        if t == "join":
+            addr, rank = _str(body, "addr"), _int(body, "rank", -1)
+            inc, last = _int(body, "inc"), _int(body, "last_epoch", 0)
+            try:
+                rec = self.table.join(src, addr, rank, inc, route, last_epoch=last, now=now)
+            except MembershipError as e:
+                self._send(route, "refuse", {"reason": str(e)})
+                return
+            self._fds[fd] = src
+            self._send(route, "welcome", {"rank": rec.rank, "epoch": self.table.epoch})
+            if self.table.view.member(src) is not None and self.table.view.member(src).addr == addr:
+                self._send(route, "view", self.table.view.to_wire())
+            else:
+                self._dirty = True
+            return
+        rec = self.table.get(src)
+        if t == "heartbeat":
+            inc = _int(body, "inc")
+            if rec is None or rec.state == DEAD or rec.incarnation != inc:
+                self._send(route, "rejoin", {})
+                return
+            rec.route, rec.last_heartbeat = route, now
+            self._fds[fd] = src
+            if rec.state == SUSPECT:
+                rec.state, rec.cause = ALIVE, ""
+            stats = body.get("stats")
+            if isinstance(stats, dict) and len(stats) <= 64:
+                rec.stats = stats
+            if msg.epoch < self.table.epoch and now >= self._grace_until:
+                self._send(route, "view", self.table.view.to_wire())
+            return
+        if rec is None or rec.state == DEAD:
+            if t in ("linked", "suspect", "probe_ack"):
+                self._send(route, "rejoin", {})
+            elif t == "leave":
+                self._send(route, "bye", {})
+            return
+        if t == "leave":
+            if self.table.mark_dead(src, "left"):
+                self._dirty = True
+            self._send(route, "bye", {})
+        elif t == "suspect":
+            target = _str(body, "id")
+            if target != src and (m := self.table.get(target)) is not None and m.state == ALIVE:
+                self._probe(target, f"suspected by {src}")
+        elif t == "probe_ack":
+            if _int(body, "nonce") == rec.probe_nonce and _int(body, "inc") == rec.incarnation:
+                rec.route, rec.last_heartbeat = route, now
+                if rec.state == SUSPECT:
+                    rec.state, rec.cause = ALIVE, ""
+        elif t == "linked":
+            e = _int(body, "e")
+            if e > rec.linked_epoch:
+                rec.linked_epoch, rec.linked_at = e, time.time()
+        else:
+            raise WireError(f"message type {t!r} is not for the coordinator")
+
+    # ------------------------------------------------------------- timers
+
+    async def _tick_loop(self) -> None:
+        cfg = self.config
+        while True:
+            await asyncio.sleep(cfg.tick_s)
+            now = time.monotonic()
+            for m in list(self.table.members.values()):
+                if m.state == ALIVE and now - m.last_heartbeat > cfg.heartbeat_timeout_s:
+                    self._probe(m.id, "heartbeat timeout")
+                elif m.state == SUSPECT and now > m.probe_deadline:
+                    if self.table.mark_dead(m.id, m.cause or "probe timeout"):
+                        self._dirty = True
+            if self._dirty and now >= self._grace_until:
+                self._publish()
+            self.table.forget_dead()
+
+    # ------------------------------------------------------------- status
+
+    def status(self) -> dict[str, Any]:
+        """The member table and the current view, as `swarm status` shows them."""
+        rows = self.table.rows({m.id: list(m.stats.get("nbrs", [])) for m in self.table.members.values()})
+        return {
+            "coordinator": self.address, "pid": os.getpid(), "epoch": self.table.epoch,
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "view": self.table.view.to_wire(), "members": rows,
+            "malformed": self.malformed,
+            "log": [list(x) for x in self.table.log[-50:]],
+        }

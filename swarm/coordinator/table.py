@@ -1,0 +1,141 @@
+"""The member table: who is in the swarm, in which state, and the current view.
+
+Pure bookkeeping, no sockets, so that its rules are easy to test:
+
+* a member is ``alive``, ``suspect`` (silent too long or reported by a
+  neighbour; a direct probe is out) or ``dead`` (left, crashed or frozen);
+* every change of the alive set bumps the epoch; the view is the alive members
+  ordered by rank;
+* epochs never go backwards, also across a coordinator restart: joins carry the
+  peer's last epoch and the table starts above the highest one it hears.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import MembershipError
+from ..link import Member, View
+
+__all__ = ["MemberRecord", "MemberTable", "ALIVE", "SUSPECT", "DEAD"]
+
+ALIVE, SUSPECT, DEAD = "alive", "suspect", "dead"
+
+
+@dataclass
+class MemberRecord:
+    id: str
+    addr: str
+    rank: int
+    incarnation: int
+    route: bytes
+    state: str = ALIVE
+    last_heartbeat: float = field(default_factory=time.monotonic)
+    joined_at: float = field(default_factory=time.time)
+    fd: int = -1
+    probe_deadline: float = 0.0
+    probe_nonce: int = 0
+    linked_epoch: int = -1
+    linked_at: float = 0.0
+    died_at: float = 0.0
+    cause: str = ""
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class MemberTable:
+    """Members, their states and the numbered view."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.members: dict[str, MemberRecord] = {}
+        self.epoch = epoch
+        self.view = View(epoch)
+        self.log: list[tuple[float, str, str]] = []   # (time, event, peer id)
+
+    # -- queries
+
+    def alive(self) -> list[MemberRecord]:
+        return sorted((m for m in self.members.values() if m.state != DEAD), key=lambda m: m.rank)
+
+    def get(self, peer_id: str) -> MemberRecord | None:
+        return self.members.get(peer_id)
+
+    def _free_rank(self, wanted: int) -> int:
+        taken = {m.rank for m in self.members.values() if m.state != DEAD}
+        if wanted >= 0:
+            return wanted
+        r = 0
+        while r in taken:
+            r += 1
+        return r
+
+    # -- changes (each returns True when the view must be republished)
+
+    def join(self, peer_id: str, addr: str, rank: int, incarnation: int, route: bytes,
+             last_epoch: int = 0, now: float | None = None) -> MemberRecord:
+        """Admit a peer, or raise MembershipError (duplicate live id, rank taken)."""
+        now = time.monotonic() if now is None else now
+        if last_epoch > self.epoch:
+            self.epoch = last_epoch  # a restarted coordinator continues above what peers saw
+        old = self.members.get(peer_id)
+        if old is not None and old.state != DEAD:
+            if old.incarnation == incarnation:
+                # a retried or repeated join of the same process: refresh, keep its rank
+                old.route, old.addr, old.last_heartbeat, old.state = route, addr, now, ALIVE
+                return old
+            if old.incarnation > incarnation:
+                raise MembershipError(f"peer id {peer_id!r} is held by a newer process at {old.addr}")
+            raise MembershipError(
+                f"peer id {peer_id!r} is already alive at {old.addr}; "
+                f"choose another --id, or stop the other process first")
+        if rank >= 0:
+            holder = next((m for m in self.members.values()
+                           if m.rank == rank and m.state != DEAD and m.id != peer_id), None)
+            if holder is not None:
+                raise MembershipError(f"rank {rank} is held by peer {holder.id!r}")
+        rec = MemberRecord(peer_id, addr, self._free_rank(rank), incarnation, route, last_heartbeat=now)
+        self.members[peer_id] = rec
+        self._log("join", peer_id)
+        return rec
+
+    def mark_dead(self, peer_id: str, cause: str) -> bool:
+        m = self.members.get(peer_id)
+        if m is None or m.state == DEAD:
+            return False
+        m.state, m.cause, m.died_at = DEAD, cause, time.time()
+        self._log(cause, peer_id)
+        return True
+
+    def _log(self, event: str, peer_id: str) -> None:
+        self.log.append((time.time(), event, peer_id))
+        if len(self.log) > 2000:
+            del self.log[:1000]
+
+    def publish(self) -> View:
+        """Bump the epoch and make the view of the alive members."""
+        self.epoch += 1
+        members = tuple(Member(m.id, m.addr, m.rank) for m in self.alive())
+        self.view = View(self.epoch, members)
+        return self.view
+
+    def forget_dead(self, older_than_s: float = 300.0) -> None:
+        """Drop dead records after a while so the table stays bounded."""
+        cutoff = time.time() - older_than_s
+        for pid in [p for p, m in self.members.items() if m.state == DEAD and m.died_at < cutoff]:
+            del self.members[pid]
+
+    def rows(self, neighbours: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+        """The table as plain rows for `swarm status`."""
+        now = time.monotonic()
+        out = []
+        for m in sorted(self.members.values(), key=lambda m: (m.state == DEAD, m.rank)):
+            out.append({
+                "id": m.id, "addr": m.addr, "rank": m.rank, "state": m.state,
+                "incarnation": m.incarnation,
+                "heartbeat_age_s": round(now - m.last_heartbeat, 3) if m.state != DEAD else None,
+                "linked_epoch": m.linked_epoch, "linked_at": m.linked_at,
+                "neighbours": (neighbours or {}).get(m.id, []),
+                "cause": m.cause, "stats": m.stats,
+            })
+        return out

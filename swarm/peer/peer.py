@@ -1,0 +1,556 @@
+"""The peer: one ROUTER in, one DEALER per neighbour out, a membership client.
+
+State machine::
+
+    new ──start()──▶ joining ──welcome+view──▶ running ──close()──▶ leaving ──▶ closed
+                        │                                                        ▲
+                        └────────── no coordinator before the deadline ─────────┘ (MembershipError)
+
+Inbound traffic from every neighbour arrives on the ROUTER; replies travel on
+the replier's own DEALER to the sender, so DEALERs only ever send and the
+receive loop polls two sockets (plus link monitors) whatever the degree.
+Handlers registered with :meth:`Peer.on` receive decoded messages; gossip and
+the replay federation plug in that way without touching this file.
+
+The peer never owns the event loop; run it inside yours, or use
+:class:`swarm.peer.SyncPeer` from blocking code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from .. import transport as tp
+from .. import wire
+from ..config import PeerConfig
+from ..errors import MembershipError, PeerTimeout, SwarmError, TransportError, WireError
+from ..link import Handler, View
+from ..wire import Limits, Message
+
+log = logging.getLogger("swarm.peer")
+
+__all__ = ["Peer", "PeerState", "PeerCounters"]
+
+
+class PeerState(enum.Enum):
+    NEW = "new"
+    JOINING = "joining"
+    RUNNING = "running"
+    LEAVING = "leaving"
+    CLOSED = "closed"
+
+
+@dataclass
+class PeerCounters:
+    """What the peer's transport did; reported on heartbeats and in `swarm status`."""
+
+    msgs_in: int = 0
+    msgs_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    dropped_out: int = 0        # sends dropped: queue full past the deadline
+    unknown_dst: int = 0        # sends to a peer that is not in the view
+    malformed: int = 0          # inbound messages that failed a wire check
+    handler_errors: int = 0     # handlers that raised
+    unhandled: int = 0          # valid messages of a type nobody handles
+    suspicions: int = 0         # link breaks reported to the coordinator
+    rejoins: int = 0
+
+
+class _Closing(Exception):
+    """Raised inside the task group to end it on close()."""
+
+
+@dataclass
+class _Link:
+    sock: zmq.asyncio.Socket
+    plain: zmq.Socket
+    monitor: zmq.asyncio.Socket | None
+    addr: str
+    hello_sent: float = 0.0
+
+
+class Peer:
+    """A swarm peer: joins through a coordinator, links to its neighbours.
+
+    >>> async with Peer(coordinators=["tcp://127.0.0.1:5555"]) as peer:
+    ...     peer.on("hi", lambda msg: print(msg.src, msg.body))
+    ...     for n in peer.neighbours():
+    ...         await peer.send(n, "hi", {"x": 1})
+
+    Keyword arguments override fields of :class:`swarm.config.PeerConfig`.
+    """
+
+    def __init__(self, config: PeerConfig | None = None, *, context: zmq.asyncio.Context | None = None,
+                 limits: Limits | None = None, **overrides: Any) -> None:
+        cfg = config or PeerConfig()
+        if isinstance(overrides.get("coordinators"), str):
+            overrides["coordinators"] = [overrides["coordinators"]]
+        try:
+            cfg = replace(cfg, **overrides)
+        except TypeError as e:
+            raise SwarmError(f"unknown Peer option: {e}") from None
+        if not cfg.coordinators:
+            raise MembershipError("no coordinator address: pass coordinators=[...] or set SWARM_COORDINATOR")
+        self.config = cfg
+        self.id = cfg.id or f"{socket.gethostname()}-{os.getpid()}"
+        self.limits = limits or Limits(max_message_bytes=cfg.max_message_mb * 1024 * 1024)
+        self.counters = PeerCounters()
+        self.state = PeerState.NEW
+        self.address = ""
+        self.rank = cfg.rank
+        self.incarnation = time.time_ns()
+        self.stats: Callable[[], dict[str, Any]] | None = None   # extra figures for heartbeats
+        self._own_ctx = context is None
+        self._ctx = context or zmq.asyncio.Context(io_threads=1)
+        self._view = View(0)
+        self._neighbours: list[str] = []
+        self._links: dict[str, _Link] = {}
+        self._pending_hello: set[str] = set()
+        self._linked_epoch = -1
+        self._linked = asyncio.Event()
+        self._handlers: dict[str, list[Handler]] = {}
+        self._view_callbacks: list[Callable[[View], None]] = []
+        self._seq = itertools.count()
+        self._welcome: asyncio.Future[dict[str, Any]] | None = None
+        self._stop = asyncio.Event()
+        self._runner: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._poll_dirty = True
+        self._last_suspect: dict[str, float] = {}
+        self._join_sent = 0.0
+        self._rejoining = False
+        self._bad = tp.BadInput(f"peer {self.id}")
+        self._router: zmq.asyncio.Socket | None = None
+        self._coord: zmq.asyncio.Socket | None = None
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def view(self) -> View:
+        return self._view
+
+    @property
+    def epoch(self) -> int:
+        return self._view.epoch
+
+    def neighbours(self) -> list[str]:
+        """Neighbour ids in the current view, from the peer's topology."""
+        return list(self._neighbours)
+
+    def on(self, t: str, handler: Handler) -> None:
+        """Call ``handler(msg)`` for each message of type ``t`` (sync or async)."""
+        wire.register_type(t)
+        self._handlers.setdefault(t, []).append(handler)
+
+    def on_view(self, callback: Callable[[View], None]) -> None:
+        """Call ``callback(view)`` each time a new view is installed."""
+        self._view_callbacks.append(callback)
+
+    async def __aenter__(self) -> "Peer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Bind, join through the coordinator and wait for the first view."""
+        if self.state is not PeerState.NEW:
+            raise SwarmError(f"peer {self.id} is {self.state.value}; start() only once")
+        self.state = PeerState.JOINING
+        cfg = self.config
+        try:
+            self._router = tp.router(self._ctx, limits=self.limits, hwm=max(1000, cfg.data_hwm))
+            self.address = cfg.advertise or tp.advertised(tp.bind(self._router, cfg.bind))
+            self._coord = tp.dealer(self._ctx, limits=self.limits, hwm=64, immediate=True,
+                                    heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s)
+            tp.connect(self._coord, cfg.coordinators[0])
+        except TransportError:
+            self._close_sockets()
+            self.state = PeerState.CLOSED
+            raise
+        self._welcome = asyncio.get_running_loop().create_future()
+        self._runner = asyncio.create_task(self._run(), name=f"peer-{self.id}")
+        try:
+            welcome = await asyncio.wait_for(asyncio.shield(self._welcome), cfg.join_timeout_s)
+            deadline = cfg.join_timeout_s
+            t0 = time.monotonic()
+            while self._view.index(self.id) < 0:
+                if time.monotonic() - t0 > deadline:
+                    raise PeerTimeout(f"peer {self.id}: welcomed but no view arrived within {deadline} s")
+                await self._sleep_or_fail(0.005)
+        except asyncio.TimeoutError:
+            await self._abort()
+            raise MembershipError(
+                f"peer {self.id}: no coordinator answered at {cfg.coordinators[0]} within "
+                f"{cfg.join_timeout_s} s; is `swarm coordinator` running there?") from None
+        except BaseException:
+            await self._abort()
+            raise
+        self.rank = int(welcome["rank"])
+        self.state = PeerState.RUNNING
+
+    async def close(self, timeout: float = 1.0) -> None:
+        """Leave the swarm (the coordinator relinks the neighbours at once) and close."""
+        if self.state in (PeerState.CLOSED, PeerState.NEW):
+            self.state = PeerState.CLOSED
+            return
+        if self.state is PeerState.RUNNING and self._runner and not self._runner.done():
+            self.state = PeerState.LEAVING
+            self._bye = asyncio.get_running_loop().create_future()
+            self._send_coord("leave", {"inc": self.incarnation})
+            try:
+                await asyncio.wait_for(self._bye, timeout)
+            except asyncio.TimeoutError:
+                log.info("peer %s: coordinator did not confirm the leave within %.1f s", self.id, timeout)
+        await self._abort()
+        if self._failure is not None:
+            raise self._failure
+
+    async def send(self, dst: str, t: str, body: dict[str, Any] | None = None,
+                   arrays: Sequence[np.ndarray] = (), *, timeout: float | None = None) -> bool:
+        """Send one message to peer ``dst`` (an id in the view).
+
+        Returns False, and counts it, when ``dst`` is unknown or its queue stays
+        full past ``timeout`` seconds (None: do not wait). Arrays go out
+        without a copy: do not modify them until the next send to ``dst``.
+        """
+        self._raise_failure()
+        link = self._link(dst)
+        if link is None:
+            self.counters.unknown_dst += 1
+            return False
+        frames = wire.encode(t, self.id, epoch=self._view.epoch, seq=next(self._seq), body=body, arrays=arrays)
+        if tp.try_send(link.plain, frames):
+            self._count_out(frames)
+            return True
+        if timeout:
+            deadline = time.monotonic() + timeout
+            while (left := deadline - time.monotonic()) > 0:
+                await link.sock.poll(int(left * 1000) + 1, zmq.POLLOUT)
+                if tp.try_send(link.plain, frames):
+                    self._count_out(frames)
+                    return True
+        self.counters.dropped_out += 1
+        return False
+
+    async def wait_linked(self, timeout: float = 5.0) -> None:
+        """Wait until every neighbour of the current view has answered our hello."""
+        try:
+            await asyncio.wait_for(self._linked.wait(), timeout)
+        except asyncio.TimeoutError:
+            raise PeerTimeout(f"peer {self.id}: neighbours {sorted(self._pending_hello)} "
+                              f"did not answer within {timeout} s") from None
+
+    async def wait_view(self, predicate: Callable[[View], bool], timeout: float = 5.0) -> View:
+        """Wait until the installed view satisfies ``predicate``."""
+        deadline = time.monotonic() + timeout
+        while not predicate(self._view):
+            if time.monotonic() > deadline:
+                raise PeerTimeout(f"peer {self.id}: view condition not met within {timeout} s "
+                                  f"(epoch {self._view.epoch}, members {self._view.ids})")
+            await self._sleep_or_fail(0.005)
+        return self._view
+
+    # ---------------------------------------------------------------- internals
+
+    async def _sleep_or_fail(self, s: float) -> None:
+        await asyncio.sleep(s)
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._runner is not None and self._runner.done() and not self._stop.is_set():
+            raise SwarmError(f"peer {self.id} stopped unexpectedly")
+
+    async def _abort(self) -> None:
+        self._stop.set()
+        if self._runner is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._runner), 2.0)
+            except (asyncio.TimeoutError, Exception):
+                self._runner.cancel()
+        self._close_sockets()
+        self.state = PeerState.CLOSED
+
+    def _close_sockets(self) -> None:
+        for link in self._links.values():
+            self._close_link(link)
+        self._links.clear()
+        for s in (self._router, self._coord):
+            if s is not None:
+                s.close(0)
+        if self._own_ctx:
+            self._ctx.term()
+
+    def _close_link(self, link: _Link) -> None:
+        if link.monitor is not None:
+            try:
+                link.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            link.monitor.close(0)
+        link.sock.close(0)
+        self._poll_dirty = True
+
+    async def _run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._recv_loop())
+                tg.create_task(self._timer_loop())
+                await self._stop.wait()
+                raise _Closing()
+        except* _Closing:
+            pass
+        except* Exception as eg:
+            self._failure = eg.exceptions[0]
+            log.error("peer %s failed: %r", self.id, self._failure)
+            if self._welcome is not None and not self._welcome.done():
+                self._welcome.set_exception(self._failure)
+
+    def _count_out(self, frames: list[Any]) -> None:
+        self.counters.msgs_out += 1
+        self.counters.bytes_out += sum(len(f) if isinstance(f, bytes) else memoryview(f).nbytes for f in frames)
+
+    def _send_coord(self, t: str, body: dict[str, Any]) -> bool:
+        if self._coord is None:
+            return False
+        frames = wire.encode(t, self.id, epoch=self._view.epoch, body=body)
+        return tp.try_send(tp.shadow(self._coord), frames)
+
+    def _join(self) -> None:
+        self._join_sent = time.monotonic()
+        self._send_coord("join", {"addr": self.address, "rank": self.rank, "inc": self.incarnation,
+                                  "last_epoch": self._view.epoch})
+
+    # -- receive
+
+    async def _recv_loop(self) -> None:
+        router_plain = tp.shadow(self._router)
+        coord_plain = tp.shadow(self._coord)
+        poller = zmq.asyncio.Poller()
+        monitors: dict[Any, str] = {}
+        self._join()
+        while True:
+            if self._poll_dirty:
+                poller = zmq.asyncio.Poller()
+                poller.register(self._router, zmq.POLLIN)
+                poller.register(self._coord, zmq.POLLIN)
+                monitors = {}
+                for pid, link in self._links.items():
+                    if link.monitor is not None:
+                        poller.register(link.monitor, zmq.POLLIN)
+                        monitors[link.monitor] = pid
+                self._poll_dirty = False
+            events = await poller.poll(50)
+            for sock, _ in events:
+                if sock is self._router:
+                    for frames in tp.drain(router_plain):
+                        await self._on_router(frames)
+                elif sock is self._coord:
+                    for frames in tp.drain(coord_plain):
+                        self._on_coord(frames)
+                elif sock in monitors:
+                    self._on_monitor(sock, monitors[sock])
+
+    async def _on_router(self, frames: list[zmq.Frame]) -> None:
+        try:
+            route, msg = tp.decode_routed(frames, self.limits)
+        except WireError as e:
+            self.counters.malformed += 1
+            self._bad(frames[0].bytes if frames else b"?", e)
+            return
+        self.counters.msgs_in += 1
+        self.counters.bytes_in += msg.nbytes
+        msg.route = route
+        t = msg.t
+        if t == "hello":
+            # ack on our own DEALER to the sender (it is in the view, or it is not a peer of ours)
+            await self.send(msg.src, "hello_ack", {"e": msg.body.get("e")})
+            return
+        if t == "hello_ack":
+            if msg.src in self._pending_hello and msg.body.get("e") == self._view.epoch:
+                self._pending_hello.discard(msg.src)
+                self._check_linked()
+            return
+        if t == "ping":
+            await self.send(msg.src, "pong", msg.body)
+            return
+        handlers = self._handlers.get(t)
+        if not handlers:
+            self.counters.unhandled += 1
+            return
+        for h in handlers:
+            try:
+                r = h(msg)
+                if asyncio.iscoroutine(r):
+                    await r
+            except (WireError, SwarmError, ValueError) as e:
+                # bad content in a well-formed envelope: the handler refused it
+                self.counters.malformed += 1
+                self._bad(msg.src, e)
+            except Exception:
+                self.counters.handler_errors += 1
+                log.exception("peer %s: handler for %r failed", self.id, t)
+
+    def _on_coord(self, frames: list[zmq.Frame]) -> None:
+        try:
+            msg = wire.decode(frames, self.limits)
+        except WireError as e:
+            self.counters.malformed += 1
+            self._bad("coordinator", e)
+            return
+        t, body = msg.t, msg.body
+        try:
+            if t == "welcome":
+                self._rejoining = False
+                if self._welcome is not None and not self._welcome.done():
+                    self._welcome.set_result(body)
+                if "rank" in body:
+                    self.rank = int(body["rank"])
+            elif t == "refuse":
+                err = MembershipError(f"peer {self.id}: coordinator refused the join: {body.get('reason')}")
+                if self._welcome is not None and not self._welcome.done():
+                    self._welcome.set_exception(err)
+                else:
+                    log.error("%s", err)
+            elif t == "view":
+                self._install(View.from_wire(body))
+            elif t == "rejoin":
+                # the coordinator restarted or declared us dead: join again, keep gossiping
+                if time.monotonic() - self._join_sent > 0.1:
+                    self.counters.rejoins += 1
+                    self._rejoining = True
+                    self._join()
+            elif t == "probe":
+                self._send_coord("probe_ack", {"nonce": body.get("nonce"), "inc": self.incarnation})
+            elif t == "bye":
+                fut = getattr(self, "_bye", None)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+        except (KeyError, TypeError, ValueError) as e:
+            self.counters.malformed += 1
+            self._bad("coordinator", WireError(f"bad {t} body: {e!r}"))
+
+    def _on_monitor(self, sock: zmq.asyncio.Socket, pid: str) -> None:
+        plain = zmq.Socket.shadow(sock.underlying)
+        while True:
+            try:
+                frames = plain.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return
+            ev = parse_monitor_message(frames)
+            if ev["event"] == zmq.EVENT_DISCONNECTED and pid in self._view.ids:
+                now = time.monotonic()
+                if now - self._last_suspect.get(pid, 0) > 0.2:
+                    self._last_suspect[pid] = now
+                    self.counters.suspicions += 1
+                    self._send_coord("suspect", {"id": pid})
+
+    # -- view and links
+
+    def _install(self, view: View) -> None:
+        if view.epoch <= self._view.epoch:
+            return  # fencing: an older view never replaces a newer one
+        self._view = view
+        idx = view.index(self.id)
+        if idx < 0:
+            # declared dead (we were frozen or cut off): ask to come back
+            if self.state is PeerState.RUNNING and time.monotonic() - self._join_sent > 0.1:
+                self.counters.rejoins += 1
+                self._join()
+            self._neighbours = []
+        else:
+            from ..gossip.topology import neighbours as topo_neighbours
+            pos = topo_neighbours(self.config.topology, len(view.members), idx)
+            self._neighbours = [view.members[j].id for j in pos]
+        ids = set(view.ids)
+        for pid in [p for p in self._links if p not in ids or view.member(p).addr != self._links[p].addr]:
+            self._close_link(self._links.pop(pid))
+        self._pending_hello = set(self._neighbours)
+        self._linked.clear()
+        now = time.monotonic()
+        for pid in self._neighbours:
+            link = self._link(pid)
+            if link is not None:
+                link.hello_sent = now
+                tp.try_send(link.plain, wire.encode("hello", self.id, epoch=view.epoch, body={"e": view.epoch}))
+        self._check_linked()
+        for cb in self._view_callbacks:
+            try:
+                cb(view)
+            except Exception:
+                self.counters.handler_errors += 1
+                log.exception("peer %s: view callback failed", self.id)
+
+    def _check_linked(self) -> None:
+        if not self._pending_hello and self._linked_epoch != self._view.epoch and self._view.index(self.id) >= 0:
+            self._linked_epoch = self._view.epoch
+            self._linked.set()
+            self._send_coord("linked", {"e": self._view.epoch})
+
+    def _link(self, pid: str) -> _Link | None:
+        link = self._links.get(pid)
+        if link is not None:
+            return link
+        m = self._view.member(pid)
+        if m is None:
+            return None
+        cfg = self.config
+        s = tp.dealer(self._ctx, limits=self.limits, hwm=cfg.data_hwm,
+                      heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s)
+        mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        tp.connect(s, m.addr)
+        link = _Link(s, tp.shadow(s), mon, m.addr)
+        self._links[pid] = link
+        self._poll_dirty = True
+        return link
+
+    # -- timers
+
+    async def _timer_loop(self) -> None:
+        cfg = self.config
+        while True:
+            await asyncio.sleep(cfg.heartbeat_s)
+            now = time.monotonic()
+            if self._welcome is not None and not self._welcome.done():
+                if now - self._join_sent > 0.25:
+                    self._join()
+                continue
+            if self._rejoining and now - self._join_sent > 0.25:
+                self._join()
+            body: dict[str, Any] = {"inc": self.incarnation, "linked": self._linked_epoch}
+            c = self.counters
+            body["stats"] = {"msgs_in": c.msgs_in, "msgs_out": c.msgs_out, "bytes_in": c.bytes_in,
+                             "bytes_out": c.bytes_out, "dropped_out": c.dropped_out, "malformed": c.malformed,
+                             "nbrs": self._neighbours}
+            if self.stats is not None:
+                try:
+                    body["stats"].update(self.stats())
+                except Exception:
+                    log.exception("peer %s: stats callback failed", self.id)
+            self._send_coord("heartbeat", body)
+            # neighbours that have not answered hello yet: say it again
+            for pid in list(self._pending_hello):
+                link = self._links.get(pid)
+                if link is not None and now - link.hello_sent > 0.1:
+                    link.hello_sent = now
+                    tp.try_send(link.plain, wire.encode("hello", self.id, epoch=self._view.epoch,
+                                                        body={"e": self._view.epoch}))

@@ -1,0 +1,162 @@
+"""ZeroMQ plumbing shared by peers and the coordinator.
+
+Sockets are created with the options the design asks for (small high-water
+marks, ``LINGER`` 0, ``MAXMSGSIZE``, ZMTP heartbeats) and read with the
+poll-then-drain pattern: await readability once, then take every queued
+message with non-blocking receives on a plain (shadow) socket. Awaiting each
+``recv`` costs a loop round trip per message; draining does not.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket as _socket
+import time
+from typing import Any, Callable, Iterator
+
+import zmq
+import zmq.asyncio
+
+from .errors import TransportError, WireError
+from .wire import DEFAULT_LIMITS, Limits, Message, decode
+
+log = logging.getLogger("swarm.transport")
+
+#: most messages taken from one socket before giving the others a turn
+DRAIN_BATCH = 256
+
+
+def router(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: int = 1000,
+           heartbeat_s: float | None = None, heartbeat_timeout_s: float | None = None) -> zmq.asyncio.Socket:
+    """An inbound ROUTER: replies to unknown routes fail fast (``ROUTER_MANDATORY``)."""
+    s = ctx.socket(zmq.ROUTER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    s.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
+    s.setsockopt(zmq.RCVHWM, hwm)
+    s.setsockopt(zmq.SNDHWM, hwm)
+    _heartbeats(s, heartbeat_s, heartbeat_timeout_s)
+    return s
+
+
+def dealer(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: int = 8,
+           immediate: bool = False, heartbeat_s: float | None = None,
+           heartbeat_timeout_s: float | None = None) -> zmq.asyncio.Socket:
+    """An outbound DEALER with a small send queue and no linger."""
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDHWM, hwm)
+    s.setsockopt(zmq.RCVHWM, 1000)
+    s.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
+    s.setsockopt(zmq.RECONNECT_IVL, 50)
+    s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+    if immediate:
+        s.setsockopt(zmq.IMMEDIATE, 1)
+    _heartbeats(s, heartbeat_s, heartbeat_timeout_s)
+    return s
+
+
+def _heartbeats(s: zmq.Socket, ivl: float | None, timeout: float | None) -> None:
+    # ZMTP heartbeats are answered by libzmq's I/O thread, not by Python: a busy
+    # learner or a GC pause cannot make a live peer look dead; a frozen process can.
+    if ivl:
+        s.setsockopt(zmq.HEARTBEAT_IVL, int(ivl * 1000))
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, int((timeout or 3 * ivl) * 1000))
+        s.setsockopt(zmq.HEARTBEAT_TTL, int((timeout or 3 * ivl) * 1000))
+
+
+def bind(s: zmq.Socket, addr: str) -> str:
+    """Bind and return the resolved endpoint (a ``*`` port becomes the real one)."""
+    try:
+        s.bind(addr)
+    except zmq.ZMQError as e:
+        raise TransportError(f"cannot bind {addr}: {e.strerror}") from None
+    return s.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def connect(s: zmq.Socket, addr: str) -> None:
+    try:
+        s.connect(addr)
+    except zmq.ZMQError as e:
+        raise TransportError(f"cannot connect to {addr}: {e.strerror}") from None
+
+
+def advertised(endpoint: str) -> str:
+    """The address other hosts should use for a bound endpoint."""
+    if endpoint.startswith("tcp://0.0.0.0:") or endpoint.startswith("tcp://*:"):
+        port = endpoint.rsplit(":", 1)[1]
+        try:
+            host = _socket.gethostbyname(_socket.gethostname())
+        except OSError:
+            host = "127.0.0.1"
+        return f"tcp://{host}:{port}"
+    return endpoint
+
+
+def shadow(s: zmq.asyncio.Socket) -> zmq.Socket:
+    """A plain socket over the same libzmq socket, for non-blocking calls."""
+    return zmq.Socket.shadow(s.underlying)
+
+
+def drain(s: zmq.Socket, batch: int = DRAIN_BATCH) -> Iterator[list[zmq.Frame]]:
+    """Yield queued multipart messages without blocking, at most ``batch``."""
+    for _ in range(batch):
+        try:
+            yield s.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+
+
+def try_send(s: zmq.Socket, frames: list[Any]) -> bool:
+    """Non-blocking multipart send; False when the queue is full or the route is gone."""
+    try:
+        s.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        return True
+    except zmq.Again:
+        return False
+    except zmq.ZMQError as e:
+        if e.errno in (zmq.EHOSTUNREACH, zmq.ENOTSOCK, zmq.ETERM):
+            return False
+        raise TransportError(f"send failed: {e.strerror}") from None
+
+
+class BadInput:
+    """Counts malformed messages and logs them at most once per source per interval."""
+
+    def __init__(self, where: str, interval_s: float = 10.0) -> None:
+        self.where = where
+        self.interval_s = interval_s
+        self.count = 0
+        self.by_reason: dict[str, int] = {}
+        self._last: dict[Any, float] = {}
+
+    def __call__(self, source: Any, err: Exception) -> None:
+        self.count += 1
+        reason = str(err).split(":", 1)[0][:60]
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._last.get(source, -1e9) >= self.interval_s:
+            if len(self._last) > 4096:  # bounded memory under a flood of sources
+                self._last.clear()
+            self._last[source] = now
+            log.warning("%s: dropped malformed message from %r: %s (%d dropped so far)",
+                        self.where, source, err, self.count)
+
+
+def decode_routed(frames: list[zmq.Frame], limits: Limits) -> tuple[bytes, Message]:
+    """Split a ROUTER message into (routing id, decoded message)."""
+    if len(frames) < 2:
+        raise WireError("ROUTER message without payload")
+    route = frames[0].bytes
+    return route, decode(frames[1:], limits)
+
+
+def srcfd(frame: zmq.Frame) -> int:
+    """The file descriptor of the TCP connection a frame arrived on (-1 if unknown)."""
+    try:
+        return int(frame.get(zmq.SRCFD))
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return -1
+
+
+Callback = Callable[..., Any]
