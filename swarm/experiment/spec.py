@@ -1,0 +1,203 @@
+"""The experiment spec: one typed file that says what a run trains and how.
+
+A spec is TOML or JSON; every key has a default, so a file holds only what it
+changes, and ``--set a.b=v`` overrides apply on top. Loading checks every key and
+value, and every error names the full key (``gossip.codec``, ``dqn.lr``). The
+resolved spec is saved beside the results as ``config.json``, which loads back
+as a spec.
+
+    name = "cartpole-grid"
+    peers = 9
+    [gossip]
+    topology = "grid"
+    codec = "ef+topk:0.05"
+
+    >>> spec = load_spec("grid.toml", ["dqn.lr=5e-4"])
+    >>> save_resolved(spec, run_dir)     # run_dir/config.json
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import apply_overrides, from_dict, opt, read_file, to_dict
+from ..errors import ConfigError
+from ..rl.hparams import DQNConfig
+
+__all__ = [
+    "Spec", "GossipSpec", "BufferSpec", "BudgetSpec", "EvalSpec",
+    "DEFAULT_SPEC", "ALGORITHMS", "SYNC_MODES", "load_spec", "save_resolved",
+]
+
+ALGORITHMS: tuple[str, ...] = ("dqn",)
+SYNC_MODES: tuple[str, ...] = ("lockstep", "bounded", "async")
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _pos(x: Any) -> bool:
+    return x > 0
+
+
+def _nonneg(x: Any) -> bool:
+    return x >= 0
+
+
+@dataclass
+class GossipSpec:
+    """How peers average their parameters."""
+
+    topology: str = opt("ring", "neighbour graph: ring, grid, torus, hypercube, exponential, "
+                                "one_peer_exponential, random_pairing, full, custom")
+    edges: list[list[int]] = opt([], "edge list [[i, j], ...] when topology = custom")
+    codec: str = opt("ef+topk:0.01", "codec of the parameter deltas, e.g. identity, fp16, int8, "
+                                     "topk:0.01, ef+topk:0.01 (error feedback)")
+    sync: str = opt("bounded", "lockstep (wait for every neighbour), bounded (wait only when one is "
+                               "more than max_staleness rounds behind) or async (never wait)")
+    max_staleness: int = opt(4, "rounds a neighbour may lag before a bounded peer waits", _nonneg,
+                             "must be >= 0")
+    interval: int = opt(50, "env steps between gossip rounds (local steps H)", _pos, "must be > 0")
+    step_size: float = opt(1.0, "consensus step size gamma of CHOCO gossip",
+                           lambda g: 0.0 < g <= 1.0, "must be in (0, 1]")
+    round_timeout_s: float = opt(2.0, "deadline for a round's neighbours before it proceeds without them",
+                                 _pos, "must be > 0")
+
+
+@dataclass
+class BufferSpec:
+    """Each peer's replay buffer and what it shares with its neighbours."""
+
+    capacity: int = opt(50_000, "transitions each peer keeps", _pos, "must be > 0")
+    prioritized: bool = opt(True, "prioritized sampling by TD error (else uniform)")
+    alpha: float = opt(0.6, "priority exponent", lambda a: 0.0 <= a <= 1.0, "must be in [0, 1]")
+    eps: float = opt(1e-6, "added to |TD| so that no item has zero priority", _pos, "must be > 0")
+    decay: float = opt(0.0, "priority decay per env step of age (lambda)", _nonneg, "must be >= 0")
+    sharing: bool = opt(True, "push a share of new transitions to neighbours")
+    share: float = opt(0.25, "fraction of new transitions pushed to each neighbour",
+                       lambda s: 0.0 <= s <= 1.0, "must be in [0, 1]")
+
+
+@dataclass
+class BudgetSpec:
+    """When a run stops."""
+
+    env_steps: int = opt(20_000, "env steps per peer", _pos, "must be > 0")
+    max_seconds: float = opt(0.0, "wall-clock limit of the whole run; 0 means none", _nonneg, "must be >= 0")
+    stop_when_solved: bool = opt(False, "stop a peer once its greedy evaluation reaches eval.solve_return")
+
+
+@dataclass
+class EvalSpec:
+    """Greedy evaluation during training."""
+
+    every: int = opt(2_000, "env steps between evaluations; 0 disables", _nonneg, "must be >= 0")
+    episodes: int = opt(5, "episodes per evaluation", _pos, "must be > 0")
+    solve_return: float = opt(475.0, "mean greedy return that counts as solved")
+
+
+@dataclass
+class Spec:
+    """A decentralized RL experiment: N peers training one algorithm on one env."""
+
+    name: str = opt("cartpole-ring", "run name; the run folder is runs/<name>-<time>/",
+                    lambda s: bool(_NAME.match(s)), "must be letters, digits, '.', '_' or '-'")
+    env: str = opt("CartPole-v1", "Gymnasium environment id")
+    algorithm: str = opt("dqn", "agent algorithm: " + ", ".join(ALGORITHMS))
+    peers: int = opt(4, "number of peer processes", _pos, "must be > 0")
+    seed: int = opt(0, "base seed; peer of rank r uses seed + r", _nonneg, "must be >= 0")
+    gossip: GossipSpec = field(default_factory=GossipSpec)
+    buffer: BufferSpec = field(default_factory=BufferSpec)
+    dqn: DQNConfig = field(default_factory=DQNConfig)
+    budget: BudgetSpec = field(default_factory=BudgetSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)
+
+    def peer_seed(self, rank: int) -> int:
+        """The seed of the peer with this rank (distinct per peer, fixed per spec)."""
+        return self.seed + rank
+
+    def validate(self) -> None:
+        """Check what single fields cannot: names against registries, cross-field ranges."""
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"algorithm = {self.algorithm!r}: unknown; choose one of {', '.join(ALGORITHMS)}")
+        _check_env(self.env)
+        g = self.gossip
+        if g.sync not in SYNC_MODES:
+            raise ConfigError(f"gossip.sync = {g.sync!r}: choose one of {', '.join(SYNC_MODES)}")
+        _check_topology(g.topology, self.peers, g.edges)
+        _check_codec(g.codec)
+        self.dqn.check("dqn.")
+        if self.buffer.capacity < self.dqn.batch_size:
+            raise ConfigError(f"buffer.capacity = {self.buffer.capacity} is below dqn.batch_size = "
+                              f"{self.dqn.batch_size}; a batch could never be sampled")
+        if self.dqn.learning_starts >= self.budget.env_steps:
+            raise ConfigError(f"dqn.learning_starts = {self.dqn.learning_starts} is not below "
+                              f"budget.env_steps = {self.budget.env_steps}; the agent would never learn")
+        if self.budget.stop_when_solved and self.eval.every == 0:
+            raise ConfigError("budget.stop_when_solved = true needs eval.every > 0 to know when it is solved")
+
+
+def _check_env(env_id: str) -> None:
+    import gymnasium  # noqa: PLC0415 - slow to import; only needed here
+
+    known = gymnasium.envs.registry
+    if env_id not in known:
+        close = difflib.get_close_matches(env_id, list(known), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"env = {env_id!r}: not a registered Gymnasium environment{hint}")
+
+
+def _check_topology(topology: str, peers: int, edges: list[list[int]]) -> None:
+    from ..gossip.topology import TOPOLOGIES, mixing_matrix  # noqa: PLC0415
+
+    if topology not in TOPOLOGIES:
+        raise ConfigError(f"gossip.topology = {topology!r}: unknown; choose one of {', '.join(TOPOLOGIES)}")
+    if topology == "custom" and not edges:
+        raise ConfigError("gossip.edges: topology = custom needs an edge list [[i, j], ...]")
+    if edges and topology != "custom":
+        raise ConfigError(f"gossip.edges is only used with topology = custom, not {topology!r}")
+    try:  # the topology module knows which sizes each graph admits (hypercube: powers of two ...)
+        mixing_matrix(topology, peers, edges=edges or None)
+    except ConfigError as e:
+        raise ConfigError(f"gossip.topology = {topology!r} with peers = {peers}: {e}") from None
+
+
+def _check_codec(codec: str) -> None:
+    try:
+        from ..compress import get_codec  # noqa: PLC0415 - optional until swarm.compress lands
+    except ImportError:
+        # Without swarm.compress only the uncompressed codec exists; the gossip
+        # engine makes the same choice.
+        if codec != "identity":
+            raise ConfigError(f"gossip.codec = {codec!r}: swarm.compress is not available, "
+                              "only 'identity' can be used") from None
+        return
+    try:
+        get_codec(codec)
+    except ConfigError as e:
+        raise ConfigError(f"gossip.codec = {codec!r}: {e}") from None
+
+
+#: The built-in experiment: CartPole-v1, 4 peers on a ring, error-feedback top-k, sharing on.
+DEFAULT_SPEC = Spec()
+
+
+def load_spec(path: str | Path | None = None, overrides: list[str] | None = None) -> Spec:
+    """Load a spec file (or the built-in default when ``path`` is None), apply overrides, check it."""
+    data = read_file(path) if path else {}
+    apply_overrides(data, list(overrides or []))
+    return from_dict(Spec, data)
+
+
+def save_resolved(spec: Spec, path: str | Path) -> Path:
+    """Write the resolved spec as JSON; ``path`` is a file or a run folder (→ config.json)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(to_dict(spec), indent=2, sort_keys=True) + "\n")
+    return p

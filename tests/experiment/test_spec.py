@@ -1,0 +1,131 @@
+import json
+
+import pytest
+
+from swarm.config import to_dict
+from swarm.errors import ConfigError
+from swarm.experiment.spec import DEFAULT_SPEC, Spec, load_spec, save_resolved
+
+# swarm.compress lands separately; until it does only the identity codec validates.
+try:
+    from swarm.compress import get_codec  # noqa: F401
+    HAVE_COMPRESS = True
+except ImportError:
+    HAVE_COMPRESS = False
+
+ID = ["gossip.codec=identity"]
+
+
+@pytest.mark.skipif(not HAVE_COMPRESS, reason="swarm.compress.get_codec not available yet")
+def test_default_spec_loads_and_is_the_built_in_default():
+    spec = load_spec(None)
+    assert spec == DEFAULT_SPEC
+    assert (spec.env, spec.peers, spec.gossip.topology, spec.gossip.codec, spec.buffer.sharing) == \
+        ("CartPole-v1", 4, "ring", "ef+topk:0.01", True)
+
+
+def test_default_values():
+    d = DEFAULT_SPEC
+    assert (d.env, d.peers, d.gossip.topology, d.gossip.codec, d.buffer.sharing, d.algorithm) == \
+        ("CartPole-v1", 4, "ring", "ef+topk:0.01", True, "dqn")
+
+
+def test_overrides_reach_nested_sections_with_types():
+    spec = load_spec(None, ID + ["peers=8", "gossip.topology=grid", "dqn.lr=5e-4", "dqn.hidden=[32, 16]",
+                                 "buffer.sharing=false", "name=my-run"])
+    assert spec.peers == 8 and spec.gossip.topology == "grid"
+    assert spec.dqn.lr == 5e-4 and spec.dqn.hidden == [32, 16]
+    assert spec.buffer.sharing is False and spec.name == "my-run"
+    assert spec.peer_seed(3) == spec.seed + 3
+
+
+def test_file_then_overrides(tmp_path):
+    f = tmp_path / "exp.toml"
+    f.write_text('name = "from-file"\npeers = 6\n[gossip]\ncodec = "identity"\ninterval = 10\n')
+    spec = load_spec(f, ["peers=3"])
+    assert (spec.name, spec.peers, spec.gossip.interval) == ("from-file", 3, 10)
+    assert spec.dqn == DEFAULT_SPEC.dqn  # untouched sections keep defaults
+
+
+def test_save_resolved_round_trips(tmp_path):
+    spec = load_spec(None, ID + ["peers=5", "dqn.tau=0.01"])
+    path = save_resolved(spec, tmp_path)
+    assert path == tmp_path / "config.json"
+    assert json.loads(path.read_text()) == to_dict(spec)
+    assert load_spec(path) == spec
+
+
+@pytest.mark.parametrize("override, key", [
+    ("peers=0", "peers"),
+    ("peers=four", "peers"),
+    ("seed=-1", "seed"),
+    ("name=has space", "name"),
+    ("env=CartPole-v9000", "env"),
+    ("algorithm=ppo", "algorithm"),
+    ("gossip.topology=star", "gossip.topology"),
+    ("gossip.sync=sometimes", "gossip.sync"),
+    ("gossip.max_staleness=-1", "gossip.max_staleness"),
+    ("gossip.interval=0", "gossip.interval"),
+    ("gossip.step_size=1.5", "gossip.step_size"),
+    ("gossip.codec=nonsense:9", "gossip.codec"),
+    ("gossip.edges=[[0, 1]]", "gossip.edges"),
+    ("gossip.topology=custom", "gossip.edges"),
+    ("buffer.capacity=0", "buffer.capacity"),
+    ("buffer.capacity=10", "buffer.capacity"),
+    ("buffer.share=2.0", "buffer.share"),
+    ("buffer.alpha=-0.1", "buffer.alpha"),
+    ("dqn.lr=0", "dqn.lr"),
+    ("dqn.gamma=1.0", "dqn.gamma"),
+    ("dqn.hidden=[]", "dqn.hidden"),
+    ("dqn.hidden=[64, 0]", "dqn.hidden"),
+    ("dqn.tau=0", "dqn.tau"),
+    ("dqn.eps_start=0.01", "dqn.eps_end"),
+    ("dqn.eps_start=2", "dqn.eps_start"),
+    ("dqn.learning_starts=50000", "dqn.learning_starts"),
+    ("dqn.double=maybe", "dqn.double"),
+    ("budget.env_steps=0", "budget.env_steps"),
+    ("eval.episodes=0", "eval.episodes"),
+    ("eval.every=-5", "eval.every"),
+    ("dqn.colour=blue", "dqn.colour"),
+    ("nonsense=1", "nonsense"),
+])
+def test_every_error_names_the_key(override, key):
+    overrides = ID + [override] if not override.startswith("gossip.codec") else [override]
+    with pytest.raises(ConfigError) as info:
+        load_spec(None, overrides)
+    assert key in str(info.value), str(info.value)
+
+
+def test_env_typo_gets_a_suggestion():
+    with pytest.raises(ConfigError, match="CartPole-v1"):
+        load_spec(None, ID + ["env=CartPole-v2"])
+
+
+def test_topology_size_constraints_are_checked():
+    with pytest.raises(ConfigError, match="gossip.topology.*hypercube"):
+        load_spec(None, ID + ["gossip.topology=hypercube", "peers=6"])
+    assert load_spec(None, ID + ["gossip.topology=hypercube", "peers=8"]).peers == 8
+    spec = load_spec(None, ID + ["gossip.topology=custom", "gossip.edges=[[0, 1], [1, 2], [2, 3]]"])
+    assert spec.gossip.edges == [[0, 1], [1, 2], [2, 3]]
+
+
+def test_stop_when_solved_needs_evaluation():
+    with pytest.raises(ConfigError, match="budget.stop_when_solved"):
+        load_spec(None, ID + ["budget.stop_when_solved=true", "eval.every=0"])
+
+
+def test_bad_files_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_spec(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="bad.json"):
+        load_spec(bad)
+    nested = tmp_path / "nested.toml"
+    nested.write_text('[gossip]\ntopology = 3\n')
+    with pytest.raises(ConfigError, match="gossip.topology"):
+        load_spec(nested, ID)
+
+
+def test_spec_is_a_plain_dataclass_without_loading():
+    assert isinstance(Spec(peers=2), Spec)
