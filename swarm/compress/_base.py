@@ -1,0 +1,262 @@
+"""The codec interface: :class:`Encoded`, :class:`Codec`, and the checks every decoder shares.
+
+A codec turns a flat float32 vector into ``Encoded(meta, frames)``: ``meta`` is a
+small dict of msgpack-able scalars (always ``codec`` and ``n``), ``frames`` a list of
+numpy arrays, each of which travels as one zero-copy wire frame. Decoding trusts
+nothing: every meta value and every frame's dtype and length is checked before a
+byte is written, and a payload that fails a check raises
+:class:`~swarm.errors.WireError`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import GossipError, WireError
+
+__all__ = ["Encoded", "Codec", "MAX_N", "as_vector"]
+
+#: Largest vector a decoder will allocate for. A sparse payload names ``n`` without
+#: carrying ``n`` values, so without this cap a lying peer could make ``decode``
+#: allocate any amount of memory. ``decode_into`` is bounded by ``out`` instead.
+MAX_N = (1 << 31) - 1
+
+
+@dataclass
+class Encoded:
+    """One compressed vector: ``meta`` (msgpack-able scalars) plus raw ``frames``.
+
+    ``nbytes`` counts the frames only -- the payload bytes that travel as raw wire
+    frames. The meta dict adds a few dozen bytes to the message header (measure it
+    with :meth:`meta_nbytes` if you need the last byte).
+
+    Example::
+
+        enc = get_codec("topk:0.01").encode(x)
+        frames = wire.encode("delta", me, body={"meta": enc.meta}, arrays=enc.frames)
+        msg = wire.decode(frames)
+        y = codec.decode(Encoded(msg.body["meta"], msg.arrays))
+    """
+
+    meta: dict[str, Any]
+    frames: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        """Exact payload bytes on the wire: the sum of the frames' sizes."""
+        return int(sum(np.asarray(f).nbytes for f in self.frames))
+
+    @property
+    def n(self) -> int:
+        """Length of the vector this payload decodes to (from ``meta``; unchecked)."""
+        return int(self.meta["n"])
+
+    def meta_nbytes(self) -> int:
+        """Bytes the meta dict takes when msgpack-packed (it rides in the header)."""
+        import msgpack
+
+        return len(msgpack.packb(self.meta, use_bin_type=True))
+
+
+def as_vector(x: Any, what: str = "x") -> np.ndarray:
+    """``x`` as a flat float32 numpy array, without a copy when it already is one.
+
+    Accepts numpy arrays of any floating dtype and shape, and torch tensors (CPU
+    tensors are viewed, not copied; other devices are moved to the CPU once).
+    Anything else raises :class:`~swarm.errors.GossipError` naming ``what``.
+    """
+    if type(x).__module__.split(".")[0] == "torch":
+        x = _torch_to_numpy(x, what)
+    elif not isinstance(x, np.ndarray):
+        raise GossipError(f"{what} must be a numpy array or a torch tensor, got {type(x).__name__}")
+    if x.dtype != np.float32:
+        if x.dtype.kind != "f":
+            raise GossipError(f"{what} must be a floating-point array, got dtype {x.dtype}")
+        x = x.astype(np.float32)
+    # reshape(-1) is a view for contiguous input and a copy otherwise.
+    return x.reshape(-1)
+
+
+def _torch_to_numpy(t: Any, what: str) -> np.ndarray:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise GossipError(f"{what} must be a numpy array or a torch tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise GossipError(f"{what} must be a floating-point tensor, got dtype {t.dtype}")
+    t = t.detach()
+    if t.device.type != "cpu" or t.dtype != torch.float32:
+        # one conversion and one move, in the order that moves the fewest bytes
+        t = t.to(device="cpu", dtype=torch.float32)
+    return t.numpy()
+
+
+class Codec:
+    """Base class of all codecs. Subclasses set ``name`` and implement the hooks.
+
+    ``name`` is the family that appears as ``meta["codec"]``; ``spec`` is the config
+    string the instance was made from (``"topk:0.01"``). Every parameter a decoder
+    needs travels in ``meta``, so any instance of a family decodes any payload of
+    that family. Instances are not thread-safe; stateful codecs (seeded random
+    codecs, :class:`~swarm.compress.ErrorFeedback`) keep one instance per stream.
+    """
+
+    name: ClassVar[str] = ""
+    #: True when ``encode`` may return frames that are views of its input; callers
+    #: that reuse the input buffer (ErrorFeedback) must then hand it a copy.
+    aliases_input: ClassVar[bool] = False
+
+    def __init__(self, spec: str | None = None) -> None:
+        self.spec = spec or self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r})"
+
+    # ---- public API -----------------------------------------------------------------
+
+    def encode(self, x: Any) -> Encoded:
+        """Compress ``x`` (any-shape float array or tensor; flattened) into an :class:`Encoded`."""
+        if type(x).__module__.split(".")[0] == "torch" and _on_accelerator(x):
+            enc = self._encode_device(x)
+            if enc is not None:
+                return enc
+        v = as_vector(x)
+        return self._encode(v)
+
+    def decode(self, enc: Encoded, n: int | None = None) -> np.ndarray:
+        """The float32 vector of length ``meta["n"]`` that ``enc`` stands for (a new array).
+
+        ``n``, when given, is the length the caller expects; a payload of another
+        length is rejected. Raises :class:`~swarm.errors.WireError` for any payload
+        that fails a check.
+        """
+        meta, frames, size = self._check(enc)
+        if n is not None and size != n:
+            raise WireError(f"{self.name}: payload is for n={size}, expected n={n}")
+        if size > MAX_N:
+            raise WireError(f"{self.name}: n={size} exceeds the decoder limit {MAX_N}")
+        return self._decode(meta, frames, size)
+
+    def decode_into(self, enc: Encoded, out: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+        """Add ``alpha * decode(enc)`` to ``out`` in place, without a full temporary.
+
+        ``out`` must be a writable, contiguous 1-D float32 array of length
+        ``meta["n"]``. Every check runs before ``out`` is touched, so a rejected
+        payload leaves ``out`` unchanged. Returns ``out``.
+        """
+        if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.ndim == 1
+                and out.flags.c_contiguous and out.flags.writeable):
+            raise GossipError("out must be a writable, contiguous 1-D float32 numpy array")
+        if not math.isfinite(alpha):
+            raise GossipError(f"alpha must be finite, got {alpha!r}")
+        meta, frames, size = self._check(enc)
+        if size != out.size:
+            raise WireError(f"{self.name}: payload is for n={size}, but out has {out.size} elements")
+        self._decode_into(meta, frames, out, float(alpha))
+        return out
+
+    def ratio(self, n: int) -> float:
+        """Compression ratio (dense float32 bytes / payload bytes) for a vector of length n."""
+        enc = self.encode(np.zeros(n, np.float32))
+        return 4.0 * n / max(enc.nbytes, 1)
+
+    # ---- hooks --------------------------------------------------------------------------
+
+    def _encode(self, x: np.ndarray) -> Encoded:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _encode_device(self, t: Any) -> Encoded | None:
+        """Encode a tensor on its accelerator, or return None to move it to the CPU first."""
+        return None
+
+    def _frame_specs(self, meta: dict[str, Any], n: int) -> list[tuple[str, Any, int]]:  # pragma: no cover
+        """``(label, allowed dtypes, length)`` of each frame this meta implies."""
+        raise NotImplementedError
+
+    def _decode(self, meta: dict[str, Any], frames: list[np.ndarray], n: int) -> np.ndarray:
+        out = np.zeros(n, np.float32)
+        self._decode_into(meta, frames, out, 1.0)
+        return out
+
+    def _decode_into(self, meta: dict[str, Any], frames: list[np.ndarray], out: np.ndarray,
+                     alpha: float) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _check_meta(self, meta: dict[str, Any], n: int) -> None:
+        """Extra per-codec checks on meta values (ranges, finiteness)."""
+
+    def _check_frames(self, meta: dict[str, Any], frames: list[np.ndarray], n: int) -> None:
+        """Extra per-codec checks on frame contents (index ranges, value ranges)."""
+
+    # ---- shared checks ------------------------------------------------------------------
+
+    def _check(self, enc: Any) -> tuple[dict[str, Any], list[np.ndarray], int]:
+        if not isinstance(enc, Encoded):
+            raise WireError(f"{self.name}: expected an Encoded, got {type(enc).__name__}")
+        meta = enc.meta
+        if not isinstance(meta, dict):
+            raise WireError(f"{self.name}: meta is a {type(meta).__name__}, not a dict")
+        if meta.get("codec") != self.name:
+            raise WireError(f"{self.name}: payload was encoded by codec {meta.get('codec')!r}")
+        n = meta_int(meta, "n", self.name, lo=0)
+        self._check_meta(meta, n)
+        specs = self._frame_specs(meta, n)
+        raw = enc.frames
+        if not isinstance(raw, (list, tuple)) or len(raw) != len(specs):
+            got = len(raw) if isinstance(raw, (list, tuple)) else type(raw).__name__
+            raise WireError(f"{self.name}: expected {len(specs)} frames, got {got}")
+        frames = []
+        for f, (label, dtypes, length) in zip(raw, specs):
+            if not isinstance(f, np.ndarray):
+                raise WireError(f"{self.name}: frame {label} is a {type(f).__name__}, not an array")
+            if f.dtype.name not in dtypes or f.dtype.byteorder == ">":
+                raise WireError(f"{self.name}: frame {label} has dtype {f.dtype}, expected {'/'.join(dtypes)}")
+            if f.size != length:
+                raise WireError(f"{self.name}: frame {label} has {f.size} elements, expected {length}")
+            frames.append(f.reshape(-1))
+        self._check_frames(meta, frames, n)
+        return meta, frames, n
+
+
+def meta_int(meta: dict[str, Any], key: str, codec: str, lo: int | None = None,
+             hi: int | None = None) -> int:
+    """``meta[key]`` as an int in ``[lo, hi]``, or :class:`WireError` naming the key."""
+    v = meta.get(key)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise WireError(f"{codec}: meta {key}={v!r} is not an integer")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise WireError(f"{codec}: meta {key}={v} is outside [{lo}, {hi}]")
+    return v
+
+
+def meta_float(meta: dict[str, Any], key: str, codec: str) -> float:
+    """``meta[key]`` as a finite, non-negative float, or :class:`WireError` naming the key."""
+    v = meta.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise WireError(f"{codec}: meta {key}={v!r} is not a number")
+    if not math.isfinite(v) or v < 0:
+        raise WireError(f"{codec}: meta {key}={v!r} is not finite and >= 0")
+    return float(v)
+
+
+def _on_accelerator(t: Any) -> bool:
+    dev = getattr(t, "device", None)
+    return dev is not None and getattr(dev, "type", "cpu") != "cpu"
+
+
+class Scratch:
+    """Grow-only scratch buffers keyed by name, reused across calls to avoid page faults."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def get(self, key: str, n: int, dtype: Any) -> np.ndarray:
+        b = self._bufs.get(key)
+        if b is None or b.size < n or b.dtype != np.dtype(dtype):
+            b = np.empty(max(n, 1), dtype)
+            self._bufs[key] = b
+        return b[:n]

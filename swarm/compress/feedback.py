@@ -1,0 +1,89 @@
+"""Error feedback: carry what a codec dropped into the next round.
+
+``encode(x)`` compresses ``p = x + e`` and keeps ``e' = p - decode(encode(p))``, so
+over any number of rounds ``sum(decoded) + e == sum(inputs)`` (up to float32
+rounding). This turns biased contractions (top-k, random-k, sign) into codecs
+whose error does not accumulate (Stich et al. 2018; Karimireddy et al. 2019).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import GossipError
+from ._base import Codec, Encoded, as_vector
+
+__all__ = ["ErrorFeedback"]
+
+
+class ErrorFeedback(Codec):
+    """Wrap ``inner`` and carry its residual between calls (one instance per stream).
+
+    The wire format is the inner codec's (``meta["codec"]`` names the inner family),
+    so a receiver decodes with a plain ``get_codec(inner_spec)``. The residual's
+    length is fixed by the first ``encode``; a vector of another length raises
+    :class:`~swarm.errors.GossipError` and leaves the residual unchanged, as does
+    any error the inner codec raises. Non-finite input that the inner codec does not
+    reject (topk, randomk, fp16, identity) would stay in the residual: call
+    :meth:`reset` after such a round, or check deltas first, as gossip does.
+
+    Example::
+
+        ef = ErrorFeedback(get_codec("topk:0.01"))
+        enc = ef.encode(delta)      # send enc; ef.residual keeps the rest
+    """
+
+    def __init__(self, inner: Codec, spec: str | None = None) -> None:
+        if not isinstance(inner, Codec) or isinstance(inner, ErrorFeedback):
+            raise GossipError(f"ErrorFeedback wraps a plain codec, got {inner!r}")
+        super().__init__(spec or f"ef+{inner.spec}")
+        self.inner = inner
+        self.name = inner.name  # decodes the inner family's payloads
+        self._e: np.ndarray | None = None
+        self._spare: np.ndarray | None = None
+
+    @property
+    def residual(self) -> np.ndarray | None:
+        """A read-only view of the carried residual (None before the first encode)."""
+        if self._e is None:
+            return None
+        v = self._e.view()
+        v.flags.writeable = False
+        return v
+
+    def reset(self) -> None:
+        """Forget the residual (e.g. after the model was reloaded or resized)."""
+        self._e = None
+        self._spare = None
+
+    def encode(self, x: Any) -> Encoded:
+        """Compress ``x + residual`` with the inner codec; keep what it dropped."""
+        v = as_vector(x)
+        n = v.size
+        if self._e is None:
+            self._e = np.zeros(n, np.float32)
+            self._spare = np.empty(n, np.float32)
+        elif self._e.size != n:
+            raise GossipError(f"ErrorFeedback({self.inner.spec}): vector of length {n}, but the "
+                              f"residual has length {self._e.size}; call reset() after resizing")
+        # p goes into the spare buffer so that an error in the inner codec leaves e intact.
+        p = self._spare
+        np.add(v, self._e, out=p)
+        enc = self.inner.encode(p.copy() if self.inner.aliases_input else p)
+        self.inner.decode_into(enc, p, -1.0)
+        self._e, self._spare = p, self._e
+        return enc
+
+    def decode(self, enc: Encoded, n: int | None = None) -> np.ndarray:
+        """Decode with the inner codec (the residual is a sender-side matter)."""
+        return self.inner.decode(enc, n)
+
+    def decode_into(self, enc: Encoded, out: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+        """Add ``alpha * decode(enc)`` to ``out`` with the inner codec."""
+        return self.inner.decode_into(enc, out, alpha)
+
+    def ratio(self, n: int) -> float:
+        """The inner codec's compression ratio (without touching the residual)."""
+        return self.inner.ratio(n)

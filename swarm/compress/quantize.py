@@ -1,0 +1,255 @@
+"""Quantizing codecs: ``int8`` (per-block scales), ``qsgd`` (s levels, unbiased), ``sign``.
+
+int8 and qsgd share one kernel: split the vector into blocks of ``B`` elements,
+give each block a multiplier ``m``, and send ``q = round(x / m)`` as small integers
+in ``[-L, L]``. They differ in ``m``: int8 uses the block's max-abs over 127, QSGD
+the block's L2 norm over ``s``. Stochastic rounding (``floor(v + u)`` with ``u``
+uniform on [0, 1)) makes the result unbiased. Work runs over chunks of rows so the
+float temporaries stay in cache and no full-size scratch is needed.
+
+Non-finite input: these codecs compute a scale per block, which turns NaN/Inf
+into a non-finite scale at no extra cost; encode then raises
+:class:`~swarm.errors.GossipError` instead of sending garbage.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import GossipError, WireError
+from . import _torch
+from ._base import Codec, Encoded, Scratch, meta_float, meta_int
+
+__all__ = ["Int8", "QSGD", "Sign"]
+
+# Elements per chunk in the chunked kernels: 256 KiB of float32, cache-sized.
+_CHUNK = 1 << 16
+_U16 = np.float32(2.0 ** -16)
+
+
+def _rng(seed: int | None) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+class _BlockQuantizer(Codec):
+    """Shared kernel of int8 and qsgd. Meta: ``{codec, n, block, levels}``;
+    frames: ``[q int8|int16 [n], mult float32 [ceil(n/block)]]``, ``y = q * mult[block]``.
+    """
+
+    levels: int
+    block: int
+    stochastic: bool
+
+    def __init__(self, spec: str | None, levels: int, block: int, stochastic: bool,
+                 seed: int | None) -> None:
+        super().__init__(spec)
+        self.levels, self.block, self.stochastic = levels, block, stochastic
+        self.qdtype = np.int8 if levels <= 127 else np.int16
+        self._rng = _rng(seed)
+        self._scratch = Scratch()
+
+    def _block_scale(self, X: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
+        """The per-row quantity that maps to ``levels`` (max-abs or L2 norm)."""
+        raise NotImplementedError
+
+    def _encode(self, x: np.ndarray) -> Encoded:
+        n, B, L = x.size, self.block, self.levels
+        nb = -(-n // B)
+        q = np.empty(n, self.qdtype)
+        mult = np.empty(nb, np.float32)
+        rows = max(1, _CHUNK // B)
+        step = rows * B
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            full = (b - a) // B * B
+            if full:
+                self._quantize(x[a:a + full].reshape(-1, B), q[a:a + full].reshape(-1, B),
+                               mult[a // B:(a + full) // B])
+            if a + full < b:  # the short last block
+                self._quantize(x[a + full:b].reshape(1, -1), q[a + full:b].reshape(1, -1),
+                               mult[nb - 1:nb])
+        if not np.isfinite(mult).all():
+            bad = int(np.flatnonzero(~np.isfinite(mult))[0])
+            raise GossipError(f"{self.name}: input has NaN or Inf in elements "
+                              f"[{bad * B}, {min(n, (bad + 1) * B)})")
+        meta = {"codec": self.name, "n": int(n), "block": int(B), "levels": int(L)}
+        return Encoded(meta, [q, mult])
+
+    def _quantize(self, X: np.ndarray, Q: np.ndarray, mult: np.ndarray) -> None:
+        L = np.float32(self.levels)
+        amax = self._block_scale(X)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            inv = np.where(amax > 0, L / amax, np.float32(0)).astype(np.float32)
+            # Round inv down until amax * inv <= L in float32, so that no element
+            # can land outside [-L, L] (and an int8 never wraps to -128).
+            over = amax * inv > L
+            while over.any():
+                inv[over] = np.nextafter(inv[over], np.float32(0))
+                over = amax * inv > L
+            np.divide(amax, L, out=mult)
+        S = self._scratch.get("s", X.size, np.float32).reshape(X.shape)
+        np.multiply(X, inv[:, None], out=S)
+        if self.stochastic:
+            U = self._scratch.get("u", X.size, np.float32).reshape(X.shape)
+            raw = self._rng.bit_generator.random_raw(-(-X.size // 4)).view(np.uint16)[:X.size]
+            np.multiply(raw.reshape(X.shape), _U16, out=U, dtype=np.float32)
+            S += U
+            np.floor(S, out=S)
+        else:
+            np.rint(S, out=S)
+        with np.errstate(invalid="ignore"):
+            np.copyto(Q, S, casting="unsafe")
+
+    # ---- decode -------------------------------------------------------------------------
+
+    def _frame_specs(self, meta, n):
+        B = meta_int(meta, "block", self.name, lo=1, hi=1 << 24)
+        L = meta_int(meta, "levels", self.name, lo=1, hi=32767)
+        qd = "int8" if L <= 127 else "int16"
+        return [("q", (qd,), n), ("mult", ("float32",), -(-n // B))]
+
+    def _check_frames(self, meta, frames, n):
+        q, mult = frames
+        L = meta["levels"]
+        if mult.size and not (np.isfinite(mult).all() and mult.min() >= 0):
+            raise WireError(f"{self.name}: block multipliers must be finite and >= 0")
+        if q.size and (int(q.min()) < -L or int(q.max()) > L):
+            raise WireError(f"{self.name}: quantized values outside [-{L}, {L}]")
+
+    def _decode(self, meta, frames, n):
+        out = np.empty(n, np.float32)
+        q, mult = frames
+        _torch.cast_into(out, q)
+        B = meta["block"]
+        full = n // B * B
+        if full:
+            out[:full].reshape(-1, B).__imul__(mult[:full // B, None])
+        if full < n:
+            out[full:] *= mult[-1]
+        return out
+
+    def _decode_into(self, meta, frames, out, alpha):
+        q, mult = frames
+        B = meta["block"]
+        m = mult * np.float32(alpha)
+        n = out.size
+        step = max(1, _CHUNK // B) * B
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            full = (b - a) // B * B
+            S = self._scratch.get("d", b - a, np.float32)
+            if full:
+                np.multiply(q[a:a + full].reshape(-1, B), m[a // B:(a + full) // B, None],
+                            out=S[:full].reshape(-1, B), dtype=np.float32)
+            if a + full < b:
+                np.multiply(q[a + full:b], m[-1], out=S[full:], dtype=np.float32)
+            out[a:b] += S
+
+
+class Int8(_BlockQuantizer):
+    """8-bit integers with one float32 scale per block of ``block`` elements.
+
+    ``q = round(x * 127 / max|x_block|)``; deterministic rounding bounds the error
+    by ``max|x_block| / 254`` per element, stochastic rounding (unbiased, to
+    2**-16 of a level) by ``max|x_block| / 127``. Bytes: ``n + 4 * ceil(n / block)``.
+    """
+
+    name = "int8"
+
+    def __init__(self, spec: str | None = None, *, block: int = 256, stochastic: bool = False,
+                 seed: int | None = None) -> None:
+        super().__init__(spec, 127, block, stochastic, seed)
+
+    def _block_scale(self, X):
+        # max and min per row read X twice but write nothing; cheaper than abs().max()
+        return np.maximum(X.max(axis=1), -X.min(axis=1))
+
+
+class QSGD(_BlockQuantizer):
+    """QSGD (Alistarh et al. 2017): ``s`` levels of each bucket's L2 norm, unbiased.
+
+    ``y = norm * sign(x) * xi / s`` with ``xi`` the stochastic rounding of
+    ``|x| * s / norm``; ``E[y] = x``, ``|y - x| < norm_bucket / s`` per element and
+    ``E||y - x||^2 <= min(B / s^2, sqrt(B) / s) * ||x||^2`` per bucket of ``B``.
+    Levels travel as int8 for ``s <= 127``, int16 above.
+    """
+
+    name = "qsgd"
+
+    def __init__(self, spec: str | None = None, *, s: int = 16, bucket: int = 512,
+                 seed: int | None = None) -> None:
+        super().__init__(spec, s, bucket, True, seed)
+
+    def _block_scale(self, X):
+        return np.sqrt(np.einsum("ij,ij->i", X, X))
+
+
+class Sign(Codec):
+    """Scaled sign: ``y = (||x||_1 / n) * sign(x)``, one bit per element.
+
+    Zero and +0.0 map to +scale, -0.0 to -scale. Meta: ``{codec, n, scale}``;
+    frames: ``[bits uint8[ceil(n/8)]]`` (bit i of byte j, little bit order, is
+    element ``8j + i``, set for negative). Not unbiased; meant for ErrorFeedback
+    (``ef+sign``), where it is a contraction. NaN/Inf input raises GossipError.
+    """
+
+    name = "sign"
+
+    def __init__(self, spec: str | None = None) -> None:
+        super().__init__(spec)
+        self._scratch = Scratch()
+        # byte value -> its 8 signs (+1 / -1)
+        bits = (np.arange(256)[:, None] >> np.arange(8)) & 1
+        self._table = (1.0 - 2.0 * bits).astype(np.float32)
+
+    def _encode(self, x: np.ndarray) -> Encoded:
+        n = x.size
+        bits = np.empty(-(-n // 8), np.uint8)
+        l1 = 0.0
+        step = _CHUNK  # a multiple of 8, so chunks pack into whole bytes
+        A = self._scratch.get("a", min(n, step), np.float32)
+        M = self._scratch.get("m", min(n, step), np.bool_)
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            xa = x[a:b]
+            l1 += float(np.abs(xa, out=A[:b - a]).sum(dtype=np.float32))
+            np.signbit(xa, out=M[:b - a])
+            bits[a // 8:-(-b // 8)] = np.packbits(M[:b - a], bitorder="little")
+        scale = l1 / n if n else 0.0
+        if not math.isfinite(scale):
+            raise GossipError("sign: input has NaN or Inf (its L1 norm is not finite)")
+        return Encoded({"codec": self.name, "n": int(n), "scale": scale}, [bits])
+
+    def _frame_specs(self, meta, n):
+        meta_float(meta, "scale", self.name)
+        return [("bits", ("uint8",), -(-n // 8))]
+
+    def _decode(self, meta, frames, n):
+        out = np.empty(n, np.float32)
+        self._expand(meta, frames[0], out, 1.0, add=False)
+        return out
+
+    def _decode_into(self, meta, frames, out, alpha):
+        self._expand(meta, frames[0], out, alpha, add=True)
+
+    def _expand(self, meta: dict[str, Any], bits: np.ndarray, out: np.ndarray, alpha: float,
+                add: bool) -> None:
+        n = out.size
+        table = self._table * np.float32(meta["scale"] * alpha)
+        step = _CHUNK // 8  # bytes per chunk
+        S = self._scratch.get("d", min(n, _CHUNK) + 8, np.float32) if add or n % 8 else None
+        for a in range(0, bits.size, step):
+            b = min(bits.size, a + step)
+            lo, hi = a * 8, min(n, b * 8)
+            if not add and hi - lo == (b - a) * 8:
+                np.take(table, bits[a:b], axis=0, out=out[lo:hi].reshape(-1, 8))
+                continue
+            T = S[:(b - a) * 8]
+            np.take(table, bits[a:b], axis=0, out=T.reshape(-1, 8))
+            if add:
+                out[lo:hi] += T[:hi - lo]
+            else:
+                out[lo:hi] = T[:hi - lo]
