@@ -1,0 +1,13 @@
+"""Replay for swarm: a local prioritized buffer with age decay, shared with neighbours.
+
+Public API::
+
+    from swarm.buffer import ReplayBuffer, Schema, RateLimiter, Federation
+"""
+
+from .limiter import RateLimiter, TokenBucket
+from .replay import Items, ReplayBuffer, Sample
+from .schema import Schema
+from .sumtree import SumTree
+
+__all__ = ["ReplayBuffer", "Schema", "Sample", "Items", "RateLimiter", "TokenBucket", "SumTree"]

@@ -1,0 +1,106 @@
+"""Rate limits: how much a learner may sample per insert, and how fast items are shared."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from ..errors import ReplayError
+
+__all__ = ["RateLimiter", "TokenBucket"]
+
+
+class RateLimiter:
+    """Minimum size before sampling and a sample-to-insert ratio.
+
+    ``samples_per_insert`` (SPI) is how many sampled items each inserted item may
+    pay for; ``None`` means no ratio, only ``min_size``. ``tolerance`` is how far
+    (in sampled items) the learner may run ahead of the ratio, as in Reverb's
+    ``SampleToInsertRatio(error_buffer=...)``.
+
+    The buffer enforces ``min_size`` in ``sample``; the ratio is advisory for the
+    learner (``can_sample``) and binding for items arriving from neighbours
+    (``can_insert``): a peer whose learner lags does not take in more shared items
+    than it can use, which bounds sharing traffic too.
+    """
+
+    def __init__(self, min_size: int = 1, samples_per_insert: float | None = None,
+                 tolerance: float = 1024.0) -> None:
+        if not isinstance(min_size, int) or min_size < 1:
+            raise ReplayError(f"min_size must be an int >= 1, got {min_size!r}")
+        if samples_per_insert is not None and not samples_per_insert > 0:
+            raise ReplayError(f"samples_per_insert must be > 0 or None, got {samples_per_insert!r}")
+        if not tolerance >= 0:
+            raise ReplayError(f"tolerance must be >= 0, got {tolerance!r}")
+        self.min_size = min_size
+        self.samples_per_insert = samples_per_insert
+        self.tolerance = float(tolerance)
+        self.inserted = 0
+        self.sampled = 0
+
+    def _deficit(self, inserted: int, sampled: int) -> float:
+        # > 0: the learner has sampled more than the inserts pay for.
+        assert self.samples_per_insert is not None
+        return sampled - self.samples_per_insert * max(0, inserted - self.min_size)
+
+    def can_sample(self, n: int, size: int) -> bool:
+        """Whether ``n`` more samples keep within min size and the ratio."""
+        if size < self.min_size:
+            return False
+        if self.samples_per_insert is None:
+            return True
+        return self._deficit(self.inserted, self.sampled + n) <= self.tolerance
+
+    def can_insert(self, n: int) -> bool:
+        """Whether ``n`` more inserts keep the learner from falling behind the ratio."""
+        if self.samples_per_insert is None or self.inserted + n <= self.min_size:
+            return True
+        return -self._deficit(self.inserted + n, self.sampled) <= self.tolerance
+
+    def insert_room(self) -> int:
+        """How many items may be inserted now without breaking the ratio (a large number if unbounded)."""
+        if self.samples_per_insert is None:
+            return 1 << 62
+        # Solve  spi*(inserted + n - min) - sampled <= tol  for the largest n.
+        room = (self.tolerance + self.sampled) / self.samples_per_insert + self.min_size - self.inserted
+        return max(0, int(room))
+
+    def state(self) -> dict:
+        return {"min_size": self.min_size, "samples_per_insert": self.samples_per_insert,
+                "tolerance": self.tolerance, "inserted": self.inserted, "sampled": self.sampled}
+
+    @classmethod
+    def from_state(cls, d: dict) -> "RateLimiter":
+        r = cls(int(d["min_size"]), d["samples_per_insert"], float(d["tolerance"]))
+        r.inserted, r.sampled = int(d["inserted"]), int(d["sampled"])
+        return r
+
+
+class TokenBucket:
+    """Items per second with a burst: bounds how many items a peer ships to its neighbours.
+
+    ``rate=None`` means unlimited.
+    """
+
+    def __init__(self, rate: float | None, burst: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if rate is not None and not rate > 0:
+            raise ReplayError(f"share rate must be > 0 items/s or None, got {rate!r}")
+        self.rate = rate
+        self.burst = float(burst if burst is not None else (rate or 0.0))
+        if rate is not None and not self.burst >= 1:
+            raise ReplayError(f"burst must be >= 1 item, got {burst!r}")
+        self._clock = clock
+        self._tokens = self.burst
+        self._last = clock()
+
+    def take(self, n: int) -> int:
+        """Take up to ``n`` tokens; return how many were granted."""
+        if self.rate is None:
+            return n
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        k = min(n, int(self._tokens))
+        self._tokens -= k
+        return k

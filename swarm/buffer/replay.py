@@ -1,0 +1,482 @@
+"""The local replay buffer: columnar numpy storage, a ring, prioritized sampling with age decay.
+
+Priority of item i at time t::
+
+    P_i(t)  ∝  (|td_i| + eps)^alpha · exp(-decay · (t - origin_time_i))
+
+The tree stores ``(|td|+eps)^alpha · exp(decay · (origin_time - base))``: the
+factor ``exp(-decay · (t - base))`` is common to all items and cancels in the
+sampling probabilities, so ageing costs nothing per step. When the stored
+exponents grow large the leaves are rescaled once and ``base`` moves forward
+(a *rebase*, O(capacity), every ``rebase_after / decay`` seconds).
+
+Each item has an *index*: its insertion number, unique for the life of the
+buffer. Its slot is ``index % capacity``; a slot remembers the index it holds,
+so a priority update for an index whose slot has been overwritten since it was
+sampled is ignored (slot generations).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..errors import ReplayError
+from .limiter import RateLimiter
+from .schema import Schema
+from .sumtree import SumTree
+
+__all__ = ["ReplayBuffer", "Sample", "Items", "SAMPLERS"]
+
+SAMPLERS = ("prioritized", "uniform", "fifo")
+
+# Rescale stored priorities once decay·(t − base) passes this: e^40 ≈ 2e17 keeps
+# fresh items far from float64 overflow while items 700/decay seconds old
+# underflow to zero, where their true probability already is.
+_REBASE_AFTER = 40.0
+
+
+@dataclass
+class Sample:
+    """A sampled batch.
+
+    ``batch`` maps each schema field to an array of ``n`` items; ``indices``
+    identify the items for :meth:`ReplayBuffer.update_priorities`; ``weights``
+    are the importance weights ``(N·P(i))^-beta / max`` (float32, max over the
+    batch; all ones for uniform and FIFO sampling); ``probabilities`` are P(i).
+    """
+
+    batch: dict[str, np.ndarray]
+    indices: np.ndarray
+    weights: np.ndarray
+    probabilities: np.ndarray
+    origin_times: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.indices.size)
+
+
+@dataclass
+class Items:
+    """Items with their ids, as they travel between peers or leave the buffer.
+
+    ``origins`` index into ``peers`` (origin peer ids); ``seqs`` are the origin's
+    sequence numbers, so ``(peers[origins[k]], seqs[k])`` is item k's id.
+    ``priorities`` are raw priorities ``(|td|+eps)^alpha`` without age.
+    """
+
+    fields: dict[str, np.ndarray]
+    peers: list[str]
+    origins: np.ndarray
+    seqs: np.ndarray
+    times: np.ndarray
+    priorities: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.seqs.size)
+
+
+class ReplayBuffer:
+    """Fixed-capacity replay buffer over a declared schema.
+
+    >>> buf = ReplayBuffer({"obs": ("float32", (4,)), "action": ("int64", ())}, capacity=8, seed=0)
+    >>> idx = buf.add({"obs": np.zeros((3, 4), np.float32), "action": np.arange(3)})
+    >>> s = buf.sample(2, beta=0.4)
+    >>> sorted(s.batch), s.weights.dtype.name, len(buf)
+    (['action', 'obs'], 'float32', 3)
+
+    Args:
+        schema: ``{field: (dtype, shape)}`` or a :class:`Schema`.
+        capacity: number of slots; the oldest item is overwritten when full.
+        alpha: priority exponent (0 gives uniform sampling through the tree).
+        eps: added to ``|td|`` so that no item's priority is zero.
+        decay: λ, per second; priorities shrink by ``exp(-λ·age)``.
+        prioritized: shorthand for ``sampler="prioritized"`` (True) or ``"uniform"``.
+        sampler: ``"prioritized"``, ``"uniform"`` or ``"fifo"`` (each item sampled
+            once, oldest first, like a queue); overrides ``prioritized``.
+        stratified: draw one prefix sum per equal slice of the total (lower variance,
+            as in the PER paper); False draws i.i.d.
+        seed: seed of the sampling generator.
+        clock: seconds, used for the origin time of locally added items and for age.
+        peer_id: the origin id stamped on locally added items.
+        limiter: a :class:`RateLimiter` (default: ``min_size=1``, no ratio).
+
+    Thread-safe: sampling, adding, updating and saving may run on different threads.
+    """
+
+    def __init__(self, schema: Mapping[str, Any] | Schema, capacity: int, *, alpha: float = 0.6,
+                 eps: float = 1e-6, decay: float = 0.0, prioritized: bool = True,
+                 sampler: str | None = None, stratified: bool = True, seed: int | None = None,
+                 clock: Callable[[], float] = time.time, peer_id: str = "local",
+                 limiter: RateLimiter | None = None) -> None:
+        self.schema = Schema(schema)
+        if not isinstance(capacity, (int, np.integer)) or isinstance(capacity, bool) or capacity < 1:
+            raise ReplayError(f"capacity must be an int >= 1, got {capacity!r}")
+        if not (isinstance(alpha, (int, float)) and 0 <= alpha <= 10):
+            raise ReplayError(f"alpha must be a number in [0, 10], got {alpha!r}")
+        if not (isinstance(eps, (int, float)) and eps > 0 and math.isfinite(eps)):
+            raise ReplayError(f"eps must be a finite number > 0, got {eps!r}")
+        if not (isinstance(decay, (int, float)) and decay >= 0 and math.isfinite(decay)):
+            raise ReplayError(f"decay must be a finite number >= 0 (per second), got {decay!r}")
+        sampler = sampler if sampler is not None else ("prioritized" if prioritized else "uniform")
+        if sampler not in SAMPLERS:
+            raise ReplayError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        if not isinstance(peer_id, str) or not peer_id:
+            raise ReplayError(f"peer_id must be a non-empty str, got {peer_id!r}")
+        self.capacity = int(capacity)
+        self.alpha, self.eps, self.decay = float(alpha), float(eps), float(decay)
+        self.sampler, self.stratified = sampler, bool(stratified)
+        self.clock = clock
+        self.peer_id = peer_id
+        self.limiter = limiter if limiter is not None else RateLimiter()
+        self._seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.RLock()
+        cap = self.capacity
+        self._data = {f.name: np.zeros((cap,) + f.shape, dtype=f.dtype) for f in self.schema}
+        self._ticket = np.full(cap, -1, dtype=np.int64)   # index held by each slot
+        self._origin = np.zeros(cap, dtype=np.int32)      # into self._peers; 0 is this peer
+        self._seq = np.zeros(cap, dtype=np.int64)
+        self._time = np.zeros(cap, dtype=np.float64)
+        self._tree = SumTree(cap)
+        self._peers: list[str] = [peer_id]
+        self._peer_index: dict[str, int] = {peer_id: 0}
+        self._foreign: dict[tuple[int, int], int] = {}   # (origin, seq) -> index, items from others
+        self._next = 0            # index of the next item written
+        self._next_seq = 0        # next local sequence number
+        self._read = 0            # FIFO cursor (an index)
+        self._max_p = 1.0         # running max raw priority; new items get it
+        self._base = float(clock()) if self.decay else 0.0
+        self._listeners: list[Callable[[np.ndarray], None]] = []
+        self._saver: Any = None   # an active background snapshot, see persist.py
+
+    # ------------------------------------------------------------------ basics
+    def __len__(self) -> int:
+        return min(self._next, self.capacity)
+
+    @property
+    def max_priority(self) -> float:
+        """The largest raw priority ``(|td|+eps)^alpha`` seen so far (new items get it)."""
+        return self._max_p
+
+    @property
+    def total_added(self) -> int:
+        """Items ever written, local and received (the next item's index)."""
+        return self._next
+
+    def peers(self) -> list[str]:
+        """Origin peer ids known to this buffer (index 0 is this peer)."""
+        return list(self._peers)
+
+    def on_add(self, callback: Callable[[np.ndarray], None]) -> None:
+        """Call ``callback(indices)`` after each local :meth:`add` (used by federation)."""
+        self._listeners.append(callback)
+
+    # -------------------------------------------------------------- inserting
+    def add(self, items: Mapping[str, Any], *, times: Any = None) -> np.ndarray:
+        """Add a batch of items (each field shaped ``(n, *shape)``); return their indices.
+
+        New items get the current max priority. ``times`` are origin times in
+        seconds (scalar or ``(n,)``; default ``clock()``). Bad items raise
+        :class:`ReplayError` naming the field, and nothing is stored.
+        """
+        arrays, n = self.schema.check(items)
+        t = self._times(times, n)
+        with self._lock:
+            seqs = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
+            self._next_seq += n
+            idx = self._write(arrays, n, 0, seqs, t, None)
+        for cb in self._listeners:
+            cb(idx)
+        return idx
+
+    def add_one(self, **fields: Any) -> int:
+        """Add a single item given as keyword fields (each shaped like the schema field)."""
+        return int(self.add({k: np.asarray(v)[None] for k, v in fields.items()})[0])
+
+    def insert(self, items: Items, *, priority_clip: float | None = None) -> np.ndarray:
+        """Store items received from other peers, keeping their ids, origin times and priorities.
+
+        Items already present (same id) or originating here are dropped;
+        priorities are clipped to ``priority_clip`` (default: this buffer's max
+        priority) so a neighbour cannot flood the sampler; origin times in the
+        future are clipped to now. Returns the indices of the items stored.
+        """
+        arrays, n = self.schema.check(items.fields)
+        origins = np.asarray(items.origins)
+        seqs, times, pri = (np.asarray(a) for a in (items.seqs, items.times, items.priorities))
+        for name, a, kind in (("origins", origins, "iu"), ("seqs", seqs, "iu"),
+                              ("times", times, "f"), ("priorities", pri, "f")):
+            if a.shape != (n,) or a.dtype.kind not in kind:
+                raise ReplayError(f"items.{name}: expected shape ({n},) of kind {kind!r}, "
+                                  f"got {a.shape} {a.dtype}")
+        if n and (origins.min() < 0 or origins.max() >= len(items.peers)):
+            raise ReplayError(f"items.origins must index items.peers (0..{len(items.peers) - 1})")
+        if not all(isinstance(p, str) and p for p in items.peers):
+            raise ReplayError("items.peers must be non-empty strings")
+        if not (np.isfinite(times).all() and np.isfinite(pri).all() and (pri >= 0).all()):
+            raise ReplayError("items.times and items.priorities must be finite, priorities >= 0")
+        with self._lock:
+            now = float(self.clock())
+            names = [items.peers[int(o)] for o in origins]
+            keep = np.ones(n, dtype=bool)
+            seen: set[tuple[str, int]] = set()
+            for k in range(n):
+                name, s = names[k], int(seqs[k])
+                o = self._peer_index.get(name)
+                if o == 0 or (o is not None and (o, s) in self._foreign) or (name, s) in seen:
+                    keep[k] = False
+                seen.add((name, s))
+            if not keep.any():
+                return np.zeros(0, dtype=np.int64)
+            sel = np.flatnonzero(keep)
+            for k in sel:
+                if names[k] not in self._peer_index:
+                    self._peer_index[names[k]] = len(self._peers)
+                    self._peers.append(names[k])
+            lo = np.array([self._peer_index[names[k]] for k in sel], dtype=np.int32)
+            clip = self._max_p if priority_clip is None else float(priority_clip)
+            raw = np.minimum(pri[sel].astype(np.float64), clip)
+            raw = np.maximum(raw, self.eps ** self.alpha)
+            t = np.minimum(times[sel].astype(np.float64), now)
+            sseq = seqs[sel].astype(np.int64)
+            idx = self._write({k: v[sel] for k, v in arrays.items()}, sel.size, lo, sseq, t, raw)
+            # Only the newest `capacity` of a huge batch were written.
+            for o, s, i in zip(lo[-idx.size:].tolist(), sseq[-idx.size:].tolist(), idx.tolist()):
+                self._foreign[(o, s)] = i
+        return idx
+
+    def _times(self, times: Any, n: int) -> np.ndarray:
+        if times is None:
+            return np.full(n, float(self.clock()), dtype=np.float64)
+        t = np.asarray(times, dtype=np.float64)
+        if t.ndim == 0:
+            t = np.full(n, float(t))
+        if t.shape != (n,) or not np.isfinite(t).all():
+            raise ReplayError(f"times must be a finite scalar or shape ({n},), got shape {t.shape}")
+        return t
+
+    def _write(self, arrays: dict[str, np.ndarray], n: int, origin: Any, seqs: np.ndarray,
+               times: np.ndarray, raw: np.ndarray | None) -> np.ndarray:
+        """Write n validated items at the ring head (lock held). ``raw=None``: max priority."""
+        cap = self.capacity
+        if n > cap:  # only the newest `cap` survive; skip writing the rest
+            drop = n - cap
+            self._next += drop
+            arrays = {k: v[drop:] for k, v in arrays.items()}
+            seqs, times = seqs[drop:], times[drop:]
+            origin = origin[drop:] if isinstance(origin, np.ndarray) else origin
+            raw = raw[drop:] if raw is not None else None
+            n = cap
+        idx = np.arange(self._next, self._next + n, dtype=np.int64)
+        start = self._next % cap
+        # One or two contiguous runs: slicing is much faster than fancy indexing.
+        runs = [(start, min(cap, start + n), 0)]
+        if start + n > cap:
+            runs.append((0, start + n - cap, cap - start))
+        slots = idx % cap
+        if self._saver is not None:
+            self._saver.preserve(slots)
+        if self._foreign:
+            old = self._ticket[slots]
+            hit = (self._origin[slots] != 0) & (old >= 0)
+            for s in slots[hit]:
+                self._foreign.pop((int(self._origin[s]), int(self._seq[s])), None)
+        for a, b, off in runs:
+            m = b - a
+            for name, col in self._data.items():
+                col[a:b] = arrays[name][off:off + m]
+            self._ticket[a:b] = idx[off:off + m]
+            self._origin[a:b] = origin[off:off + m] if isinstance(origin, np.ndarray) else origin
+            self._seq[a:b] = seqs[off:off + m]
+            self._time[a:b] = times[off:off + m]
+        self._next += n
+        self.limiter.inserted += n
+        if self.sampler == "prioritized":
+            if self.decay:
+                self._maybe_rebase(float(times.max()))
+            p = np.full(n, self._max_p) if raw is None else raw
+            if raw is not None:
+                self._max_p = max(self._max_p, float(raw.max()))
+            leaf = self._leaf(p, times)
+            for a, b, off in runs:
+                self._tree.set_range(a, leaf[off:off + b - a])
+        return idx
+
+    def _leaf(self, raw: np.ndarray, times: np.ndarray) -> np.ndarray:
+        if not self.decay:
+            return raw
+        return raw * np.exp(self.decay * (times - self._base))
+
+    def _maybe_rebase(self, t: float) -> None:
+        if self.decay * (t - self._base) <= _REBASE_AFTER or self._saver is not None:
+            return
+        self.rebase(t)
+
+    def rebase(self, t: float | None = None) -> None:
+        """Move the decay base to time ``t`` (default now), rescaling every stored priority.
+
+        Happens on its own when needed; sampling probabilities do not change.
+        """
+        with self._lock:
+            if not self.decay:
+                return
+            t = float(self.clock()) if t is None else float(t)
+            self._tree.scale(math.exp(-self.decay * (t - self._base)))
+            self._base = t
+
+    # --------------------------------------------------------------- sampling
+    def can_sample(self, n: int) -> bool:
+        """Whether the rate limiter allows sampling ``n`` items now."""
+        if self.sampler == "fifo":
+            return self._next - max(self._read, self._next - self.capacity) >= n
+        return self.limiter.can_sample(n, len(self))
+
+    def sample(self, n: int, beta: float = 0.4) -> Sample:
+        """Sample ``n`` items.
+
+        Prioritized: ``P(i) = p_i / Σp`` with age-decayed priorities; weights
+        ``(N·P(i))^-beta`` divided by their batch maximum. Uniform: with
+        replacement, weights 1. FIFO: the ``n`` oldest items not yet sampled
+        (fewer if fewer remain), each returned once.
+
+        Raises :class:`ReplayError` if the buffer holds fewer than the limiter's
+        ``min_size`` items (or, FIFO, none left to read).
+        """
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+            raise ReplayError(f"batch size must be an int >= 1, got {n!r}")
+        if not (isinstance(beta, (int, float)) and beta >= 0):
+            raise ReplayError(f"beta must be a number >= 0, got {beta!r}")
+        with self._lock:
+            size = len(self)
+            if size < max(1, self.limiter.min_size):
+                raise ReplayError(f"cannot sample: buffer holds {size} items, "
+                                  f"min_size is {self.limiter.min_size}")
+            if self.sampler == "prioritized":
+                total = self._tree.total
+                if self.stratified:
+                    u = (np.arange(n) + self._rng.random(n)) * (total / n)
+                else:
+                    u = self._rng.random(n) * total
+                slots = self._tree.find(u)
+                if size < self.capacity:
+                    np.minimum(slots, size - 1, out=slots)
+                p = self._tree.get(slots)
+                prob = p / total
+                w = np.maximum(size * prob, 1e-300) ** -beta
+                w = (w / w.max()).astype(np.float32)
+            elif self.sampler == "uniform":
+                slots = self._rng.integers(0, size, n)
+                prob = np.full(n, 1.0 / size)
+                w = np.ones(n, dtype=np.float32)
+            else:
+                start = max(self._read, self._next - self.capacity)
+                k = min(n, self._next - start)
+                if k <= 0:
+                    raise ReplayError("cannot sample: FIFO buffer has no unread items")
+                slots = np.arange(start, start + k, dtype=np.int64) % self.capacity
+                self._read = start + k
+                prob = np.full(k, 1.0 / k)
+                w = np.ones(k, dtype=np.float32)
+            batch = {name: col[slots] for name, col in self._data.items()}
+            self.limiter.sampled += slots.size
+            return Sample(batch, self._ticket[slots], w, prob, self._time[slots])
+
+    def update_priorities(self, indices: Any, td: Any) -> int:
+        """Set priorities ``(|td|+eps)^alpha`` for sampled ``indices``; return how many were applied.
+
+        Indices whose slot has been overwritten since they were sampled are
+        ignored. A no-op for uniform and FIFO sampling (beyond the checks).
+        """
+        indices = np.asarray(indices)
+        td = np.asarray(td, dtype=np.float64)
+        if indices.ndim != 1 or indices.dtype.kind not in "iu":
+            raise ReplayError(f"indices must be a 1-D integer array, got {indices.dtype} {indices.shape}")
+        td = td.reshape(-1) if td.size == indices.size else td
+        if td.shape != indices.shape:
+            raise ReplayError(f"td has shape {td.shape}, expected {indices.shape} like indices")
+        if not np.isfinite(td).all():
+            raise ReplayError("td contains NaN or Inf; priorities left unchanged")
+        if indices.size and (indices.min() < 0 or indices.max() >= self._next):
+            raise ReplayError(f"indices out of range [0, {self._next}): not from this buffer")
+        if self.sampler != "prioritized":
+            return 0
+        with self._lock:
+            slots = indices.astype(np.int64) % self.capacity
+            live = self._ticket[slots] == indices
+            if not live.all():
+                slots, td = slots[live], td[live]
+            if slots.size == 0:
+                return 0
+            if self._saver is not None:
+                self._saver.preserve(slots)
+            raw = (np.abs(td) + self.eps) ** self.alpha
+            m = float(raw.max())
+            if m > self._max_p:
+                self._max_p = m
+            self._tree.set(slots, self._leaf(raw, self._time[slots]) if self.decay else raw)
+            return int(slots.size)
+
+    def priorities(self, indices: Any) -> np.ndarray:
+        """Current age-decayed priorities of live ``indices`` (NaN for overwritten ones)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        with self._lock:
+            slots = indices % self.capacity
+            live = self._ticket[slots] == indices
+            if self.sampler != "prioritized":
+                p = np.ones(indices.shape)
+            else:
+                p = self._tree.get(slots)
+                if self.decay:
+                    p = p * math.exp(-self.decay * (float(self.clock()) - self._base))
+            return np.where(live, p, np.nan)
+
+    def probabilities(self) -> np.ndarray:
+        """Exact sampling probability of every slot in ``[0, len)`` (for tests and diagnostics)."""
+        with self._lock:
+            size = len(self)
+            if self.sampler != "prioritized":
+                return np.full(size, 1.0 / size)
+            leaves = self._tree.leaves[:size]
+            return leaves / leaves.sum()
+
+    # ------------------------------------------------------------- federation
+    def items(self, indices: Any) -> Items:
+        """The live items at ``indices``, with ids, origin times and raw priorities."""
+        indices = np.asarray(indices, dtype=np.int64)
+        with self._lock:
+            slots = indices % self.capacity
+            slots = slots[self._ticket[slots] == indices]
+            if self.sampler == "prioritized":
+                raw = self._tree.get(slots)
+                if self.decay:
+                    raw = raw * np.exp(-self.decay * (self._time[slots] - self._base))
+            else:
+                raw = np.full(slots.size, self._max_p)
+            origins = self._origin[slots]
+            used, inv = np.unique(origins, return_inverse=True)
+            return Items({k: c[slots] for k, c in self._data.items()},
+                         [self._peers[i] for i in used], inv.astype(np.int32).reshape(-1),
+                         self._seq[slots].copy(), self._time[slots].copy(), raw)
+
+    def contains(self, peer: str, seq: int) -> bool:
+        """Whether the item with id ``(peer, seq)`` is in the buffer now."""
+        with self._lock:
+            o = self._peer_index.get(peer)
+            if o is None:
+                return False
+            if o == 0:
+                hit = (self._origin == 0) & (self._seq == seq) & (self._ticket >= 0)
+                return bool(hit.any())
+            return (o, int(seq)) in self._foreign
+
+    def ids(self) -> list[tuple[str, int]]:
+        """Ids ``(origin peer, seq)`` of every item now stored, in slot order."""
+        with self._lock:
+            n = len(self)
+            return [(self._peers[o], int(s)) for o, s in zip(self._origin[:n], self._seq[:n])]

@@ -1,0 +1,118 @@
+"""The declared layout of replay items: field name -> (dtype, shape)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from ..errors import ReplayError
+from ..wire import DTYPES
+
+__all__ = ["Field", "Schema"]
+
+# Field names the buffer keeps for itself on disk and on the wire.
+_RESERVED = frozenset({"_ids", "_seq", "_origin", "_time", "_priority", "_ticket"})
+
+
+@dataclass(frozen=True)
+class Field:
+    """One column of the buffer: every item has one value of ``dtype`` and ``shape``."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
+class Schema:
+    """An ordered set of fields, checked once when the buffer is made.
+
+    >>> s = Schema({"obs": ("float32", (4,)), "action": ("int64", ())})
+    >>> s.names
+    ['obs', 'action']
+
+    Only dtypes that can travel on the wire are accepted, so every buffer can
+    be shared with neighbours.
+    """
+
+    def __init__(self, fields: Mapping[str, Any] | "Schema") -> None:
+        if isinstance(fields, Schema):
+            self.fields: tuple[Field, ...] = fields.fields
+            return
+        if not isinstance(fields, Mapping) or not fields:
+            raise ReplayError("schema must be a non-empty mapping {field: (dtype, shape)}")
+        out = []
+        for name, spec in fields.items():
+            if not isinstance(name, str) or not name or name in _RESERVED or name.startswith("_"):
+                raise ReplayError(f"schema field name {name!r} is not allowed (non-empty str, no leading '_')")
+            try:
+                dtype, shape = spec
+            except (TypeError, ValueError):
+                raise ReplayError(f"schema field {name!r}: expected (dtype, shape), got {spec!r}") from None
+            try:
+                dt = np.dtype(dtype)
+            except TypeError:
+                raise ReplayError(f"schema field {name!r}: unknown dtype {dtype!r}") from None
+            if dt.name not in DTYPES:
+                raise ReplayError(f"schema field {name!r}: dtype {dt} not allowed; use one of {sorted(DTYPES)}")
+            if isinstance(shape, int):
+                shape = (shape,)
+            try:
+                shape = tuple(int(d) for d in shape)
+            except (TypeError, ValueError):
+                raise ReplayError(f"schema field {name!r}: bad shape {shape!r}") from None
+            if any(d < 1 for d in shape):
+                raise ReplayError(f"schema field {name!r}: shape {shape} has a dimension < 1")
+            out.append(Field(name, dt, shape))
+        self.fields = tuple(out)
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+    def __iter__(self) -> Iterator[Field]:
+        return iter(self.fields)
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Schema) and self.fields == other.fields
+
+    def to_dict(self) -> dict[str, list]:
+        """JSON/msgpack-friendly form: ``{name: [dtype, [shape...]]}``."""
+        return {f.name: [f.dtype.name, list(f.shape)] for f in self.fields}
+
+    def check(self, items: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+        """Validate a batch of items; return the arrays (cast safely) and the batch size.
+
+        Every field must be present, no extra field allowed, each with shape
+        ``(n, *field.shape)`` and a dtype that casts to the field's dtype without
+        loss of kind (``same_kind``). Raises :class:`ReplayError` naming the field.
+        """
+        if not isinstance(items, Mapping):
+            raise ReplayError(f"items must be a mapping of field -> array, got {type(items).__name__}")
+        missing = [f.name for f in self.fields if f.name not in items]
+        if missing:
+            raise ReplayError(f"items miss field(s) {missing}; schema has {self.names}")
+        extra = [k for k in items if k not in {f.name for f in self.fields}]
+        if extra:
+            raise ReplayError(f"items have unknown field(s) {extra}; schema has {self.names}")
+        out: dict[str, np.ndarray] = {}
+        n = -1
+        for f in self.fields:
+            a = np.asarray(items[f.name])
+            if a.dtype != f.dtype and not np.can_cast(a.dtype, f.dtype, casting="same_kind"):
+                raise ReplayError(f"field {f.name!r}: dtype {a.dtype} cannot be stored as {f.dtype}")
+            if a.dtype.kind == "f" and f.dtype.kind in "iub":
+                raise ReplayError(f"field {f.name!r}: float data for integer field of dtype {f.dtype}")
+            if a.ndim != len(f.shape) + 1 or a.shape[1:] != f.shape:
+                raise ReplayError(f"field {f.name!r}: shape {a.shape}, expected (n, {', '.join(map(str, f.shape))})"
+                                  .replace(", )", ")"))
+            if n < 0:
+                n = a.shape[0]
+            elif a.shape[0] != n:
+                raise ReplayError(f"field {f.name!r}: {a.shape[0]} items, but earlier fields have {n}")
+            out[f.name] = a
+        return out, n
