@@ -1,0 +1,131 @@
+"""Membership with real processes on loopback: join, topologies, leave, crash, freeze."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from swarmtest import free_port, status, wait_for
+
+from swarm.gossip.topology import neighbours as topo_neighbours
+
+
+def start_swarm(procs, n: int, topology: str = "ring", extra: tuple[str, ...] = ()):
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    coord = procs.start("coordinator", "--bind", addr, name="coord")
+    peers = {}
+    for i in range(n):
+        peers[f"p{i}"] = procs.start("peer", "--coordinator", addr, "--id", f"p{i}",
+                                     "--topology", topology, *extra, name=f"p{i}")
+    settled(addr, n, topology)
+    return addr, coord, peers
+
+
+def settled(addr: str, n: int, topology: str = "ring", timeout: float = 20.0) -> dict:
+    """Wait until the view has n members, each linked at the current epoch and
+    reporting exactly the neighbours its topology gives it."""
+
+    def ok():
+        st = status(addr)
+        view = [m[0] for m in st["view"]["members"]]
+        if len(view) != n:
+            return False
+        rows = {r["id"]: r for r in st["members"] if r["state"] == "alive"}
+        for pos, pid in enumerate(view):
+            r = rows.get(pid)
+            if r is None or r["linked_epoch"] != st["epoch"]:
+                return False
+            want = {view[j] for j in topo_neighbours(topology, n, pos)}
+            if set(r["neighbours"]) != want:
+                return False
+        return st
+
+    return wait_for(ok, timeout, what=f"{n} peers linked as a {topology}")
+
+
+@pytest.mark.parametrize("topology", ["ring", "grid"])
+def test_eight_peers_form_topology(procs, topology):
+    addr, _, _ = start_swarm(procs, 8, topology)
+    st = status(addr)
+    assert sorted(m[2] for m in st["view"]["members"]) == list(range(8))   # ranks 0..7, no gaps
+    degrees = sorted(len(r["neighbours"]) for r in st["members"])
+    if topology == "ring":
+        assert degrees == [2] * 8
+    else:   # 3 columns, rows of 3, 3, 2: one centre peer has 4 neighbours
+        assert degrees == [2, 2, 2, 2, 2, 3, 3, 4]
+
+
+def test_graceful_leave_relinks(procs):
+    addr, _, peers = start_swarm(procs, 4)
+    e0 = status(addr)["epoch"]
+    peers["p2"].send_signal(signal.SIGTERM)
+    assert peers["p2"].wait(5) == 0
+    st = settled(addr, 3)
+    assert st["epoch"] > e0
+    row = next(r for r in st["members"] if r["id"] == "p2")
+    assert row["state"] == "dead" and row["cause"] == "left"
+    assert "leaving" in procs.log(peers["p2"])
+
+
+def test_kill9_detected_and_relinked(procs):
+    addr, _, peers = start_swarm(procs, 6)
+    t0 = time.monotonic()
+    peers["p3"].kill()
+    peers["p3"].wait()
+    st = settled(addr, 5, timeout=5)
+    assert time.monotonic() - t0 < 2.0
+    row = next(r for r in st["members"] if r["id"] == "p3")
+    assert row["state"] == "dead"
+
+
+def test_sigstop_detected_then_rejoins(procs):
+    addr, _, peers = start_swarm(procs, 5)
+    pid = peers["p1"].pid
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        st = settled(addr, 4, timeout=5)
+        assert time.monotonic() - t0 < 3.0
+        assert next(r for r in st["members"] if r["id"] == "p1")["state"] == "dead"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # thawed, it notices it was dropped and joins again
+    settled(addr, 5, timeout=10)
+
+
+def test_duplicate_id_refused(procs):
+    addr, _, peers = start_swarm(procs, 2)
+    dup = procs.start("peer", "--coordinator", addr, "--id", "p0", name="dup")
+    assert dup.wait(10) == 2
+    assert "already alive" in procs.log(dup)
+    st = settled(addr, 2)
+    assert {m[0] for m in st["view"]["members"]} == {"p0", "p1"}
+    assert peers["p0"].poll() is None
+
+
+def test_no_coordinator_clear_error(procs):
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    p = procs.start("peer", "--coordinator", addr, "--set", "peer.join_timeout_s=1.0", name="lonely")
+    assert p.wait(10) == 2
+    assert time.monotonic() - t0 < 8
+    assert "no coordinator answered" in procs.log(p)
+
+
+def test_status_json_lists_members(procs):
+    addr, _, _ = start_swarm(procs, 3)
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--coordinator", addr, "--json"],
+                         capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    st = json.loads(out.stdout)
+    assert {r["id"] for r in st["members"]} == {"p0", "p1", "p2"}
+    for r in st["members"]:
+        assert {"addr", "rank", "state", "heartbeat_age_s", "neighbours"} <= set(r)
+    table = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--coordinator", addr],
+                           capture_output=True, text=True, timeout=20).stdout
+    assert "p0" in table and "alive" in table

@@ -1,0 +1,272 @@
+"""The gossip engine on the in-memory hub: convergence against theory, mean
+preservation, rejection of bad deltas, view changes, sync modes."""
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from swarm import wire
+from swarm.errors import ConfigError
+from swarm.gossip import Gossip, mixing_matrix, spectrum
+from swarm.gossip.engine import T_DELTA, T_FULL
+from swarm.gossip.sim import SimHub, consensus_error, run_rounds
+from swarm.gossip.topology import rounds_to_epsilon
+
+
+def make(n, d=256, topology="ring", seed=0, **kw):
+    hub = SimHub(topology=topology, **{k: kw.pop(k) for k in ("bandwidth_bps", "latency_s") if k in kw})
+    links = hub.add_many(n)
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal(d).astype(np.float32) + i for i in range(n)]
+    engines = [Gossip(l, x, topology=topology, **kw) for l, x in zip(links, xs)]
+    return hub, links, xs, engines
+
+
+@pytest.mark.parametrize("topology,n,bound", [
+    ("ring", 16, 133), ("torus", 16, 14), ("one_peer_exponential", 16, 4),
+])
+def test_exact_gossip_within_theoretical_bound(topology, n, bound):
+    async def main():
+        hub, _, xs, engines = make(n, topology=topology)
+        e0 = consensus_error(xs)
+        res = await run_rounds(engines, bound, until=lambda: consensus_error(xs, e0) < 1e-3)
+        assert consensus_error(xs, e0) < 1e-3
+        assert all(r.ok for rnd in res for r in rnd)
+        assert not hub.errors
+        return len(res)
+    rounds = asyncio.run(main())
+    if topology != "one_peer_exponential":
+        assert rounds <= rounds_to_epsilon(spectrum(mixing_matrix(topology, n)).rho)
+
+
+def test_exact_gossip_is_w_times_x():
+    async def main():
+        _, _, xs, engines = make(8, d=32, topology="ring")
+        before = np.stack(xs).astype(np.float64)
+        await run_rounds(engines, 1)
+        np.testing.assert_allclose(np.stack(xs), mixing_matrix("ring", 8) @ before, rtol=1e-5, atol=1e-5)
+    asyncio.run(main())
+
+
+def _codecs():
+    try:
+        from swarm.compress import get_codec  # noqa: F401
+    except ImportError:
+        return ["identity"]
+    return ["identity", "fp16", "int8", "qsgd:16", "topk:0.1", "randomk:0.1", "sign", "ef+topk:0.1"]
+
+
+@pytest.mark.parametrize("codec", _codecs())
+def test_mean_preserved_under_codec(codec):
+    async def main():
+        _, _, xs, engines = make(8, d=512, topology="ring", codec=codec, gamma=0.3)
+        m0 = np.mean(np.stack(xs).astype(np.float64), 0)
+        e0 = consensus_error(xs)
+        await run_rounds(engines, 40)
+        m = np.mean(np.stack(xs).astype(np.float64), 0)
+        assert np.linalg.norm(m - m0) / np.linalg.norm(m0) < 1e-6
+        assert consensus_error(xs, e0) < 0.9  # and it does move towards consensus
+    asyncio.run(main())
+
+
+def test_nan_and_wrong_size_deltas_rejected_and_counted():
+    async def main():
+        hub, links, xs, engines = make(5, d=16, topology="ring")
+        e0 = consensus_error(xs)
+        await run_rounds(engines, 2)
+        target = engines[0]
+        before = xs[0].copy()
+        hat_before = target._in["p001"].hat.copy()
+        bad = np.full(16, np.nan, np.float32)
+        await links[1].send("p000", T_DELTA, {"r": 2, "ver": 3, "meta": {"codec": "identity", "n": 16}}, [bad])
+        await links[1].send("p000", T_FULL, {"r": 2, "ver": 3}, [np.zeros(5, np.float32)])
+        await asyncio.sleep(0)
+        target._apply_pending("p001", target._in["p001"], None)
+        assert target.stats.rejected_nonfinite == 1 and target.stats.rejected_size == 1
+        np.testing.assert_array_equal(xs[0], before)
+        np.testing.assert_array_equal(target._in["p001"].hat, hat_before)
+        # the copy is unusable until a full state arrives; a nack gets one and gossip recovers
+        res = await run_rounds(engines, 40)
+        assert "p001" in res[0][0].missing and "p001" in res[2][0].participants
+        assert all(r.waited_s < 1.0 for rnd in res for r in rnd)  # nobody burnt the timeout
+        assert consensus_error(xs, e0) < 1e-3
+    asyncio.run(main())
+
+
+def test_nan_delta_through_a_round_never_reaches_params():
+    async def main():
+        hub, links, xs, engines = make(3, d=16, topology="ring", sync="async")
+        await run_rounds(engines, 1)
+        await links[2].send("p000", T_DELTA, {"r": 1, "ver": 2, "meta": {"codec": "identity", "n": 16}},
+                            [np.full(16, np.inf, np.float32)])
+        await asyncio.sleep(0)
+        r = await engines[0].round()
+        assert r.rejected == 1 and np.isfinite(xs[0]).all()
+    asyncio.run(main())
+
+
+def test_alone_is_not_success():
+    async def main():
+        hub, _, xs, engines = make(1, d=8)
+        before = xs[0].copy()
+        r = await engines[0].round()
+        assert not r.ok and r.participants == [] and "alone" in r.reason
+        np.testing.assert_array_equal(xs[0], before)
+    asyncio.run(main())
+
+
+def test_killed_peer_survivors_relink_and_converge():
+    async def main():
+        hub, _, xs, engines = make(8, d=64, topology="ring", round_timeout=0.5)
+        await run_rounds(engines, 5)
+        hub.remove("p003")
+        live = [e for e in engines if e.link.id != "p003"]
+        lx = [e.x for e in live]
+        m0 = np.mean(np.stack(lx).astype(np.float64), 0)
+        e0 = consensus_error(lx)
+        res = await run_rounds(live, 200, until=lambda: consensus_error(lx, e0) < 1e-3)
+        assert consensus_error(lx, e0) < 1e-3
+        # p002 and p004 became neighbours: each got the other's full state once
+        first = {r.link_id if hasattr(r, "link_id") else i: r for i, r in enumerate(res[0])}
+        assert res[0][2].full_sent >= 1 and "p004" in res[0][2].participants
+        assert all(r.ok for rnd in res for r in rnd)
+        np.testing.assert_allclose(np.mean(np.stack(lx), 0), m0, rtol=1e-4, atol=1e-5)
+    asyncio.run(main())
+
+
+def test_joiner_gets_full_state_and_adopts_round():
+    async def main():
+        hub, links, xs, engines = make(4, d=32, topology="ring")
+        await run_rounds(engines, 3)
+        link = hub.add("late")
+        xl = np.full(32, 100.0, np.float32)
+        late = Gossip(link, xl, topology="ring")
+        await asyncio.gather(*(e.round() for e in engines))  # they send full state to it
+        r = await late.round()
+        assert r.round == 3 and r.ok and late.stats.out_of_sync == 0
+        all_x = xs + [xl]
+        e0 = consensus_error(all_x)
+        await run_rounds(engines + [late], 100, until=lambda: consensus_error(all_x, e0) < 1e-3)
+        assert consensus_error(all_x, e0) < 1e-3
+    asyncio.run(main())
+
+
+def test_lost_delta_is_repaired_by_nack_and_full_state():
+    async def main():
+        hub, links, xs, engines = make(4, d=32, topology="ring")
+        await run_rounds(engines, 2)
+        # lose one message: drop what p001 queued for p000 by skipping a version
+        engines[1]._out[""].ver += 1
+        await run_rounds(engines, 3)
+        assert engines[0].stats.out_of_sync >= 1 and engines[1].stats.full_sent >= 1
+        e0 = consensus_error(xs)
+        await run_rounds(engines, 60)
+        assert consensus_error(xs, e0) < 1e-3
+    asyncio.run(main())
+
+
+def _slow_neighbour(sync, **kw):
+    """p000's neighbour p001 runs no rounds; how long does p000's round wait?"""
+    async def main():
+        hub, links, xs, engines = make(3, d=8, topology="ring", sync=sync, round_timeout=0.3, **kw)
+        await run_rounds(engines, 2)
+        r0 = await asyncio.gather(engines[0].round(), engines[2].round())
+        return r0[0]
+    return asyncio.run(main())
+
+
+def test_lockstep_waits_then_reports_missing():
+    r = _slow_neighbour("lockstep")
+    assert r.waited_s >= 0.25 and r.missing == ["p001"] and r.participants == ["p002"]
+
+
+def test_async_never_waits():
+    r = _slow_neighbour("async")
+    assert r.waited_s < 0.25 and set(r.participants) == {"p001", "p002"}
+    assert r.staleness["p001"] == 1
+
+
+def test_bounded_waits_only_past_max_staleness():
+    r = _slow_neighbour("bounded", max_staleness=1)
+    assert r.waited_s < 0.25 and set(r.participants) == {"p001", "p002"}
+
+    async def main():
+        hub, links, xs, engines = make(3, d=8, topology="ring", sync="bounded", max_staleness=1,
+                                       round_timeout=0.3)
+        await run_rounds(engines, 2)
+        await asyncio.gather(engines[0].round(), engines[2].round())
+        r = (await asyncio.gather(engines[0].round(), engines[2].round()))[0]
+        return r
+    r = asyncio.run(main())  # now p001 is 2 rounds behind: p000 waits and leaves it out
+    assert r.waited_s >= 0.25 and r.missing == ["p001"]
+
+
+def test_lockstep_with_latency_keeps_exactness():
+    async def main():
+        _, _, xs, engines = make(4, d=32, topology="ring", latency_s=0.002)
+        before = np.stack(xs).astype(np.float64)
+        await run_rounds(engines, 1)
+        np.testing.assert_allclose(np.stack(xs), mixing_matrix("ring", 4) @ before, rtol=1e-5, atol=1e-5)
+    asyncio.run(main())
+
+
+def test_pseudo_gradient_lr1_no_momentum_is_plain_averaging():
+    async def main():
+        _, _, xa, ea = make(4, d=16, seed=3)
+        _, _, xb, eb = make(4, d=16, seed=3, mode="pseudo_gradient", outer_lr=1.0, outer_momentum=0.0)
+        for _ in range(3):
+            for x in xa + xb:
+                x -= 0.1  # a "local step"
+            await run_rounds(ea, 1)
+            await run_rounds(eb, 1)
+        np.testing.assert_allclose(np.stack(xa), np.stack(xb), rtol=1e-5, atol=1e-5)
+    asyncio.run(main())
+
+
+def test_pseudo_gradient_nesterov_accelerates_common_drift():
+    async def main():
+        _, _, xs, engines = make(4, d=16, mode="pseudo_gradient", outer_lr=1.0, outer_momentum=0.9,
+                                 local_steps=2)
+        start = np.mean(np.stack(xs), 0)
+        for _ in range(10):
+            for e in engines:
+                e.x -= 0.1
+                await asyncio.sleep(0)
+            await asyncio.gather(*(e.local_step() for e in engines))
+        moved = float(np.mean(start - np.mean(np.stack(xs), 0)))
+        assert moved > 1.0 * 1.5  # plain averaging would move exactly 10 × 0.1
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kw,word", [
+    (dict(topology="star"), "star"), (dict(gamma=0), "gamma"), (dict(gamma=1.5), "gamma"),
+    (dict(sync="sometimes"), "sometimes"), (dict(max_staleness=-1), "max_staleness"),
+    (dict(mode="sgd"), "sgd"), (dict(round_timeout=0), "round_timeout"),
+    (dict(codec="nonsense:3"), "nonsense"), (dict(local_steps=0), "local_steps"),
+    (dict(topology="custom"), "edges"),
+])
+def test_bad_config_names_the_value(kw, word):
+    hub = SimHub()
+    (link,) = hub.add_many(1)
+    with pytest.raises(ConfigError, match=word):
+        Gossip(link, np.zeros(4, np.float32), **kw)
+
+
+@pytest.mark.parametrize("x", [np.zeros(4), np.zeros((2, 2), np.float32), np.zeros(0, np.float32), [1.0]])
+def test_bad_params_rejected(x):
+    hub = SimHub()
+    (link,) = hub.add_many(1)
+    with pytest.raises(ConfigError, match="params"):
+        Gossip(link, x)
+
+
+def test_many_peers_in_one_process():
+    async def main():
+        hub, _, xs, engines = make(256, d=2000, topology="exponential")
+        e0 = consensus_error(xs)
+        await run_rounds(engines, 3)
+        assert consensus_error(xs, e0) < 0.5 and not hub.errors
+        assert hub.bytes_sent > 256 * 2000 * 4
+    asyncio.run(main())

@@ -1,0 +1,79 @@
+"""Test helpers: real processes on loopback, always reaped by pid."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SWARM = [sys.executable, "-m", "swarm.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Procs:
+    """Starts `swarm` subprocesses and ends each of them by its own pid."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, *args: str, name: str = "proc", env: dict[str, str] | None = None) -> subprocess.Popen:
+        out = open(self.tmp / f"{name}-{len(self.procs)}.log", "w")
+        e = dict(os.environ, PYTHONUNBUFFERED="1")
+        e.update(env or {})
+        p = subprocess.Popen([*SWARM, *args], stdout=out, stderr=subprocess.STDOUT, env=e, cwd=ROOT)
+        p.log_path = out.name  # type: ignore[attr-defined]
+        self.procs.append(p)
+        return p
+
+    def log(self, p: subprocess.Popen) -> str:
+        return Path(p.log_path).read_text()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)   # a stopped process cannot die of SIGTERM
+                    p.terminate()
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 3
+        for p in self.procs:
+            try:
+                p.wait(max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def status(addr: str, timeout: float = 2.0) -> dict:
+    from swarm.cli import query_status
+
+    return asyncio.run(query_status(addr, timeout))
+
+
+def wait_for(pred, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+            if last:
+                return last
+        except Exception as e:  # the process may still be starting
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
