@@ -1,0 +1,244 @@
+"""The local replay buffer: sampling law, weights, age decay, generations, schemas."""
+
+import numpy as np
+import pytest
+
+from swarm.buffer import RateLimiter, ReplayBuffer, Schema
+from swarm.errors import ReplayError
+
+SCHEMA = {"obs": ("float32", (4,)), "action": ("int64", ()), "reward": ("float32", ()),
+          "next_obs": ("float32", (4,)), "done": ("float32", ())}
+
+# 99.9% quantiles of chi-square (no scipy here).
+CHI2_999 = {7: 24.32, 15: 37.70, 31: 61.10}
+
+
+class Clock:
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def items(n, start=0):
+    k = np.arange(start, start + n)
+    return {"obs": np.tile(k[:, None], (1, 4)).astype(np.float32), "action": k.astype(np.int64),
+            "reward": k.astype(np.float32), "next_obs": np.zeros((n, 4), np.float32),
+            "done": np.zeros(n, np.float32)}
+
+
+def chi2(counts, probs):
+    exp = counts.sum() * probs
+    return float(((counts - exp) ** 2 / exp).sum())
+
+
+@pytest.mark.parametrize("stratified", [False, True])
+def test_sampling_matches_exact_probabilities_chi2(stratified):
+    clock = Clock()
+    buf = ReplayBuffer(SCHEMA, 16, alpha=0.7, eps=1e-3, decay=0.05, seed=1, clock=clock,
+                       stratified=stratified)
+    times = clock.t - np.arange(16) * 3.0        # different ages
+    idx = buf.add(items(16), times=times)
+    td = np.linspace(0.1, 2.0, 16)
+    buf.update_priorities(idx, td)
+    clock.t += 10.0
+    expect = (td + 1e-3) ** 0.7 * np.exp(-0.05 * (clock.t - times))
+    expect /= expect.sum()
+    np.testing.assert_allclose(buf.probabilities(), expect, rtol=1e-12)
+    counts = np.zeros(16)
+    for _ in range(200):
+        s = buf.sample(128)
+        np.add.at(counts, s.batch["action"], 1)
+    stat = chi2(counts, expect)
+    assert stat < CHI2_999[15], stat
+    # and the test has power: a wrong law (no decay) is rejected
+    wrong = (td + 1e-3) ** 0.7
+    assert chi2(counts, wrong / wrong.sum()) > CHI2_999[15]
+
+
+def test_importance_weights_are_exact():
+    buf = ReplayBuffer(SCHEMA, 8, alpha=0.5, eps=1e-6, seed=2)
+    idx = buf.add(items(8))
+    td = np.arange(1, 9, dtype=np.float64)
+    buf.update_priorities(idx, td)
+    s = buf.sample(64, beta=0.7)
+    p = (td + 1e-6) ** 0.5
+    P = p / p.sum()
+    slot = s.batch["action"]
+    np.testing.assert_allclose(s.probabilities, P[slot], rtol=1e-12)
+    w = (8 * P[slot]) ** -0.7
+    np.testing.assert_allclose(s.weights, (w / w.max()).astype(np.float32), rtol=1e-6)
+    assert s.weights.dtype == np.float32 and s.weights.max() == 1.0
+
+
+def test_new_items_get_the_max_priority():
+    buf = ReplayBuffer(SCHEMA, 8, alpha=1.0, eps=1e-6, seed=0)
+    idx = buf.add(items(4))
+    buf.update_priorities(idx, [0.5, 3.0, 0.1, 0.2])
+    new = buf.add(items(1, 4))
+    assert buf.priorities(new)[0] == pytest.approx(3.0 + 1e-6)
+
+
+def test_age_decay_is_correct_across_a_rebase():
+    clock = Clock(0.0)
+    buf = ReplayBuffer(SCHEMA, 32, alpha=1.0, eps=1e-6, decay=2.0, seed=0, clock=clock)
+    added = []
+    for k in range(8):
+        clock.t = k * 9.0                       # 2 * 9 * 7 = 126 > rebase threshold
+        added.append((buf.add(items(2, 2 * k)), clock.t))
+    assert buf._base > 0.0                      # at least one rebase happened
+    for i, (idx, t0) in enumerate(added):
+        buf.update_priorities(idx, [float(i + 1), float(i + 2)])
+    clock.t = 70.0
+    idx = np.concatenate([a for a, _ in added])
+    t0 = np.repeat([t for _, t in added], 2)
+    td = np.array([[i + 1, i + 2] for i in range(8)], dtype=float).ravel()
+    expect = (td + 1e-6) * np.exp(-2.0 * (70.0 - t0))
+    np.testing.assert_allclose(buf.priorities(idx), expect, rtol=1e-9)
+    # the newest items dominate the law as they should
+    P = buf.probabilities()
+    np.testing.assert_allclose(P, expect / expect.sum(), rtol=1e-9, atol=1e-300)
+    # an explicit rebase does not change the law
+    buf.rebase(80.0)
+    np.testing.assert_allclose(buf.probabilities(), P, rtol=1e-9, atol=1e-300)
+
+
+def test_stale_priority_updates_are_ignored():
+    buf = ReplayBuffer(SCHEMA, 4, alpha=1.0, eps=1e-6, seed=0)
+    old = buf.add(items(4))
+    buf.add(items(2, 4))                        # overwrites slots 0 and 1
+    before = buf.probabilities().copy()
+    applied = buf.update_priorities(old[:2], [100.0, 100.0])
+    assert applied == 0
+    np.testing.assert_array_equal(buf.probabilities(), before)
+    assert buf.update_priorities(old[2:], [5.0, 5.0]) == 2
+    assert np.isnan(buf.priorities(old[:2])).all()
+
+
+def test_duplicate_indices_in_one_update_last_wins():
+    buf = ReplayBuffer(SCHEMA, 4, alpha=1.0, eps=1e-6, seed=0)
+    idx = buf.add(items(4))
+    buf.update_priorities(np.array([idx[0], idx[0], idx[1]]), [9.0, 1.0, 1.0])
+    assert buf.priorities(idx[:1])[0] == pytest.approx(1.0 + 1e-6)
+    np.testing.assert_allclose(buf._tree.total, buf._tree.leaves.sum())
+
+
+def test_uniform_is_a_configuration():
+    buf = ReplayBuffer(SCHEMA, 8, prioritized=False, seed=3)
+    idx = buf.add(items(8))
+    assert buf.update_priorities(idx, np.full(8, 100.0)) == 0
+    counts = np.zeros(8)
+    for _ in range(100):
+        s = buf.sample(80)
+        assert (s.weights == 1).all()
+        np.add.at(counts, s.batch["action"], 1)
+    assert chi2(counts, np.full(8, 1 / 8)) < CHI2_999[7]
+
+
+def test_fifo_is_a_configuration():
+    buf = ReplayBuffer(SCHEMA, 8, sampler="fifo")
+    buf.add(items(5))
+    assert buf.sample(3).batch["action"].tolist() == [0, 1, 2]
+    buf.add(items(7, 5))                         # 12 written; 0..2 read; 3 lost to overwrite
+    assert buf.sample(100).batch["action"].tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    with pytest.raises(ReplayError, match="no unread"):
+        buf.sample(1)
+
+
+def test_ring_overwrites_oldest_and_big_batches_keep_the_newest():
+    buf = ReplayBuffer(SCHEMA, 5, seed=0)
+    idx = buf.add(items(12))
+    assert len(buf) == 5
+    assert idx.tolist() == [7, 8, 9, 10, 11]
+    assert sorted(buf.sample(50).batch["action"].tolist())[0] >= 7
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"obs": np.zeros((2, 3), np.float32)}, "obs"),                   # wrong shape
+    ({"action": np.zeros(2, np.float32)}, "action"),                  # float into int
+    ({"reward": np.zeros(3, np.float32)}, "reward"),                  # wrong count
+    ({"obs": np.array([["a"] * 4] * 2)}, "obs"),                      # wrong dtype kind
+])
+def test_bad_items_are_rejected_naming_the_field_and_nothing_changes(bad, field):
+    buf = ReplayBuffer(SCHEMA, 8, seed=0)
+    buf.add(items(3))
+    before = (len(buf), buf.total_added, buf.probabilities().copy(), buf._data["obs"].copy())
+    good = items(2)
+    good.update(bad)
+    with pytest.raises(ReplayError, match=field):
+        buf.add(good)
+    assert (len(buf), buf.total_added) == before[:2]
+    np.testing.assert_array_equal(buf.probabilities(), before[2])
+    np.testing.assert_array_equal(buf._data["obs"], before[3])
+
+
+def test_missing_and_extra_fields_are_named():
+    buf = ReplayBuffer(SCHEMA, 8)
+    it = items(2)
+    del it["done"]
+    with pytest.raises(ReplayError, match="done"):
+        buf.add(it)
+    it = items(2)
+    it["bogus"] = np.zeros(2)
+    with pytest.raises(ReplayError, match="bogus"):
+        buf.add(it)
+
+
+@pytest.mark.parametrize("kw, word", [({"capacity": 0}, "capacity"), ({"alpha": -1}, "alpha"),
+                                      ({"eps": 0}, "eps"), ({"decay": -0.1}, "decay"),
+                                      ({"sampler": "lifo"}, "sampler")])
+def test_bad_configuration_is_named(kw, word):
+    args = {"capacity": 8}
+    args.update(kw)
+    with pytest.raises(ReplayError, match=word):
+        ReplayBuffer(SCHEMA, **args)
+
+
+def test_bad_schema_is_named():
+    with pytest.raises(ReplayError, match="obs"):
+        Schema({"obs": ("object", (4,))})
+    with pytest.raises(ReplayError, match="x"):
+        Schema({"x": ("float32", (0,))})
+
+
+def test_bad_updates_change_nothing():
+    buf = ReplayBuffer(SCHEMA, 8, seed=0)
+    idx = buf.add(items(4))
+    before = buf.probabilities().copy()
+    with pytest.raises(ReplayError, match="NaN"):
+        buf.update_priorities(idx, [1.0, np.nan, 1.0, 1.0])
+    with pytest.raises(ReplayError, match="shape"):
+        buf.update_priorities(idx, [1.0, 2.0])
+    with pytest.raises(ReplayError, match="range"):
+        buf.update_priorities([99], [1.0])
+    np.testing.assert_array_equal(buf.probabilities(), before)
+
+
+def test_rate_limiter_min_size_and_ratio():
+    lim = RateLimiter(min_size=4, samples_per_insert=2.0, tolerance=8)
+    buf = ReplayBuffer(SCHEMA, 64, seed=0, limiter=lim)
+    buf.add(items(3))
+    assert not buf.can_sample(1)
+    with pytest.raises(ReplayError, match="min_size"):
+        buf.sample(1)
+    buf.add(items(3, 3))                     # 6 inserted: 2 above min_size pay for 4 (+8 tolerance)
+    assert buf.can_sample(12) and not buf.can_sample(13)
+    buf.sample(12)
+    assert not buf.can_sample(1)
+    buf.add(items(1, 6))
+    assert buf.can_sample(2) and not buf.can_sample(3)
+    assert lim.insert_room() == lim.insert_room()  # pure
+    assert lim.can_insert(lim.insert_room()) and not lim.can_insert(lim.insert_room() + 1)
+
+
+def test_schema_accepts_a_plain_dict_and_a_schema_object():
+    a = ReplayBuffer(SCHEMA, 4)
+    b = ReplayBuffer(Schema(SCHEMA), 4)
+    assert a.schema == b.schema
+
+
+def test_add_one():
+    buf = ReplayBuffer(SCHEMA, 4)
+    i = buf.add_one(obs=np.ones(4, np.float32), action=2, reward=1.0, next_obs=np.ones(4, np.float32), done=0.0)
+    assert i == 0 and buf.sample(1).batch["action"][0] == 2

@@ -1,0 +1,71 @@
+"""Property tests for the batched sum-tree."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarm.buffer import SumTree
+
+values = st.floats(min_value=0.0, max_value=1e3, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cap=st.integers(1, 70), ops=st.lists(st.tuples(st.integers(0, 69), values), min_size=1, max_size=60))
+def test_set_keeps_every_inner_node_the_sum_of_its_leaves(cap, ops):
+    t = SumTree(cap)
+    ref = np.zeros(cap)
+    for i in range(0, len(ops), 7):  # batches of up to 7 writes, with repeats
+        chunk = [(j % cap, v) for j, v in ops[i:i + 7]]
+        idx = np.array([j for j, _ in chunk])
+        val = np.array([v for _, v in chunk])
+        t.set(idx, val)
+        for j, v in chunk:  # last write wins
+            ref[j] = v
+    np.testing.assert_allclose(t.leaves, ref)
+    assert abs(t.total - ref.sum()) <= 1e-9 * max(1.0, ref.sum())
+
+
+@settings(max_examples=60, deadline=None)
+@given(cap=st.integers(1, 70), start=st.integers(0, 69), vals=st.lists(values, min_size=1, max_size=70))
+def test_set_range_is_exact(cap, start, vals):
+    start = start % cap
+    vals = np.array(vals[:cap - start])
+    t = SumTree(cap)
+    t.set(np.arange(cap), np.full(cap, 0.5))
+    t.set_range(start, vals)
+    ref = np.full(cap, 0.5)
+    ref[start:start + vals.size] = vals
+    np.testing.assert_array_equal(t.leaves, ref)
+    assert abs(t.total - ref.sum()) <= 1e-9 * max(1.0, ref.sum())
+
+
+@settings(max_examples=60, deadline=None)
+@given(leaves=st.lists(st.floats(0.01, 100.0), min_size=1, max_size=70), data=st.data())
+def test_find_inverts_the_prefix_sum(leaves, data):
+    leaves = np.array(leaves)
+    t = SumTree(leaves.size)
+    t.assign(leaves)
+    cum = np.concatenate([[0.0], np.cumsum(leaves)])
+    us = np.array(data.draw(st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=1, max_size=20)))
+    u = us * t.total
+    got = t.find(u)
+    for k, i in enumerate(got):
+        # exact except within rounding of a boundary
+        assert cum[i] - 1e-9 <= u[k] < cum[i + 1] + 1e-9
+
+
+def test_find_never_lands_on_an_empty_leaf_past_the_filled_prefix():
+    t = SumTree(1000)
+    t.set_range(0, np.ones(300))
+    got = t.find(np.array([0.0, 299.999999, t.total, t.total * 2]))
+    assert (got < 1000).all()
+    assert got[0] == 0 and got[1] == 299
+
+
+def test_drift_is_removed_by_rebuild():
+    rng = np.random.default_rng(0)
+    t = SumTree(64)
+    for _ in range(200):
+        t.set(rng.integers(0, 64, 16), rng.random(16) * 10.0 ** rng.integers(-3, 6))
+    t.rebuild()
+    assert t.total == np.sum(t.leaves) or abs(t.total - t.leaves.sum()) < 1e-12 * t.leaves.sum()
