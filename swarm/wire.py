@@ -137,10 +137,13 @@ def _buffer(frame: Any) -> memoryview:
         return memoryview(frame)
     if isinstance(frame, memoryview):
         return frame
-    buf = getattr(frame, "buffer", None)
+    buf = getattr(frame, "buffer", None)   # zmq.Frame
     if buf is not None:
         return buf
-    raise WireError(f"frame of type {type(frame).__name__} is not bytes")
+    try:
+        return memoryview(frame).cast("B")
+    except TypeError:
+        raise WireError(f"frame of type {type(frame).__name__} is not bytes") from None
 
 
 def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:

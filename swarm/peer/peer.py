@@ -365,7 +365,7 @@ class Peer:
                 elif sock is self._coord:
                     for frames in tp.drain(coord_plain):
                         self._on_coord(frames)
-                elif sock in monitors:
+                elif sock in monitors and not sock.closed:
                     self._on_monitor(sock, monitors[sock])
 
     async def _on_router(self, frames: list[zmq.Frame]) -> None:
@@ -448,7 +448,7 @@ class Peer:
             self._bad("coordinator", WireError(f"bad {t} body: {e!r}"))
 
     def _on_monitor(self, sock: zmq.asyncio.Socket, pid: str) -> None:
-        plain = zmq.Socket.shadow(sock.underlying)
+        plain = tp.shadow(sock)
         while True:
             try:
                 frames = plain.recv_multipart(zmq.NOBLOCK)

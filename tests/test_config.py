@@ -1,0 +1,63 @@
+"""Config loading: every error names the key and the value."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swarm.cli import env_coordinator, env_rank
+from swarm.config import PeerConfig, load_config
+from swarm.errors import ConfigError, SwarmError
+
+
+def test_defaults_and_overrides(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('[peer]\ntopology = "grid"\nheartbeat_s = 0.1\n')
+    cfg = load_config(f, ["peer.rank=3", "coordinator.probe_timeout_s=0.5"])
+    assert cfg.peer.topology == "grid" and cfg.peer.heartbeat_s == 0.1 and cfg.peer.rank == 3
+    assert cfg.coordinator.probe_timeout_s == 0.5
+    j = tmp_path / "s.json"
+    j.write_text(json.dumps({"peer": {"coordinators": ["tcp://h:1"]}}))
+    assert load_config(j).peer.coordinators == ["tcp://h:1"]
+
+
+@pytest.mark.parametrize("override,match", [
+    (["peer.heartbeat_s=-1"], r"peer\.heartbeat_s = -1: must be > 0"),
+    (["peer.heartbeat_s=fast"], r"peer\.heartbeat_s: expected a number, got 'fast'"),
+    (["peer.bogus=1"], r"unknown key peer\.bogus"),
+    (["nope.x=1"], r"unknown key nope"),
+    (["peer.rank=1.5"], r"peer\.rank: expected an integer"),
+    (["peer.coordinators=5"], r"peer\.coordinators: expected a list"),
+    (["peer"], r"expected KEY=VALUE"),
+])
+def test_errors_name_the_key(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, override)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("peer = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_launcher_environment():
+    assert env_coordinator({"SWARM_COORDINATOR": "tcp://a:1, tcp://b:2"}) == ["tcp://a:1", "tcp://b:2"]
+    assert env_coordinator({"MASTER_ADDR": "10.0.0.1"}) == ["tcp://10.0.0.1:5555"]
+    assert env_coordinator({}) == []
+    assert env_rank({"SWARM_RANK": "4", "RANK": "1"}) == 4
+    assert env_rank({"SLURM_PROCID": "2"}) == 2
+    assert env_rank({"RANK": "7"}) == 7
+    assert env_rank({}) == -1
+    with pytest.raises(SwarmError, match="SWARM_RANK='x'"):
+        env_rank({"SWARM_RANK": "x"})
+
+
+def test_peer_config_is_a_dataclass_with_help():
+    import dataclasses
+    for f in dataclasses.fields(PeerConfig):
+        assert f.metadata.get("help"), f.name
