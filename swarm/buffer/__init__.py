@@ -6,8 +6,9 @@ Public API::
 """
 
 from .limiter import RateLimiter, TokenBucket
+from .persist import Snapshot
 from .replay import Items, ReplayBuffer, Sample
 from .schema import Schema
 from .sumtree import SumTree
 
-__all__ = ["ReplayBuffer", "Schema", "Sample", "Items", "RateLimiter", "TokenBucket", "SumTree"]
+__all__ = ["ReplayBuffer", "Schema", "Sample", "Items", "RateLimiter", "TokenBucket", "SumTree", "Snapshot"]
