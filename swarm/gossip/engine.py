@@ -51,7 +51,7 @@ from ..errors import ConfigError, GossipError
 from ..link import Link, View
 from ..wire import Message
 from . import topology as topo
-from ._codecs import Received, make_codec
+from ._codecs import Encoded, make_codec
 
 __all__ = ["Gossip", "RoundResult", "GossipStats", "SYNC_MODES", "MODES"]
 
@@ -319,7 +319,7 @@ class Gossip:
                 gaps.append(ver)
                 continue
             try:
-                q = copy.codec.decode(Received(meta, list(msg.arrays)))
+                q = copy.codec.decode(Encoded(meta, list(msg.arrays)), n=self.d)
             except Exception as e:  # a codec may raise anything on hostile meta
                 self._reject(src, "rejected_malformed", f"codec could not decode: {e}")
                 copy.ver = -1
@@ -387,18 +387,20 @@ class Gossip:
             self._stream_for("").synced &= set(receivers)
         sends = []
         for s, dsts in streams.values():
-            np.subtract(self.x, s.hat, out=self._scratch)
-            enc = s.codec.encode(self._scratch)
-            q = s.codec.decode(enc)
-            s.hat += np.asarray(q, np.float32).reshape(-1)
+            # A fresh delta array each round: the transport may still hold the
+            # frames we hand it (zero-copy sends), so nothing sent is ever reused.
+            enc = s.codec.encode(self.x - s.hat)
+            s.codec.decode_into(enc, s.hat)
             s.ver += 1
             meta = dict(enc.meta)
             frames = [np.asarray(f) for f in enc.frames]
+            full = None
             for dst in dsts:
                 if dst in s.synced:
                     sends.append((s, dst, T_DELTA, {"r": t, "ver": s.ver, "meta": meta}, frames))
                 else:
-                    sends.append((s, dst, T_FULL, {"r": t, "ver": s.ver}, [s.hat]))
+                    full = s.hat.copy() if full is None else full
+                    sends.append((s, dst, T_FULL, {"r": t, "ver": s.ver}, [full]))
         for s, dst, typ, body, arrays in sends:
             if await self._send(dst, typ, body, arrays, res):
                 if typ == T_FULL:
@@ -413,9 +415,13 @@ class Gossip:
         need = {"lockstep": t, "bounded": t - self.max_staleness, "async": None}[self.sync]
         t0 = time.monotonic()
         deadline = t0 + self.round_timeout
+        broken: set[str] = set()
         while True:
-            await self._drain(upto)
-            waiting = [] if need is None else [j for j in senders if self._copy_round(j) < need]
+            # a sender whose copy broke this round (gap, bad delta) is repaired by a
+            # full state next round; waiting for it now would only burn the timeout
+            broken |= await self._drain(upto)
+            waiting = [] if need is None else [j for j in senders
+                                               if self._copy_round(j) < need and j not in broken]
             if not waiting:
                 break
             left = deadline - time.monotonic()
@@ -466,7 +472,8 @@ class Gossip:
         c = self._in.get(j)
         return c.round if c is not None and c.ver >= 0 else -1
 
-    async def _drain(self, upto: int | None) -> None:
+    async def _drain(self, upto: int | None) -> set[str]:
+        nacked = set()
         for src in list(self._in):
             copy = self._in[src]
             if not copy.pending:
@@ -474,7 +481,9 @@ class Gossip:
             gaps = self._apply_pending(src, copy, upto)
             if gaps and self._view.index(src) >= 0:
                 self.stats.nacks_sent += 1
+                nacked.add(src)
                 await self.link.send(src, T_NACK, {"ver": gaps[-1]}, (), timeout=self.send_timeout)
+        return nacked
 
     def _outer_step(self) -> None:
         # x now holds the neighbourhood average y. Pseudo-gradient g = anchor − y;
