@@ -90,8 +90,8 @@ class _BlockQuantizer(Codec):
                 inv[over] = np.nextafter(inv[over], np.float32(0))
                 over = amax * inv > L
             np.divide(amax, L, out=mult)
-        S = self._scratch.get("s", X.size, np.float32).reshape(X.shape)
-        np.multiply(X, inv[:, None], out=S)
+            S = self._scratch.get("s", X.size, np.float32).reshape(X.shape)
+            np.multiply(X, inv[:, None], out=S)
         if self.stochastic:
             U = self._scratch.get("u", X.size, np.float32).reshape(X.shape)
             raw = self._rng.bit_generator.random_raw(-(-X.size // 4)).view(np.uint16)[:X.size]

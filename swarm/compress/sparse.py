@@ -30,7 +30,7 @@ def _k(ratio: float, n: int) -> int:
 
 
 class _Sparse(Codec):
-    def __init__(self, spec: str | None, ratio: float, seed: int | None) -> None:
+    def __init__(self, spec: str | None = None, *, ratio: float, seed: int | None = None) -> None:
         super().__init__(spec)
         if not (isinstance(ratio, (int, float)) and 0.0 < ratio <= 1.0):
             # get_codec checks first with the spec in the message; this guards direct use
@@ -51,7 +51,8 @@ class TopK(_Sparse):
 
     Exactly k elements; among equal magnitudes at the cut, lower indices win.
     Error: ``||y - x||^2 <= (1 - k/n) ||x||^2`` (a contraction; use ``ef+topk`` to
-    keep what was cut). NaN is never selected; ±Inf is selected first.
+    keep what was cut). NaN ranks below every number (kept only if fewer than k numbers exist);
+    ±Inf is selected first.
     Meta: ``{codec, n, k}``; frames: ``[indices uint32[k] (int64 if n >= 2**32),
     values float32[k]]``, indices strictly increasing.
     """
@@ -121,13 +122,16 @@ class TopK(_Sparse):
                 parts.append(nz + a if a else nz)
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
-    @staticmethod
-    def _repair(x: np.ndarray, cand: np.ndarray, k: int) -> np.ndarray:
+    @classmethod
+    def _repair(cls, x: np.ndarray, cand: np.ndarray, k: int) -> np.ndarray:
         """The k largest of the (sorted, NaN-free) candidates, lowest index first on ties."""
-        c = cand.size
-        if c == k:
+        if cand.size == k:
             return cand
-        v = np.abs(x[cand])
+        return cls._repair_values(cand, np.abs(x[cand]), k)
+
+    @staticmethod
+    def _repair_values(cand: np.ndarray, v: np.ndarray, k: int) -> np.ndarray:
+        c = cand.size
         kth = np.partition(v, c - k)[c - k]
         keep = v > kth
         short = k - int(np.count_nonzero(keep))
@@ -136,10 +140,11 @@ class TopK(_Sparse):
 
     def _exact(self, x: np.ndarray, k: int) -> np.ndarray:
         v = np.abs(x)
-        if np.isnan(v).any():
-            # NaN orders above everything in numpy's partition; keep that order.
-            return np.sort(np.argpartition(v, v.size - k)[v.size - k:]).astype(np.int64)
-        return self._repair(x, np.arange(x.size, dtype=np.int64), k)
+        nan = np.isnan(v)
+        if nan.any():
+            # NaN ranks below every number, so it is only kept when fewer than k numbers exist
+            v[nan] = -1.0
+        return self._repair_values(np.arange(x.size, dtype=np.int64), v, k)
 
     # ---- decode -----------------------------------------------------------------------
 

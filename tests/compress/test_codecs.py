@@ -1,0 +1,353 @@
+"""Codec properties: round trips, error bounds, unbiasedness, exact top-k, byte counts."""
+
+from __future__ import annotations
+
+import math
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from swarm import wire
+from swarm.compress import CODECS, Encoded, ErrorFeedback, get_codec
+from swarm.compress.sparse import TopK, strata_indices
+from swarm.errors import GossipError
+
+FAST = settings(max_examples=25, deadline=None)
+ALL = ["identity", "fp16", "int8", "int8:stochastic", "qsgd:16", "qsgd:300", "topk:0.1",
+       "randomk:0.1", "sign", "ef+topk:0.05", "ef+sign"]
+
+finite = st.floats(-1e6, 1e6, width=32, allow_nan=False, allow_infinity=False)
+
+
+def vec(min_size=0, max_size=600, elements=finite):
+    return arrays(np.float32, st.integers(min_size, max_size), elements=elements)
+
+
+def through_wire(enc: Encoded) -> Encoded:
+    """Send an Encoded through swarm.wire as bytes and back (read-only frombuffer frames)."""
+    frames = wire.encode("hello", "p0", body={"meta": enc.meta}, arrays=enc.frames)
+    raw = [f if isinstance(f, bytes) else bytes(memoryview(f)) for f in frames]
+    msg = wire.decode(raw)
+    return Encoded(msg.body["meta"], msg.arrays)
+
+
+def blocks(x: np.ndarray, B: int):
+    for a in range(0, x.size, B):
+        yield a, x[a:a + B]
+
+
+# ---- every codec ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", ALL)
+@FAST
+@given(x=vec())
+def test_wire_round_trip_and_decode_into_agree(spec, x):
+    codec = get_codec(spec)
+    enc = codec.encode(x)
+    assert enc.meta["n"] == x.size
+    msgpack.packb(enc.meta)  # meta holds plain scalars only
+    assert enc.nbytes == sum(f.nbytes for f in enc.frames)
+    back = through_wire(enc)
+    y = codec.decode(back)
+    assert y.dtype == np.float32 and y.shape == (x.size,)
+    assert np.array_equal(y, codec.decode(enc))
+    acc = np.full(x.size, 2.0, np.float32)
+    codec.decode_into(back, acc)
+    np.testing.assert_allclose(acc, y + 2.0, rtol=1e-6, atol=1e-6 * (1 + np.abs(y).max(initial=0)))
+    acc = np.zeros(x.size, np.float32)
+    codec.decode_into(back, acc, alpha=-0.5)
+    np.testing.assert_allclose(acc, -0.5 * y, rtol=1e-6, atol=1e-30)
+
+
+def test_every_family_is_in_the_registry():
+    assert set(CODECS) == {"identity", "fp16", "int8", "qsgd", "topk", "randomk", "sign"}
+
+
+@pytest.mark.parametrize("spec,expect", [
+    ("identity", lambda n: 4 * n),
+    ("fp16", lambda n: 2 * n),
+    ("int8", lambda n: n + 4 * math.ceil(n / 256)),
+    ("int8:block=64", lambda n: n + 4 * math.ceil(n / 64)),
+    ("qsgd:16", lambda n: n + 4 * math.ceil(n / 512)),
+    ("qsgd:1000", lambda n: 2 * n + 4 * math.ceil(n / 512)),
+    ("topk:0.01", lambda n: 8 * max(1, round(0.01 * n))),
+    ("randomk:0.01", lambda n: 4 * max(1, round(0.01 * n))),
+    ("sign", lambda n: math.ceil(n / 8)),
+])
+@pytest.mark.parametrize("n", [1, 7, 256, 1000, 12345])
+def test_byte_counts_match_frames_and_formula(spec, expect, n):
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    enc = get_codec(spec).encode(x)
+    assert enc.nbytes == expect(n)
+    frames = wire.encode("hello", "p0", body={"meta": enc.meta}, arrays=enc.frames)
+    assert sum(len(memoryview(f).cast("B")) for f in frames[1:]) == enc.nbytes
+    assert enc.meta_nbytes() < 100
+
+
+def test_empty_vector():
+    for spec in ALL:
+        enc = get_codec(spec).encode(np.zeros(0, np.float32))
+        assert get_codec(spec).decode(enc).size == 0
+
+
+# ---- identity, fp16 -------------------------------------------------------------------------
+
+@FAST
+@given(x=vec(elements=st.floats(width=32, allow_nan=True, allow_infinity=True)))
+def test_identity_is_exact(x):
+    c = get_codec("identity")
+    y = c.decode(through_wire(c.encode(x)))
+    assert np.array_equal(y.view(np.uint32), x.view(np.uint32))
+
+
+@FAST
+@given(x=vec(elements=st.floats(-1e5, 1e5, width=32)))
+def test_fp16_error_bound(x):
+    c = get_codec("fp16")
+    y = c.decode(c.encode(x))
+    a = np.abs(x.astype(np.float64))
+    small = a <= 65504
+    bound = np.maximum(a * 2.0 ** -11, 2.0 ** -25)
+    assert np.all(np.abs(y - x.astype(np.float64))[small] <= bound[small])
+    assert np.all(y[~small] == np.sign(x[~small]) * 65504)  # saturates, never Inf
+
+
+# ---- int8, qsgd -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec,div", [("int8", 254), ("int8:stochastic", 127),
+                                      ("int8:block=17", 254)])
+@FAST
+@given(x=vec())
+def test_int8_error_bound(spec, div, x):
+    c = get_codec(spec)
+    enc = c.encode(x)
+    y = c.decode(enc)
+    B = enc.meta["block"]
+    for a, xb in blocks(x, B):
+        amax = float(np.abs(xb).max())
+        err = np.abs(y[a:a + B].astype(np.float64) - xb)
+        assert np.all(err <= amax / div * (1 + 1e-5) + 1e-30)
+
+
+@pytest.mark.parametrize("s", [1, 4, 16, 127, 1000])
+@FAST
+@given(x=vec())
+def test_qsgd_error_bound(s, x):
+    c = get_codec(f"qsgd:{s}:bucket=64")
+    enc = c.encode(x)
+    y = c.decode(enc)
+    q = enc.frames[0]
+    assert np.abs(q.astype(np.int64)).max(initial=0) <= s
+    for a, xb in blocks(x, 64):
+        norm = float(np.linalg.norm(xb.astype(np.float64)))
+        assert np.all(np.abs(y[a:a + 64] - xb.astype(np.float64)) <= norm / s * (1 + 1e-5) + 1e-30)
+
+
+@pytest.mark.parametrize("spec", ["int8:stochastic:block=16:seed=1", "qsgd:2:bucket=16:seed=2",
+                                  "qsgd:8:seed=3"])
+def test_stochastic_codecs_are_unbiased(spec):
+    # Fixed seed, T draws: each element's mean must sit within 5 standard errors of x.
+    # Stochastic rounding to a grid of step h has variance <= h^2 / 4, so the standard
+    # error of the mean is <= h / (2 sqrt(T)); at 5 of them a false alarm is ~6e-7 per
+    # element. Deterministic rounding to the same grid fails the same check, so the
+    # test has the power to see a bias.
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(64) * rng.choice([0.01, 1, 100], 64)).astype(np.float32)
+    codec = get_codec(spec)
+    T = 4000
+    acc = np.zeros(64, np.float64)
+    for _ in range(T):
+        enc = codec.encode(x)
+        acc += codec.decode(enc)
+    mean = acc / T
+    mult = enc.frames[1].astype(np.float64)
+    h = np.repeat(mult, enc.meta["block"])[:64]
+    se = h / (2 * math.sqrt(T))
+    assert np.all(np.abs(mean - x) <= 5 * se + 1e-6 * np.abs(x))
+    nearest = np.rint(x / h) * h
+    assert np.any(np.abs(nearest - x) > 5 * se)
+
+
+# ---- top-k ----------------------------------------------------------------------------------
+
+tied = st.sampled_from([0.0, 1.0, -1.0, 2.0, -2.0, 0.5, 3.0])
+
+
+@pytest.mark.parametrize("ratio", [0.01, 0.1, 0.5, 1.0])
+@FAST
+@given(x=st.one_of(vec(1), vec(1, elements=tied)))
+def test_topk_keeps_exactly_the_k_largest_magnitudes(ratio, x):
+    c = get_codec(f"topk:{ratio}")
+    enc = c.encode(x)
+    k = max(1, round(ratio * x.size))
+    idx, vals = enc.frames
+    assert enc.meta["k"] == k == idx.size
+    assert np.all(np.diff(idx.astype(np.int64)) > 0)
+    assert np.array_equal(vals, x[idx])
+    assert np.array_equal(np.sort(np.abs(vals)), np.sort(np.abs(x))[x.size - k:])
+    y = c.decode(enc)
+    assert np.count_nonzero(y != x) <= x.size - k
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "mostly_zero", "heavy_tail", "sorted"])
+def test_topk_sampled_path_matches_exact(kind):
+    n = 400_000  # large enough to take the sampled-threshold path
+    rng = np.random.default_rng(3)
+    x = {
+        "normal": lambda: rng.standard_normal(n),
+        "ties": lambda: rng.integers(-4, 5, n).astype(float),
+        "mostly_zero": lambda: np.where(rng.random(n) < 0.003, rng.standard_normal(n), 0.0),
+        "heavy_tail": lambda: rng.standard_cauchy(n),
+        "sorted": lambda: np.linspace(-1, 1, n),
+    }[kind]().astype(np.float32)
+    t = TopK(ratio=0.01, seed=1)
+    k = t.k_for(n)
+    got = t.select(x, k)
+    assert got.size == k and np.all(np.diff(got) > 0)
+    assert np.array_equal(got, t._exact(x, k))  # same set, same tie rule (lowest index)
+    assert np.array_equal(np.sort(np.abs(x[got])), np.sort(np.abs(x))[n - k:])
+
+
+def test_topk_nan_is_not_selected_and_inf_is():
+    x = np.arange(1, 301, dtype=np.float32)
+    x[5], x[6] = np.nan, -np.inf
+    enc = get_codec("topk:0.01").encode(x)
+    idx = enc.frames[0]
+    assert 6 in idx and 5 not in idx and idx.size == 3
+
+
+# ---- random-k -------------------------------------------------------------------------------
+
+@FAST
+@given(n=st.integers(1, 5000), ratio=st.floats(0.001, 1.0), seed=st.integers(0, 2**63 - 1))
+def test_strata_indices_are_one_per_stratum(n, ratio, seed):
+    k = max(1, min(n, round(ratio * n)))
+    idx = strata_indices(n, k, seed)
+    bounds = (np.arange(k + 1) * n) // k
+    assert idx.size == k
+    assert np.all(idx >= bounds[:-1]) and np.all(idx < bounds[1:])
+    assert np.array_equal(idx, strata_indices(n, k, seed))
+
+
+def test_randomk_keeps_values_at_seeded_positions_and_covers_uniformly():
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    c = get_codec("randomk:0.1:seed=5")
+    hits = np.zeros(1000)
+    for _ in range(2000):
+        enc = c.encode(x)
+        y = get_codec("randomk:0.5").decode(through_wire(enc))  # any instance decodes
+        kept = np.flatnonzero(y)
+        assert kept.size == 100 and np.array_equal(y[kept], x[kept])
+        hits[kept] += 1
+    # each element kept with probability 0.1: 2000 draws, sd ~13.4 around 200
+    assert np.all(np.abs(hits - 200) < 6 * 13.4)
+    a, b = get_codec("randomk:0.1:seed=9"), get_codec("randomk:0.1:seed=9")
+    assert a.encode(x).meta == b.encode(x).meta
+
+
+# ---- sign -----------------------------------------------------------------------------------
+
+@FAST
+@given(x=vec(1))
+def test_sign_is_scaled_sign(x):
+    c = get_codec("sign")
+    y = c.decode(through_wire(c.encode(x)))
+    scale = np.abs(x.astype(np.float64)).sum() / x.size
+    expect = np.where(np.signbit(x), -scale, scale)
+    np.testing.assert_allclose(y, expect, rtol=1e-5, atol=1e-30)
+
+
+# ---- error feedback -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("inner", ["topk:0.05", "randomk:0.1", "sign", "int8", "qsgd:4", "fp16",
+                                   "identity"])
+@FAST
+@given(xs=st.lists(vec(200, 200, st.floats(-100, 100, width=32)), min_size=1, max_size=6))
+def test_error_feedback_conserves_the_sum(inner, xs):
+    ef = get_codec(f"ef+{inner}")
+    assert isinstance(ef, ErrorFeedback)
+    dec = get_codec(inner)
+    total_in = np.zeros(200, np.float64)
+    total_out = np.zeros(200, np.float64)
+    for x in xs:
+        enc = ef.encode(x)
+        assert enc.meta["codec"] == dec.name
+        total_in += x
+        total_out += dec.decode(through_wire(enc))
+    scale = sum(np.abs(x.astype(np.float64)).sum() for x in xs) / 200 + 1e-3
+    np.testing.assert_allclose(total_out + ef.residual, total_in, atol=1e-4 * scale * len(xs))
+
+
+def test_error_feedback_topk_sends_everything_eventually():
+    ef = get_codec("ef+topk:0.1")
+    x = np.random.default_rng(1).standard_normal(50).astype(np.float32)
+    acc = np.zeros(50, np.float32)
+    ef.decode_into(ef.encode(x), acc)
+    for _ in range(20):
+        ef.decode_into(ef.encode(np.zeros(50, np.float32)), acc)
+    np.testing.assert_allclose(acc, x, rtol=0, atol=1e-6)
+    assert not ef.residual.any()
+
+
+def test_error_feedback_rejects_size_change_and_keeps_state():
+    ef = get_codec("ef+int8")
+    ef.encode(np.ones(10, np.float32))
+    before = ef.residual.copy()
+    with pytest.raises(GossipError, match="length 11"):
+        ef.encode(np.ones(11, np.float32))
+    bad = np.ones(10, np.float32)
+    bad[3] = np.nan
+    with pytest.raises(GossipError, match="NaN"):
+        ef.encode(bad)
+    assert np.array_equal(ef.residual, before)
+    ef.reset()
+    assert ef.residual is None
+    ef.encode(np.ones(11, np.float32))
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+
+def test_accepts_torch_tensors_and_other_shapes():
+    import torch
+
+    x = np.random.default_rng(2).standard_normal((30, 40)).astype(np.float32)
+    for spec in ["fp16", "int8", "topk:0.1", "sign"]:
+        a = get_codec(spec).decode(get_codec(spec).encode(x))
+        b = get_codec(spec).decode(get_codec(spec).encode(torch.from_numpy(x)))
+        c = get_codec(spec).decode(get_codec(spec).encode(x.astype(np.float64)))
+        assert a.shape == (1200,) and np.array_equal(a, b) and np.array_equal(a, c)
+    t = torch.from_numpy(x).requires_grad_(True)
+    assert get_codec("identity").decode(get_codec("identity").encode(t)).shape == (1200,)
+
+
+def test_device_paths_agree_with_numpy_paths():
+    # The accelerator paths are plain torch code; run them on CPU tensors here.
+    import torch
+
+    x = np.random.default_rng(4).standard_normal(5000).astype(np.float32)
+    t = torch.from_numpy(x)
+    for spec in ["fp16", "topk:0.02"]:
+        c = get_codec(spec)
+        enc = c._encode_device(t)
+        assert enc is not None and enc.meta == c.encode(x).meta
+        assert np.array_equal(c.decode(through_wire(enc)), c.decode(c.encode(x)))
+
+
+@pytest.mark.parametrize("bad", [np.arange(5), np.array([True]), [1.0, 2.0], "x",
+                                 np.zeros(3, np.complex64)])
+def test_rejects_non_float_input(bad):
+    with pytest.raises(GossipError):
+        get_codec("fp16").encode(bad)
+
+
+@pytest.mark.parametrize("spec", ["int8", "int8:stochastic", "qsgd:4", "sign"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_scale_codecs_reject_non_finite_input(spec, value):
+    x = np.ones(1000, np.float32)
+    x[700] = value
+    with pytest.raises(GossipError, match="NaN or Inf"):
+        get_codec(spec).encode(x)
