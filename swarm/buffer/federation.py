@@ -1,0 +1,354 @@
+"""Sharing replay items with neighbours over a :class:`~swarm.link.Link`.
+
+Protocol (all messages carry items in the same layout)::
+
+    buf.push   {rid, ack, fields, peers} + arrays   items offered to a neighbour
+    buf.ack    {rid, n}                             the pushed items are held (replication only)
+    buf.pull   {rid, n}                             ask a neighbour for up to n items
+    buf.items  {rid, fields, peers} + arrays        the answer to a pull (possibly empty)
+
+Arrays: one per schema field in schema order, then ``origins`` (int32, into
+``peers``), ``seqs`` (int64), ``times`` (float64 origin times) and
+``priorities`` (float64 raw priorities, without age). A receiver drops (and
+counts) any message whose fields do not match its schema; it clips received
+priorities and deduplicates by id ``(origin peer, seq)``.
+
+Sharing: on each :meth:`Federation.flush`, a ``share`` fraction of the items
+added locally since the last flush (the newest, or the highest-priority) goes
+to every neighbour, within a token-bucket rate. Replication: with
+``replicas=k`` every local item is pushed to the first k neighbours with
+``ack`` set; an item counts as safe once k neighbours acknowledged it. A push
+not acknowledged within ``ack_timeout`` (or whose target left the view) is
+sent again on the next flush, to whichever neighbours are first then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ReplayError
+from ..link import Link
+from ..wire import Message, register_type
+from .limiter import TokenBucket
+from .replay import Items, ReplayBuffer
+
+__all__ = ["Federation", "FederationStats", "PUSH", "PULL", "ITEMS", "ACK"]
+
+PUSH = register_type("buf.push")
+PULL = register_type("buf.pull")
+ITEMS = register_type("buf.items")
+ACK = register_type("buf.ack")
+
+log = logging.getLogger(__name__)
+_META = 4  # origins, seqs, times, priorities after the field arrays
+
+
+@dataclass
+class FederationStats:
+    """Counters of what the federation did (items, not messages, unless named so)."""
+
+    pushed: int = 0          # items sent in buf.push
+    received: int = 0        # items that arrived in buf.push / buf.items
+    stored: int = 0          # of those, stored (not duplicates, not over the rate)
+    duplicates: int = 0
+    throttled: int = 0       # items not sent or not taken because of a rate limit
+    served: int = 0          # items sent in answer to pulls
+    acked: int = 0           # local items acknowledged by `replicas` neighbours
+    resent: int = 0          # replication pushes sent again after a timeout or view change
+    dropped_messages: int = 0
+    send_failures: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Federation:
+    """Push, pull and replicate a :class:`ReplayBuffer`'s items over a link.
+
+    Args:
+        buffer: the local buffer (its schema must match the neighbours').
+        link: anything with the :class:`~swarm.link.Link` shape.
+        share: fraction of new local items pushed to each neighbour per flush.
+        share_by: ``"newest"`` or ``"priority"`` (highest current priority first).
+        replicas: k; each local item is pushed to k neighbours until they ack it.
+        priority_clip: bound on a received item's raw priority (default: the
+            receiving buffer's max priority, so a neighbour cannot out-rank local data).
+        rate, burst: items per second (and burst) this peer sends for sharing and
+            pulls combined; ``None`` means unbounded. Replication is not throttled.
+        ack_timeout: seconds before an unacknowledged replication push is resent.
+        send_timeout: how long one send may wait on a full queue.
+        max_items: the most items in one message (larger batches are split).
+
+    Call :meth:`flush` periodically (or run :meth:`run` as a task); call
+    :meth:`pull` to fetch items from a neighbour.
+    """
+
+    def __init__(self, buffer: ReplayBuffer, link: Link, *, share: float = 0.1,
+                 share_by: str = "newest", replicas: int = 0, priority_clip: float | None = None,
+                 rate: float | None = None, burst: float | None = None, ack_timeout: float = 2.0,
+                 send_timeout: float = 1.0, max_items: int = 4096, seed: int | None = None) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ReplayError(f"share must be in [0, 1], got {share!r}")
+        if share_by not in ("newest", "priority"):
+            raise ReplayError(f"share_by must be 'newest' or 'priority', got {share_by!r}")
+        if not isinstance(replicas, int) or replicas < 0:
+            raise ReplayError(f"replicas must be an int >= 0, got {replicas!r}")
+        if priority_clip is not None and not priority_clip > 0:
+            raise ReplayError(f"priority_clip must be > 0 or None, got {priority_clip!r}")
+        if not (ack_timeout > 0 and send_timeout > 0):
+            raise ReplayError("ack_timeout and send_timeout must be > 0 seconds")
+        if not isinstance(max_items, int) or max_items < 1:
+            raise ReplayError(f"max_items must be an int >= 1, got {max_items!r}")
+        self.buffer, self.link = buffer, link
+        self.share, self.share_by, self.replicas = float(share), share_by, replicas
+        self.priority_clip = priority_clip
+        self.bucket = TokenBucket(rate, burst)
+        self.ack_timeout, self.send_timeout, self.max_items = ack_timeout, send_timeout, max_items
+        self.stats = FederationStats()
+        self._names = buffer.schema.names
+        self._rng = np.random.default_rng(seed)
+        self._rid = itertools.count(1)
+        self._new: list[np.ndarray] = []          # indices added locally since the last flush
+        self._new_lock = threading.Lock()         # add() may run on the learner's thread
+        self._to_replicate: list[np.ndarray] = []  # seqs still needing replication
+        self._inflight: dict[int, tuple[str, np.ndarray, float]] = {}  # rid -> (dst, seqs, deadline)
+        self._ackers: dict[int, set[str]] = {}     # local seq -> neighbours holding it
+        self._safe: set[int] = set()               # local seqs acked by `replicas` neighbours
+        self._pulls: dict[int, asyncio.Future] = {}
+        buffer.on_add(self._on_add)
+        link.on(PUSH, self._on_push)
+        link.on(PULL, self._on_pull)
+        link.on(ITEMS, self._on_items)
+        link.on(ACK, self._on_ack)
+
+    # ------------------------------------------------------------------ API
+    def acknowledged(self) -> list[tuple[str, int]]:
+        """Ids of local items that ``replicas`` neighbours have acknowledged."""
+        return [(self.buffer.peer_id, s) for s in sorted(self._safe)]
+
+    async def run(self, interval: float = 0.1) -> None:
+        """Flush every ``interval`` seconds until cancelled."""
+        while True:
+            await self.flush()
+            await asyncio.sleep(interval)
+
+    async def flush(self) -> int:
+        """Share new items, (re)send replication pushes; return the number of items sent."""
+        with self._new_lock:
+            new, self._new = self._new, []
+        idx = np.concatenate(new) if new else np.zeros(0, np.int64)
+        nbrs = [n for n in self.link.neighbours() if n != self.link.id]
+        sent = 0
+        if idx.size and self.share > 0 and nbrs:
+            sent += await self._share(idx, nbrs)
+        if self.replicas:
+            if idx.size:
+                items = self.buffer.items(idx)
+                self._to_replicate.append(items.seqs)
+            sent += await self._replicate(nbrs)
+        return sent
+
+    async def pull(self, peer: str, n: int, timeout: float = 2.0) -> int:
+        """Ask ``peer`` for up to ``n`` items and store them; return how many were stored.
+
+        Raises :class:`~swarm.errors.PeerTimeout` if no answer comes within ``timeout``.
+        """
+        from ..errors import PeerTimeout
+        if not isinstance(n, int) or n < 1:
+            raise ReplayError(f"pull size must be an int >= 1, got {n!r}")
+        rid = next(self._rid)
+        fut = asyncio.get_running_loop().create_future()
+        self._pulls[rid] = fut
+        try:
+            if not await self.link.send(peer, PULL, {"rid": rid, "n": min(n, self.max_items)},
+                                        timeout=self.send_timeout):
+                self.stats.send_failures += 1
+                return 0
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
+            raise PeerTimeout(f"no buf.items from {peer!r} within {timeout} s") from None
+        finally:
+            self._pulls.pop(rid, None)
+
+    # ------------------------------------------------------------- sending
+    async def _share(self, idx: np.ndarray, nbrs: list[str]) -> int:
+        k = max(1, math.ceil(self.share * idx.size)) if self.share < 1 else idx.size
+        if self.share_by == "newest":
+            pick = idx[-k:]
+        else:
+            p = self.buffer.priorities(idx)
+            p = np.where(np.isnan(p), -1.0, p)
+            pick = idx[np.argsort(-p, kind="stable")[:k]]
+        items = self.buffer.items(pick)
+        sent = 0
+        for dst in nbrs:
+            allowed = self.bucket.take(len(items))
+            self.stats.throttled += len(items) - allowed
+            if allowed == 0:
+                continue
+            part = _slice(items, slice(len(items) - allowed, None))
+            if await self._send_items(dst, PUSH, part, {"rid": 0, "ack": False}):
+                sent += len(part)
+                self.stats.pushed += len(part)
+        return sent
+
+    async def _replicate(self, nbrs: list[str]) -> int:
+        now = time.monotonic()
+        # Pushes past their deadline, or to a peer gone from the neighbourhood, go again.
+        for rid, (dst, seqs, deadline) in list(self._inflight.items()):
+            if now > deadline or dst not in nbrs:
+                del self._inflight[rid]
+                self._to_replicate.append(seqs)
+                self.stats.resent += len(seqs)
+        if not self._to_replicate or not nbrs:
+            return 0
+        seqs = np.unique(np.concatenate(self._to_replicate))
+        self._to_replicate = []
+        targets = nbrs[:self.replicas]
+        sent = 0
+        idx = self._local_indices(seqs)
+        items = self.buffer.items(idx)         # items overwritten locally before replication are gone
+        for dst in targets:
+            need = np.array([s not in self._safe and dst not in self._ackers.get(int(s), ())
+                             for s in items.seqs], dtype=bool)
+            part = _slice(items, need)
+            for a in range(0, len(part), self.max_items):
+                chunk = _slice(part, slice(a, a + self.max_items))
+                rid = next(self._rid)
+                self._inflight[rid] = (dst, chunk.seqs.copy(), time.monotonic() + self.ack_timeout)
+                if await self._send_items(dst, PUSH, chunk, {"rid": rid, "ack": True}):
+                    sent += len(chunk)
+                    self.stats.pushed += len(chunk)
+                # On failure the in-flight entry times out and is resent.
+        return sent
+
+    def _local_indices(self, seqs: np.ndarray) -> np.ndarray:
+        buf = self.buffer
+        with buf._lock:
+            n = len(buf)
+            mine = (buf._origin[:n] == 0) & np.isin(buf._seq[:n], seqs)
+            return buf._ticket[:n][mine]
+
+    async def _send_items(self, dst: str, t: str, items: Items, body: dict[str, Any]) -> bool:
+        arrays = [items.fields[k] for k in self._names]
+        arrays += [items.origins.astype(np.int32), items.seqs.astype(np.int64),
+                   items.times.astype(np.float64), items.priorities.astype(np.float64)]
+        body = dict(body, fields=self._names, peers=items.peers)
+        ok = await self.link.send(dst, t, body, arrays, timeout=self.send_timeout)
+        if not ok:
+            self.stats.send_failures += 1
+        return ok
+
+    # ------------------------------------------------------------ receiving
+    def _decode(self, msg: Message) -> Items | None:
+        b = msg.body
+        if b.get("fields") != self._names or len(msg.arrays) != len(self._names) + _META:
+            self._drop(msg, f"fields {b.get('fields')!r} do not match schema {self._names}")
+            return None
+        peers = b.get("peers")
+        if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers):
+            self._drop(msg, "bad peers list")
+            return None
+        f = msg.arrays[:len(self._names)]
+        o, s, t, p = msg.arrays[len(self._names):]
+        return Items(dict(zip(self._names, f)), peers, o, s, t, p)
+
+    def _store(self, msg: Message, items: Items, limit: bool) -> np.ndarray | None:
+        n = len(items)
+        self.stats.received += n
+        if limit:
+            room = self.buffer.limiter.insert_room()
+            if room < n:
+                self.stats.throttled += n - room
+                items = _slice(items, slice(n - room, None))
+        try:
+            idx = self.buffer.insert(items, priority_clip=self.priority_clip)
+        except ReplayError as e:
+            self._drop(msg, str(e))
+            return None
+        self.stats.stored += idx.size
+        self.stats.duplicates += len(items) - idx.size
+        return idx
+
+    async def _on_push(self, msg: Message) -> None:
+        items = self._decode(msg)
+        if items is None:
+            return
+        ack = bool(msg.body.get("ack"))
+        # Replicas bypass the sample-to-insert ratio: they are a durability promise.
+        if self._store(msg, items, limit=not ack) is None or not ack:
+            return
+        if not await self.link.send(msg.src, ACK, {"rid": msg.body.get("rid"), "n": len(items)},
+                                    timeout=self.send_timeout):
+            self.stats.send_failures += 1
+
+    async def _on_ack(self, msg: Message) -> None:
+        entry = self._inflight.pop(msg.body.get("rid"), None)
+        if entry is None or entry[0] != msg.src:
+            return
+        for s in entry[1].tolist():
+            holders = self._ackers.setdefault(s, set())
+            holders.add(msg.src)
+            if len(holders) >= self.replicas and s not in self._safe:
+                self._safe.add(s)
+                del self._ackers[s]
+                self.stats.acked += 1
+
+    async def _on_pull(self, msg: Message) -> None:
+        n = msg.body.get("n")
+        rid = msg.body.get("rid")
+        if not isinstance(n, int) or n < 1 or not isinstance(rid, int):
+            self._drop(msg, f"bad pull request {msg.body!r}")
+            return
+        want = min(n, self.max_items)
+        k = self.bucket.take(want)
+        self.stats.throttled += want - k
+        items = self.buffer.items(self._draw(k))
+        self.stats.served += len(items)
+        await self._send_items(msg.src, ITEMS, items, {"rid": rid})
+
+    async def _on_items(self, msg: Message) -> None:
+        fut = self._pulls.get(msg.body.get("rid"))
+        items = self._decode(msg)
+        if items is None or fut is None:
+            return
+        idx = self._store(msg, items, limit=True)
+        if not fut.done():
+            fut.set_result(0 if idx is None else int(idx.size))
+
+    def _draw(self, k: int) -> np.ndarray:
+        """Up to k distinct indices by the buffer's law, without touching its counters."""
+        buf = self.buffer
+        with buf._lock:
+            size = len(buf)
+            if k <= 0 or size == 0:
+                return np.zeros(0, np.int64)
+            if buf.sampler == "prioritized":
+                slots = buf._tree.find(self._rng.random(k) * buf._tree.total)
+                slots = np.minimum(slots, size - 1)
+            else:
+                slots = self._rng.integers(0, size, k)
+            return np.unique(buf._ticket[slots])
+
+    def _drop(self, msg: Message, why: str) -> None:
+        self.stats.dropped_messages += 1
+        if len(self.stats.errors) < 20:
+            self.stats.errors.append(f"{msg.t} from {msg.src}: {why}")
+        log.debug("dropped %s from %s: %s", msg.t, msg.src, why)
+
+    def _on_add(self, idx: np.ndarray) -> None:
+        with self._new_lock:
+            self._new.append(idx)
+
+
+def _slice(items: Items, sel: Any) -> Items:
+    return Items({k: v[sel] for k, v in items.fields.items()}, items.peers, items.origins[sel],
+                 items.seqs[sel], items.times[sel], items.priorities[sel])

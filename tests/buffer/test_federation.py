@@ -1,0 +1,192 @@
+"""Federation over an in-memory link: share, pull, dedupe, clip, replication that loses nothing."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from fakelink import Hub
+from swarm.buffer import Federation, Items, RateLimiter, ReplayBuffer
+from swarm.errors import PeerTimeout, ReplayError
+
+SCHEMA = {"obs": ("float32", (3,)), "action": ("int64", ())}
+
+
+def items(n, start=0):
+    k = np.arange(start, start + n)
+    return {"obs": np.tile(k[:, None], (1, 3)).astype(np.float32), "action": k}
+
+
+def peer(hub, name, nbrs, cap=1000, **kw):
+    buf = ReplayBuffer(SCHEMA, cap, seed=hash(name) % 100, peer_id=name,
+                       limiter=kw.pop("limiter", None))
+    return buf, Federation(buf, hub.link(name, nbrs), seed=1, **kw)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_share_newest_to_every_neighbour_keeps_ids_and_origin_times():
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b", "c"], share=0.25)
+        b, _ = peer(hub, "b", ["a"])
+        c, _ = peer(hub, "c", ["a"])
+        a.add(items(40), times=123.0)
+        assert await fa.flush() == 20
+        await hub.settle()
+        await hub.close()
+        for other in (b, c):
+            assert len(other) == 10
+            assert sorted(s for _, s in other.ids()) == list(range(30, 40))
+            assert {p for p, _ in other.ids()} == {"a"}
+            s = other.sample(10)
+            assert (s.origin_times == 123.0).all()
+            assert (s.batch["obs"][:, 0] == s.batch["action"]).all()
+    run(main())
+
+
+def test_share_by_priority_sends_the_highest():
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"], share=0.1, share_by="priority")
+        b, _ = peer(hub, "b", ["a"])
+        idx = a.add(items(50))
+        a.update_priorities(idx, np.arange(50.0)[::-1])   # item 0 highest
+        await fa.flush()
+        await hub.settle()
+        await hub.close()
+        assert sorted(s for _, s in b.ids()) == [0, 1, 2, 3, 4]
+    run(main())
+
+
+def test_duplicates_and_echoes_are_dropped():
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"], share=1.0)
+        b, fb = peer(hub, "b", ["a", "c"], share=1.0)
+        c, fc = peer(hub, "c", ["b"], share=1.0)
+        a.add(items(5))
+        await fa.flush()
+        await hub.settle()
+        # b re-sends what it got: c gets them once, a drops its own items
+        b._listeners[0](np.arange(5))
+        await fb.flush()
+        await hub.settle()
+        b._listeners[0](np.arange(5))
+        await fb.flush()
+        await hub.settle()
+        await hub.close()
+        assert len(a) == 5 and len(b) == 5 and len(c) == 5
+        assert fa.stats.duplicates == 10 and fc.stats.duplicates == 5
+        assert sorted(c.ids()) == [("a", i) for i in range(5)]
+    run(main())
+
+
+def test_received_priorities_are_clipped():
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"], share=1.0)
+        b, _ = peer(hub, "b", ["a"], priority_clip=2.0)
+        idx = a.add(items(3))
+        a.update_priorities(idx, [1e6, 1e6, 1e6])            # a floods with top priority
+        b.add(items(3, 100))
+        await fa.flush()
+        await hub.settle()
+        await hub.close()
+        s = b.items(np.arange(6))
+        got = dict(zip(s.seqs.tolist(), s.priorities.tolist()))
+        assert all(p <= 2.0 for p in s.priorities)
+        assert len(b) == 6 and max(got.values()) == pytest.approx(2.0)
+    run(main())
+
+
+def test_pull_a_batch_from_a_neighbour():
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"], share=0.0)
+        b, fb = peer(hub, "b", ["a"], share=0.0)
+        a.add(items(100))
+        got = await fb.pull("a", 30)
+        await hub.settle()
+        assert 0 < got <= 30 and len(b) == got
+        assert all(p == "a" for p, _ in b.ids())
+        hub.link("mute", [])                             # a peer with no federation never answers
+        with pytest.raises(PeerTimeout, match="mute"):
+            await fb.pull("mute", 10, timeout=0.05)
+        hub.kill("a")
+        assert await fb.pull("a", 10) == 0               # unreachable: the send is refused
+        assert fb.stats.send_failures == 1
+        await hub.close()
+    run(main())
+
+
+def test_rate_limits_bound_sharing_traffic():
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"], share=1.0, rate=1e-3, burst=7)
+        b, fb = peer(hub, "b", ["a"], limiter=RateLimiter(min_size=1, samples_per_insert=1.0, tolerance=3))
+        a.add(items(50))
+        assert await fa.flush() == 7                    # burst of 7 items, then the bucket is dry
+        await hub.settle()
+        assert fa.stats.throttled == 43
+        # b takes no more than its learner can use: min_size + tolerance/spi = 4 items
+        assert len(b) == 4 and fb.stats.throttled == 3
+        await hub.close()
+    run(main())
+
+
+def test_malformed_items_are_dropped_and_counted():
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"])
+        b, fb = peer(hub, "b", ["a"])
+        other = Items({"obs": np.zeros((2, 4), np.float32), "action": np.zeros(2, np.int64)}, ["a"],
+                      np.zeros(2, np.int32), np.arange(2), np.zeros(2), np.ones(2))
+        await fa._send_items("b", "buf.push", other, {"rid": 0, "ack": False})
+        await hub.link("x", ["b"]).send("b", "buf.push", {"fields": ["obs"]}, [np.zeros(1)])
+        await hub.settle()
+        await hub.close()
+        assert len(b) == 0 and fb.stats.dropped_messages == 2
+        assert any("obs" in e for e in fb.stats.errors)
+    run(main())
+
+
+def test_bad_federation_config_is_named():
+    hub = Hub()
+    buf = ReplayBuffer(SCHEMA, 8)
+    for kw, word in [({"share": 2}, "share"), ({"share_by": "random"}, "share_by"),
+                     ({"replicas": -1}, "replicas"), ({"priority_clip": 0}, "priority_clip")]:
+        with pytest.raises(ReplayError, match=word):
+            Federation(buf, hub.link("a", []), **kw)
+
+
+def test_kill_a_peer_with_replication_k1_every_acknowledged_item_survives():
+    """In-process: the peer is 'killed' by cutting it off the hub mid-stream."""
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b", "c"], share=0.0, replicas=1, ack_timeout=0.05)
+        b, _ = peer(hub, "b", ["a", "c"], cap=10_000)
+        c, _ = peer(hub, "c", ["a", "b"], cap=10_000)
+        rng = np.random.default_rng(0)
+        for step in range(30):
+            a.add(items(int(rng.integers(1, 20)), 1000 * step))
+            await fa.flush()
+            if step == 12:
+                hub.kill("b")          # a's first replica target dies: a must re-replicate to c
+            await hub.settle(rounds=int(rng.integers(0, 3)))
+            await asyncio.sleep(0.01)
+        for _ in range(10):            # let timeouts fire and resends land
+            await asyncio.sleep(0.06)
+            await fa.flush()
+            await hub.settle()
+        acked = fa.acknowledged()
+        hub.kill("a")
+        await hub.close()
+        assert len(acked) == a.total_added                  # everything got replicated in the end
+        survivors = set(b.ids()) | set(c.ids())
+        lost = [i for i in acked if i not in survivors]
+        assert not lost, lost[:5]
+        assert fa.stats.resent > 0                          # the kill of b was noticed
+    run(main())
