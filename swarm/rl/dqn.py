@@ -62,6 +62,16 @@ class QNetwork(nn.Module):
         return self.net(obs.flatten(1))
 
 
+def _adam(params: Any, lr: float) -> torch.optim.Optimizer:
+    """Adam, fused where this torch build has a fused CPU kernel (about 2x faster
+    per step for small networks, where per-tensor overhead dominates)."""
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.Adam(params, lr=lr, foreach=True)
+
+
 class DQNAgent(BaseAgent):
     """Epsilon-greedy DQN agent over a discrete action space.
 
@@ -98,7 +108,9 @@ class DQNAgent(BaseAgent):
         self._vec = self.flat.numpy()
         self.target = copy.deepcopy(self.q)
         self.target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.lr)
+        # Flat too, so that a target update is one vector operation.
+        self.target_flat = flatten_parameters(self.target)
+        self.optimizer = _adam(self.q.parameters(), cfg.lr)
 
         self.steps = 0      # env steps taken (calls to deliberate)
         self.updates = 0    # gradient steps taken
@@ -141,7 +153,7 @@ class DQNAgent(BaseAgent):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.max_grad_norm > 0:
-            nn.utils.clip_grad_norm_(self.q.parameters(), cfg.max_grad_norm)
+            nn.utils.clip_grad_norm_(self.q.parameters(), cfg.max_grad_norm, foreach=True)
         self.optimizer.step()
 
         self.updates += 1
@@ -155,6 +167,9 @@ class DQNAgent(BaseAgent):
         """Sample the buffer, take one update, feed TD errors back as priorities."""
         if len(self.buffer) < self.cfg.batch_size:
             return None
+        can_sample = getattr(self.buffer, "can_sample", None)  # a rate limiter may hold updates back
+        if can_sample is not None and not can_sample(self.cfg.batch_size):
+            return None
         sample = self.buffer.sample(self.cfg.batch_size, beta=self.beta)
         batch = {k: torch.as_tensor(v) for k, v in sample.batch.items()}
         weights = torch.as_tensor(np.asarray(sample.weights, dtype=np.float32))
@@ -163,13 +178,8 @@ class DQNAgent(BaseAgent):
         return loss
 
     def _update_target(self) -> None:
-        tau = self.cfg.tau
-        with torch.no_grad():
-            for tp, p in zip(self.target.parameters(), self.q.parameters()):
-                if tau >= 1.0:
-                    tp.copy_(p)
-                else:
-                    tp.mul_(1.0 - tau).add_(p, alpha=tau)
+        # tau = 1 copies (hard update); tau < 1 is Polyak averaging.
+        self.target_flat.lerp_(self.flat, self.cfg.tau)
 
     # ------------------------------------------------------------ schedules
 

@@ -1,8 +1,9 @@
-"""One contiguous float32 vector behind all of a module's parameters.
+"""The Q-network's parameters as one contiguous float32 vector, in torch terms.
 
-Gossip works on a flat vector per peer. Rather than copying parameters out and
-back every round, the parameters are *re-pointed* into slices of one tensor, so
-the vector and the model are the same memory:
+Gossip works on one flat vector per peer. :func:`swarm.gossip.flat.flat_parameters`
+re-points a module's parameters into slices of one buffer (no copies either way);
+this module gives agents the same buffer as a torch tensor and a check that the
+sharing still holds.
 
     >>> net = torch.nn.Linear(3, 2)
     >>> flat = flatten_parameters(net)
@@ -10,44 +11,28 @@ the vector and the model are the same memory:
     >>> vec[:] = 0.0                # the module now outputs zeros
 
 Optimizers must be built *after* flattening: they hold references to the
-parameter objects, which stay the same, but their ``.data`` changes here.
+parameter objects, which stay the same, but their ``.data`` moves.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..errors import SwarmError
+from ..gossip.flat import flat_parameters
 
 __all__ = ["flatten_parameters", "is_flat"]
 
 
 def flatten_parameters(module: torch.nn.Module) -> torch.Tensor:
-    """Move every parameter of ``module`` into one contiguous float32 tensor.
+    """Move every parameter of ``module`` into one float32 tensor and return it.
 
     Values are kept; afterwards each parameter's ``.data`` is a view into the
     returned 1-D tensor (in ``module.parameters()`` order), and
     ``returned.numpy()`` is a numpy view of the same memory. Buffers (e.g.
-    batch-norm statistics) are not included: they are not gossiped.
+    batch-norm statistics) are not included: they are not gossiped. Raises
+    :class:`swarm.errors.ConfigError` for a module without float32 CPU parameters.
     """
-    params = [p for p in module.parameters()]
-    if not params:
-        raise SwarmError(f"{type(module).__name__} has no parameters to flatten")
-    for name, p in module.named_parameters():
-        if p.dtype != torch.float32:
-            raise SwarmError(f"parameter {name} is {p.dtype}; only float32 parameters can be gossiped")
-        if p.device.type != "cpu":
-            raise SwarmError(f"parameter {name} is on {p.device}; the gossip vector must live on the CPU")
-    total = sum(p.numel() for p in params)
-    flat = torch.zeros(total, dtype=torch.float32)
-    offset = 0
-    with torch.no_grad():
-        for p in params:
-            n = p.numel()
-            flat[offset:offset + n].copy_(p.data.reshape(-1))
-            p.data = flat[offset:offset + n].view_as(p)
-            offset += n
-    return flat
+    return torch.from_numpy(flat_parameters(module))
 
 
 def is_flat(module: torch.nn.Module, flat: torch.Tensor) -> bool:
@@ -56,10 +41,10 @@ def is_flat(module: torch.nn.Module, flat: torch.Tensor) -> bool:
     Something that replaces a parameter's storage (``module.to(...)``, assigning
     ``p.data = ...``) silently breaks the sharing; callers check with this.
     """
-    base = flat.untyped_storage().data_ptr()
+    base = flat.data_ptr()
     end = base + flat.numel() * flat.element_size()
     for p in module.parameters():
-        ptr = p.data.data_ptr()
-        if not (base <= ptr < end) or p.data.untyped_storage().data_ptr() != base:
+        start = p.data.data_ptr()
+        if not (base <= start and start + p.numel() * p.element_size() <= end):
             return False
     return True

@@ -1,0 +1,97 @@
+"""Learning curve of one isolated DQN learner on CartPole-v1 (no peers, no gossip).
+
+Runs the plain loop (:func:`swarm.rl.train.run_agent`) with the real prioritized
+replay buffer, against a uniformly random policy measured in the same run, and
+reports the mean return of the last episodes, a greedy evaluation, and the CPU
+time used. It ends with one JSON line.
+
+    python scripts/dqn_isolated.py --steps 20000 --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from swarm.buffer import ReplayBuffer
+from swarm.config import apply_overrides, from_dict, to_dict
+from swarm.rl import DQNAgent, DQNConfig, dqn_schema
+from swarm.rl.train import evaluate, make_env, run_agent
+
+
+def random_returns(env_id: str, episodes: int, seed: int) -> list[float]:
+    env = make_env(env_id)
+    env.action_space.seed(seed)
+    out = []
+    for i in range(episodes):
+        env.reset(seed=seed + i)
+        total, done = 0.0, False
+        while not done:
+            _, r, term, trunc, _ = env.step(env.action_space.sample())
+            total += float(r)
+            done = term or trunc
+        out.append(total)
+    env.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--env", default="CartPole-v1")
+    ap.add_argument("--steps", type=int, default=20_000, help="env steps per seed")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    help="DQN hyperparameter override, e.g. --set lr=5e-4")
+    ap.add_argument("--every", type=int, default=2_000, help="env steps between curve points")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    cfg = from_dict(DQNConfig, apply_overrides({}, args.overrides))
+
+    rand = random_returns(args.env, 50, seed=123)
+    print(f"random policy: mean return {np.mean(rand):.1f} over 50 episodes")
+    print(f"DQN: {to_dict(cfg)}")
+    runs = []
+    for seed in args.seeds:
+        env = make_env(args.env)
+        buf = ReplayBuffer(dqn_schema(env.observation_space.shape), capacity=50_000, alpha=0.6,
+                           eps=1e-6, decay=0.0, prioritized=True, seed=seed)
+        agent = DQNAgent.for_env(env, buf, cfg, seed=seed)
+        env.close()
+        cpu0 = time.process_time()
+        curve: list[tuple[int, float]] = []
+        returns: list[float] = []
+
+        def on_step(info) -> None:
+            if info.episode_return is not None:
+                returns.append(info.episode_return)
+            if info.step % args.every == 0:
+                curve.append((info.step, float(np.mean(returns[-10:])) if returns else float("nan")))
+
+        res = run_agent(args.env, agent, args.steps, seed=seed, on_step=on_step)
+        cpu = time.process_time() - cpu0
+        greedy = float(np.mean(evaluate(args.env, agent, episodes=10)))
+        print(f"\nseed {seed}: {res.steps} steps in {res.seconds:.1f} s wall, {cpu:.1f} s CPU, "
+              f"{len(res.returns)} episodes")
+        print("  step    mean return (last 10 episodes)")
+        for step, m in curve:
+            print(f"  {step:6d}  {m:7.1f}")
+        print(f"  greedy evaluation (10 episodes): {greedy:.1f}")
+        runs.append({"seed": seed, "cpu_s": cpu, "wall_s": res.seconds, "final_mean_return": res.mean_return(10),
+                     "greedy_return": greedy, "curve": curve})
+
+    summary = {
+        "env": args.env, "steps": args.steps, "random_mean_return": float(np.mean(rand)),
+        "final_mean_return": float(np.mean([r["final_mean_return"] for r in runs])),
+        "greedy_return": float(np.mean([r["greedy_return"] for r in runs])),
+        "cpu_s_max": max(r["cpu_s"] for r in runs),
+        "runs": runs, "config": to_dict(cfg),
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
