@@ -82,7 +82,8 @@ class SumTree:
         self._tree[heap[winner]] = values[winner]
         # One add.at for all levels. Flat, contiguous operands keep numpy on its
         # fast path (and numpy 2.4's add.at mis-adds when left to broadcast itself).
-        np.add.at(self._tree, (heap >> self._shifts).ravel(), np.tile(delta, self.depth))
+        np.add.at(self._tree, (heap >> self._shifts).ravel(),
+                  np.broadcast_to(delta, (self.depth, n)).ravel())
         self._writes += n
         if self._writes >= self._cap:
             self.rebuild()
