@@ -1,0 +1,176 @@
+"""Decoders reject lying or corrupt payloads with WireError and never write to ``out``."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarm.compress import MAX_N, Encoded, get_codec
+from swarm.errors import GossipError, WireError
+
+SPECS = ["identity", "fp16", "int8", "qsgd:16", "qsgd:1000", "topk:0.1", "randomk:0.1", "sign"]
+X = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+
+
+def good(spec: str) -> tuple:
+    codec = get_codec(spec)
+    return codec, codec.encode(X)
+
+
+def rejects(codec, enc: Encoded, match: str | None = None) -> None:
+    """decode (told the length it expects) and decode_into both raise WireError,
+    and out is left as it was. A sparse payload for another n can be consistent
+    in itself; the expected length is what exposes it, as in gossip."""
+    with pytest.raises(WireError, match=match):
+        codec.decode(enc, n=1000)
+    out = np.full(1000, 3.0, np.float32)
+    with pytest.raises(WireError, match=match):
+        codec.decode_into(enc, out)
+    assert np.all(out == 3.0)
+
+
+def readonly(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_meta_lies_are_rejected(spec):
+    codec, enc = good(spec)
+    for key, value in [("codec", "other"), ("codec", None), ("n", -1), ("n", True), ("n", "1000"),
+                       ("n", 999), ("n", 1001), ("n", 2**70)]:
+        meta = dict(enc.meta, **{key: value})
+        rejects(codec, Encoded(meta, enc.frames))
+    rejects(codec, Encoded({k: v for k, v in enc.meta.items() if k != "n"}, enc.frames), "n=None")
+    rejects(codec, Encoded([1, 2], enc.frames), "not a dict")
+    with pytest.raises(WireError):
+        codec.decode(("meta", "frames"))
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_frame_lies_are_rejected(spec):
+    codec, enc = good(spec)
+    f0 = enc.frames[0]
+    rejects(codec, Encoded(enc.meta, enc.frames[:-1]), "frames")
+    rejects(codec, Encoded(enc.meta, enc.frames + [f0]), "frames")
+    rejects(codec, Encoded(enc.meta, [f0[:-1]] + enc.frames[1:]), "elements")
+    rejects(codec, Encoded(enc.meta, [np.concatenate([f0, f0[:1]])] + enc.frames[1:]), "elements")
+    wrong = np.zeros(f0.size, np.float64 if f0.dtype != np.float64 else np.float32)
+    rejects(codec, Encoded(enc.meta, [wrong] + enc.frames[1:]), "dtype")
+    rejects(codec, Encoded(enc.meta, [f0.tobytes()] + enc.frames[1:]), "not an array")
+    rejects(codec, Encoded(enc.meta, tuple(enc.frames)[:0]), "frames")
+
+
+def test_expected_n_and_out_size_are_enforced():
+    codec, enc = good("int8")
+    with pytest.raises(WireError, match="expected n=999"):
+        codec.decode(enc, n=999)
+    with pytest.raises(WireError, match="out has 999"):
+        codec.decode_into(enc, np.zeros(999, np.float32))
+    for out in [np.zeros(1000, np.float64), np.zeros((10, 100), np.float32),
+                readonly(np.zeros(1000, np.float32)), np.zeros(2000, np.float32)[::2]]:
+        with pytest.raises(GossipError, match="out must be"):
+            codec.decode_into(enc, out)
+
+
+def test_sparse_decoder_caps_n():
+    codec, enc = good("topk:0.001")
+    rejects(codec, Encoded(dict(enc.meta, n=MAX_N + 1), enc.frames))
+
+
+@pytest.mark.parametrize("spec", ["topk:0.1", "randomk:0.1"])
+def test_k_must_fit_n_and_frames(spec):
+    codec, enc = good(spec)
+    rejects(codec, Encoded(dict(enc.meta, k=1001), enc.frames), "k=1001")
+    rejects(codec, Encoded(dict(enc.meta, k=-1), enc.frames), "k=-1")
+    rejects(codec, Encoded(dict(enc.meta, k=99), enc.frames), "elements")
+
+
+def test_topk_indices_are_checked():
+    codec, enc = good("topk:0.1")
+    idx, vals = enc.frames
+    for bad, why in [
+        (np.where(np.arange(idx.size) == idx.size - 1, 1000, idx).astype(np.uint32), "outside"),
+        (np.where(np.arange(idx.size) == idx.size - 1, 2**32 - 1, idx).astype(np.uint32), "outside"),
+        (idx[::-1].copy(), "outside|increasing"),
+        (np.concatenate([idx[:1], idx[:-1]]), "increasing"),  # a duplicate
+        (np.concatenate([idx[1:2], idx[:1], idx[2:]]), "increasing"),
+    ]:
+        rejects(codec, Encoded(enc.meta, [readonly(bad), vals]), why)
+    neg = idx.astype(np.int64)
+    neg[0] = -1
+    rejects(codec, Encoded(enc.meta, [neg, vals]), "outside")
+    rejects(codec, Encoded(enc.meta, [idx.astype(np.int32), vals]), "dtype")
+
+
+def test_quantizer_payload_values_are_checked():
+    codec, enc = good("int8")
+    q, mult = enc.frames
+    q2 = q.copy()
+    q2[10] = -128
+    rejects(codec, Encoded(enc.meta, [q2, mult]), "outside")
+    for v in [np.nan, np.inf, -1.0]:
+        m2 = mult.copy()
+        m2[1] = v
+        rejects(codec, Encoded(enc.meta, [q, m2]), "finite")
+    rejects(codec, Encoded(dict(enc.meta, block=0), enc.frames), "block")
+    rejects(codec, Encoded(dict(enc.meta, block=512), enc.frames), "elements")
+    rejects(codec, Encoded(dict(enc.meta, levels=100), enc.frames), "outside")
+    rejects(codec, Encoded(dict(enc.meta, levels=1000), enc.frames), "dtype")
+    qs, enc = good("qsgd:4")
+    q, mult = enc.frames
+    q2 = q.copy()
+    q2[0] = 5
+    rejects(qs, Encoded(enc.meta, [q2, mult]), "outside")
+
+
+def test_sign_and_randomk_meta_values_are_checked():
+    codec, enc = good("sign")
+    for v in [float("nan"), float("inf"), -1.0, "1", None, True]:
+        rejects(codec, Encoded(dict(enc.meta, scale=v), enc.frames), "scale")
+    codec, enc = good("randomk:0.1")
+    for v in [-1, 2**64, 1.5, None]:
+        rejects(codec, Encoded(dict(enc.meta, seed=v), enc.frames), "seed")
+
+
+_junk = st.one_of(st.none(), st.booleans(), st.integers(-2**65, 2**65), st.floats(),
+                  st.text(max_size=5), st.lists(st.integers(), max_size=3))
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_fuzzed_payloads_decode_or_raise_wire_error(spec, data):
+    # Whatever is changed, decoding either works (a consistent payload) or raises
+    # WireError; no other exception, no write to out on failure.
+    codec, enc = good(spec)
+    meta = copy.deepcopy(enc.meta)
+    frames = list(enc.frames)
+    for _ in range(data.draw(st.integers(1, 3))):
+        if data.draw(st.booleans()):
+            key = data.draw(st.sampled_from(sorted(meta) + ["extra"]))
+            meta[key] = data.draw(_junk)
+        else:
+            i = data.draw(st.integers(0, len(frames) - 1))
+            raw = frames[i].view(np.uint8).copy()
+            pos = data.draw(st.integers(0, max(0, raw.size - 1)))
+            if raw.size:
+                raw[pos] = data.draw(st.integers(0, 255))
+            cut = data.draw(st.sampled_from([None, 1, frames[i].dtype.itemsize]))
+            if cut:
+                raw = raw[:raw.size - raw.size % cut]
+            dtype = data.draw(st.sampled_from([frames[i].dtype, np.dtype(np.uint8), np.dtype(np.int64)]))
+            frames[i] = readonly(raw[:raw.size // dtype.itemsize * dtype.itemsize].view(dtype))
+    bad = Encoded(meta, frames)
+    out = np.zeros(1000, np.float32)
+    try:
+        codec.decode_into(bad, out)
+    except WireError:
+        assert not out.any()
+        return
+    assert out.shape == (1000,)
