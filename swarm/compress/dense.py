@@ -7,11 +7,12 @@ from typing import Any
 import numpy as np
 
 from . import _torch
-from ._base import Codec, Encoded
+from ._base import Codec, Encoded, Scratch
 
 __all__ = ["Identity", "FP16"]
 
 _F16_MAX = 65504.0
+_CHUNK = 1 << 16
 
 
 class Identity(Codec):
@@ -55,6 +56,10 @@ class FP16(Codec):
 
     name = "fp16"
 
+    def __init__(self, spec: str | None = None) -> None:
+        super().__init__(spec)
+        self._scratch = Scratch()
+
     def _encode(self, x: np.ndarray) -> Encoded:
         h = np.empty(x.size, np.float16)
         _torch.cast_into(h, x)
@@ -85,4 +90,13 @@ class FP16(Codec):
         return _torch.cast_into(out, frames[0])
 
     def _decode_into(self, meta, frames, out, alpha):
-        _torch.add_into(out, frames[0], alpha)
+        # Cast cache-sized pieces into scratch and add from there: a mixed-dtype
+        # in-place add runs at a fraction of memory speed in both numpy and torch.
+        h, n = frames[0], out.size
+        S = self._scratch.get("d", min(n, _CHUNK), np.float32)
+        for a in range(0, n, _CHUNK):
+            b = min(n, a + _CHUNK)
+            T = _torch.cast_into(S[:b - a], h[a:b])
+            if alpha != 1.0:
+                T *= np.float32(alpha)
+            out[a:b] += T

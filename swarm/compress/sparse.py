@@ -22,6 +22,7 @@ __all__ = ["TopK", "RandomK", "strata_indices"]
 
 _CHUNK = 1 << 16
 _SAMPLE = 1 << 16
+_MIN_SAMPLED = 1 << 17
 _U32_MAX = (1 << 32) - 1
 
 
@@ -91,15 +92,18 @@ class TopK(_Sparse):
             return np.empty(0, np.int64)
         if k >= n:
             return np.arange(n, dtype=np.int64)
-        if n < 4 * _SAMPLE or k > n // 16:
+        if n < _MIN_SAMPLED or k > n // 16:
             return self._exact(x, k)
-        sample = np.abs(x[self._rng.integers(0, n, _SAMPLE)])
-        expect = _SAMPLE * k / n
+        # ~1.5% of the vector, so that drawing and partitioning the sample stays
+        # small next to the pass over x
+        m = min(_SAMPLE, max(_SAMPLE // 8, n // 64))
+        sample = np.abs(x[self._rng.integers(0, n, m)])
+        expect = m * k / n
         # Aim a few standard deviations above the expected count so that one pass
         # almost always yields >= k candidates, yet only ~k(1 + 4/sqrt(expect)) of them.
         r = int(math.ceil(expect + 4.0 * math.sqrt(expect) + 8))
-        while r < _SAMPLE:
-            thr = np.partition(sample, _SAMPLE - r)[_SAMPLE - r]
+        while r < m:
+            thr = np.partition(sample, m - r)[m - r]
             if not thr > 0:  # zeros or NaN at the cut: no cheap threshold exists
                 break
             cand = self._candidates(x, thr)
