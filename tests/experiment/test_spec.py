@@ -6,17 +6,10 @@ from swarm.config import to_dict
 from swarm.errors import ConfigError
 from swarm.experiment.spec import DEFAULT_SPEC, Spec, load_spec, save_resolved
 
-# swarm.compress lands separately; until it does only the identity codec validates.
-try:
-    from swarm.compress import get_codec  # noqa: F401
-    HAVE_COMPRESS = True
-except ImportError:
-    HAVE_COMPRESS = False
-
+# Most tests pin the cheapest codec so that they check one thing each.
 ID = ["gossip.codec=identity"]
 
 
-@pytest.mark.skipif(not HAVE_COMPRESS, reason="swarm.compress.get_codec not available yet")
 def test_default_spec_loads_and_is_the_built_in_default():
     spec = load_spec(None)
     assert spec == DEFAULT_SPEC
@@ -94,6 +87,21 @@ def test_every_error_names_the_key(override, key):
     with pytest.raises(ConfigError) as info:
         load_spec(None, overrides)
     assert key in str(info.value), str(info.value)
+
+
+def test_codec_names_are_checked_by_swarm_compress():
+    assert load_spec(None, ["gossip.codec=ef+int8"]).gossip.codec == "ef+int8"
+    with pytest.raises(ConfigError, match="gossip.codec.*topk"):
+        load_spec(None, ["gossip.codec=topk:2.0"])
+
+
+def test_loading_a_spec_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from swarm.experiment.spec import load_spec; load_spec(None); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_env_typo_gets_a_suggestion():
