@@ -28,6 +28,7 @@ __all__ = ["Int8", "QSGD", "Sign"]
 # Elements per chunk in the chunked kernels: 256 KiB of float32, cache-sized.
 _CHUNK = 1 << 16
 _U16 = np.float32(2.0 ** -16)
+_TINY = np.float32(2.0 ** -100)
 
 
 def _rng(seed: int | None) -> np.random.Generator:
@@ -81,6 +82,9 @@ class _BlockQuantizer(Codec):
     def _quantize(self, X: np.ndarray, Q: np.ndarray, mult: np.ndarray) -> None:
         L = np.float32(self.levels)
         amax = self._block_scale(X)
+        # Blocks below 2**-100 flush to zero: their multiplier would be subnormal and
+        # lose the precision the error bound needs (NaN compares False and survives).
+        amax[amax < _TINY] = 0
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             inv = np.where(amax > 0, L / amax, np.float32(0)).astype(np.float32)
             # Round inv down until amax * inv <= L in float32, so that no element
@@ -154,7 +158,8 @@ class Int8(_BlockQuantizer):
 
     ``q = round(x * 127 / max|x_block|)``; deterministic rounding bounds the error
     by ``max|x_block| / 254`` per element, stochastic rounding (unbiased, to
-    2**-16 of a level) by ``max|x_block| / 127``. Bytes: ``n + 4 * ceil(n / block)``.
+    2**-16 of a level) by ``max|x_block| / 127``. A block whose max-abs is below
+    2**-100 decodes to zeros (absolute error < 2**-100). Bytes: ``n + 4 * ceil(n / block)``.
     """
 
     name = "int8"
@@ -174,7 +179,8 @@ class QSGD(_BlockQuantizer):
     ``y = norm * sign(x) * xi / s`` with ``xi`` the stochastic rounding of
     ``|x| * s / norm``; ``E[y] = x``, ``|y - x| < norm_bucket / s`` per element and
     ``E||y - x||^2 <= min(B / s^2, sqrt(B) / s) * ||x||^2`` per bucket of ``B``.
-    Levels travel as int8 for ``s <= 127``, int16 above.
+    Levels travel as int8 for ``s <= 127``, int16 above. A bucket whose norm is
+    below 2**-100 decodes to zeros; one whose norm overflows float32 raises.
     """
 
     name = "qsgd"
@@ -184,7 +190,13 @@ class QSGD(_BlockQuantizer):
         super().__init__(spec, s, bucket, True, seed)
 
     def _block_scale(self, X):
-        return np.sqrt(np.einsum("ij,ij->i", X, X))
+        norm = np.sqrt(np.einsum("ij,ij->i", X, X))
+        # x*x under- or overflows float32 for |x| < ~1e-19 or > ~1e19; redo those
+        # rows in float64 (rare; NaN/Inf input stays non-finite and is rejected).
+        redo = ~((norm > 1e-18) & (norm < 1e18))
+        if redo.any():
+            norm[redo] = np.linalg.norm(X[redo].astype(np.float64), axis=1)
+        return norm
 
 
 class Sign(Codec):
@@ -215,7 +227,11 @@ class Sign(Codec):
         for a in range(0, n, step):
             b = min(n, a + step)
             xa = x[a:b]
-            l1 += float(np.abs(xa, out=A[:b - a]).sum(dtype=np.float32))
+            with np.errstate(over="ignore"):
+                part = float(np.abs(xa, out=A[:b - a]).sum(dtype=np.float32))
+            if not math.isfinite(part):  # float32 overflow near 3e38: redo in float64
+                part = float(np.abs(xa.astype(np.float64)).sum())
+            l1 += part
             np.signbit(xa, out=M[:b - a])
             bits[a // 8:-(-b // 8)] = np.packbits(M[:b - a], bitorder="little")
         scale = l1 / n if n else 0.0

@@ -133,6 +133,22 @@ def test_int8_error_bound(spec, div, x):
         assert np.all(err <= amax / div * (1 + 1e-5) + 1e-30)
 
 
+@pytest.mark.parametrize("spec", ["int8", "int8:stochastic", "qsgd:16", "sign", "topk:0.5"])
+@pytest.mark.parametrize("v", [1e-40, 1e-29, 1e20, 3e38])
+def test_extreme_magnitudes(spec, v):
+    x = np.array([v, -v / 3, 0, v / 7], np.float32)
+    c = get_codec(spec)
+    y = c.decode(c.encode(x)).astype(np.float64)
+    assert np.all(np.isfinite(y))
+    err = np.abs(y - x).max()
+    if spec.startswith("int8") and v > 2.0 ** -100:
+        assert err <= v / 127 * (1 + 1e-5)
+    elif spec == "qsgd:16" and v > 2.0 ** -100:
+        assert err <= np.linalg.norm(x.astype(np.float64)) / 16 * (1 + 1e-5)
+    elif spec != "sign":
+        assert err <= max(v, 2.0 ** -100) * (1 + 1e-6)
+
+
 @pytest.mark.parametrize("s", [1, 4, 16, 127, 1000])
 @FAST
 @given(x=vec())
