@@ -194,9 +194,14 @@ def load_spec(path: str | Path | None = None, overrides: list[str] | None = None
 
 
 def save_resolved(spec: Spec, path: str | Path) -> Path:
-    """Write the resolved spec as JSON; ``path`` is a file or a run folder (→ config.json)."""
+    """Write the resolved spec as JSON and return the file written.
+
+    ``path`` is a ``.json`` file, or a run folder (existing or not, any path
+    without a suffix), which gets ``config.json``. The file loads back with
+    :func:`load_spec`.
+    """
     p = Path(path)
-    if p.is_dir():
+    if p.is_dir() or not p.suffix:
         p = p / "config.json"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(to_dict(spec), indent=2, sort_keys=True) + "\n")

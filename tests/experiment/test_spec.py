@@ -46,6 +46,10 @@ def test_save_resolved_round_trips(tmp_path):
     assert path == tmp_path / "config.json"
     assert json.loads(path.read_text()) == to_dict(spec)
     assert load_spec(path) == spec
+    fresh = save_resolved(spec, tmp_path / "runs" / "x-1")       # a run folder not made yet
+    assert fresh == tmp_path / "runs" / "x-1" / "config.json" and load_spec(fresh) == spec
+    named = save_resolved(spec, tmp_path / "resolved.json")
+    assert named.name == "resolved.json" and load_spec(named) == spec
 
 
 @pytest.mark.parametrize("override, key", [
