@@ -80,6 +80,12 @@ class BufferSpec:
     sharing: bool = opt(True, "push a share of new transitions to neighbours")
     share: float = opt(0.25, "fraction of new transitions pushed to each neighbour",
                        lambda s: 0.0 <= s <= 1.0, "must be in [0, 1]")
+    share_by: str = opt("newest", "which new transitions are shared: newest or priority",
+                        lambda s: s in ("newest", "priority"), "must be 'newest' or 'priority'")
+    replicas: int = opt(0, "neighbours that must acknowledge each local transition (0: no replication)",
+                        _nonneg, "must be >= 0")
+    rate: float = opt(0.0, "transitions per second a peer sends for sharing and pulls; 0 is unbounded",
+                      _nonneg, "must be >= 0")
 
 
 @dataclass
@@ -137,6 +143,9 @@ class Spec:
         if self.dqn.learning_starts >= self.budget.env_steps:
             raise ConfigError(f"dqn.learning_starts = {self.dqn.learning_starts} is not below "
                               f"budget.env_steps = {self.budget.env_steps}; the agent would never learn")
+        if self.buffer.sharing and self.buffer.replicas >= self.peers:
+            raise ConfigError(f"buffer.replicas = {self.buffer.replicas}: with peers = {self.peers} "
+                              f"there are only {self.peers - 1} other peers to hold copies")
         if self.budget.stop_when_solved and self.eval.every == 0:
             raise ConfigError("budget.stop_when_solved = true needs eval.every > 0 to know when it is solved")
 
