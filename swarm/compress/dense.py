@@ -76,10 +76,9 @@ class FP16(Codec):
     def _encode_device(self, t: Any) -> Encoded | None:
         import torch
 
-        h = t.detach().reshape(-1).to(torch.float16)
-        if not h.is_floating_point() or h.numel() == 0:
-            return None
-        h = h.clamp_(-_F16_MAX, _F16_MAX).cpu().numpy()
+        if not t.is_floating_point():
+            return None  # the CPU path names the bad dtype
+        h = t.detach().reshape(-1).to(torch.float16).clamp_(-_F16_MAX, _F16_MAX).cpu().numpy()
         return Encoded({"codec": self.name, "n": int(h.size)}, [h])
 
     def _frame_specs(self, meta, n):

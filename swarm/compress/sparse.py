@@ -71,6 +71,8 @@ class TopK(_Sparse):
     def _encode_device(self, t: Any) -> Encoded | None:
         import torch
 
+        if not t.is_floating_point():
+            return None  # the CPU path names the bad dtype
         v = t.detach().reshape(-1).float()
         n = v.numel()
         k = self.k_for(n)
