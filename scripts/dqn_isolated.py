@@ -5,7 +5,7 @@ replay buffer, against a uniformly random policy measured in the same run, and
 reports the mean return of the last episodes, a greedy evaluation, and the CPU
 time used. It ends with one JSON line.
 
-    python scripts/dqn_isolated.py --steps 20000 --seeds 0 1 2
+    python scripts/dqn_isolated.py --steps 15000 --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def random_returns(env_id: str, episodes: int, seed: int) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="CartPole-v1")
-    ap.add_argument("--steps", type=int, default=20_000, help="env steps per seed")
+    ap.add_argument("--steps", type=int, default=15_000, help="env steps per seed")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     help="DQN hyperparameter override, e.g. --set lr=5e-4")

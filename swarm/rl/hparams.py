@@ -43,12 +43,12 @@ class DQNConfig:
     double: bool = opt(True, "double DQN: the online net picks the next action, the target net values it")
     tau: float = opt(1.0, "target update rate: 1.0 copies (hard update), < 1 is Polyak averaging",
                      lambda t: 0.0 < t <= 1.0, "must be in (0, 1]")
-    target_every: int = opt(500, "updates between target-network updates", _pos, "must be > 0")
+    target_every: int = opt(250, "updates between target-network updates", _pos, "must be > 0")
     huber_delta: float = opt(1.0, "Huber loss threshold", _pos, "must be > 0")
     max_grad_norm: float = opt(10.0, "gradient clipping norm; 0 disables", _nonneg, "must be >= 0")
     eps_start: float = opt(1.0, "initial exploration rate", _unit, "must be in [0, 1]")
     eps_end: float = opt(0.05, "final exploration rate", _unit, "must be in [0, 1]")
-    eps_steps: int = opt(10_000, "env steps over which epsilon falls linearly to eps_end", _pos, "must be > 0")
+    eps_steps: int = opt(5_000, "env steps over which epsilon falls linearly to eps_end", _pos, "must be > 0")
     beta_start: float = opt(0.4, "initial importance-sampling exponent", _unit, "must be in [0, 1]")
     beta_steps: int = opt(50_000, "env steps over which beta rises linearly to 1", _pos, "must be > 0")
 
