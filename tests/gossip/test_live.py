@@ -155,3 +155,60 @@ def test_live_peer_leaves_mid_run_survivors_converge():
             assert consensus_error(xs, e1) < 1e-3
             assert consensus_error(xs, e0) < 1e-3
     asyncio.run(main())
+
+
+WORKER = Path(__file__).with_name("live_worker.py")
+
+
+def test_processes_peer_killed_mid_run_survivors_relink_and_converge(procs, tmp_path):
+    """Seven peer processes and a coordinator process; one peer is SIGKILLed
+    after a few rounds; the six left re-link as a ring and reach consensus."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from swarmtest import ROOT, free_port, wait_for
+
+    sys.path.insert(0, str(WORKER.parent))
+    from live_worker import initial as worker_initial
+
+    n, d, rounds, victim = 7, 2000, 60, 3
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, name="coord")
+    workers: list[subprocess.Popen] = []
+    try:
+        for r in range(n):
+            log = open(tmp_path / f"w{r}.log", "w")
+            workers.append(subprocess.Popen(
+                [sys.executable, str(WORKER), addr, f"w{r}", str(r), str(n), str(d), str(rounds), str(tmp_path)],
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1")))
+
+        def at_round(k, who):
+            def ok():
+                return all(int((tmp_path / f"w{r}.round").read_text() or 0) >= k for r in who)
+            return ok
+
+        wait_for(at_round(3, range(n)), 60, what="every peer past round 3")
+        workers[victim].send_signal(signal.SIGKILL)
+        workers[victim].wait(5)
+        assert not (tmp_path / f"w{victim}.npy").exists(), "the victim finished before it was killed"
+        survivors = [r for r in range(n) if r != victim]
+        wait_for(lambda: all((tmp_path / f"w{r}.npy").exists() for r in survivors), 60,
+                 what="survivors to finish their rounds")
+        (tmp_path / "stop").write_text("")
+        for r in survivors:
+            assert workers[r].wait(15) == 0, (tmp_path / f"w{r}.log").read_text()
+        xs = [np.load(tmp_path / f"w{r}.npy") for r in survivors]
+        e0 = consensus_error([worker_initial(r, d) for r in range(n)])
+        assert consensus_error(xs, e0) < 1e-3
+        # the survivors' common value is a mix of everybody's start, the
+        # victim's included for the rounds it took part in
+        lo = min(worker_initial(r, d).mean() for r in range(n))
+        hi = max(worker_initial(r, d).mean() for r in range(n))
+        assert all(lo < x.mean() < hi for x in xs)
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+            w.wait()
