@@ -117,6 +117,34 @@ def cmd_peer(args: argparse.Namespace) -> int:
     if args.topology:
         cfg.topology = args.topology
     cfg.rank = args.rank if args.rank is not None else (cfg.rank if cfg.rank >= 0 else env_rank())
+    if args.spec:
+        # Train this peer's share of an experiment (see swarm.experiment.runner).
+        from .experiment.runner import run_peer, stop_on_signals
+        from .experiment.spec import load_spec
+
+        spec = load_spec(args.spec)
+        if cfg.rank < 0:
+            raise SwarmError("--spec needs a rank: pass --rank N (or set SWARM_RANK)")
+        if args.topology and args.topology != spec.gossip.topology:
+            raise SwarmError(f"--topology {args.topology} disagrees with the spec's gossip.topology = "
+                             f"{spec.gossip.topology}; drop --topology")
+        run_dir = args.run_dir or os.path.join("runs", f"{spec.name}-peer{cfg.rank}")
+        stop = stop_on_signals()
+        try:
+            import uvloop
+            factory = uvloop.new_event_loop
+        except ImportError:
+            factory = None
+        parent = os.environ.get("SWARM_PARENT_PID")
+        print(f"swarm peer peer{cfg.rank}: {spec.name}, {spec.budget.env_steps} env steps, writing to "
+              f"{run_dir} (pid {os.getpid()})", flush=True)
+        summary = run_peer(spec, cfg.rank, coords[0], run_dir, stop=stop, loop_factory=factory,
+                           parent_pid=int(parent) if parent else None)
+        print(f"swarm peer peer{cfg.rank} done ({summary['reason']}): {summary['env_steps']} env steps, "
+              f"{summary['rounds']} rounds, mean return {summary['final_mean_return']}", flush=True)
+        return 0
+    if args.run_dir:
+        raise SwarmError("--run-dir is used with --spec (a peer without a spec trains nothing)")
 
     async def main() -> int:
         peer = Peer(cfg)
@@ -214,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--topology", help="ring, grid, torus, exponential, full ...")
     q.add_argument("--config", help="TOML or JSON config file")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
+    q.add_argument("--spec", help="experiment spec (e.g. a run's config.json): train this peer's share of it")
+    q.add_argument("--run-dir", help="with --spec: the run folder this peer writes into (peer{RANK}/)")
     q.set_defaults(func=cmd_peer)
 
     s = sub.add_parser("status", help="show the member table and current view")

@@ -1,0 +1,426 @@
+"""`swarm run`: one experiment on this host — a coordinator, N peers, one progress bar.
+
+:func:`run_experiment` resolves the spec, makes ``runs/<name>-<YYYYmmdd-HHMMSS>/``
+with ``config.json``, starts ``swarm coordinator`` and one ``swarm peer --spec``
+process per rank (their output goes to ``logs/``), and polls the coordinator
+for the figures the peers put on their heartbeats to draw one progress line.
+Whatever happens — the budget is spent, Ctrl-C, a child crashes — it ends
+every process it started, by its handle, and then writes the plots and a
+summary table.
+
+Run folder::
+
+    config.json         the resolved spec (loads back with load_spec)
+    pids.json           the processes this run started
+    logs/               coordinator.log, peer{r}.log
+    peer{r}/            metrics.csv, rounds.csv, evals.csv, tb/, checkpoint.pt, summary.json
+    plots/              returns.png, bytes_per_round.png, consensus.png
+    summary.json        the summary table as JSON
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..errors import ConfigError, SwarmError
+from .runner import peer_dir
+from .spec import Spec, load_spec, save_resolved
+
+__all__ = ["run_experiment", "Launch", "write_plots", "summarize"]
+
+#: seconds a child gets to leave after SIGTERM before it is killed
+TERM_GRACE_S = 15.0
+#: seconds between polls of the children and the coordinator
+POLL_S = 0.5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _new_run_dir(root: Path, name: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i in range(100):
+        d = root / (f"{name}-{stamp}" if i == 0 else f"{name}-{stamp}-{i}")
+        try:
+            d.mkdir(parents=True)
+            return d
+        except FileExistsError:
+            continue
+    raise SwarmError(f"cannot make a fresh run folder under {root} for {name!r}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join("    " + t for t in text[-lines:]) or "    (empty log)"
+
+
+@dataclass
+class _Child:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+    ended_by_us: bool = False
+
+
+@dataclass
+class Launch:
+    """The processes of one run, and how to end them (all by handle)."""
+
+    run_dir: Path
+    children: list[_Child] = field(default_factory=list)
+    _logs: list[TextIO] = field(default_factory=list)
+
+    def start(self, name: str, args: list[str]) -> _Child:
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(log_path, "w")
+        self._logs.append(f)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", SWARM_PARENT_PID=str(os.getpid()))
+        # A session of their own: Ctrl-C in the terminal reaches only `swarm run`,
+        # which then ends each child in order (peers first, so they can leave cleanly).
+        p = subprocess.Popen([sys.executable, "-m", "swarm.cli", *args], stdout=f, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        c = _Child(name, p, log_path)
+        self.children.append(c)
+        self._write_pids()
+        return c
+
+    def _write_pids(self) -> None:
+        pids = {c.name: c.proc.pid for c in self.children}
+        (self.run_dir / "pids.json").write_text(json.dumps({"launcher": os.getpid(), "children": pids}) + "\n")
+
+    def end(self, children: list[_Child] | None = None, grace: float = TERM_GRACE_S) -> None:
+        """SIGTERM each running child, wait up to ``grace`` s, then SIGKILL what is left."""
+        todo = [c for c in (self.children if children is None else children) if c.proc.poll() is None]
+        for c in todo:
+            c.ended_by_us = True
+            try:
+                c.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        for c in todo:
+            try:
+                c.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait()
+
+    def close(self) -> None:
+        """End every child (immediately) and close the log files."""
+        self.end(grace=2.0)
+        for f in self._logs:
+            f.close()
+        self._logs.clear()
+
+
+class _Interrupt:
+    """SIGINT/SIGTERM to `swarm run`: the first asks for a clean stop, a second hurries it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Interrupt":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.count += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, h in self._old.items():
+            signal.signal(sig, h)
+
+
+def _status(addr: str) -> dict[str, Any] | None:
+    from ..cli import query_status  # noqa: PLC0415 - cli imports this module lazily too
+
+    try:
+        return asyncio.run(query_status(addr, timeout=1.0))
+    except SwarmError:
+        return None
+
+
+class _Progress:
+    """One line on stderr: env steps / budget, mean return, rounds, bytes."""
+
+    def __init__(self, spec: Spec, stream: TextIO = sys.stderr) -> None:
+        self.spec = spec
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.last: dict[str, dict[str, Any]] = {}   # peer id -> last stats seen (kept after it leaves)
+        self._printed = 0.0
+        self._width = 0
+        self.t0 = time.monotonic()
+
+    def update(self, st: dict[str, Any] | None, alive: int) -> None:
+        if st is not None:
+            for m in st.get("members", []):
+                s = m.get("stats") or {}
+                if "env_steps" in s:
+                    self.last[m["id"]] = s
+        budget = self.spec.budget.env_steps * self.spec.peers
+        steps = sum(int(s.get("env_steps", 0)) for s in self.last.values())
+        rets = [s["mean_return"] for s in self.last.values() if s.get("mean_return") is not None]
+        rounds = sum(int(s.get("rounds", 0)) for s in self.last.values())
+        mb = sum(int(s.get("bytes_out", 0)) for s in self.last.values()) / 1e6
+        frac = min(1.0, steps / budget) if budget else 0.0
+        bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
+        ret = f"{sum(rets) / len(rets):6.1f}" if rets else "     -"
+        line = (f"[{bar}] {frac:4.0%}  steps {steps}/{budget}  return {ret}  rounds {rounds}  "
+                f"sent {mb:.2f} MB  peers {alive}/{self.spec.peers}  {time.monotonic() - self.t0:4.0f} s")
+        now = time.monotonic()
+        if self.tty:
+            self.stream.write("\r" + line.ljust(self._width))
+            self._width = len(line)
+            self.stream.flush()
+        elif now - self._printed >= 5.0:  # a log file gets a line now and then, not a \r stream
+            self._printed = now
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and self._width:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _wait_coordinator(launch: Launch, coord: _Child, addr: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if coord.proc.poll() is not None:
+            raise SwarmError(f"the coordinator exited with code {coord.proc.returncode} before it "
+                             f"answered; its log ({coord.log}):\n{_tail(coord.log)}")
+        if _status(addr) is not None:
+            return
+        time.sleep(0.1)
+    raise SwarmError(f"the coordinator did not answer at {addr} within {timeout:.0f} s; log {coord.log}")
+
+
+def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = None,
+                   resume: str | Path | None = None, *, runs_root: str | Path = "runs",
+                   stream: TextIO | None = None) -> int:
+    """Run a whole experiment on this host; returns the process exit code.
+
+    0: every peer spent its budget (or solved the task); 1: a child crashed
+    (reported with the tail of its log); 130: interrupted (Ctrl-C). Bad specs
+    raise :class:`~swarm.errors.ConfigError` before anything starts.
+
+    ``resume`` is a previous run folder: its ``config.json`` is the spec (overrides
+    apply on top) and each peer starts from its ``peer{r}/checkpoint.pt``.
+    """
+    out = stream or sys.stderr
+    if resume is not None:
+        prev = Path(resume)
+        if spec_path is not None:
+            raise ConfigError("give either a spec or a run folder to resume, not both")
+        if not (prev / "config.json").is_file():
+            raise ConfigError(f"resume: {prev} has no config.json; is it a run folder?")
+        raise ConfigError("resume: starting peers from a previous run's checkpoints is not supported yet; "
+                          f"load {prev}/peer<r>/checkpoint.pt with DQNAgent.load_state_dict instead")
+    spec = load_spec(spec_path, overrides)
+    run_dir = _new_run_dir(Path(runs_root), spec.name)
+    config = save_resolved(spec, run_dir)
+    print(f"swarm run: {spec.name}: {spec.peers} peers on a {spec.gossip.topology}, {spec.env}, "
+          f"codec {spec.gossip.codec}, {spec.budget.env_steps} env steps each -> {run_dir}", file=out, flush=True)
+
+    launch = Launch(run_dir)
+    code = 0
+    progress = _Progress(spec, out)
+    with _Interrupt() as intr:
+        try:
+            addr = f"tcp://127.0.0.1:{_free_port()}"
+            coord = launch.start("coordinator", ["coordinator", "--bind", addr])
+            _wait_coordinator(launch, coord, addr)
+            peers = [launch.start(f"peer{r}", ["peer", "--spec", str(config), "--rank", str(r),
+                                                "--coordinator", addr, "--run-dir", str(run_dir)])
+                     for r in range(spec.peers)]
+            code = _supervise(launch, spec, coord, peers, addr, progress, intr, out)
+        finally:
+            progress.done()
+            # Peers first (they leave through the coordinator), then the coordinator.
+            launch.end([c for c in launch.children if c.name != "coordinator"], grace=TERM_GRACE_S)
+            launch.close()
+
+    rows = summarize(run_dir, spec)
+    (run_dir / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(_table(rows), file=out)
+    try:
+        plots = write_plots(run_dir)
+    except ImportError:
+        print("no plots: matplotlib is not installed (pip install 'swarm[plots]')", file=out)
+    else:
+        print(f"plots: {run_dir / 'plots'}  ({', '.join(p.name for p in plots)})", file=out)
+    print(f"run folder: {run_dir}", file=out, flush=True)
+    return code
+
+
+def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], addr: str,
+               progress: _Progress, intr: _Interrupt, out: TextIO) -> int:
+    t0 = time.monotonic()
+    limit = spec.budget.max_seconds
+    stopping = False
+    while True:
+        if intr.count:
+            progress.done()
+            print("swarm run: interrupted; ending the peers (they write their metrics first)", file=out, flush=True)
+            launch.end([c for c in peers], grace=2.0 if intr.count > 1 else TERM_GRACE_S)
+            return 130
+        for c in [coord, *peers]:
+            rc = c.proc.poll()
+            if rc is not None and rc != 0 and not c.ended_by_us:
+                progress.done()
+                how = f"signal {-rc}" if rc < 0 else f"code {rc}"
+                print(f"swarm run: {c.name} (pid {c.proc.pid}) exited with {how}; last lines of {c.log}:\n"
+                      f"{_tail(c.log)}", file=out, flush=True)
+                print("swarm run: ending the other processes", file=out, flush=True)
+                launch.end([p for p in peers if p is not c], grace=5.0)
+                return 1
+        alive = sum(p.proc.poll() is None for p in peers)
+        if alive == 0:
+            progress.update(None, 0)
+            return 0
+        if coord.proc.poll() is not None:
+            continue  # reported above unless we ended it; peers go on without it
+        if limit and not stopping and time.monotonic() - t0 > limit + 30.0:
+            # Peers stop themselves at the limit; this is the backstop for one that does not.
+            stopping = True
+            print(f"\nswarm run: budget.max_seconds = {limit} passed; ending the peers", file=out, flush=True)
+            launch.end(peers)
+        progress.update(_status(addr), alive)
+        time.sleep(POLL_S)
+
+
+# ------------------------------------------------------------------ results
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, Any]]:
+    """One row per peer from its ``summary.json`` (or its metrics.csv when it crashed)."""
+    run_dir = Path(run_dir)
+    ranks = range(spec.peers) if spec else sorted(int(p.name[4:]) for p in run_dir.glob("peer*") if p.name[4:].isdigit())
+    rows = []
+    for r in ranks:
+        d = peer_dir(run_dir, r)
+        try:
+            s = json.loads((d / "summary.json").read_text())
+        except (OSError, ValueError):
+            eps = _read_csv(d / "metrics.csv")
+            last = eps[-1] if eps else {}
+            s = {"rank": r, "id": f"peer{r}", "reason": "no summary (crashed?)",
+                 "env_steps": int(_num(last.get("env_steps", 0)) or 0) if last else 0,
+                 "final_mean_return": _num(last.get("mean_return")) if last else None,
+                 "rounds": int(_num(last.get("rounds", 0)) or 0) if last else 0,
+                 "bytes_out": int(_num(last.get("bytes_out", 0)) or 0) if last else 0}
+        rows.append(s)
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'peer':<7} {'steps':>8} {'mean return':>12} {'eval':>7} {'rounds':>7} {'MB sent':>8} {'CPU s':>7}  end"
+    lines = [head, "-" * len(head)]
+    for s in rows:
+        ret = s.get("final_mean_return")
+        ev = s.get("eval_return")
+        cpu = s.get("cpu_s")
+        lines.append(f"{s.get('id', '?'):<7} {s.get('env_steps', 0):>8} "
+                     f"{(f'{ret:.1f}' if ret is not None and math.isfinite(ret) else '-'):>12} "
+                     f"{(f'{ev:.1f}' if ev is not None else '-'):>7} {s.get('rounds', 0):>7} "
+                     f"{s.get('bytes_out', 0) / 1e6:>8.2f} {(f'{cpu:.1f}' if cpu else '-'):>7}  {s.get('reason', '')}")
+    return "\n".join(lines)
+
+
+def write_plots(run_dir: str | Path) -> list[Path]:
+    """PNG plots of a run folder: return per peer against env steps, gossip bytes per
+    round, and the disagreement proxy per round. Returns the files written."""
+    import matplotlib  # noqa: PLC0415 - optional dependency (the `plots` extra)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    run_dir = Path(run_dir)
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+    peers = sorted((p for p in run_dir.glob("peer*") if p.is_dir()), key=lambda p: int(p.name[4:] or 0))
+    written = []
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for p in peers:
+        rows = _read_csv(p / "metrics.csv")
+        if rows:
+            ax.plot([_num(r["env_steps"]) for r in rows], [_num(r["mean_return"]) for r in rows], label=p.name)
+        ev = _read_csv(p / "evals.csv")
+        if ev:
+            ax.plot([_num(r["env_steps"]) for r in ev], [_num(r["eval_return"]) for r in ev], "o",
+                    ms=3, color=ax.lines[-1].get_color() if rows else None)
+    ax.set(xlabel="env steps (per peer)", ylabel="return (mean of last 10 episodes; dots: greedy eval)",
+           title="return per peer")
+    if peers:
+        ax.legend(fontsize=8)
+    written.append(_save(fig, out / "returns.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for p in peers:
+        rows = _read_csv(p / "rounds.csv")
+        if rows:
+            ax.plot([_num(r["round"]) for r in rows], [_num(r["bytes_out"]) / 1e3 for r in rows], label=p.name)
+    ax.set(xlabel="gossip round", ylabel="kB sent per round (parameter deltas)", title="bytes per round")
+    ax.set_yscale("log")
+    if peers:
+        ax.legend(fontsize=8)
+    written.append(_save(fig, out / "bytes_per_round.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for p in peers:
+        rows = [r for r in _read_csv(p / "rounds.csv") if r.get("disagreement")]
+        if rows:
+            ax.plot([_num(r["round"]) for r in rows], [_num(r["disagreement"]) for r in rows], label=p.name)
+    ax.set(xlabel="gossip round", ylabel="RMS move per round / step size",
+           title="consensus: distance to the neighbourhood average")
+    ax.set_yscale("log")
+    if peers:
+        ax.legend(fontsize=8)
+    written.append(_save(fig, out / "consensus.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,342 @@
+"""The body of one peer process in an experiment.
+
+`swarm peer --spec config.json --rank R --coordinator ADDR --run-dir DIR` calls
+:func:`run_peer`. It joins the swarm through a :class:`~swarm.peer.SyncPeer`
+(network on its own thread), builds the DQN agent over a replay buffer that a
+:class:`~swarm.buffer.Federation` shares with the neighbours, and trains on the
+main thread with the same loop as the isolated learner
+(:func:`swarm.rl.train.run_agent`). Every ``gossip.interval`` env steps it runs
+one gossip round and one federation flush on the peer's loop.
+
+It writes into ``DIR/peer{R}/``:
+
+``metrics.csv``   one row per finished episode (return, mean of the last 10,
+                  rounds, bytes, loss, epsilon, buffer size, wall time)
+``rounds.csv``    one row per gossip round (participants, bytes, wait, disagreement)
+``evals.csv``     greedy evaluations (when ``eval.every`` > 0)
+``tb/``           TensorBoard event files (when tensorboard is installed)
+``checkpoint.pt`` ``{"agent": state_dict, "params": flat float32 tensor, ...}``
+``summary.json``  final figures, read by the launcher's summary table
+
+SIGTERM or SIGINT ends the current step, writes all of the above and leaves
+the swarm cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..config import to_dict
+from ..errors import ConfigError, PeerTimeout
+from .spec import Spec
+
+log = logging.getLogger("swarm.experiment")
+
+__all__ = ["run_peer", "stop_on_signals", "peer_dir"]
+
+EPISODE_FIELDS = ["wall_s", "env_steps", "episode", "episode_return", "mean_return", "rounds",
+                  "gossip_bytes_out", "gossip_bytes_in", "bytes_out", "bytes_in", "loss", "epsilon",
+                  "buffer_size"]
+ROUND_FIELDS = ["round", "env_steps", "wall_s", "participants", "missing", "bytes_out", "bytes_in",
+                "waited_s", "disagreement", "shared_items"]
+EVAL_FIELDS = ["wall_s", "env_steps", "eval_return"]
+
+
+def peer_dir(run_dir: str | Path, rank: int) -> Path:
+    """Where the peer of this rank writes its files."""
+    return Path(run_dir) / f"peer{rank}"
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT set (main thread only).
+
+    The training loop checks it between env steps, so a signal ends the run
+    after the current step instead of in the middle of a write.
+    """
+    stop = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    return stop
+
+
+class _Logs:
+    """The peer's CSV files and (optionally) TensorBoard writer."""
+
+    def __init__(self, out: Path, tensorboard: bool = True) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self._files = []
+        self.episodes = self._csv(out / "metrics.csv", EPISODE_FIELDS)
+        self.rounds = self._csv(out / "rounds.csv", ROUND_FIELDS)
+        self.evals = self._csv(out / "evals.csv", EVAL_FIELDS)
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - slow, optional
+            except ImportError:
+                log.warning("tensorboard is not installed; no event files (pip install 'swarm[plots]')")
+            else:
+                self.tb = SummaryWriter(str(out / "tb"), flush_secs=10)
+
+    def _csv(self, path: Path, fields: list[str]) -> csv.DictWriter:
+        f = open(path, "w", newline="")
+        self._files.append(f)
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        return w
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self.tb is not None:
+            for k, v in values.items():
+                if v is not None and math.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+
+    def flush(self) -> None:
+        for f in self._files:
+            f.flush()
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+class _State:
+    """Figures shared by the training thread (writer) and the heartbeat (reader)."""
+
+    def __init__(self) -> None:
+        self.env_steps = 0
+        self.episodes = 0
+        self.returns: deque[float] = deque(maxlen=10)
+        self.rounds = 0
+        self.rounds_ok = 0
+        self.gossip_bytes_out = 0
+        self.gossip_bytes_in = 0
+        self.disagreement = float("nan")
+        self.eval_return = float("nan")
+        self.buffer_size = 0
+        self.done = False
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns)) if self.returns else float("nan")
+
+
+def _finite(x: float) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
+             stop: threading.Event | None = None,
+             loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+             parent_pid: int | None = None, join_timeout: float = 60.0,
+             tensorboard: bool = True) -> dict[str, Any]:
+    """Train one peer of ``spec`` until its budget is spent; return its summary.
+
+    Args:
+        spec: the resolved experiment spec (the same on every peer).
+        rank: this peer's rank (0 .. spec.peers - 1); it is also its id ``peer{rank}``.
+        coordinator: the coordinator's address.
+        run_dir: the run folder; this peer writes into ``run_dir/peer{rank}/``.
+        stop: when set, the run ends after the current step (see :func:`stop_on_signals`).
+        loop_factory: event loop of the peer's network thread (the CLI passes uvloop's).
+        parent_pid: end the run if this process's parent is no longer ``parent_pid``
+            (the launcher died without ending us).
+        join_timeout: how long to wait for all ``spec.peers`` peers to join.
+        tensorboard: also write TensorBoard event files when tensorboard is installed.
+    """
+    import torch  # noqa: PLC0415 - keep `swarm.experiment` importable without torch
+
+    from ..buffer import Federation, ReplayBuffer  # noqa: PLC0415
+    from ..gossip import Gossip  # noqa: PLC0415
+    from ..peer import SyncPeer  # noqa: PLC0415
+    from ..rl import DQNAgent, dqn_schema  # noqa: PLC0415
+    from ..rl.train import evaluate, make_env, run_agent  # noqa: PLC0415
+
+    if not 0 <= rank < spec.peers:
+        raise ConfigError(f"rank = {rank}: the spec has peers = {spec.peers}, so ranks are 0..{spec.peers - 1}")
+    torch.set_num_threads(1)  # many peers share few cores
+    stop = stop or threading.Event()
+    out = peer_dir(run_dir, rank)
+    seed = spec.peer_seed(rank)
+    g = spec.gossip
+    t0 = time.monotonic()
+    cpu0 = time.process_time()
+    state = _State()
+    summary: dict[str, Any] = {"rank": rank, "id": f"peer{rank}", "reason": "error"}
+
+    sp = SyncPeer(coordinators=[coordinator], id=f"peer{rank}", rank=rank, topology=g.topology,
+                  loop_factory=loop_factory)
+    sp.start()
+    logs: _Logs | None = None
+    agent = None
+    try:
+        peer = sp.peer
+        assert peer is not None
+        log.info("peer%d joined; waiting for %d peers", rank, spec.peers)
+        sp.call(peer.wait_view(lambda v: len(v.members) >= spec.peers, timeout=join_timeout),
+                timeout=join_timeout + 5.0)
+        sp.wait_linked(timeout=10.0)
+
+        env = make_env(spec.env)
+        n_actions = getattr(env.action_space, "n", None)
+        obs_shape = env.observation_space.shape
+        env.close()
+        if n_actions is None:
+            raise ConfigError(f"env = {spec.env!r}: its action space is not Discrete; DQN needs discrete actions")
+        b = spec.buffer
+        buf = ReplayBuffer(dqn_schema(obs_shape), b.capacity, alpha=b.alpha, eps=b.eps, decay=b.decay,
+                           prioritized=b.prioritized, seed=seed, peer_id=peer.id)
+        agent = DQNAgent(obs_shape, int(n_actions), buf, spec.dqn, seed=seed)
+        x = agent.parameters()
+
+        async def build() -> tuple[Any, Any]:
+            # Handlers are registered from the peer's own thread, where messages are dispatched.
+            gossip = Gossip(peer, x, topology=g.topology, codec=g.codec, gamma=g.step_size, sync=g.sync,
+                            max_staleness=g.max_staleness, round_timeout=g.round_timeout_s,
+                            edges=g.edges or None, seed=spec.seed)
+            fed = None
+            if b.sharing and (b.share > 0 or b.replicas > 0):
+                fed = Federation(buf, peer, share=b.share, share_by=b.share_by, replicas=b.replicas,
+                                 rate=b.rate or None, seed=seed)
+            return gossip, fed
+
+        gossip, fed = sp.call(build())
+        before = np.empty_like(x)
+
+        async def exchange() -> tuple[Any, int]:
+            np.copyto(before, x)
+            res = await gossip.round()
+            shared = await fed.flush() if fed is not None else 0
+            return res, shared
+
+        def stats() -> dict[str, Any]:
+            # Runs on the peer's thread at each heartbeat: plain reads, no locks needed.
+            return {"env_steps": state.env_steps, "episodes": state.episodes,
+                    "mean_return": _finite(state.mean_return), "rounds": state.rounds,
+                    "gossip_bytes_out": state.gossip_bytes_out, "gossip_bytes_in": state.gossip_bytes_in,
+                    "disagreement": _finite(state.disagreement), "eval_return": _finite(state.eval_return),
+                    "buffer_size": state.buffer_size, "budget": spec.budget.env_steps, "done": state.done}
+
+        peer.stats = stats
+        logs = _Logs(out, tensorboard)
+        last_loss: list[float] = [float("nan")]
+        reason = ["budget"]
+        call_timeout = g.round_timeout_s + 10.0
+
+        def gossip_round(step: int) -> None:
+            try:
+                res, shared = sp.call(exchange(), timeout=call_timeout)
+            except PeerTimeout:
+                log.warning("peer%d: gossip round did not finish within %.0f s; skipped", rank, call_timeout)
+                return
+            agent.on_parameters_changed()
+            state.rounds += 1
+            state.rounds_ok += int(res.ok)
+            state.gossip_bytes_out += res.bytes_out
+            state.gossip_bytes_in += res.bytes_in
+            # How far the round moved us, per parameter and per unit of step size:
+            # with exact gossip this is the RMS distance to the neighbourhood average.
+            if res.ok:
+                state.disagreement = float(np.sqrt(np.mean(np.square(x - before)))) / g.step_size
+            logs.rounds.writerow({
+                "round": res.round, "env_steps": step, "wall_s": round(time.monotonic() - t0, 3),
+                "participants": len(res.participants), "missing": len(res.missing),
+                "bytes_out": res.bytes_out, "bytes_in": res.bytes_in, "waited_s": round(res.waited_s, 4),
+                "disagreement": f"{state.disagreement:.6g}" if res.ok else "", "shared_items": shared})
+            logs.scalars(step, {"gossip/bytes_out": res.bytes_out, "gossip/bytes_in": res.bytes_in,
+                                "gossip/disagreement": state.disagreement if res.ok else None,
+                                "gossip/participants": len(res.participants)})
+
+        def on_step(info: Any) -> bool:
+            step = info.step
+            state.env_steps = step
+            if info.episode_return is not None:
+                state.episodes += 1
+                state.returns.append(info.episode_return)
+                state.buffer_size = len(buf)
+                m = agent.metrics()
+                if "loss" in m:
+                    last_loss[0] = m["loss"]
+                c = peer.counters
+                logs.episodes.writerow({
+                    "wall_s": round(time.monotonic() - t0, 3), "env_steps": step, "episode": state.episodes,
+                    "episode_return": info.episode_return, "mean_return": f"{state.mean_return:.4g}",
+                    "rounds": state.rounds, "gossip_bytes_out": state.gossip_bytes_out,
+                    "gossip_bytes_in": state.gossip_bytes_in, "bytes_out": c.bytes_out, "bytes_in": c.bytes_in,
+                    "loss": f"{m['loss']:.6g}" if "loss" in m else "", "epsilon": f"{m['epsilon']:.4f}",
+                    "buffer_size": state.buffer_size})
+                logs.scalars(step, {"episode/return": info.episode_return, "episode/mean_return": state.mean_return,
+                                    "train/loss": m.get("loss"), "train/epsilon": m["epsilon"],
+                                    "train/q_mean": m.get("q_mean"), "buffer/size": state.buffer_size})
+            if step % g.interval == 0:
+                gossip_round(step)
+            ev = spec.eval
+            if ev.every and step % ev.every == 0:
+                state.eval_return = float(np.mean(evaluate(spec.env, agent, episodes=ev.episodes,
+                                                           seed=10_000 + 100 * rank)))
+                logs.evals.writerow({"wall_s": round(time.monotonic() - t0, 3), "env_steps": step,
+                                     "eval_return": state.eval_return})
+                logs.scalars(step, {"eval/return": state.eval_return})
+                logs.flush()
+                if spec.budget.stop_when_solved and state.eval_return >= ev.solve_return:
+                    reason[0] = "solved"
+                    summary["solved_at"] = step
+                    return True
+            if stop.is_set():
+                reason[0] = "stopped"
+                return True
+            if step % 200 == 0:
+                logs.flush()
+                if spec.budget.max_seconds and time.monotonic() - t0 > spec.budget.max_seconds:
+                    reason[0] = "time limit"
+                    return True
+                if parent_pid is not None and os.getppid() != parent_pid:
+                    reason[0] = "launcher gone"
+                    return True
+            return False
+
+        log.info("peer%d training: %d env steps, gossip every %d", rank, spec.budget.env_steps, g.interval)
+        result = run_agent(spec.env, agent, spec.budget.env_steps, seed=seed, on_step=on_step)
+        summary.update(reason=reason[0], env_steps=result.steps, episodes=len(result.returns),
+                       final_mean_return=_finite(result.mean_return(10)), train_seconds=result.seconds)
+    finally:
+        state.done = True
+        c = sp.peer.counters if sp.peer is not None else None
+        summary.update(
+            env_steps=state.env_steps, episodes=state.episodes, rounds=state.rounds, rounds_ok=state.rounds_ok,
+            final_mean_return=_finite(state.mean_return), eval_return=_finite(state.eval_return),
+            gossip_bytes_out=state.gossip_bytes_out, gossip_bytes_in=state.gossip_bytes_in,
+            bytes_out=c.bytes_out if c else 0, bytes_in=c.bytes_in if c else 0,
+            buffer_size=state.buffer_size, wall_s=time.monotonic() - t0, cpu_s=time.process_time() - cpu0)
+        try:
+            if agent is not None:
+                out.mkdir(parents=True, exist_ok=True)
+                torch.save({"agent": agent.state_dict(), "params": torch.from_numpy(agent.parameters().copy()),
+                            "rank": rank, "env_steps": state.env_steps, "spec": to_dict(spec)},
+                           out / "checkpoint.pt")
+                summary["checkpoint"] = str(out / "checkpoint.pt")
+            if logs is not None:
+                logs.close()
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        finally:
+            sp.close()
+    return summary
