@@ -98,19 +98,45 @@ def shadow(s: zmq.asyncio.Socket) -> zmq.Socket:
     return zmq.Socket.shadow(s.underlying)
 
 
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_RCVMORE = int(zmq.RCVMORE)
+#: frames smaller than this are copied: a zero-copy frame costs more than a small memcpy
+ZERO_COPY_MIN = 64 * 1024
+
+
 def drain(s: zmq.Socket, batch: int = DRAIN_BATCH) -> Iterator[list[zmq.Frame]]:
-    """Yield queued multipart messages without blocking, at most ``batch``."""
+    """Yield queued multipart messages without blocking, at most ``batch``.
+
+    Frames are received without copying (``copy=False``): arrays decoded from
+    them are views of ZeroMQ's own buffers.
+    """
+    recv, getsockopt = s.recv, s.getsockopt
     for _ in range(batch):
         try:
-            yield s.recv_multipart(zmq.NOBLOCK, copy=False)
+            frames = [recv(_NOBLOCK, copy=False)]
         except zmq.Again:
             return
+        while getsockopt(_RCVMORE):
+            frames.append(recv(_NOBLOCK, copy=False))
+        yield frames
+
+
+def _nbytes(f: Any) -> int:
+    return len(f) if isinstance(f, bytes) else memoryview(f).nbytes
 
 
 def try_send(s: zmq.Socket, frames: list[Any]) -> bool:
-    """Non-blocking multipart send; False when the queue is full or the route is gone."""
+    """Non-blocking multipart send; False when the queue is full or the route is gone.
+
+    ZeroMQ queues a multipart message atomically: if the first frame is
+    accepted, the rest are too, so a full queue never leaves half a message.
+    """
     try:
-        s.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        last = len(frames) - 1
+        for i, f in enumerate(frames):
+            big = not isinstance(f, bytes) and _nbytes(f) >= ZERO_COPY_MIN
+            s.send(f, _NOBLOCK if i == last else _MORE, copy=not big)
         return True
     except zmq.Again:
         return False

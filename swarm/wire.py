@@ -101,6 +101,9 @@ class Message:
     nbytes: int = 0
 
 
+_NAMES: dict[np.dtype, str] = {np.dtype(n): n for n in DTYPES}
+
+
 def encode(
     t: str,
     src: str,
@@ -112,51 +115,59 @@ def encode(
 ) -> list[Any]:
     """Encode a message into frames ready for ``send_multipart(copy=False)``.
 
-    Arrays are sent from their own memory (made contiguous if they are not).
+    Arrays are sent from their own memory (made contiguous if they are not):
+    do not modify them until the message has gone.
     """
     descs = []
     frames: list[Any] = [b""]
     for a in arrays:
-        a = np.asarray(a)
-        name = a.dtype.name
-        if name not in DTYPES or a.dtype.byteorder == ">":
+        if type(a) is not np.ndarray:
+            a = np.asarray(a)
+        name = _NAMES.get(a.dtype)   # native byte order only: '>f4' is not in the table
+        if name is None:
             raise WireError(f"dtype {a.dtype} cannot go on the wire; allowed: {sorted(DTYPES)}")
         if not a.flags.c_contiguous:
             a = np.ascontiguousarray(a)
         descs.append([name, list(a.shape)])
-        frames.append(a.reshape(-1).view(np.uint8) if a.size else b"")
-    header = {"v": VERSION, "t": t, "src": src, "epoch": int(epoch), "seq": int(seq),
-              "body": body or {}, "arrays": descs}
-    frames[0] = msgpack.packb(header, use_bin_type=True)
+        frames.append(a if a.size else b"")
+    frames[0] = msgpack.packb({"v": VERSION, "t": t, "src": src, "epoch": int(epoch), "seq": int(seq),
+                        "body": body or {}, "arrays": descs}, use_bin_type=True)
     return frames
 
 
 def _buffer(frame: Any) -> memoryview:
     """The bytes of a received frame (zmq.Frame, bytes or memoryview) without copying."""
-    if isinstance(frame, (bytes, bytearray)):
+    tp = type(frame)
+    if tp is bytes or tp is bytearray:
         return memoryview(frame)
-    if isinstance(frame, memoryview):
-        return frame
+    if tp is memoryview:
+        return frame if frame.format == "B" and frame.ndim == 1 else frame.cast("B")
     buf = getattr(frame, "buffer", None)   # zmq.Frame
     if buf is not None:
         return buf
     try:
         return memoryview(frame).cast("B")
     except TypeError:
-        raise WireError(f"frame of type {type(frame).__name__} is not bytes") from None
+        raise WireError(f"frame of type {tp.__name__} is not bytes") from None
+
+
+_DT = {n: np.dtype(n) for n in DTYPES}
 
 
 def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
     """Decode and check a received multipart message. Raises :class:`WireError`."""
-    if not frames:
+    n = len(frames)
+    if n == 0:
         raise WireError("empty message")
-    if len(frames) > limits.max_frames + 1:
-        raise WireError(f"{len(frames)} frames, more than the limit {limits.max_frames + 1}")
+    if n > limits.max_frames + 1:
+        raise WireError(f"{n} frames, more than the limit {limits.max_frames + 1}")
     bufs = [_buffer(f) for f in frames]
-    total = sum(b.nbytes for b in bufs)
+    head = bufs[0]
+    total = head.nbytes
+    for b in bufs[1:]:
+        total += b.nbytes
     if total > limits.max_message_bytes:
         raise WireError(f"message of {total} bytes exceeds the limit {limits.max_message_bytes}")
-    head = bufs[0]
     if head.nbytes > limits.max_header_bytes:
         raise WireError(f"header of {head.nbytes} bytes exceeds the limit {limits.max_header_bytes}")
     try:
@@ -168,45 +179,47 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
         )
     except Exception as e:  # msgpack raises several unrelated types
         raise WireError(f"header is not valid msgpack: {type(e).__name__}: {e}") from None
-    if not isinstance(h, dict):
+    if type(h) is not dict:
         raise WireError("header is not a map")
     v = h.get("v")
     if v != VERSION:
         raise WireError(f"protocol version {v!r}, expected {VERSION}")
     t, src = h.get("t"), h.get("src")
-    if not isinstance(t, str) or t not in _TYPES:
+    if t not in _TYPES or type(t) is not str:
         raise WireError(f"unknown message type {t!r}")
-    if not isinstance(src, str) or not src or len(src) > 256:
+    if type(src) is not str or not src or len(src) > 256:
         raise WireError(f"bad src {src!r}")
     epoch, seq = h.get("epoch", 0), h.get("seq", 0)
-    if not isinstance(epoch, int) or not isinstance(seq, int) or isinstance(epoch, bool):
+    if type(epoch) is not int or type(seq) is not int:
         raise WireError("epoch and seq must be integers")
     body = h.get("body", {})
-    if not isinstance(body, dict):
+    if type(body) is not dict:
         raise WireError("body is not a map")
     descs = h.get("arrays", [])
-    if not isinstance(descs, list) or len(descs) != len(frames) - 1:
+    if type(descs) is not list or len(descs) != n - 1:
         raise WireError(f"header describes {len(descs) if isinstance(descs, list) else '?'} "
-                        f"arrays but {len(frames) - 1} frames follow")
-    arrays = []
-    for i, d in enumerate(descs):
-        arrays.append(_array(d, bufs[i + 1], i, limits))
+                        f"arrays but {n - 1} frames follow")
+    arrays = [_array(d, bufs[i + 1], i, limits) for i, d in enumerate(descs)] if descs else []
     return Message(t=t, src=src, epoch=epoch, seq=seq, body=body, arrays=arrays, nbytes=total)
 
 
 def _array(desc: Any, buf: memoryview, i: int, limits: Limits) -> np.ndarray:
-    if not (isinstance(desc, list) and len(desc) == 2):
+    if type(desc) is not list or len(desc) != 2:
         raise WireError(f"array {i}: descriptor must be [dtype, shape]")
     name, shape = desc
-    if not isinstance(name, str) or name not in DTYPES:
+    dtype = _DT.get(name) if type(name) is str else None
+    if dtype is None:
         raise WireError(f"array {i}: dtype {name!r} not allowed")
-    if (not isinstance(shape, list) or len(shape) > limits.max_ndim
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
+    if type(shape) is not list or len(shape) > limits.max_ndim:
         raise WireError(f"array {i}: bad shape {shape!r}")
-    dtype = np.dtype(name)
-    expect = math.prod(shape) * dtype.itemsize
+    expect = dtype.itemsize
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise WireError(f"array {i}: bad shape {shape!r}")
+        expect *= d
     if expect != buf.nbytes:
         raise WireError(f"array {i}: shape {shape} of {name} needs {expect} bytes, frame has {buf.nbytes}")
     if expect == 0:
         return np.empty(shape, dtype)
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    a = np.frombuffer(buf, dtype=dtype)
+    return a if len(shape) == 1 else a.reshape(shape)

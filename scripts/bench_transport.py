@@ -1,0 +1,205 @@
+"""Transport throughput: swarm peer→peer against raw pyzmq, in the same run.
+
+    python scripts/bench_transport.py [--mb 40] [--n 30] [--small 100000]
+
+(a) a 40 MB float32 delta sent N times from one process to another:
+    raw pyzmq DEALER→ROUTER zero-copy, then two swarm Peers (with a coordinator);
+(b) small messages (one msgpack header, 16-byte body): raw pyzmq with the same
+    drain loop, then swarm's receive loop with a handler per message.
+Each leg is timed from the first send to the receiver's acknowledgement of the
+last message. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------- raw pyzmq
+
+def raw_receiver(port: int, n: int) -> None:
+    import zmq
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.ROUTER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.bind(f"tcp://127.0.0.1:{port}")
+    got = 0
+    route = None
+    while got < n + 1:     # one warm-up message
+        s.poll()
+        while True:
+            try:
+                frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            route = frames[0].bytes
+            got += 1
+            if got == 1 or got == n + 1:
+                s.send_multipart([route, b"ack"])
+    time.sleep(0.2)
+    s.close()
+    ctx.term()
+
+
+def raw_sender(port: int, n: int, payload: np.ndarray, out: "mp.Queue") -> None:
+    import zmq
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDHWM, 8)
+    s.connect(f"tcp://127.0.0.1:{port}")
+    head = b"h" * 40
+    s.send_multipart([head, payload], copy=False)
+    s.recv()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        s.send_multipart([head, payload], copy=False)
+    s.recv()
+    out.put(time.perf_counter() - t0)
+    s.close()
+    ctx.term()
+
+
+def run_raw(n: int, payload: np.ndarray) -> float:
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    r = ctx.Process(target=raw_receiver, args=(port, n))
+    s = ctx.Process(target=raw_sender, args=(port, n, payload, q))
+    return _run_pair(r, s, q)
+
+
+# ----------------------------------------------------------------- swarm
+
+def coordinator_main(addr: str) -> None:
+    from swarm.coordinator import Coordinator
+
+    async def main() -> None:
+        async with Coordinator(bind=addr) as c:
+            await c.closed()
+    asyncio.run(main())
+
+
+def swarm_receiver(addr: str, n: int) -> None:
+    from swarm.peer import Peer
+
+    async def main() -> None:
+        p = Peer(id="recv", coordinators=[addr], join_timeout_s=20)
+        done = asyncio.Event()
+        got = 0
+
+        async def on(msg) -> None:
+            nonlocal got
+            got += 1
+            if got == 1 or got == n + 1:
+                await p.send(msg.src, "bench.ack", timeout=5)
+            if got == n + 1:
+                done.set()
+        p.on("bench.data", on)   # before start: nothing may arrive unhandled
+        async with p:
+            await done.wait()
+            await asyncio.sleep(0.2)
+    asyncio.run(main())
+
+
+def swarm_sender(addr: str, n: int, payload: np.ndarray, out: "mp.Queue") -> None:
+    from swarm.peer import Peer
+
+    async def main() -> None:
+        p = Peer(id="send", coordinators=[addr], join_timeout_s=20)
+        acks: asyncio.Queue = asyncio.Queue()
+        p.on("bench.ack", lambda m: acks.put_nowait(1))
+        async with p:
+            await p.wait_view(lambda v: v.member("recv") is not None, timeout=20)
+            body = {"round": 0}
+            assert await p.send("recv", "bench.data", body, [payload], timeout=10)
+            await acks.get()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                if not await p.send("recv", "bench.data", body, [payload], timeout=10):
+                    raise RuntimeError("send dropped")
+            await acks.get()
+            out.put(time.perf_counter() - t0)
+    asyncio.run(main())
+
+
+def run_swarm(n: int, payload: np.ndarray) -> float:
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    c = ctx.Process(target=coordinator_main, args=(addr,))
+    c.start()
+    try:
+        r = ctx.Process(target=swarm_receiver, args=(addr, n))
+        s = ctx.Process(target=swarm_sender, args=(addr, n, payload, q))
+        return _run_pair(r, s, q)
+    finally:
+        c.terminate()
+        c.join(5)
+        if c.is_alive():
+            c.kill()
+            c.join()
+
+
+def _run_pair(r, s, q, timeout: float = 300) -> float:
+    r.start()
+    s.start()
+    try:
+        return q.get(timeout=timeout)
+    finally:
+        for p in (s, r):
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=float, default=40.0, help="delta size in MB")
+    ap.add_argument("--n", type=int, default=30, help="large messages per leg")
+    ap.add_argument("--small", type=int, default=100_000, help="small messages per leg")
+    ap.add_argument("--repeat", type=int, default=3, help="legs per side (best is kept)")
+    args = ap.parse_args()
+
+    big = np.random.default_rng(0).standard_normal(int(args.mb * 1e6 / 4)).astype(np.float32)
+    small = np.zeros(4, np.float32)
+    rows = {}
+    raw_b, sw_b, raw_s, sw_s = [], [], [], []
+    for _ in range(args.repeat):   # interleaved, so that drift hits both sides
+        raw_b.append(run_raw(args.n, big))
+        sw_b.append(run_swarm(args.n, big))
+        raw_s.append(run_raw(args.small, small))
+        sw_s.append(run_swarm(args.small, small))
+    gbps = lambda t: args.n * big.nbytes / min(t) / 1e9
+    rate = lambda t: args.small / min(t)
+    rows["raw_gbps"], rows["swarm_gbps"] = gbps(raw_b), gbps(sw_b)
+    rows["raw_small_msgs_per_s"], rows["swarm_small_msgs_per_s"] = rate(raw_s), rate(sw_s)
+    rows["transport_ratio"] = rows["swarm_gbps"] / rows["raw_gbps"]
+    rows["small_ratio"] = rows["swarm_small_msgs_per_s"] / rows["raw_small_msgs_per_s"]
+    print(f"{'leg':<28}{'raw pyzmq':>14}{'swarm':>14}{'ratio':>8}")
+    print(f"{f'{args.mb:g} MB delta (GB/s)':<28}{rows['raw_gbps']:>14.2f}{rows['swarm_gbps']:>14.2f}"
+          f"{rows['transport_ratio']:>8.2f}")
+    print(f"{'small messages (msg/s)':<28}{rows['raw_small_msgs_per_s']:>14,.0f}"
+          f"{rows['swarm_small_msgs_per_s']:>14,.0f}{rows['small_ratio']:>8.2f}")
+    rows.update(mb=args.mb, n=args.n, small=args.small, repeat=args.repeat, cpus=os.cpu_count())
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows.items()}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
