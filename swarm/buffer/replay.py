@@ -47,8 +47,9 @@ class Sample:
 
     ``batch`` maps each schema field to an array of ``n`` items; ``indices``
     identify the items for :meth:`ReplayBuffer.update_priorities`; ``weights``
-    are the importance weights ``(N·P(i))^-beta / max`` (float32, max over the
-    batch; all ones for uniform and FIFO sampling); ``probabilities`` are P(i).
+    are the importance weights ``(N·P(i))^-beta / max_j (N·P(j))^-beta`` (float32,
+    max over every item in the buffer, i.e. the least likely one, as in the PER
+    paper; all ones for uniform and FIFO sampling); ``probabilities`` are P(i).
     """
 
     batch: dict[str, np.ndarray]
@@ -341,7 +342,7 @@ class ReplayBuffer:
         """Sample ``n`` items.
 
         Prioritized: ``P(i) = p_i / Σp`` with age-decayed priorities; weights
-        ``(N·P(i))^-beta`` divided by their batch maximum. Uniform: with
+        ``(N·P(i))^-beta`` divided by the largest weight any stored item could get. Uniform: with
         replacement, weights 1. FIFO: the ``n`` oldest items not yet sampled
         (fewer if fewer remain), each returned once.
 
@@ -368,8 +369,12 @@ class ReplayBuffer:
                     np.minimum(slots, size - 1, out=slots)
                 p = self._tree.get(slots)
                 prob = p / total
-                w = np.maximum(size * prob, 1e-300) ** -beta
-                w = (w / w.max()).astype(np.float32)
+                # (N·P(i))^-β / max_j (N·P(j))^-β over the whole buffer; the max
+                # belongs to the least likely item, so this is (p_i / p_min)^-β.
+                pmin = self._tree.min
+                w = np.maximum(p, pmin)
+                w /= pmin
+                w = (w ** -beta).astype(np.float32)
             elif self.sampler == "uniform":
                 slots = self._rng.integers(0, size, n)
                 prob = np.full(n, 1.0 / size)

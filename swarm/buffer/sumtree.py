@@ -1,17 +1,31 @@
-"""A vectorised sum-tree over float64 priorities.
+"""A vectorised sum-tree, with a min-tree beside it, over float64 priorities.
 
-The tree is one flat array in heap order: node 1 is the root, node ``i`` has
-children ``2i`` and ``2i+1``, and the ``capacity`` leaves (rounded up to a
-power of two) sit at ``[cap, 2*cap)``. Every operation works on a whole batch
-at once, so the Python cost is one loop over the ~20 levels, not over items:
+The tree is one flat array in heap order: node ``i`` has children ``2i`` and
+``2i+1``, and the ``capacity`` leaves (rounded up to a power of two) sit at
+``[cap, 2*cap)``. Only the levels *below* a top level of at most
+``2**_TOP_BITS`` nodes are kept up to date; the total and the minimum come from
+that top level, and :meth:`SumTree.find` starts with one ``searchsorted`` over
+its running sum. At a million leaves this skips the twelve narrow top levels,
+which would cost a numpy call each per operation while holding a few nodes.
+Every operation works on a whole batch at once, so the Python cost is one loop
+over the eight or so remaining levels, not over items:
 
-* :meth:`SumTree.find` descends all prefix sums level by level together;
+* :meth:`SumTree.find` descends all prefix sums together, level by level;
 * :meth:`SumTree.set` writes the leaves and adds each leaf's change to all its
-  ancestors with a single ``np.add.at`` (one call for every level).
+  kept ancestors with a single ``np.add.at``. Adding differences lets rounding
+  error build up in the sums, so they are rebuilt exactly from the leaves after
+  every ``capacity`` leaf writes (amortised, well under a microsecond per
+  write); :meth:`SumTree.set_range` recomputes its ancestors exactly.
 
-Adding differences lets rounding error build up in the inner nodes, so the
-tree is rebuilt exactly from its leaves after every ``capacity`` leaf writes
-(an O(capacity) pass that costs well under a microsecond per write amortised).
+Beside the sums the tree keeps the smallest *positive* leaf of every block of
+``_BLOCK`` leaves, which gives prioritized replay its largest importance
+weight ``(N·P_min)^−β`` exactly without touching every item. A write that
+lowers a leaf lowers its block's minimum at once; a write that raises the leaf
+that *was* its block's minimum marks the block stale, and stale blocks are
+rescanned on the next :attr:`SumTree.min`. (A min-tree in heap order would
+cost a random memory access per level per write: twice the whole update.)
+Zero leaves (empty slots, or priorities decayed to nothing) are left out of
+the minimum: they are never sampled, so they need no weight.
 """
 
 from __future__ import annotations
@@ -20,14 +34,22 @@ import numpy as np
 
 __all__ = ["SumTree"]
 
+# Up to 2**12 top nodes: a cumsum over them costs about as much as two levels of
+# descent, and replaces twelve (measured at 1M leaves).
+_TOP_BITS = 12
+# Leaves per block of the block minimum: 16K blocks at 1M leaves (a 128 KB array
+# that stays in cache), and a stale block costs a 64-leaf rescan.
+_BLOCK = 64
+_INF = np.inf
+
 
 class SumTree:
-    """Batched sum-tree over ``capacity`` non-negative float64 leaves.
+    """Batched sum-tree (and min-tree) over ``capacity`` non-negative float64 leaves.
 
     >>> t = SumTree(4)
     >>> t.set(np.array([0, 1, 2]), np.array([1.0, 2.0, 3.0]))
-    >>> t.total
-    6.0
+    >>> t.total, t.min
+    (6.0, 1.0)
     >>> t.find(np.array([0.5, 1.5, 5.9])).tolist()
     [0, 1, 2]
     """
@@ -38,20 +60,35 @@ class SumTree:
         self.capacity = int(capacity)
         self.depth = max(1, (self.capacity - 1).bit_length())
         self._cap = 1 << self.depth
+        self._top = min(self.depth, _TOP_BITS)        # level kept as the tree's top
         self._tree = np.zeros(2 * self._cap, dtype=np.float64)
-        # Ancestors of a leaf at heap index i are i >> 1, i >> 2, ..., i >> depth (the root).
-        self._shifts = np.arange(1, self.depth + 1, dtype=np.int64)[:, None]
+        self._block = min(_BLOCK, self._cap)
+        self._bmin = np.full(self._cap // self._block, _INF)   # smallest positive leaf per block
+        self._stale = np.zeros(self._bmin.size, dtype=bool)   # blocks whose _bmin may be too low
+        self._total: float | None = 0.0               # cached; None when the top changed
+        self._levels = self.depth - self._top          # levels kept below the top
+        # Ancestors of heap node i below the top: i >> 1, ..., i >> _levels.
+        self._shifts = np.arange(1, self._levels + 1, dtype=np.int64)[:, None]
         self._writes = 0
-        self._mark = np.zeros(self.capacity, dtype=np.int64)
-        self._arange = np.arange(1024, dtype=np.int64)
-        # find() starts from a prefix sum over this level instead of descending
-        # the top of the tree one level at a time: fewer, larger numpy calls.
-        self._top = min(self.depth, 12)
 
+    # -------------------------------------------------------------- reading
     @property
     def total(self) -> float:
         """Sum of all leaves."""
-        return float(self._tree[1])
+        if self._total is None:
+            k = 1 << self._top
+            self._total = float(self._tree[k:2 * k].sum())
+        return self._total
+
+    @property
+    def min(self) -> float:
+        """Smallest positive leaf (``inf`` while every leaf is zero)."""
+        if self._stale.any():
+            b = np.flatnonzero(self._stale)
+            rows = self._tree[self._cap:].reshape(-1, self._block)[b]
+            self._bmin[b] = np.min(rows, axis=1, where=rows > 0, initial=_INF)
+            self._stale[b] = False
+        return float(self._bmin.min())
 
     @property
     def leaves(self) -> np.ndarray:
@@ -62,37 +99,52 @@ class SumTree:
         """Leaf values at ``idx``."""
         return self._tree[np.asarray(idx, dtype=np.int64) + self._cap]
 
+    # -------------------------------------------------------------- writing
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Set leaves ``idx`` to ``values``. Where ``idx`` repeats, the last value wins."""
         idx = np.asarray(idx, dtype=np.int64)
         values = np.asarray(values, dtype=np.float64)
-        n = idx.size
-        if n == 0:
+        if idx.size == 0:
             return
-        if n > self._arange.size:
-            self._arange = np.arange(n, dtype=np.int64)
-        # A leaf that repeats must count its change once: stamp each leaf with the
-        # position of its last write and keep only that one (no sort needed).
-        pos = self._arange[:n]
-        self._mark[idx] = pos
-        winner = self._mark[idx] == pos
-        heap = idx + self._cap
-        delta = values - self._tree[heap]
-        delta *= winner
-        self._tree[heap[winner]] = values[winner]
-        # One add.at for all levels. Flat, contiguous operands keep numpy on its
-        # fast path (and numpy 2.4's add.at mis-adds when left to broadcast itself).
-        np.add.at(self._tree, (heap >> self._shifts).ravel(),
-                  np.broadcast_to(delta, (self.depth, n)).ravel())
-        self._writes += n
+        # Sorted leaves give sorted parents: rows are then touched in memory order.
+        order = np.argsort(idx, kind="stable")
+        heap = idx[order]
+        if heap.size > 1 and (heap[1:] == heap[:-1]).any():
+            # numpy does not promise which of repeated assignments lands: keep the last.
+            last = np.empty(heap.size, dtype=bool)
+            np.not_equal(heap[1:], heap[:-1], out=last[:-1])
+            last[-1] = True
+            heap, order = heap[last], order[last]
+        heap += self._cap
+        v = values[order]
+        t = self._tree
+        old = t[heap]
+        t[heap] = v
+        # Block minimum: lowering is immediate; raising a block's minimum makes it stale.
+        blk = (heap - self._cap) // self._block
+        vpos = np.where(v > 0, v, _INF)
+        self._stale[blk[(vpos > old) & (old <= self._bmin[blk])]] = True
+        np.minimum.at(self._bmin, blk, vpos)
+        if self._levels:
+            # One add.at carries every leaf's change to all its kept ancestors. Flat,
+            # contiguous operands keep numpy on its fast path (and numpy 2.4's
+            # add.at mis-adds when left to broadcast itself).
+            v -= old
+            np.add.at(t, (heap >> self._shifts).ravel(),
+                      np.broadcast_to(v, (self._levels, heap.size)).ravel())
+        self._total = None
+        # Added differences let rounding error build up in the sums: recompute them
+        # exactly from the leaves after every `capacity` leaf writes (amortised,
+        # well under a microsecond per write).
+        self._writes += heap.size
         if self._writes >= self._cap:
             self.rebuild()
 
     def set_range(self, start: int, values: np.ndarray) -> None:
-        """Set the contiguous leaves ``[start, start + len(values))``, exactly.
+        """Set the contiguous leaves ``[start, start + len(values))``.
 
         The ancestors of a run of leaves form one run per level, so each level is
-        recomputed with a single slice operation (no rounding drift).
+        recomputed with a single slice operation.
         """
         values = np.asarray(values, dtype=np.float64)
         n = values.size
@@ -100,44 +152,48 @@ class SumTree:
             return
         if start < 0 or start + n > self.capacity:
             raise ValueError(f"leaves [{start}, {start + n}) out of range [0, {self.capacity})")
-        t = self._tree
-        lo, hi = start + self._cap, start + n - 1 + self._cap
-        t[lo:hi + 1] = values
-        while lo > 1:
-            lo, hi = lo >> 1, hi >> 1
-            np.add(t[2 * lo:2 * hi + 2:2], t[2 * lo + 1:2 * hi + 2:2], out=t[lo:hi + 1])
+        lo, hi = start + self._cap, start + n + self._cap
+        self._tree[lo:hi] = values
+        b0, b1 = start // self._block, (start + n - 1) // self._block + 1
+        rows = self._tree[self._cap:].reshape(-1, self._block)[b0:b1]
+        self._bmin[b0:b1] = np.min(rows, axis=1, where=rows > 0, initial=_INF)
+        self._stale[b0:b1] = False
+        self._fix_runs(lo, hi - 1)
 
     def assign(self, leaves: np.ndarray) -> None:
         """Replace every leaf at once and rebuild the tree exactly."""
         leaves = np.asarray(leaves, dtype=np.float64)
         if leaves.shape != (self.capacity,):
             raise ValueError(f"expected {self.capacity} leaves, got shape {leaves.shape}")
-        self._tree[self._cap:self._cap + self.capacity] = leaves
         self._tree[self._cap + self.capacity:] = 0.0
-        self.rebuild()
+        self.set_range(0, leaves)
 
     def scale(self, factor: float) -> None:
         """Multiply every leaf by ``factor`` (used to rebase age decay)."""
-        self._tree *= factor
-        self.rebuild()
+        self.set_range(0, self.leaves * factor)
 
     def rebuild(self) -> None:
-        """Recompute every inner node from the leaves (drops accumulated rounding)."""
-        t = self._tree
-        n = self._cap
-        while n > 1:
-            h = n >> 1
-            np.add(t[n:2 * n:2], t[n + 1:2 * n:2], out=t[h:n])
-            n = h
-        self._writes = 0
+        """Recompute every inner node from the leaves."""
+        self.set_range(0, self.leaves.copy())
 
+    def _fix_runs(self, lo: int, hi: int) -> None:
+        """Recompute the ancestors of heap nodes ``[lo, hi]`` (inclusive) up to the top level."""
+        t = self._tree
+        for _ in range(self._levels):
+            lo, hi = lo >> 1, hi >> 1
+            np.add(t[2 * lo:2 * hi + 2:2], t[2 * lo + 1:2 * hi + 2:2], out=t[lo:hi + 1])
+        self._total = None
+        if hi - lo + 1 == 1 << self._top:  # the whole tree was recomputed
+            self._writes = 0
+
+    # -------------------------------------------------------------- search
     def find(self, prefix: np.ndarray) -> np.ndarray:
         """Leaf index ``i`` for each prefix sum ``u`` with ``sum(leaves[:i]) <= u < sum(leaves[:i+1])``.
 
         ``u`` should lie in ``[0, total)``; a value at or past the total (or a
         rounding slip at a boundary) is clipped to a valid index.
         """
-        u = np.array(prefix, dtype=np.float64, copy=True)
+        u = np.array(prefix, dtype=np.float64, copy=True).reshape(-1)
         t = self._tree
         k = 1 << self._top
         level = t[k:2 * k]

@@ -23,6 +23,7 @@ def test_set_keeps_every_inner_node_the_sum_of_its_leaves(cap, ops):
             ref[j] = v
     np.testing.assert_allclose(t.leaves, ref)
     assert abs(t.total - ref.sum()) <= 1e-9 * max(1.0, ref.sum())
+    assert t.min == (ref[ref > 0].min() if (ref > 0).any() else np.inf)
 
 
 @settings(max_examples=60, deadline=None)
@@ -69,3 +70,20 @@ def test_drift_is_removed_by_rebuild():
         t.set(rng.integers(0, 64, 16), rng.random(16) * 10.0 ** rng.integers(-3, 6))
     t.rebuild()
     assert t.total == np.sum(t.leaves) or abs(t.total - t.leaves.sum()) < 1e-12 * t.leaves.sum()
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 299), st.floats(0.0, 5.0)), min_size=1, max_size=200))
+def test_min_is_the_smallest_positive_leaf_across_blocks(ops):
+    # 300 leaves span several blocks of the block minimum; raising a block's
+    # minimum (the stale path) and writing zeros (left out) are both exercised.
+    t = SumTree(300)
+    ref = np.linspace(1.0, 2.0, 300)
+    t.set_range(0, ref)
+    for i in range(0, len(ops), 5):
+        idx = np.array([j for j, _ in ops[i:i + 5]])
+        val = np.array([v for _, v in ops[i:i + 5]])
+        t.set(idx, val)
+        for j, v in ops[i:i + 5]:
+            ref[j] = v
+        assert t.min == (ref[ref > 0].min() if (ref > 0).any() else np.inf)
