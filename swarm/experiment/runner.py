@@ -250,8 +250,11 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             agent.on_parameters_changed()
             state.rounds += 1
             state.rounds_ok += int(res.ok)
-            state.gossip_bytes_out += res.bytes_out
-            state.gossip_bytes_in += res.bytes_in
+            # Cumulative engine counters: a round's own bytes_in misses what arrived
+            # while we were training between rounds.
+            bytes_in = gossip.stats.bytes_in - state.gossip_bytes_in
+            state.gossip_bytes_out = gossip.stats.bytes_out
+            state.gossip_bytes_in = gossip.stats.bytes_in
             # How far the round moved us, per parameter and per unit of step size:
             # with exact gossip this is the RMS distance to the neighbourhood average.
             if res.ok:
@@ -259,9 +262,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             logs.rounds.writerow({
                 "round": res.round, "env_steps": step, "wall_s": round(time.monotonic() - t0, 3),
                 "participants": len(res.participants), "missing": len(res.missing),
-                "bytes_out": res.bytes_out, "bytes_in": res.bytes_in, "waited_s": round(res.waited_s, 4),
+                "bytes_out": res.bytes_out, "bytes_in": bytes_in, "waited_s": round(res.waited_s, 4),
                 "disagreement": f"{state.disagreement:.6g}" if res.ok else "", "shared_items": shared})
-            logs.scalars(step, {"gossip/bytes_out": res.bytes_out, "gossip/bytes_in": res.bytes_in,
+            logs.scalars(step, {"gossip/bytes_out": res.bytes_out, "gossip/bytes_in": bytes_in,
                                 "gossip/disagreement": state.disagreement if res.ok else None,
                                 "gossip/participants": len(res.participants)})
 

@@ -1,0 +1,182 @@
+"""`swarm run` end to end: real coordinator and peer processes on loopback.
+
+Each test runs `swarm run` as a subprocess in its own folder and ends it by its
+handle; the children it started are checked (by the pids it records) to be gone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from swarmtest import ROOT, wait_for
+
+from swarm.experiment import load_spec
+
+# Small and fast: 2 peers, learning from step 100, one gossip round every 50 steps.
+TINY = ["peers=2", "budget.env_steps=600", "dqn.learning_starts=100", "dqn.batch_size=32",
+        "eval.every=300", "eval.episodes=1", "buffer.capacity=2000"]
+LONG = ["peers=2", "budget.env_steps=200000", "dqn.learning_starts=100", "eval.every=0"]
+
+
+def swarm_run(cwd: Path, sets: list[str]) -> subprocess.Popen:
+    args = [sys.executable, "-m", "swarm.cli", "run"]
+    for s in sets:
+        args += ["--set", s]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(p: subprocess.Popen, timeout: float) -> str:
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGINT)    # let it end its children
+        try:
+            out, _ = p.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        pytest.fail(f"swarm run did not finish within {timeout} s:\n{out}")
+    return out
+
+
+def run_dir_of(cwd: Path) -> Path:
+    dirs = list((cwd / "runs").glob("cartpole-ring-*"))
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def children_of(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid`` (a /proc scan, no psutil)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(d.name))
+    return found
+
+
+def recorded_pids(run_dir: Path) -> dict[str, int]:
+    return json.loads((run_dir / "pids.json").read_text())["children"]
+
+
+def training(cwd: Path, peers: int) -> Path | None:
+    """The run folder once every peer has finished an episode, else None."""
+    dirs = list((cwd / "runs").glob("cartpole-ring-*"))
+    if not dirs:
+        return None
+    d = dirs[0]
+    for r in range(peers):
+        rows = (d / f"peer{r}" / "metrics.csv")
+        if not rows.exists() or len(rows.read_text().splitlines()) < 2:
+            return None
+    return d
+
+
+def test_tiny_run_writes_the_run_folder(tmp_path):
+    p = swarm_run(tmp_path, TINY)
+    out = finish(p, 75)
+    assert p.returncode == 0, out
+    d = run_dir_of(tmp_path)
+
+    spec = load_spec(d / "config.json")
+    assert spec.peers == 2 and spec.budget.env_steps == 600
+    for name, pid in recorded_pids(d).items():
+        assert not alive(pid), f"{name} (pid {pid}) outlived swarm run"
+
+    for r in range(2):
+        pd = d / f"peer{r}"
+        rows = list(csv.DictReader(open(pd / "metrics.csv")))
+        assert rows, f"peer{r} logged no episode"
+        for row in rows:
+            for k in ("env_steps", "episode_return", "mean_return", "epsilon", "bytes_out"):
+                assert math.isfinite(float(row[k])), (k, row)
+        losses = [float(row["loss"]) for row in rows if row["loss"]]
+        assert losses and all(math.isfinite(v) for v in losses)
+        assert int(rows[-1]["env_steps"]) <= 600
+        # gossip happened, with the other peer
+        rounds = list(csv.DictReader(open(pd / "rounds.csv")))
+        assert len(rounds) == 600 // spec.gossip.interval
+        assert any(int(x["participants"]) == 1 for x in rounds)
+        # a round with a neighbour sends something (the peer that finishes last is alone at the end)
+        assert all(int(x["bytes_out"]) > 0 for x in rounds if int(x["participants"]) + int(x["missing"]))
+        assert sum(int(x["bytes_in"]) for x in rounds) > 0
+        summary = json.loads((pd / "summary.json").read_text())
+        assert summary["env_steps"] == 600 and summary["reason"] == "budget"
+        assert summary["gossip_bytes_out"] > 0
+
+        import torch
+        ck = torch.load(pd / "checkpoint.pt", weights_only=False)
+        assert ck["rank"] == r and ck["env_steps"] == 600
+        assert torch.isfinite(ck["params"]).all() and ck["params"].numel() > 1000
+        assert {"q", "target", "optimizer"} <= set(ck["agent"])
+        assert list((pd / "tb").glob("events.out.tfevents.*")), "no TensorBoard event file"
+
+    for png in ("returns.png", "bytes_per_round.png", "consensus.png"):
+        f = d / "plots" / png
+        assert f.stat().st_size > 5000 and f.read_bytes()[:4] == b"\x89PNG"
+    assert "peer0" in out and "peer1" in out and f"plots: {d.relative_to(tmp_path) / 'plots'}" in out
+
+
+def test_ctrl_c_leaves_no_child(tmp_path):
+    p = swarm_run(tmp_path, LONG)
+    try:
+        d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
+        pids = recorded_pids(d)
+        assert set(pids) == {"coordinator", "peer0", "peer1"}
+        assert sorted(children_of(p.pid)) == sorted(pids.values())
+        p.send_signal(signal.SIGINT)
+        out = finish(p, 40)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, out
+    assert "interrupted" in out
+    for name, pid in pids.items():
+        assert not alive(pid), f"{name} (pid {pid}) outlived Ctrl-C"
+    # the peers ended cleanly: they wrote their results on the way out
+    for r in range(2):
+        summary = json.loads((d / f"peer{r}" / "summary.json").read_text())
+        assert summary["reason"] == "stopped" and 0 < summary["env_steps"] < 200000
+        assert (d / f"peer{r}" / "checkpoint.pt").exists()
+
+
+def test_child_crash_is_reported(tmp_path):
+    p = swarm_run(tmp_path, LONG)
+    try:
+        d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
+        pids = recorded_pids(d)
+        os.kill(pids["peer1"], signal.SIGKILL)   # as the OOM killer would
+        out = finish(p, 40)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 1, out
+    assert f"peer1 (pid {pids['peer1']}) exited with signal 9" in out
+    assert "last lines of" in out
+    for name, pid in pids.items():
+        assert not alive(pid), f"{name} (pid {pid}) outlived the crash"
