@@ -1,0 +1,138 @@
+"""The federation between live peers: a real coordinator and real Peers over ZeroMQ on loopback.
+
+The survivors run in the test's event loop, so their buffers can be queried
+directly; the peer that gets killed is a separate process (live_replica.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from swarm.buffer import Federation, ReplayBuffer
+from swarm.coordinator import Coordinator
+from swarm.peer import Peer
+
+HERE = Path(__file__).parent
+SCHEMA = {"obs": ("float32", (4,)), "action": ("int64", ())}
+
+
+def batch(start: int, n: int) -> dict[str, np.ndarray]:
+    a = np.arange(start, start + n)
+    return {"obs": np.tile(a[:, None], (1, 4)).astype(np.float32), "action": a}
+
+
+async def until(pred, timeout: float, what: str):
+    """Await ``pred()`` becoming true without blocking the loop the peers run on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def test_share_and_pull_between_live_peers():
+    async def main():
+        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+            peers = [Peer(coordinators=[coord.address], id=f"p{i}", rank=i, topology="ring") for i in range(3)]
+            for p in peers:
+                await p.start()
+            try:
+                for p in peers:
+                    await p.wait_view(lambda v: len(v.members) == 3, timeout=10.0)
+                    await p.wait_linked(10.0)
+                bufs = [ReplayBuffer(SCHEMA, 1000, peer_id=p.id, seed=i) for i, p in enumerate(peers)]
+                feds = [Federation(b, p, share=1.0, seed=i) for i, (b, p) in enumerate(zip(bufs, peers))]
+
+                # push: everything p0 adds reaches both ring neighbours, ids and origin times intact
+                idx = bufs[0].add(batch(0, 50), times=123.0)
+                assert await feds[0].flush() == 100          # 50 items to each of 2 neighbours
+                for b in bufs[1:]:
+                    await until(lambda b=b: len(b) == 50, 10.0, f"p0's items on {b.peer_id}")
+                    assert sorted(b.ids()) == [("p0", s) for s in range(50)]
+                    s = b.sample(50)
+                    assert (s.origin_times == 123.0).all()
+                    np.testing.assert_array_equal(np.sort(s.batch["action"]), np.sort(np.unique(s.batch["action"])))
+                assert len(bufs[0]) == 50 and idx.size == 50
+
+                # dedupe: the same items pushed again are dropped by id on arrival
+                await feds[0]._send_items("p1", "buf.push", bufs[0].items(idx), {"rid": 0, "ack": False})
+                await until(lambda: feds[1].stats.duplicates == 50, 10.0, "duplicates counted on p1")
+                assert len(bufs[1]) == 50
+
+                # pull: p2 asks p1 for items p1 made itself (p1 does not share them)
+                feds[1].share = 0.0
+                bufs[1].add(batch(1000, 40))
+                await feds[1].flush()
+                got = await feds[2].pull("p1", 500, timeout=5.0)
+                assert got > 0
+                p1_ids = {i for i in bufs[2].ids() if i[0] == "p1"}
+                assert len(p1_ids) == got and p1_ids <= set(bufs[1].ids())
+                assert all(0 <= s < 40 for _, s in p1_ids)
+            finally:
+                for p in peers:
+                    await p.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_acknowledged_items_survive_a_sigkilled_peer(tmp_path):
+    """replicas=1: every item the victim saw acknowledged is on a surviving neighbour after kill -9."""
+    out = tmp_path / "acked.json"
+
+    async def main():
+        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+            peers = [Peer(coordinators=[coord.address], id=f"s{i}", rank=i, topology="ring") for i in range(2)]
+            for p in peers:
+                await p.start()
+            bufs = [ReplayBuffer(SCHEMA, 100_000, peer_id=p.id, seed=i) for i, p in enumerate(peers)]
+            feds = [Federation(b, p, share=0.0, replicas=1) for b, p in zip(bufs, peers)]
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            log = open(tmp_path / "victim.log", "w")
+            victim = subprocess.Popen([sys.executable, str(HERE / "live_replica.py"), coord.address,
+                                       "victim", "3", str(out)], stdout=log, stderr=subprocess.STDOUT, env=env)
+            try:
+                for p in peers:
+                    await p.wait_view(lambda v: len(v.members) == 3, timeout=20.0)
+
+                def acked():
+                    if victim.poll() is not None:
+                        raise AssertionError(f"victim exited early:\n{(tmp_path / 'victim.log').read_text()}")
+                    return out.exists() and len(json.loads(out.read_text())) >= 200
+
+                await until(acked, 30.0, "200 acknowledged items in the victim")
+                os.kill(victim.pid, signal.SIGKILL)
+                await asyncio.get_running_loop().run_in_executor(None, victim.wait, 5)
+                acknowledged = json.loads(out.read_text())
+                # the survivors notice: the view drops the victim
+                for p in peers:
+                    await p.wait_view(lambda v: "victim" not in v.ids, timeout=10.0)
+                held = {s for b in bufs for o, s in b.ids() if o == "victim"}
+                lost = sorted(set(acknowledged) - held)
+                assert not lost, f"{len(lost)} acknowledged items lost, e.g. {lost[:10]}"
+                assert len(acknowledged) >= 200 and len(held) >= len(acknowledged)
+                # and what survives is the victim's data, not just its ids
+                for b in bufs:
+                    it = b.items(np.arange(b.total_added))
+                    mine = np.array([it.peers[o] == "victim" for o in it.origins], dtype=bool)
+                    np.testing.assert_array_equal(it.fields["action"][mine], it.seqs[mine])
+            finally:
+                if victim.poll() is None:
+                    victim.kill()
+                victim.wait(5)
+                log.close()
+                for p in peers:
+                    await p.close()
+
+    asyncio.run(asyncio.wait_for(main(), 90))
