@@ -155,6 +155,7 @@ class ReplayBuffer:
         self._base = float(clock()) if self.decay else 0.0
         self._listeners: list[Callable[[np.ndarray], None]] = []
         self._saver: Any = None   # an active background snapshot, see persist.py
+        self._arange = np.zeros(0)  # strata offsets 0..n-1 of the last batch size
 
     # ------------------------------------------------------------------ basics
     def __len__(self) -> int:
@@ -280,7 +281,8 @@ class ReplayBuffer:
         runs = [(start, min(cap, start + n), 0)]
         if start + n > cap:
             runs.append((0, start + n - cap, cap - start))
-        slots = idx % cap
+        if self._saver is not None or self._foreign:
+            slots = idx % cap
         if self._saver is not None:
             self._saver.preserve(slots)
         if self._foreign:
@@ -299,6 +301,11 @@ class ReplayBuffer:
         self._next += n
         self.limiter.inserted += n
         if self.sampler == "prioritized":
+            if raw is None and not self.decay:
+                # Local items without decay all get the same leaf: no array to build.
+                for a, b, off in runs:
+                    self._tree.fill_range(a, b - a, self._max_p)
+                return idx
             if self.decay:
                 self._maybe_rebase(float(times.max()))
             p = np.full(n, self._max_p) if raw is None else raw
@@ -332,6 +339,11 @@ class ReplayBuffer:
             self._base = t
 
     # --------------------------------------------------------------- sampling
+    def _strata(self, n: int) -> np.ndarray:
+        if self._arange.size != n:
+            self._arange = np.arange(n, dtype=np.float64)
+        return self._arange
+
     def can_sample(self, n: int) -> bool:
         """Whether the rate limiter allows sampling ``n`` items now."""
         if self.sampler == "fifo":
@@ -361,7 +373,9 @@ class ReplayBuffer:
             if self.sampler == "prioritized":
                 total = self._tree.total
                 if self.stratified:
-                    u = (np.arange(n) + self._rng.random(n)) * (total / n)
+                    u = self._rng.random(n)
+                    u += self._strata(n)
+                    u *= total / n
                 else:
                     u = self._rng.random(n) * total
                 slots = self._tree.find(u)
@@ -388,7 +402,9 @@ class ReplayBuffer:
                 self._read = start + k
                 prob = np.full(k, 1.0 / k)
                 w = np.ones(k, dtype=np.float32)
-            batch = {name: col[slots] for name, col in self._data.items()}
+            # take() along axis 0 is several times faster than fancy indexing for
+            # multi-dimensional columns (one row copy per item instead of a generic loop).
+            batch = {name: col.take(slots, axis=0) for name, col in self._data.items()}
             self.limiter.sampled += slots.size
             return Sample(batch, self._ticket[slots], w, prob, self._time[slots])
 
@@ -402,26 +418,34 @@ class ReplayBuffer:
         td = np.asarray(td, dtype=np.float64)
         if indices.ndim != 1 or indices.dtype.kind not in "iu":
             raise ReplayError(f"indices must be a 1-D integer array, got {indices.dtype} {indices.shape}")
-        td = td.reshape(-1) if td.size == indices.size else td
         if td.shape != indices.shape:
-            raise ReplayError(f"td has shape {td.shape}, expected {indices.shape} like indices")
-        if not np.isfinite(td).all():
-            raise ReplayError("td contains NaN or Inf; priorities left unchanged")
-        if indices.size and (indices.min() < 0 or indices.max() >= self._next):
-            raise ReplayError(f"indices out of range [0, {self._next}): not from this buffer")
-        if self.sampler != "prioritized":
+            td = td.reshape(-1) if td.size == indices.size else td
+            if td.shape != indices.shape:
+                raise ReplayError(f"td has shape {td.shape}, expected {indices.shape} like indices")
+        if indices.size == 0:
             return 0
+        # One pass gives the priorities and, through their max, the NaN/Inf check.
+        raw = np.abs(td)
+        raw += self.eps
+        raw **= self.alpha
+        m = float(raw.max())
+        if not math.isfinite(m):
+            raise ReplayError("td contains NaN or Inf; priorities left unchanged")
         with self._lock:
-            slots = indices.astype(np.int64) % self.capacity
+            slots = indices % self.capacity
             live = self._ticket[slots] == indices
             if not live.all():
-                slots, td = slots[live], td[live]
-            if slots.size == 0:
+                # Only now tell an index that was never handed out from a stale one.
+                if indices.min() < 0 or indices.max() >= self._next:
+                    raise ReplayError(f"indices out of range [0, {self._next}): not from this buffer")
+                slots, raw = slots[live], raw[live]
+                if slots.size == 0:
+                    return 0
+                m = float(raw.max())
+            if self.sampler != "prioritized":
                 return 0
             if self._saver is not None:
                 self._saver.preserve(slots)
-            raw = (np.abs(td) + self.eps) ** self.alpha
-            m = float(raw.max())
             if m > self._max_p:
                 self._max_p = m
             self._tree.set(slots, self._leaf(raw, self._time[slots]) if self.decay else raw)

@@ -39,6 +39,7 @@ class Schema:
     def __init__(self, fields: Mapping[str, Any] | "Schema") -> None:
         if isinstance(fields, Schema):
             self.fields: tuple[Field, ...] = fields.fields
+            self._names = fields._names
             return
         if not isinstance(fields, Mapping) or not fields:
             raise ReplayError("schema must be a non-empty mapping {field: (dtype, shape)}")
@@ -66,6 +67,7 @@ class Schema:
                 raise ReplayError(f"schema field {name!r}: shape {shape} has a dimension < 1")
             out.append(Field(name, dt, shape))
         self.fields = tuple(out)
+        self._names = frozenset(f.name for f in self.fields)
 
     @property
     def names(self) -> list[str]:
@@ -91,23 +93,27 @@ class Schema:
         ``(n, *field.shape)`` and a dtype that casts to the field's dtype without
         loss of kind (``same_kind``). Raises :class:`ReplayError` naming the field.
         """
-        if not isinstance(items, Mapping):
+        if type(items) is not dict and not isinstance(items, Mapping):
             raise ReplayError(f"items must be a mapping of field -> array, got {type(items).__name__}")
-        missing = [f.name for f in self.fields if f.name not in items]
-        if missing:
-            raise ReplayError(f"items miss field(s) {missing}; schema has {self.names}")
-        extra = [k for k in items if k not in {f.name for f in self.fields}]
-        if extra:
+        if len(items) != len(self.fields) or not all(f.name in items for f in self.fields):
+            missing = [f.name for f in self.fields if f.name not in items]
+            if missing:
+                raise ReplayError(f"items miss field(s) {missing}; schema has {self.names}")
+            extra = [k for k in items if k not in self._names]
             raise ReplayError(f"items have unknown field(s) {extra}; schema has {self.names}")
         out: dict[str, np.ndarray] = {}
         n = -1
         for f in self.fields:
-            a = np.asarray(items[f.name])
-            if a.dtype != f.dtype and not np.can_cast(a.dtype, f.dtype, casting="same_kind"):
-                raise ReplayError(f"field {f.name!r}: dtype {a.dtype} cannot be stored as {f.dtype}")
-            if a.dtype.kind == "f" and f.dtype.kind in "iub":
-                raise ReplayError(f"field {f.name!r}: float data for integer field of dtype {f.dtype}")
-            if a.ndim != len(f.shape) + 1 or a.shape[1:] != f.shape:
+            a = items[f.name]
+            if type(a) is not np.ndarray:
+                a = np.asarray(a)
+            # Fast path: the exact dtype needs no cast checks (the common case).
+            if a.dtype != f.dtype:
+                if not np.can_cast(a.dtype, f.dtype, casting="same_kind"):
+                    raise ReplayError(f"field {f.name!r}: dtype {a.dtype} cannot be stored as {f.dtype}")
+                if a.dtype.kind == "f" and f.dtype.kind in "iub":
+                    raise ReplayError(f"field {f.name!r}: float data for integer field of dtype {f.dtype}")
+            if a.shape[1:] != f.shape or a.ndim == 0:
                 raise ReplayError(f"field {f.name!r}: shape {a.shape}, expected (n, {', '.join(map(str, f.shape))})"
                                   .replace(", )", ")"))
             if n < 0:

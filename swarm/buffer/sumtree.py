@@ -147,7 +147,13 @@ class SumTree:
         recomputed with a single slice operation.
         """
         values = np.asarray(values, dtype=np.float64)
-        n = values.size
+        self._write_range(start, values.size, values)
+
+    def fill_range(self, start: int, n: int, value: float) -> None:
+        """Set the ``n`` leaves from ``start`` on to ``value`` (new items at the max priority)."""
+        self._write_range(start, n, float(value))
+
+    def _write_range(self, start: int, n: int, values: np.ndarray | float) -> None:
         if n == 0:
             return
         if start < 0 or start + n > self.capacity:
@@ -156,7 +162,12 @@ class SumTree:
         self._tree[lo:hi] = values
         b0, b1 = start // self._block, (start + n - 1) // self._block + 1
         rows = self._tree[self._cap:].reshape(-1, self._block)[b0:b1]
-        self._bmin[b0:b1] = np.min(rows, axis=1, where=rows > 0, initial=_INF)
+        bmin = rows.min(axis=1)
+        zero = bmin <= 0
+        if zero.any():  # blocks holding zero leaves: leave those out (the slow, rare path)
+            z = rows[zero]
+            bmin[zero] = np.min(z, axis=1, where=z > 0, initial=_INF)
+        self._bmin[b0:b1] = bmin
         self._stale[b0:b1] = False
         self._fix_runs(lo, hi - 1)
 
