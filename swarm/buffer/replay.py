@@ -255,7 +255,9 @@ class ReplayBuffer:
 
     def _times(self, times: Any, n: int) -> np.ndarray:
         if times is None:
-            return np.full(n, float(self.clock()), dtype=np.float64)
+            t = np.empty(n, dtype=np.float64)
+            t.fill(self.clock())
+            return t
         t = np.asarray(times, dtype=np.float64)
         if t.ndim == 0:
             t = np.full(n, float(t))

@@ -95,7 +95,7 @@ class Schema:
         """
         if type(items) is not dict and not isinstance(items, Mapping):
             raise ReplayError(f"items must be a mapping of field -> array, got {type(items).__name__}")
-        if len(items) != len(self.fields) or not all(f.name in items for f in self.fields):
+        if items.keys() != self._names:
             missing = [f.name for f in self.fields if f.name not in items]
             if missing:
                 raise ReplayError(f"items miss field(s) {missing}; schema has {self.names}")

@@ -160,15 +160,25 @@ class SumTree:
             raise ValueError(f"leaves [{start}, {start + n}) out of range [0, {self.capacity})")
         lo, hi = start + self._cap, start + n + self._cap
         self._tree[lo:hi] = values
-        b0, b1 = start // self._block, (start + n - 1) // self._block + 1
-        rows = self._tree[self._cap:].reshape(-1, self._block)[b0:b1]
-        bmin = rows.min(axis=1)
-        zero = bmin <= 0
-        if zero.any():  # blocks holding zero leaves: leave those out (the slow, rare path)
-            z = rows[zero]
-            bmin[zero] = np.min(z, axis=1, where=z > 0, initial=_INF)
-        self._bmin[b0:b1] = bmin
+        bs = self._block
+        b0, b1 = start // bs, (start + n - 1) // bs + 1
         self._stale[b0:b1] = False
+        if isinstance(values, float):
+            # A constant run: every block it covers whole has that minimum; only
+            # the (at most two) blocks it covers in part need a look at their leaves.
+            self._bmin[b0:b1] = values if values > 0 else _INF
+            for b in {b0, b1 - 1}:
+                if b * bs < start or (b + 1) * bs > start + n:
+                    row = self._tree[self._cap + b * bs:self._cap + (b + 1) * bs]
+                    self._bmin[b] = np.min(row, where=row > 0, initial=_INF)
+        else:
+            rows = self._tree[self._cap:].reshape(-1, bs)[b0:b1]
+            bmin = rows.min(axis=1)
+            zero = bmin <= 0
+            if zero.any():  # blocks holding zero leaves: leave those out (the rare path)
+                z = rows[zero]
+                bmin[zero] = np.min(z, axis=1, where=z > 0, initial=_INF)
+            self._bmin[b0:b1] = bmin
         self._fix_runs(lo, hi - 1)
 
     def assign(self, leaves: np.ndarray) -> None:

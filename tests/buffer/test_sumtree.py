@@ -87,3 +87,18 @@ def test_min_is_the_smallest_positive_leaf_across_blocks(ops):
         for j, v in ops[i:i + 5]:
             ref[j] = v
         assert t.min == (ref[ref > 0].min() if (ref > 0).any() else np.inf)
+
+
+@settings(max_examples=40, deadline=None)
+@given(start=st.integers(0, 299), n=st.integers(1, 300), value=st.floats(0.0, 3.0))
+def test_fill_range_keeps_sums_and_minimum(start, n, value):
+    n = min(n, 300 - start)
+    ref = np.linspace(0.5, 2.5, 300)
+    ref[::7] = 0.0                               # zero leaves never count for the minimum
+    t = SumTree(300)
+    t.set_range(0, ref)
+    t.fill_range(start, n, value)
+    ref[start:start + n] = value
+    np.testing.assert_array_equal(t.leaves, ref)
+    assert abs(t.total - ref.sum()) <= 1e-9 * max(1.0, ref.sum())
+    assert t.min == (ref[ref > 0].min() if (ref > 0).any() else np.inf)
