@@ -284,7 +284,7 @@ class Coordinator:
             if target != src and (m := self.table.get(target)) is not None and m.state == ALIVE:
                 self._probe(target, f"suspected by {src}")
         elif t == "probe_ack":
-            if _int(body, "nonce") == rec.probe_nonce and _int(body, "inc") == rec.incarnation:
+            if 0 < _int(body, "nonce") <= rec.probe_nonce and _int(body, "inc") == rec.incarnation:
                 rec.route, rec.last_heartbeat = route, now
                 if rec.state == SUSPECT:
                     rec.state, rec.cause = ALIVE, ""
@@ -305,9 +305,14 @@ class Coordinator:
             for m in list(self.table.members.values()):
                 if m.state == ALIVE and now - m.last_heartbeat > cfg.heartbeat_timeout_s:
                     self._probe(m.id, "heartbeat timeout")
-                elif m.state == SUSPECT and now > m.probe_deadline:
-                    if self.table.mark_dead(m.id, m.cause or "probe timeout"):
-                        self._dirty = True
+                elif m.state == SUSPECT:
+                    if now > m.probe_deadline:
+                        if self.table.mark_dead(m.id, m.cause or "probe timeout"):
+                            self._dirty = True
+                    else:
+                        # probe again: libzmq drops the route of a closed connection
+                        # a moment after reporting it, and then the send fails at once
+                        self._probe(m.id, m.cause)
             if self._dirty and now >= self._grace_until:
                 self._publish()
             self.table.forget_dead()
