@@ -7,7 +7,7 @@
     ├── MembershipError    join refused, duplicate id, unknown peer
     ├── PeerTimeout        a wait ran past its deadline
     ├── GossipError        a gossip round could not be done (bad delta, bad size)
-    └── BufferError_       a replay item or request that fails a check
+    └── ReplayError        a replay item, schema or request that fails a check
 
 A raw ``zmq.ZMQError`` or ``KeyError`` never reaches a user: every message says
 what was wrong and, where it can, what to do.
