@@ -107,8 +107,9 @@ class Schema:
             a = items[f.name]
             if type(a) is not np.ndarray:
                 a = np.asarray(a)
-            # Fast path: the exact dtype needs no cast checks (the common case).
-            if a.dtype != f.dtype:
+            # Fast path: the exact dtype needs no cast checks (the common case). Native
+            # builtin dtypes are singletons, so identity settles it without ``==``.
+            if a.dtype is not f.dtype and a.dtype != f.dtype:
                 if not np.can_cast(a.dtype, f.dtype, casting="same_kind"):
                     raise ReplayError(f"field {f.name!r}: dtype {a.dtype} cannot be stored as {f.dtype}")
                 if a.dtype.kind == "f" and f.dtype.kind in "iub":
