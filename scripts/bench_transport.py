@@ -86,20 +86,20 @@ def run_raw(n: int, payload: np.ndarray) -> float:
 
 # ----------------------------------------------------------------- swarm
 
-def coordinator_main(addr: str) -> None:
+def coordinator_main(addr: str, keys: str = "") -> None:
     from swarm.coordinator import Coordinator
 
     async def main() -> None:
-        async with Coordinator(bind=addr) as c:
+        async with Coordinator(bind=addr, keys_dir=keys) as c:
             await c.closed()
     asyncio.run(main())
 
 
-def swarm_receiver(addr: str, n: int) -> None:
+def swarm_receiver(addr: str, n: int, keys: str = "") -> None:
     from swarm.peer import Peer
 
     async def main() -> None:
-        p = Peer(id="recv", coordinators=[addr], join_timeout_s=20)
+        p = Peer(id="recv", coordinators=[addr], join_timeout_s=20, keys_dir=keys)
         done = asyncio.Event()
         got = 0
 
@@ -117,11 +117,11 @@ def swarm_receiver(addr: str, n: int) -> None:
     asyncio.run(main())
 
 
-def swarm_sender(addr: str, n: int, payload: np.ndarray, out: "mp.Queue") -> None:
+def swarm_sender(addr: str, n: int, payload: np.ndarray, out: "mp.Queue", keys: str = "") -> None:
     from swarm.peer import Peer
 
     async def main() -> None:
-        p = Peer(id="send", coordinators=[addr], join_timeout_s=20)
+        p = Peer(id="send", coordinators=[addr], join_timeout_s=20, keys_dir=keys)
         acks: asyncio.Queue = asyncio.Queue()
         p.on("bench.ack", lambda m: acks.put_nowait(1))
         async with p:
@@ -138,15 +138,15 @@ def swarm_sender(addr: str, n: int, payload: np.ndarray, out: "mp.Queue") -> Non
     asyncio.run(main())
 
 
-def run_swarm(n: int, payload: np.ndarray) -> float:
+def run_swarm(n: int, payload: np.ndarray, keys: str = "") -> float:
     addr = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    c = ctx.Process(target=coordinator_main, args=(addr,))
+    c = ctx.Process(target=coordinator_main, args=(addr, keys))
     c.start()
     try:
-        r = ctx.Process(target=swarm_receiver, args=(addr, n))
-        s = ctx.Process(target=swarm_sender, args=(addr, n, payload, q))
+        r = ctx.Process(target=swarm_receiver, args=(addr, n, keys))
+        s = ctx.Process(target=swarm_sender, args=(addr, n, payload, q, keys))
         return _run_pair(r, s, q)
     finally:
         c.terminate()
@@ -180,21 +180,30 @@ def main() -> None:
     big = np.random.default_rng(0).standard_normal(int(args.mb * 1e6 / 4)).astype(np.float32)
     small = np.zeros(4, np.float32)
     rows = {}
-    raw_b, sw_b, raw_s, sw_s = [], [], [], []
+    raw_b, sw_b, raw_s, sw_s, curve_b = [], [], [], [], []
+    import tempfile
+
+    from swarm.transport import generate_keys
+    keys = tempfile.mkdtemp(prefix="swarm-keys-")
+    generate_keys(keys, ["coordinator", "peer"])
     for _ in range(args.repeat):   # interleaved, so that drift hits both sides
         raw_b.append(run_raw(args.n, big))
         sw_b.append(run_swarm(args.n, big))
+        curve_b.append(run_swarm(max(2, args.n // 4), big, keys))
         raw_s.append(run_raw(args.small, small))
         sw_s.append(run_swarm(args.small, small))
     gbps = lambda t: args.n * big.nbytes / min(t) / 1e9
     rate = lambda t: args.small / min(t)
     rows["raw_gbps"], rows["swarm_gbps"] = gbps(raw_b), gbps(sw_b)
     rows["raw_small_msgs_per_s"], rows["swarm_small_msgs_per_s"] = rate(raw_s), rate(sw_s)
+    rows["curve_gbps"] = max(2, args.n // 4) * big.nbytes / min(curve_b) / 1e9
+    rows["curve_ratio"] = rows["curve_gbps"] / rows["raw_gbps"]
     rows["transport_ratio"] = rows["swarm_gbps"] / rows["raw_gbps"]
     rows["small_ratio"] = rows["swarm_small_msgs_per_s"] / rows["raw_small_msgs_per_s"]
     print(f"{'leg':<28}{'raw pyzmq':>14}{'swarm':>14}{'ratio':>8}")
     print(f"{f'{args.mb:g} MB delta (GB/s)':<28}{rows['raw_gbps']:>14.2f}{rows['swarm_gbps']:>14.2f}"
           f"{rows['transport_ratio']:>8.2f}")
+    print(f"{'  with CURVE (GB/s)':<28}{'':>14}{rows['curve_gbps']:>14.2f}{rows['curve_ratio']:>8.2f}")
     print(f"{'small messages (msg/s)':<28}{rows['raw_small_msgs_per_s']:>14,.0f}"
           f"{rows['swarm_small_msgs_per_s']:>14,.0f}{rows['small_ratio']:>8.2f}")
     rows.update(mb=args.mb, n=args.n, small=args.small, repeat=args.repeat, cpus=os.cpu_count())

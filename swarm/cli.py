@@ -2,7 +2,7 @@
 
     swarm coordinator --bind tcp://0.0.0.0:5555
     swarm peer --coordinator tcp://HOST:5555 [--bind ADDR] [--id ID] [--rank N]
-    swarm status --coordinator tcp://HOST:5555 [--json]
+    swarm status --coordinator tcp://HOST:5555 [--json] [--watch [--interval S]]
     swarm run [SPEC] [--set key=value ...]
 
 Peers also read SWARM_COORDINATOR and SWARM_RANK, and fall back to what Slurm
@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -87,10 +88,13 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     cfg = _config(args).coordinator
     if args.bind:
         cfg.bind = args.bind
+    if args.keys:
+        cfg.keys_dir = args.keys
 
     async def main() -> int:
         async with Coordinator(cfg) as coord:
-            print(f"swarm coordinator on {coord.address} (pid {os.getpid()})", flush=True)
+            print(f"swarm coordinator on {coord.address} (pid {os.getpid()})"
+                  + (f", status page {coord.http_url}" if coord.http_url else ""), flush=True)
             stop = asyncio.create_task(_until_signal())
             done = asyncio.create_task(coord.closed())
             await asyncio.wait([stop, done], return_when=asyncio.FIRST_COMPLETED)
@@ -117,6 +121,10 @@ def cmd_peer(args: argparse.Namespace) -> int:
     if args.topology:
         cfg.topology = args.topology
     cfg.rank = args.rank if args.rank is not None else (cfg.rank if cfg.rank >= 0 else env_rank())
+    if args.keys:
+        cfg.keys_dir = args.keys
+    if args.key_name:
+        cfg.key_name = args.key_name
     if args.spec:
         # Train this peer's share of an experiment (see swarm.experiment.runner).
         from .experiment.runner import run_peer, stop_on_signals
@@ -172,8 +180,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
     return _runner(main)
 
 
-async def query_status(address: str, timeout: float = 2.0) -> dict[str, Any]:
-    """Ask a coordinator for its member table and view."""
+async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
+                       key_name: str = "peer") -> dict[str, Any]:
+    """Ask a coordinator for its member table and view (with CURVE keys if given)."""
     import zmq
     import zmq.asyncio
 
@@ -183,6 +192,9 @@ async def query_status(address: str, timeout: float = 2.0) -> dict[str, Any]:
     ctx = zmq.asyncio.Context()
     s = tp.dealer(ctx, hwm=4)
     try:
+        if keys_dir:
+            curve = tp.Curve(keys_dir, key_name)
+            curve.client(s, curve.coordinator_public)
         tp.connect(s, address)
         await s.send_multipart(wire.encode("status", f"status-{os.getpid()}"))
         if not await s.poll(int(timeout * 1000)):
@@ -210,8 +222,40 @@ def cmd_status(args: argparse.Namespace) -> int:
     addrs = [args.coordinator] if args.coordinator else env_coordinator()
     if not addrs:
         raise SwarmError("no coordinator: pass --coordinator tcp://HOST:PORT or set SWARM_COORDINATOR")
-    st = asyncio.run(query_status(addrs[0], args.timeout))
-    print(json.dumps(st, indent=2) if args.json else format_status(st))
+    if not args.watch:
+        st = asyncio.run(query_status(addrs[0], args.timeout, args.keys or "", args.key_name))
+        print(json.dumps(st, indent=2) if args.json else format_status(st))
+        return 0
+    if args.interval <= 0:
+        raise SwarmError(f"--interval must be > 0 seconds, got {args.interval}")
+    from .coordinator.report import PeerRates, format_table, status_document
+
+    rates = PeerRates()
+    try:
+        while True:   # redraw until Ctrl-C; a coordinator that does not answer is shown, not fatal
+            try:
+                st = asyncio.run(query_status(addrs[0], args.timeout, args.keys or "", args.key_name))
+                rates.observe_rows(st["members"])
+                width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 1000
+                text = format_table(status_document(st, rates, http=st.get("http", "")), width=width)
+            except SwarmError as e:
+                text = f"{time.strftime('%H:%M:%S')}  {e}"
+            sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+            sys.stdout.flush()
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from . import transport as tp
+
+    names = [n.strip() for n in args.names.split(",") if n.strip()]
+    if "coordinator" not in names:
+        names.insert(0, "coordinator")
+    for public in tp.generate_keys(args.dir, names):
+        print(f"{public}  (secret: {public}_secret)")
+    print(f"authorized public keys: {args.dir}/authorized/ — copy a host's NAME.key there to admit it")
     return 0
 
 
@@ -230,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("coordinator", help="run a coordinator (membership and failover only)")
     c.add_argument("--bind", default=None, help=f"address to bind (default tcp://127.0.0.1:{DEFAULT_PORT})")
+    c.add_argument("--keys", help="CurveZMQ key folder (from `swarm keys generate`): encrypt and authenticate")
     c.add_argument("--config", help="TOML or JSON config file")
     c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
     c.set_defaults(func=cmd_coordinator)
@@ -240,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--id", help="peer id (default HOSTNAME-PID)")
     q.add_argument("--rank", type=int, help="requested rank (else SWARM_RANK, SLURM_PROCID or RANK)")
     q.add_argument("--topology", help="ring, grid, torus, exponential, full ...")
+    q.add_argument("--keys", help="CurveZMQ key folder (from `swarm keys generate`)")
+    q.add_argument("--key-name", default=None, help="this peer's key pair in --keys (default peer)")
     q.add_argument("--config", help="TOML or JSON config file")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
     q.add_argument("--spec", help="experiment spec (e.g. a run's config.json): train this peer's share of it")
@@ -249,8 +296,19 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="show the member table and current view")
     s.add_argument("--coordinator", help="coordinator address (else SWARM_COORDINATOR)")
     s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--keys", help="CurveZMQ key folder, when the swarm uses keys")
+    s.add_argument("--key-name", default="peer", help="key pair to authenticate with (default peer)")
     s.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer")
+    s.add_argument("--watch", action="store_true", help="redraw a live table (with rates) until Ctrl-C")
+    s.add_argument("--interval", type=float, default=1.0, help="with --watch: seconds between redraws")
     s.set_defaults(func=cmd_status)
+
+    k = sub.add_parser("keys", help="CurveZMQ keys: `swarm keys generate DIR`")
+    k.add_argument("action", choices=["generate"], help="what to do")
+    k.add_argument("dir", help="key folder to create")
+    k.add_argument("--names", default="coordinator,peer",
+                   help="comma-separated key pair names (default coordinator,peer)")
+    k.set_defaults(func=cmd_keys)
 
     r = sub.add_parser("run", help="run an experiment: a coordinator and N peers on this host")
     r.add_argument("spec", nargs="?", help="spec file (TOML or JSON); none runs the built-in default")

@@ -55,6 +55,11 @@ def _nonneg(x: Any) -> bool:
     return x >= 0
 
 
+def _host_port(x: Any) -> bool:
+    host, sep, port = str(x).rpartition(":")
+    return x == "" or (bool(sep and host) and port.isdigit() and int(port) <= 65535)
+
+
 @dataclass
 class PeerConfig:
     """How a peer joins, heartbeats and links to its neighbours."""
@@ -72,6 +77,8 @@ class PeerConfig:
     link_timeout_s: float = opt(0.3, "ZMTP heartbeat timeout on peer links", _positive, "must be > 0")
     data_hwm: int = opt(8, "high-water mark (messages) of each data link", _positive, "must be > 0")
     max_message_mb: int = opt(512, "largest message accepted, in MiB (ZMQ MAXMSGSIZE)", _positive, "must be > 0")
+    keys_dir: str = opt("", "CurveZMQ key folder from `swarm keys generate`; empty: no encryption")
+    key_name: str = opt("peer", "this peer's key pair in keys_dir")
 
 
 @dataclass
@@ -90,6 +97,11 @@ class CoordinatorConfig:
     rejoin_grace_s: float = opt(0.3, "after a (re)start, how long to gather re-joins before the first view",
                                 _nonneg, "must be >= 0")
     tick_s: float = opt(0.02, "failure detector period", _positive, "must be > 0")
+    keys_dir: str = opt("", "CurveZMQ key folder from `swarm keys generate`; empty: no encryption")
+    key_name: str = opt("coordinator", "the coordinator's key pair in keys_dir")
+    http_bind: str = opt("127.0.0.1:0", "HOST:PORT of the status page (/, /status.json, /metrics); "
+                         "port 0 picks a free one, empty disables it", _host_port, "must be HOST:PORT or empty")
+    run_name: str = opt("", "run name shown on the status page and in /metrics labels")
 
 
 @dataclass

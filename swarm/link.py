@@ -24,6 +24,7 @@ class Member:
     id: str
     addr: str
     rank: int
+    key: str = ""      # CurveZMQ public key (Z85) when the swarm runs with keys
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,12 @@ class View:
         return self.members[i] if i >= 0 else None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "members": [[m.id, m.addr, m.rank] for m in self.members]}
+        return {"epoch": self.epoch, "members": [[m.id, m.addr, m.rank, m.key] for m in self.members]}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> "View":
-        return cls(int(d["epoch"]), tuple(Member(str(i), str(a), int(r)) for i, a, r in d["members"]))
+        return cls(int(d["epoch"]), tuple(Member(str(m[0]), str(m[1]), int(m[2]), str(m[3]) if len(m) > 3 else "")
+                                          for m in d["members"]))
 
 
 class Link(Protocol):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket as _socket
+from pathlib import Path
 import time
 from typing import Any, Callable, Iterator
 
@@ -186,3 +187,87 @@ def srcfd(frame: zmq.Frame) -> int:
 
 
 Callback = Callable[..., Any]
+
+
+class Curve:
+    """CurveZMQ keys of one process, and the allow-list of clients it admits.
+
+    A key folder made by ``swarm keys generate DIR`` holds ``NAME.key`` (public)
+    and ``NAME.key_secret`` pairs, ``coordinator.key`` among them, and an
+    ``authorized/`` folder of the public keys allowed to connect. Servers
+    (every ROUTER) check clients against it through a ZAP handler; clients
+    (every DEALER) must know the server's public key: peers learn each other's
+    from the view, the coordinator's from ``coordinator.key``.
+    """
+
+    def __init__(self, keys_dir: str, name: str) -> None:
+        import zmq.auth
+
+        from .errors import ConfigError
+
+        base = Path(keys_dir)
+        secret = base / f"{name}.key_secret"
+        coord = base / "coordinator.key"
+        self.authorized = base / "authorized"
+        for p in (secret, coord, self.authorized):
+            if not p.exists():
+                raise ConfigError(f"keys: {p} does not exist; create keys with `swarm keys generate {base}`")
+        try:
+            self.public, self.secret = zmq.auth.load_certificate(str(secret))
+            self.coordinator_public = zmq.auth.load_certificate(str(coord))[0]
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"keys: cannot load {secret} or {coord}: {e}") from None
+        if self.secret is None:
+            raise ConfigError(f"keys: {secret} holds no secret key")
+        self._auth: Any = None
+
+    def start(self, ctx: zmq.Context) -> None:
+        """Start the ZAP handler (a thread) that checks clients on ``ctx``'s servers."""
+        from zmq.auth.thread import ThreadAuthenticator
+
+        self._auth = ThreadAuthenticator(zmq.Context.shadow(ctx.underlying))
+        self._auth.start()
+        self._auth.configure_curve(domain="*", location=str(self.authorized))
+
+    def stop(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
+    def server(self, s: zmq.Socket) -> None:
+        s.curve_secretkey = self.secret
+        s.curve_publickey = self.public
+        s.curve_server = True
+
+    def client(self, s: zmq.Socket, server_public: bytes | str) -> None:
+        s.curve_secretkey = self.secret
+        s.curve_publickey = self.public
+        s.curve_serverkey = server_public.encode() if isinstance(server_public, str) else server_public
+
+
+def generate_keys(keys_dir: str, names: list[str]) -> list[Path]:
+    """Create key pairs ``NAME.key``/``NAME.key_secret`` and authorize their public keys."""
+    import shutil
+
+    import zmq.auth
+
+    base = Path(keys_dir)
+    auth = base / "authorized"
+    auth.mkdir(parents=True, exist_ok=True)
+    made = []
+    for name in names:
+        if (base / f"{name}.key_secret").exists():
+            raise TransportError(f"{base / name}.key_secret exists; refusing to overwrite a key")
+        public, secret = zmq.auth.create_certificates(str(base), name)
+        Path(secret).chmod(0o600)
+        shutil.copy(public, auth / Path(public).name)
+        made.append(Path(public))
+    return made
+
+
+def user_id(frame: zmq.Frame) -> str:
+    """The CURVE public key (Z85) a frame's sender authenticated with, or ''."""
+    try:
+        return frame.get("User-Id") or ""
+    except (zmq.ZMQError, AttributeError):
+        return ""

@@ -45,6 +45,7 @@ from .. import wire
 from ..config import CoordinatorConfig
 from ..errors import MembershipError, SwarmError, WireError
 from ..wire import Limits
+from .http import StatusServer
 from .table import ALIVE, DEAD, SUSPECT, MemberTable
 
 log = logging.getLogger("swarm.coordinator")
@@ -105,6 +106,10 @@ class Coordinator:
         self._runner: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._bad = tp.BadInput(name)
+        self._curve: tp.Curve | None = None
+        self._key = ""
+        self._http: StatusServer | None = None
+        self.http_url = ""
 
     async def __aenter__(self) -> "Coordinator":
         await self.start()
@@ -119,11 +124,23 @@ class Coordinator:
                                  heartbeat_s=cfg.zmtp_heartbeat_s, heartbeat_timeout_s=cfg.zmtp_timeout_s)
         self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         try:
+            if cfg.keys_dir:
+                self._curve = tp.Curve(cfg.keys_dir, cfg.key_name)
+                self._curve.start(self._ctx)
+                self._curve.server(self._router)
             self.address = tp.bind(self._router, cfg.bind)
         except Exception:
             self._shutdown()
             raise
         self._plain = tp.shadow(self._router)
+        if cfg.http_bind:
+            try:
+                self._http = StatusServer(self, cfg.http_bind, run=cfg.run_name)
+                await self._http.start()
+            except Exception:
+                self._shutdown()
+                raise
+            self.http_url = self._http.url
         self.started = time.monotonic()
         self._grace_until = self.started + cfg.rejoin_grace_s
         self._runner = asyncio.create_task(self._run(), name="coordinator")
@@ -143,6 +160,8 @@ class Coordinator:
                 await asyncio.wait_for(asyncio.shield(self._runner), 2.0)
             except (asyncio.TimeoutError, Exception):
                 self._runner.cancel()
+        if self._http is not None:
+            await self._http.close()
         self._shutdown()
         if self._failure is not None:
             raise self._failure
@@ -152,6 +171,9 @@ class Coordinator:
             if s is not None:
                 s.close(0)
         self._monitor = self._router = None
+        if self._curve is not None:
+            self._curve.stop()
+            self._curve = None
         if self._own_ctx:
             self._ctx.term()
             self._own_ctx = False
@@ -161,6 +183,8 @@ class Coordinator:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._recv_loop())
                 tg.create_task(self._tick_loop())
+                if self._http is not None:
+                    tg.create_task(self._http.run())
                 await self._stop.wait()
                 raise _Closing()
         except* _Closing:
@@ -227,6 +251,7 @@ class Coordinator:
     def _on_message(self, frames: list[zmq.Frame]) -> None:
         try:
             route, msg = tp.decode_routed(frames, self.limits)
+            self._key = tp.user_id(frames[-1]) if self._curve is not None else ""
             self._handle(route, msg, tp.srcfd(frames[-1]))
         except WireError as e:
             self.malformed += 1
@@ -242,7 +267,8 @@ class Coordinator:
             addr, rank = _str(body, "addr"), _int(body, "rank", -1)
             inc, last = _int(body, "inc"), _int(body, "last_epoch", 0)
             try:
-                rec = self.table.join(src, addr, rank, inc, route, last_epoch=last, now=now)
+                # with CURVE, the key a peer is known by is the one it authenticated with
+                rec = self.table.join(src, addr, rank, inc, route, last_epoch=last, now=now, key=self._key)
             except MembershipError as e:
                 self._send(route, "refuse", {"reason": str(e)})
                 return
@@ -323,7 +349,7 @@ class Coordinator:
         """The member table and the current view, as `swarm status` shows them."""
         rows = self.table.rows({m.id: list(m.stats.get("nbrs", [])) for m in self.table.members.values()})
         return {
-            "coordinator": self.address, "pid": os.getpid(), "epoch": self.table.epoch,
+            "coordinator": self.address, "http": self.http_url, "pid": os.getpid(), "epoch": self.table.epoch,
             "uptime_s": round(time.monotonic() - self.started, 3),
             "view": self.table.view.to_wire(), "members": rows,
             "malformed": self.malformed,

@@ -41,6 +41,7 @@ class MemberRecord:
     linked_at: float = 0.0
     died_at: float = 0.0
     cause: str = ""
+    key: str = ""
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -73,7 +74,7 @@ class MemberTable:
     # -- changes (each returns True when the view must be republished)
 
     def join(self, peer_id: str, addr: str, rank: int, incarnation: int, route: bytes,
-             last_epoch: int = 0, now: float | None = None) -> MemberRecord:
+             last_epoch: int = 0, now: float | None = None, key: str = "") -> MemberRecord:
         """Admit a peer, or raise MembershipError (duplicate live id, rank taken)."""
         now = time.monotonic() if now is None else now
         if last_epoch > self.epoch:
@@ -82,7 +83,7 @@ class MemberTable:
         if old is not None and old.state != DEAD:
             if old.incarnation == incarnation:
                 # a retried or repeated join of the same process: refresh, keep its rank
-                old.route, old.addr, old.last_heartbeat, old.state = route, addr, now, ALIVE
+                old.route, old.addr, old.last_heartbeat, old.state, old.key = route, addr, now, ALIVE, key
                 return old
             if old.incarnation > incarnation:
                 raise MembershipError(f"peer id {peer_id!r} is held by a newer process at {old.addr}")
@@ -94,7 +95,7 @@ class MemberTable:
                            if m.rank == rank and m.state != DEAD and m.id != peer_id), None)
             if holder is not None:
                 raise MembershipError(f"rank {rank} is held by peer {holder.id!r}")
-        rec = MemberRecord(peer_id, addr, self._free_rank(rank), incarnation, route, last_heartbeat=now)
+        rec = MemberRecord(peer_id, addr, self._free_rank(rank), incarnation, route, last_heartbeat=now, key=key)
         self.members[peer_id] = rec
         self._log("join", peer_id)
         return rec
@@ -115,7 +116,7 @@ class MemberTable:
     def publish(self) -> View:
         """Bump the epoch and make the view of the alive members."""
         self.epoch += 1
-        members = tuple(Member(m.id, m.addr, m.rank) for m in self.alive())
+        members = tuple(Member(m.id, m.addr, m.rank, m.key) for m in self.alive())
         self.view = View(self.epoch, members)
         return self.view
 

@@ -36,7 +36,7 @@ from zmq.utils.monitor import parse_monitor_message
 from .. import transport as tp
 from .. import wire
 from ..config import PeerConfig
-from ..errors import MembershipError, PeerTimeout, SwarmError, TransportError, WireError
+from ..errors import ConfigError, MembershipError, PeerTimeout, SwarmError, TransportError, WireError
 from ..link import Handler, View
 from ..wire import Limits, Message
 
@@ -136,6 +136,7 @@ class Peer:
         self._bad = tp.BadInput(f"peer {self.id}")
         self._router: zmq.asyncio.Socket | None = None
         self._coord: zmq.asyncio.Socket | None = None
+        self._curve: tp.Curve | None = None
 
     # ------------------------------------------------------------------ public
 
@@ -175,11 +176,16 @@ class Peer:
         cfg = self.config
         try:
             self._router = tp.router(self._ctx, limits=self.limits, hwm=max(1000, cfg.data_hwm))
-            self.address = cfg.advertise or tp.advertised(tp.bind(self._router, cfg.bind))
             self._coord = tp.dealer(self._ctx, limits=self.limits, hwm=64, immediate=True,
                                     heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s)
+            if cfg.keys_dir:
+                self._curve = tp.Curve(cfg.keys_dir, cfg.key_name)
+                self._curve.start(self._ctx)
+                self._curve.server(self._router)
+                self._curve.client(self._coord, self._curve.coordinator_public)
+            self.address = cfg.advertise or tp.advertised(tp.bind(self._router, cfg.bind))
             tp.connect(self._coord, cfg.coordinators[0])
-        except TransportError:
+        except (TransportError, ConfigError):
             self._close_sockets()
             self.state = PeerState.CLOSED
             raise
@@ -295,6 +301,10 @@ class Peer:
         for s in (self._router, self._coord):
             if s is not None:
                 s.close(0)
+        self._router = self._coord = None
+        if self._curve is not None:
+            self._curve.stop()
+            self._curve = None
         if self._own_ctx:
             self._ctx.term()
 
@@ -514,8 +524,13 @@ class Peer:
         if m is None:
             return None
         cfg = self.config
+        if self._curve is not None and not m.key:
+            log.warning("peer %s: %s has no CURVE key in the view; not linking", self.id, pid)
+            return None
         s = tp.dealer(self._ctx, limits=self.limits, hwm=cfg.data_hwm,
                       heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s)
+        if self._curve is not None:
+            self._curve.client(s, m.key)
         mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         tp.connect(s, m.addr)
         link = _Link(s, tp.shadow(s), mon, m.addr)
