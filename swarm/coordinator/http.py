@@ -1,0 +1,383 @@
+"""The coordinator's status page: a small HTTP/1.1 server on asyncio streams (stdlib only).
+
+Routes (GET or HEAD; every response closes its connection):
+
+=================  ==========================================================
+``/``              HTML status page: run, uptime, epoch, one row per peer and
+                   the join/leave/failover log; a few lines of inline JS
+                   re-fetch ``/status.json`` every second (no external assets)
+``/status.json``   the same figures as JSON (:func:`report.status_document`)
+``/metrics``       Prometheus text exposition format, one series per peer
+=================  ==========================================================
+
+It runs inside the coordinator's task group and shares its loop, so it must
+never stall it or bring it down: a request head must arrive within
+``header_timeout_s`` (slowloris), may not exceed ``max_header_bytes``
+(huge headers get 431), at most ``max_connections`` are served at once (503
+beyond), a response must drain within ``write_timeout_s``, and the document
+is built at most every ``cache_s`` however many requests come. Every failure
+of a connection ends that connection only.
+
+>>> server = StatusServer(coordinator, "127.0.0.1:0")
+>>> await server.start(); print(server.url)       # http://127.0.0.1:PORT/
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import html
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, TransportError
+from .report import PeerRates, fixed, prometheus, si, status_document
+from .table import DEAD
+
+if TYPE_CHECKING:
+    from .server import Coordinator
+
+log = logging.getLogger("swarm.coordinator.http")
+
+__all__ = ["StatusServer", "parse_bind"]
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            408: "Request Timeout", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+            503: "Service Unavailable", 505: "HTTP Version Not Supported"}
+
+
+class _Reject(Exception):
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(why)
+        self.code = code
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` (``"[::1]:8080"`` for IPv6) → ``(host, port)``; port 0 picks a free one."""
+    host, sep, port = bind.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"coordinator.http_bind = {bind!r}: expected HOST:PORT, e.g. 127.0.0.1:8555")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        p = int(port)
+    except ValueError:
+        raise ConfigError(f"coordinator.http_bind = {bind!r}: port {port!r} is not a number") from None
+    if not 0 <= p <= 65535:
+        raise ConfigError(f"coordinator.http_bind = {bind!r}: port must be 0..65535")
+    return host, p
+
+
+class StatusServer:
+    """Serves a :class:`~swarm.coordinator.Coordinator`'s status over HTTP.
+
+    ``start()`` binds (so the URL is known at once), ``run()`` samples the
+    member table for rates until cancelled, ``close()`` stops listening and
+    drops open connections.
+    """
+
+    def __init__(self, coordinator: "Coordinator", bind: str = "127.0.0.1:0", *, run: str = "",
+                 sample_s: float = 0.5, cache_s: float = 0.25, header_timeout_s: float = 5.0,
+                 write_timeout_s: float = 5.0, max_connections: int = 64,
+                 max_header_bytes: int = 16 * 1024) -> None:
+        self.coordinator = coordinator
+        self.host, self.port = parse_bind(bind)
+        self.run_name = run
+        self.sample_s, self.cache_s = sample_s, cache_s
+        self.header_timeout_s, self.write_timeout_s = header_timeout_s, write_timeout_s
+        self.max_connections, self.max_header_bytes = max_connections, max_header_bytes
+        self.linger_s = 0.5
+        self.rates = PeerRates()
+        self.url = ""
+        self.served = 0
+        self.rejected = 0
+        self._server: asyncio.Server | None = None
+        self._clients: set[asyncio.Task[Any]] = set()
+        self._doc: tuple[float, dict[str, Any]] | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        try:
+            # the stream limit bounds one header line; the whole head is bounded in _read_head
+            self._server = await asyncio.start_server(self._client, self.host, self.port,
+                                                      limit=self.max_header_bytes, reuse_address=True)
+        except OSError as e:
+            raise TransportError(f"status page: cannot listen on {self.host}:{self.port}: {e.strerror or e}; "
+                                 f"set coordinator.http_bind to another HOST:PORT, or \"\" to disable it") from None
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self.port = port
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+
+    async def run(self) -> None:
+        """Sample heartbeats for rates until cancelled; then close."""
+        try:
+            while True:
+                try:
+                    self.sample()
+                except Exception:   # rates are a nicety; the coordinator must go on without them
+                    log.exception("status page: sampling heartbeats failed")
+                await asyncio.sleep(self.sample_s)
+        finally:
+            await self.close()
+
+    def sample(self) -> None:
+        """Feed the latest heartbeat of every live member to the rate tracker."""
+        members = self.coordinator.table.members
+        for m in members.values():
+            if m.state != DEAD and m.stats:
+                self.rates.observe(m.id, m.incarnation, m.last_heartbeat, m.stats)
+        self.rates.forget_except(members.keys())
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._clients):
+            task.cancel()
+        if self._clients:
+            await asyncio.wait(list(self._clients), timeout=1.0)
+
+    # ------------------------------------------------------------ documents
+
+    def document(self) -> dict[str, Any]:
+        """The status document, rebuilt at most every ``cache_s``."""
+        now = time.monotonic()
+        if self._doc is None or now - self._doc[0] >= self.cache_s:
+            self.sample()
+            doc = status_document(self.coordinator.status(), self.rates, run=self.run_name, http=self.url)
+            self._doc = (now, doc)
+        return self._doc[1]
+
+    def _route(self, path: str) -> tuple[str, bytes]:
+        if path in ("/", "/index.html"):
+            return "text/html; charset=utf-8", render_page(self.document()).encode()
+        if path == "/status.json":
+            return "application/json", json.dumps(self.document(), allow_nan=False).encode()
+        if path == "/metrics":
+            return "text/plain; version=0.0.4; charset=utf-8", prometheus(self.document()).encode()
+        raise _Reject(404, f"no page at {path[:100]}")
+
+    # ------------------------------------------------------------ connections
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        busy = len(self._clients) >= self.max_connections
+        self._clients.add(task)
+        try:
+            if busy:
+                self.rejected += 1
+                await self._respond(writer, 503, "text/plain", b"too many connections\n", head_only=False)
+                await self._linger(reader, writer)
+                return
+            try:
+                async with asyncio.timeout(self.header_timeout_s):
+                    method, path = await self._read_head(reader)
+                ctype, body = self._route(path)
+                code = 200
+            except TimeoutError:
+                code, ctype, body, method = 408, "text/plain", b"request head too slow\n", "GET"
+            except _Reject as e:
+                code, ctype, body, method = e.code, "text/plain", f"{e}\n".encode(), "GET"
+            if code != 200:
+                self.rejected += 1
+            else:
+                self.served += 1
+            await self._respond(writer, code, ctype, body, head_only=method == "HEAD")
+            await self._linger(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            writer.transport.abort()   # the client went away; nothing to answer
+        except asyncio.CancelledError:
+            # Only close() cancels a connection. Ending the task normally instead of
+            # re-raising keeps Python 3.11's stream callback from logging the
+            # cancellation as an error; there is no caller to tell.
+            writer.transport.abort()
+        except Exception:
+            # a bug here must cost one request, never the coordinator
+            log.exception("status page: request failed")
+            writer.transport.abort()
+        finally:
+            self._clients.discard(task)
+
+    async def _read_head(self, reader: asyncio.StreamReader) -> tuple[str, str]:
+        total, lines = 0, []
+        while True:
+            try:
+                line = await reader.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                raise _Reject(431, "header line too long") from None
+            if not line:
+                raise asyncio.IncompleteReadError(b"", None)
+            total += len(line)
+            if total > self.max_header_bytes or len(lines) > 100:
+                raise _Reject(431, "request head too large")
+            if line in (b"\r\n", b"\n"):
+                if lines:
+                    break
+                continue   # RFC 9112: ignore empty lines before the request line
+            lines.append(line)
+        try:
+            method, target, version = lines[0].decode("ascii").split()
+        except (UnicodeDecodeError, ValueError):
+            raise _Reject(400, "malformed request line") from None
+        if not version.startswith("HTTP/1."):
+            raise _Reject(505, "only HTTP/1.x is served")
+        if method not in ("GET", "HEAD"):
+            raise _Reject(405, f"method {method[:20]} not allowed; use GET")
+        if not target.startswith("/"):
+            raise _Reject(400, "request target must be a path")
+        return method, target.split("?", 1)[0]
+
+    async def _respond(self, writer: asyncio.StreamWriter, code: int, ctype: str, body: bytes,
+                       head_only: bool) -> None:
+        headers = [f"HTTP/1.1 {code} {_REASONS[code]}", f"Content-Type: {ctype}",
+                   f"Content-Length: {len(body)}", "Cache-Control: no-store", "Connection: close",
+                   "X-Content-Type-Options: nosniff"]
+        if ctype.startswith("text/html"):
+            headers.append(f"Content-Security-Policy: {_CSP}")
+        if code == 405:
+            headers.append("Allow: GET, HEAD")
+        writer.write(("\r\n".join(headers) + "\r\n\r\n").encode("ascii") + (b"" if head_only else body))
+        try:
+            async with asyncio.timeout(self.write_timeout_s):
+                await writer.drain()
+        except TimeoutError:
+            writer.transport.abort()   # a client that does not read gets cut off
+
+    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Close after the client has read the answer.
+
+        Closing a socket with unread request bytes in it (a body we did not
+        read, a request we refused before reading it) makes the kernel send a
+        reset, which can destroy the answer before the client reads it. So:
+        stop writing, discard what still comes for a moment, then close.
+        """
+        if writer.transport.is_closing():
+            return
+        try:
+            if writer.can_write_eof():
+                writer.write_eof()
+            async with asyncio.timeout(self.linger_s):
+                while await reader.read(65536):
+                    pass
+        except (TimeoutError, ConnectionError):
+            pass
+        writer.transport.abort() if not reader.at_eof() else writer.close()
+
+
+# ---------------------------------------------------------------- the page
+
+_COLUMNS = ["peer", "rank", "state", "heartbeat age", "neighbours", "env steps/s", "rounds/s",
+            "bytes in", "bytes out", "codec ratio", "staleness", "buffer", "last error"]
+
+# Must format exactly like _cells below, so the page looks the same before and after a refresh.
+_SCRIPT = r"""
+"use strict";
+function si(v, unit) {
+  if (typeof v !== "number" || !isFinite(v)) return "-";
+  unit = unit || "";
+  for (const [d, s] of [[1e9, "G"], [1e6, "M"], [1e3, "k"]])
+    if (Math.abs(v) >= d) return (v / d).toFixed(1) + s + unit;
+  return (Number.isInteger(v) || Math.abs(v) >= 10 ? v.toFixed(0) : v.toFixed(1)) + unit;
+}
+function fixed(v, n) { return typeof v === "number" && isFinite(v) ? v.toFixed(n) : "-"; }
+function cells(p) {
+  return [p.id, si(p.rank), p.state, fixed(p.heartbeat_age_s, 2) + (p.heartbeat_age_s == null ? "" : " s"),
+          p.neighbours.join(", "), si(p.env_steps_per_s), si(p.rounds_per_s),
+          si(p.bytes_in, "B") + " (" + si(p.bytes_in_per_s, "B") + "/s)",
+          si(p.bytes_out, "B") + " (" + si(p.bytes_out_per_s, "B") + "/s)",
+          fixed(p.codec_ratio, 3), si(p.staleness), si(p.buffer_size), p.last_error || ""];
+}
+function row(values, cls) {
+  const tr = document.createElement("tr");
+  if (cls) tr.className = cls;
+  for (const v of values) { const td = document.createElement("td"); td.textContent = v; tr.appendChild(td); }
+  return tr;
+}
+let refreshes = 0;
+async function refresh() {
+  try {
+    const r = await fetch("/status.json", {cache: "no-store"});
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    const d = await r.json();
+    document.getElementById("epoch").textContent = d.epoch;
+    document.getElementById("uptime").textContent = fixed(d.uptime_s, 1) + " s";
+    document.getElementById("members").textContent = d.members;
+    const rows = document.getElementById("rows");
+    rows.replaceChildren(...d.peers.map(p => {
+      const tr = row(cells(p), "peer state-" + p.state);
+      tr.dataset.peer = p.id;
+      return tr;
+    }));
+    const ev = document.getElementById("events");
+    ev.replaceChildren(...d.log.slice().reverse().map(e =>
+      row([new Date(e.time * 1000).toLocaleTimeString(), e.event, e.peer])));
+    refreshes += 1;
+    document.body.dataset.refreshed = refreshes;
+    document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+  } catch (e) {
+    document.getElementById("updated").textContent = "coordinator unreachable (" + e.message + ")";
+  }
+}
+refresh();
+setInterval(refresh, 1000);
+"""
+
+_STYLE = """
+body { font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin-bottom: 1.5em; }
+th, td { padding: 3px 9px; border-bottom: 1px solid #ddd; text-align: right; white-space: nowrap; }
+th:first-child, td:first-child, td:nth-child(3), td:nth-child(5), td:last-child { text-align: left; }
+tr.state-suspect { background: #fff4d6; } tr.state-dead { color: #999; }
+#summary { color: #555; }
+"""
+
+# The page runs only its own inline script: whatever a peer puts in its id or
+# stats is shown as text, and even a slip in escaping could not run code.
+_CSP = ("default-src 'none'; style-src 'unsafe-inline'; connect-src 'self'; "
+        f"script-src 'sha256-{base64.b64encode(hashlib.sha256(_SCRIPT.encode()).digest()).decode()}'")
+
+
+def _cells(p: dict[str, Any]) -> list[str]:
+    age = p["heartbeat_age_s"]
+    return [p["id"], si(p["rank"]), str(p["state"]), fixed(age, 2) + ("" if age is None else " s"),
+            ", ".join(p["neighbours"]), si(p["env_steps_per_s"]), si(p["rounds_per_s"]),
+            f"{si(p['bytes_in'], 'B')} ({si(p['bytes_in_per_s'], 'B')}/s)",
+            f"{si(p['bytes_out'], 'B')} ({si(p['bytes_out_per_s'], 'B')}/s)",
+            fixed(p["codec_ratio"], 3), si(p["staleness"]), si(p["buffer_size"]), p["last_error"]]
+
+
+def render_page(doc: dict[str, Any]) -> str:
+    """The status page, rows rendered on the server (it reads without JS) and refreshed by JS."""
+    e = html.escape
+    rows = "\n".join(
+        f'<tr class="peer state-{e(str(p["state"]))}" data-peer="{e(p["id"])}">'
+        + "".join(f"<td>{e(c)}</td>" for c in _cells(p)) + "</tr>" for p in doc["peers"])
+    events = "\n".join(
+        f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(x['time']))}</td><td>{e(x['event'])}</td>"
+        f"<td>{e(x['peer'])}</td></tr>" for x in reversed(doc["log"]))
+    run = e(doc.get("run") or "swarm")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{run} · swarm status</title>
+<style>{_STYLE}</style></head>
+<body data-refreshed="0">
+<h1>{run}</h1>
+<p id="summary">coordinator {e(str(doc.get("coordinator")))} · epoch <b id="epoch">{e(str(doc.get("epoch")))}</b>
+· uptime <span id="uptime">{fixed(doc.get("uptime_s"), 1)} s</span> · members <span id="members">{doc.get("members")}</span>
+· <span id="updated">rendered by the coordinator</span></p>
+<table id="peers"><thead><tr>{"".join(f"<th>{c}</th>" for c in _COLUMNS)}</tr></thead>
+<tbody id="rows">
+{rows}
+</tbody></table>
+<h2>Membership log</h2>
+<table id="log"><thead><tr><th>time</th><th>event</th><th>peer</th></tr></thead>
+<tbody id="events">
+{events}
+</tbody></table>
+<script>{_SCRIPT}</script>
+</body></html>
+"""

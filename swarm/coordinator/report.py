@@ -1,0 +1,258 @@
+"""What the status surfaces show: per-peer rows with rates, Prometheus text, a terminal table.
+
+Peers put their figures in the ``stats`` map of every heartbeat (the peer's
+message and byte counters, its neighbours; the experiment runner adds env
+steps, rounds, buffer size ...). Rates are not sent: the coordinator derives
+them from successive heartbeats with :class:`PeerRates`, so a peer that
+restarts or a counter that goes backwards only resets its own history.
+
+Everything in ``stats`` comes off the wire, so it is treated as untrusted:
+numbers are used only when they are real finite numbers, strings are cut
+short, and the HTML page and the Prometheus labels escape what they show.
+
+    >>> rates = PeerRates()
+    >>> rates.observe("p0", 1, 0.0, {"env_steps": 0})
+    >>> rates.observe("p0", 1, 2.0, {"env_steps": 500})
+    >>> rates.rates("p0")["env_steps"]
+    250.0
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any, Iterable
+
+__all__ = ["PeerRates", "peer_rows", "status_document", "prometheus", "format_table", "RATE_KEYS"]
+
+#: counters whose per-second rate the coordinator derives from heartbeats
+RATE_KEYS = ("env_steps", "rounds", "bytes_in", "bytes_out")
+
+_MAX_TEXT = 200   # longest string copied from a peer's stats into a row
+
+
+def num(v: Any) -> float | int | None:
+    """``v`` if it is a finite int or float (not a bool), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _text(v: Any) -> str:
+    return v[:_MAX_TEXT] if isinstance(v, str) else ""
+
+
+class PeerRates:
+    """Per-second rates of each peer's counters over a sliding window of heartbeats.
+
+    ``observe`` is cheap and idempotent for a heartbeat already seen (same
+    time stamp), so it can be fed from a periodic sampler of the member table
+    or from successive ``status`` replies.
+    """
+
+    def __init__(self, window_s: float = 5.0, min_span_s: float = 0.2) -> None:
+        self.window_s = window_s
+        self.min_span_s = min_span_s
+        self._hist: dict[str, tuple[int, deque[tuple[float, tuple[Any, ...]]]]] = {}
+
+    def observe(self, peer_id: str, incarnation: int, t: float, stats: dict[str, Any]) -> None:
+        """Record the counters of one heartbeat received at time ``t`` (seconds)."""
+        vals = tuple(num(stats.get(k)) for k in RATE_KEYS)
+        entry = self._hist.get(peer_id)
+        if entry is None or entry[0] != incarnation:
+            entry = (incarnation, deque())
+            self._hist[peer_id] = entry
+        dq = entry[1]
+        if dq:
+            t_last, last = dq[-1]
+            if t <= t_last:
+                return
+            # a counter that went backwards: the peer restarted its counting
+            if any(a is not None and b is not None and b < a for a, b in zip(last, vals)):
+                dq.clear()
+        dq.append((t, vals))
+        while len(dq) > 2 and t - dq[1][0] >= self.window_s:
+            dq.popleft()
+
+    def rates(self, peer_id: str) -> dict[str, float | None]:
+        """``{counter: per second}`` over the window; None where not yet known."""
+        entry = self._hist.get(peer_id)
+        out: dict[str, float | None] = dict.fromkeys(RATE_KEYS)
+        if entry is None or len(entry[1]) < 2:
+            return out
+        (t0, v0), (t1, v1) = entry[1][0], entry[1][-1]
+        if t1 - t0 < self.min_span_s:
+            return out
+        for k, a, b in zip(RATE_KEYS, v0, v1):
+            if a is not None and b is not None:
+                out[k] = (b - a) / (t1 - t0)
+        return out
+
+    def forget_except(self, keep: Iterable[str]) -> None:
+        """Drop the history of peers no longer in the table."""
+        keep = set(keep)
+        for pid in [p for p in self._hist if p not in keep]:
+            del self._hist[pid]
+
+    def observe_rows(self, rows: Iterable[dict[str, Any]], now: float | None = None) -> None:
+        """Feed ``status`` rows (time stamps from their heartbeat ages), e.g. in a client."""
+        now = time.monotonic() if now is None else now
+        seen = []
+        for r in rows:
+            seen.append(r["id"])
+            age = num(r.get("heartbeat_age_s"))
+            if age is not None and isinstance(r.get("stats"), dict):
+                # ages are rounded to 1 ms; round the stamp too so a repeated
+                # heartbeat is recognised as the same one
+                self.observe(r["id"], r.get("incarnation", 0), round(now - age, 2), r["stats"])
+        self.forget_except(seen)
+
+
+def peer_rows(status: dict[str, Any], rates: PeerRates) -> list[dict[str, Any]]:
+    """One flat row per member: the table's fields, the figures from its stats, its rates."""
+    out = []
+    for r in status.get("members", []):
+        s = r.get("stats") if isinstance(r.get("stats"), dict) else {}
+        rt = rates.rates(r["id"]) if r.get("state") != "dead" else dict.fromkeys(RATE_KEYS)
+        last_error = _text(s.get("last_error")) or (r.get("cause") or "")
+        out.append({
+            "id": r["id"], "rank": r.get("rank"), "addr": r.get("addr"), "state": r.get("state"),
+            "incarnation": r.get("incarnation"), "heartbeat_age_s": r.get("heartbeat_age_s"),
+            "linked_epoch": r.get("linked_epoch"), "neighbours": [n for n in r.get("neighbours", [])
+                                                                   if isinstance(n, str)][:64],
+            "env_steps": num(s.get("env_steps")), "env_steps_per_s": rt["env_steps"],
+            "rounds": num(s.get("rounds")), "rounds_per_s": rt["rounds"],
+            "bytes_in": num(s.get("bytes_in")), "bytes_out": num(s.get("bytes_out")),
+            "bytes_in_per_s": rt["bytes_in"], "bytes_out_per_s": rt["bytes_out"],
+            "gossip_bytes_in": num(s.get("gossip_bytes_in")), "gossip_bytes_out": num(s.get("gossip_bytes_out")),
+            "codec_ratio": num(s.get("codec_ratio")), "staleness": num(s.get("staleness")),
+            "buffer_size": num(s.get("buffer_size")), "mean_return": num(s.get("mean_return")),
+            "last_error": last_error,
+        })
+    return out
+
+
+def status_document(status: dict[str, Any], rates: PeerRates, run: str = "", http: str = "") -> dict[str, Any]:
+    """What ``/status.json`` serves and the page renders: run, epoch, peers, the event log."""
+    peers = peer_rows(status, rates)
+    return {
+        "run": run, "coordinator": status.get("coordinator"), "http": http, "pid": status.get("pid"),
+        "epoch": status.get("epoch"), "uptime_s": status.get("uptime_s"),
+        "members": len(status.get("view", {}).get("members", [])),
+        "malformed": status.get("malformed", 0),
+        "peers": peers,
+        "log": [{"time": t, "event": ev, "peer": pid} for t, ev, pid in status.get("log", [])],
+    }
+
+
+# ---------------------------------------------------------------- Prometheus
+
+def _label(v: Any) -> str:
+    s = str(v)
+    return s.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+
+
+def _fmt(v: float | int) -> str:
+    return str(v) if isinstance(v, int) else repr(float(v))
+
+
+# (metric, type, help, row key)
+_PEER_METRICS = [
+    ("swarm_peer_up", "gauge", "1 if the peer is alive or suspect, 0 if dead", None),
+    ("swarm_peer_heartbeat_age_seconds", "gauge", "seconds since the peer's last heartbeat", "heartbeat_age_s"),
+    ("swarm_peer_neighbours", "gauge", "number of neighbours the peer reports", None),
+    ("swarm_peer_env_steps_total", "counter", "environment steps taken", "env_steps"),
+    ("swarm_peer_env_steps_per_second", "gauge", "environment steps per second (from heartbeats)",
+     "env_steps_per_s"),
+    ("swarm_peer_rounds_total", "counter", "gossip rounds done", "rounds"),
+    ("swarm_peer_rounds_per_second", "gauge", "gossip rounds per second (from heartbeats)", "rounds_per_s"),
+    ("swarm_peer_bytes_in_total", "counter", "bytes received by the peer", "bytes_in"),
+    ("swarm_peer_bytes_out_total", "counter", "bytes sent by the peer", "bytes_out"),
+    ("swarm_peer_codec_ratio", "gauge", "compressed size / dense size of gossip deltas", "codec_ratio"),
+    ("swarm_peer_staleness_rounds", "gauge", "rounds the peer's freshest neighbour data lags", "staleness"),
+    ("swarm_peer_buffer_items", "gauge", "items in the peer's replay buffer", "buffer_size"),
+    ("swarm_peer_mean_return", "gauge", "mean episode return", "mean_return"),
+]
+
+
+def prometheus(doc: dict[str, Any]) -> str:
+    """The status document in the Prometheus text exposition format (version 0.0.4)."""
+    run = _label(doc.get("run") or "")
+    lines = []
+
+    def head(name: str, kind: str, help_: str) -> None:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {kind}")
+
+    head("swarm_coordinator_uptime_seconds", "gauge", "seconds since the coordinator started")
+    lines.append(f'swarm_coordinator_uptime_seconds{{run="{run}"}} {_fmt(doc.get("uptime_s") or 0.0)}')
+    head("swarm_epoch", "gauge", "current membership epoch")
+    lines.append(f'swarm_epoch{{run="{run}"}} {_fmt(doc.get("epoch") or 0)}')
+    head("swarm_members", "gauge", "members by state")
+    counts = {"alive": 0, "suspect": 0, "dead": 0}
+    for p in doc["peers"]:
+        if p["state"] in counts:
+            counts[p["state"]] += 1
+    for state, n in counts.items():
+        lines.append(f'swarm_members{{run="{run}",state="{state}"}} {n}')
+    head("swarm_coordinator_malformed_total", "counter", "messages the coordinator rejected")
+    lines.append(f'swarm_coordinator_malformed_total{{run="{run}"}} {_fmt(doc.get("malformed") or 0)}')
+    for name, kind, help_, key in _PEER_METRICS:
+        head(name, kind, help_)
+        for p in doc["peers"]:
+            if name == "swarm_peer_up":
+                v: Any = int(p["state"] != "dead")
+            elif name == "swarm_peer_neighbours":
+                v = len(p["neighbours"])
+            else:
+                v = num(p.get(key))
+            if v is None:
+                continue
+            lines.append(f'{name}{{run="{run}",peer="{_label(p["id"])}",rank="{_label(p["rank"])}"}} {_fmt(v)}')
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- terminal
+
+def si(v: Any, unit: str = "") -> str:
+    """A number in 4 or 5 characters (``12.3k``), ``-`` for none; the page's JS formats alike."""
+    v = num(v)
+    if v is None:
+        return "-"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.1f}{suffix}{unit}"
+    return (f"{v:.0f}" if abs(v) >= 10 or v == int(v) else f"{v:.1f}") + unit
+
+
+def fixed(v: Any, digits: int) -> str:
+    """``v`` with ``digits`` decimals, ``-`` for none."""
+    v = num(v)
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def format_table(doc: dict[str, Any], width: int = 160) -> str:
+    """The status document as a terminal table (what ``swarm status --watch`` redraws)."""
+    run = f"{doc['run']}  " if doc.get("run") else ""
+    lines = [f"{run}coordinator {doc.get('coordinator')}  epoch {doc.get('epoch')}  "
+             f"uptime {num(doc.get('uptime_s')) or 0:.1f} s  members {doc.get('members')}"
+             + (f"  page {doc['http']}" if doc.get("http") else "")]
+    head = (f"{'id':<16} {'rank':>4} {'state':<7} {'hb age':>6} {'steps/s':>8} {'rounds/s':>8} "
+            f"{'in/s':>7} {'out/s':>7} {'ratio':>5} {'stale':>5} {'buffer':>7}  {'neighbours':<20} error")
+    lines += [head, "-" * len(head)]
+    for p in doc["peers"]:
+        age, ratio = fixed(p["heartbeat_age_s"], 2), fixed(p["codec_ratio"], 3)
+        line = (f"{p['id'][:16]:<16} {si(p['rank']):>4} {str(p['state'])[:7]:<7} {age:>6} "
+                f"{si(p['env_steps_per_s']):>8} {si(p['rounds_per_s']):>8} {si(p['bytes_in_per_s'], 'B'):>7} "
+                f"{si(p['bytes_out_per_s'], 'B'):>7} {ratio:>5} {si(p['staleness']):>5} "
+                f"{si(p['buffer_size']):>7}  {','.join(p['neighbours'])[:20]:<20} {p['last_error']}")
+        lines.append(line[:width])
+    recent = doc.get("log", [])[-5:]
+    if recent:
+        lines.append("")
+        for e in recent:
+            lines.append(f"{time.strftime('%H:%M:%S', time.localtime(e['time']))}  {e['event']:<20} {e['peer']}")
+    return "\n".join(lines)
