@@ -1,0 +1,36 @@
+"""The README example: a peer embedded in a hand-written simulator loop."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from swarmtest import ROOT, free_port
+
+EXAMPLE = ROOT / "examples" / "custom_simulator.py"
+
+
+def test_custom_simulator_example_learns_together(procs, tmp_path):
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, name="coordinator")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    rooms = [subprocess.Popen([sys.executable, str(EXAMPLE), "--coordinator", addr, "--rank", str(r),
+                               "--steps", "600", "--gossip-every", "50"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+             for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=60)[0] for p in rooms]
+    finally:
+        for p in rooms:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, out) in enumerate(zip(rooms, outs)):
+        assert p.returncode == 0, out
+        m = re.search(rf"room{r}: 600 steps, 6 episodes, .* (\d+) gossip rounds, (\d+) with neighbours, "
+                      r"(\d+) bytes sent", out)
+        assert m, out
+        rounds, joined, sent = map(int, m.groups())
+        assert rounds == 12 and joined >= 1 and sent > 0
