@@ -266,7 +266,10 @@ class StatusServer:
                     pass
         except (TimeoutError, ConnectionError):
             pass
-        writer.transport.abort() if not reader.at_eof() else writer.close()
+        if reader.at_eof():
+            writer.close()
+        else:
+            writer.transport.abort()   # still sending after the linger: cut it off
 
 
 # ---------------------------------------------------------------- the page
