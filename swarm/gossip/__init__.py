@@ -2,17 +2,18 @@
 
 >>> from swarm.gossip import Gossip, flat_parameters
 >>> x = flat_parameters(model)            # one float32 vector over the model's tensors
->>> g = Gossip(peer, x, topology="ring", codec="ef+topk:0.01", gamma=0.3)
+>>> g = Gossip(peer, x, topology="ring", codec="ef+topk:0.01", gamma="auto")  # γ = 0.02
 >>> result = await g.round()
 
 torch is imported only by :func:`flat_parameters`, on first use.
 """
 
+from ._codecs import suggested_gamma
 from .engine import MODES, SYNC_MODES, Gossip, GossipStats, RoundResult
 from .flat import flat_parameters
 from .topology import TOPOLOGIES, Spectrum, mixing_matrix, neighbours, spectrum, weights
 
 __all__ = [
-    "Gossip", "GossipStats", "RoundResult", "SYNC_MODES", "MODES", "flat_parameters",
+    "Gossip", "GossipStats", "RoundResult", "SYNC_MODES", "MODES", "flat_parameters", "suggested_gamma",
     "TOPOLOGIES", "Spectrum", "mixing_matrix", "neighbours", "spectrum", "weights",
 ]

@@ -97,6 +97,50 @@ def test_nan_and_wrong_size_deltas_rejected_and_counted():
     asyncio.run(main())
 
 
+def test_overflowing_delta_spoils_only_the_copy():
+    """Finite values whose sum with the copy overflows: counted as non-finite, the
+    copy is not mixed (x untouched) until a full state repairs it."""
+    async def main():
+        hub, links, xs, engines = make(3, d=8, topology="ring")
+        await run_rounds(engines, 2)
+        target = engines[0]
+        target._in["p001"].hat[:] = 3e38
+        before = xs[0].copy()
+        big = np.full(8, 3e38, np.float32)
+        await links[1].send("p000", T_DELTA, {"r": 2, "ver": 3, "meta": {"codec": "identity", "n": 8}}, [big])
+        await asyncio.sleep(0)
+        target._apply_pending("p001", target._in["p001"], None)
+        assert target.stats.rejected_nonfinite == 1 and target._in["p001"].ver == -1
+        np.testing.assert_array_equal(xs[0], before)
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("codec,gamma", [("identity", 1.0), ("fp16", 1.0), ("int8", 0.6), ("sign", 0.9),
+                                         ("topk:0.01", 0.02), ("ef+topk:0.1", 0.2), ("randomk:0.1", 0.1)])
+def test_auto_gamma_per_codec(codec, gamma):
+    from swarm.gossip import suggested_gamma
+    assert suggested_gamma(codec) == pytest.approx(gamma)
+    hub = SimHub()
+    (link,) = hub.add_many(1)
+    assert Gossip(link, np.zeros(4, np.float32), codec=codec, gamma="auto").gamma == pytest.approx(gamma)
+
+
+def test_spec_default_codec_with_auto_gamma_converges_and_gamma_1_warns(caplog):
+    """The experiment spec's default codec, ef+topk:0.01, diverges at γ = 1 (so the
+    engine warns) and converges at γ = 'auto'."""
+    async def main():
+        _, _, xs, engines = make(6, d=2000, topology="ring", codec="ef+topk:0.01", gamma="auto")
+        e0 = consensus_error(xs)
+        await run_rounds(engines, 150)
+        return consensus_error(xs, e0)
+    assert asyncio.run(main()) < 0.5
+    with caplog.at_level("WARNING", logger="swarm.gossip.engine"):
+        hub = SimHub()
+        (link,) = hub.add_many(1)
+        Gossip(link, np.zeros(4, np.float32), codec="ef+topk:0.01", gamma=1.0)
+    assert "divergence" in caplog.text
+
+
 def test_nan_delta_through_a_round_never_reaches_params():
     async def main():
         hub, links, xs, engines = make(3, d=16, topology="ring", sync="async")
@@ -247,7 +291,7 @@ def test_pseudo_gradient_nesterov_accelerates_common_drift():
     (dict(sync="sometimes"), "sometimes"), (dict(max_staleness=-1), "max_staleness"),
     (dict(mode="sgd"), "sgd"), (dict(round_timeout=0), "round_timeout"),
     (dict(codec="nonsense:3"), "nonsense"), (dict(local_steps=0), "local_steps"),
-    (dict(topology="custom"), "edges"),
+    (dict(topology="custom"), "edges"), (dict(gamma="fast"), "gamma"), (dict(gamma=True), "gamma"),
 ])
 def test_bad_config_names_the_value(kw, word):
     hub = SimHub()
