@@ -90,6 +90,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         cfg.bind = args.bind
     if args.keys:
         cfg.keys_dir = args.keys
+    if args.others:
+        cfg.others = [a.strip() for a in args.others.split(",") if a.strip()]
 
     async def main() -> int:
         async with Coordinator(cfg) as coord:
@@ -110,7 +112,8 @@ def cmd_peer(args: argparse.Namespace) -> int:
     from .peer import Peer
 
     cfg: PeerConfig = _config(args).peer
-    coords = [args.coordinator] if args.coordinator else (cfg.coordinators or env_coordinator())
+    coords = ([a.strip() for a in args.coordinator.split(",") if a.strip()] if args.coordinator
+              else (cfg.coordinators or env_coordinator()))
     if not coords:
         raise SwarmError("no coordinator: pass --coordinator tcp://HOST:PORT or set SWARM_COORDINATOR")
     cfg.coordinators = coords
@@ -275,12 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("coordinator", help="run a coordinator (membership and failover only)")
     c.add_argument("--bind", default=None, help=f"address to bind (default tcp://127.0.0.1:{DEFAULT_PORT})")
     c.add_argument("--keys", help="CurveZMQ key folder (from `swarm keys generate`): encrypt and authenticate")
+    c.add_argument("--others", help="comma-separated addresses of the other coordinators (primary/standbys)")
     c.add_argument("--config", help="TOML or JSON config file")
     c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
     c.set_defaults(func=cmd_coordinator)
 
     q = sub.add_parser("peer", help="run one peer; joins the coordinator and links to its neighbours")
-    q.add_argument("--coordinator", help="coordinator address (else SWARM_COORDINATOR or MASTER_ADDR)")
+    q.add_argument("--coordinator", help="coordinator address, or several comma-separated (primary first; "
+                   "else SWARM_COORDINATOR or MASTER_ADDR)")
     q.add_argument("--bind", help="address to bind (default tcp://127.0.0.1:*)")
     q.add_argument("--id", help="peer id (default HOSTNAME-PID)")
     q.add_argument("--rank", type=int, help="requested rank (else SWARM_RANK, SLURM_PROCID or RANK)")

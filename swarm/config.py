@@ -75,6 +75,8 @@ class PeerConfig:
     link_heartbeat_s: float = opt(0.1, "ZMTP heartbeat interval on peer links (detects frozen neighbours)",
                                   _positive, "must be > 0")
     link_timeout_s: float = opt(0.3, "ZMTP heartbeat timeout on peer links", _positive, "must be > 0")
+    coordinator_timeout_s: float = opt(1.0, "while joining, how long a coordinator may stay silent before the "
+                                       "next address in `coordinators` is tried", _positive, "must be > 0")
     data_hwm: int = opt(8, "high-water mark (messages) of each data link", _positive, "must be > 0")
     max_message_mb: int = opt(512, "largest message accepted, in MiB (ZMQ MAXMSGSIZE)", _positive, "must be > 0")
     keys_dir: str = opt("", "CurveZMQ key folder from `swarm keys generate`; empty: no encryption")
@@ -99,6 +101,9 @@ class CoordinatorConfig:
     tick_s: float = opt(0.02, "failure detector period", _positive, "must be > 0")
     keys_dir: str = opt("", "CurveZMQ key folder from `swarm keys generate`; empty: no encryption")
     key_name: str = opt("coordinator", "the coordinator's key pair in keys_dir")
+    others: list[str] = opt([], "addresses of the other coordinators (primary and standbys); empty: run alone")
+    takeover_s: float = opt(1.0, "a standby takes over when no active coordinator has answered for this long",
+                            _positive, "must be > 0")
     http_bind: str = opt("127.0.0.1:0", "HOST:PORT of the status page (/, /status.json, /metrics); "
                          "port 0 picks a free one, empty disables it", _host_port, "must be HOST:PORT or empty")
     run_name: str = opt("", "run name shown on the status page and in /metrics labels")

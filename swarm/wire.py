@@ -50,7 +50,7 @@ DTYPES: frozenset[str] = frozenset(
 _TYPES: set[str] = {
     # membership (peer <-> coordinator)
     "join", "welcome", "refuse", "heartbeat", "rejoin", "leave", "view",
-    "suspect", "probe", "probe_ack", "linked", "status", "status_reply",
+    "suspect", "probe", "probe_ack", "linked", "status", "status_reply", "standby",
     # peer <-> peer
     "hello", "hello_ack", "ping", "pong", "bye",
 }

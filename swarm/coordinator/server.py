@@ -108,6 +108,10 @@ class Coordinator:
         self._bad = tp.BadInput(name)
         self._curve: tp.Curve | None = None
         self._key = ""
+        # failover between coordinators: only the active one hands out views
+        self.mode = "standby" if cfg.others else "active"
+        self._others: dict[str, dict[str, Any]] = {}
+        self._no_active_since = 0.0
         self._http: StatusServer | None = None
         self.http_url = ""
 
@@ -183,6 +187,8 @@ class Coordinator:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._recv_loop())
                 tg.create_task(self._tick_loop())
+                if self.config.others:
+                    tg.create_task(self._watch_loop())
                 if self._http is not None:
                     tg.create_task(self._http.run())
                 await self._stop.wait()
@@ -238,7 +244,7 @@ class Coordinator:
             if self._router in events:
                 for frames in tp.drain(self._plain):
                     self._on_message(frames)
-            if self._dirty and time.monotonic() >= self._grace_until:
+            if self._dirty and self.mode == "active" and time.monotonic() >= self._grace_until:
                 self._publish()
 
     def _on_monitor(self, frames: list[bytes]) -> None:
@@ -261,7 +267,12 @@ class Coordinator:
         t, body, src = msg.t, msg.body, msg.src
         now = time.monotonic()
         if t == "status":
-            self._send(route, "status_reply", self.status())
+            brief = body.get("brief") is True
+            self._send(route, "status_reply", self.brief() if brief else self.status())
+            return
+        if self.mode != "active":
+            # a standby hands out nothing; the peer tries its next coordinator address
+            self._send(route, "standby", {"epoch": self.table.epoch})
             return
         if t == "join":
             addr, rank = _str(body, "addr"), _int(body, "rank", -1)
@@ -328,6 +339,8 @@ class Coordinator:
         while True:
             await asyncio.sleep(cfg.tick_s)
             now = time.monotonic()
+            if self.mode != "active":
+                continue
             for m in list(self.table.members.values()):
                 if m.state == ALIVE and now - m.last_heartbeat > cfg.heartbeat_timeout_s:
                     self._probe(m.id, "heartbeat timeout")
@@ -345,11 +358,76 @@ class Coordinator:
 
     # ------------------------------------------------------------- status
 
+    def brief(self) -> dict[str, Any]:
+        """What other coordinators need to decide who is active."""
+        return {"coordinator": self.address, "epoch": self.table.epoch, "mode": self.mode}
+
+    async def _watch_loop(self) -> None:
+        """Watch the other coordinators; take over or step down (fenced by epoch)."""
+        cfg = self.config
+        socks = {}
+        for addr in cfg.others:
+            d = tp.dealer(self._ctx, limits=self.limits, hwm=4, immediate=True)
+            if self._curve is not None:
+                self._curve.client(d, self._curve.coordinator_public)
+            tp.connect(d, addr)
+            socks[addr] = d
+            self._others[addr] = {"seen": 0.0, "epoch": 0, "mode": "?", "name": addr}
+        self._no_active_since = time.monotonic()
+        try:
+            while True:
+                for d in socks.values():
+                    tp.try_send(tp.shadow(d), wire.encode("status", self.name, body={"brief": True}))
+                await asyncio.sleep(0.1)
+                now = time.monotonic()
+                for addr, d in socks.items():
+                    for frames in tp.drain(tp.shadow(d)):
+                        try:
+                            b = wire.decode(frames, self.limits).body
+                            o = self._others[addr]
+                            o.update(seen=now, epoch=_int(b, "epoch"), mode=str(b.get("mode")),
+                                     name=str(b.get("coordinator", addr)))
+                        except WireError as e:
+                            self._bad(addr, e)
+                self._decide(now)
+        finally:
+            for d in socks.values():
+                d.close(0)
+
+    def _decide(self, now: float) -> None:
+        cfg = self.config
+        live = [o for o in self._others.values() if now - o["seen"] < cfg.takeover_s]
+        active = [o for o in live if o["mode"] == "active"]
+        for o in live:
+            self.table.epoch = max(self.table.epoch, o["epoch"])  # follow, so a takeover fences above it
+        if self.mode == "active":
+            # two actives (a partition healed, a restart): the newer epoch wins, then the lower address
+            if any((o["epoch"], self.address) > (self.table.epoch, o["name"]) for o in active):
+                log.warning("coordinator %s: another coordinator is active with a newer view; standing by",
+                            self.address)
+                self.mode = "standby"
+                self.table.log_event("standby", self.address)
+            return
+        if active:
+            self._no_active_since = now
+            return
+        if now - self._no_active_since < cfg.takeover_s:
+            return
+        # nobody active for takeover_s: the lowest address among the live standbys takes over
+        if min([self.address] + [o["name"] for o in live]) == self.address:
+            self.mode = "active"
+            self.table.members.clear()   # peers re-join; a stale table would only hold stale routes
+            self._fds.clear()
+            self._grace_until = now + cfg.rejoin_grace_s
+            self._dirty = True
+            self.table.log_event("takeover", self.address)
+            log.warning("coordinator %s: taking over at epoch %d", self.address, self.table.epoch + 1)
+
     def status(self) -> dict[str, Any]:
         """The member table and the current view, as `swarm status` shows them."""
         rows = self.table.rows({m.id: list(m.stats.get("nbrs", [])) for m in self.table.members.values()})
         return {
-            "coordinator": self.address, "http": self.http_url, "pid": os.getpid(), "epoch": self.table.epoch,
+            "coordinator": self.address, "mode": self.mode, "http": self.http_url, "pid": os.getpid(), "epoch": self.table.epoch,
             "uptime_s": round(time.monotonic() - self.started, 3),
             "view": self.table.view.to_wire(), "members": rows,
             "malformed": self.malformed,

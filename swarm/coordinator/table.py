@@ -108,6 +108,10 @@ class MemberTable:
         self._log(cause, peer_id)
         return True
 
+    def log_event(self, event: str, who: str) -> None:
+        """Record a coordinator event (takeover, standby) in the log."""
+        self._log(event, who)
+
     def _log(self, event: str, peer_id: str) -> None:
         self.log.append((time.time(), event, peer_id))
         if len(self.log) > 2000:

@@ -135,7 +135,10 @@ class Peer:
         self._rejoining = False
         self._bad = tp.BadInput(f"peer {self.id}")
         self._router: zmq.asyncio.Socket | None = None
-        self._coord: zmq.asyncio.Socket | None = None
+        self._coords: list[zmq.asyncio.Socket] = []        # one DEALER per coordinator address
+        self._coord_monitors: list[zmq.asyncio.Socket] = []
+        self._active = 0                                    # which coordinator we talk to
+        self._rotated = 0.0
         self._curve: tp.Curve | None = None
 
     # ------------------------------------------------------------------ public
@@ -176,20 +179,25 @@ class Peer:
         cfg = self.config
         try:
             self._router = tp.router(self._ctx, limits=self.limits, hwm=max(1000, cfg.data_hwm))
-            self._coord = tp.dealer(self._ctx, limits=self.limits, hwm=64, immediate=True,
-                                    heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s)
             if cfg.keys_dir:
                 self._curve = tp.Curve(cfg.keys_dir, cfg.key_name)
                 self._curve.start(self._ctx)
                 self._curve.server(self._router)
-                self._curve.client(self._coord, self._curve.coordinator_public)
             self.address = cfg.advertise or tp.advertised(tp.bind(self._router, cfg.bind))
-            tp.connect(self._coord, cfg.coordinators[0])
+            for addr in cfg.coordinators:
+                c = tp.dealer(self._ctx, limits=self.limits, hwm=64, immediate=True,
+                              heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s)
+                if self._curve is not None:
+                    self._curve.client(c, self._curve.coordinator_public)
+                self._coords.append(c)
+                self._coord_monitors.append(c.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+                tp.connect(c, addr)
         except (TransportError, ConfigError):
             self._close_sockets()
             self.state = PeerState.CLOSED
             raise
         self._welcome = asyncio.get_running_loop().create_future()
+        self._rotated = time.monotonic()
         self._runner = asyncio.create_task(self._run(), name=f"peer-{self.id}")
         try:
             welcome = await asyncio.wait_for(asyncio.shield(self._welcome), cfg.join_timeout_s)
@@ -202,7 +210,7 @@ class Peer:
         except asyncio.TimeoutError:
             await self._abort()
             raise MembershipError(
-                f"peer {self.id}: no coordinator answered at {cfg.coordinators[0]} within "
+                f"peer {self.id}: no coordinator answered at {', '.join(cfg.coordinators)} within "
                 f"{cfg.join_timeout_s} s; is `swarm coordinator` running there?") from None
         except BaseException:
             await self._abort()
@@ -298,10 +306,17 @@ class Peer:
         for link in self._links.values():
             self._close_link(link)
         self._links.clear()
-        for s in (self._router, self._coord):
-            if s is not None:
-                s.close(0)
-        self._router = self._coord = None
+        for c, mon in zip(self._coords, self._coord_monitors):
+            try:
+                c.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            mon.close(0)
+            c.close(0)
+        if self._router is not None:
+            self._router.close(0)
+        self._router = None
+        self._coords, self._coord_monitors = [], []
         if self._curve is not None:
             self._curve.stop()
             self._curve = None
@@ -337,11 +352,23 @@ class Peer:
         self.counters.msgs_out += 1
         self.counters.bytes_out += sum(len(f) if isinstance(f, bytes) else memoryview(f).nbytes for f in frames)
 
-    def _send_coord(self, t: str, body: dict[str, Any]) -> bool:
-        if self._coord is None:
+    def _send_coord(self, t: str, body: dict[str, Any], to: int | None = None) -> bool:
+        if not self._coords:
             return False
         frames = wire.encode(t, self.id, epoch=self._view.epoch, body=body)
-        return tp.try_send(tp.shadow(self._coord), frames)
+        return tp.try_send(tp.shadow(self._coords[self._active if to is None else to]), frames)
+
+    def _rotate(self, why: str) -> None:
+        """Talk to the next coordinator address (failover to a standby) and join there."""
+        now = time.monotonic()
+        if len(self._coords) < 2 or now - self._rotated < 0.1:
+            return
+        self._rotated = now
+        self._active = (self._active + 1) % len(self._coords)
+        log.info("peer %s: coordinator %s (%s); trying %s", self.id, why,
+                 self.config.coordinators[self._active - 1], self.config.coordinators[self._active])
+        self._rejoining = True
+        self._join()
 
     def _join(self) -> None:
         self._join_sent = time.monotonic()
@@ -352,7 +379,8 @@ class Peer:
 
     async def _recv_loop(self) -> None:
         router_plain = tp.shadow(self._router)
-        coord_plain = tp.shadow(self._coord)
+        coord_plain = {c: (i, tp.shadow(c)) for i, c in enumerate(self._coords)}
+        coord_mon = {m: i for i, m in enumerate(self._coord_monitors)}
         poller = zmq.asyncio.Poller()
         monitors: dict[Any, str] = {}
         self._join()
@@ -360,7 +388,10 @@ class Peer:
             if self._poll_dirty:
                 poller = zmq.asyncio.Poller()
                 poller.register(self._router, zmq.POLLIN)
-                poller.register(self._coord, zmq.POLLIN)
+                for c in self._coords:
+                    poller.register(c, zmq.POLLIN)
+                for m in self._coord_monitors:
+                    poller.register(m, zmq.POLLIN)
                 monitors = {}
                 for pid, link in self._links.items():
                     if link.monitor is not None:
@@ -372,9 +403,15 @@ class Peer:
                 if sock is self._router:
                     for frames in tp.drain(router_plain):
                         await self._on_router(frames)
-                elif sock is self._coord:
-                    for frames in tp.drain(coord_plain):
-                        self._on_coord(frames)
+                elif sock in coord_plain:
+                    i, plain = coord_plain[sock]
+                    for frames in tp.drain(plain):
+                        self._on_coord(frames, i)
+                elif sock in coord_mon:
+                    for ev in tp.drain(tp.shadow(sock)):
+                        if (parse_monitor_message([f.bytes for f in ev])["event"] == zmq.EVENT_DISCONNECTED
+                                and coord_mon[sock] == self._active):
+                            self._rotate("connection lost")
                 elif sock in monitors and not sock.closed:
                     self._on_monitor(sock, monitors[sock])
 
@@ -418,7 +455,7 @@ class Peer:
                 self.counters.handler_errors += 1
                 log.exception("peer %s: handler for %r failed", self.id, t)
 
-    def _on_coord(self, frames: list[zmq.Frame]) -> None:
+    def _on_coord(self, frames: list[zmq.Frame], i: int = 0) -> None:
         try:
             msg = wire.decode(frames, self.limits)
         except WireError as e:
@@ -429,6 +466,7 @@ class Peer:
         try:
             if t == "welcome":
                 self._rejoining = False
+                self._rotated = time.monotonic()
                 if self._welcome is not None and not self._welcome.done():
                     self._welcome.set_result(body)
                 if "rank" in body:
@@ -441,14 +479,18 @@ class Peer:
                     log.error("%s", err)
             elif t == "view":
                 self._install(View.from_wire(body))
-            elif t == "rejoin":
+            elif t == "rejoin" and i == self._active:
                 # the coordinator restarted or declared us dead: join again, keep gossiping
                 if time.monotonic() - self._join_sent > 0.1:
                     self.counters.rejoins += 1
                     self._rejoining = True
                     self._join()
             elif t == "probe":
-                self._send_coord("probe_ack", {"nonce": body.get("nonce"), "inc": self.incarnation})
+                self._send_coord("probe_ack", {"nonce": body.get("nonce"), "inc": self.incarnation}, to=i)
+            elif t == "standby":
+                # that coordinator is not the active one: try the next address
+                if i == self._active:
+                    self._rotate("is a standby")
             elif t == "bye":
                 fut = getattr(self, "_bye", None)
                 if fut is not None and not fut.done():
@@ -545,7 +587,10 @@ class Peer:
         while True:
             await asyncio.sleep(cfg.heartbeat_s)
             now = time.monotonic()
-            if self._welcome is not None and not self._welcome.done():
+            waiting = self._welcome is not None and not self._welcome.done()
+            if (waiting or self._rejoining) and now - self._rotated > self.config.coordinator_timeout_s:
+                self._rotate("did not answer")   # no-op with a single coordinator
+            if waiting:
                 if now - self._join_sent > 0.25:
                     self._join()
                 continue
