@@ -312,7 +312,12 @@ class Coordinator:
             elif t == "leave":
                 self._send(route, "bye", {})
             return
+        if t in ("suspect", "linked") and route != rec.route:
+            # only the member's own connection may speak for it (a spoofed src cannot)
+            raise WireError(f"{t} for {src!r} from a connection that is not the member's")
         if t == "leave":
+            if _int(body, "inc") != rec.incarnation:
+                raise WireError(f"leave for {src!r} with a foreign incarnation")
             if self.table.mark_dead(src, "left"):
                 self._dirty = True
             self._send(route, "bye", {})

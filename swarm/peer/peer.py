@@ -422,6 +422,13 @@ class Peer:
             self.counters.malformed += 1
             self._bad(frames[0].bytes if frames else b"?", e)
             return
+        if self._curve is not None:
+            # with keys, a message must come from the key its src holds in the view
+            m = self._view.member(msg.src)
+            if m is None or m.key != tp.user_id(frames[-1]):
+                self.counters.malformed += 1
+                self._bad(msg.src, WireError(f"src {msg.src!r} does not match the sender's CURVE key"))
+                return
         self.counters.msgs_in += 1
         self.counters.bytes_in += msg.nbytes
         msg.route = route
