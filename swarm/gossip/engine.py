@@ -348,7 +348,8 @@ class Gossip:
                 continue
             try:
                 # straight into the copy: the codec checks everything before it writes
-                copy.codec.decode_into(Encoded(meta, list(msg.arrays)), copy.hat)
+                with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked below
+                    copy.codec.decode_into(Encoded(meta, list(msg.arrays)), copy.hat)
             except Exception as e:  # a codec may raise anything on hostile meta
                 self._reject(src, "rejected_malformed", f"codec could not decode: {e}")
                 copy.ver = -1
