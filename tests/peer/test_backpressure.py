@@ -1,0 +1,62 @@
+"""A frozen neighbour must not make its peers' memory grow: sends to it are
+dropped (and counted) once its small queue is full."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import numpy as np
+from swarmtest import free_port, status, wait_for
+
+from swarm.peer import Peer
+
+
+def rss_kb() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return -1
+
+
+def test_frozen_neighbour_does_not_grow_memory(procs):
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    # a long heartbeat timeout, so that the frozen peer stays in the view for the
+    # whole test and A really keeps sending to it (the worst case for memory)
+    procs.start("coordinator", "--bind", addr, "--set", "coordinator.heartbeat_timeout_s=60",
+                "--set", "coordinator.zmtp_timeout_s=60", "--set", "coordinator.probe_timeout_s=60",
+                name="coord")
+    wait_for(lambda: status(addr), 10, what="coordinator up")
+    frozen = procs.start("peer", "--coordinator", addr, "--id", "B",
+                         "--set", "peer.link_timeout_s=60", name="B")
+
+    async def main() -> None:
+        # link heartbeats off for A too: a ZMTP timeout would close the link and hide the queue
+        a = Peer(id="A", coordinators=[addr], link_heartbeat_s=30, link_timeout_s=60, data_hwm=8)
+        async with a:
+            await a.wait_view(lambda v: v.member("B") is not None, timeout=20)
+            await a.wait_linked()
+            os.kill(frozen.pid, signal.SIGSTOP)
+            try:
+                delta = np.ones(1 << 18, np.float32)      # 1 MiB
+                rss0 = rss_kb()
+                sent = 0
+                t_end = time.monotonic() + 10.0
+                while time.monotonic() < t_end:
+                    if await a.send("B", "data", arrays=[delta]):
+                        sent += 1
+                    await asyncio.sleep(0.002)
+                grown_mb = (rss_kb() - rss0) / 1024
+                print(f"frozen neighbour: {sent} sent, {a.counters.dropped_out} dropped, RSS +{grown_mb:.1f} MiB")
+                assert a.view.member("B") is not None      # B was never dropped from the view
+                # what got queued is bounded by the high-water mark plus the kernel's socket
+                # buffers; everything else was dropped and counted
+                assert a.counters.dropped_out > 1000, a.counters
+                assert sent < 200, sent
+                assert grown_mb < 64, f"memory grew {grown_mb:.0f} MiB"
+            finally:
+                os.kill(frozen.pid, signal.SIGCONT)
+
+    asyncio.run(main())
