@@ -297,6 +297,13 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
                 launch.end([p for p in peers if p is not c], grace=5.0)
                 return 1
         alive = sum(p.proc.poll() is None for p in peers)
+        if spec.budget.stop_when_solved and not stopping and alive < len(peers) and _solved(launch.run_dir, peers):
+            # One peer's greedy policy solved the task: the swarm has its model.
+            stopping = True
+            progress.done()
+            print("swarm run: a peer solved the task; ending the others", file=out, flush=True)
+            launch.end(peers)
+            continue
         if alive == 0:
             progress.update(None, 0)
             return 0
@@ -309,6 +316,17 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
             launch.end(peers)
         progress.update(_status(addr), alive)
         time.sleep(POLL_S)
+
+
+def _solved(run_dir: Path, peers: list[_Child]) -> bool:
+    for r, c in enumerate(peers):
+        if c.proc.poll() == 0:
+            try:
+                if json.loads((peer_dir(run_dir, r) / "summary.json").read_text()).get("reason") == "solved":
+                    return True
+            except (OSError, ValueError):
+                pass
+    return False
 
 
 # ------------------------------------------------------------------ results

@@ -52,7 +52,7 @@ EPISODE_FIELDS = ["wall_s", "env_steps", "episode", "episode_return", "mean_retu
                   "buffer_size"]
 ROUND_FIELDS = ["round", "env_steps", "wall_s", "participants", "missing", "bytes_out", "bytes_in",
                 "waited_s", "disagreement", "shared_items"]
-EVAL_FIELDS = ["wall_s", "env_steps", "eval_return"]
+EVAL_FIELDS = ["wall_s", "cpu_s", "env_steps", "eval_return"]
 
 
 def peer_dir(run_dir: str | Path, rank: int) -> Path:
@@ -295,7 +295,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             if ev.every and step % ev.every == 0:
                 state.eval_return = float(np.mean(evaluate(spec.env, agent, episodes=ev.episodes,
                                                            seed=10_000 + 100 * rank)))
-                logs.evals.writerow({"wall_s": round(time.monotonic() - t0, 3), "env_steps": step,
+                logs.evals.writerow({"wall_s": round(time.monotonic() - t0, 3),
+                                     "cpu_s": round(time.process_time() - cpu0, 3), "env_steps": step,
                                      "eval_return": state.eval_return})
                 logs.scalars(step, {"eval/return": state.eval_return})
                 logs.flush()
