@@ -124,6 +124,10 @@ def cmd_peer(args: argparse.Namespace) -> int:
     if args.topology:
         cfg.topology = args.topology
     cfg.rank = args.rank if args.rank is not None else (cfg.rank if cfg.rank >= 0 else env_rank())
+    if args.replace:
+        if args.id and args.id != args.replace:
+            raise SwarmError(f"--replace {args.replace} and --id {args.id} disagree; --replace sets the id")
+        cfg.id, cfg.replace = args.replace, True
     if args.keys:
         cfg.keys_dir = args.keys
     if args.key_name:
@@ -288,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "else SWARM_COORDINATOR or MASTER_ADDR)")
     q.add_argument("--bind", help="address to bind (default tcp://127.0.0.1:*)")
     q.add_argument("--id", help="peer id (default HOSTNAME-PID)")
+    q.add_argument("--replace", metavar="ID", help="take over the role (rank, seeds) of dead member ID")
     q.add_argument("--rank", type=int, help="requested rank (else SWARM_RANK, SLURM_PROCID or RANK)")
     q.add_argument("--topology", help="ring, grid, torus, exponential, full ...")
     q.add_argument("--keys", help="CurveZMQ key folder (from `swarm keys generate`)")

@@ -113,6 +113,7 @@ class Coordinator:
         self._others: dict[str, dict[str, Any]] = {}
         self._no_active_since = 0.0
         self._http: StatusServer | None = None
+        self._view_cache: tuple[Any, list[Any]] | None = None
         self.http_url = ""
 
     async def __aenter__(self) -> "Coordinator":
@@ -205,10 +206,18 @@ class Coordinator:
         frames = [route] + wire.encode(t, self.name, epoch=self.table.epoch, body=body)
         return tp.try_send(self._plain, frames)
 
+    def _view_frames(self) -> list[Any]:
+        """The current view, encoded once per view: at 1,000 members it is tens of
+        kB, and lagging peers ask for it again on every heartbeat."""
+        view = self.table.view
+        if self._view_cache is None or self._view_cache[0] is not view:
+            self._view_cache = (view, wire.encode("view", self.name, epoch=view.epoch, body=view.to_wire()))
+        return self._view_cache[1]
+
     def _publish(self) -> None:
         self._dirty = False
         view = self.table.publish()
-        frames = wire.encode("view", self.name, epoch=view.epoch, body=view.to_wire())
+        frames = self._view_frames()
         for m in self.table.alive():
             tp.try_send(self._plain, [m.route] + frames)
         log.info("epoch %d: %d members", view.epoch, len(view.members))
@@ -279,14 +288,15 @@ class Coordinator:
             inc, last = _int(body, "inc"), _int(body, "last_epoch", 0)
             try:
                 # with CURVE, the key a peer is known by is the one it authenticated with
-                rec = self.table.join(src, addr, rank, inc, route, last_epoch=last, now=now, key=self._key)
+                rec = self.table.join(src, addr, rank, inc, route, last_epoch=last, now=now, key=self._key,
+                                      replace=body.get("replace") is True)
             except MembershipError as e:
                 self._send(route, "refuse", {"reason": str(e)})
                 return
             self._fds[fd] = src
             self._send(route, "welcome", {"rank": rec.rank, "epoch": self.table.epoch})
             if self.table.view.member(src) is not None and self.table.view.member(src).addr == addr:
-                self._send(route, "view", self.table.view.to_wire())
+                tp.try_send(self._plain, [route] + self._view_frames())
             else:
                 self._dirty = True
             return
@@ -304,7 +314,7 @@ class Coordinator:
             if isinstance(stats, dict) and len(stats) <= 64:
                 rec.stats = stats
             if msg.epoch < self.table.epoch and now >= self._grace_until:
-                self._send(route, "view", self.table.view.to_wire())
+                tp.try_send(self._plain, [route] + self._view_frames())
             return
         if rec is None or rec.state == DEAD:
             if t in ("linked", "suspect", "probe_ack"):

@@ -74,8 +74,15 @@ class MemberTable:
     # -- changes (each returns True when the view must be republished)
 
     def join(self, peer_id: str, addr: str, rank: int, incarnation: int, route: bytes,
-             last_epoch: int = 0, now: float | None = None, key: str = "") -> MemberRecord:
-        """Admit a peer, or raise MembershipError (duplicate live id, rank taken)."""
+             last_epoch: int = 0, now: float | None = None, key: str = "",
+             replace: bool = False) -> MemberRecord:
+        """Admit a peer, or raise MembershipError (duplicate live id, rank taken).
+
+        A peer that comes back under the id of a dead member takes over its role:
+        its rank (and so its place in the ring, its env seeds, its agent ids).
+        With ``replace`` the id must be one the table knows, and dead: only one
+        holder of an identity exists at a time.
+        """
         now = time.monotonic() if now is None else now
         if last_epoch > self.epoch:
             self.epoch = last_epoch  # a restarted coordinator continues above what peers saw
@@ -89,7 +96,13 @@ class MemberTable:
                 raise MembershipError(f"peer id {peer_id!r} is held by a newer process at {old.addr}")
             raise MembershipError(
                 f"peer id {peer_id!r} is already alive at {old.addr}; "
-                f"choose another --id, or stop the other process first")
+                f"choose another --id, or stop the other process first"
+                + (" (a replacement waits until the coordinator has declared it dead)" if replace else ""))
+        if replace and old is None:
+            raise MembershipError(f"--replace {peer_id}: no such member to take over")
+        if old is not None and rank < 0 and not any(
+                m.rank == old.rank and m.state != DEAD for m in self.members.values()):
+            rank = old.rank
         if rank >= 0:
             holder = next((m for m in self.members.values()
                            if m.rank == rank and m.state != DEAD and m.id != peer_id), None)

@@ -372,8 +372,10 @@ class Peer:
 
     def _join(self) -> None:
         self._join_sent = time.monotonic()
-        self._send_coord("join", {"addr": self.address, "rank": self.rank, "inc": self.incarnation,
-                                  "last_epoch": self._view.epoch})
+        body = {"addr": self.address, "rank": self.rank, "inc": self.incarnation, "last_epoch": self._view.epoch}
+        if self.config.replace and self.state is PeerState.JOINING:
+            body["replace"] = True
+        self._send_coord("join", body)
 
     # -- receive
 

@@ -129,3 +129,19 @@ def test_status_json_lists_members(procs):
     table = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--coordinator", addr],
                            capture_output=True, text=True, timeout=20).stdout
     assert "p0" in table and "alive" in table
+
+
+def test_replace_takes_over_a_dead_identity(procs):
+    addr, _, peers = start_swarm(procs, 3)
+    st = status(addr)
+    rank = next(r["rank"] for r in st["members"] if r["id"] == "p1")
+    # while p1 lives, a replacement is refused
+    early = procs.start("peer", "--coordinator", addr, "--replace", "p1", name="early")
+    assert early.wait(10) == 2 and "already alive" in procs.log(early)
+    peers["p1"].kill()
+    peers["p1"].wait()
+    settled(addr, 2, timeout=5)
+    procs.start("peer", "--coordinator", addr, "--replace", "p1", name="p1bis")
+    st = settled(addr, 3)
+    row = next(r for r in st["members"] if r["id"] == "p1" and r["state"] == "alive")
+    assert row["rank"] == rank          # the same role: same rank, same place in the ring

@@ -39,3 +39,18 @@ def test_epochs_continue_after_restart():
     t = MemberTable()                 # a fresh coordinator
     t.join("a", "tcp://h:1", 2, 5, b"r", last_epoch=41)
     assert t.publish().epoch == 42
+
+
+def test_returning_id_gets_its_rank_back_and_replace_rules():
+    t = MemberTable()
+    for i in range(3):
+        t.join(f"p{i}", f"tcp://h:{i}", -1, 1, b"r")
+    t.mark_dead("p1", "crash")
+    t.join("new", "tcp://h:9", -1, 1, b"r")         # takes the lowest free rank: 1
+    assert t.get("new").rank == 1
+    t.mark_dead("new", "left")
+    assert t.join("p1", "tcp://h:5", -1, 2, b"r", replace=True).rank == 1   # p1's role, rank 1
+    with pytest.raises(MembershipError, match="no such member"):
+        t.join("ghost", "tcp://h:6", -1, 1, b"r", replace=True)
+    with pytest.raises(MembershipError, match="replacement waits"):
+        t.join("p0", "tcp://h:7", -1, 9, b"r", replace=True)
