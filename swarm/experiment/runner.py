@@ -318,6 +318,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             return False
 
         log.info("peer%d training: %d env steps, gossip every %d", rank, spec.budget.env_steps, g.interval)
+        # CPU time counts from here: joining, imports and TensorBoard set-up are not training.
+        summary["setup_cpu_s"] = time.process_time() - cpu0
+        cpu0 = time.process_time()
         result = run_agent(spec.env, agent, spec.budget.env_steps, seed=seed, on_step=on_step)
         summary.update(reason=reason[0], env_steps=result.steps, episodes=len(result.returns),
                        final_mean_return=_finite(result.mean_return(10)), train_seconds=result.seconds)

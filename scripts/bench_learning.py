@@ -1,0 +1,144 @@
+"""Isolated DQN against a 4-peer swarm on CartPole-v1, until the greedy return reaches 475.
+
+Both sides run in this one invocation, one after the other, with the same
+evaluation rule (greedy, ``--eval-episodes`` episodes every ``--eval-every``
+env steps of a learner; solved when the mean reaches 475):
+
+* isolated: one :class:`~swarm.rl.DQNAgent` in this process on the plain loop
+  (:func:`swarm.rl.train.run_agent`), with the real prioritized buffer;
+* swarm: ``swarm run`` (a coordinator and 4 peer processes, ring, error-feedback
+  top-k, replay sharing on) with ``budget.stop_when_solved``: the run ends when
+  the first peer's greedy policy solves the task;
+* swarm-dense: the same swarm with uncompressed gossip (identity codec), for
+  the bytes comparison.
+
+Figures, per the issue: (a) time to solve with one host per peer, estimated as
+the largest per-peer process CPU time (the peers share this machine's cores, so
+wall time is not the measure; the isolated learner's CPU time is measured the
+same way); (b) env steps per peer and in total; (c) gossip bytes sent per peer,
+against the uncompressed run. Unsolved runs count at their full budget.
+
+    python scripts/bench_learning.py                # 3 seeds each (slow: tens of minutes on 2 cores)
+    python scripts/bench_learning.py --seeds 0 --max-steps 30000
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from swarm.buffer import ReplayBuffer
+from swarm.config import to_dict
+from swarm.experiment import load_spec, run_experiment
+from swarm.experiment.launch import summarize
+from swarm.rl import DQNAgent, DQNConfig, dqn_schema
+from swarm.rl.train import evaluate, make_env, run_agent
+
+ENV = "CartPole-v1"
+SOLVE = 475.0
+#: the swarm's settings beyond the built-in default spec (which is the swarm side's tuning)
+SWARM = ["peers=4", "gossip.topology=ring", "gossip.codec=ef+topk:0.01", "buffer.sharing=true"]
+DENSE = ["gossip.codec=identity", "gossip.step_size=1.0"]
+
+
+def isolated(seed: int, cfg: DQNConfig, max_steps: int, every: int, episodes: int) -> dict:
+    env = make_env(ENV)
+    buf = ReplayBuffer(dqn_schema(env.observation_space.shape), capacity=50_000, alpha=0.6, eps=1e-6,
+                       decay=0.0, prioritized=True, seed=seed)
+    agent = DQNAgent.for_env(env, buf, cfg, seed=seed)
+    env.close()
+    solved_at: list[int] = []
+    cpu0 = time.process_time()
+
+    def on_step(info) -> bool:
+        if info.step % every == 0:
+            ret = float(np.mean(evaluate(ENV, agent, episodes=episodes, seed=10_000)))
+            if ret >= SOLVE:
+                solved_at.append(info.step)
+                return True
+        return False
+
+    res = run_agent(ENV, agent, max_steps, seed=seed, on_step=on_step)
+    return {"seed": seed, "solved": bool(solved_at), "steps": res.steps, "cpu_s": time.process_time() - cpu0}
+
+
+def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int, root: Path) -> dict:
+    sets = SWARM + extra + [f"seed={seed}", f"budget.env_steps={max_steps}", "budget.stop_when_solved=true",
+                            f"eval.every={every}", f"eval.episodes={episodes}", f"eval.solve_return={SOLVE}"]
+    log = io.StringIO()
+    code = run_experiment(None, sets, runs_root=root, stream=log)
+    run_dir = sorted(root.iterdir(), key=lambda p: p.stat().st_mtime)[-1]
+    rows = summarize(run_dir, load_spec(run_dir / "config.json"))
+    if code != 0:
+        raise SystemExit(f"swarm run failed ({code}):\n{log.getvalue()}")
+    steps = [int(r.get("env_steps", 0)) for r in rows]
+    return {"seed": seed, "solved": any(r.get("reason") == "solved" for r in rows),
+            "steps_per_peer": max(steps), "total_steps": sum(steps),
+            "cpu_s": max(float(r.get("cpu_s", 0.0)) for r in rows),
+            "gossip_bytes_per_peer": float(np.mean([r.get("gossip_bytes_out", 0) for r in rows])),
+            "bytes_per_peer": float(np.mean([r.get("bytes_out", 0) for r in rows])),
+            "eval_returns": [r.get("eval_return") for r in rows], "run_dir": str(run_dir)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--max-steps", type=int, default=60_000, help="env steps per learner before giving up")
+    ap.add_argument("--eval-every", type=int, default=1_000)
+    ap.add_argument("--eval-episodes", type=int, default=5)
+    ap.add_argument("--skip-dense", action="store_true", help="no uncompressed run (no bytes_saving)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    cfg = DQNConfig()
+    spec = load_spec(None, SWARM)
+    print(f"isolated DQN settings: {to_dict(cfg)}")
+    print(f"swarm settings: {json.dumps({'gossip': to_dict(spec.gossip), 'buffer': to_dict(spec.buffer), 'dqn': to_dict(spec.dqn)})}")
+
+    iso, sw, dense = [], [], []
+    with tempfile.TemporaryDirectory(prefix="bench_learning-") as tmp:
+        for s in args.seeds:
+            iso.append(isolated(s, cfg, args.max_steps, args.eval_every, args.eval_episodes))
+            print(f"isolated seed {s}: {iso[-1]}", flush=True)
+            sw.append(swarm(s, [], args.max_steps, args.eval_every, args.eval_episodes, Path(tmp) / f"ef{s}"))
+            print(f"swarm    seed {s}: {sw[-1]}", flush=True)
+            if not args.skip_dense:
+                dense.append(swarm(s, DENSE, args.max_steps, args.eval_every, args.eval_episodes, Path(tmp) / f"id{s}"))
+                print(f"dense    seed {s}: {dense[-1]}", flush=True)
+
+    def mean(rows: list[dict], k: str) -> float:
+        return float(np.mean([r[k] for r in rows])) if rows else float("nan")
+
+    iso_cpu, iso_steps = mean(iso, "cpu_s"), mean(iso, "steps")
+    sw_cpu, sw_peer, sw_total = mean(sw, "cpu_s"), mean(sw, "steps_per_peer"), mean(sw, "total_steps")
+    print()
+    print(f"{'':<22} {'solved':>7} {'CPU s (max/peer)':>17} {'steps/peer':>11} {'steps total':>12} {'gossip MB/peer':>15}")
+    print(f"{'isolated DQN':<22} {sum(r['solved'] for r in iso):>3}/{len(iso):<3} {iso_cpu:>17.1f} "
+          f"{iso_steps:>11.0f} {iso_steps:>12.0f} {'-':>15}")
+    for name, rows in (("swarm ef+topk:0.01", sw), ("swarm identity", dense)):
+        if rows:
+            print(f"{name:<22} {sum(r['solved'] for r in rows):>3}/{len(rows):<3} {mean(rows, 'cpu_s'):>17.1f} "
+                  f"{mean(rows, 'steps_per_peer'):>11.0f} {mean(rows, 'total_steps'):>12.0f} "
+                  f"{mean(rows, 'gossip_bytes_per_peer') / 1e6:>15.3f}")
+    result = {
+        "env": ENV, "seeds": args.seeds, "solve_return": SOLVE,
+        "cpu_time_ratio_vs_isolated": sw_cpu / iso_cpu,
+        "steps_per_peer_ratio": sw_peer / iso_steps,
+        "total_steps_ratio": sw_total / iso_steps,
+        "bytes_saving": (mean(dense, "gossip_bytes_per_peer") / mean(sw, "gossip_bytes_per_peer")) if dense else None,
+        "solved_fraction": sum(r["solved"] for r in sw) / len(sw),
+        "isolated_solved_fraction": sum(r["solved"] for r in iso) / len(iso),
+        "targets": {"cpu_time_ratio_vs_isolated": "<= 0.5", "total_steps_ratio": "<= 2", "bytes_saving": ">= 5"},
+        "isolated": iso, "swarm": sw, "swarm_dense": dense,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
