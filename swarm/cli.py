@@ -153,8 +153,10 @@ def cmd_peer(args: argparse.Namespace) -> int:
         parent = os.environ.get("SWARM_PARENT_PID")
         print(f"swarm peer peer{cfg.rank}: {spec.name}, {spec.budget.env_steps} env steps, writing to "
               f"{run_dir} (pid {os.getpid()})", flush=True)
+        # cfg carries --bind, --keys and --set peer.*: a peer on another host must
+        # bind an address its neighbours can reach, not the loopback default.
         summary = run_peer(spec, cfg.rank, coords[0], run_dir, stop=stop, loop_factory=factory,
-                           parent_pid=int(parent) if parent else None)
+                           parent_pid=int(parent) if parent else None, peer_config=cfg)
         print(f"swarm peer peer{cfg.rank} done ({summary['reason']}): {summary['env_steps']} env steps, "
               f"{summary['rounds']} rounds, mean return {summary['final_mean_return']}", flush=True)
         return 0

@@ -147,7 +147,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
              stop: threading.Event | None = None,
              loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
              parent_pid: int | None = None, join_timeout: float = 60.0,
-             tensorboard: bool = True) -> dict[str, Any]:
+             tensorboard: bool = True, peer_config: Any = None) -> dict[str, Any]:
     """Train one peer of ``spec`` until its budget is spent; return its summary.
 
     Args:
@@ -161,6 +161,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             (the launcher died without ending us).
         join_timeout: how long to wait for all ``spec.peers`` peers to join.
         tensorboard: also write TensorBoard event files when tensorboard is installed.
+        peer_config: a :class:`swarm.config.PeerConfig` with this host's peer settings
+            (bind and advertised address, keys, timeouts); its coordinators, id, rank
+            and topology are replaced by the arguments above. None: the defaults,
+            which bind to loopback only.
     """
     import torch  # noqa: PLC0415 - keep `swarm.experiment` importable without torch
 
@@ -182,7 +186,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
     state = _State()
     summary: dict[str, Any] = {"rank": rank, "id": f"peer{rank}", "reason": "error"}
 
-    sp = SyncPeer(coordinators=[coordinator], id=f"peer{rank}", rank=rank, topology=g.topology,
+    sp = SyncPeer(peer_config, coordinators=[coordinator], id=f"peer{rank}", rank=rank, topology=g.topology,
                   loop_factory=loop_factory)
     sp.start()
     logs: _Logs | None = None
