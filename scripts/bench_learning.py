@@ -44,7 +44,7 @@ from swarm.rl.train import evaluate, make_env, run_agent
 ENV = "CartPole-v1"
 SOLVE = 475.0
 #: the swarm's settings beyond the built-in default spec (which is the swarm side's tuning)
-SWARM = ["peers=4", "gossip.topology=ring", "gossip.codec=ef+topk:0.01", "buffer.sharing=true"]
+SWARM = ["peers=4", "gossip.topology=ring", "gossip.codec=ef+topk:0.05", "gossip.step_size=0.1", "buffer.sharing=true"]
 DENSE = ["gossip.codec=identity", "gossip.step_size=1.0"]
 
 
@@ -121,7 +121,7 @@ def main() -> None:
     print(f"{'':<22} {'solved':>7} {'CPU s (max/peer)':>17} {'steps/peer':>11} {'steps total':>12} {'gossip MB/peer':>15}")
     print(f"{'isolated DQN':<22} {sum(r['solved'] for r in iso):>3}/{len(iso):<3} {iso_cpu:>17.1f} "
           f"{iso_steps:>11.0f} {iso_steps:>12.0f} {'-':>15}")
-    for name, rows in (("swarm ef+topk:0.01", sw), ("swarm identity", dense)):
+    for name, rows in (("swarm ef+topk:0.05", sw), ("swarm identity", dense)):
         if rows:
             print(f"{name:<22} {sum(r['solved'] for r in rows):>3}/{len(rows):<3} {mean(rows, 'cpu_s'):>17.1f} "
                   f"{mean(rows, 'steps_per_peer'):>11.0f} {mean(rows, 'total_steps'):>12.0f} "
