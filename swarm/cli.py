@@ -4,6 +4,7 @@
     swarm peer --coordinator tcp://HOST:5555 [--bind ADDR] [--id ID] [--rank N]
     swarm status --coordinator tcp://HOST:5555 [--json] [--watch [--interval S]]
     swarm run [SPEC] [--set key=value ...]
+    swarm launch --ray [ADDRESS] [SPEC] [--per-node N] [--set key=value ...]
 
 Peers also read SWARM_COORDINATOR and SWARM_RANK, and fall back to what Slurm
 (SLURM_PROCID) and torchrun (RANK, MASTER_ADDR) set, so existing launchers can
@@ -156,7 +157,8 @@ def cmd_peer(args: argparse.Namespace) -> int:
         # cfg carries --bind, --keys and --set peer.*: a peer on another host must
         # bind an address its neighbours can reach, not the loopback default.
         summary = run_peer(spec, cfg.rank, coords[0], run_dir, stop=stop, loop_factory=factory,
-                           parent_pid=int(parent) if parent else None, peer_config=cfg)
+                           parent_pid=int(parent) if parent else None, peer_config=cfg,
+                           resume_from=args.resume_from)
         print(f"swarm peer peer{cfg.rank} done ({summary['reason']}): {summary['env_steps']} env steps, "
               f"{summary['rounds']} rounds, mean return {summary['final_mean_return']}", flush=True)
         return 0
@@ -274,6 +276,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_experiment(args.spec, list(args.set or []), resume=getattr(args, "resume", None))
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    """`swarm launch --ray [ADDRESS] SPEC`: the experiment's peers as Ray actors, one
+    (or --per-node N) per node; traffic stays on ZeroMQ, failover with the coordinator."""
+    spec, address = args.spec, args.ray
+    if address is None:
+        raise SwarmError("choose where to launch: --ray [ADDRESS] (the only engine so far)")
+    if spec is None and address and (address.endswith((".toml", ".json")) or os.path.isfile(address)):
+        # `swarm launch --ray spec.toml`: the optional ADDRESS swallowed the spec
+        spec, address = address, ""
+    from .experiment.ray_launch import launch_ray
+
+    return launch_ray(spec, list(args.set or []), address or None, per_node=args.per_node,
+                      cpus_per_peer=args.cpus_per_peer, host=args.host)
+
+
 # ---------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -303,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
     q.add_argument("--spec", help="experiment spec (e.g. a run's config.json): train this peer's share of it")
     q.add_argument("--run-dir", help="with --spec: the run folder this peer writes into (peer{RANK}/)")
+    q.add_argument("--resume-from", metavar="RUN_DIR",
+                   help="with --spec: start from RUN_DIR/peer{RANK}/checkpoint.pt and train what is left of the budget")
     q.set_defaults(func=cmd_peer)
 
     s = sub.add_parser("status", help="show the member table and current view")
@@ -326,6 +345,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("spec", nargs="?", help="spec file (TOML or JSON); none runs the built-in default")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec value")
     r.set_defaults(func=cmd_run)
+
+    la = sub.add_parser("launch", help="run an experiment on a cluster: `swarm launch --ray [ADDRESS] SPEC`")
+    la.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                    help="place the peers on a Ray cluster (auto, HOST:PORT, ray://HOST:10001; none: "
+                         "RAY_ADDRESS or a local Ray); needs pip install 'swarm[ray]'")
+    la.add_argument("spec", nargs="?", help="spec file (TOML or JSON); none runs the built-in default")
+    la.add_argument("--per-node", type=int, default=1, help="peers per node (spec's peers = nodes × this)")
+    la.add_argument("--cpus-per-peer", type=float, default=1.0, help="CPUs each peer actor reserves")
+    la.add_argument("--host", help="address the coordinator and peers bind (default: each node's own address)")
+    la.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec value")
+    la.set_defaults(func=cmd_launch)
     return p
 
 

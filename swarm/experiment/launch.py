@@ -230,15 +230,20 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
     apply on top) and each peer starts from its ``peer{r}/checkpoint.pt``.
     """
     out = stream or sys.stderr
+    prev: Path | None = None
     if resume is not None:
         prev = Path(resume)
         if spec_path is not None:
             raise ConfigError("give either a spec or a run folder to resume, not both")
         if not (prev / "config.json").is_file():
             raise ConfigError(f"resume: {prev} has no config.json; is it a run folder?")
-        raise ConfigError("resume: starting peers from a previous run's checkpoints is not supported yet; "
-                          f"load {prev}/peer<r>/checkpoint.pt with DQNAgent.load_state_dict instead")
+        spec_path = prev / "config.json"
     spec = load_spec(spec_path, overrides)
+    if prev is not None:
+        missing = [r for r in range(spec.peers) if not (peer_dir(prev, r) / "checkpoint.pt").is_file()]
+        if missing:
+            raise ConfigError(f"resume: {prev} has no checkpoint for peer(s) {missing}; "
+                              f"peers = {spec.peers} must match that run")
     run_dir = _new_run_dir(Path(runs_root), spec.name)
     config = save_resolved(spec, run_dir)
     print(f"swarm run: {spec.name}: {spec.peers} peers on a {spec.gossip.topology}, {spec.env}, "
@@ -252,8 +257,9 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
             addr = f"tcp://127.0.0.1:{_free_port()}"
             coord = launch.start("coordinator", ["coordinator", "--bind", addr])
             _wait_coordinator(launch, coord, addr)
+            again = ["--resume-from", str(prev)] if prev is not None else []
             peers = [launch.start(f"peer{r}", ["peer", "--spec", str(config), "--rank", str(r),
-                                                "--coordinator", addr, "--run-dir", str(run_dir)])
+                                                "--coordinator", addr, "--run-dir", str(run_dir), *again])
                      for r in range(spec.peers)]
             code = _supervise(launch, spec, coord, peers, addr, progress, intr, out)
         finally:

@@ -147,7 +147,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
              stop: threading.Event | None = None,
              loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
              parent_pid: int | None = None, join_timeout: float = 60.0,
-             tensorboard: bool = True, peer_config: Any = None) -> dict[str, Any]:
+             tensorboard: bool = True, peer_config: Any = None,
+             resume_from: str | Path | None = None) -> dict[str, Any]:
     """Train one peer of ``spec`` until its budget is spent; return its summary.
 
     Args:
@@ -161,6 +162,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             (the launcher died without ending us).
         join_timeout: how long to wait for all ``spec.peers`` peers to join.
         tensorboard: also write TensorBoard event files when tensorboard is installed.
+        resume_from: a previous run folder; the agent starts from its
+            ``peer{rank}/checkpoint.pt`` and trains for what is left of the budget
+            (the replay buffer starts empty: it is not checkpointed).
         peer_config: a :class:`swarm.config.PeerConfig` with this host's peer settings
             (bind and advertised address, keys, timeouts); its coordinators, id, rank
             and topology are replaced by the arguments above. None: the defaults,
@@ -209,6 +213,15 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
         buf = ReplayBuffer(dqn_schema(obs_shape), b.capacity, alpha=b.alpha, eps=b.eps, decay=b.decay,
                            prioritized=b.prioritized, seed=seed, peer_id=peer.id)
         agent = DQNAgent(obs_shape, int(n_actions), buf, spec.dqn, seed=seed)
+        done_steps = 0
+        if resume_from is not None:
+            ck_path = peer_dir(resume_from, rank) / "checkpoint.pt"
+            if not ck_path.is_file():
+                raise ConfigError(f"resume: {ck_path} does not exist; was peer{rank} part of that run?")
+            ck = torch.load(ck_path, weights_only=False)  # our own file: it holds RNG states, not just tensors
+            agent.load_state_dict(ck["agent"])
+            done_steps = int(ck.get("env_steps", 0))
+            summary["resumed_from"] = str(ck_path)
         x = agent.parameters()
 
         async def build() -> tuple[Any, Any]:
@@ -273,7 +286,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                                 "gossip/participants": len(res.participants)})
 
         def on_step(info: Any) -> bool:
-            step = info.step
+            step = info.step + done_steps
             state.env_steps = step
             if info.episode_return is not None:
                 state.episodes += 1
@@ -325,8 +338,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
         # CPU time counts from here: joining, imports and TensorBoard set-up are not training.
         summary["setup_cpu_s"] = time.process_time() - cpu0
         cpu0 = time.process_time()
-        result = run_agent(spec.env, agent, spec.budget.env_steps, seed=seed, on_step=on_step)
-        summary.update(reason=reason[0], env_steps=result.steps, episodes=len(result.returns),
+        result = run_agent(spec.env, agent, max(0, spec.budget.env_steps - done_steps), seed=seed + done_steps,
+                           on_step=on_step)
+        summary.update(reason=reason[0], env_steps=result.steps + done_steps, episodes=len(result.returns),
                        final_mean_return=_finite(result.mean_return(10)), train_seconds=result.seconds)
     finally:
         state.done = True

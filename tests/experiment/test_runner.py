@@ -1,0 +1,67 @@
+"""The peer-side runner in this process (no launcher): budget, stop, resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import threading
+
+import pytest
+from swarmtest import free_port, status, wait_for
+
+from swarm.errors import ConfigError
+from swarm.experiment import load_spec
+from swarm.experiment.runner import run_peer
+
+ONE = ["peers=1", "budget.env_steps=200", "dqn.learning_starts=50", "dqn.batch_size=16",
+       "eval.every=0", "gossip.codec=identity", "gossip.step_size=1.0"]
+
+
+@pytest.fixture
+def coordinator(procs):
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, name="coordinator")
+    wait_for(lambda: status(addr, 0.5), timeout=15, what="coordinator")
+    return addr
+
+
+def test_budget_then_resume_continues_from_the_checkpoint(coordinator, tmp_path):
+    spec = load_spec(None, ONE)
+    first = run_peer(spec, 0, coordinator, tmp_path / "a", tensorboard=False, join_timeout=10)
+    assert first["reason"] == "budget" and first["env_steps"] == 200
+
+    more = load_spec(None, ONE + ["budget.env_steps=300"])
+    second = run_peer(more, 0, coordinator, tmp_path / "b", tensorboard=False, join_timeout=10,
+                      resume_from=tmp_path / "a")
+    assert second["reason"] == "budget" and second["env_steps"] == 300
+    assert second["resumed_from"].endswith("peer0/checkpoint.pt")
+    rows = list(csv.DictReader(open(tmp_path / "b" / "peer0" / "metrics.csv")))
+    assert rows and all(200 < int(r["env_steps"]) <= 300 for r in rows)
+    # alone in its ring: every round says so instead of pretending to average
+    rounds = list(csv.DictReader(open(tmp_path / "b" / "peer0" / "rounds.csv")))
+    assert len(rounds) == 2 and all(int(r["participants"]) == 0 for r in rounds)
+
+
+def test_stop_event_ends_after_the_current_step_and_writes_everything(coordinator, tmp_path):
+    spec = load_spec(None, ONE + ["budget.env_steps=1000000"])
+    stop = threading.Event()
+    timer = threading.Timer(2.0, stop.set)
+    timer.start()
+    try:
+        s = run_peer(spec, 0, coordinator, tmp_path, stop=stop, tensorboard=False, join_timeout=10)
+    finally:
+        timer.cancel()
+    assert s["reason"] == "stopped" and 0 < s["env_steps"] < 1000000
+    saved = json.loads((tmp_path / "peer0" / "summary.json").read_text())
+    assert saved["env_steps"] == s["env_steps"]
+    assert (tmp_path / "peer0" / "checkpoint.pt").stat().st_size > 0
+
+
+def test_bad_rank_and_missing_checkpoint_are_clear_errors(coordinator, tmp_path):
+    spec = load_spec(None, ONE)
+    with pytest.raises(ConfigError, match="rank = 3"):
+        run_peer(spec, 3, coordinator, tmp_path, tensorboard=False)
+    assert not (tmp_path / "peer3").exists()
+    with pytest.raises(ConfigError, match="checkpoint.pt does not exist"):
+        run_peer(spec, 0, coordinator, tmp_path / "c", tensorboard=False, join_timeout=10,
+                 resume_from=tmp_path / "nothing-here")
