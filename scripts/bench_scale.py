@@ -1,0 +1,557 @@
+"""Scale benchmark: one coordinator with 1,000 members; 256 in-process peers; 16 vs 4 peer processes.
+
+(a) A real ``swarm coordinator`` process and 1,000 simulated members: a few
+    worker processes each hold hundreds of DEALER sockets that speak the wire
+    protocol (join, heartbeat at 4 Hz with the figures peers send, probe_ack,
+    re-join). A controller member joins and leaves every ``--churn-s``; each
+    change bumps the epoch, and every worker stamps when each of its members
+    receives the new view. View propagation = receipt time − the time the
+    change was sent (CLOCK_MONOTONIC is shared by processes). Coordinator CPU
+    comes from /proc/<pid>/stat (all its threads) over a quiet window of
+    heartbeats only, and over the churn window. Anchor in the same run: raw
+    pyzmq, the controller's ROUTER fanning one message of the same size out to
+    the same 1,000 members (the floor any coordinator in Python+ZeroMQ meets).
+(b) 256 peers in one process on swarm.gossip.sim's SimHub gossiping d = 1e5
+    on a ring and a torus: rounds/s (whole-swarm rounds) and memory per peer
+    (RSS growth / peers). Anchor: a bare numpy exact-gossip step on the same
+    256×d matrix.
+(c) 16 peer processes (real Peers over ZeroMQ + a coordinator) gossiping
+    d = 1e5 on a ring in lockstep on this machine's cores, against 4.
+
+Targets (issue 8): view p99 ≤ 100 ms with coordinator CPU ≤ 25 % of a core at
+1,000 members; 256 in-process peers run. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import zmq
+
+ROOT = Path(__file__).resolve().parents[1]
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / HZ
+
+
+def pct(a: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(a), q)) if a else float("nan")
+
+
+# =================================================================== (a) coordinator
+
+def _header(frames: list[bytes]) -> dict:
+    return msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
+
+
+def _peek(frame: bytes) -> dict:
+    """The header's keys up to ``body`` only: a view's member list (tens of kB at
+    1,000 members) is not decoded, so the simulated members stay cheap."""
+    u = msgpack.Unpacker(raw=False)
+    u.feed(frame)
+    out = {}
+    for _ in range(u.read_map_header()):
+        k = u.unpack()
+        if k == "body":
+            break
+        out[k] = u.unpack()
+    return out
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Members ``first .. first+count-1``: join, heartbeat, stamp every new view."""
+    from swarm import wire
+
+    ctx = zmq.Context(io_threads=1)
+    ids = [f"m{i:05d}" for i in range(args.first, args.first + args.count)]
+    inc = [random.getrandbits(62) for _ in ids]
+    socks = []
+    for _ in ids:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 100)
+        s.connect(args.coord)
+        socks.append(s)
+    idx = {s: k for k, s in enumerate(socks)}
+    epoch = [0] * len(ids)
+    seen: dict[int, list[float]] = {}     # epoch -> receipt times
+    poller = zmq.Poller()
+    for s in socks:
+        poller.register(s, zmq.POLLIN)
+
+    dropped = [0]
+
+    def send(k: int, frames: list) -> None:
+        try:   # like a peer: nothing queues for a coordinator that cannot take it now
+            socks[k].send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            dropped[0] += 1
+
+    def join(k: int) -> None:
+        send(k, wire.encode("join", ids[k], body={
+            "addr": f"tcp://127.0.0.1:{10000 + args.first + k}", "rank": args.first + k, "inc": inc[k],
+            "last_epoch": epoch[k]}))
+
+    for k in range(len(ids)):
+        join(k)
+    period = 1.0 / args.hz
+    rng = random.Random(args.first)
+    offset = sorted((rng.random() * period, k) for k in range(len(ids)))
+    lap, p = time.monotonic(), 0
+    steps = [0] * len(ids)
+    end = time.monotonic() + args.duration
+    views = 0
+    while True:
+        now = time.monotonic()
+        if now > end:
+            break
+        # heartbeats that are due, in a batch (one wake-up per few ms, not one per member)
+        while now >= lap + offset[p][0]:
+            k = offset[p][1]
+            steps[k] += 25
+            send(k, wire.encode("heartbeat", ids[k], epoch=epoch[k], body={
+                "inc": inc[k], "linked": epoch[k],
+                "stats": {"msgs_in": steps[k], "msgs_out": steps[k], "bytes_in": 900 * steps[k],
+                          "bytes_out": 900 * steps[k], "dropped_out": 0, "malformed": 0,
+                          "nbrs": [ids[k - 1], ids[(k + 1) % len(ids)]],
+                          "env_steps": steps[k], "rounds": steps[k] // 25, "buffer_size": steps[k]}}))
+            p += 1
+            if p == len(offset):
+                p, lap = 0, lap + period
+        wait = lap + offset[p][0] - time.monotonic()
+        for s, _ in poller.poll(max(0, min(5.0, wait * 1000))):
+            k = idx[s]
+            while True:
+                try:
+                    frames = s.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                t_recv = time.monotonic()
+                h = _peek(frames[0])
+                t = h.get("t")
+                if t == "view":
+                    e = h["epoch"]   # the coordinator sends a view under its own epoch
+                    views += 1
+                    if e > epoch[k]:
+                        epoch[k] = e
+                        seen.setdefault(e, []).append(t_recv)
+                elif t == "probe":
+                    h = _header(frames)
+                    send(k, wire.encode("probe_ack", ids[k], epoch=epoch[k],
+                                        body={"nonce": h["body"]["nonce"], "inc": inc[k]}))
+                elif t == "rejoin":
+                    join(k)
+    for s in socks:
+        s.close(0)
+    ctx.term()
+    Path(args.out).write_text(json.dumps({"seen": {str(e): ts for e, ts in seen.items()}, "views": views,
+                                          "members": len(ids), "dropped": dropped[0]}))
+
+
+class Controller:
+    """One extra member that joins and leaves on command, and asks for status."""
+
+    def __init__(self, coord: str) -> None:
+        from swarm import wire
+
+        self.wire = wire
+        self.ctx = zmq.Context()
+        self.coord = coord
+        self.inc = 1
+        self.sock: zmq.Socket | None = None
+
+    def _new(self) -> zmq.Socket:
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(self.coord)
+        return s
+
+    def status(self, timeout: float = 10.0) -> dict:
+        s = self._new()
+        try:
+            s.send_multipart(self.wire.encode("status", "bench-ctl-status"))
+            if not s.poll(int(timeout * 1000)):
+                raise RuntimeError("the coordinator did not answer status")
+            return _header(s.recv_multipart())["body"]
+        finally:
+            s.close(0)
+
+    def join(self) -> float:
+        self.inc += 1
+        self.sock = self._new()
+        time.sleep(0.05)   # connected before the clock starts
+        t = time.monotonic()
+        self.sock.send_multipart(self.wire.encode("join", "churn", body={
+            "addr": "tcp://127.0.0.1:9", "rank": -1, "inc": self.inc, "last_epoch": 0}))
+        return t
+
+    def leave(self) -> float:
+        t = time.monotonic()
+        self.sock.send_multipart(self.wire.encode("leave", "churn", body={"inc": self.inc}))
+        time.sleep(0.05)
+        self.sock.close(0)
+        self.sock = None
+        return t
+
+
+def raw_fanout_anchor(n_workers: int, per: int, size: int, rounds: int = 10) -> list[float]:
+    """Raw pyzmq floor: a ROUTER sends one ``size``-byte message to each of n DEALERs in
+    worker processes; latency from the first send to each receipt."""
+    port = free_port()
+    code = r"""
+import sys, time, json, zmq
+addr, n, rounds, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+ctx = zmq.Context(); socks = []
+for i in range(n):
+    s = ctx.socket(zmq.DEALER); s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.IDENTITY, f"{out[-6:]}-{i}".encode()); s.connect(addr); socks.append(s)
+for s in socks: s.send(b"hi")
+poller = zmq.Poller(); [poller.register(s, zmq.POLLIN) for s in socks]
+got = []; deadline = time.monotonic() + 60
+while len(got) < n * rounds and time.monotonic() < deadline:
+    for s, _ in poller.poll(100):
+        while True:
+            try: s.recv(zmq.NOBLOCK)
+            except zmq.Again: break
+            got.append(time.monotonic())
+json.dump(got, open(out, "w")); [s.close(0) for s in socks]; ctx.term()
+"""
+    ctx = zmq.Context()
+    r = ctx.socket(zmq.ROUTER)
+    r.setsockopt(zmq.LINGER, 0)
+    r.setsockopt(zmq.SNDHWM, 100_000)
+    r.bind(f"tcp://127.0.0.1:{port}")
+    tmp = tempfile.mkdtemp()
+    outs = [os.path.join(tmp, f"anchor{w:02d}.json") for w in range(n_workers)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, f"tcp://127.0.0.1:{port}", str(per), str(rounds), o])
+             for o in outs]
+    routes = []
+    while len(routes) < n_workers * per:
+        if r.poll(30_000):
+            routes.append(r.recv_multipart()[0])
+        else:
+            break
+    payload = os.urandom(size)
+    sends = []
+    for _ in range(rounds):
+        time.sleep(0.2)
+        sends.append(time.monotonic())
+        for route in routes:
+            r.send_multipart([route, payload])
+    for p in procs:
+        p.wait(90)
+    lat = []
+    got = sorted(t for o in outs for t in json.loads(Path(o).read_text()))
+    for t in got:   # each receipt belongs to the latest send before it
+        t0 = max(s for s in sends if s <= t)
+        lat.append((t - t0) * 1000)
+    r.close(0)
+    ctx.term()
+    return lat
+
+
+def bench_coordinator(members: int, workers: int, hz: float, churn: int, churn_s: float,
+                      quiet_s: float) -> dict:
+    port = free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    tmp = tempfile.mkdtemp()
+    coord = subprocess.Popen([sys.executable, "-m", "swarm.cli", "coordinator", "--bind", addr],
+                             stdout=open(os.path.join(tmp, "coord.log"), "w"), stderr=subprocess.STDOUT,
+                             env=env, cwd=ROOT)
+    ctl = Controller(addr)
+    procs = []
+    try:
+        ctl.status(20.0)
+        per = members // workers
+        duration = 40.0 + quiet_s + churn * churn_s
+        outs = []
+        t_start = time.monotonic()
+        for w in range(workers):
+            out = os.path.join(tmp, f"worker{w}.json")
+            outs.append(out)
+            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--coord", addr,
+                                           "--first", str(w * per), "--count", str(per), "--hz", str(hz),
+                                           "--duration", str(duration), "--out", out], env=env, cwd=ROOT))
+        while True:
+            st = ctl.status()
+            if len(st["view"]["members"]) >= per * workers:
+                break
+            if time.monotonic() - t_start > 35:
+                # the coordinator could not hold this many members here: say so, measure nothing
+                return {"members": per * workers, "formed": False, "alive": len(st["view"]["members"]),
+                        "epoch": st["epoch"], "cpu": cpu_s(coord.pid) / (time.monotonic() - t_start)}
+            time.sleep(0.5)
+        formed_s = time.monotonic() - t_start
+        time.sleep(2.0)   # let the start-up views drain
+        e_before = ctl.status()["epoch"]
+        c0, t0 = cpu_s(coord.pid), time.monotonic()
+        time.sleep(quiet_s)
+        quiet_cpu = (cpu_s(coord.pid) - c0) / (time.monotonic() - t0)
+        e_quiet = ctl.status()["epoch"]
+        changes = []
+        c0, t0 = cpu_s(coord.pid), time.monotonic()
+        for i in range(churn):
+            changes.append(ctl.join() if i % 2 == 0 else ctl.leave())
+            time.sleep(churn_s)
+        churn_cpu = (cpu_s(coord.pid) - c0) / (time.monotonic() - t0)
+        t_churn_end = time.monotonic()
+        st = ctl.status()
+        view_bytes = len(msgpack.packb(st["view"]))
+        for p in procs:
+            p.wait(duration + 30)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        coord.terminate()
+        try:
+            coord.wait(5)
+        except subprocess.TimeoutExpired:
+            coord.kill()
+            coord.wait()
+    seen: dict[int, list[float]] = {}
+    views = 0
+    for out in outs:
+        d = json.loads(Path(out).read_text())
+        views += d["views"]
+        for e, ts in d["seen"].items():
+            seen.setdefault(int(e), []).extend(ts)
+    lat = []
+    per_change = []
+    # epochs of the churn window only (members closing at the end make more)
+    changed = [e for e in seen if e > e_quiet and min(seen[e]) < t_churn_end]
+    for e in sorted(changed):
+        ts = seen[e]
+        t_change = max((c for c in changes if c <= min(ts)), default=None)
+        if t_change is None:
+            continue
+        ms = [(t - t_change) * 1000 for t in ts]
+        lat += ms
+        per_change.append((e, len(ts), max(ms)))
+    return {"members": per * workers, "formed_s": formed_s, "quiet_cpu": quiet_cpu, "churn_cpu": churn_cpu,
+            "false_changes": e_quiet - e_before, "epochs": len(changed), "changes": len(changes),
+            "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat) if lat else float("nan"),
+            "receipts": len(lat), "per_change": per_change, "view_bytes": view_bytes, "views": views}
+
+
+# =================================================================== (b) in-process
+
+def rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def inproc(n: int, d: int, topology: str, rounds: int) -> dict:
+    from swarm.gossip import Gossip
+    from swarm.gossip.sim import SimHub, run_rounds
+
+    r0 = rss_bytes()
+    hub = SimHub(topology=topology)
+    links = hub.add_many(n)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(d).astype(np.float32) for _ in range(n)]
+    engines = [Gossip(l, x, topology=topology, round_timeout=60.0) for l, x in zip(links, xs)]
+    await run_rounds(engines, 2)   # the first rounds send full state and allocate the copies
+    mem = (rss_bytes() - r0) / n
+    t = time.perf_counter()
+    res = await run_rounds(engines, rounds)
+    rps = rounds / (time.perf_counter() - t)
+    ok = all(r.ok for rnd in res for r in rnd)
+    await hub.close()
+    return {"rounds_per_s": rps, "mem_per_peer": mem, "ok": ok}
+
+
+def numpy_anchor(n: int, d: int, topology: str, rounds: int) -> float:
+    from swarm.gossip import mixing_matrix
+
+    w = mixing_matrix(topology, n).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((n, d)).astype(np.float32)
+    t = time.perf_counter()
+    for _ in range(rounds):
+        x = w @ x
+    return rounds / (time.perf_counter() - t)
+
+
+# =================================================================== (c) peer processes
+
+def gossip_peer(args: argparse.Namespace) -> None:
+    """One real Peer process: join, gossip d floats on a ring in lockstep, count rounds in a window."""
+    import torch
+
+    torch.set_num_threads(1)
+    from swarm.gossip import Gossip
+    from swarm.peer import Peer
+
+    async def main() -> dict:
+        peer = Peer(coordinators=[args.coord], id=f"g{args.rank}", rank=args.rank, topology="ring")
+        await peer.start()
+        try:
+            await peer.wait_view(lambda v: len(v.members) == args.n, timeout=60.0)
+            await peer.wait_linked(30.0)
+            x = np.full(args.d, float(args.rank), np.float32)
+            g = Gossip(peer, x, topology="ring", sync=args.sync, round_timeout=2.0)
+            for _ in range(3):
+                await g.round()
+            # everyone measures over the same wall-clock window (if start-up on busy
+            # cores ran late, from when this peer is ready)
+            while time.time() < args.t0:
+                await g.round()
+            start = time.time()
+            n = ok = 0
+            while time.time() < start + args.window:
+                r = await g.round()
+                n += 1
+                ok += int(r.ok)
+            # keep gossiping a little so that neighbours finish their windows with partners
+            tail = time.time() + 3.0
+            while time.time() < tail:
+                await g.round()
+            return {"rounds": n, "ok": ok, "late_s": round(start - args.t0, 2)}
+        finally:
+            await peer.close()
+
+    Path(args.out).write_text(json.dumps(asyncio.run(main())))
+
+
+def bench_processes(n: int, d: int, window: float, sync: str = "bounded") -> dict:
+    port = free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    tmp = tempfile.mkdtemp()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    coord = subprocess.Popen([sys.executable, "-m", "swarm.cli", "coordinator", "--bind", addr],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    t0 = time.time() + 15.0 + 1.0 * n     # room for every process to import torch and link
+    outs = [os.path.join(tmp, f"g{r}.json") for r in range(n)]
+    procs = [subprocess.Popen([sys.executable, __file__, "--gossip-peer", "--coord", addr, "--rank", str(r),
+                               "--n", str(n), "--d", str(d), "--t0", str(t0), "--window", str(window), "--sync", sync,
+                               "--out", outs[r]], env=env, cwd=ROOT) for r in range(n)]
+    try:
+        for p in procs:
+            p.wait(t0 - time.time() + window + 60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        coord.terminate()
+        coord.wait(5)
+    res = [json.loads(Path(o).read_text()) for o in outs if Path(o).exists()]
+    rounds = [r["rounds"] for r in res]
+    return {"peers": n, "finished": len(res), "rounds_per_s": float(np.mean(rounds)) / window if rounds else 0.0,
+            "ok_share": sum(r["ok"] for r in res) / max(1, sum(rounds)),
+            "late_s": max((r["late_s"] for r in res), default=0.0)}
+
+
+# =================================================================== main
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    ap.add_argument("--members", type=int, default=1000)
+    ap.add_argument("--workers", type=int, default=4, help="processes simulating the members")
+    ap.add_argument("--churn", type=int, default=20, help="membership changes to time")
+    ap.add_argument("--churn-s", type=float, default=0.5, help="seconds between changes")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b,c")
+    # worker modes (internal)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--gossip-peer", action="store_true", help=argparse.SUPPRESS)
+    for a, t in (("--coord", str), ("--first", int), ("--count", int), ("--hz", float), ("--duration", float),
+                 ("--out", str), ("--rank", int), ("--n", int), ("--d", int), ("--t0", float),
+                 ("--window", float), ("--sync", str)):
+        ap.add_argument(a, type=t, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.gossip_peer:
+        return gossip_peer(args)
+
+    skip = set(filter(None, args.skip.split(",")))
+    out: dict = {}
+    print(f"bench_scale on {os.cpu_count()} cores", flush=True)
+    if "a" not in skip:
+        members = 200 if args.quick else args.members
+        a = bench_coordinator(members, args.workers, 4.0, 6 if args.quick else args.churn, args.churn_s,
+                              3.0 if args.quick else 8.0)
+        if not a.get("formed", True):
+            print(f"\n(a) coordinator, {a['members']} members: the view never held them all within 35 s "
+                  f"({a['alive']} alive at epoch {a['epoch']}; coordinator at {a['cpu']:.0%} of a core): "
+                  f"heartbeat timeouts and views of every change to every member feed each other")
+            out.update(coord_members=a["members"], coord_formed=False, coord_alive=a["alive"],
+                       view_p99_ms=None, coord_cpu=round(a["cpu"], 4), target_view_p99_met=False,
+                       target_coord_cpu_met=False)
+            a = None
+    else:
+        a = None
+    if a is not None:
+        anchor = raw_fanout_anchor(args.workers, members // args.workers, a["view_bytes"])
+        print(f"\n(a) coordinator, {a['members']} members heartbeating at 4 Hz "
+              f"(view formed in {a['formed_s']:.1f} s, view message {a['view_bytes'] / 1e3:.1f} kB)")
+        print(f"{'':34} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+        print(f"{'view propagation (swarm)':34} {a['p50']:8.1f} {a['p99']:8.1f} {a['max']:8.1f}   "
+              f"{a['receipts']} receipts over {a['epochs']} epochs / {a['changes']} changes")
+        print(f"{'anchor: raw pyzmq ROUTER fan-out':34} {pct(anchor, 50):8.1f} {pct(anchor, 99):8.1f} "
+              f"{max(anchor):8.1f}")
+        print(f"coordinator CPU: {a['quiet_cpu']:.1%} of a core with heartbeats only, "
+              f"{a['churn_cpu']:.1%} with a change every {args.churn_s} s; "
+              f"false changes in the quiet window: {a['false_changes']}")
+        out.update(coord_members=a["members"], view_p50_ms=round(a["p50"], 2), view_p99_ms=round(a["p99"], 2),
+                   view_max_ms=round(a["max"], 2), anchor_fanout_p99_ms=round(pct(anchor, 99), 2),
+                   coord_cpu=round(a["quiet_cpu"], 4), coord_cpu_churn=round(a["churn_cpu"], 4),
+                   coord_false_changes=a["false_changes"], view_formed_s=round(a["formed_s"], 2),
+                   target_view_p99_met=a["p99"] <= 100.0, target_coord_cpu_met=a["quiet_cpu"] <= 0.25)
+    if "b" not in skip:
+        n, d = (64, 10_000) if args.quick else (256, 100_000)
+        rounds = 3 if args.quick else 5
+        print(f"\n(b) {n} in-process peers, d = {d}")
+        print(f"{'topology':10} {'rounds/s':>9} {'numpy W@X':>10} {'MB/peer':>8}  ok")
+        best = 0.0
+        for topo in ("ring", "torus"):
+            r = asyncio.run(inproc(n, d, topo, rounds))
+            anc = numpy_anchor(n, d, topo, rounds)
+            print(f"{topo:10} {r['rounds_per_s']:9.2f} {anc:10.2f} {r['mem_per_peer'] / 1e6:8.2f}  {r['ok']}")
+            out[f"inproc_{topo}_rounds_per_s"] = round(r["rounds_per_s"], 3)
+            out[f"inproc_{topo}_mb_per_peer"] = round(r["mem_per_peer"] / 1e6, 3)
+            out[f"numpy_{topo}_rounds_per_s"] = round(anc, 3)
+            if topo == "ring":
+                best = r["rounds_per_s"]
+                out["inproc_ok"] = r["ok"]
+        out.update(inproc_peers=n, inproc_rounds_per_s=round(best, 3))
+    if "c" not in skip:
+        d = 10_000 if args.quick else 100_000
+        window = 5.0 if args.quick else 10.0
+        print(f"\n(c) peer processes on {os.cpu_count()} cores, d = {d}, ring, lockstep")
+        print(f"{'processes':>9} {'rounds/s per peer':>18} {'peer-rounds/s':>14} {'ok share':>9}")
+        for n in (4, 16):
+            r = bench_processes(n, d, window)
+            print(f"{n:9d} {r['rounds_per_s']:18.2f} {r['rounds_per_s'] * n:14.1f} {r['ok_share']:9.2f}"
+                  + ("" if r["finished"] == n else f"  ({r['finished']}/{n} finished)"))
+            out[f"procs{n}_rounds_per_s"] = round(r["rounds_per_s"], 3)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
