@@ -1,0 +1,259 @@
+"""`swarm launch --ray [ADDRESS] SPEC`: place an experiment's peers on a Ray cluster.
+
+Ray only *places* the peers; it is not on the data path. The launcher
+
+1. connects to the cluster (``ADDRESS``, else ``RAY_ADDRESS``, else a local
+   Ray instance) and lists the alive nodes that have CPUs;
+2. sets ``peers`` = nodes × ``per_node`` and writes the resolved spec to
+   ``runs/<name>-<time>/config.json``;
+3. starts ``swarm coordinator`` as a child process of its own, bound to this
+   node's address (failover stays the coordinator's job);
+4. creates ``per_node`` peer actors on each node (strict node affinity,
+   ``max_restarts=0``: Ray never restarts a peer behind the coordinator's
+   back; a lost peer is detected and routed around by the coordinator like
+   any other), each running :func:`swarm.experiment.runner.run_peer` — the
+   same body as ``swarm peer --spec`` — bound to its node's address, so all
+   gossip and replay traffic goes peer to peer over ZeroMQ;
+5. records where each peer runs (node, address, pid) in ``placement.json``,
+   shows the same progress line as ``swarm run``, and at the end collects the
+   peers' summaries (also where the run folder is not on a shared file
+   system), writes the summary table and plots, and ends the actors and the
+   coordinator.
+
+Peers on other nodes write ``peer{r}/`` under the same absolute path on their
+own node; with a shared file system the run folder is complete.
+
+>>> from swarm.experiment.ray_launch import launch_ray
+>>> launch_ray("spec.toml", ["budget.env_steps=5000"], address="ray://head:10001", per_node=2)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..config import PeerConfig
+from ..errors import ConfigError, SwarmError
+from .launch import POLL_S, Launch, _Interrupt, _new_run_dir, _Progress, _status, _table, _wait_coordinator
+from .launch import summarize, write_plots
+from .runner import peer_dir
+from .spec import Spec, load_spec, save_resolved
+
+__all__ = ["launch_ray", "PeerActor", "cluster_nodes"]
+
+#: seconds peers get to finish their current step and write their files after a stop
+STOP_GRACE_S = 20.0
+#: seconds the peer actors get to start (a worker process per actor, importing swarm)
+START_TIMEOUT_S = 120.0
+
+
+def _ray() -> Any:
+    try:
+        import ray  # noqa: PLC0415 - optional dependency (the `ray` extra)
+    except ImportError:
+        raise SwarmError("swarm launch --ray needs Ray: pip install 'swarm[ray]'") from None
+    return ray
+
+
+class PeerActor:
+    """One peer of an experiment, living in a Ray worker process.
+
+    Created by :func:`launch_ray` as a Ray actor with ``max_concurrency=2``, so
+    that :meth:`stop` can reach it while :meth:`run` trains.
+    """
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+
+    def where(self) -> dict[str, Any]:
+        """This worker's node id, address and pid."""
+        import ray  # noqa: PLC0415
+
+        return {"node": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid()}
+
+    def run(self, spec: Spec, rank: int, coordinator: str, run_dir: str, host: str | None) -> dict[str, Any]:
+        """Train peer ``rank`` of ``spec`` (see :func:`~swarm.experiment.runner.run_peer`),
+        bound to ``host`` (None: this node's address); returns its summary."""
+        import ray  # noqa: PLC0415
+
+        from .runner import run_peer  # noqa: PLC0415
+
+        try:
+            import uvloop  # noqa: PLC0415
+            factory = uvloop.new_event_loop
+        except ImportError:
+            factory = None
+        cfg = PeerConfig(bind=f"tcp://{host or ray.util.get_node_ip_address()}:*")
+        return run_peer(spec, rank, coordinator, run_dir, stop=self._stop, loop_factory=factory, peer_config=cfg)
+
+    def stop(self) -> None:
+        """End the run after the peer's current step (it writes its files and leaves)."""
+        self._stop.set()
+
+
+def cluster_nodes(ray: Any) -> list[dict[str, Any]]:
+    """Alive Ray nodes that offer CPUs, head first, as ``{id, ip, cpus}``."""
+    nodes = []
+    for n in ray.nodes():
+        cpus = float(n.get("Resources", {}).get("CPU", 0))
+        if n.get("Alive") and cpus > 0:
+            nodes.append({"id": n["NodeID"], "ip": n["NodeManagerAddress"], "cpus": cpus,
+                          "head": "node:__internal_head__" in n.get("Resources", {})})
+    return sorted(nodes, key=lambda n: (not n["head"], n["ip"], n["id"]))
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None, address: str | None = None,
+               *, per_node: int = 1, cpus_per_peer: float = 1.0, host: str | None = None,
+               runs_root: str | Path = "runs", stream: TextIO | None = None,
+               init_kwargs: dict[str, Any] | None = None) -> int:
+    """Run the experiment ``spec_path`` with ``per_node`` peers on every Ray node.
+
+    Args:
+        spec_path: spec file (None: the built-in default); ``overrides`` as ``--set``.
+        address: the Ray cluster (``auto``, ``HOST:PORT``, ``ray://HOST:10001``); None:
+            ``RAY_ADDRESS`` or a new local instance. Ignored when Ray is already
+            initialised in this process (then that cluster is used and left running).
+        per_node: peer actors per node; the spec's ``peers`` becomes nodes × per_node.
+        cpus_per_peer: CPUs each peer actor reserves (a node needs per_node × this).
+        host: address the coordinator and every peer bind; None: each node's own
+            address (right on a cluster; ``127.0.0.1`` keeps a one-machine test on loopback).
+        runs_root: where the run folder is made.
+        init_kwargs: extra arguments for ``ray.init`` (e.g. ``num_cpus`` of a local instance).
+
+    Returns the exit code: 0 when every peer finished, 1 when one failed (the
+    others went on: the coordinator routes around it), 130 when interrupted.
+    """
+    ray = _ray()
+    out = stream or sys.stderr
+    if per_node < 1:
+        raise ConfigError(f"--per-node must be >= 1, got {per_node}")
+    load_spec(spec_path, overrides)  # a bad spec fails before a cluster is touched
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        ray.init(address=address, **(init_kwargs or {}))
+    launch: Launch | None = None
+    actors: list[Any] = []
+    try:
+        nodes = cluster_nodes(ray)
+        if not nodes:
+            raise SwarmError("the Ray cluster has no alive node with CPUs")
+        short = [n for n in nodes if n["cpus"] < per_node * cpus_per_peer]
+        if short:
+            raise ConfigError(f"--per-node {per_node} × {cpus_per_peer} CPU per peer does not fit node(s) "
+                              + ", ".join(f"{n['ip']} ({n['cpus']:g} CPUs)" for n in short)
+                              + "; lower --per-node or cpus_per_peer")
+        n_peers = len(nodes) * per_node
+        spec = load_spec(spec_path, [*(overrides or []), f"peers={n_peers}"])
+        run_dir = _new_run_dir(Path(runs_root), spec.name).resolve()
+        config = save_resolved(spec, run_dir)
+        print(f"swarm launch: {spec.name}: {n_peers} peers ({len(nodes)} Ray node(s) × {per_node}) on a "
+              f"{spec.gossip.topology}, {spec.env}, codec {spec.gossip.codec} -> {run_dir}", file=out, flush=True)
+
+        launch = Launch(run_dir)
+        coord_host = host or ray.util.get_node_ip_address()
+        addr = f"tcp://{coord_host}:{_free_port(coord_host)}"
+        coord = launch.start("coordinator", ["coordinator", "--bind", addr, "--set",
+                                             f"coordinator.run_name={spec.name}"])
+        _wait_coordinator(launch, coord, addr)
+
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
+
+        remote = ray.remote(PeerActor)
+        refs: dict[Any, int] = {}
+        for r in range(n_peers):
+            node = nodes[r // per_node]
+            a = remote.options(
+                num_cpus=cpus_per_peer, max_restarts=0, max_task_retries=0, max_concurrency=2,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node["id"], soft=False),
+            ).remote()
+            actors.append(a)
+            refs[a.run.remote(spec, r, addr, str(run_dir), host)] = r
+        try:
+            where = ray.get([a.where.remote() for a in actors], timeout=START_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise SwarmError(f"the peer actors did not start within {START_TIMEOUT_S:.0f} s; is swarm "
+                             "installed on every node, with the same Python?") from None
+        (run_dir / "placement.json").write_text(json.dumps(
+            {"coordinator": addr, "peers": {f"peer{r}": w for r, w in enumerate(where)}}, indent=2) + "\n")
+        code, summaries = _supervise(ray, spec, actors, refs, coord, addr, out)
+    finally:
+        for a in actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # already gone; nothing left to end
+                pass
+        if launch is not None:
+            launch.close()
+        if owns_ray:
+            ray.shutdown()
+
+    for r, s in summaries.items():
+        f = peer_dir(run_dir, r) / "summary.json"
+        if not f.exists():   # that peer ran on a node without our file system
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(json.dumps(s, indent=2) + "\n")
+    rows = summarize(run_dir, spec)
+    (run_dir / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(_table(rows), file=out)
+    try:
+        write_plots(run_dir)
+    except ImportError:
+        print("no plots: matplotlib is not installed (pip install 'swarm[plots]')", file=out)
+    print(f"run folder: {run_dir}", file=out, flush=True)
+    return code
+
+
+def _supervise(ray: Any, spec: Spec, actors: list[Any], refs: dict[Any, int], coord: Any, addr: str,
+               out: TextIO) -> tuple[int, dict[int, dict[str, Any]]]:
+    """Wait for the peers, drawing progress; a failed peer is reported, not fatal."""
+    progress = _Progress(spec, out)
+    summaries: dict[int, dict[str, Any]] = {}
+    failed: list[int] = []
+    pending = list(refs)
+    stop_sent = 0.0
+    code = 0
+    with _Interrupt() as intr:
+        try:
+            while pending:
+                if intr.count and not stop_sent:
+                    progress.done()
+                    print("swarm launch: interrupted; stopping the peers (they write their metrics first)",
+                          file=out, flush=True)
+                    for a in actors:
+                        a.stop.remote()
+                    stop_sent = time.monotonic()
+                    code = 130
+                if stop_sent and (intr.count > 1 or time.monotonic() - stop_sent > STOP_GRACE_S):
+                    break   # the actors are killed by the caller
+                done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+                for ref in done:
+                    r = refs[ref]
+                    try:
+                        summaries[r] = ray.get(ref)
+                    except Exception as e:  # RayActorError (node or process lost) or run_peer's own error
+                        failed.append(r)
+                        progress.done()
+                        print(f"swarm launch: peer{r} failed: {type(e).__name__}: {str(e).strip()[-2000:]}\n"
+                              "swarm launch: the coordinator routes around it; the others go on",
+                              file=out, flush=True)
+                if coord.proc.poll() is not None and not coord.ended_by_us:
+                    print(f"swarm launch: the coordinator exited with code {coord.proc.returncode}; "
+                          "peers keep training without it (see logs/coordinator.log)", file=out, flush=True)
+                    coord.ended_by_us = True   # reported once
+                progress.update(_status(addr) if coord.proc.poll() is None else None, len(pending))
+        finally:
+            progress.done()
+    return (code or (1 if failed else 0)), summaries
