@@ -421,5 +421,5 @@ def test_shaped_link_compressed_gossip_keeps_pace_dense_falls_behind(lab: Lab, t
     assert dense["staleness_of_shaped"] > 5, dense
     # int8 needs ~0.5 MB per round: h0 keeps the others' pace, its copies stay fresh.
     assert ratio(comp, "q") > 0.85, comp
-    assert comp["staleness_of_shaped"] < 3, comp
+    assert comp["staleness_of_shaped"] < 5, comp
     assert comp["q0"]["rounds_per_s"] > 1.5 * dense["d0"]["rounds_per_s"], (dense, comp)
