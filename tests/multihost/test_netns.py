@@ -390,6 +390,8 @@ def _shaped_run(lab: Lab, out: Path, prefix: str, codec: str, gamma: float) -> d
     seen = [r["st"][ids[0]] for i in ids[1:] for r in _rounds(out / f"{i}.rounds.jsonl")
             if lo <= r["t"] < hi and ids[0] in r["st"]]
     fig["staleness_of_shaped"] = statistics.mean(seen) if seen else None
+    # views seen during the run: more than one means somebody was declared dead
+    fig["views"] = len({r["epoch"] for i in ids for r in _rounds(out / f"{i}.rounds.jsonl")})
     return fig
 
 
@@ -411,6 +413,8 @@ def test_shaped_link_compressed_gossip_keeps_pace_dense_falls_behind(lab: Lab, t
           f"  dense: {json.dumps(dense)}\n  int8:  {json.dumps(comp)}\n"
           f"  shaped host's rounds/s relative to the others: dense {ratio(dense, 'd'):.2f}, "
           f"int8 {ratio(comp, 'q'):.2f}\n{shaped_stats}")
+    # A congested link is slow, not dead: the coordinator kept the shaped host.
+    assert dense["views"] == 1 and comp["views"] == 1, (dense, comp)
     # The link really is shaped: the dense host cannot send faster than 100 Mbit/s.
     assert dense["d0"]["mb_out_per_s"] < 100e6 / 8 / 1e6 * 1.25, dense
     # Dense gossip needs ~2 MB per round from h0 (at most ~6 rounds/s through the
