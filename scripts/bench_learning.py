@@ -9,8 +9,9 @@ env steps of a learner; solved when the mean reaches 475):
 * swarm: ``swarm run`` (a coordinator and 4 peer processes, ring, error-feedback
   top-k, replay sharing on) with ``budget.stop_when_solved``: the run ends when
   the first peer's greedy policy solves the task;
-* swarm-dense: the same swarm with uncompressed gossip (identity codec), for
-  the bytes comparison.
+* swarm-dense: the same swarm and seed with uncompressed gossip (identity codec,
+  step 1.0) for exactly as many env steps per peer as the compressed run took:
+  the bytes comparison is over the same length of run.
 
 Figures, per the issue: (a) time to solve with one host per peer, estimated as
 the largest per-peer process CPU time (the peers share this machine's cores, so
@@ -69,8 +70,10 @@ def isolated(seed: int, cfg: DQNConfig, max_steps: int, every: int, episodes: in
     return {"seed": seed, "solved": bool(solved_at), "steps": res.steps, "cpu_s": time.process_time() - cpu0}
 
 
-def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int, root: Path) -> dict:
-    sets = SWARM + extra + [f"seed={seed}", f"budget.env_steps={max_steps}", "budget.stop_when_solved=true",
+def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int, root: Path,
+          until_solved: bool = True) -> dict:
+    sets = SWARM + extra + [f"seed={seed}", f"budget.env_steps={max_steps}",
+                            f"budget.stop_when_solved={str(until_solved).lower()}",
                             f"eval.every={every}", f"eval.episodes={episodes}", f"eval.solve_return={SOLVE}"]
     log = io.StringIO()
     code = run_experiment(None, sets, runs_root=root, stream=log)
@@ -109,7 +112,8 @@ def main() -> None:
             sw.append(swarm(s, [], args.max_steps, args.eval_every, args.eval_episodes, Path(tmp) / f"ef{s}"))
             print(f"swarm    seed {s}: {sw[-1]}", flush=True)
             if not args.skip_dense:
-                dense.append(swarm(s, DENSE, args.max_steps, args.eval_every, args.eval_episodes, Path(tmp) / f"id{s}"))
+                dense.append(swarm(s, DENSE, max(sw[-1]["steps_per_peer"], spec.dqn.learning_starts + 1), args.eval_every, args.eval_episodes,
+                                   Path(tmp) / f"id{s}", until_solved=False))
                 print(f"dense    seed {s}: {dense[-1]}", flush=True)
 
     def mean(rows: list[dict], k: str) -> float:
