@@ -102,7 +102,8 @@ def main() -> None:
     cfg = DQNConfig()
     spec = load_spec(None, SWARM)
     print(f"isolated DQN settings: {to_dict(cfg)}")
-    print(f"swarm settings: {json.dumps({'gossip': to_dict(spec.gossip), 'buffer': to_dict(spec.buffer), 'dqn': to_dict(spec.dqn)})}")
+    swarm_settings = {k: to_dict(getattr(spec, k)) for k in ("gossip", "buffer", "dqn")}
+    print(f"swarm settings ({spec.peers} peers): {json.dumps(swarm_settings)}")
 
     iso, sw, dense = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench_learning-") as tmp:
@@ -112,8 +113,9 @@ def main() -> None:
             sw.append(swarm(s, [], args.max_steps, args.eval_every, args.eval_episodes, Path(tmp) / f"ef{s}"))
             print(f"swarm    seed {s}: {sw[-1]}", flush=True)
             if not args.skip_dense:
-                dense.append(swarm(s, DENSE, max(sw[-1]["steps_per_peer"], spec.dqn.learning_starts + 1), args.eval_every, args.eval_episodes,
-                                   Path(tmp) / f"id{s}", until_solved=False))
+                steps = max(sw[-1]["steps_per_peer"], spec.dqn.learning_starts + 1)
+                dense.append(swarm(s, DENSE, steps, args.eval_every, args.eval_episodes, Path(tmp) / f"id{s}",
+                                   until_solved=False))
                 print(f"dense    seed {s}: {dense[-1]}", flush=True)
 
     def mean(rows: list[dict], k: str) -> float:
@@ -122,7 +124,8 @@ def main() -> None:
     iso_cpu, iso_steps = mean(iso, "cpu_s"), mean(iso, "steps")
     sw_cpu, sw_peer, sw_total = mean(sw, "cpu_s"), mean(sw, "steps_per_peer"), mean(sw, "total_steps")
     print()
-    print(f"{'':<22} {'solved':>7} {'CPU s (max/peer)':>17} {'steps/peer':>11} {'steps total':>12} {'gossip MB/peer':>15}")
+    print(f"{'':<22} {'solved':>7} {'CPU s (max/peer)':>17} {'steps/peer':>11} {'steps total':>12} "
+          f"{'gossip MB/peer':>15}")
     print(f"{'isolated DQN':<22} {sum(r['solved'] for r in iso):>3}/{len(iso):<3} {iso_cpu:>17.1f} "
           f"{iso_steps:>11.0f} {iso_steps:>12.0f} {'-':>15}")
     for name, rows in (("swarm ef+topk:0.05", sw), ("swarm identity", dense)):

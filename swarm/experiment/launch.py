@@ -355,7 +355,8 @@ def _num(v: Any) -> float:
 def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, Any]]:
     """One row per peer from its ``summary.json`` (or its metrics.csv when it crashed)."""
     run_dir = Path(run_dir)
-    ranks = range(spec.peers) if spec else sorted(int(p.name[4:]) for p in run_dir.glob("peer*") if p.name[4:].isdigit())
+    ranks = (range(spec.peers) if spec
+             else sorted(int(p.name[4:]) for p in run_dir.glob("peer*") if p.name[4:].isdigit()))
     rows = []
     for r in ranks:
         d = peer_dir(run_dir, r)
