@@ -136,10 +136,10 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
     Returns the exit code: 0 when every peer finished, 1 when one failed (the
     others went on: the coordinator routes around it), 130 when interrupted.
     """
-    ray = _ray()
-    out = stream or sys.stderr
     if per_node < 1:
         raise ConfigError(f"--per-node must be >= 1, got {per_node}")
+    ray = _ray()
+    out = stream or sys.stderr
     load_spec(spec_path, overrides)  # a bad spec fails before a cluster is touched
     owns_ray = not ray.is_initialized()
     if owns_ray:
