@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 T_DELTA = wire.register_type("gsp_delta")
 T_FULL = wire.register_type("gsp_full")
 T_NACK = wire.register_type("gsp_nack")
+T_BOOT_REQ = wire.register_type("gsp_boot_req")
+T_BOOT = wire.register_type("gsp_boot")
 
 SYNC_MODES = ("lockstep", "bounded", "async")
 MODES = ("params", "pseudo_gradient")
@@ -112,6 +114,7 @@ class GossipStats:
     nacks_sent: int = 0
     full_sent: int = 0
     ignored_strangers: int = 0
+    boot_served: int = 0        # parameter slices sent to bootstrapping neighbours
 
 
 def _finite(a: np.ndarray) -> bool:
@@ -237,6 +240,11 @@ class Gossip:
         link.on(T_DELTA, self._on_message)
         link.on(T_FULL, self._on_message)
         link.on(T_NACK, self._on_nack)
+        link.on(T_BOOT_REQ, self._on_boot_req)
+        link.on(T_BOOT, self._on_boot)
+        self._boot: dict[int, tuple[int, int, asyncio.Future[np.ndarray]]] = {}
+        self._boot_nonce = 0
+        self._boot_round = 0
         link.on_view(self._on_view)
 
     # ------------------------------------------------------------ topology
@@ -364,6 +372,97 @@ class Gossip:
                 continue
             copy.ver, copy.round = ver, r
         return gaps
+
+    # ------------------------------------------------------------ bootstrap
+
+    async def _on_boot_req(self, msg: Message) -> None:
+        if self._view.index(msg.src) < 0:
+            self.stats.ignored_strangers += 1
+            return
+        lo, hi, nonce = msg.body.get("lo"), msg.body.get("hi"), msg.body.get("nonce")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi, nonce)) \
+                or not 0 <= lo < hi <= self.d:
+            self._reject(msg.src, "rejected_malformed", f"bootstrap request for [{lo}, {hi}) of {self.d}")
+            return
+        # a copy: x keeps training while the transport sends without copying
+        if await self.link.send(msg.src, T_BOOT, {"lo": lo, "hi": hi, "nonce": nonce, "r": self.t},
+                                [self.x[lo:hi].copy()], timeout=self.send_timeout):
+            self.stats.boot_served += 1
+
+    def _on_boot(self, msg: Message) -> None:
+        nonce = msg.body.get("nonce")
+        want = self._boot.get(nonce) if isinstance(nonce, int) else None
+        if want is None:
+            return
+        lo, hi, fut = want
+        a = msg.arrays[0].reshape(-1) if len(msg.arrays) == 1 else None
+        if (msg.body.get("lo"), msg.body.get("hi")) != (lo, hi) or a is None \
+                or a.dtype != np.float32 or a.size != hi - lo or not _finite(a):
+            self._reject(msg.src, "rejected_malformed", "bootstrap slice does not match the request")
+            return
+        r = msg.body.get("r")
+        if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
+            self._boot_round = max(self._boot_round, r)
+        if not fut.done():
+            fut.set_result(a.copy())
+
+    async def bootstrap(self, donors: int = 3, timeout: float = 5.0) -> list[str]:
+        """Take the parameters from neighbours instead of starting from scratch.
+
+        For a peer that joins a running swarm late or comes back after a crash:
+        the vector is cut into ``donors`` slices, each fetched from a different
+        neighbour (so no single neighbour pays for the whole transfer); a slice
+        whose donor does not answer is asked of the next one. On success ``x``
+        is replaced and the public copies are reset, so every receiver gets a
+        full state next round. Returns the donors that served, in slice order;
+        raises :class:`GossipError` (and leaves ``x`` alone) if a slice could not
+        be fetched within ``timeout`` seconds.
+        """
+        me, snd, rcv, _ = self._positions(self.t)
+        if me < 0:
+            raise GossipError("bootstrap: this peer is not in the current view")
+        near = list(dict.fromkeys(snd + rcv))
+        others = [m for m in self._view.ids if m != self.link.id and m not in near]
+        candidates = near + others
+        if not candidates:
+            return []
+        k = max(1, min(donors, len(candidates), self.d))
+        bounds = np.linspace(0, self.d, k + 1).astype(int)
+        deadline = time.monotonic() + timeout
+        loop = asyncio.get_running_loop()
+
+        async def fetch(i: int) -> tuple[str, np.ndarray]:
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            tries = 0
+            while True:
+                donor = candidates[(i + tries) % len(candidates)]
+                tries += 1
+                self._boot_nonce += 1
+                nonce = self._boot_nonce
+                fut: asyncio.Future[np.ndarray] = loop.create_future()
+                self._boot[nonce] = (lo, hi, fut)
+                try:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise GossipError(f"bootstrap: no neighbour sent values [{lo}, {hi}) in {timeout} s")
+                    if await self.link.send(donor, T_BOOT_REQ, {"lo": lo, "hi": hi, "nonce": nonce},
+                                            timeout=self.send_timeout):
+                        try:
+                            # one donor may not use the whole budget when others could answer
+                            per_try = left if len(candidates) == 1 else max(0.2, left / 2)
+                            return donor, await asyncio.wait_for(fut, per_try)
+                        except TimeoutError:
+                            pass
+                finally:
+                    del self._boot[nonce]
+
+        got = await asyncio.gather(*(fetch(i) for i in range(k)))
+        for i, (_, a) in enumerate(got):
+            self.x[bounds[i]:bounds[i + 1]] = a
+        self._out.clear()      # our old public copies are void: receivers get full states
+        self.reset_anchor()
+        self.t = max(self.t, self._boot_round)   # and we join the swarm's round, not round 0
+        return [d for d, _ in got]
 
     # ------------------------------------------------------------ a round
 
