@@ -71,3 +71,14 @@ def test_register_type():
         wire.register_type("")
     wire.register_type("test.custom")
     assert wire.decode(wire.encode("test.custom", "x")).t == "test.custom"
+
+
+def test_view_delta_round_trip():
+    from swarm.link import Member, View
+    a = View(3, (Member("a", "x", 0), Member("b", "y", 1), Member("c", "z", 2)))
+    b = View(4, (Member("a", "x", 0), Member("c", "z2", 2), Member("d", "w", 3)))
+    d = b.delta(a)
+    assert d["remove"] == ["b"] and [m[0] for m in d["add"]] == ["c", "d"]
+    assert a.apply(d) == b
+    with pytest.raises(ValueError, match="against epoch 3"):
+        View(2).apply(d)

@@ -112,6 +112,8 @@ class Coordinator:
         self.mode = "standby" if cfg.others else "active"
         self._others: dict[str, dict[str, Any]] = {}
         self._no_active_since = 0.0
+        self._last_publish = 0.0
+        self._published_at: dict[int, float] = {}
         self._http: StatusServer | None = None
         self._view_cache: tuple[Any, list[Any]] | None = None
         self.http_url = ""
@@ -216,11 +218,29 @@ class Coordinator:
 
     def _publish(self) -> None:
         self._dirty = False
+        base = self.table.view
         view = self.table.publish()
-        frames = self._view_frames()
+        self._last_publish = time.monotonic()
+        self._published_at[view.epoch] = self._last_publish
+        if len(self._published_at) > 4096:
+            for e in sorted(self._published_at)[:2048]:
+                del self._published_at[e]
+        full = self._view_frames()
+        # members that held the previous view get only the change (a few bytes instead
+        # of the whole list); those that joined since get the whole view
+        delta = wire.encode("view", self.name, epoch=view.epoch, body=view.delta(base)) if base.epoch else None
+        had = {m.id for m in base.members}
         for m in self.table.alive():
+            frames = delta if delta is not None and m.id in had else full
             tp.try_send(self._plain, [m.route] + frames)
         log.info("epoch %d: %d members", view.epoch, len(view.members))
+
+    def _publish_due(self, now: float) -> bool:
+        """Publish changes at once in a small swarm; a large one gets at most one view
+        per ~0.1 ms × members (0.1 s at 1,000), so a join storm is not a view storm."""
+        if not self._dirty or self.mode != "active" or now < self._grace_until:
+            return False
+        return now - self._last_publish >= min(0.1, 1e-4 * len(self.table.view.members))
 
     def _probe(self, pid: str, cause: str) -> None:
         m = self.table.get(pid)
@@ -253,7 +273,7 @@ class Coordinator:
             if self._router in events:
                 for frames in tp.drain(self._plain):
                     self._on_message(frames)
-            if self._dirty and self.mode == "active" and time.monotonic() >= self._grace_until:
+            if self._publish_due(time.monotonic()):
                 self._publish()
 
     def _on_monitor(self, frames: list[bytes]) -> None:
@@ -313,7 +333,11 @@ class Coordinator:
             stats = body.get("stats")
             if isinstance(stats, dict) and len(stats) <= 64:
                 rec.stats = stats
-            if msg.epoch < self.table.epoch and now >= self._grace_until:
+            if (msg.epoch < self.table.epoch and now >= self._grace_until and now - rec.view_sent > 0.25
+                    and now - self._published_at.get(msg.epoch + 1, 0.0) > 0.2):
+                # a lagging peer (it missed a delta, not a heartbeat that crossed the newest
+                # view on the wire): the full view, at most 4 times a second
+                rec.view_sent = now
                 tp.try_send(self._plain, [route] + self._view_frames())
             return
         if rec is None or rec.state == DEAD:
@@ -367,7 +391,7 @@ class Coordinator:
                         # probe again: libzmq drops the route of a closed connection
                         # a moment after reporting it, and then the send fails at once
                         self._probe(m.id, m.cause)
-            if self._dirty and now >= self._grace_until:
+            if self._publish_due(now):
                 self._publish()
             self.table.forget_dead()
 

@@ -42,6 +42,7 @@ class MemberRecord:
     died_at: float = 0.0
     cause: str = ""
     key: str = ""
+    view_sent: float = 0.0     # when a lagging heartbeat last got the full view
     stats: dict[str, Any] = field(default_factory=dict)
 
 

@@ -487,7 +487,13 @@ class Peer:
                 else:
                     log.error("%s", err)
             elif t == "view":
-                self._install(View.from_wire(body))
+                if "base" in body:
+                    # a delta: only against the view we hold; otherwise our next heartbeat
+                    # shows that we lag and the coordinator sends the full view
+                    if body["base"] == self._view.epoch:
+                        self._install(self._view.apply(body))
+                else:
+                    self._install(View.from_wire(body))
             elif t == "rejoin" and i == self._active:
                 # the coordinator restarted or declared us dead: join again, keep gossiping
                 if time.monotonic() - self._join_sent > 0.1:
