@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from ..rl.hparams import DQNConfig
 
 __all__ = [
-    "Spec", "GossipSpec", "BufferSpec", "BudgetSpec", "EvalSpec",
+    "Spec", "GossipSpec", "BufferSpec", "BudgetSpec", "EvalSpec", "CheckpointSpec",
     "DEFAULT_SPEC", "ALGORITHMS", "SYNC_MODES", "load_spec", "save_resolved",
 ]
 
@@ -113,6 +113,22 @@ class EvalSpec:
 
 
 @dataclass
+class CheckpointSpec:
+    """When each peer writes checkpoints (see swarm.experiment.checkpoint).
+
+    A full checkpoint holds parameters, optimizer state, counters, RNG states and
+    the replay buffer; an incremental one holds only what changed since the last
+    full one. A crash loses at most the env steps since the newest of either.
+    """
+
+    full_every_s: float = opt(300.0, "seconds between full checkpoints; 0: no timer", _nonneg, "must be >= 0")
+    full_every_steps: int = opt(0, "env steps between full checkpoints; 0: only the timer", _nonneg,
+                                "must be >= 0")
+    incremental_every_steps: int = opt(0, "env steps between incremental checkpoints (changes since the "
+                                          "last full one); 0: none", _nonneg, "must be >= 0")
+
+
+@dataclass
 class Spec:
     """A decentralized RL experiment: N peers training one algorithm on one env."""
 
@@ -127,6 +143,10 @@ class Spec:
     dqn: DQNConfig = field(default_factory=DQNConfig)
     budget: BudgetSpec = field(default_factory=BudgetSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    restart_dead: bool = opt(False, "swarm run restarts a peer that crashed (once per crash; it takes its old "
+                                    "rank, resumes from its checkpoint and bootstraps from its neighbours) "
+                                    "and a coordinator that died, on the same address")
 
     def peer_seed(self, rank: int) -> int:
         """The seed of the peer with this rank (distinct per peer, fixed per spec)."""
@@ -152,6 +172,11 @@ class Spec:
         if self.buffer.sharing and self.buffer.replicas >= self.peers:
             raise ConfigError(f"buffer.replicas = {self.buffer.replicas}: with peers = {self.peers} "
                               f"there are only {self.peers - 1} other peers to hold copies")
+        c = self.checkpoint
+        if c.incremental_every_steps and c.full_every_steps and c.incremental_every_steps >= c.full_every_steps:
+            raise ConfigError(f"checkpoint.incremental_every_steps = {c.incremental_every_steps} is not below "
+                              f"checkpoint.full_every_steps = {c.full_every_steps}; every incremental one "
+                              "would coincide with a full one")
         if self.budget.stop_when_solved and self.eval.every == 0:
             raise ConfigError("budget.stop_when_solved = true needs eval.every > 0 to know when it is solved")
 

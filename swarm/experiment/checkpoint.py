@@ -1,0 +1,310 @@
+"""Periodic full and incremental checkpoints of one peer, and restoring from them.
+
+A peer's checkpoints live in ``peer{r}/ckpt/``::
+
+    full-000003/               a full checkpoint
+        state.pt               agent state_dict (Q and target nets, Adam moments, step
+                               counters, its numpy RNG), the flat float32 parameters,
+                               run counters (env steps, episodes, rounds, returns), torch RNG
+        buffer/                the replay buffer (swarm.buffer.persist snapshot)
+        manifest.json          what it holds and the digests of parameters and buffer
+    full-000003-inc-0002/      an incremental checkpoint against full-000003
+        state.pt               agent state without the Q-net (rebuilt from the parameters),
+                               ``params_xor``: the parameters' float32 bit patterns XOR those
+                               of the full checkpoint, counters, torch RNG
+        buffer/                rows written since the full one, every priority leaf, counters
+        manifest.json
+
+Each incremental one is taken against the full one (not against the previous
+incremental), so restoring needs the full one and the newest incremental one.
+The parameter delta is a bitwise XOR rather than a float difference because
+``a + (b - a)`` is not always ``b`` in float32; the XOR restores the values bit
+for bit, and its mostly-zero high bits compress well.
+
+Everything is written into ``ckpt/.tmp-NAME`` and renamed to ``ckpt/NAME`` once
+complete (the manifest is written last), so a crash never leaves half a
+checkpoint under a name that :func:`latest` picks. A full checkpoint's buffer
+is written on a background thread (sampling waits at most one chunk copy); it
+is committed at a later step once the write is done, and only then are the
+older full checkpoints and their incremental ones deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import ConfigError, ReplayError
+
+log = logging.getLogger("swarm.experiment")
+
+__all__ = ["Checkpointer", "Restored", "latest", "load_checkpoint", "state_digest"]
+
+_FULL = re.compile(r"^full-(\d{6})$")
+_INC = re.compile(r"^full-(\d{6})-inc-(\d{4})$")
+
+
+def _hash(a: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).hexdigest()
+
+
+def state_digest(params: np.ndarray, buf: Any) -> dict[str, Any]:
+    """Digests of the parameters and of every buffer column: equal digests, equal state."""
+    from ..buffer.persist import digest  # noqa: PLC0415
+
+    return {"params": _hash(params), "buffer": digest(buf)}
+
+
+def _torch_rng() -> Any:
+    import torch  # noqa: PLC0415
+
+    return torch.get_rng_state()
+
+
+class Checkpointer:
+    """Takes a peer's checkpoints when they are due (call :meth:`step` after every env step).
+
+    Args:
+        root: the peer's ``ckpt`` folder.
+        agent: the agent (``state_dict``, ``load_state_dict``, ``parameters()``).
+        buf: its replay buffer.
+        counters: returns the run counters to save (must include ``env_steps``).
+        full_every_s, full_every_steps, incremental_every_steps: the cadence
+            (see :class:`~swarm.experiment.spec.CheckpointSpec`).
+    """
+
+    def __init__(self, root: str | Path, agent: Any, buf: Any, counters: Callable[[], dict[str, Any]], *,
+                 full_every_s: float = 0.0, full_every_steps: int = 0, incremental_every_steps: int = 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.agent, self.buf, self.counters = agent, buf, counters
+        self.full_every_s, self.full_every_steps = full_every_s, full_every_steps
+        self.incremental_every_steps = incremental_every_steps
+        self.clock = clock
+        self.written: list[str] = []          # names committed by this process, in order
+        names = [m for m in (_FULL.match(p.name) for p in self.root.iterdir()) if m]
+        self._n = max((int(m.group(1)) for m in names), default=0)   # numbers go on across restarts
+        self._base: tuple[str, np.ndarray, int] | None = None   # committed full: name, params, buffer next
+        self._pending: tuple[str, Path, Any, np.ndarray, int, dict[str, Any]] | None = None
+        self._inc = 0
+        self._last_full_t = clock()
+        self._last_full_step = self._last_inc_step = None
+
+    # ------------------------------------------------------------- cadence
+    def step(self, env_steps: int) -> str | None:
+        """Commit a finished full checkpoint, or start the one that is due; returns a name committed."""
+        done = self._poll()
+        if self._pending is not None:
+            return done  # one full checkpoint at a time; no increments against an uncommitted base
+        if self._last_full_step is None:
+            self._last_full_step = self._last_inc_step = env_steps
+        due_full = ((self.full_every_steps and env_steps - self._last_full_step >= self.full_every_steps)
+                    or (self.full_every_s and self.clock() - self._last_full_t >= self.full_every_s))
+        if due_full:
+            self.full(background=True)
+            return self._poll() or done
+        if (self.incremental_every_steps and env_steps - self._last_inc_step >= self.incremental_every_steps):
+            return self.incremental() or done
+        return done
+
+    # ------------------------------------------------------------- writing
+    def full(self, background: bool = True) -> str | None:
+        """Start a full checkpoint; with ``background=False`` wait for it and return its name."""
+        import torch  # noqa: PLC0415
+
+        if self._pending is not None:
+            self._wait_pending()
+        c = self.counters()
+        self._last_full_t, self._last_full_step, self._last_inc_step = self.clock(), c["env_steps"], c["env_steps"]
+        self._n += 1
+        name = f"full-{self._n:06d}"
+        tmp = self._tmp(name)
+        params = self.agent.parameters().copy()
+        torch.save({"kind": "full", "agent": self.agent.state_dict(), "params": torch.from_numpy(params),
+                    "counters": c, "torch_rng": _torch_rng()}, tmp / "state.pt")
+        # Digest and snapshot start under one hold of the buffer's (reentrant) lock, so
+        # that the digest describes exactly what the snapshot writes.
+        with self.buf._lock:
+            dig = state_digest(params, self.buf)
+            nxt = self.buf.total_added
+            snap = self.buf.save(tmp / "buffer", background=True)
+        self._pending = (name, tmp, snap, params, nxt, {"counters": c, "digest": dig})
+        if not background:
+            return self._wait_pending()
+        return None
+
+    def incremental(self) -> str | None:
+        """Write an incremental checkpoint against the committed full one (or a full one if none)."""
+        import torch  # noqa: PLC0415
+
+        from ..buffer.persist import save_incremental  # noqa: PLC0415
+
+        if self._pending is not None:
+            self._wait_pending()
+        if self._base is None or self.buf.total_added - self._base[2] > self.buf.capacity:
+            return self.full(background=False)  # nothing to take a delta against, or every row changed
+        base_name, base_params, since = self._base
+        c = self.counters()
+        self._last_inc_step = c["env_steps"]
+        self._inc += 1
+        name = f"{base_name}-inc-{self._inc:04d}"
+        tmp = self._tmp(name)
+        params = self.agent.parameters().copy()
+        state = self.agent.state_dict()
+        state.pop("q")  # the Q-net's weights are the parameter vector, saved as a delta below
+        xor = np.bitwise_xor(params.view(np.uint32), base_params.view(np.uint32))
+        torch.save({"kind": "incremental", "base": base_name, "agent": state,
+                    "params_xor": torch.from_numpy(xor.view(np.int32)), "counters": c,
+                    "torch_rng": _torch_rng()}, tmp / "state.pt")
+        with self.buf._lock:
+            dig = state_digest(params, self.buf)
+            rows = save_incremental(self.buf, tmp / "buffer", since)
+        self._commit(name, tmp, {"counters": c, "digest": dig, "base": base_name, "rows": rows})
+        return name
+
+    def close(self) -> str | None:
+        """Finish a full checkpoint in flight, then write a final full one (synchronously)."""
+        if self._pending is not None:
+            self._wait_pending()
+        return self.full(background=False)
+
+    # ------------------------------------------------------------- plumbing
+    def _tmp(self, name: str) -> Path:
+        tmp = self.root / f".tmp-{name}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        return tmp
+
+    def _poll(self) -> str | None:
+        if self._pending is not None and self._pending[2].done:
+            return self._wait_pending()
+        return None
+
+    def _wait_pending(self) -> str:
+        name, tmp, snap, params, nxt, info = self._pending
+        self._pending = None
+        snap.wait()
+        self._commit(name, tmp, {**info, "base": None})
+        self._base = (name, params, nxt)
+        self._inc = 0
+        # Only now is the new full one safe: drop the older ones and their increments.
+        for p in self.root.iterdir():
+            m = _FULL.match(p.name) or _INC.match(p.name)
+            if m and int(m.group(1)) < self._n:
+                shutil.rmtree(p, ignore_errors=True)
+        return name
+
+    def _commit(self, name: str, tmp: Path, info: dict[str, Any]) -> None:
+        manifest = {"name": name, "kind": "incremental" if info.get("base") else "full",
+                    "written_at": time.time(), **info}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        _fsync_dir(tmp)
+        os.replace(tmp, self.root / name)
+        _fsync_dir(self.root)
+        self.written.append(name)
+        log.info("checkpoint %s at %s env steps", name, info["counters"].get("env_steps"))
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------- restoring
+
+def latest(root: str | Path) -> Path | None:
+    """The newest committed checkpoint under ``root`` (a ``ckpt`` folder), or None."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    best: tuple[int, int] | None = None
+    found = None
+    for p in root.iterdir():
+        m = _FULL.match(p.name) or _INC.match(p.name)
+        if not m or not (p / "manifest.json").is_file():
+            continue
+        key = (int(m.group(1)), int(m.group(2)) if m.re is _INC else 0)
+        if best is None or key > best:
+            best, found = key, p
+    return found
+
+
+@dataclass
+class Restored:
+    """A checkpoint read back: apply it to a fresh agent built over ``buffer``."""
+
+    path: Path
+    manifest: dict[str, Any]
+    buffer: Any
+    params: np.ndarray
+    agent_state: dict[str, Any]
+    counters: dict[str, Any]
+    torch_rng: Any
+
+    def apply(self, agent: Any) -> None:
+        """Load parameters, nets, optimizer, step counters and RNGs into ``agent`` (built over ``buffer``)."""
+        import torch  # noqa: PLC0415
+
+        x = agent.parameters()
+        if x.shape != self.params.shape:
+            raise ConfigError(f"checkpoint {self.path}: {self.params.size} parameters, the agent has {x.size}")
+        state = dict(self.agent_state)
+        if "q" not in state:
+            np.copyto(x, self.params)
+            state["q"] = agent.q.state_dict()   # the Q-net lives in x: copy it onto itself
+        agent.load_state_dict(state)
+        np.copyto(x, self.params)
+        agent.on_parameters_changed()
+        if self.torch_rng is not None:
+            torch.set_rng_state(self.torch_rng)
+
+
+def load_checkpoint(path: str | Path) -> Restored:
+    """Read a checkpoint folder (full, or incremental with its full one beside it)."""
+    import torch  # noqa: PLC0415
+
+    from ..buffer import ReplayBuffer  # noqa: PLC0415
+    from ..buffer.persist import load_incremental  # noqa: PLC0415
+
+    path = Path(path)
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        st = torch.load(path / "state.pt", weights_only=False)  # our own file: RNG states, not just tensors
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"checkpoint {path} cannot be read: {e}") from None
+    try:
+        if st["kind"] == "full":
+            buf = ReplayBuffer.load(path / "buffer")
+            params = st["params"].numpy().copy()
+        else:
+            base = path.parent / st["base"]
+            try:
+                full = torch.load(base / "state.pt", weights_only=False)
+            except OSError as e:
+                raise ConfigError(f"checkpoint {path}: its full checkpoint {base} cannot be read: {e}") from None
+            buf = load_incremental(ReplayBuffer.load(base / "buffer"), path / "buffer")
+            bits = np.bitwise_xor(full["params"].numpy().view(np.uint32), st["params_xor"].numpy().view(np.uint32))
+            params = bits.view(np.float32).copy()
+    except ReplayError as e:
+        raise ConfigError(f"checkpoint {path}: replay buffer: {e}") from None
+    return Restored(path, manifest, buf, params, st["agent"], dict(st["counters"]), st.get("torch_rng"))
