@@ -15,11 +15,25 @@ It writes into ``DIR/peer{R}/``:
 ``rounds.csv``    one row per gossip round (participants, bytes, wait, disagreement)
 ``evals.csv``     greedy evaluations (when ``eval.every`` > 0)
 ``tb/``           TensorBoard event files (when tensorboard is installed)
-``checkpoint.pt`` ``{"agent": state_dict, "params": flat float32 tensor, ...}``
+``ckpt/``         full and incremental checkpoints (see :mod:`swarm.experiment.checkpoint`)
+``checkpoint.pt`` ``{"agent": state_dict, "params": flat float32 tensor, ...}`` at the end
+``resumed.json``  on a resume: the checkpoint used and the digest of the state restored
+``acked.bin``     with ``buffer.replicas`` > 0: int64 sequence numbers of this peer's items
+                  that neighbours acknowledged (appended each round; may repeat)
+``ids.json``      with ``buffer.replicas`` > 0, at the end: ids of every item held
 ``summary.json``  final figures, read by the launcher's summary table
 
 SIGTERM or SIGINT ends the current step, writes all of the above and leaves
-the swarm cleanly.
+the swarm cleanly. SIGKILL loses the env steps since the last checkpoint.
+
+A peer that joins a swarm already training bootstraps its parameters from its
+neighbours (:meth:`swarm.gossip.Gossip.bootstrap`) before its first step: when
+the coordinator's member table shows another member more than
+``gossip.interval`` env steps ahead of this peer (a late joiner, a restarted
+peer, a resume from a checkpoint older than the neighbours'), or, when the table
+cannot be read, when this peer replaces a dead member or resumes. A fresh run
+whose peers all start together does not bootstrap, nor does a whole swarm
+resumed from one set of checkpoints.
 """
 
 from __future__ import annotations
@@ -40,7 +54,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..config import to_dict
-from ..errors import ConfigError, PeerTimeout
+from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
+from .checkpoint import Checkpointer, latest, load_checkpoint, state_digest
 from .spec import Spec
 
 log = logging.getLogger("swarm.experiment")
@@ -143,6 +158,22 @@ def _finite(x: float) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
+def _should_bootstrap(coordinator: str, peer_config: Any, me: str, own_steps: int, margin: int,
+                      fallback: bool) -> bool:
+    """Whether another member is more than ``margin`` env steps ahead (see the module doc)."""
+    from ..cli import query_status  # noqa: PLC0415 - the status client; cli imports us lazily too
+
+    keys = getattr(peer_config, "keys_dir", "") or ""
+    key_name = getattr(peer_config, "key_name", "peer") or "peer"
+    try:
+        st = asyncio.run(query_status(coordinator, timeout=2.0, keys_dir=keys, key_name=key_name))
+    except SwarmError:
+        return fallback
+    ahead = [int((m.get("stats") or {}).get("env_steps") or 0) for m in st.get("members", [])
+             if m.get("id") != me and m.get("state", "alive") != "dead"]
+    return any(s > own_steps + margin for s in ahead)
+
+
 def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
              stop: threading.Event | None = None,
              loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
@@ -162,9 +193,11 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             (the launcher died without ending us).
         join_timeout: how long to wait for all ``spec.peers`` peers to join.
         tensorboard: also write TensorBoard event files when tensorboard is installed.
-        resume_from: a previous run folder; the agent starts from its
-            ``peer{rank}/checkpoint.pt`` and trains for what is left of the budget
-            (the replay buffer starts empty: it is not checkpointed).
+        resume_from: a run folder (a previous one, or this one after a crash); the peer
+            starts from the newest checkpoint in its ``peer{rank}/ckpt/`` (parameters,
+            optimizer, replay buffer, counters, RNGs) and trains for what is left of
+            the budget; an older run with only ``peer{rank}/checkpoint.pt`` gives the
+            agent's state with an empty buffer.
         peer_config: a :class:`swarm.config.PeerConfig` with this host's peer settings
             (bind and advertised address, keys, timeouts); its coordinators, id, rank
             and topology are replaced by the arguments above. None: the defaults,
@@ -195,6 +228,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
     sp.start()
     logs: _Logs | None = None
     agent = None
+    ckpt: Checkpointer | None = None
     try:
         peer = sp.peer
         assert peer is not None
@@ -210,18 +244,46 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
         if n_actions is None:
             raise ConfigError(f"env = {spec.env!r}: its action space is not Discrete; DQN needs discrete actions")
         b = spec.buffer
-        buf = ReplayBuffer(dqn_schema(obs_shape), b.capacity, alpha=b.alpha, eps=b.eps, decay=b.decay,
-                           prioritized=b.prioritized, seed=seed, peer_id=peer.id)
+        restored = None
+        if resume_from is not None:
+            ref = latest(peer_dir(resume_from, rank) / "ckpt")
+            if ref is not None:
+                restored = load_checkpoint(ref)
+        if restored is not None:
+            buf = restored.buffer
+            if buf.peer_id != peer.id or buf.capacity != b.capacity:
+                raise ConfigError(f"resume: {restored.path} holds the buffer of {buf.peer_id} with capacity "
+                                  f"{buf.capacity}; this is {peer.id} with buffer.capacity = {b.capacity}")
+        else:
+            buf = ReplayBuffer(dqn_schema(obs_shape), b.capacity, alpha=b.alpha, eps=b.eps, decay=b.decay,
+                               prioritized=b.prioritized, seed=seed, peer_id=peer.id)
         agent = DQNAgent(obs_shape, int(n_actions), buf, spec.dqn, seed=seed)
         done_steps = 0
-        if resume_from is not None:
+        if restored is not None:
+            restored.apply(agent)
+            cnt = restored.counters
+            done_steps = int(cnt["env_steps"])
+            state.episodes, state.rounds = int(cnt.get("episodes", 0)), int(cnt.get("rounds", 0))
+            state.returns.extend(cnt.get("returns", []))
+            summary["resumed_from"] = str(restored.path)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "resumed.json").write_text(json.dumps(
+                {"checkpoint": str(restored.path), "env_steps": done_steps,
+                 "digest": state_digest(agent.parameters(), buf)}, indent=1) + "\n")
+            # Ids issued between that checkpoint and the crash may live at neighbours:
+            # new local items take numbers above any the dead process could have used.
+            from ..buffer.persist import resume_sequence  # noqa: PLC0415
+            resume_sequence(buf, (time.time_ns() // 1_000_000) << 16)
+        elif resume_from is not None:
             ck_path = peer_dir(resume_from, rank) / "checkpoint.pt"
             if not ck_path.is_file():
-                raise ConfigError(f"resume: {ck_path} does not exist; was peer{rank} part of that run?")
+                raise ConfigError(f"resume: {peer_dir(resume_from, rank)} has no checkpoint (ckpt/ or "
+                                  f"checkpoint.pt); was peer{rank} part of that run?")
             ck = torch.load(ck_path, weights_only=False)  # our own file: it holds RNG states, not just tensors
             agent.load_state_dict(ck["agent"])
             done_steps = int(ck.get("env_steps", 0))
             summary["resumed_from"] = str(ck_path)
+        state.env_steps = done_steps
         x = agent.parameters()
 
         async def build() -> tuple[Any, Any]:
@@ -236,13 +298,29 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             return gossip, fed
 
         gossip, fed = sp.call(build())
+        replacing = bool(getattr(peer_config, "replace", False))
+        if _should_bootstrap(coordinator, peer_config, peer.id, done_steps, g.interval,
+                             fallback=replacing or resume_from is not None):
+            try:
+                donors = sp.call(gossip.bootstrap(), timeout=15.0)
+            except (GossipError, PeerTimeout) as e:
+                log.warning("peer%d: bootstrap failed (%s); training on from its own parameters", rank, e)
+                summary["bootstrap"] = f"failed: {e}"
+            else:
+                agent.on_parameters_changed()
+                summary["bootstrap"] = donors
+                log.info("peer%d bootstrapped its parameters from %s", rank, donors)
         before = np.empty_like(x)
+        acked_log = out / "acked.bin" if fed is not None and b.replicas else None
+        acked_seen: set[int] = set()
 
-        async def exchange() -> tuple[Any, int]:
+        async def exchange() -> tuple[Any, int, list[tuple[str, int]]]:
             np.copyto(before, x)
             res = await gossip.round()
             shared = await fed.flush() if fed is not None else 0
-            return res, shared
+            # read on the peer's thread, which is where acknowledgements change the set
+            acked = fed.acknowledged() if acked_log is not None else []
+            return res, shared, acked
 
         def stats() -> dict[str, Any]:
             # Runs on the peer's thread at each heartbeat: plain reads, no locks needed.
@@ -254,16 +332,28 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
 
         peer.stats = stats
         logs = _Logs(out, tensorboard)
+        c = spec.checkpoint
+        ckpt = Checkpointer(out / "ckpt", agent, buf,
+                            lambda: {"env_steps": state.env_steps, "episodes": state.episodes,
+                                     "rounds": state.rounds, "returns": list(state.returns)},
+                            full_every_s=c.full_every_s, full_every_steps=c.full_every_steps,
+                            incremental_every_steps=c.incremental_every_steps)
         last_loss: list[float] = [float("nan")]
         reason = ["budget"]
         call_timeout = g.round_timeout_s + 10.0
 
         def gossip_round(step: int) -> None:
             try:
-                res, shared = sp.call(exchange(), timeout=call_timeout)
+                res, shared, acked = sp.call(exchange(), timeout=call_timeout)
             except PeerTimeout:
                 log.warning("peer%d: gossip round did not finish within %.0f s; skipped", rank, call_timeout)
                 return
+            if acked_log is not None:
+                new = np.array([s for _, s in acked if s not in acked_seen], dtype=np.int64)
+                if new.size:
+                    acked_seen.update(new.tolist())
+                    with open(acked_log, "ab") as f:
+                        f.write(new.tobytes())
             agent.on_parameters_changed()
             state.rounds += 1
             state.rounds_ok += int(res.ok)
@@ -308,6 +398,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                                     "train/q_mean": m.get("q_mean"), "buffer/size": state.buffer_size})
             if step % g.interval == 0:
                 gossip_round(step)
+            ckpt.step(step)
             ev = spec.eval
             if ev.every and step % ev.every == 0:
                 state.eval_return = float(np.mean(evaluate(spec.env, agent, episodes=ev.episodes,
@@ -352,6 +443,16 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             bytes_out=c.bytes_out if c else 0, bytes_in=c.bytes_in if c else 0,
             buffer_size=state.buffer_size, wall_s=time.monotonic() - t0, cpu_s=time.process_time() - cpu0)
         try:
+            if ckpt is not None:
+                try:
+                    summary["last_checkpoint"] = ckpt.close()
+                except (SwarmError, OSError) as e:
+                    log.error("peer%d: final checkpoint failed: %s", rank, e)
+            if agent is not None and agent.buffer is not None and spec.buffer.replicas:
+                held: dict[str, list[int]] = {}
+                for o, s in agent.buffer.ids():
+                    held.setdefault(o, []).append(s)
+                (out / "ids.json").write_text(json.dumps(held) + "\n")
             if agent is not None:
                 out.mkdir(parents=True, exist_ok=True)
                 torch.save({"agent": agent.state_dict(), "params": torch.from_numpy(agent.parameters().copy()),

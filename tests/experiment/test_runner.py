@@ -34,7 +34,9 @@ def test_budget_then_resume_continues_from_the_checkpoint(coordinator, tmp_path)
     second = run_peer(more, 0, coordinator, tmp_path / "b", tensorboard=False, join_timeout=10,
                       resume_from=tmp_path / "a")
     assert second["reason"] == "budget" and second["env_steps"] == 300
-    assert second["resumed_from"].endswith("peer0/checkpoint.pt")
+    # the final full checkpoint: agent, optimizer, buffer and counters
+    assert second["resumed_from"].endswith("peer0/ckpt/full-000001")
+    assert json.loads((tmp_path / "b" / "peer0" / "resumed.json").read_text())["env_steps"] == 200
     rows = list(csv.DictReader(open(tmp_path / "b" / "peer0" / "metrics.csv")))
     assert rows and all(200 < int(r["env_steps"]) <= 300 for r in rows)
     # alone in its ring: every round says so instead of pretending to average
@@ -62,6 +64,6 @@ def test_bad_rank_and_missing_checkpoint_are_clear_errors(coordinator, tmp_path)
     with pytest.raises(ConfigError, match="rank = 3"):
         run_peer(spec, 3, coordinator, tmp_path, tensorboard=False)
     assert not (tmp_path / "peer3").exists()
-    with pytest.raises(ConfigError, match="checkpoint.pt does not exist"):
+    with pytest.raises(ConfigError, match="has no checkpoint"):
         run_peer(spec, 0, coordinator, tmp_path / "c", tensorboard=False, join_timeout=10,
                  resume_from=tmp_path / "nothing-here")
