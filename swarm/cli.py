@@ -320,8 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
     q.add_argument("--spec", help="experiment spec (e.g. a run's config.json): train this peer's share of it")
     q.add_argument("--run-dir", help="with --spec: the run folder this peer writes into (peer{RANK}/)")
-    q.add_argument("--resume-from", metavar="RUN_DIR",
-                   help="with --spec: start from RUN_DIR/peer{RANK}/checkpoint.pt and train what is left of the budget")
+    q.add_argument("--resume", "--resume-from", dest="resume_from", metavar="RUN_DIR",
+                   help="with --spec: start from the newest checkpoint in RUN_DIR/peer{RANK}/ckpt/ "
+                        "(parameters, optimizer, buffer, counters) and train what is left of the budget")
     q.set_defaults(func=cmd_peer)
 
     s = sub.add_parser("status", help="show the member table and current view")
@@ -344,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run an experiment: a coordinator and N peers on this host")
     r.add_argument("spec", nargs="?", help="spec file (TOML or JSON); none runs the built-in default")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec value")
+    r.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a run from its checkpoints (its config.json is the spec; a new run folder)")
     r.set_defaults(func=cmd_run)
 
     la = sub.add_parser("launch", help="run an experiment on a cluster: `swarm launch --ray [ADDRESS] SPEC`")

@@ -13,9 +13,17 @@ Run folder::
     config.json         the resolved spec (loads back with load_spec)
     pids.json           the processes this run started
     logs/               coordinator.log, peer{r}.log
-    peer{r}/            metrics.csv, rounds.csv, evals.csv, tb/, checkpoint.pt, summary.json
+    peer{r}/            metrics.csv, rounds.csv, evals.csv, tb/, ckpt/, checkpoint.pt, summary.json
     plots/              returns.png, bytes_per_round.png, consensus.png
-    summary.json        the summary table as JSON
+    summary.json        the summary table as JSON (each row with ``restarts``)
+    restarts.json       with ``restart_dead``: restarts per process, coordinator included
+
+With ``restart_dead = true`` in the spec, a peer that crashes is started again
+(once per crash) as soon as the coordinator has declared it dead: with
+``--replace peer{r}`` it takes its old rank, resumes from its newest checkpoint
+in this run folder and bootstraps its parameters from its neighbours. A
+coordinator that dies is started again on the same address; the peers
+re-register with it.
 """
 
 from __future__ import annotations
@@ -86,6 +94,7 @@ class Launch:
 
     run_dir: Path
     children: list[_Child] = field(default_factory=list)
+    restarts: dict[str, int] = field(default_factory=dict)
     _logs: list[TextIO] = field(default_factory=list)
 
     def start(self, name: str, args: list[str]) -> _Child:
@@ -240,7 +249,10 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
         spec_path = prev / "config.json"
     spec = load_spec(spec_path, overrides)
     if prev is not None:
-        missing = [r for r in range(spec.peers) if not (peer_dir(prev, r) / "checkpoint.pt").is_file()]
+        from .checkpoint import latest  # noqa: PLC0415 - needs no torch, but keep import cost off `swarm run -h`
+
+        missing = [r for r in range(spec.peers) if not (peer_dir(prev, r) / "checkpoint.pt").is_file()
+                   and latest(peer_dir(prev, r) / "ckpt") is None]
         if missing:
             raise ConfigError(f"resume: {prev} has no checkpoint for peer(s) {missing}; "
                               f"peers = {spec.peers} must match that run")
@@ -258,8 +270,7 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
             coord = launch.start("coordinator", ["coordinator", "--bind", addr])
             _wait_coordinator(launch, coord, addr)
             again = ["--resume-from", str(prev)] if prev is not None else []
-            peers = [launch.start(f"peer{r}", ["peer", "--spec", str(config), "--rank", str(r),
-                                                "--coordinator", addr, "--run-dir", str(run_dir), *again])
+            peers = [launch.start(f"peer{r}", _peer_args(config, r, addr, run_dir) + again)
                      for r in range(spec.peers)]
             code = _supervise(launch, spec, coord, peers, addr, progress, intr, out)
         finally:
@@ -269,6 +280,10 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
             launch.close()
 
     rows = summarize(run_dir, spec)
+    for row in rows:
+        row["restarts"] = launch.restarts.get(row.get("id", ""), 0)
+    if spec.restart_dead:
+        (run_dir / "restarts.json").write_text(json.dumps(launch.restarts, indent=1) + "\n")
     (run_dir / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(_table(rows), file=out)
     try:
@@ -281,20 +296,72 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
     return code
 
 
+def _peer_args(config: Path, rank: int, addr: str, run_dir: Path) -> list[str]:
+    return ["peer", "--spec", str(config), "--rank", str(rank), "--coordinator", addr, "--run-dir", str(run_dir)]
+
+
+#: restarts per peer before `swarm run` lets it stay dead (a peer that crashes at once would loop)
+MAX_RESTARTS = 20
+#: how long a crashed peer's restart waits for the coordinator to declare it dead
+RESTART_WAIT_S = 30.0
+
+
+def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], addr: str,
+                     pending: dict[int, float], out: TextIO) -> _Child:
+    """restart_dead: start a dead coordinator again at once, and each crashed peer once the
+    coordinator lets its id be taken over. Returns the (possibly new) coordinator."""
+    now = time.monotonic()
+    if coord.proc.poll() not in (None, 0) and not coord.ended_by_us:
+        launch.restarts["coordinator"] = launch.restarts.get("coordinator", 0) + 1
+        print(f"swarm run: coordinator exited with {coord.proc.returncode}; starting it again on {addr}",
+              file=out, flush=True)
+        coord = launch.start("coordinator", ["coordinator", "--bind", addr])
+    for r, c in enumerate(peers):
+        if (r not in pending and c.proc.poll() not in (None, 0) and not c.ended_by_us
+                and launch.restarts.get(f"peer{r}", 0) < MAX_RESTARTS):
+            print(f"swarm run: peer{r} exited with {c.proc.returncode}; restarting it once the coordinator "
+                  "has declared it dead", file=out, flush=True)
+            pending[r] = now
+    if not pending:
+        return coord
+    st = _status(addr)
+    members = {m["id"]: m for m in (st or {}).get("members", [])}
+    for r in list(pending):
+        m = members.get(f"peer{r}")
+        if st is None or (m is not None and m.get("state") != "dead" and now - pending[r] < RESTART_WAIT_S):
+            continue  # the coordinator is down, or still holds the old process as a live member
+        del pending[r]
+        name = f"peer{r}"
+        launch.restarts[name] = launch.restarts.get(name, 0) + 1
+        # A member the coordinator knows is taken over (same rank); after a coordinator
+        # restart the id is unknown to it and a plain join with the same rank does.
+        extra = ["--replace", name] if m is not None else []
+        from .checkpoint import latest  # noqa: PLC0415
+
+        if latest(peer_dir(launch.run_dir, r) / "ckpt") is not None:
+            extra += ["--resume-from", str(launch.run_dir)]   # else it died before its first checkpoint
+        config = launch.run_dir / "config.json"
+        peers[r] = launch.start(name, _peer_args(config, r, addr, launch.run_dir) + extra)
+    return coord
+
+
 def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], addr: str,
                progress: _Progress, intr: _Interrupt, out: TextIO) -> int:
     t0 = time.monotonic()
     limit = spec.budget.max_seconds
     stopping = False
+    pending: dict[int, float] = {}   # rank -> when its crash was seen (restart_dead)
     while True:
         if intr.count:
             progress.done()
             print("swarm run: interrupted; ending the peers (they write their metrics first)", file=out, flush=True)
             launch.end([c for c in peers], grace=2.0 if intr.count > 1 else TERM_GRACE_S)
             return 130
+        if spec.restart_dead and not stopping:
+            coord = _restart_crashed(launch, spec, coord, peers, addr, pending, out)
         for c in [coord, *peers]:
             rc = c.proc.poll()
-            if rc is not None and rc != 0 and not c.ended_by_us:
+            if rc is not None and rc != 0 and not c.ended_by_us and not spec.restart_dead:
                 progress.done()
                 how = f"signal {-rc}" if rc < 0 else f"code {rc}"
                 print(f"swarm run: {c.name} (pid {c.proc.pid}) exited with {how}; last lines of {c.log}:\n"
@@ -302,7 +369,7 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
                 print("swarm run: ending the other processes", file=out, flush=True)
                 launch.end([p for p in peers if p is not c], grace=5.0)
                 return 1
-        alive = sum(p.proc.poll() is None for p in peers)
+        alive = sum(p.proc.poll() is None for p in peers) + len(pending)
         if spec.budget.stop_when_solved and not stopping and alive < len(peers) and _solved(launch.run_dir, peers):
             # One peer's greedy policy solved the task: the swarm has its model.
             stopping = True

@@ -96,3 +96,51 @@ def test_a_half_written_checkpoint_is_never_picked(tmp_path):
     assert latest(tmp_path / "ckpt").name == first
     with pytest.raises(ConfigError, match="cannot be read"):
         load_checkpoint(tmp_path / "ckpt" / "full-000009")
+
+
+KILL = ["peers=1", "budget.env_steps=1000000", "dqn.learning_starts=50", "dqn.batch_size=16", "dqn.hidden=[32]",
+        "eval.every=0", "gossip.codec=identity", "gossip.step_size=1.0", "buffer.capacity=3000",
+        "checkpoint.full_every_s=0", "checkpoint.full_every_steps=600", "checkpoint.incremental_every_steps=150"]
+
+
+def test_sigkill_then_resume_restores_parameters_and_buffer_bit_for_bit(procs, tmp_path):
+    from swarm.experiment.spec import save_resolved
+
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, name="coordinator")
+    wait_for(lambda: status(addr, 0.5), timeout=15, what="coordinator")
+    spec = load_spec(None, KILL)
+    cfg = save_resolved(spec, tmp_path / "spec.json")
+    run = tmp_path / "run"
+    p = procs.start("peer", "--spec", str(cfg), "--rank", "0", "--coordinator", addr, "--run-dir", str(run),
+                    name="peer0")
+    ckpt = run / "peer0" / "ckpt"
+
+    def two_increments_past_a_full_one():
+        newest = latest(ckpt)
+        return newest is not None and "full-000002-inc-0002" <= newest.name
+
+    wait_for(two_increments_past_a_full_one, timeout=90, what="an incremental checkpoint after the second full one")
+    p.send_signal(signal.SIGKILL)
+    p.wait(10)
+    newest = latest(ckpt)
+    manifest = json.loads((newest / "manifest.json").read_text())
+    assert manifest["kind"] == "incremental"
+    assert not (run / "peer0" / "checkpoint.pt").exists()     # it never reached its clean exit
+
+    # The files alone give back the state the process hashed when it took the checkpoint.
+    r = load_checkpoint(newest)
+    assert state_digest(r.params, r.buffer) == manifest["digest"]
+    assert r.buffer.total_added == manifest["counters"]["env_steps"]   # one transition per env step
+
+    # Resume in this process once the coordinator has declared the killed peer dead.
+    wait_for(lambda: any(m["id"] == "peer0" and m["state"] == "dead" for m in status(addr, 0.5)["members"]),
+             timeout=20, what="peer0 declared dead")
+    steps = manifest["counters"]["env_steps"]
+    more = load_spec(None, KILL[:1] + [f"budget.env_steps={steps + 60}"] + KILL[2:])
+    s = run_peer(more, 0, addr, run, tensorboard=False, join_timeout=10, resume_from=run)
+    assert s["resumed_from"] == str(newest) and s["env_steps"] == steps + 60
+    resumed = json.loads((run / "peer0" / "resumed.json").read_text())
+    assert resumed["env_steps"] == steps
+    assert resumed["digest"] == manifest["digest"]            # parameters and every buffer column, exactly
+    assert "bootstrap" not in s                                 # alone: nobody to take parameters from
