@@ -94,8 +94,9 @@ def stop_on_signals() -> threading.Event:
 class _Logs:
     """The peer's CSV files and (optionally) TensorBoard writer."""
 
-    def __init__(self, out: Path, tensorboard: bool = True) -> None:
+    def __init__(self, out: Path, tensorboard: bool = True, append: bool = False) -> None:
         out.mkdir(parents=True, exist_ok=True)
+        self._append = append   # a peer resumed into its own folder continues its files
         self._files = []
         self.episodes = self._csv(out / "metrics.csv", EPISODE_FIELDS)
         self.rounds = self._csv(out / "rounds.csv", ROUND_FIELDS)
@@ -110,10 +111,12 @@ class _Logs:
                 self.tb = SummaryWriter(str(out / "tb"), flush_secs=10)
 
     def _csv(self, path: Path, fields: list[str]) -> csv.DictWriter:
-        f = open(path, "w", newline="")
+        fresh = not (self._append and path.is_file() and path.stat().st_size > 0)
+        f = open(path, "w" if fresh else "a", newline="")
         self._files.append(f)
         w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
+        if fresh:
+            w.writeheader()
         return w
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
@@ -331,7 +334,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                     "buffer_size": state.buffer_size, "budget": spec.budget.env_steps, "done": state.done}
 
         peer.stats = stats
-        logs = _Logs(out, tensorboard)
+        logs = _Logs(out, tensorboard, append=resume_from is not None
+                     and Path(resume_from).resolve() == Path(run_dir).resolve())
         c = spec.checkpoint
         ckpt = Checkpointer(out / "ckpt", agent, buf,
                             lambda: {"env_steps": state.env_steps, "episodes": state.episodes,

@@ -1,0 +1,275 @@
+"""Chaos run: a `swarm run` of 6 peers while a schedule kills, freezes and restarts peers and the coordinator.
+
+    python scripts/chaos.py --duration 180          # then a fault-free run of the same spec and seed
+
+The run uses ``restart_dead = true`` (the launcher restarts a crashed peer with
+``--replace``: it resumes from its checkpoint and bootstraps from its
+neighbours; a dead coordinator is started again on the same address), buffer
+replication to one neighbour (``buffer.replicas = 1``) and frequent
+checkpoints. Faults, one every ``--every`` seconds after a warm-up:
+
+``kill``         SIGKILL a random peer (the launcher restarts it)
+``freeze``       SIGSTOP a random peer for ``--freeze`` seconds, then SIGCONT
+``coordinator``  SIGKILL the coordinator (the launcher starts a fresh one)
+
+Report:
+
+faults          faults injected, by kind
+survived        faults after which the other peers' env steps kept increasing (within 15 s)
+steps_lost      env steps a killed peer had done minus the steps its checkpoint kept (sum)
+samples_lost    acknowledged replay items (acked.bin) held by no peer at the end (target 0);
+                the buffers are sized so that nothing is evicted
+return_ratio_vs_clean  mean final return (last 10 episodes, over peers) / the fault-free run's
+nan_params      peers whose final parameters hold NaN or Inf (target 0)
+rss_growth      largest relative RSS growth of a process alive from minute 1 to the end (target <= 0.05)
+
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def spec_overrides(peers: int, seed: int, seconds: float) -> list[str]:
+    return [f"peers={peers}", f"seed={seed}", "name=chaos", "restart_dead=true",
+            "buffer.replicas=1", "buffer.share=0", "buffer.capacity=200000",
+            "budget.env_steps=100000000", f"budget.max_seconds={seconds}", "eval.every=0",
+            "checkpoint.full_every_s=30", "checkpoint.incremental_every_steps=500"]
+
+
+def status(addr: str) -> dict | None:
+    from swarm.cli import query_status
+    from swarm.errors import SwarmError
+
+    try:
+        return asyncio.run(query_status(addr, timeout=1.0))
+    except SwarmError:
+        return None
+
+
+def steps_by_peer(st: dict | None) -> dict[str, int]:
+    out = {}
+    for m in (st or {}).get("members", []):
+        s = m.get("stats") or {}
+        if "env_steps" in s:
+            out[m["id"]] = int(s["env_steps"])
+    return out
+
+
+def rss_kb(pid: int) -> int | None:
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def start_run(root: Path, overrides: list[str]) -> tuple[subprocess.Popen, Path]:
+    args = [sys.executable, "-m", "swarm.cli", "run"]
+    for o in overrides:
+        args += ["--set", o]
+    before = set(root.glob("runs/chaos-*"))
+    log = open(root / f"swarm-run-{len(before)}.log", "w")
+    p = subprocess.Popen(args, cwd=root, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        new = [d for d in root.glob("runs/chaos-*") if d not in before and (d / "pids.json").is_file()]
+        if new:
+            return p, new[0]
+        if p.poll() is not None:
+            raise SystemExit(f"swarm run exited with {p.returncode}; see {log.name}")
+        time.sleep(0.2)
+    p.kill()
+    p.wait()
+    raise SystemExit("swarm run made no run folder within 60 s")
+
+
+def children(run: Path) -> dict[str, int]:
+    try:
+        return json.loads((run / "pids.json").read_text())["children"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def coordinator_addr(run: Path) -> str:
+    log = (run / "logs" / "coordinator.log")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for word in log.read_text(errors="replace").split() if log.exists() else []:
+            if word.startswith("tcp://127.0.0.1:"):
+                return word.rstrip(",")
+        time.sleep(0.2)
+    raise SystemExit("cannot find the coordinator's address in its log")
+
+
+def final_returns(run: Path) -> list[float]:
+    try:
+        rows = json.loads((run / "summary.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [r["final_mean_return"] for r in rows
+            if r.get("final_mean_return") is not None and math.isfinite(r["final_mean_return"])]
+
+
+def chaos(args: argparse.Namespace, root: Path) -> dict:
+    rng = random.Random(args.seed)
+    p, run = start_run(root, spec_overrides(args.peers, args.seed, args.duration))
+    addr = coordinator_addr(run)
+    print(f"chaos: run {run}, coordinator {addr}", flush=True)
+    t0 = time.monotonic()
+    faults: dict[str, int] = {"kill": 0, "freeze": 0, "coordinator": 0}
+    checks: list[tuple[float, str, dict[str, int]]] = []   # (when, victim, others' steps at the fault)
+    kills: list[tuple[str, int, float]] = []                # (peer, steps done at the kill, when)
+    rss0: dict[int, int] = {}
+    next_fault = t0 + args.warmup
+    end_faults = t0 + args.duration - 25
+    last_steps: dict[str, int] = {}
+    pending_checks: list = []
+    survived = 0
+    while p.poll() is None:
+        now = time.monotonic()
+        st = status(addr)
+        last_steps.update(steps_by_peer(st))
+        if not rss0 and now - t0 >= min(60.0, args.duration / 3):
+            rss0 = {pid: r for pid in children(run).values() if (r := rss_kb(pid))}
+        for chk in [k for k in pending_checks if now - k[0] >= 15.0]:
+            pending_checks.remove(chk)
+            _, victim, others = chk
+            if any(last_steps.get(k, 0) > v for k, v in others.items()):
+                survived += 1
+        if now >= next_fault and now < end_faults:
+            kind = rng.choice(["kill", "kill", "freeze", "coordinator"])
+            kids = children(run)
+            peers = sorted(k for k in kids if k.startswith("peer"))
+            victim = "coordinator" if kind == "coordinator" else rng.choice(peers)
+            pid = kids[victim]
+            others = {k: v for k, v in last_steps.items() if k != victim}
+            try:
+                if kind == "freeze":
+                    os.kill(pid, signal.SIGSTOP)
+                    time.sleep(args.freeze)
+                    os.kill(pid, signal.SIGCONT)
+                else:
+                    if kind == "kill":
+                        kills.append((victim, last_steps.get(victim, 0), time.time()))
+                    os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            faults[kind] += 1
+            checks.append((time.monotonic(), victim, others))
+            pending_checks.append(checks[-1])
+            print(f"chaos: {time.monotonic() - t0:5.0f} s  {kind:<11} {victim} (pid {pid})", flush=True)
+            next_fault = time.monotonic() + args.every
+        time.sleep(0.5)
+        if now - t0 > args.duration + 120:
+            p.send_signal(signal.SIGINT)
+            p.wait(60)
+    rss1 = {pid: r for pid in children(run).values() if (r := rss_kb(pid))}   # before the children left
+    return {"run": run, "faults": faults, "checks": checks, "kills": kills, "rss0": rss0, "rss1": rss1,
+            "last_steps": last_steps, "addr": addr, "survived": survived}
+
+
+def steps_lost(run: Path, kills: list) -> int:
+    lost = 0
+    for victim, done, when in kills:
+        # the restarted process wrote resumed.json (the newest one covers the newest kill only)
+        kept = None
+        rj = run / victim / "resumed.json"
+        if rj.exists() and rj.stat().st_mtime >= when:
+            kept = json.loads(rj.read_text())["env_steps"]
+        lost += max(0, done - (kept or 0)) if kept is not None else done
+    return lost
+
+
+def samples_lost(run: Path) -> tuple[int, int]:
+    acked: set[tuple[str, int]] = set()
+    held: set[tuple[str, int]] = set()
+    for d in run.glob("peer*"):
+        f = d / "acked.bin"
+        if f.exists():
+            acked.update((d.name, int(s)) for s in np.fromfile(f, dtype=np.int64))
+        g = d / "ids.json"
+        if g.exists():
+            for origin, seqs in json.loads(g.read_text()).items():
+                held.update((origin, int(s)) for s in seqs)
+    return len(acked - held), len(acked)
+
+
+def nan_params(run: Path) -> int:
+    import torch
+
+    bad = 0
+    for d in run.glob("peer*"):
+        f = d / "checkpoint.pt"
+        if f.exists():
+            x = torch.load(f, weights_only=False)["params"]
+            bad += int(not torch.isfinite(x).all())
+    return bad
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--duration", type=float, default=180.0, help="seconds of each run (default 180)")
+    ap.add_argument("--peers", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--every", type=float, default=15.0, help="seconds between faults")
+    ap.add_argument("--warmup", type=float, default=25.0, help="seconds before the first fault")
+    ap.add_argument("--freeze", type=float, default=3.0, help="seconds a frozen peer stays stopped")
+    ap.add_argument("--no-clean", action="store_true", help="skip the fault-free run")
+    ap.add_argument("--root", help="folder for the runs (default: a temporary one)")
+    args = ap.parse_args()
+    root = Path(args.root or tempfile.mkdtemp(prefix="swarm-chaos-"))
+    root.mkdir(parents=True, exist_ok=True)
+
+    c = chaos(args, root)
+    run = c["run"]
+    lost, acked = samples_lost(run)
+    growth = [(c["rss1"][pid] - r0) / r0 for pid, r0 in c["rss0"].items() if pid in c["rss1"]]
+    ret = final_returns(run)
+    restarts = json.loads((run / "restarts.json").read_text()) if (run / "restarts.json").exists() else {}
+    clean_ret: list[float] = []
+    if not args.no_clean:
+        cp, clean_run = start_run(root, spec_overrides(args.peers, args.seed, args.duration))
+        cp.wait()
+        clean_ret = final_returns(clean_run)
+    mean = float(np.mean(ret)) if ret else float("nan")
+    clean = float(np.mean(clean_ret)) if clean_ret else float("nan")
+    report = {
+        "faults": sum(c["faults"].values()), "faults_by_kind": c["faults"],
+        "survived": c["survived"], "restarts": restarts,
+        "steps_lost": steps_lost(run, c["kills"]),
+        "steps_total": sum(c["last_steps"].values()),
+        "samples_lost": lost, "samples_acked": acked,
+        "return": mean, "return_clean": clean,
+        "return_ratio_vs_clean": mean / clean if clean and math.isfinite(clean) else None,
+        "nan_params": nan_params(run),
+        "rss_growth": max(growth) if growth else None,
+        "duration_s": args.duration, "peers": args.peers, "run": str(run),
+    }
+    print(f"faults {report['faults']} {c['faults']}, survived {report['survived']}, restarts {restarts}")
+    print(f"steps lost {report['steps_lost']} of {report['steps_total']}; acknowledged samples lost "
+          f"{lost} of {acked}; return {mean:.1f} vs clean {clean:.1f}; NaN params {report['nan_params']}; "
+          f"RSS growth {report['rss_growth']}")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
