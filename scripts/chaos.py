@@ -139,6 +139,7 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
     checks: list[tuple[float, str, dict[str, int]]] = []   # (when, victim, others' steps at the fault)
     kills: list[tuple[str, int, float]] = []                # (peer, steps done at the kill, when)
     rss0: dict[int, int] = {}
+    rss1: dict[int, int] = {}
     next_fault = t0 + args.warmup
     end_faults = t0 + args.duration - 25
     last_steps: dict[str, int] = {}
@@ -155,6 +156,8 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
             _, victim, others = chk
             if any(last_steps.get(k, 0) > v for k, v in others.items()):
                 survived += 1
+        if rss0:   # the last reading while the children still run
+            rss1 = {pid: r for pid in children(run).values() if (r := rss_kb(pid))}
         if now >= next_fault and now < end_faults:
             kind = rng.choice(["kill", "kill", "freeze", "coordinator"])
             kids = children(run)
@@ -182,7 +185,6 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
         if now - t0 > args.duration + 120:
             p.send_signal(signal.SIGINT)
             p.wait(60)
-    rss1 = {pid: r for pid in children(run).values() if (r := rss_kb(pid))}   # before the children left
     return {"run": run, "faults": faults, "checks": checks, "kills": kills, "rss0": rss0, "rss1": rss1,
             "last_steps": last_steps, "addr": addr, "survived": survived}
 
