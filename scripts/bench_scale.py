@@ -274,12 +274,13 @@ json.dump(got, open(out, "w")); [s.close(0) for s in socks]; ctx.term()
 
 
 def bench_coordinator(members: int, workers: int, hz: float, churn: int, churn_s: float,
-                      quiet_s: float) -> dict:
+                      quiet_s: float, coord_set: list[str] = ()) -> dict:
     port = free_port()
     addr = f"tcp://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     tmp = tempfile.mkdtemp()
-    coord = subprocess.Popen([sys.executable, "-m", "swarm.cli", "coordinator", "--bind", addr],
+    coord = subprocess.Popen([sys.executable, "-m", "swarm.cli", "coordinator", "--bind", addr,
+                              *[x for kv in coord_set for x in ("--set", kv)]],
                              stdout=open(os.path.join(tmp, "coord.log"), "w"), stderr=subprocess.STDOUT,
                              env=env, cwd=ROOT)
     ctl = Controller(addr)
@@ -306,8 +307,13 @@ def bench_coordinator(members: int, workers: int, hz: float, churn: int, churn_s
                 break
             if time.monotonic() - t_start > 35:
                 # the coordinator could not hold this many members here: say so, measure nothing
+                causes: dict[str, int] = {}
+                for r in st.get("members", []):
+                    if r["state"] != "alive":
+                        causes[r["cause"]] = causes.get(r["cause"], 0) + 1
                 return {"members": per * workers, "formed": False, "alive": len(st["view"]["members"]),
-                        "epoch": st["epoch"], "cpu": cpu_s(coord.pid) / (time.monotonic() - t_start)}
+                        "epoch": st["epoch"], "cpu": cpu_s(coord.pid) / (time.monotonic() - t_start),
+                        "causes": causes}
             time.sleep(0.5)
         formed_s = time.monotonic() - t_start
         time.sleep(2.0)   # let the start-up views drain
@@ -479,6 +485,10 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4, help="processes simulating the members")
     ap.add_argument("--churn", type=int, default=20, help="membership changes to time")
     ap.add_argument("--churn-s", type=float, default=0.5, help="seconds between changes")
+    ap.add_argument("--coord-set", action="append", default=None, metavar="KEY=VALUE",
+                    help="coordinator settings for (a); default: ZMTP heartbeats at 1 s / 3 s, the "
+                         "large-swarm setting of docs/wire.md (the 0.1 s default is for fast freeze "
+                         "detection in small swarms and costs 10 pings/s per member)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b,c")
     # worker modes (internal)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -498,13 +508,17 @@ def main() -> None:
     print(f"bench_scale on {os.cpu_count()} cores", flush=True)
     if "a" not in skip:
         members = 200 if args.quick else args.members
+        coord_set = args.coord_set if args.coord_set is not None else [
+            "coordinator.zmtp_heartbeat_s=1.0", "coordinator.zmtp_timeout_s=3.0"]
         a = bench_coordinator(members, args.workers, 4.0, 6 if args.quick else args.churn, args.churn_s,
-                              3.0 if args.quick else 8.0)
+                              3.0 if args.quick else 8.0, coord_set)
+        out["coord_settings"] = coord_set
         if not a.get("formed", True):
             print(f"\n(a) coordinator, {a['members']} members: the view never held them all within 35 s "
                   f"({a['alive']} alive at epoch {a['epoch']}; coordinator at {a['cpu']:.0%} of a core): "
                   f"heartbeat timeouts and views of every change to every member feed each other")
             out.update(coord_members=a["members"], coord_formed=False, coord_alive=a["alive"],
+                       coord_death_causes=a.get("causes", {}),
                        view_p99_ms=None, coord_cpu=round(a["cpu"], 4), target_view_p99_met=False,
                        target_coord_cpu_met=False)
             a = None

@@ -113,6 +113,7 @@ class Coordinator:
         self._others: dict[str, dict[str, Any]] = {}
         self._no_active_since = 0.0
         self._last_publish = 0.0
+        self._forgot = 0.0
         self._published_at: dict[int, float] = {}
         self._http: StatusServer | None = None
         self._view_cache: tuple[Any, list[Any]] | None = None
@@ -270,11 +271,18 @@ class Coordinator:
             if self._monitor in events:
                 for frames in tp.drain(mon_plain):
                     self._on_monitor([f.bytes for f in frames])
+            n = 0
             if self._router in events:
                 for frames in tp.drain(self._plain):
                     self._on_message(frames)
+                    n += 1
             if self._publish_due(time.monotonic()):
                 self._publish()
+            if 0 < n < tp.DRAIN_BATCH and len(self.table.members) > 64:
+                # A large swarm's heartbeats trickle in one by one; a short pause lets
+                # them queue so one wake-up handles many (a few ms of latency for a
+                # several-fold cut in CPU at 1,000 members).
+                await asyncio.sleep(0.003)
 
     def _on_monitor(self, frames: list[bytes]) -> None:
         ev = parse_monitor_message(frames)
@@ -287,12 +295,12 @@ class Coordinator:
         try:
             route, msg = tp.decode_routed(frames, self.limits)
             self._key = tp.user_id(frames[-1]) if self._curve is not None else ""
-            self._handle(route, msg, tp.srcfd(frames[-1]))
+            self._handle(route, msg, frames[-1])
         except WireError as e:
             self.malformed += 1
             self._bad(frames[0].bytes if frames else b"?", e)
 
-    def _handle(self, route: bytes, msg: wire.Message, fd: int) -> None:
+    def _handle(self, route: bytes, msg: wire.Message, frame: zmq.Frame) -> None:
         t, body, src = msg.t, msg.body, msg.src
         now = time.monotonic()
         if t == "status":
@@ -313,7 +321,7 @@ class Coordinator:
             except MembershipError as e:
                 self._send(route, "refuse", {"reason": str(e)})
                 return
-            self._fds[fd] = src
+            self._fds[tp.srcfd(frame)] = src
             self._send(route, "welcome", {"rank": rec.rank, "epoch": self.table.epoch})
             if self.table.view.member(src) is not None and self.table.view.member(src).addr == addr:
                 tp.try_send(self._plain, [route] + self._view_frames())
@@ -326,8 +334,10 @@ class Coordinator:
             if rec is None or rec.state == DEAD or rec.incarnation != inc:
                 self._send(route, "rejoin", {})
                 return
-            rec.route, rec.last_heartbeat = route, now
-            self._fds[fd] = src
+            if route != rec.route:   # a new connection (the peer reconnected): map its fd
+                rec.route = route
+                self._fds[tp.srcfd(frame)] = src
+            rec.last_heartbeat = now
             if rec.state == SUSPECT:
                 rec.state, rec.cause = ALIVE, ""
             stats = body.get("stats")
@@ -393,7 +403,9 @@ class Coordinator:
                         self._probe(m.id, m.cause)
             if self._publish_due(now):
                 self._publish()
-            self.table.forget_dead()
+            if now - self._forgot > 1.0:
+                self._forgot = now
+                self.table.forget_dead()
 
     # ------------------------------------------------------------- status
 
