@@ -71,7 +71,9 @@ class PeerConfig:
     rank: int = opt(-1, "requested rank; -1 lets the coordinator pick", lambda r: r >= -1, "must be >= -1")
     replace: bool = opt(False, "take over the role (rank) of the dead member whose id this peer uses")
     topology: str = opt("ring", "neighbour topology for links: ring, grid, torus, exponential, full ...")
-    heartbeat_s: float = opt(0.05, "interval between heartbeats to the coordinator", _positive, "must be > 0")
+    heartbeat_s: float = opt(0.25, "interval between heartbeats to the coordinator (liveness comes from "
+                             "ZMTP heartbeats; these carry figures and refresh the route)", _positive,
+                             "must be > 0")
     join_timeout_s: float = opt(5.0, "deadline for the coordinator to answer a join", _positive, "must be > 0")
     link_heartbeat_s: float = opt(0.1, "ZMTP heartbeat interval on peer links (detects frozen neighbours)",
                                   _positive, "must be > 0")

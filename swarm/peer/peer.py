@@ -599,8 +599,10 @@ class Peer:
 
     async def _timer_loop(self) -> None:
         cfg = self.config
+        tick = min(0.05, cfg.heartbeat_s)   # joins and hellos are retried at this pace
+        last_hb = 0.0
         while True:
-            await asyncio.sleep(cfg.heartbeat_s)
+            await asyncio.sleep(tick)
             now = time.monotonic()
             waiting = self._welcome is not None and not self._welcome.done()
             if (waiting or self._rejoining) and now - self._rotated > self.config.coordinator_timeout_s:
@@ -611,6 +613,10 @@ class Peer:
                 continue
             if self._rejoining and now - self._join_sent > 0.25:
                 self._join()
+            self._resend_hellos(now)
+            if now - last_hb < cfg.heartbeat_s:
+                continue
+            last_hb = now
             body: dict[str, Any] = {"inc": self.incarnation, "linked": self._linked_epoch}
             c = self.counters
             body["stats"] = {"msgs_in": c.msgs_in, "msgs_out": c.msgs_out, "bytes_in": c.bytes_in,
@@ -622,10 +628,12 @@ class Peer:
                 except Exception:
                     log.exception("peer %s: stats callback failed", self.id)
             self._send_coord("heartbeat", body)
-            # neighbours that have not answered hello yet: say it again
-            for pid in list(self._pending_hello):
-                link = self._links.get(pid)
-                if link is not None and now - link.hello_sent > 0.1:
-                    link.hello_sent = now
-                    tp.try_send(link.plain, wire.encode("hello", self.id, epoch=self._view.epoch,
-                                                        body={"e": self._view.epoch}))
+
+    def _resend_hellos(self, now: float) -> None:
+        """Neighbours that have not answered hello yet: say it again."""
+        for pid in list(self._pending_hello):
+            link = self._links.get(pid)
+            if link is not None and now - link.hello_sent > 0.1:
+                link.hello_sent = now
+                tp.try_send(link.plain, wire.encode("hello", self.id, epoch=self._view.epoch,
+                                                    body={"e": self._view.epoch}))
