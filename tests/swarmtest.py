@@ -77,3 +77,30 @@ def wait_for(pred, timeout: float = 10.0, interval: float = 0.05, what: str = "c
             last = e
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+async def start_ticking_peers(ids: list[str], coordinators: list[str]):
+    """Start in-process Peers that count the "tick" messages they receive.
+
+    Returns (peers, counts); the caller closes the peers. Used to show that the
+    data path between peers goes on while coordinators die and come back.
+    """
+    import asyncio as _asyncio
+
+    from swarm.peer import Peer
+
+    peers = [Peer(id=i, coordinators=coordinators, join_timeout_s=10) for i in ids]
+    got = {p.id: 0 for p in peers}
+    for p in peers:
+        p.on("tick", lambda m, me=p.id: got.__setitem__(me, got[me] + 1))
+    await _asyncio.gather(*(p.start() for p in peers))
+    await _asyncio.gather(*(p.wait_view(lambda v: len(v.members) == len(ids)) for p in peers))
+    await _asyncio.gather(*(p.wait_linked() for p in peers))
+    return peers, got
+
+
+async def tick_neighbours(peers) -> None:
+    """One tick from every peer to each of its neighbours."""
+    for p in peers:
+        for n in p.neighbours():
+            await p.send(n, "tick", {"from": p.id}, timeout=0.5)

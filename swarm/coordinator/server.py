@@ -45,16 +45,13 @@ from .. import wire
 from ..config import CoordinatorConfig
 from ..errors import MembershipError, SwarmError, WireError
 from ..wire import Limits
+from ..tasks import supervise
 from .http import StatusServer
 from .table import ALIVE, DEAD, SUSPECT, MemberTable
 
 log = logging.getLogger("swarm.coordinator")
 
 __all__ = ["Coordinator"]
-
-
-class _Closing(Exception):
-    pass
 
 
 def _int(body: dict[str, Any], key: str, default: int | None = None) -> int:
@@ -187,20 +184,13 @@ class Coordinator:
             self._own_ctx = False
 
     async def _run(self) -> None:
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._recv_loop())
-                tg.create_task(self._tick_loop())
-                if self.config.others:
-                    tg.create_task(self._watch_loop())
-                if self._http is not None:
-                    tg.create_task(self._http.run())
-                await self._stop.wait()
-                raise _Closing()
-        except* _Closing:
-            pass
-        except* Exception as eg:
-            self._failure = eg.exceptions[0]
+        loops = [self._recv_loop(), self._tick_loop()]
+        if self.config.others:
+            loops.append(self._watch_loop())
+        if self._http is not None:
+            loops.append(self._http.run())
+        self._failure = await supervise(loops, self._stop)
+        if self._failure is not None:
             log.error("coordinator failed: %r", self._failure)
 
     # ------------------------------------------------------------- sending

@@ -38,6 +38,7 @@ from .. import wire
 from ..config import PeerConfig
 from ..errors import ConfigError, MembershipError, PeerTimeout, SwarmError, TransportError, WireError
 from ..link import Handler, View
+from ..tasks import supervise
 from ..wire import Limits, Message
 
 log = logging.getLogger("swarm.peer")
@@ -68,10 +69,6 @@ class PeerCounters:
     unhandled: int = 0          # valid messages of a type nobody handles
     suspicions: int = 0         # link breaks reported to the coordinator
     rejoins: int = 0
-
-
-class _Closing(Exception):
-    """Raised inside the task group to end it on close()."""
 
 
 @dataclass
@@ -334,16 +331,8 @@ class Peer:
         self._poll_dirty = True
 
     async def _run(self) -> None:
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._recv_loop())
-                tg.create_task(self._timer_loop())
-                await self._stop.wait()
-                raise _Closing()
-        except* _Closing:
-            pass
-        except* Exception as eg:
-            self._failure = eg.exceptions[0]
+        self._failure = await supervise([self._recv_loop(), self._timer_loop()], self._stop)
+        if self._failure is not None:
             log.error("peer %s failed: %r", self.id, self._failure)
             if self._welcome is not None and not self._welcome.done():
                 self._welcome.set_exception(self._failure)

@@ -6,16 +6,14 @@ from __future__ import annotations
 import asyncio
 import time
 
-from swarmtest import free_port, status, wait_for
+from swarmtest import free_port, start_ticking_peers, status, tick_neighbours, wait_for
 
 from swarm.peer import Peer
 
 
 async def _exchange(peers: list[Peer], got: dict[str, int], rounds: int) -> None:
     for _ in range(rounds):
-        for p in peers:
-            for n in p.neighbours():
-                await p.send(n, "tick", {"from": p.id}, timeout=0.5)
+        await tick_neighbours(peers)
         await asyncio.sleep(0.02)
 
 
@@ -24,14 +22,8 @@ def test_coordinator_restart_keeps_data_path(procs):
     coord = procs.start("coordinator", "--bind", addr, name="coord")
 
     async def main() -> None:
-        peers = [Peer(id=f"q{i}", coordinators=[addr], join_timeout_s=10.0) for i in range(4)]
-        got = {p.id: 0 for p in peers}
-        for p in peers:
-            p.on("tick", lambda m, me=p.id: got.__setitem__(me, got[me] + 1))
-        await asyncio.gather(*(p.start() for p in peers))
+        peers, got = await start_ticking_peers([f"q{i}" for i in range(4)], [addr])
         try:
-            await asyncio.gather(*(p.wait_view(lambda v: len(v.members) == 4) for p in peers))
-            await asyncio.gather(*(p.wait_linked() for p in peers))
             epoch_before = max(p.epoch for p in peers)
 
             coord.kill()

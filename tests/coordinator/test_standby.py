@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from swarmtest import free_port, status, wait_for
+from swarmtest import free_port, start_ticking_peers, status, tick_neighbours, wait_for
 
-from swarm.peer import Peer
 
 
 def test_standby_takes_over(procs):
@@ -22,14 +21,8 @@ def test_standby_takes_over(procs):
              what="primary active, standby standing by")
 
     async def main() -> None:
-        peers = [Peer(id=f"s{i}", coordinators=[primary, standby], join_timeout_s=10) for i in range(4)]
-        got = {p.id: 0 for p in peers}
-        for p in peers:
-            p.on("tick", lambda m, me=p.id: got.__setitem__(me, got[me] + 1))
-        await asyncio.gather(*(p.start() for p in peers))
+        peers, got = await start_ticking_peers([f"s{i}" for i in range(4)], [primary, standby])
         try:
-            await asyncio.gather(*(p.wait_view(lambda v: len(v.members) == 4) for p in peers))
-            await asyncio.gather(*(p.wait_linked() for p in peers))
             e0 = max(p.epoch for p in peers)
 
             cp.kill()
@@ -39,9 +32,7 @@ def test_standby_takes_over(procs):
 
             async def gossip() -> None:   # neighbours keep exchanging through the failover
                 while not stop.is_set():
-                    for p in peers:
-                        for n in p.neighbours():
-                            await p.send(n, "tick", {}, timeout=0.2)
+                    await tick_neighbours(peers)
                     await asyncio.sleep(0.02)
 
             task = asyncio.create_task(gossip())
