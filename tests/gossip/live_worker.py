@@ -36,6 +36,9 @@ async def main(coord: str, pid: str, rank: int, n: int, d: int, rounds: int, out
         for _ in range(rounds):
             await g.round()
             (out / f"{pid}.round").write_text(str(g.t))
+            # paced, so that a test can act between rounds (a d = 2000 round takes
+            # about a millisecond: unpaced, all rounds are over before a kill lands)
+            await asyncio.sleep(0.03)
         tmp = out / f"{pid}.tmp.npy"
         np.save(tmp, x)
         tmp.rename(out / f"{pid}.npy")
