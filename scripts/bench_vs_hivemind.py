@@ -1,0 +1,505 @@
+"""swarm vs hivemind: 4 processes average 4 different 10M float32 vectors.
+
+    python scripts/bench_vs_hivemind.py [--d 10000000] [--repeats 2] [--skip-hivemind]
+
+Each of N = 4 processes holds the vector of its rank (``vector(rank, d)``: seeded
+uniform numbers plus the rank) and must come within relative error 1e-3 of the
+mean of all four, ``max_i ‖x_i − x̄‖ / ‖x̄‖ ≤ 1e-3``. Every process regenerates all
+four vectors from their seeds, so it knows x̄ and checks its own error.
+
+swarm: a real :class:`swarm.coordinator.Coordinator` process and 4 real
+:class:`swarm.peer.Peer` processes on 127.0.0.1, running :class:`swarm.gossip.Gossip`
+in lockstep. Configurations: ``full`` (identity codec, γ = 1: exact averaging in
+one round, 3 × 40 MB out per peer), ``one_peer_exponential`` (exact in log2 4 = 2
+rounds, one neighbour per round: 2 × 40 MB out per peer), ``ring`` (ρ = 1/3,
+several rounds), each with ``identity`` and ``fp16``. (The static ``exponential``
+graph is the complete graph at n = 4, so it is ``full``.) Wall time runs from
+"all peers joined, linked and past a start barrier" to "every peer within 1e-3";
+after each round every peer posts its error to shared memory and all stop in
+the same round once all are within the tolerance. Bytes: the engine's
+``RoundResult.bytes_out`` (wire bytes of every message), summed over peers.
+
+hivemind: the script makes ``build/hivemind-venv`` (``torch==2.13.0`` first,
+then ``hivemind`` with ``numpy<2.4``; the wheel ships its ``p2pd`` daemon) and
+runs 4 processes of this same file in it (``--hm-worker``): a DHT on rank 0,
+the others bootstrap from it, all on 127.0.0.1; each runs one
+``DecentralizedAverager.step()`` (a group of 4, butterfly all-reduce) on the same
+vectors, without compression and with ``Float16Compression``. Wall time runs
+from the same kind of start barrier to the last peer's step returning. hivemind's
+bytes are not measured (its traffic goes through the p2pd daemon); the table
+gives the butterfly all-reduce's payload, 2 · (n−1)/n · 4d bytes per peer, as a
+model figure.
+
+Both sides run in the same invocation, interleaved (swarm, hivemind, swarm,
+hivemind ...), since the machine's cores are shared and absolute times drift;
+each configuration's best (minimum) wall over the repeats is reported.
+If hivemind cannot be installed or run, the script says exactly what failed and
+still reports swarm. Last line: one JSON object (``vs_hivemind_ratio`` = swarm's
+best wall / hivemind's best wall; target ≤ 0.35).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+HM_VENV = ROOT / "build" / "hivemind-venv"
+N = 4
+TOL = 1e-3
+SWARM_CONFIGS = [  # (gossip topology, codec)
+    ("full", "identity"), ("full", "fp16"),
+    ("one_peer_exponential", "identity"), ("one_peer_exponential", "fp16"),
+    ("ring", "identity"), ("ring", "fp16"),
+]
+HM_CONFIGS = ["none", "fp16"]
+
+
+# --------------------------------------------------------------------- shared
+
+def vector(rank: int, d: int) -> np.ndarray:
+    """Peer ``rank``'s starting vector: uniform in [rank, rank + 1), seeded."""
+    x = np.random.default_rng(1000 + rank).random(d, dtype=np.float32)
+    x += np.float32(rank)
+    return x
+
+
+def true_mean(n: int, d: int) -> np.ndarray:
+    acc = np.zeros(d, np.float64)
+    for r in range(n):
+        acc += vector(r, d)
+    acc /= n
+    return acc.astype(np.float32)
+
+
+class ErrorMeter:
+    """Relative error ‖x − x̄‖ / ‖x̄‖ against the known mean, without temporaries."""
+
+    def __init__(self, mean: np.ndarray):
+        self.mean = mean
+        self.norm = float(np.sqrt(np.dot(mean.astype(np.float64), mean.astype(np.float64))))
+        self.buf = np.empty_like(mean)
+
+    def __call__(self, x: np.ndarray) -> float:
+        np.subtract(x, self.mean, out=self.buf)
+        return float(np.sqrt(np.dot(self.buf, self.buf))) / self.norm
+
+
+def wait_files(paths: list[Path], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"barrier: {[str(p) for p in paths if not p.exists()]} missing after {timeout} s")
+        time.sleep(0.0005)
+
+
+# ---------------------------------------------------------------------- swarm
+
+def _coordinator_proc(q, stop) -> None:
+    import asyncio
+
+    from swarm.coordinator import Coordinator
+
+    async def main() -> None:
+        async with Coordinator(bind="tcp://127.0.0.1:*", http_bind="") as coord:
+            q.put(coord.address)
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+
+
+def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec: str,
+                     max_rounds: int, ready, done, conv, fin, epoch, q) -> None:
+    import asyncio
+
+    from swarm.gossip import Gossip
+    from swarm.peer import Peer
+
+    meter = ErrorMeter(true_mean(n, d))
+    x = vector(rank, d)
+    err0 = meter(x)
+
+    async def wait_all(arr, value: int, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while min(arr[:]) < value:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"peer {rank}: barrier not reached: {arr[:]} < {value}")
+            await asyncio.sleep(0.0002)
+
+    async def main() -> dict:
+        # one_peer_exponential's rounds reach i ± 2^k: link everyone (n = 4)
+        link_topo = "full" if topology == "one_peer_exponential" else topology
+        async with Peer(coordinators=[coord], id=f"p{rank}", rank=rank, topology=link_topo) as peer:
+            await peer.wait_view(lambda v: len(v.members) == n, timeout=60.0)
+            await peer.wait_linked(60.0)
+            # every peer on the same n-member view (the coordinator may still be
+            # publishing joins when the first peers see n members)
+            deadline = time.monotonic() + 60
+            while True:
+                epoch[rank] = peer.view.epoch
+                e = epoch[:]
+                if min(e) == max(e) == peer.view.epoch and len(peer.view.members) == n:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"peer {rank}: views did not agree: epochs {e}")
+                await asyncio.sleep(0.01)
+            await peer.wait_linked(60.0)
+            g = Gossip(peer, x, topology=topology, codec=codec, gamma=1.0, round_timeout=60.0,
+                       send_timeout=30.0)
+            ready[rank] = 1
+            await wait_all(ready, 1)
+            t0 = time.monotonic()
+            t_conv, bytes_out, bytes_in, rounds, err, fails = None, 0, 0, 0, err0, 0
+            history = []
+            for t in range(max_rounds):
+                res = await g.round()
+                history.append(res)
+                rounds += 1
+                fails += not res.ok
+                bytes_out += res.bytes_out
+                bytes_in += res.bytes_in
+                err = meter(x)
+                if err <= TOL and t_conv is None:
+                    t_conv = time.monotonic()
+                conv[t * n + rank] = int(err <= TOL)
+                done[rank] = t + 1
+                await wait_all(done, t + 1)
+                if all(conv[t * n + j] for j in range(n)):
+                    break
+            t_end = time.monotonic()
+            # stay until every peer is through, so nobody's last round loses a neighbour
+            fin[rank] = 1
+            await wait_all(fin, 1)
+            return dict(rank=rank, t0=t0, t_conv=t_conv, t_end=t_end, rounds=rounds, err=err, err0=err0,
+                        bytes_out=bytes_out, bytes_in=bytes_in, failed_rounds=fails,
+                        dropped=g.stats.dropped_sends,
+                        stats={k: v for k, v in vars(g.stats).items() if v and k not in ("bytes_out", "bytes_in")},
+                        first=[(r.ok, r.reason, r.rejected, r.full_sent) for r in history[:3]])
+
+    try:
+        q.put(asyncio.run(main()))
+    except BaseException as e:  # report, never hang the parent
+        q.put(dict(rank=rank, error=f"{type(e).__name__}: {e}"))
+        raise
+
+
+def run_swarm(topology: str, codec: str, d: int, n: int = N, max_rounds: int = 60,
+              timeout: float = 300.0) -> dict:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    cq, stop = ctx.Queue(), ctx.Event()
+    coord = ctx.Process(target=_coordinator_proc, args=(cq, stop), daemon=True)
+    coord.start()
+    procs = []
+    try:
+        address = cq.get(timeout=60)
+        ready, done, fin = ctx.Array("i", n), ctx.Array("i", n), ctx.Array("i", n)
+        epoch = ctx.Array("q", [-1] * n)
+        conv = ctx.Array("b", n * max_rounds)
+        q = ctx.Queue()
+        for r in range(n):
+            p = ctx.Process(target=_swarm_peer_proc, daemon=True,
+                            args=(address, r, n, d, topology, codec, max_rounds, ready, done, conv, fin, epoch, q))
+            p.start()
+            procs.append(p)
+        out = [q.get(timeout=timeout) for _ in range(n)]
+    finally:
+        for p in procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+        stop.set()
+        coord.join(timeout=10)
+        if coord.is_alive():
+            coord.terminate()
+            coord.join(5)
+    errors = [o["error"] for o in out if "error" in o]
+    if errors:
+        return dict(ok=False, error="; ".join(errors))
+    start = max(o["t0"] for o in out)
+    converged = all(o["t_conv"] is not None for o in out)
+    return dict(
+        ok=converged,
+        wall_s=(max(o["t_conv"] for o in out) - start) if converged else None,
+        rounds=max(o["rounds"] for o in out),
+        err=max(o["err"] for o in out),
+        err0=max(o["err0"] for o in out),
+        bytes=sum(o["bytes_out"] for o in out),
+        bytes_per_peer=max(o["bytes_out"] for o in out),
+        failed_rounds=sum(o["failed_rounds"] for o in out),
+        stats=[o["stats"] for o in out], first=out[0]["first"],
+        dropped=sum(o["dropped"] for o in out),
+    )
+
+
+# ------------------------------------------------------------------- hivemind
+
+def hm_python() -> Path:
+    return HM_VENV / "bin" / "python"
+
+
+def ensure_hivemind(log) -> tuple[bool, str]:
+    """Create build/hivemind-venv with torch 2.13.0 then hivemind (numpy < 2.4).
+    Returns (ok, what failed or the version)."""
+    py = hm_python()
+
+    def sh(cmd: list[str], what: str, timeout: float = 1800) -> None:
+        log(f"hivemind setup: {what}: {' '.join(cmd)}")
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if r.returncode:
+            raise RuntimeError(f"{what} failed (exit {r.returncode}): {(r.stderr or r.stdout)[-2000:]}")
+
+    check = [str(py), "-c", "import hivemind, torch, numpy, os, sys; "
+             "from hivemind.averaging import DecentralizedAverager; "
+             "from hivemind.compression import Float16Compression; "
+             "p = os.path.join(os.path.dirname(hivemind.__file__), 'hivemind_cli', 'p2pd'); "
+             "assert os.access(p, os.X_OK), 'p2pd daemon missing or not executable: ' + p; "
+             "print(hivemind.__version__, torch.__version__, numpy.__version__)"]
+    try:
+        if py.exists():
+            r = subprocess.run(check, capture_output=True, text=True, timeout=300)
+            if r.returncode == 0:
+                return True, "hivemind %s, torch %s, numpy %s" % tuple(r.stdout.split())
+        with tempfile.TemporaryDirectory() as tmp:  # does PyPI have it at all?
+            sh([sys.executable, "-m", "pip", "download", "--no-deps", "hivemind", "-d", tmp],
+               "pip download --no-deps hivemind", timeout=600)
+        if not py.exists():
+            sh([sys.executable, "-m", "venv", str(HM_VENV)], "python -m venv")
+        sh([str(py), "-m", "pip", "install", "torch==2.13.0"], "pip install torch==2.13.0")
+        sh([str(py), "-m", "pip", "install", "hivemind", "numpy<2.4"], "pip install hivemind numpy<2.4")
+        r = subprocess.run(check, capture_output=True, text=True, timeout=300)
+        if r.returncode:
+            return False, f"hivemind installed but does not import/run: {r.stderr[-2000:]}"
+        return True, "hivemind %s, torch %s, numpy %s" % tuple(r.stdout.split())
+    except Exception as e:
+        return False, f"{type(e).__name__}: {e}"
+
+
+def hm_worker(args) -> None:
+    """One hivemind process (runs inside build/hivemind-venv): prints one JSON line.
+
+    Matchmaking runs before the start barrier (``step(wait=False, require_trigger=True)``
+    until the group of n is formed and waits for the trigger), so the timed part
+    is the all-reduce itself, as swarm's timed part starts once peers are linked."""
+    out = {"rank": args.rank}
+    try:
+        import torch
+        from hivemind import DHT
+        from hivemind.averaging import DecentralizedAverager
+        from hivemind.averaging.control import AveragingStage
+        from hivemind.compression import Float16Compression, NoCompression
+
+        torch.set_num_threads(1)
+        d, n, rank, tmp = args.d, args.n, args.rank, Path(args.dir)
+        meter = ErrorMeter(true_mean(n, d))
+        x = vector(rank, d)
+        out["err0"] = meter(x)
+        maddrs = tmp / "maddrs.txt"
+        if rank == 0:
+            dht = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+            (tmp / "maddrs.tmp").write_text("\n".join(str(a) for a in dht.get_visible_maddrs()))
+            (tmp / "maddrs.tmp").rename(maddrs)
+        else:
+            wait_files([maddrs], 120)
+            dht = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                      initial_peers=maddrs.read_text().split())
+        comp = Float16Compression() if args.compression == "fp16" else NoCompression()
+        avg = DecentralizedAverager([torch.from_numpy(x)], dht, start=True, prefix="bench_vs_swarm",
+                                    target_group_size=n, min_group_size=n, min_matchmaking_time=3.0,
+                                    request_timeout=10.0, compression=comp)
+        ctl = avg.step(wait=False, require_trigger=True, timeout=120, allow_retries=False)
+        deadline = time.monotonic() + 120
+        while ctl.stage != AveragingStage.AWAITING_TRIGGER:
+            if ctl.done() or time.monotonic() > deadline:
+                raise RuntimeError(f"matchmaking did not form a group of {n}: stage {ctl.stage}")
+            time.sleep(0.001)
+        (tmp / f"ready{rank}").touch()
+        wait_files([tmp / f"ready{r}" for r in range(n)], 120)
+        out["t0"] = time.monotonic()
+        ctl.allow_allreduce()
+        group = ctl.result(timeout=120)
+        out["t1"] = time.monotonic()
+        if group is None:
+            raise RuntimeError("averager step failed (returned None)")
+        out["group"] = len(group)
+        with avg.get_tensors() as ts:
+            out["err"] = meter(ts[0].numpy())
+        (tmp / f"fin{rank}").touch()  # stay until all are done, then leave
+        wait_files([tmp / f"fin{r}" for r in range(n)], 120)
+        avg.shutdown()
+        dht.shutdown()
+    except BaseException as e:
+        out["error"] = f"rank {args.rank}: {type(e).__name__}: {e}"
+    print(json.dumps(out), flush=True)
+
+
+def run_hivemind(compression: str, d: int, n: int = N, timeout: float = 300.0) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench_hm_") as tmp:
+        tmp = Path(tmp)
+        procs = []
+        try:
+            for r in range(n):
+                cmd = [str(hm_python()), str(Path(__file__).resolve()), "--hm-worker", "--rank", str(r),
+                       "--n", str(n), "--d", str(d), "--compression", compression, "--dir", str(tmp)]
+                procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                              env={**os.environ, "OMP_NUM_THREADS": "1"}))
+            outs = []
+            deadline = time.monotonic() + timeout
+            for p in procs:
+                try:
+                    so, se = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    so, se = p.communicate()
+                outs.append((p.returncode, so, se))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        res = []
+        for r, (rc, so, se) in enumerate(outs):
+            line = [s for s in so.splitlines() if s.startswith("{")]
+            if rc or not line:
+                return dict(ok=False, error=f"hivemind rank {r} exit {rc}: {se.strip()[-1500:]}")
+            res.append(json.loads(line[-1]))
+    errors = [o["error"] for o in res if "error" in o]
+    if errors:
+        return dict(ok=False, error="; ".join(errors))
+    start = max(o["t0"] for o in res)
+    err = max(o["err"] for o in res)
+    per_peer = 2 * (n - 1) / n * d * (2 if compression == "fp16" else 4)
+    return dict(ok=err <= TOL, wall_s=max(o["t1"] for o in res) - start, err=err,
+                err0=max(o["err0"] for o in res), group=min(o["group"] for o in res),
+                bytes_model=int(per_peer * n), bytes_per_peer_model=int(per_peer),
+                step_s=max(o["t1"] - o["t0"] for o in res))
+
+
+# ----------------------------------------------------------------------- main
+
+def fmt_bytes(b) -> str:
+    return "-" if b is None else f"{b / 1e6:,.0f} MB"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--d", type=int, default=10_000_000)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--skip-hivemind", action="store_true")
+    ap.add_argument("--max-rounds", type=int, default=30, help="swarm gives up after this many rounds")
+    ap.add_argument("--configs", default="", help="comma list of swarm TOPOLOGY:CODEC (default: all)")
+    ap.add_argument("--hm-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=N, help=argparse.SUPPRESS)
+    ap.add_argument("--compression", default="none", help=argparse.SUPPRESS)
+    ap.add_argument("--dir", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.hm_worker:
+        hm_worker(args)
+        return
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    configs = SWARM_CONFIGS
+    if args.configs:
+        configs = [tuple(c.split(":")) for c in args.configs.split(",")]
+    hm_ok, hm_status = (False, "skipped (--skip-hivemind)") if args.skip_hivemind else ensure_hivemind(log)
+    log(f"hivemind: {'ready, ' if hm_ok else 'NOT AVAILABLE: '}{hm_status}")
+
+    sw: dict[str, list[dict]] = {f"{t}/{c}": [] for t, c in configs}
+    hm: dict[str, list[dict]] = {c: [] for c in HM_CONFIGS}
+    for rep in range(args.repeats):
+        jobs = [("swarm", tc) for tc in configs]
+        if hm_ok:  # interleave: a hivemind run after every few swarm runs
+            k = max(1, len(jobs) // len(HM_CONFIGS))
+            for i, c in enumerate(HM_CONFIGS):
+                jobs.insert(min(len(jobs), (i + 1) * k + i), ("hivemind", c))
+        for side, what in jobs:
+            if side == "swarm":
+                key = f"{what[0]}/{what[1]}"
+                r = run_swarm(what[0], what[1], args.d, max_rounds=args.max_rounds)
+                sw[key].append(r)
+            else:
+                key = what
+                r = run_hivemind(what, args.d)
+                hm[key].append(r)
+            log(f"[{rep + 1}/{args.repeats}] {side} {key}: " + json.dumps(r))
+
+    def best(runs: list[dict]) -> dict | None:
+        ok = [r for r in runs if r.get("ok") and r.get("wall_s") is not None]
+        return min(ok, key=lambda r: r["wall_s"]) if ok else None
+
+    rows = []
+    print(f"\n{N} processes, d = {args.d:,} float32 each, target max_i ‖x_i − x̄‖/‖x̄‖ ≤ {TOL:g}"
+          f" (start: ‖x_i − x̄‖/‖x̄‖ ≈ {next((r['err0'] for v in sw.values() for r in v if 'err0' in r), 0):.2f})")
+    print(f"{'side':9} {'config':32} {'best wall s':>11} {'walls s':>18} {'rounds':>6} {'final err':>9} "
+          f"{'bytes total':>12} {'per peer':>10}")
+    sw_best = {}
+    for key, runs in sw.items():
+        b = best(runs)
+        sw_best[key] = b
+        walls = ",".join(f"{r['wall_s']:.2f}" if r.get("wall_s") is not None else "fail" for r in runs)
+        if b:
+            print(f"{'swarm':9} {key:32} {b['wall_s']:11.3f} {walls:>18} {b['rounds']:6d} {b['err']:9.2e} "
+                  f"{fmt_bytes(b['bytes']):>12} {fmt_bytes(b['bytes_per_peer']):>10}")
+        else:
+            print(f"{'swarm':9} {key:32} {'FAILED':>11} {walls:>18}  {runs[-1] if runs else ''}")
+    hm_best = {}
+    for key, runs in hm.items():
+        if not hm_ok:
+            break
+        b = best(runs)
+        hm_best[key] = b
+        walls = ",".join(f"{r['wall_s']:.2f}" if r.get("wall_s") is not None else "fail" for r in runs)
+        name = f"DecentralizedAverager {key}"
+        if b:
+            print(f"{'hivemind':9} {name:32} {b['wall_s']:11.3f} {walls:>18} {1:6d} {b['err']:9.2e} "
+                  f"{fmt_bytes(b['bytes_model']) + '*':>12} {fmt_bytes(b['bytes_per_peer_model']) + '*':>10}")
+        else:
+            print(f"{'hivemind':9} {name:32} {'FAILED':>11} {walls:>18}  {runs[-1] if runs else ''}")
+    if hm_ok:
+        print("* hivemind bytes: butterfly all-reduce payload model 2·(n−1)/n·d·itemsize per peer, not measured")
+    else:
+        print(f"hivemind NOT RUN: {hm_status}")
+    rows = [(k, b) for k, b in sw_best.items() if b]
+    sw_top = min(rows, key=lambda kb: kb[1]["wall_s"]) if rows else None
+    hm_rows = [(k, b) for k, b in hm_best.items() if b]
+    hm_top = min(hm_rows, key=lambda kb: kb[1]["wall_s"]) if hm_rows else None
+    ratio = sw_top[1]["wall_s"] / hm_top[1]["wall_s"] if sw_top and hm_top else None
+    if ratio is not None:
+        print(f"swarm best ({sw_top[0]}) {sw_top[1]['wall_s']:.3f} s / hivemind best ({hm_top[0]}) "
+              f"{hm_top[1]['wall_s']:.3f} s = {ratio:.3f} (target ≤ 0.35)")
+    summary = {
+        "bench": "vs_hivemind", "n": N, "d": args.d, "tol": TOL, "repeats": args.repeats,
+        "vs_hivemind_ratio": None if ratio is None else round(ratio, 4),
+        "swarm_best_config": sw_top[0] if sw_top else None,
+        "swarm_best_wall_s": round(sw_top[1]["wall_s"], 4) if sw_top else None,
+        "swarm_final_err": sw_top[1]["err"] if sw_top else None,
+        "swarm_bytes": sw_top[1]["bytes"] if sw_top else None,
+        "hivemind_best_config": hm_top[0] if hm_top else None,
+        "hivemind_best_wall_s": round(hm_top[1]["wall_s"], 4) if hm_top else None,
+        "hivemind_final_err": hm_top[1]["err"] if hm_top else None,
+        "hivemind_bytes_model": hm_top[1]["bytes_model"] if hm_top else None,
+        "hivemind_status": hm_status if hm_ok else f"not run: {hm_status}",
+        "swarm": {k: (None if b is None else {x: b[x] for x in ("wall_s", "rounds", "err", "bytes")})
+                  for k, b in sw_best.items()},
+        "hivemind": {k: (None if b is None else {x: b[x] for x in ("wall_s", "err", "bytes_model")})
+                     for k, b in hm_best.items()},
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
