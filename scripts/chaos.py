@@ -156,8 +156,8 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
             _, victim, others = chk
             if any(last_steps.get(k, 0) > v for k, v in others.items()):
                 survived += 1
-        if rss0:   # the last reading while the children still run
-            rss1 = {pid: r for pid in children(run).values() if (r := rss_kb(pid))}
+        if rss0:   # each process's last reading while it still runs (exited ones keep theirs)
+            rss1.update({pid: r for pid in children(run).values() if (r := rss_kb(pid))})
         if now >= next_fault and now < end_faults:
             kind = rng.choice(["kill", "kill", "freeze", "coordinator"])
             kids = children(run)
