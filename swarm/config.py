@@ -91,9 +91,11 @@ class CoordinatorConfig:
     """Membership and failure detection settings of the coordinator."""
 
     bind: str = opt("tcp://127.0.0.1:5555", "ROUTER address the coordinator binds")
-    heartbeat_timeout_s: float = opt(1.0, "heartbeat silence after which a peer is suspected and probed",
+    heartbeat_timeout_s: float = opt(5.0, "heartbeat silence after which a peer is suspected and probed; "
+                                     "long, because a peer whose Python is busy (a big gossip step) is "
+                                     "alive: crashes and freezes are caught by the connection and ZMTP",
                                      _positive, "must be > 0")
-    probe_timeout_s: float = opt(0.3, "deadline for a suspected peer to answer a direct probe",
+    probe_timeout_s: float = opt(1.0, "deadline for a suspected peer to answer a direct probe",
                                  _positive, "must be > 0")
     zmtp_heartbeat_s: float = opt(0.1, "ZMTP heartbeat interval on peer connections (libzmq answers "
                                   "these, so only a frozen or dead process misses them)", _positive, "must be > 0")
