@@ -155,6 +155,10 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
             await peer.wait_linked(60.0)
             g = Gossip(peer, x, topology=topology, codec=codec, gamma=1.0, round_timeout=60.0,
                        send_timeout=30.0)
+            # warm the codec outside the clock (fp16 imports torch on first use, ~seconds),
+            # as hivemind's side is timed after its own set-up
+            from swarm.compress import get_codec
+            get_codec(codec).encode(x[:1024].copy())
             ready[rank] = 1
             await wait_all(ready, 1)
             t0 = time.monotonic()

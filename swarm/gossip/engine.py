@@ -330,6 +330,10 @@ class Gossip:
                 np.copyto(copy.hat, a)
                 copy.ver, copy.round = ver, r
                 continue
+            if ver == 1 and msg.body.get("zero") is True:
+                # the stream's first delta, taken against an all-zero copy: start from zero
+                copy.hat.fill(0.0)
+                copy.ver = 0
             if copy.ver < 0 or ver != copy.ver + 1:
                 self.stats.out_of_sync += 1
                 copy.ver = -1
@@ -515,6 +519,9 @@ class Gossip:
             self._stream_for("").synced &= set(receivers)
         sends = []
         for s, dsts in streams.values():
+            # A stream's first delta is taken against an all-zero copy, which any
+            # receiver can rebuild: it goes compressed to everyone, not as a full state.
+            first = s.ver == 0
             # A fresh delta array each round: the transport may still hold the
             # frames we hand it (zero-copy sends), so nothing sent is ever reused.
             enc = s.codec.encode(self.x - s.hat)
@@ -524,9 +531,11 @@ class Gossip:
             frames = [np.asarray(f) for f in enc.frames]
             delta = full = None
             for dst in dsts:
-                if dst in s.synced:
+                if dst in s.synced or first:
                     if delta is None:  # one body, measured once, for all receivers
                         body = {"r": t, "ver": s.ver, "meta": meta}
+                        if first:
+                            body["zero"] = True
                         delta = (T_DELTA, body, frames, self._wire_size(T_DELTA, body, frames))
                     sends.append((s, dst, delta))
                 else:
