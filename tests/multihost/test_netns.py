@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from swarmtest import wait_for as _wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST_SCRIPT = Path(__file__).with_name("gossip_host.py")
@@ -185,17 +186,7 @@ def _log(p: subprocess.Popen) -> str:
 
 
 def wait_for(pred, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-            if last:
-                return last
-        except (AssertionError, OSError, ValueError, KeyError) as e:  # not there yet
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+    return _wait_for(pred, timeout, interval, what)
 
 
 @pytest.fixture(scope="module")
