@@ -80,7 +80,7 @@ class StatusServer:
     """
 
     def __init__(self, coordinator: "Coordinator", bind: str = "127.0.0.1:0", *, run: str = "",
-                 sample_s: float = 0.5, cache_s: float = 0.25, header_timeout_s: float = 5.0,
+                 sample_s: float = 1.0, cache_s: float = 0.25, header_timeout_s: float = 5.0,
                  write_timeout_s: float = 5.0, max_connections: int = 64,
                  max_header_bytes: int = 16 * 1024) -> None:
         self.coordinator = coordinator

@@ -111,6 +111,8 @@ class Coordinator:
         self._no_active_since = 0.0
         self._last_publish = 0.0
         self._forgot = 0.0
+        self._scanned = 0.0
+        self._suspects: set[str] = set()
         self._published_at: dict[int, float] = {}
         self._http: StatusServer | None = None
         self._view_cache: tuple[Any, list[Any]] | None = None
@@ -247,6 +249,7 @@ class Coordinator:
             m.state = SUSPECT
             m.probe_deadline = time.monotonic() + self.config.probe_timeout_s
             m.cause = cause
+            self._suspects.add(pid)
         m.probe_nonce = nonce
 
     # ------------------------------------------------------------- receiving
@@ -380,17 +383,24 @@ class Coordinator:
             now = time.monotonic()
             if self.mode != "active":
                 continue
-            for m in list(self.table.members.values()):
-                if m.state == ALIVE and now - m.last_heartbeat > cfg.heartbeat_timeout_s:
-                    self._probe(m.id, "heartbeat timeout")
-                elif m.state == SUSPECT:
-                    if now > m.probe_deadline:
-                        if self.table.mark_dead(m.id, m.cause or "probe timeout"):
-                            self._dirty = True
-                    else:
-                        # probe again: libzmq drops the route of a closed connection
-                        # a moment after reporting it, and then the send fails at once
-                        self._probe(m.id, m.cause)
+            if now - self._scanned >= min(0.25, cfg.heartbeat_timeout_s / 10):
+                # silent members: a scan of the whole table, a few times a second
+                self._scanned = now
+                for m in list(self.table.members.values()):
+                    if m.state == ALIVE and now - m.last_heartbeat > cfg.heartbeat_timeout_s:
+                        self._probe(m.id, "heartbeat timeout")
+            for pid in list(self._suspects):   # suspects: every tick
+                m = self.table.get(pid)
+                if m is None or m.state != SUSPECT:
+                    self._suspects.discard(pid)
+                elif now > m.probe_deadline:
+                    self._suspects.discard(pid)
+                    if self.table.mark_dead(m.id, m.cause or "probe timeout"):
+                        self._dirty = True
+                else:
+                    # probe again: libzmq drops the route of a closed connection
+                    # a moment after reporting it, and then the send fails at once
+                    self._probe(m.id, m.cause)
             if self._publish_due(now):
                 self._publish()
             if now - self._forgot > 1.0:

@@ -136,6 +136,8 @@ class Peer:
         self._coord_monitors: list[zmq.asyncio.Socket] = []
         self._active = 0                                    # which coordinator we talk to
         self._rotated = 0.0
+        self._heard = 0.0            # last message from the coordinator we talk to
+        self._standby_since = 0.0    # since when it answers "standby"
         self._curve: tp.Curve | None = None
 
     # ------------------------------------------------------------------ public
@@ -353,6 +355,7 @@ class Peer:
         if len(self._coords) < 2 or now - self._rotated < 0.1:
             return
         self._rotated = now
+        self._standby_since = 0.0
         self._active = (self._active + 1) % len(self._coords)
         log.info("peer %s: coordinator %s (%s); trying %s", self.id, why,
                  self.config.coordinators[self._active - 1], self.config.coordinators[self._active])
@@ -461,10 +464,13 @@ class Peer:
             self._bad("coordinator", e)
             return
         t, body = msg.t, msg.body
+        if i == self._active:
+            self._heard = time.monotonic()
         try:
             if t == "welcome":
                 self._rejoining = False
                 self._rotated = time.monotonic()
+                self._standby_since = 0.0
                 if self._welcome is not None and not self._welcome.done():
                     self._welcome.set_result(body)
                 if "rank" in body:
@@ -492,9 +498,15 @@ class Peer:
             elif t == "probe":
                 self._send_coord("probe_ack", {"nonce": body.get("nonce"), "inc": self.incarnation}, to=i)
             elif t == "standby":
-                # that coordinator is not the active one: try the next address
+                # that coordinator is not active (yet: it may be taking over from a dead
+                # primary, so keep asking it for a while before trying the next address)
                 if i == self._active:
-                    self._rotate("is a standby")
+                    now = time.monotonic()
+                    if not self._standby_since:
+                        self._standby_since = now
+                        self._rejoining = True
+                    elif now - self._standby_since > 2 * self.config.coordinator_timeout_s:
+                        self._rotate("is a standby")
             elif t == "bye":
                 fut = getattr(self, "_bye", None)
                 if fut is not None and not fut.done():
@@ -594,7 +606,8 @@ class Peer:
             await asyncio.sleep(tick)
             now = time.monotonic()
             waiting = self._welcome is not None and not self._welcome.done()
-            if (waiting or self._rejoining) and now - self._rotated > self.config.coordinator_timeout_s:
+            if (waiting or self._rejoining) and \
+                    now - max(self._rotated, self._heard) > self.config.coordinator_timeout_s:
                 self._rotate("did not answer")   # no-op with a single coordinator
             if waiting:
                 if now - self._join_sent > 0.25:
