@@ -1,9 +1,11 @@
 """`swarm` — the command line. The only place that picks uvloop.
 
-    swarm coordinator --bind tcp://0.0.0.0:5555
-    swarm peer --coordinator tcp://HOST:5555 [--bind ADDR] [--id ID] [--rank N]
+    swarm coordinator --bind tcp://0.0.0.0:5555 [--keys DIR] [--others ADDR,...]
+    swarm peer --coordinator tcp://HOST:5555[,tcp://STANDBY:5555] [--bind ADDR] [--id ID] [--rank N]
+               [--replace ID] [--keys DIR] [--spec FILE --run-dir DIR [--resume DIR]]
     swarm status --coordinator tcp://HOST:5555 [--json] [--watch [--interval S]]
-    swarm run [SPEC] [--set key=value ...]
+    swarm run [SPEC] [--set key=value ...] [--resume RUN_DIR]
+    swarm keys generate DIR [--names coordinator,peer]
     swarm launch --ray [ADDRESS] [SPEC] [--per-node N] [--set key=value ...]
 
 Peers also read SWARM_COORDINATOR and SWARM_RANK, and fall back to what Slurm
