@@ -273,6 +273,20 @@ json.dump(got, open(out, "w")); [s.close(0) for s in socks]; ctx.term()
     return lat
 
 
+def end_all(procs: list[subprocess.Popen], coord: subprocess.Popen) -> None:
+    """Kill the workers still running, then stop the coordinator (killed if it hangs)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    coord.terminate()
+    try:
+        coord.wait(5)
+    except subprocess.TimeoutExpired:
+        coord.kill()
+        coord.wait()
+
+
 def bench_coordinator(members: int, workers: int, hz: float, churn: int, churn_s: float,
                       quiet_s: float, coord_set: list[str] = ()) -> dict:
     port = free_port()
@@ -334,16 +348,7 @@ def bench_coordinator(members: int, workers: int, hz: float, churn: int, churn_s
         for p in procs:
             p.wait(duration + 30)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        coord.terminate()
-        try:
-            coord.wait(5)
-        except subprocess.TimeoutExpired:
-            coord.kill()
-            coord.wait()
+        end_all(procs, coord)
     seen: dict[int, list[float]] = {}
     views = 0
     for out in outs:
@@ -463,12 +468,7 @@ def bench_processes(n: int, d: int, window: float, sync: str = "bounded") -> dic
         for p in procs:
             p.wait(t0 - time.time() + window + 60)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        coord.terminate()
-        coord.wait(5)
+        end_all(procs, coord)
     res = [json.loads(Path(o).read_text()) for o in outs if Path(o).exists()]
     rounds = [r["rounds"] for r in res]
     return {"peers": n, "finished": len(res), "rounds_per_s": float(np.mean(rounds)) / window if rounds else 0.0,

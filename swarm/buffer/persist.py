@@ -162,18 +162,23 @@ def save(buf: "ReplayBuffer", path: str | os.PathLike, background: bool = False)
     return snap.start() if background else snap.run().wait()
 
 
+def _read_meta(path: Path, what: str) -> dict[str, Any]:
+    """A snapshot's meta.json, or a ReplayError that says what is wrong with it."""
+    try:
+        return json.loads((path / "meta.json").read_text())
+    except FileNotFoundError:
+        raise ReplayError(f"{path} is not {what} (no meta.json)") from None
+    except json.JSONDecodeError as e:
+        raise ReplayError(f"{path}/meta.json is corrupt: {e}") from None
+
+
 def load(path: str | os.PathLike, clock: Callable[[], float] = time.time,
          limiter: RateLimiter | None = None) -> "ReplayBuffer":
     """Restore a buffer saved with :func:`save`: same items, priorities, ids, counters and rng."""
     from .replay import ReplayBuffer
 
     path = Path(path)
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-    except FileNotFoundError:
-        raise ReplayError(f"{path} is not a replay snapshot (no meta.json)") from None
-    except json.JSONDecodeError as e:
-        raise ReplayError(f"{path}/meta.json is corrupt: {e}") from None
+    meta = _read_meta(path, "a replay snapshot")
     if meta.get("format") != FORMAT:
         raise ReplayError(f"{path}: snapshot format {meta.get('format')!r}, expected {FORMAT}")
     schema = {k: (d, tuple(s)) for k, (d, s) in meta["schema"].items()}
@@ -257,12 +262,7 @@ def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuf
     ``next`` counter is not the one the increment was taken since.
     """
     path = Path(path)
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-    except FileNotFoundError:
-        raise ReplayError(f"{path} is not an incremental replay snapshot (no meta.json)") from None
-    except json.JSONDecodeError as e:
-        raise ReplayError(f"{path}/meta.json is corrupt: {e}") from None
+    meta = _read_meta(path, "an incremental replay snapshot")
     if meta.get("format") != FORMAT or "since" not in meta:
         raise ReplayError(f"{path}: not an incremental snapshot of format {FORMAT}")
     if meta["schema"] != buf.schema.to_dict() or meta["capacity"] != buf.capacity:
