@@ -17,7 +17,8 @@ Sharing: on each :meth:`Federation.flush`, a ``share`` fraction of the items
 added locally since the last flush (the newest, or the highest-priority) goes
 to every neighbour, within a token-bucket rate. Replication: with
 ``replicas=k`` every local item is pushed to the first k neighbours with
-``ack`` set; an item counts as safe once k neighbours acknowledged it. A push
+``ack`` set; an item counts as safe once k neighbours acknowledged it
+(:meth:`Federation.take_acknowledged` hands out newly safe ids). A push
 not acknowledged within ``ack_timeout`` (or whose target left the view) is
 sent again on the next flush, to whichever neighbours are first then.
 """
@@ -30,6 +31,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,8 +121,12 @@ class Federation:
         self._new_lock = threading.Lock()         # add() may run on the learner's thread
         self._to_replicate: list[np.ndarray] = []  # seqs still needing replication
         self._inflight: dict[int, tuple[str, np.ndarray, float]] = {}  # rid -> (dst, seqs, deadline)
+        # Ack bookkeeping covers only seqs that may still be (re)sent: those of pending
+        # pushes and later ones (local seqs only grow). Older entries are pruned after
+        # each flush, so memory stays bounded however long the run.
         self._ackers: dict[int, set[str]] = {}     # local seq -> neighbours holding it
         self._safe: set[int] = set()               # local seqs acked by `replicas` neighbours
+        self._newly_safe: deque[int] = deque(maxlen=buffer.capacity)   # for take_acknowledged()
         self._pulls: dict[int, asyncio.Future] = {}
         buffer.on_add(self._on_add)
         link.on(PUSH, self._on_push)
@@ -129,9 +135,15 @@ class Federation:
         link.on(ACK, self._on_ack)
 
     # ------------------------------------------------------------------ API
-    def acknowledged(self) -> list[tuple[str, int]]:
-        """Ids of local items that ``replicas`` neighbours have acknowledged."""
-        return [(self.buffer.peer_id, s) for s in sorted(self._safe)]
+    def take_acknowledged(self) -> list[tuple[str, int]]:
+        """Ids of local items that ``replicas`` neighbours acknowledged since the last call.
+
+        Each id is returned once. Between two calls at most ``buffer.capacity``
+        ids are kept (the oldest are dropped): call it after each :meth:`flush`.
+        """
+        out = [(self.buffer.peer_id, s) for s in self._newly_safe]
+        self._newly_safe.clear()
+        return out
 
     async def run(self, interval: float = 0.1) -> None:
         """Flush every ``interval`` seconds until cancelled."""
@@ -153,6 +165,7 @@ class Federation:
                 items = self.buffer.items(idx)
                 self._to_replicate.append(items.seqs)
             sent += await self._replicate(nbrs)
+            self._prune_acks()
         return sent
 
     async def pull(self, peer: str, n: int, timeout: float = 2.0) -> int:
@@ -230,6 +243,19 @@ class Federation:
                 # On failure the in-flight entry times out and is resent.
         return sent
 
+    def _prune_acks(self) -> None:
+        """Forget ack state of seqs below every pending push: they are never sent again."""
+        pending = [seqs for _, seqs, _ in self._inflight.values()] + self._to_replicate
+        floor = min((int(a.min()) for a in pending if a.size), default=None)
+        if floor is None:
+            self._safe.clear()
+            self._ackers.clear()
+            return
+        if self._safe and min(self._safe) < floor:
+            self._safe = {s for s in self._safe if s >= floor}
+        if self._ackers and min(self._ackers) < floor:
+            self._ackers = {s: h for s, h in self._ackers.items() if s >= floor}
+
     def _local_indices(self, seqs: np.ndarray) -> np.ndarray:
         buf = self.buffer
         with buf._lock:
@@ -299,6 +325,7 @@ class Federation:
             holders.add(msg.src)
             if len(holders) >= self.replicas and s not in self._safe:
                 self._safe.add(s)
+                self._newly_safe.append(s)
                 del self._ackers[s]
                 self.stats.acked += 1
 

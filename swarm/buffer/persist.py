@@ -208,9 +208,8 @@ def _apply_meta(buf: "ReplayBuffer", meta: dict[str, Any]) -> None:
     buf._next, buf._next_seq, buf._read = int(meta["next"]), int(meta["next_seq"]), int(meta["read"])
     buf._max_p, buf._base = float(meta["max_p"]), float(meta["base"])
     buf._rng.bit_generator.state = meta["rng"]
-    live = (buf._ticket >= 0) & (buf._origin != 0)
-    buf._foreign = {(int(o), int(s)): int(t) for o, s, t in
-                    zip(buf._origin[live], buf._seq[live], buf._ticket[live])}
+    buf._foreign.clear()
+    buf._foreign.add(np.flatnonzero((buf._ticket >= 0) & (buf._origin != 0)))
 
 
 # ------------------------------------------------------------ incremental

@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..errors import ReplayError
+from .idindex import IdIndex
 from .limiter import RateLimiter
 from .schema import Schema
 from .sumtree import SumTree
@@ -139,15 +140,18 @@ class ReplayBuffer:
         self._rng = np.random.default_rng(seed)
         self._lock = threading.RLock()
         cap = self.capacity
-        self._data = {f.name: np.zeros((cap,) + f.shape, dtype=f.dtype) for f in self.schema}
+        # Fixed capacity, memory committed up front: every column is written once
+        # here (np.zeros alone maps pages lazily, so a process would grow as the
+        # ring fills). A buffer that does not fit fails now, not hours into a run.
+        self._data = {f.name: _committed((cap,) + f.shape, f.dtype) for f in self.schema}
         self._ticket = np.full(cap, -1, dtype=np.int64)   # index held by each slot
-        self._origin = np.zeros(cap, dtype=np.int32)      # into self._peers; 0 is this peer
-        self._seq = np.zeros(cap, dtype=np.int64)
-        self._time = np.zeros(cap, dtype=np.float64)
+        self._origin = _committed(cap, np.int32)          # into self._peers; 0 is this peer
+        self._seq = _committed(cap, np.int64)
+        self._time = _committed(cap, np.float64)
         self._tree = SumTree(cap)
         self._peers: list[str] = [peer_id]
         self._peer_index: dict[str, int] = {peer_id: 0}
-        self._foreign: dict[tuple[int, int], int] = {}   # (origin, seq) -> index, items from others
+        self._foreign = IdIndex(cap, self._origin, self._seq)   # (origin, seq) -> slot, items from others
         self._next = 0            # index of the next item written
         self._next_seq = 0        # next local sequence number
         self._read = 0            # FIFO cursor (an index)
@@ -225,32 +229,38 @@ class ReplayBuffer:
             raise ReplayError("items.times and items.priorities must be finite, priorities >= 0")
         with self._lock:
             now = float(self.clock())
-            names = [items.peers[int(o)] for o in origins]
-            keep = np.ones(n, dtype=bool)
-            seen: set[tuple[str, int]] = set()
-            for k in range(n):
-                name, s = names[k], int(seqs[k])
-                o = self._peer_index.get(name)
-                if o == 0 or (o is not None and (o, s) in self._foreign) or (name, s) in seen:
-                    keep[k] = False
-                seen.add((name, s))
+            # A name listed twice in items.peers is one origin: use its first position.
+            first_of: dict[str, int] = {}
+            canon = np.array([first_of.setdefault(p, i) for i, p in enumerate(items.peers)], dtype=np.int64)
+            origins = canon[origins] if n else origins.astype(np.int64)
+            # Origin numbers in this buffer for the message's peers (-1: not known here yet).
+            known = np.array([self._peer_index.get(p, -1) for p in items.peers], dtype=np.int64)
+            lo = known[origins]
+            sseq = seqs.astype(np.int64)
+            keep = lo != 0                                     # items that originate here are not stored
+            seen = lo > 0
+            keep[seen] &= self._foreign.find(lo[seen], sseq[seen]) < 0
+            # Repeats within the message: the first copy of each id is kept.
+            pair = np.stack([origins.astype(np.int64), sseq], axis=1)
+            _, first = np.unique(pair, axis=0, return_index=True)
+            once = np.zeros(n, dtype=bool)
+            once[first] = True
+            keep &= once
             if not keep.any():
                 return np.zeros(0, dtype=np.int64)
             sel = np.flatnonzero(keep)
-            for k in sel:
-                if names[k] not in self._peer_index:
-                    self._peer_index[names[k]] = len(self._peers)
-                    self._peers.append(names[k])
-            lo = np.array([self._peer_index[names[k]] for k in sel], dtype=np.int32)
+            for o in np.unique(origins[sel]).tolist():
+                if known[o] < 0:
+                    known[o] = self._peer_index[items.peers[o]] = len(self._peers)
+                    self._peers.append(items.peers[o])
+            lo = known[origins[sel]].astype(np.int32)
             clip = self._max_p if priority_clip is None else float(priority_clip)
             raw = np.minimum(pri[sel].astype(np.float64), clip)
             raw = np.maximum(raw, self.eps ** self.alpha)
             t = np.minimum(times[sel].astype(np.float64), now)
-            sseq = seqs[sel].astype(np.int64)
-            idx = self._write({k: v[sel] for k, v in arrays.items()}, sel.size, lo, sseq, t, raw)
+            idx = self._write({k: v[sel] for k, v in arrays.items()}, sel.size, lo, sseq[sel], t, raw)
             # Only the newest `capacity` of a huge batch were written.
-            for o, s, i in zip(lo[-idx.size:].tolist(), sseq[-idx.size:].tolist(), idx.tolist()):
-                self._foreign[(o, s)] = i
+            self._foreign.add(idx % self.capacity)
         return idx
 
     def _times(self, times: Any, n: int) -> np.ndarray:
@@ -283,15 +293,13 @@ class ReplayBuffer:
         runs = [(start, min(cap, start + n), 0)]
         if start + n > cap:
             runs.append((0, start + n - cap, cap - start))
-        if self._saver is not None or self._foreign:
+        if self._saver is not None or self._foreign.count:
             slots = idx % cap
         if self._saver is not None:
             self._saver.preserve(slots)
-        if self._foreign:
-            old = self._ticket[slots]
-            hit = (self._origin[slots] != 0) & (old >= 0)
-            for s in slots[hit]:
-                self._foreign.pop((int(self._origin[s]), int(self._seq[s])), None)
+        if self._foreign.count:   # overwritten items from others leave the id index
+            hit = (self._origin[slots] != 0) & (self._ticket[slots] >= 0)
+            self._foreign.remove(slots[hit])
         for a, b, off in runs:
             m = b - a
             for name, col in self._data.items():
@@ -522,10 +530,17 @@ class ReplayBuffer:
             if o == 0:
                 hit = (self._origin == 0) & (self._seq == seq) & (self._ticket >= 0)
                 return bool(hit.any())
-            return (o, int(seq)) in self._foreign
+            return bool(self._foreign.find(np.array([o]), np.array([int(seq)], np.int64))[0] >= 0)
 
     def ids(self) -> list[tuple[str, int]]:
         """Ids ``(origin peer, seq)`` of every item now stored, in slot order."""
         with self._lock:
             n = len(self)
             return [(self._peers[o], int(s)) for o, s in zip(self._origin[:n], self._seq[:n])]
+
+
+def _committed(shape: Any, dtype: Any) -> np.ndarray:
+    """A zeroed array whose pages are all resident (written once, not mapped lazily)."""
+    a = np.empty(shape, dtype=dtype)
+    a.fill(0)
+    return a

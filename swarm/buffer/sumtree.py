@@ -61,7 +61,7 @@ class SumTree:
         self.depth = max(1, (self.capacity - 1).bit_length())
         self._cap = 1 << self.depth
         self._top = min(self.depth, _TOP_BITS)        # level kept as the tree's top
-        self._tree = np.zeros(2 * self._cap, dtype=np.float64)
+        self._tree = np.full(2 * self._cap, 0.0)   # full(), not zeros(): every page resident from the start
         self._block = min(_BLOCK, self._cap)
         self._bmin = np.full(self._cap // self._block, _INF)   # smallest positive leaf per block
         self._stale = np.zeros(self._bmin.size, dtype=bool)   # blocks whose _bmin may be too low

@@ -38,6 +38,7 @@ import os
 import re
 import shutil
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -92,7 +93,8 @@ class Checkpointer:
         self.full_every_s, self.full_every_steps = full_every_s, full_every_steps
         self.incremental_every_steps = incremental_every_steps
         self.clock = clock
-        self.written: list[str] = []          # names committed by this process, in order
+        # names committed by this process, in order: the newest 64 (a run of days takes thousands)
+        self.written: deque[str] = deque(maxlen=64)
         names = [m for m in (_FULL.match(p.name) for p in self.root.iterdir()) if m]
         self._n = max((int(m.group(1)) for m in names), default=0)   # numbers go on across restarts
         self._base: tuple[str, np.ndarray, int] | None = None   # committed full: name, params, buffer next

@@ -19,7 +19,8 @@ It writes into ``DIR/peer{R}/``:
 ``checkpoint.pt`` ``{"agent": state_dict, "params": flat float32 tensor, ...}`` at the end
 ``resumed.json``  on a resume: the checkpoint used and the digest of the state restored
 ``acked.bin``     with ``buffer.replicas`` > 0: int64 sequence numbers of this peer's items
-                  that neighbours acknowledged (appended each round; may repeat)
+                  that neighbours acknowledged (appended each round; a restarted process
+                  may append an id its predecessor did)
 ``ids.json``      with ``buffer.replicas`` > 0, at the end: ids of every item held
 ``summary.json``  final figures, read by the launcher's summary table
 
@@ -315,14 +316,13 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                 log.info("peer%d bootstrapped its parameters from %s", rank, donors)
         before = np.empty_like(x)
         acked_log = out / "acked.bin" if fed is not None and b.replicas else None
-        acked_seen: set[int] = set()
 
         async def exchange() -> tuple[Any, int, list[tuple[str, int]]]:
             np.copyto(before, x)
             res = await gossip.round()
             shared = await fed.flush() if fed is not None else 0
             # read on the peer's thread, which is where acknowledgements change the set
-            acked = fed.acknowledged() if acked_log is not None else []
+            acked = fed.take_acknowledged() if acked_log is not None else []
             return res, shared, acked
 
         def stats() -> dict[str, Any]:
@@ -352,12 +352,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             except PeerTimeout:
                 log.warning("peer%d: gossip round did not finish within %.0f s; skipped", rank, call_timeout)
                 return
-            if acked_log is not None:
-                new = np.array([s for _, s in acked if s not in acked_seen], dtype=np.int64)
-                if new.size:
-                    acked_seen.update(new.tolist())
-                    with open(acked_log, "ab") as f:
-                        f.write(new.tobytes())
+            if acked:   # each id comes once: nothing to remember here
+                with open(acked_log, "ab") as f:
+                    f.write(np.array([s for _, s in acked], dtype=np.int64).tobytes())
             agent.on_parameters_changed()
             state.rounds += 1
             state.rounds_ok += int(res.ok)

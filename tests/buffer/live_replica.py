@@ -33,6 +33,7 @@ async def main(coord: str, pid: str, n: int, out: Path) -> None:
         buf = ReplayBuffer(SCHEMA, 100_000, peer_id=pid, seed=0)
         fed = Federation(buf, peer, share=0.0, replicas=1, ack_timeout=0.5)
         k = 0
+        acked: list[int] = []
         deadline = time.monotonic() + 60      # never outlive a test that lost track of us
         while time.monotonic() < deadline:
             a = np.arange(k, k + 16)
@@ -40,8 +41,9 @@ async def main(coord: str, pid: str, n: int, out: Path) -> None:
             k += 16
             await fed.flush()
             await asyncio.sleep(0.02)
+            acked += [s for _, s in fed.take_acknowledged()]
             tmp = out.with_suffix(".tmp")
-            tmp.write_text(json.dumps([s for _, s in fed.acknowledged()]))
+            tmp.write_text(json.dumps(acked))
             os.replace(tmp, out)
 
 

@@ -170,9 +170,11 @@ def test_kill_a_peer_with_replication_k1_every_acknowledged_item_survives():
         b, _ = peer(hub, "b", ["a", "c"], cap=10_000)
         c, _ = peer(hub, "c", ["a", "b"], cap=10_000)
         rng = np.random.default_rng(0)
+        acked = []
         for step in range(30):
             a.add(items(int(rng.integers(1, 20)), 1000 * step))
             await fa.flush()
+            acked += fa.take_acknowledged()
             if step == 12:
                 hub.kill("b")          # a's first replica target dies: a must re-replicate to c
             await hub.settle(rounds=int(rng.integers(0, 3)))
@@ -180,8 +182,11 @@ def test_kill_a_peer_with_replication_k1_every_acknowledged_item_survives():
         for _ in range(10):            # let timeouts fire and resends land
             await asyncio.sleep(0.06)
             await fa.flush()
+            acked += fa.take_acknowledged()
             await hub.settle()
-        acked = fa.acknowledged()
+        acked += fa.take_acknowledged()
+        assert len(set(acked)) == len(acked)                # each id handed out once
+        assert len(fa._safe) + len(fa._ackers) < 20         # ack state does not keep every item
         hub.kill("a")
         await hub.close()
         assert len(acked) == a.total_added                  # everything got replicated in the end
