@@ -5,7 +5,8 @@ Grammar (case-insensitive, no spaces)::
     spec  := ["ef+"] name (":" param)*
     param := value | key "=" value
 
-    identity | fp16 | sign
+    identity | fp16
+    sign[:block=256]                            block=0: one scale for the whole vector
     int8[:stochastic|:deterministic][:block=256][:seed=N]
     qsgd[:S=16][:bucket=512][:seed=N]          e.g. qsgd:16, qsgd:4:bucket=1024
     topk:RATIO[:seed=N]                         e.g. topk:0.01   (0 < RATIO <= 1)
@@ -68,6 +69,15 @@ def _build_plain(cls: type[Codec]) -> Callable[[str, list[str], dict[str, str]],
     return build
 
 
+def _build_sign(spec: str, pos: list[str], kw: dict[str, str]) -> Codec:
+    if pos:
+        raise ConfigError(f"codec {spec!r}: sign takes only block=B, got {':'.join(pos)!r}")
+    block = _int(spec, "block", kw.pop("block"), 0, 1 << 24) if "block" in kw else 256
+    if block % 8:
+        raise ConfigError(f"codec {spec!r}: block={block} is not a multiple of 8")
+    return Sign(spec, block=block)
+
+
 def _build_int8(spec: str, pos: list[str], kw: dict[str, str]) -> Codec:
     stochastic = False
     for p in pos:
@@ -96,7 +106,7 @@ def _build_sparse(cls: type[TopK] | type[RandomK]) -> Callable[[str, list[str], 
 _BUILDERS: dict[str, Callable[[str, list[str], dict[str, str]], Codec]] = {
     "identity": _build_plain(Identity),
     "fp16": _build_plain(FP16),
-    "sign": _build_plain(Sign),
+    "sign": _build_sign,
     "int8": _build_int8,
     "qsgd": _build_qsgd,
     "topk": _build_sparse(TopK),

@@ -18,7 +18,7 @@ from swarm.errors import GossipError
 
 FAST = settings(max_examples=25, deadline=None)
 ALL = ["identity", "fp16", "int8", "int8:stochastic", "qsgd:16", "qsgd:300", "topk:0.1",
-       "randomk:0.1", "sign", "ef+topk:0.05", "ef+sign"]
+       "randomk:0.1", "sign", "sign:block=0", "sign:block=8", "ef+topk:0.05", "ef+sign"]
 
 finite = st.floats(-1e6, 1e6, width=32, allow_nan=False, allow_infinity=False)
 
@@ -76,7 +76,9 @@ def test_every_family_is_in_the_registry():
     ("qsgd:1000", lambda n: 2 * n + 4 * math.ceil(n / 512)),
     ("topk:0.01", lambda n: 8 * max(1, round(0.01 * n))),
     ("randomk:0.01", lambda n: 4 * max(1, round(0.01 * n))),
-    ("sign", lambda n: math.ceil(n / 8)),
+    ("sign", lambda n: math.ceil(n / 8) + 4 * math.ceil(n / 256)),
+    ("sign:block=64", lambda n: math.ceil(n / 8) + 4 * math.ceil(n / 64)),
+    ("sign:block=0", lambda n: math.ceil(n / 8)),
 ])
 @pytest.mark.parametrize("n", [1, 7, 256, 1000, 12345])
 def test_byte_counts_match_frames_and_formula(spec, expect, n):
@@ -133,7 +135,8 @@ def test_int8_error_bound(spec, div, x):
         assert np.all(err <= amax / div * (1 + 1e-5) + 1e-30)
 
 
-@pytest.mark.parametrize("spec", ["int8", "int8:stochastic", "qsgd:16", "sign", "topk:0.5"])
+@pytest.mark.parametrize("spec", ["int8", "int8:stochastic", "qsgd:16", "sign", "sign:block=0",
+                                  "topk:0.5"])
 @pytest.mark.parametrize("v", [1e-40, 1e-29, 1e20, 3e38])
 def test_extreme_magnitudes(spec, v):
     x = np.array([v, -v / 3, 0, v / 7], np.float32)
@@ -145,7 +148,7 @@ def test_extreme_magnitudes(spec, v):
         assert err <= v / 127 * (1 + 1e-5)
     elif spec == "qsgd:16" and v > 2.0 ** -100:
         assert err <= np.linalg.norm(x.astype(np.float64)) / 16 * (1 + 1e-5)
-    elif spec != "sign":
+    elif not spec.startswith("sign"):
         assert err <= max(v, 2.0 ** -100) * (1 + 1e-6)
 
 
@@ -270,11 +273,28 @@ def test_randomk_keeps_values_at_seeded_positions_and_covers_uniformly():
 @FAST
 @given(x=vec(1))
 def test_sign_is_scaled_sign(x):
-    c = get_codec("sign")
+    c = get_codec("sign:block=0")
     y = c.decode(through_wire(c.encode(x)))
     scale = np.abs(x.astype(np.float64)).sum() / x.size
     expect = np.where(np.signbit(x), -scale, scale)
     np.testing.assert_allclose(y, expect, rtol=1e-5, atol=1e-30)
+
+
+@pytest.mark.parametrize("B", [8, 64, 256])
+@FAST
+@given(x=vec(1))
+def test_sign_scales_each_block_by_its_mean_magnitude(B, x):
+    c = get_codec(f"sign:block={B}")
+    enc = c.encode(x)
+    assert enc.meta["block"] == B and enc.frames[1].size == math.ceil(x.size / B)
+    y = c.decode(through_wire(enc))
+    for a, xb in blocks(x, B):  # the last block may be short: its own mean
+        scale = np.abs(xb.astype(np.float64)).mean()
+        np.testing.assert_allclose(y[a:a + B], np.where(np.signbit(xb), -scale, scale),
+                                   rtol=1e-5, atol=1e-30)
+    out = np.ones(x.size, np.float32)
+    c.decode_into(through_wire(enc), out, alpha=-2.0)
+    np.testing.assert_allclose(out, 1.0 - 2.0 * y, rtol=1e-5, atol=1e-5 * (1 + np.abs(y).max()))
 
 
 # ---- error feedback -------------------------------------------------------------------------
@@ -360,7 +380,7 @@ def test_rejects_non_float_input(bad):
         get_codec("fp16").encode(bad)
 
 
-@pytest.mark.parametrize("spec", ["int8", "int8:stochastic", "qsgd:4", "sign"])
+@pytest.mark.parametrize("spec", ["int8", "int8:stochastic", "qsgd:4", "sign", "sign:block=0"])
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_scale_codecs_reject_non_finite_input(spec, value):
     x = np.ones(1000, np.float32)

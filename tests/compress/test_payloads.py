@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from swarm.compress import MAX_N, Encoded, get_codec
 from swarm.errors import GossipError, WireError
 
-SPECS = ["identity", "fp16", "int8", "qsgd:16", "qsgd:1000", "topk:0.1", "randomk:0.1", "sign"]
+SPECS = ["identity", "fp16", "int8", "qsgd:16", "qsgd:1000", "topk:0.1", "randomk:0.1", "sign", "sign:block=0",
+         "sign:block=8"]
 X = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
 
 
@@ -130,9 +131,19 @@ def test_quantizer_payload_values_are_checked():
 
 
 def test_sign_and_randomk_meta_values_are_checked():
-    codec, enc = good("sign")
+    codec, enc = good("sign:block=0")
     for v in [float("nan"), float("inf"), -1.0, "1", None, True]:
         rejects(codec, Encoded(dict(enc.meta, scale=v), enc.frames), "scale")
+    codec, enc = good("sign")
+    for v in [0, 4, 12, -8, 2**25, 1.5, None, True]:
+        rejects(codec, Encoded(dict(enc.meta, block=v), enc.frames), "block")
+    # a block size that is valid but not the sender's: the scales frame no longer fits
+    rejects(codec, Encoded(dict(enc.meta, block=128), enc.frames), "scales")
+    bits, scales = enc.frames
+    for v in [np.nan, np.inf, -1.0]:
+        bad = scales.copy()
+        bad[3] = v
+        rejects(codec, Encoded(enc.meta, [bits, bad]), "scales")
     codec, enc = good("randomk:0.1")
     for v in [-1, 2**64, 1.5, None]:
         rejects(codec, Encoded(dict(enc.meta, seed=v), enc.frames), "seed")

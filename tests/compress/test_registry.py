@@ -21,8 +21,10 @@ from swarm.errors import ConfigError
     ("topk:0.01", TopK, {"ratio": 0.01}),
     ("topk:1", TopK, {"ratio": 1.0}),
     ("randomk:0.25:seed=7", RandomK, {"ratio": 0.25}),
-    ("sign", Sign, {}),
+    ("sign", Sign, {"block": 256}),
     (" sign ", Sign, {}),
+    ("sign:block=0", Sign, {"block": 0}),
+    ("sign:block=64", Sign, {"block": 64}),
 ])
 def test_specs_build_the_right_codec(spec, cls, attrs):
     c = get_codec(spec)
@@ -73,6 +75,9 @@ def test_seeds_make_streams_reproducible():
     ("qsgd:4:8", "one level count"),
     ("fp16:2", "takes no arguments"),
     ("sign:", "empty parameter"),
+    ("sign:block=12", "multiple of 8"),
+    ("sign:block=-8", "outside"),
+    ("sign:4", "takes only block"),
     ("int8:block=4:block=8", "given twice"),
 ])
 def test_bad_specs_raise_config_error_naming_the_spec(spec, match):
