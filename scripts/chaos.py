@@ -21,7 +21,9 @@ samples_lost    acknowledged replay items (acked.bin) held by no peer at the end
                 the buffers are sized so that nothing is evicted
 return_ratio_vs_clean  mean final return (last 10 episodes, over peers) / the fault-free run's
 nan_params      peers whose final parameters hold NaN or Inf (target 0)
-rss_growth      largest relative RSS growth of a process alive from minute 1 to the end (target <= 0.05)
+rss_growth      largest relative RSS growth of any process from its minute 1 to its end (target <= 0.05);
+                ``rss_by_process`` has each one, ``run/rss.csv`` every reading (see RssLog for how a
+                restarted process is counted)
 
 The last line is one JSON object.
 """
@@ -72,6 +74,17 @@ def steps_by_peer(st: dict | None) -> dict[str, int]:
     return out
 
 
+def start_time(pid: int) -> float | None:
+    """When ``pid`` started, in seconds of the monotonic clock (its /proc start time)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        uptime = float(open("/proc/uptime").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.monotonic() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def rss_kb(pid: int) -> int | None:
     try:
         for line in open(f"/proc/{pid}/status"):
@@ -80,6 +93,60 @@ def rss_kb(pid: int) -> int | None:
     except OSError:
         return None
     return None
+
+
+class RssLog:
+    """RSS of every child process, by pid, through the run (also written to ``run/rss.csv``).
+
+    A process's growth is ``(last - first) / first`` where *first* is its reading
+    once it has run ``window`` seconds (minute 1, or a third of a short run) and
+    *last* its last reading while it still ran. The processes started with the
+    run take their first reading ``window`` s after the run started. A restarted
+    peer or coordinator is a new process (a new pid): its own clock starts at its
+    start, so its first reading comes ``window`` s after that, and it counts once
+    it has run past that point; one that ended before has no growth figure and is
+    listed as too short.
+    """
+
+    def __init__(self, run: Path, t0: float, window: float) -> None:
+        self.t0, self.window = t0, window
+        self.names: dict[int, str] = {}
+        self.born: dict[int, float] = {}
+        self.first: dict[int, tuple[float, int]] = {}   # pid -> (when, kB) at its minute 1
+        self.last: dict[int, tuple[float, int]] = {}
+        self.peak: dict[int, int] = {}
+        self._csv = open(run / "rss.csv", "w")
+        self._csv.write("t_s,name,pid,rss_kb\n")
+
+    def sample(self, kids: dict[str, int]) -> None:
+        now = time.monotonic()
+        for name, pid in kids.items():
+            r = rss_kb(pid)
+            if not r:
+                continue
+            if pid not in self.born:
+                self.names[pid] = name
+                self.born[pid] = max(self.t0, start_time(pid) or now)
+            if pid not in self.first and now - self.born[pid] >= self.window:
+                self.first[pid] = (now, r)
+            self.last[pid] = (now, r)
+            self.peak[pid] = max(self.peak.get(pid, 0), r)
+            self._csv.write(f"{now - self.t0:.1f},{name},{pid},{r}\n")
+        self._csv.flush()
+
+    def growth(self) -> dict[str, dict]:
+        """Per process (``name:pid``): first and last kB, growth, seconds between them."""
+        out = {}
+        for pid, name in self.names.items():
+            key = f"{name}:{pid}"
+            if pid not in self.first or self.last[pid][0] <= self.first[pid][0]:
+                out[key] = {"too_short": True, "lived_s": round(self.last[pid][0] - self.born[pid], 1)}
+                continue
+            (t1, r1), (t2, r2) = self.first[pid], self.last[pid]
+            out[key] = {"first_kb": r1, "last_kb": r2, "peak_kb": self.peak[pid],
+                        "growth": round((r2 - r1) / r1, 4), "from_s": round(t1 - self.t0, 1),
+                        "to_s": round(t2 - self.t0, 1)}
+        return out
 
 
 def start_run(root: Path, overrides: list[str]) -> tuple[subprocess.Popen, Path]:
@@ -138,8 +205,7 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
     faults: dict[str, int] = {"kill": 0, "freeze": 0, "coordinator": 0}
     checks: list[tuple[float, str, dict[str, int]]] = []   # (when, victim, others' steps at the fault)
     kills: list[tuple[str, int, float]] = []                # (peer, steps done at the kill, when)
-    rss0: dict[int, int] = {}
-    rss1: dict[int, int] = {}
+    rss = RssLog(run, t0, window=min(60.0, args.duration / 3))
     next_fault = t0 + args.warmup
     end_faults = t0 + args.duration - 25
     last_steps: dict[str, int] = {}
@@ -149,15 +215,12 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
         now = time.monotonic()
         st = status(addr)
         last_steps.update(steps_by_peer(st))
-        if not rss0 and now - t0 >= min(60.0, args.duration / 3):
-            rss0 = {pid: r for pid in children(run).values() if (r := rss_kb(pid))}
+        rss.sample(children(run))
         for chk in [k for k in pending_checks if now - k[0] >= 15.0]:
             pending_checks.remove(chk)
             _, victim, others = chk
             if any(last_steps.get(k, 0) > v for k, v in others.items()):
                 survived += 1
-        if rss0:   # each process's last reading while it still runs (exited ones keep theirs)
-            rss1.update({pid: r for pid in children(run).values() if (r := rss_kb(pid))})
         if now >= next_fault and now < end_faults:
             kind = rng.choice(["kill", "kill", "freeze", "coordinator"])
             kids = children(run)
@@ -185,7 +248,7 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
         if now - t0 > args.duration + 120:
             p.send_signal(signal.SIGINT)
             p.wait(60)
-    return {"run": run, "faults": faults, "checks": checks, "kills": kills, "rss0": rss0, "rss1": rss1,
+    return {"run": run, "faults": faults, "checks": checks, "kills": kills, "rss": rss,
             "last_steps": last_steps, "addr": addr, "survived": survived}
 
 
@@ -244,7 +307,8 @@ def main() -> None:
     c = chaos(args, root)
     run = c["run"]
     lost, acked = samples_lost(run)
-    growth = [(c["rss1"][pid] - r0) / r0 for pid, r0 in c["rss0"].items() if pid in c["rss1"]]
+    by_process = c["rss"].growth()
+    growth = [g["growth"] for g in by_process.values() if "growth" in g]
     ret = final_returns(run)
     restarts = json.loads((run / "restarts.json").read_text()) if (run / "restarts.json").exists() else {}
     clean_ret: list[float] = []
@@ -263,9 +327,16 @@ def main() -> None:
         "return": mean, "return_clean": clean,
         "return_ratio_vs_clean": mean / clean if clean and math.isfinite(clean) else None,
         "nan_params": nan_params(run),
-        "rss_growth": max(growth) if growth else None,
+        "rss_growth": max(growth) if growth else None, "rss_by_process": by_process,
         "duration_s": args.duration, "peers": args.peers, "run": str(run),
     }
+    print(f"{'process':<22}{'minute 1 MB':>12}{'end MB':>9}{'peak MB':>9}{'growth':>8}")
+    for k, g in by_process.items():
+        if "growth" in g:
+            print(f"{k:<22}{g['first_kb'] / 1024:12.1f}{g['last_kb'] / 1024:9.1f}{g['peak_kb'] / 1024:9.1f}"
+                  f"{g['growth']:8.1%}")
+        else:
+            print(f"{k:<22}  (ran {g['lived_s']} s: too short for a minute-1 reading)")
     print(f"faults {report['faults']} {c['faults']}, survived {report['survived']}, restarts {restarts}")
     print(f"steps lost {report['steps_lost']} of {report['steps_total']}; acknowledged samples lost "
           f"{lost} of {acked}; return {mean:.1f} vs clean {clean:.1f}; NaN params {report['nan_params']}; "

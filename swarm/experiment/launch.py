@@ -21,7 +21,10 @@ Run folder::
 With ``restart_dead = true`` in the spec, a peer that crashes is started again
 (once per crash) as soon as the coordinator has declared it dead: with
 ``--replace peer{r}`` it takes its old rank, resumes from its newest checkpoint
-in this run folder and bootstraps its parameters from its neighbours. A
+in this run folder and bootstraps its parameters from its neighbours; its
+``budget.max_seconds`` is what is left of the run's (the launcher passes the
+run's deadline in ``SWARM_RUN_DEADLINE``), and no peer is restarted once the
+run's time is up. A
 coordinator that dies is started again on the same address; the peers
 re-register with it.
 """
@@ -95,14 +98,16 @@ class Launch:
     run_dir: Path
     children: list[_Child] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)
+    #: time.time() at which budget.max_seconds runs out for the run (None: no limit)
+    deadline: float | None = None
     _logs: list[TextIO] = field(default_factory=list)
 
-    def start(self, name: str, args: list[str]) -> _Child:
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> _Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         f = open(log_path, "w")
         self._logs.append(f)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", SWARM_PARENT_PID=str(os.getpid()))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", SWARM_PARENT_PID=str(os.getpid()), **(env or {}))
         # A session of their own: Ctrl-C in the terminal reaches only `swarm run`,
         # which then ends each child in order (peers first, so they can leave cleanly).
         p = subprocess.Popen([sys.executable, "-m", "swarm.cli", *args], stdout=f, stderr=subprocess.STDOUT,
@@ -270,6 +275,8 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
             coord = launch.start("coordinator", ["coordinator", "--bind", addr])
             _wait_coordinator(launch, coord, addr)
             again = ["--resume-from", str(prev)] if prev is not None else []
+            if spec.budget.max_seconds:
+                launch.deadline = time.time() + spec.budget.max_seconds
             peers = [launch.start(f"peer{r}", _peer_args(config, r, addr, run_dir) + again)
                      for r in range(spec.peers)]
             code = _supervise(launch, spec, coord, peers, addr, progress, intr, out)
@@ -316,8 +323,12 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
         print(f"swarm run: coordinator exited with {coord.proc.returncode}; starting it again on {addr}",
               file=out, flush=True)
         coord = launch.start("coordinator", ["coordinator", "--bind", addr])
+    # No restart once the run's time is up: the other peers are ending too.
+    late = launch.deadline is not None and time.time() >= launch.deadline
+    if late:
+        pending.clear()
     for r, c in enumerate(peers):
-        if (r not in pending and c.proc.poll() not in (None, 0) and not c.ended_by_us
+        if (r not in pending and c.proc.poll() not in (None, 0) and not c.ended_by_us and not late
                 and launch.restarts.get(f"peer{r}", 0) < MAX_RESTARTS):
             print(f"swarm run: peer{r} exited with {c.proc.returncode}; restarting it once the coordinator "
                   "has declared it dead", file=out, flush=True)
@@ -341,7 +352,9 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
         if latest(peer_dir(launch.run_dir, r) / "ckpt") is not None:
             extra += ["--resume-from", str(launch.run_dir)]   # else it died before its first checkpoint
         config = launch.run_dir / "config.json"
-        peers[r] = launch.start(name, _peer_args(config, r, addr, launch.run_dir) + extra)
+        # budget.max_seconds limits the whole run: the new process gets what is left of it.
+        env = {"SWARM_RUN_DEADLINE": repr(launch.deadline)} if launch.deadline is not None else None
+        peers[r] = launch.start(name, _peer_args(config, r, addr, launch.run_dir) + extra, env=env)
     return coord
 
 

@@ -418,7 +418,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                 return True
             if step % 200 == 0:
                 logs.flush()
-                if spec.budget.max_seconds and time.monotonic() - t0 > spec.budget.max_seconds:
+                if spec.budget.max_seconds and (time.monotonic() - t0 > spec.budget.max_seconds
+                                                or time.time() > run_deadline):
                     reason[0] = "time limit"
                     return True
                 if parent_pid is not None and os.getppid() != parent_pid:
@@ -426,6 +427,13 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                     return True
             return False
 
+        # A peer that `swarm run` restarted gets the run's deadline (epoch seconds):
+        # budget.max_seconds limits the whole run, not each process.
+        try:
+            run_deadline = float(os.environ.get("SWARM_RUN_DEADLINE") or "inf")
+        except ValueError:
+            raise ConfigError(f"SWARM_RUN_DEADLINE = {os.environ['SWARM_RUN_DEADLINE']!r}: expected "
+                              "seconds since the epoch (set by `swarm run` for a restarted peer)") from None
         log.info("peer%d training: %d env steps, gossip every %d", rank, spec.budget.env_steps, g.interval)
         # CPU time counts from here: joining, imports and TensorBoard set-up are not training.
         summary["setup_cpu_s"] = time.process_time() - cpu0

@@ -181,3 +181,29 @@ def test_child_crash_is_reported(tmp_path):
     assert "last lines of" in out
     for name, pid in pids.items():
         assert not alive(pid), f"{name} (pid {pid}) outlived the crash"
+
+
+class _Exited:
+    """A stand-in for a Popen whose process was killed."""
+
+    pid = 0
+    returncode = -9
+
+    def poll(self):
+        return -9
+
+
+def test_no_peer_restart_once_the_runs_time_is_up(tmp_path):
+    """budget.max_seconds limits the whole run: past it a crashed peer stays down."""
+    import io
+
+    from swarm.experiment.launch import Launch, _Child, _restart_crashed
+
+    spec = load_spec(None, ["peers=2", "restart_dead=true", "budget.max_seconds=5"])
+    launch = Launch(tmp_path, deadline=time.time() - 1.0)
+    coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)
+    peers = [_Child(f"peer{r}", _Exited(), tmp_path / f"p{r}.log") for r in range(2)]
+    pending = {1: time.monotonic()}          # one crash already waiting for its restart
+    out = io.StringIO()
+    assert _restart_crashed(launch, spec, coord, peers, "tcp://127.0.0.1:9", pending, out) is coord
+    assert pending == {} and launch.restarts == {} and launch.children == []
