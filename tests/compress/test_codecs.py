@@ -13,7 +13,7 @@ from hypothesis.extra.numpy import arrays
 
 from swarm import wire
 from swarm.compress import CODECS, Encoded, ErrorFeedback, get_codec
-from swarm.compress.sparse import TopK, strata_indices
+from swarm.compress.sparse import TopK, pack_gaps, strata_indices, unpack_gaps
 from swarm.errors import GossipError
 
 FAST = settings(max_examples=25, deadline=None)
@@ -67,6 +67,15 @@ def test_every_family_is_in_the_registry():
     assert set(CODECS) == {"identity", "fp16", "int8", "qsgd", "topk", "randomk", "sign"}
 
 
+def _index_bytes(ratio, n):
+    # gap codes of the k largest of standard_normal(n) with seed n, as the test draws them
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    k = max(1, round(ratio * n))
+    idx = np.sort(np.argsort(-np.abs(x), kind="stable")[:k])
+    gaps = np.diff(idx, prepend=-1) - 1
+    return int((gaps // 255 + 1).sum())
+
+
 @pytest.mark.parametrize("spec,expect", [
     ("identity", lambda n: 4 * n),
     ("fp16", lambda n: 2 * n),
@@ -74,7 +83,7 @@ def test_every_family_is_in_the_registry():
     ("int8:block=64", lambda n: n + 4 * math.ceil(n / 64)),
     ("qsgd:16", lambda n: n + 4 * math.ceil(n / 512)),
     ("qsgd:1000", lambda n: 2 * n + 4 * math.ceil(n / 512)),
-    ("topk:0.01", lambda n: 8 * max(1, round(0.01 * n))),
+    ("topk:0.01", lambda n: 4 * max(1, round(0.01 * n)) + _index_bytes(0.01, n)),
     ("randomk:0.01", lambda n: 4 * max(1, round(0.01 * n))),
     ("sign", lambda n: math.ceil(n / 8) + 4 * math.ceil(n / 256)),
     ("sign:block=64", lambda n: math.ceil(n / 8) + 4 * math.ceil(n / 64)),
@@ -203,8 +212,9 @@ def test_topk_keeps_exactly_the_k_largest_magnitudes(ratio, x):
     c = get_codec(f"topk:{ratio}")
     enc = c.encode(x)
     k = max(1, round(ratio * x.size))
-    idx, vals = enc.frames
-    assert enc.meta["k"] == k == idx.size
+    codes, vals = enc.frames
+    idx = unpack_gaps(codes, k, x.size)
+    assert enc.meta["k"] == k == idx.size and enc.meta["ib"] == codes.size
     assert np.all(np.diff(idx.astype(np.int64)) > 0)
     assert np.array_equal(vals, x[idx])
     assert np.array_equal(np.sort(np.abs(vals)), np.sort(np.abs(x))[x.size - k:])
@@ -235,8 +245,25 @@ def test_topk_nan_is_not_selected_and_inf_is():
     x = np.arange(1, 301, dtype=np.float32)
     x[5], x[6] = np.nan, -np.inf
     enc = get_codec("topk:0.01").encode(x)
-    idx = enc.frames[0]
+    idx = unpack_gaps(enc.frames[0], enc.meta["k"], x.size)
     assert 6 in idx and 5 not in idx and idx.size == 3
+
+
+@FAST
+@given(n=st.integers(1, 5000), data=st.data())
+def test_gap_codes_round_trip(n, data):
+    idx = np.array(sorted(data.draw(st.sets(st.integers(0, n - 1), max_size=min(n, 300)))), np.int64)
+    codes = pack_gaps(idx)
+    gaps = np.diff(idx, prepend=-1) - 1
+    assert codes.dtype == np.uint8 and codes.size == int((gaps // 255 + 1).sum())
+    assert np.array_equal(unpack_gaps(codes, idx.size, n), idx)
+
+
+def test_gap_codes_examples():
+    assert pack_gaps(np.array([0, 3, 300])).tolist() == [0, 2, 255, 41]
+    assert pack_gaps(np.array([254, 255, 510])).tolist() == [254, 0, 254]
+    assert pack_gaps(np.array([255])).tolist() == [255, 0]
+    assert unpack_gaps(np.array([255, 0], np.uint8), 1, 256).tolist() == [255]
 
 
 # ---- random-k -------------------------------------------------------------------------------

@@ -94,19 +94,28 @@ def test_k_must_fit_n_and_frames(spec):
 
 def test_topk_indices_are_checked():
     codec, enc = good("topk:0.1")
-    idx, vals = enc.frames
-    for bad, why in [
-        (np.where(np.arange(idx.size) == idx.size - 1, 1000, idx).astype(np.uint32), "outside"),
-        (np.where(np.arange(idx.size) == idx.size - 1, 2**32 - 1, idx).astype(np.uint32), "outside"),
-        (idx[::-1].copy(), "outside|increasing"),
-        (np.concatenate([idx[:1], idx[:-1]]), "increasing"),  # a duplicate
-        (np.concatenate([idx[1:2], idx[:1], idx[2:]]), "increasing"),
+    codes, vals = enc.frames
+    k, ib = enc.meta["k"], enc.meta["ib"]
+    last_big = codes.copy()
+    last_big[-1] = 254  # pushes the last index past n = 1000 unless it is tiny
+    last_big[0] = 254
+    for bad, meta, why in [
+        (np.full(ib, 255, np.uint8), {}, "last byte 255"),
+        (np.concatenate([codes[:-1], [255]]).astype(np.uint8), {}, "last byte 255"),
+        (np.concatenate([[7], codes[1:]]).astype(np.uint8), {}, None),  # still k indices: fine
+        (np.concatenate([codes, [0]]).astype(np.uint8), {"ib": ib + 1}, "expected k"),
+        (np.concatenate([[255], codes[1:]]).astype(np.uint8), {}, "expected k"),
+        (np.full(ib, 254, np.uint8), {}, "outside"),
     ]:
-        rejects(codec, Encoded(enc.meta, [readonly(bad), vals]), why)
-    neg = idx.astype(np.int64)
-    neg[0] = -1
-    rejects(codec, Encoded(enc.meta, [neg, vals]), "outside")
-    rejects(codec, Encoded(enc.meta, [idx.astype(np.int32), vals]), "dtype")
+        e = Encoded(dict(enc.meta, **meta), [readonly(bad), vals])
+        if why is None:
+            assert codec.decode(e, n=1000).size == 1000
+        else:
+            rejects(codec, e, why)
+    for ib_bad in [k - 1, k + 999 // 255 + 1, -1, None, 1.0]:
+        rejects(codec, Encoded(dict(enc.meta, ib=ib_bad), enc.frames), "ib")
+    rejects(codec, Encoded(enc.meta, [codes.astype(np.int8), vals]), "dtype")
+    rejects(codec, Encoded(enc.meta, [codes.astype(np.uint32), vals]), "dtype")
 
 
 def test_quantizer_payload_values_are_checked():
