@@ -20,10 +20,17 @@ steps_lost      env steps a killed peer had done minus the steps its checkpoint 
 samples_lost    acknowledged replay items (acked.bin) held by no peer at the end (target 0);
                 the buffers are sized so that nothing is evicted
 return_ratio_vs_clean  mean final return (last 10 episodes, over peers) / the fault-free run's
+                (both runs have the same wall-clock budget: compare steps_total_summary with
+                steps_total_clean, since a restart costs its setup time and CartPole's return
+                grows with the steps trained)
 nan_params      peers whose final parameters hold NaN or Inf (target 0)
-rss_growth      largest relative RSS growth of any process from its minute 1 to its end (target <= 0.05);
-                ``rss_by_process`` has each one, ``run/rss.csv`` every reading (see RssLog for how a
-                restarted process is counted)
+rss_growth      largest relative RSS growth of any process, coordinator and peers, each by its pid,
+                from its minute 1 to its end (target <= 0.05): (last - first) / first, where first
+                is its reading once it has run min(60 s, duration / 3) and last its last reading
+                while it ran. A restarted peer or coordinator is a new process: its minute 1 counts
+                from its own start, and one that ran too short for that reading has no figure
+                (listed as too short). ``rss_by_process`` holds every process's figures and
+                ``RUN/rss.csv`` every reading (about two a second).
 
 The last line is one JSON object.
 """
@@ -187,6 +194,15 @@ def coordinator_addr(run: Path) -> str:
     raise SystemExit("cannot find the coordinator's address in its log")
 
 
+def total_steps(run: Path) -> int | None:
+    """Env steps of all peers at the end, from the run's summary.json."""
+    try:
+        rows = json.loads((run / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return sum(int(r.get("env_steps") or 0) for r in rows)
+
+
 def final_returns(run: Path) -> list[float]:
     try:
         rows = json.loads((run / "summary.json").read_text())
@@ -312,17 +328,20 @@ def main() -> None:
     ret = final_returns(run)
     restarts = json.loads((run / "restarts.json").read_text()) if (run / "restarts.json").exists() else {}
     clean_ret: list[float] = []
+    clean_steps = None
     if not args.no_clean:
         cp, clean_run = start_run(root, spec_overrides(args.peers, args.seed, args.duration))
         cp.wait()
         clean_ret = final_returns(clean_run)
+        clean_steps = total_steps(clean_run)
     mean = float(np.mean(ret)) if ret else float("nan")
     clean = float(np.mean(clean_ret)) if clean_ret else float("nan")
     report = {
         "faults": sum(c["faults"].values()), "faults_by_kind": c["faults"],
         "survived": c["survived"], "restarts": restarts,
         "steps_lost": steps_lost(run, c["kills"]),
-        "steps_total": sum(c["last_steps"].values()),
+        "steps_total": sum(c["last_steps"].values()), "steps_total_summary": total_steps(run),
+        "steps_total_clean": clean_steps,
         "samples_lost": lost, "samples_acked": acked,
         "return": mean, "return_clean": clean,
         "return_ratio_vs_clean": mean / clean if clean and math.isfinite(clean) else None,

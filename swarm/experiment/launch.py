@@ -12,7 +12,7 @@ Run folder::
 
     config.json         the resolved spec (loads back with load_spec)
     pids.json           the processes this run started
-    logs/               coordinator.log, peer{r}.log
+    logs/               coordinator.log, peer{r}.log (a restarted process appends to its predecessor's)
     peer{r}/            metrics.csv, rounds.csv, evals.csv, tb/, ckpt/, checkpoint.pt, summary.json
     plots/              returns.png, bytes_per_round.png, consensus.png
     summary.json        the summary table as JSON (each row with ``restarts``)
@@ -105,7 +105,8 @@ class Launch:
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> _Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(log_path, "w")
+        # A restarted child appends: the log of the process it replaces says why that one died.
+        f = open(log_path, "a" if any(c.name == name for c in self.children) else "w")
         self._logs.append(f)
         env = dict(os.environ, PYTHONUNBUFFERED="1", SWARM_PARENT_PID=str(os.getpid()), **(env or {}))
         # A session of their own: Ctrl-C in the terminal reaches only `swarm run`,
