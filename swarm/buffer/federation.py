@@ -5,6 +5,8 @@ Protocol (all messages carry items in the same layout)::
     buf.push   {rid, ack, fields, peers} + arrays   items offered to a neighbour
     buf.ack    {rid, n}                             the pushed items are held (replication only)
     buf.pull   {rid, n}                             ask a neighbour for up to n items
+    buf.resync {}                                   "I (re)started: what you replicated to me
+                                                    recently may be gone" (replication only)
     buf.items  {rid, fields, peers} + arrays        the answer to a pull (possibly empty)
 
 Arrays: one per schema field in schema order, then ``origins`` (int32, into
@@ -21,6 +23,17 @@ to every neighbour, within a token-bucket rate. Replication: with
 (:meth:`Federation.take_acknowledged` hands out newly safe ids). A push
 not acknowledged within ``ack_timeout`` (or whose target left the view) is
 sent again on the next flush, to whichever neighbours are first then.
+
+An acknowledged copy lives in the holder's memory (and its checkpoints): a
+holder that crashes and restarts from a checkpoint has lost the replicas it
+acknowledged since. So an origin remembers, per holder, the seqs that holder
+acknowledged in the last ``rereplicate_s`` seconds, and replicates them again
+when the holder stops being one of its first k neighbours (it died or the
+view changed) or says ``buf.resync`` (a Federation sends it to its neighbours
+on its first flush, i.e. after every (re)start). Receivers drop the copies
+they still hold, by id. The origin's own buffer holds the items meanwhile, so
+only the origin and the holder both failing within the holder's checkpoint lag
+and before the next flush loses an acknowledged item.
 """
 
 from __future__ import annotations
@@ -43,12 +56,13 @@ from ..wire import Message, register_type
 from .limiter import TokenBucket
 from .replay import Items, ReplayBuffer
 
-__all__ = ["Federation", "FederationStats", "PUSH", "PULL", "ITEMS", "ACK"]
+__all__ = ["Federation", "FederationStats", "PUSH", "PULL", "ITEMS", "ACK", "RESYNC"]
 
 PUSH = register_type("buf.push")
 PULL = register_type("buf.pull")
 ITEMS = register_type("buf.items")
 ACK = register_type("buf.ack")
+RESYNC = register_type("buf.resync")
 
 log = logging.getLogger(__name__)
 _META = 4  # origins, seqs, times, priorities after the field arrays
@@ -66,6 +80,7 @@ class FederationStats:
     served: int = 0          # items sent in answer to pulls
     acked: int = 0           # local items acknowledged by `replicas` neighbours
     resent: int = 0          # replication pushes sent again after a timeout or view change
+    rereplicated: int = 0    # acknowledged items replicated again: their holder left or restarted
     dropped_messages: int = 0
     send_failures: int = 0
     errors: list[str] = field(default_factory=list)
@@ -85,6 +100,8 @@ class Federation:
         rate, burst: items per second (and burst) this peer sends for sharing and
             pulls combined; ``None`` means unbounded. Replication is not throttled.
         ack_timeout: seconds before an unacknowledged replication push is resent.
+        rereplicate_s: how long an acknowledged item is replicated again if its
+            holder leaves or restarts (cover the holders' checkpoint interval).
         send_timeout: how long one send may wait on a full queue.
         max_items: the most items in one message (larger batches are split).
 
@@ -95,7 +112,8 @@ class Federation:
     def __init__(self, buffer: ReplayBuffer, link: Link, *, share: float = 0.1,
                  share_by: str = "newest", replicas: int = 0, priority_clip: float | None = None,
                  rate: float | None = None, burst: float | None = None, ack_timeout: float = 2.0,
-                 send_timeout: float = 1.0, max_items: int = 4096, seed: int | None = None) -> None:
+                 send_timeout: float = 1.0, max_items: int = 4096, seed: int | None = None,
+                 rereplicate_s: float = 300.0) -> None:
         if not 0.0 <= share <= 1.0:
             raise ReplayError(f"share must be in [0, 1], got {share!r}")
         if share_by not in ("newest", "priority"):
@@ -106,6 +124,8 @@ class Federation:
             raise ReplayError(f"priority_clip must be > 0 or None, got {priority_clip!r}")
         if not (ack_timeout > 0 and send_timeout > 0):
             raise ReplayError("ack_timeout and send_timeout must be > 0 seconds")
+        if not (isinstance(rereplicate_s, (int, float)) and rereplicate_s >= 0):
+            raise ReplayError(f"rereplicate_s must be a number of seconds >= 0, got {rereplicate_s!r}")
         if not isinstance(max_items, int) or max_items < 1:
             raise ReplayError(f"max_items must be an int >= 1, got {max_items!r}")
         self.buffer, self.link = buffer, link
@@ -113,6 +133,7 @@ class Federation:
         self.priority_clip = priority_clip
         self.bucket = TokenBucket(rate, burst)
         self.ack_timeout, self.send_timeout, self.max_items = ack_timeout, send_timeout, max_items
+        self.rereplicate_s = float(rereplicate_s)
         self.stats = FederationStats()
         self._names = buffer.schema.names
         self._rng = np.random.default_rng(seed)
@@ -127,12 +148,17 @@ class Federation:
         self._ackers: dict[int, set[str]] = {}     # local seq -> neighbours holding it
         self._safe: set[int] = set()               # local seqs acked by `replicas` neighbours
         self._newly_safe: deque[int] = deque(maxlen=buffer.capacity)   # for take_acknowledged()
+        # holder -> (when, seqs) it acknowledged within rereplicate_s: replicated again if it goes
+        self._recent: dict[str, deque[tuple[float, np.ndarray]]] = {}
+        self._again: set[int] = set()              # seqs being replicated again (reported once already)
+        self._resync_sent = False
         self._pulls: dict[int, asyncio.Future] = {}
         buffer.on_add(self._on_add)
         link.on(PUSH, self._on_push)
         link.on(PULL, self._on_pull)
         link.on(ITEMS, self._on_items)
         link.on(ACK, self._on_ack)
+        link.on(RESYNC, self._on_resync)
 
     # ------------------------------------------------------------------ API
     def take_acknowledged(self) -> list[tuple[str, int]]:
@@ -215,6 +241,18 @@ class Federation:
 
     async def _replicate(self, nbrs: list[str]) -> int:
         now = time.monotonic()
+        if not self._resync_sent and nbrs:
+            self._resync_sent = True
+            for dst in nbrs:
+                await self.link.send(dst, RESYNC, {}, timeout=self.send_timeout)
+        targets = nbrs[:self.replicas]
+        for holder, dq in list(self._recent.items()):
+            while dq and dq[0][0] < now - self.rereplicate_s:
+                dq.popleft()
+            if holder not in targets:
+                self._again_from(holder)   # it left the first k: its copies may have gone with it
+            elif not dq:
+                del self._recent[holder]
         # Pushes past their deadline, or to a peer gone from the neighbourhood, go again.
         for rid, (dst, seqs, deadline) in list(self._inflight.items()):
             if now > deadline or dst not in nbrs:
@@ -225,7 +263,6 @@ class Federation:
             return 0
         seqs = np.unique(np.concatenate(self._to_replicate))
         self._to_replicate = []
-        targets = nbrs[:self.replicas]
         sent = 0
         idx = self._local_indices(seqs)
         items = self.buffer.items(idx)         # items overwritten locally before replication are gone
@@ -250,7 +287,10 @@ class Federation:
         if floor is None:
             self._safe.clear()
             self._ackers.clear()
+            self._again.clear()
             return
+        if self._again and min(self._again) < floor:
+            self._again = {s for s in self._again if s >= floor}
         if self._safe and min(self._safe) < floor:
             self._safe = {s for s in self._safe if s >= floor}
         if self._ackers and min(self._ackers) < floor:
@@ -320,14 +360,36 @@ class Federation:
         entry = self._inflight.pop(msg.body.get("rid"), None)
         if entry is None or entry[0] != msg.src:
             return
+        if self.rereplicate_s > 0:
+            self._recent.setdefault(msg.src, deque()).append((time.monotonic(), entry[1]))
         for s in entry[1].tolist():
             holders = self._ackers.setdefault(s, set())
             holders.add(msg.src)
             if len(holders) >= self.replicas and s not in self._safe:
                 self._safe.add(s)
-                self._newly_safe.append(s)
+                if s in self._again:
+                    self._again.discard(s)       # handed out by take_acknowledged() before
+                else:
+                    self._newly_safe.append(s)
+                    self.stats.acked += 1
                 del self._ackers[s]
-                self.stats.acked += 1
+
+    async def _on_resync(self, msg: Message) -> None:
+        self._again_from(msg.src)
+
+    def _again_from(self, holder: str) -> None:
+        """Replicate again what ``holder`` acknowledged recently (on the next flush)."""
+        dq = self._recent.pop(holder, None)
+        if not dq:
+            return
+        seqs = np.unique(np.concatenate([a for _, a in dq]))
+        self._safe.difference_update(seqs.tolist())
+        for s in seqs.tolist():
+            if s in self._ackers:
+                self._ackers[s].discard(holder)
+        self._again.update(seqs.tolist())
+        self._to_replicate.append(seqs)
+        self.stats.rereplicated += int(seqs.size)
 
     async def _on_pull(self, msg: Message) -> None:
         n = msg.body.get("n")

@@ -195,3 +195,70 @@ def test_kill_a_peer_with_replication_k1_every_acknowledged_item_survives():
         assert not lost, lost[:5]
         assert fa.stats.resent > 0                          # the kill of b was noticed
     run(main())
+
+
+def test_acked_items_survive_their_holder_restarting_and_then_the_origin_dying():
+    """b acks a's items, b restarts empty (as from an old checkpoint), then a dies: b has them again."""
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b", "c"], share=0.0, replicas=1, ack_timeout=0.05)
+        b, fb = peer(hub, "b", ["a", "c"], cap=10_000, share=0.0, replicas=1)
+        acked = []
+        for step in range(5):
+            a.add(items(10, 100 * step))
+            await fa.flush()
+            await hub.settle()
+            acked += fa.take_acknowledged()
+        assert len(acked) == 50 and len(b.ids()) == 50
+        b2, fb2 = peer(hub, "b", ["a", "c"], cap=10_000, share=0.0, replicas=1)   # b restarted: empty
+        await fb2.flush()              # its first flush says buf.resync to its neighbours
+        await hub.settle()
+        await fa.flush()               # a replicates what b had acknowledged again
+        await hub.settle()
+        acked += fa.take_acknowledged()
+        hub.kill("a")
+        await hub.close()
+        assert len(acked) == len(set(acked)) == 50             # re-acks are not handed out twice
+        assert set(acked) <= set(b2.ids())
+        assert fa.stats.rereplicated == 50
+    run(main())
+
+
+def test_acked_items_go_to_a_new_holder_when_the_old_one_leaves():
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b", "c"], share=0.0, replicas=1, ack_timeout=0.05)
+        b, _ = peer(hub, "b", ["a", "c"], cap=10_000)
+        c, _ = peer(hub, "c", ["a", "b"], cap=10_000)
+        a.add(items(30))
+        await fa.flush()
+        await hub.settle()
+        acked = fa.take_acknowledged()
+        assert len(acked) == 30 and not c.ids()
+        hub.kill("b")                  # the holder dies: c is a's first neighbour now
+        await fa.flush()
+        await hub.settle()
+        hub.kill("a")
+        await hub.close()
+        assert set(acked) <= set(c.ids())
+    run(main())
+
+
+def test_rereplication_forgets_acks_older_than_its_window():
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b", "c"], share=0.0, replicas=1, rereplicate_s=0.05)
+        b, _ = peer(hub, "b", ["a", "c"], cap=10_000)
+        c, _ = peer(hub, "c", ["a", "b"], cap=10_000)
+        a.add(items(30))
+        await fa.flush()
+        await hub.settle()
+        await asyncio.sleep(0.1)
+        await fa.flush()               # the acks are older than the window now: forgotten
+        assert fa._recent == {}
+        hub.kill("b")
+        await fa.flush()
+        await hub.settle()
+        await hub.close()
+        assert fa.stats.rereplicated == 0 and not c.ids()
+    run(main())
