@@ -129,7 +129,8 @@ class StatusServer:
         members = self.coordinator.table.members
         for m in members.values():
             if m.state != DEAD and m.stats:
-                self.rates.observe(m.id, m.incarnation, m.last_heartbeat, m.stats)
+                # stamped with when the figures arrived, not the last (bare) heartbeat
+                self.rates.observe(m.id, m.incarnation, m.stats_at, m.stats)
         self.rates.forget_except(members.keys())
 
     async def close(self) -> None:

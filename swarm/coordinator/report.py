@@ -60,7 +60,6 @@ class PeerRates:
 
     def observe(self, peer_id: str, incarnation: int, t: float, stats: dict[str, Any]) -> None:
         """Record the counters of one heartbeat received at time ``t`` (seconds)."""
-        vals = tuple(num(stats.get(k)) for k in RATE_KEYS)
         entry = self._hist.get(peer_id)
         if entry is None or entry[0] != incarnation:
             entry = (incarnation, deque())
@@ -69,7 +68,9 @@ class PeerRates:
         if dq:
             t_last, last = dq[-1]
             if t <= t_last:
-                return
+                return   # seen already (sampled again before new figures came)
+        vals = tuple(num(stats.get(k)) for k in RATE_KEYS)
+        if dq:
             # a counter that went backwards: the peer restarted its counting
             if any(a is not None and b is not None and b < a for a, b in zip(last, vals)):
                 dq.clear()

@@ -36,6 +36,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import msgpack
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
@@ -50,6 +51,8 @@ from .http import StatusServer
 from .table import ALIVE, DEAD, SUSPECT, MemberTable
 
 log = logging.getLogger("swarm.coordinator")
+
+_NOBLOCK = int(zmq.NOBLOCK)
 
 __all__ = ["Coordinator"]
 
@@ -86,10 +89,17 @@ class Coordinator:
         self.config = cfg
         self.name = name
         self.limits = limits or Limits(max_header_bytes=1024 * 1024, max_message_bytes=4 * 1024 * 1024)
+        lim = self.limits
+        # the heartbeat fast path unpacks under the same limits as wire.decode
+        self._max_header = min(lim.max_header_bytes, lim.max_message_bytes)
+        self._unpack_limits = dict(raw=False, strict_map_key=True, use_list=True, max_str_len=lim.max_str_len,
+                                   max_bin_len=lim.max_bin_len, max_array_len=lim.max_array_len,
+                                   max_map_len=lim.max_map_len, max_ext_len=0)
         self.table = MemberTable()
         self.address = ""
         self.started = 0.0
         self.malformed = 0
+        self.heartbeats = 0        # heartbeats received from members (for the achieved rate)
         self._own_ctx = context is None
         self._ctx = context or zmq.asyncio.Context(io_threads=1)
         self._router: zmq.asyncio.Socket | None = None
@@ -255,27 +265,106 @@ class Coordinator:
     # ------------------------------------------------------------- receiving
 
     async def _recv_loop(self) -> None:
-        poller = zmq.asyncio.Poller()
-        poller.register(self._router, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        mon_plain = tp.shadow(self._monitor)
+        """Wake on readiness, then drain both sockets with non-blocking receives.
+
+        The wait is a one-shot reader on the sockets' ZMQ_FDs (no per-wake-up
+        poller objects). ZMQ_FD is edge-triggered with respect to messages, so
+        the sockets' EVENTS are checked before every wait, and the readers are
+        armed only while waiting: the FD stays readable until libzmq processes
+        its commands, and a level-triggered reader left armed during the
+        batching pause below would spin the loop.
+        """
+        loop = asyncio.get_running_loop()
+        router, mon = self._plain, tp.shadow(self._monitor)
+        fds = (router.getsockopt(zmq.FD), mon.getsockopt(zmq.FD))
+        pollin = zmq.POLLIN
         while True:
-            events = dict(await poller.poll(100))
-            if self._monitor in events:
-                for frames in tp.drain(mon_plain):
+            if mon.getsockopt(zmq.EVENTS) & pollin:
+                for frames in tp.drain(mon):
                     self._on_monitor([f.bytes for f in frames])
-            n = 0
-            if self._router in events:
-                for frames in tp.drain(self._plain):
-                    self._on_message(frames)
-                    n += 1
+            n = self._drain_router() if router.getsockopt(zmq.EVENTS) & pollin else 0
             if self._publish_due(time.monotonic()):
                 self._publish()
-            if 0 < n < tp.DRAIN_BATCH and len(self.table.members) > 64:
+            if n >= tp.DRAIN_BATCH:
+                await asyncio.sleep(0)     # more is queued: let the other tasks run, then go on
+                continue
+            pause = self._batch_pause(n)
+            if pause:
                 # A large swarm's heartbeats trickle in one by one; a short pause lets
-                # them queue so one wake-up handles many (a few ms of latency for a
-                # several-fold cut in CPU at 1,000 members).
-                await asyncio.sleep(0.003)
+                # them queue so that one wake-up handles many. It also keeps libzmq's
+                # pipes non-empty, so its IO thread signals this thread less often.
+                await asyncio.sleep(pause)
+                continue
+            fut = loop.create_future()
+
+            def ready(fut: asyncio.Future[None] = fut) -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            for fd in fds:
+                loop.add_reader(fd, ready)
+            try:
+                await fut
+            finally:
+                for fd in fds:
+                    loop.remove_reader(fd)
+
+    def _batch_pause(self, n: int) -> float:
+        """Seconds to let messages gather after a wake-up that handled ``n`` (0: wait
+        for readiness). In a swarm of more than 64 members, while messages keep
+        coming, the socket is drained at most 100 times a second: up to 10 ms of
+        latency on a join or leave, for a several-fold cut in wake-ups (at 1,000
+        members, 40 heartbeats a wake-up instead of one or two)."""
+        if n == 0 or len(self.table.members) <= 64:
+            return 0.0
+        return 0.01
+
+    def _drain_router(self) -> int:
+        """Handle up to DRAIN_BATCH queued messages; return how many."""
+        recv = self._plain.recv
+        now = time.monotonic()    # one clock reading per batch: they all arrived within ms
+        fast = self._fast_heartbeat if self.mode == "active" else None
+        for n in range(tp.DRAIN_BATCH):
+            try:
+                route = recv(_NOBLOCK)                 # a ROUTER always delivers the routing id first
+            except zmq.Again:
+                return n
+            frame = recv(_NOBLOCK, copy=False)
+            if frame.more:                             # arrays or junk: the general path
+                frames = [frame]
+                while frames[-1].more:
+                    frames.append(recv(_NOBLOCK, copy=False))
+                self._on_message(route, frames, now)
+            elif fast is None or not fast(route, frame, now):
+                self._on_message(route, [frame], now)
+        return tp.DRAIN_BATCH
+
+    def _fast_heartbeat(self, route: bytes, frame: zmq.Frame, now: float) -> bool:
+        """Handle a well-formed heartbeat without building a Message; False if it is not one.
+
+        A pure accelerator for the one message that arrives 4 times a second from
+        every member: it accepts only what wire.decode would accept, and anything
+        else (another type, a malformed header) goes the general way, which
+        decodes it again and reports what was wrong.
+        """
+        buf = frame.buffer
+        if buf.nbytes > self._max_header:
+            return False
+        try:
+            h = msgpack.unpackb(buf, **self._unpack_limits)
+        except Exception:
+            return False
+        if type(h) is not dict or h.get("t") != "heartbeat" or h.get("v") != wire.VERSION:
+            return False
+        src, epoch, body = h.get("src"), h.get("epoch", 0), h.get("body", {})
+        if (type(src) is not str or not src or len(src) > 256 or type(epoch) is not int
+                or type(h.get("seq", 0)) is not int or type(body) is not dict or h.get("arrays", []) != []):
+            return False
+        inc = body.get("inc")
+        if type(inc) is not int:
+            return False
+        self._heartbeat(route, src, epoch, inc, body.get("stats"), frame, now)
+        return True
 
     def _on_monitor(self, frames: list[bytes]) -> None:
         ev = parse_monitor_message(frames)
@@ -284,18 +373,41 @@ class Coordinator:
             if pid is not None:
                 self._probe(pid, "disconnected")
 
-    def _on_message(self, frames: list[zmq.Frame]) -> None:
+    def _on_message(self, route: bytes, frames: list[zmq.Frame], now: float) -> None:
         try:
-            route, msg = tp.decode_routed(frames, self.limits)
+            msg = wire.decode(frames, self.limits)
             self._key = tp.user_id(frames[-1]) if self._curve is not None else ""
-            self._handle(route, msg, frames[-1])
+            self._handle(route, msg, frames[-1], now)
         except WireError as e:
             self.malformed += 1
-            self._bad(frames[0].bytes if frames else b"?", e)
+            self._bad(route, e)
 
-    def _handle(self, route: bytes, msg: wire.Message, frame: zmq.Frame) -> None:
+    def _heartbeat(self, route: bytes, src: str, epoch: int, inc: int, stats: Any, frame: zmq.Frame,
+                   now: float) -> None:
+        rec = self.table.get(src)
+        if rec is None or rec.state == DEAD or rec.incarnation != inc:
+            self._send(route, "rejoin", {})
+            return
+        if route != rec.route:   # a new connection (the peer reconnected): map its fd
+            rec.route = route
+            self._fds[tp.srcfd(frame)] = src
+        rec.last_heartbeat = now
+        self.heartbeats += 1
+        if rec.state == SUSPECT:
+            rec.state, rec.cause = ALIVE, ""
+        if stats is not None and type(stats) is dict and len(stats) <= 64:
+            # peers send their figures on some heartbeats only (once a second);
+            # the others are bare liveness beats and the last figures stay
+            rec.stats, rec.stats_at = stats, now
+        if (epoch < self.table.epoch and now >= self._grace_until and now - rec.view_sent > 0.25
+                and now - self._published_at.get(epoch + 1, 0.0) > 0.2):
+            # a lagging peer (it missed a delta, not a heartbeat that crossed the newest
+            # view on the wire): the full view, at most 4 times a second
+            rec.view_sent = now
+            tp.try_send(self._plain, [route] + self._view_frames())
+
+    def _handle(self, route: bytes, msg: wire.Message, frame: zmq.Frame, now: float) -> None:
         t, body, src = msg.t, msg.body, msg.src
-        now = time.monotonic()
         if t == "status":
             brief = body.get("brief") is True
             self._send(route, "status_reply", self.brief() if brief else self.status())
@@ -321,28 +433,10 @@ class Coordinator:
             else:
                 self._dirty = True
             return
-        rec = self.table.get(src)
         if t == "heartbeat":
-            inc = _int(body, "inc")
-            if rec is None or rec.state == DEAD or rec.incarnation != inc:
-                self._send(route, "rejoin", {})
-                return
-            if route != rec.route:   # a new connection (the peer reconnected): map its fd
-                rec.route = route
-                self._fds[tp.srcfd(frame)] = src
-            rec.last_heartbeat = now
-            if rec.state == SUSPECT:
-                rec.state, rec.cause = ALIVE, ""
-            stats = body.get("stats")
-            if isinstance(stats, dict) and len(stats) <= 64:
-                rec.stats = stats
-            if (msg.epoch < self.table.epoch and now >= self._grace_until and now - rec.view_sent > 0.25
-                    and now - self._published_at.get(msg.epoch + 1, 0.0) > 0.2):
-                # a lagging peer (it missed a delta, not a heartbeat that crossed the newest
-                # view on the wire): the full view, at most 4 times a second
-                rec.view_sent = now
-                tp.try_send(self._plain, [route] + self._view_frames())
+            self._heartbeat(route, src, msg.epoch, _int(body, "inc"), body.get("stats"), frame, now)
             return
+        rec = self.table.get(src)
         if rec is None or rec.state == DEAD:
             if t in ("linked", "suspect", "probe_ack"):
                 self._send(route, "rejoin", {})
@@ -481,6 +575,6 @@ class Coordinator:
             "coordinator": self.address, "mode": self.mode, "http": self.http_url, "pid": os.getpid(), "epoch": self.table.epoch,
             "uptime_s": round(time.monotonic() - self.started, 3),
             "view": self.table.view.to_wire(), "members": rows,
-            "malformed": self.malformed,
+            "malformed": self.malformed, "heartbeats": self.heartbeats,
             "log": [list(x) for x in self.table.log[-50:]],
         }

@@ -44,6 +44,7 @@ class MemberRecord:
     key: str = ""
     view_sent: float = 0.0     # when a lagging heartbeat last got the full view
     stats: dict[str, Any] = field(default_factory=dict)
+    stats_at: float = 0.0      # when ``stats`` arrived (heartbeats carry them only once a second)
 
 
 class MemberTable:
