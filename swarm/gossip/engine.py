@@ -117,11 +117,29 @@ class GossipStats:
     boot_served: int = 0        # parameter slices sent to bootstrapping neighbours
 
 
+# Elements per block of the blockwise passes below: two float32 blocks stay in L2.
+_BLOCK = 1 << 16
+
+
 def _finite(a: np.ndarray) -> bool:
     """True if ``a`` has no NaN/Inf. (``np.isfinite(a).all()`` measured faster
     here than a finite-sum shortcut: numpy's pairwise float32 sum runs at half
-    the speed of the vectorised isfinite.)"""
-    return a.dtype.kind != "f" or bool(np.isfinite(a).all())
+    the speed of the vectorised isfinite.) Large arrays are checked a block at a
+    time into one small mask: a full-size bool temporary is d/4 bytes of fresh
+    memory per check, and fresh pages cost more here than the check itself."""
+    if a.dtype.kind != "f":
+        return True
+    a = a.reshape(-1)
+    if a.size <= _BLOCK:
+        return bool(np.isfinite(a).all())
+    mask = np.empty(_BLOCK, np.bool_)
+    for lo in range(0, a.size, _BLOCK):
+        blk = a[lo:lo + _BLOCK]
+        m = mask[:blk.size]
+        np.isfinite(blk, out=m)
+        if not m.all():
+            return False
+    return True
 
 
 class _OutStream:
@@ -251,6 +269,7 @@ class Gossip:
         self._rejected = 0
         self._steps = 0
         self._scratch: np.ndarray | None = None
+        self._blocks: np.ndarray | None = None
         self._anchor = params.copy() if mode == "pseudo_gradient" else None
         self._momentum = np.zeros(self.d, np.float32) if mode == "pseudo_gradient" else None
         self._view: View = link.view
@@ -361,9 +380,9 @@ class Gossip:
                 np.copyto(copy.hat, a)
                 copy.ver, copy.round = ver, r
                 continue
-            if ver == 1 and msg.body.get("zero") is True:
+            zero = ver == 1 and msg.body.get("zero") is True
+            if zero:
                 # the stream's first delta, taken against an all-zero copy: start from zero
-                copy.hat.fill(0.0)
                 copy.ver = 0
             if copy.ver < 0 or ver != copy.ver + 1:
                 self.stats.out_of_sync += 1
@@ -392,7 +411,12 @@ class Gossip:
             try:
                 # straight into the copy: the codec checks everything before it writes
                 with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked below
-                    copy.codec.decode_into(Encoded(meta, list(msg.arrays)), copy.hat)
+                    if zero:
+                        # the copy is the decoded delta itself: one pass into a new
+                        # array, not zero-fill then add (two passes over d)
+                        copy.hat = copy.codec.decode(Encoded(meta, list(msg.arrays)), self.d)
+                    else:
+                        copy.codec.decode_into(Encoded(meta, list(msg.arrays)), copy.hat)
             except Exception as e:  # a codec may raise anything on hostile meta
                 self._reject(src, "rejected_malformed", f"codec could not decode: {e}")
                 copy.ver = -1
@@ -616,32 +640,13 @@ class Gossip:
         if usable:
             own = (self._out[receivers[0] if self._per_edge else ""].hat if receivers
                    else self._out[""].hat if "" in self._out else self.x)
-            # x += γ Σ_j w_j (x̂_j − x̂_i) in a reused scratch buffer, no temporaries
-            # (numpy, not torch: torch's thread pool spins against the other
-            # peers sharing these cores and made this step 40× slower)
-            acc, tmp = self._mix_buffers()
             # Neighbours with the same weight (all of them on regular graphs) are
-            # summed first and scaled once: fewer passes over d than scaling each.
+            # summed first and scaled once: fewer operations than scaling each.
             groups: dict[float, list[np.ndarray]] = {}
             for j in usable:
                 groups.setdefault(w[j], []).append(self._in[j].hat)
-            first = True
-            for wj, hats in groups.items():
-                if len(hats) == 1:
-                    np.multiply(hats[0], np.float32(self.gamma * wj), out=tmp if not first else acc)
-                else:
-                    dst = acc if first else tmp
-                    np.add(hats[0], hats[1], out=dst)
-                    for h in hats[2:]:
-                        dst += h
-                    dst *= np.float32(self.gamma * wj)
-                if not first:
-                    acc += tmp
-                first = False
-            total = sum(w[j] for j in usable)
-            np.multiply(own, np.float32(self.gamma * total), out=tmp)
-            acc -= tmp
-            self.x += acc
+            self._mix(own, [(np.float32(self.gamma * wj), hats) for wj, hats in groups.items()],
+                      np.float32(self.gamma * sum(w[j] for j in usable)))
             if self.mode == "pseudo_gradient":
                 self._outer_step()
         else:
@@ -683,6 +688,38 @@ class Gossip:
         g += np.multiply(self._momentum, np.float32(self.outer_momentum), out=tmp)
         self._anchor -= np.multiply(g, np.float32(self.outer_lr), out=tmp)
         np.copyto(self.x, self._anchor)
+
+    def _mix(self, own: np.ndarray, groups: list[tuple[np.float32, list[np.ndarray]]],
+             total: np.float32) -> None:
+        """``x += Σ_g c_g Σ_{h∈g} h − total · own``, i.e. x += γ Σ_j w_j (x̂_j − x̂_i).
+
+        One pass over memory, a block at a time: each block of every copy is read
+        once and x is written once, through two L2-sized scratch blocks. Whole-
+        vector steps made six passes over d and needed 2·d floats of scratch,
+        whose first touch cost more than the arithmetic (numpy, not torch:
+        torch's thread pool spins against the other peers sharing these cores
+        and made this step 40× slower)."""
+        acc, tmp = self._block_buffers()
+        x, d = self.x, self.d
+        for lo in range(0, d, _BLOCK):
+            hi = min(d, lo + _BLOCK)
+            a, b = acc[:hi - lo], tmp[:hi - lo]
+            np.multiply(own[lo:hi], -total, out=a)
+            for c, hats in groups:
+                if len(hats) == 1:
+                    np.multiply(hats[0][lo:hi], c, out=b)
+                else:
+                    np.add(hats[0][lo:hi], hats[1][lo:hi], out=b)
+                    for h in hats[2:]:
+                        b += h[lo:hi]
+                    b *= c
+                a += b
+            x[lo:hi] += a
+
+    def _block_buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._blocks is None:
+            self._blocks = np.empty((2, min(self.d, _BLOCK)), np.float32)
+        return self._blocks[0], self._blocks[1]
 
     def _mix_buffers(self) -> tuple[np.ndarray, np.ndarray]:
         """Two float32[d] scratch buffers, allocated on first use and then reused
