@@ -249,6 +249,20 @@ def test_topk_nan_is_not_selected_and_inf_is():
     assert 6 in idx and 5 not in idx and idx.size == 3
 
 
+def test_topk_fp16_values_are_the_kept_values_rounded_and_saturated():
+    x = np.random.default_rng(5).standard_normal(3000).astype(np.float32)
+    x[[10, 20]] = [1e6, -3e38]
+    c = get_codec("topk:0.01:values=fp16")
+    enc = c.encode(x)
+    assert enc.frames[1].dtype == np.float16 and enc.nbytes == enc.meta["ib"] + 2 * 30
+    idx = unpack_gaps(enc.frames[0], 30, x.size)
+    assert np.array_equal(idx, get_codec("topk:0.01").select(x, 30))
+    y = get_codec("topk:0.01").decode(through_wire(enc))  # any topk decoder reads fp16 values
+    expect = np.zeros_like(x)
+    expect[idx] = np.clip(x[idx], -65504, 65504).astype(np.float16)
+    assert np.array_equal(y, expect) and y[10] == 65504 and y[20] == -65504
+
+
 @FAST
 @given(n=st.integers(1, 5000), data=st.data())
 def test_gap_codes_round_trip(n, data):

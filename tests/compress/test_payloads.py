@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from swarm.compress import MAX_N, Encoded, get_codec
 from swarm.errors import GossipError, WireError
 
-SPECS = ["identity", "fp16", "int8", "qsgd:16", "qsgd:1000", "topk:0.1", "randomk:0.1", "sign", "sign:block=0",
-         "sign:block=8"]
+SPECS = ["identity", "fp16", "int8", "qsgd:16", "qsgd:1000", "topk:0.1", "topk:0.1:values=fp16",
+         "randomk:0.1", "sign", "sign:block=0", "sign:block=8"]
 X = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
 
 

@@ -115,7 +115,7 @@ def test_overflowing_delta_spoils_only_the_copy():
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("codec,gamma", [("identity", 1.0), ("fp16", 1.0), ("int8", 0.6), ("sign", 0.9),
+@pytest.mark.parametrize("codec,gamma", [("identity", 1.0), ("fp16", 1.0), ("int8", 0.6), ("sign", 1.0),
                                          ("topk:0.01", 0.02), ("ef+topk:0.1", 0.2), ("randomk:0.1", 0.1)])
 def test_auto_gamma_per_codec(codec, gamma):
     from swarm.gossip import suggested_gamma
