@@ -236,8 +236,14 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
     try:
         peer = sp.peer
         assert peer is not None
-        log.info("peer%d joined; waiting for %d peers", rank, spec.peers)
-        sp.call(peer.wait_view(lambda v: len(v.members) >= spec.peers, timeout=join_timeout),
+        # A peer restarted into a running swarm (swarm run's restart_dead) trains as soon as
+        # it is in: the others may be restarting too, and waiting for all of them could
+        # outlast join_timeout and crash it again.
+        rejoin = bool(getattr(peer_config, "replace", False)) or (
+            resume_from is not None and Path(resume_from).resolve() == Path(run_dir).resolve())
+        need = 1 if rejoin else spec.peers
+        log.info("peer%d joined; waiting for %d peers", rank, need)
+        sp.call(peer.wait_view(lambda v: len(v.members) >= need, timeout=join_timeout),
                 timeout=join_timeout + 5.0)
         sp.wait_linked(timeout=10.0)
 
@@ -261,7 +267,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
         else:
             buf = ReplayBuffer(dqn_schema(obs_shape), b.capacity, alpha=b.alpha, eps=b.eps, decay=b.decay,
                                prioritized=b.prioritized, seed=seed, peer_id=peer.id)
-        agent = DQNAgent(obs_shape, int(n_actions), buf, spec.dqn, seed=seed)
+        # Every peer starts from the same network (init_seed = spec.seed); exploration,
+        # env and buffer sampling differ per peer (seed = spec.seed + rank).
+        agent = DQNAgent(obs_shape, int(n_actions), buf, spec.dqn, seed=seed, init_seed=spec.seed)
         done_steps = 0
         if restored is not None:
             restored.apply(agent)

@@ -81,11 +81,16 @@ class DQNAgent(BaseAgent):
         buffer: a replay buffer with the :func:`dqn_schema` fields
             (``add``, ``sample(n, beta)``, ``update_priorities``, ``len``).
         config: hyperparameters; defaults to :class:`DQNConfig`.
-        seed: seeds the network initialisation and exploration.
+        seed: seeds exploration (and the network initialisation unless ``init_seed`` is given).
+        init_seed: seeds the network initialisation. Peers of one swarm should pass the
+            same value: averaging the parameters of independently initialised networks
+            mixes unrelated hidden units (any permutation of a layer's units is the same
+            function), so gossip would pull every peer towards a network that is none of
+            them. From one initial network, averaging starts from agreement.
     """
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, buffer: Any,
-                 config: DQNConfig | None = None, seed: int = 0):
+                 config: DQNConfig | None = None, seed: int = 0, init_seed: int | None = None):
         cfg = config or DQNConfig()
         cfg.check()
         if n_actions < 1:
@@ -102,7 +107,7 @@ class DQNAgent(BaseAgent):
         # Seed the initialisation without touching the caller's global torch RNG:
         # many agents may share one process in simulations.
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            torch.manual_seed(seed if init_seed is None else init_seed)
             self.q = QNetwork(int(np.prod(self.obs_shape)), self.n_actions, cfg.hidden)
         self.flat = flatten_parameters(self.q)
         self._vec = self.flat.numpy()
@@ -123,12 +128,13 @@ class DQNAgent(BaseAgent):
         self._n_logged = 0
 
     @classmethod
-    def for_env(cls, env: Any, buffer: Any, config: DQNConfig | None = None, seed: int = 0) -> "DQNAgent":
+    def for_env(cls, env: Any, buffer: Any, config: DQNConfig | None = None, seed: int = 0,
+                init_seed: int | None = None) -> "DQNAgent":
         """Build an agent sized for a Gymnasium env with a Discrete action space."""
         n = getattr(env.action_space, "n", None)
         if n is None:
             raise ConfigError(f"env action space {env.action_space} is not Discrete; DQN needs discrete actions")
-        return cls(env.observation_space.shape, int(n), buffer, config, seed)
+        return cls(env.observation_space.shape, int(n), buffer, config, seed, init_seed)
 
     # ------------------------------------------------------------ the update rule
 

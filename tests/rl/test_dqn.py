@@ -164,3 +164,22 @@ def test_checkpoint_round_trip(replay):
     small = DQNAgent((4,), 2, replay, DQNConfig(hidden=[8]), seed=0)
     with pytest.raises(SwarmError, match="does not fit"):
         small.load_state_dict(a.state_dict())
+
+
+def test_init_seed_gives_peers_one_initial_network(replay):
+    # Peers pass their own seed (exploration) and the swarm's init_seed (weights).
+    a = DQNAgent((4,), 2, replay, DQNConfig(eps_start=1.0), seed=1, init_seed=7)
+    b = DQNAgent((4,), 2, replay, DQNConfig(eps_start=1.0), seed=2, init_seed=7)
+    c = DQNAgent((4,), 2, replay, DQNConfig(eps_start=1.0), seed=1)
+    assert np.array_equal(a.parameters(), b.parameters())
+    assert not np.array_equal(a.parameters(), c.parameters())
+    # exploration still differs: the random actions come from `seed`
+    obs = np.zeros(4, np.float32)
+    acts = []
+    for agent in (a, b):
+        seq = []
+        for _ in range(32):
+            agent.perceive(obs)
+            seq.append(agent.deliberate())
+        acts.append(seq)
+    assert acts[0] != acts[1]
