@@ -41,9 +41,13 @@ class DQNConfig:
     train_every: int = opt(1, "env steps between updates", _pos, "must be > 0")
     updates_per_train: int = opt(1, "gradient steps each time an update is due", _pos, "must be > 0")
     double: bool = opt(True, "double DQN: the online net picks the next action, the target net values it")
-    tau: float = opt(1.0, "target update rate: 1.0 copies (hard update), < 1 is Polyak averaging",
+    # Polyak averaging every update: on CartPole-v1 the isolated learner solved seeds
+    # 0-5 in 5k-16k env steps with it, against 17k-22k (or not at all within 20k) with
+    # a hard copy every 250 updates (the protocol of scripts/bench_learning.py: greedy
+    # 5-episode mean >= 475, evaluated every 1000 steps).
+    tau: float = opt(0.01, "target update rate: 1.0 copies (hard update), < 1 is Polyak averaging",
                      lambda t: 0.0 < t <= 1.0, "must be in (0, 1]")
-    target_every: int = opt(250, "updates between target-network updates", _pos, "must be > 0")
+    target_every: int = opt(1, "updates between target-network updates", _pos, "must be > 0")
     huber_delta: float = opt(1.0, "Huber loss threshold", _pos, "must be > 0")
     max_grad_norm: float = opt(10.0, "gradient clipping norm; 0 disables", _nonneg, "must be >= 0")
     eps_start: float = opt(1.0, "initial exploration rate", _unit, "must be in [0, 1]")

@@ -41,7 +41,7 @@ def test_file_then_overrides(tmp_path):
 
 
 def test_save_resolved_round_trips(tmp_path):
-    spec = load_spec(None, ID + ["peers=5", "dqn.tau=0.01"])
+    spec = load_spec(None, ID + ["peers=5", "dqn.tau=0.05"])
     path = save_resolved(spec, tmp_path)
     assert path == tmp_path / "config.json"
     assert json.loads(path.read_text()) == to_dict(spec)
