@@ -9,7 +9,8 @@ Sections
   1. rounds/s, 16 peers, identity codec, d = 1e5 and 1e6 (wall and per CPU-second).
   2. bytes to relative consensus error 1e-3 on a 16-ring, d = 1e4, per codec
      against exact gossip; gamma swept per codec, best reported. "ef+X" runs as X
-     in the engine (CHOCO's x − x̂ already is the error memory).
+     in the engine (CHOCO's x − x̂ already is the error memory). Top-1% also runs
+     with float16 values (topk:R:values=fp16), reported apart from the default.
   3. the sign floor: scaled sign with one scale for the whole vector
      (sign:block=0) against one scale per 256 (the default) at d = 1e5.
   4. wall time to 1e-3 under an emulated 100 Mbit/s link per directed link
