@@ -347,7 +347,10 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
         launch.restarts[name] = launch.restarts.get(name, 0) + 1
         # A member the coordinator knows is taken over (same rank); after a coordinator
         # restart the id is unknown to it and a plain join with the same rank does.
-        extra = ["--replace", name] if m is not None else []
+        # A coordinator restarted between that status and the join does not know the id and
+        # refuses the takeover: the last attempt's log says so, and a plain join is right then.
+        refused = "no such member to take over" in _tail(peers[r].log, 3)
+        extra = ["--replace", name] if m is not None and not refused else []
         from .checkpoint import latest  # noqa: PLC0415
 
         if latest(peer_dir(launch.run_dir, r) / "ckpt") is not None:
