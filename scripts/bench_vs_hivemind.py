@@ -93,6 +93,29 @@ class ErrorMeter:
         return float(np.sqrt(np.dot(self.buf, self.buf))) / self.norm
 
 
+def tree_cpu(pid: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` (default: this
+    one) and every live descendant, read from /proc: hivemind's averager, DHT and
+    p2pd daemons are child processes, and their work counts as much as ours.
+    Children that already exited are not counted (none do inside the clock)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seen, todo, total = set(), [pid or os.getpid()], 0.0
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+            f = stat[stat.rindex(")") + 2:].split()
+            total += (int(f[11]) + int(f[12])) / tick   # utime, stime
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue  # exited meanwhile
+    return total
+
+
 def wait_files(paths: list[Path], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not all(p.exists() for p in paths):
@@ -143,7 +166,14 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
     async def main() -> dict:
         # one_peer_exponential's rounds reach i ± 2^k: link everyone (n = 4)
         link_topo = "full" if topology == "one_peer_exponential" else topology
-        async with Peer(coordinators=[coord], id=f"p{rank}", rank=rank, topology=link_topo) as peer:
+        # ZMTP heartbeats travel behind the data on a link, so a PONG waits until the
+        # receiver has read the whole 40 MB message in front of it; with the default
+        # 0.3 s timeout a receiver that the busy cores leave off-CPU that long has its
+        # links dropped mid-message and the message is lost (measured: a 200 MB send to
+        # a receiver stopped for 1 s never arrives at 0.3 s, always does at 5 s). A
+        # 10 s timeout matches hivemind's request_timeout below.
+        async with Peer(coordinators=[coord], id=f"p{rank}", rank=rank, topology=link_topo,
+                        link_heartbeat_s=1.0, link_timeout_s=10.0) as peer:
             await peer.wait_view(lambda v: len(v.members) == n, timeout=60.0)
             await peer.wait_linked(60.0)
             # every peer on the same n-member view (the coordinator may still be
@@ -166,19 +196,23 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
             get_codec(codec).encode(x[:1024].copy())
             ready[rank] = 1
             await wait_all(ready, 1)
-            t0 = time.monotonic()
-            t_conv, bytes_out, bytes_in, rounds, err, fails = None, 0, 0, 0, err0, 0
+            t0, cpu0 = time.monotonic(), tree_cpu()
+            t_conv, cpu_conv, bytes_out, bytes_in, rounds, err, fails = None, None, 0, 0, 0, err0, 0
             history = []
             for t in range(max_rounds):
                 res = await g.round()
                 history.append(res)
+                if not res.ok or res.missing or res.dropped:
+                    print(f"swarm peer {rank} round {t}: ok={res.ok} reason={res.reason!r} missing={res.missing} "
+                          f"dropped={res.dropped} waited={res.waited_s:.1f}s epoch={peer.view.epoch} "
+                          f"members={peer.view.ids}", file=sys.stderr, flush=True)
                 rounds += 1
                 fails += not res.ok
                 bytes_out += res.bytes_out
                 bytes_in += res.bytes_in
                 err = meter(x)
                 if err <= TOL and t_conv is None:
-                    t_conv = time.monotonic()
+                    t_conv, cpu_conv = time.monotonic(), tree_cpu()
                 conv[t * n + rank] = int(err <= TOL)
                 done[rank] = t + 1
                 await wait_all(done, t + 1)
@@ -188,7 +222,8 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
             # stay until every peer is through, so nobody's last round loses a neighbour
             fin[rank] = 1
             await wait_all(fin, 1)
-            return dict(rank=rank, t0=t0, t_conv=t_conv, t_end=t_end, rounds=rounds, err=err, err0=err0,
+            return dict(rank=rank, t0=t0, t_conv=t_conv, t_end=t_end,
+                        cpu_s=None if cpu_conv is None else cpu_conv - cpu0, rounds=rounds, err=err, err0=err0,
                         bytes_out=bytes_out, bytes_in=bytes_in, failed_rounds=fails,
                         dropped=g.stats.dropped_sends,
                         stats={k: v for k, v in vars(g.stats).items() if v and k not in ("bytes_out", "bytes_in")},
@@ -245,6 +280,7 @@ def run_swarm(topology: str, codec: str, d: int, n: int = N, max_rounds: int = 6
         err=max(o["err"] for o in out),
         err0=max(o["err0"] for o in out),
         bytes=sum(o["bytes_out"] for o in out),
+        cpu_s=sum(o["cpu_s"] for o in out) if converged else None,
         bytes_per_peer=max(o["bytes_out"] for o in out),
         failed_rounds=sum(o["failed_rounds"] for o in out),
         stats=[o["stats"] for o in out], first=out[0]["first"],
@@ -335,10 +371,11 @@ def hm_worker(args) -> None:
             time.sleep(0.001)
         (tmp / f"ready{rank}").touch()
         wait_files([tmp / f"ready{r}" for r in range(n)], 120)
-        out["t0"] = time.monotonic()
+        out["t0"], cpu0 = time.monotonic(), tree_cpu()
         ctl.allow_allreduce()
         group = ctl.result(timeout=120)
         out["t1"] = time.monotonic()
+        out["cpu_s"] = tree_cpu() - cpu0
         if group is None:
             raise RuntimeError("averager step failed (returned None)")
         out["group"] = len(group)
@@ -392,6 +429,7 @@ def run_hivemind(compression: str, d: int, n: int = N, timeout: float = 300.0) -
     return dict(ok=err <= TOL, wall_s=max(o["t1"] for o in res) - start, err=err,
                 err0=max(o["err0"] for o in res), group=min(o["group"] for o in res),
                 bytes_model=int(per_peer * n), bytes_per_peer_model=int(per_peer),
+                cpu_s=sum(o["cpu_s"] for o in res),
                 step_s=max(o["t1"] - o["t0"] for o in res))
 
 
@@ -453,15 +491,15 @@ def main() -> None:
     rows = []
     print(f"\n{N} processes, d = {args.d:,} float32 each, target max_i ‖x_i − x̄‖/‖x̄‖ ≤ {TOL:g}"
           f" (start: ‖x_i − x̄‖/‖x̄‖ ≈ {next((r['err0'] for v in sw.values() for r in v if 'err0' in r), 0):.2f})")
-    print(f"{'side':9} {'config':32} {'best wall s':>11} {'walls s':>18} {'rounds':>6} {'final err':>9} "
-          f"{'bytes total':>12} {'per peer':>10}")
+    print(f"{'side':9} {'config':32} {'best wall s':>11} {'walls s':>18} {'CPU s':>6} {'rounds':>6} "
+          f"{'final err':>9} {'bytes total':>12} {'per peer':>10}")
     sw_best = {}
     for key, runs in sw.items():
         b = best(runs)
         sw_best[key] = b
         walls = ",".join(f"{r['wall_s']:.2f}" if r.get("wall_s") is not None else "fail" for r in runs)
         if b:
-            print(f"{'swarm':9} {key:32} {b['wall_s']:11.3f} {walls:>18} {b['rounds']:6d} {b['err']:9.2e} "
+            print(f"{'swarm':9} {key:32} {b['wall_s']:11.3f} {walls:>18} {b['cpu_s']:6.2f} {b['rounds']:6d} {b['err']:9.2e} "
                   f"{fmt_bytes(b['bytes']):>12} {fmt_bytes(b['bytes_per_peer']):>10}")
         else:
             print(f"{'swarm':9} {key:32} {'FAILED':>11} {walls:>18}  {runs[-1] if runs else ''}")
@@ -474,7 +512,7 @@ def main() -> None:
         walls = ",".join(f"{r['wall_s']:.2f}" if r.get("wall_s") is not None else "fail" for r in runs)
         name = f"DecentralizedAverager {key}"
         if b:
-            print(f"{'hivemind':9} {name:32} {b['wall_s']:11.3f} {walls:>18} {1:6d} {b['err']:9.2e} "
+            print(f"{'hivemind':9} {name:32} {b['wall_s']:11.3f} {walls:>18} {b['cpu_s']:6.2f} {1:6d} {b['err']:9.2e} "
                   f"{fmt_bytes(b['bytes_model']) + '*':>12} {fmt_bytes(b['bytes_per_peer_model']) + '*':>10}")
         else:
             print(f"{'hivemind':9} {name:32} {'FAILED':>11} {walls:>18}  {runs[-1] if runs else ''}")
@@ -487,24 +525,39 @@ def main() -> None:
     hm_rows = [(k, b) for k, b in hm_best.items() if b]
     hm_top = min(hm_rows, key=lambda kb: kb[1]["wall_s"]) if hm_rows else None
     ratio = sw_top[1]["wall_s"] / hm_top[1]["wall_s"] if sw_top and hm_top else None
+    cpu_ratio = (sw_top[1]["cpu_s"] / hm_top[1]["cpu_s"]
+                 if sw_top and hm_top and hm_top[1].get("cpu_s") else None)
+    bytes_ok = sw_top[1]["bytes"] <= hm_top[1]["bytes_model"] if sw_top and hm_top else None
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (2 cores shared; walls are noisy, CPU s is "
+          "the CPU time of all 4 peer process trees inside the clock)")
+    if cpu_ratio is not None:
+        print(f"CPU: swarm {sw_top[1]['cpu_s']:.2f} s / hivemind {hm_top[1]['cpu_s']:.2f} s = {cpu_ratio:.3f}; "
+              f"bytes: swarm {fmt_bytes(sw_top[1]['bytes'])} (measured) vs hivemind "
+              f"{fmt_bytes(hm_top[1]['bytes_model'])} (model): {'no more' if bytes_ok else 'MORE'}")
     if ratio is not None:
         print(f"swarm best ({sw_top[0]}) {sw_top[1]['wall_s']:.3f} s / hivemind best ({hm_top[0]}) "
               f"{hm_top[1]['wall_s']:.3f} s = {ratio:.3f} (target ≤ 0.35)")
     summary = {
         "bench": "vs_hivemind", "n": N, "d": args.d, "tol": TOL, "repeats": args.repeats,
         "vs_hivemind_ratio": None if ratio is None else round(ratio, 4),
+        "vs_hivemind_cpu_ratio": None if cpu_ratio is None else round(cpu_ratio, 4),
+        "swarm_bytes_le_hivemind": bytes_ok,
+        "loadavg": [round(v, 2) for v in load],
         "swarm_best_config": sw_top[0] if sw_top else None,
         "swarm_best_wall_s": round(sw_top[1]["wall_s"], 4) if sw_top else None,
         "swarm_final_err": sw_top[1]["err"] if sw_top else None,
         "swarm_bytes": sw_top[1]["bytes"] if sw_top else None,
+        "swarm_cpu_s": sw_top[1]["cpu_s"] if sw_top else None,
+        "hivemind_cpu_s": hm_top[1]["cpu_s"] if hm_top else None,
         "hivemind_best_config": hm_top[0] if hm_top else None,
         "hivemind_best_wall_s": round(hm_top[1]["wall_s"], 4) if hm_top else None,
         "hivemind_final_err": hm_top[1]["err"] if hm_top else None,
         "hivemind_bytes_model": hm_top[1]["bytes_model"] if hm_top else None,
         "hivemind_status": hm_status if hm_ok else f"not run: {hm_status}",
-        "swarm": {k: (None if b is None else {x: b[x] for x in ("wall_s", "rounds", "err", "bytes")})
+        "swarm": {k: (None if b is None else {x: b[x] for x in ("wall_s", "cpu_s", "rounds", "err", "bytes")})
                   for k, b in sw_best.items()},
-        "hivemind": {k: (None if b is None else {x: b[x] for x in ("wall_s", "err", "bytes_model")})
+        "hivemind": {k: (None if b is None else {x: b[x] for x in ("wall_s", "cpu_s", "err", "bytes_model")})
                      for k, b in hm_best.items()},
     }
     print(json.dumps(summary))
