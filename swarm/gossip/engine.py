@@ -145,12 +145,13 @@ def _finite(a: np.ndarray) -> bool:
 class _OutStream:
     """One public copy x̂ of our own vector, and who holds it at which version."""
 
-    def __init__(self, d: int, codec: Any):
+    def __init__(self, d: int, codec: Any, shared: list[np.ndarray] | None = None):
         self.hat = np.zeros(d, np.float32)
         self.ver = 0
         self.codec = codec
         self.synced: set[str] = set()
         self._deltas: list[np.ndarray] = []
+        self._shared = [] if shared is None else shared
 
     def delta(self, x: np.ndarray) -> np.ndarray:
         """``x − x̂`` in a buffer reused across rounds (fresh 400 kB arrays cost
@@ -162,10 +163,18 @@ class _OutStream:
         sends to each receiver it keeps in ``synced`` (a receiver left out of a
         round drops out of ``synced`` and is resent a full state, never a delta
         against a copy that a reused buffer may have spoilt)."""
-        want = 2 if getattr(self.codec, "aliases_input", True) else 1
-        if len(self._deltas) < want:
-            self._deltas.append(np.empty_like(self.hat))
-        buf = self._deltas[self.ver % want]
+        if not getattr(self.codec, "aliases_input", True):
+            if self.ver == 0:
+                return x   # x − 0, read once by a codec that keeps none of it
+            # the frames are new arrays, so the buffer is free again once encoded:
+            # one for all of the engine's streams (per-edge topologies keep several)
+            deltas = self._shared
+        else:
+            deltas = self._deltas
+        want = 2 if deltas is self._deltas else 1
+        if len(deltas) < want:
+            deltas.append(np.empty_like(self.hat))
+        buf = deltas[self.ver % want]
         return np.subtract(x, self.hat, out=buf)
 
 
@@ -270,6 +279,7 @@ class Gossip:
         self._steps = 0
         self._scratch: np.ndarray | None = None
         self._blocks: np.ndarray | None = None
+        self._shared_delta: list[np.ndarray] = []   # see _OutStream.delta
         self._anchor = params.copy() if mode == "pseudo_gradient" else None
         self._momentum = np.zeros(self.d, np.float32) if mode == "pseudo_gradient" else None
         self._view: View = link.view
@@ -529,7 +539,7 @@ class Gossip:
         key = dst if self._per_edge else ""
         s = self._out.get(key)
         if s is None:
-            s = self._out[key] = _OutStream(self.d, make_codec(self.codec_spec))
+            s = self._out[key] = _OutStream(self.d, make_codec(self.codec_spec), self._shared_delta)
             if self._per_edge and len(self._out) > _MAX_EDGE_STREAMS:
                 self._out.popitem(last=False)
         else:
@@ -578,7 +588,11 @@ class Gossip:
             # receiver can rebuild: it goes compressed to everyone, not as a full state.
             first = s.ver == 0
             enc = s.codec.encode(s.delta(self.x))
-            s.codec.decode_into(enc, s.hat)
+            if first:
+                # x̂ was zero: it becomes the decoded delta, one pass into a new array
+                s.hat = s.codec.decode(enc, self.d)
+            else:
+                s.codec.decode_into(enc, s.hat)
             s.ver += 1
             meta = dict(enc.meta)
             frames = [np.asarray(f) for f in enc.frames]
