@@ -151,6 +151,9 @@ class _State:
         self.disagreement = float("nan")
         self.eval_return = float("nan")
         self.buffer_size = 0
+        self.dense_bytes_out = 0    # what the deltas sent would have cost as dense float32
+        self.staleness = 0          # rounds the stalest neighbour lagged in the last round
+        self.last_error = ""        # the last thing that went wrong (a round alone, a timeout ...)
         self.done = False
 
     @property
@@ -317,7 +320,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                 donors = sp.call(gossip.bootstrap(), timeout=15.0)
             except (GossipError, PeerTimeout) as e:
                 log.warning("peer%d: bootstrap failed (%s); training on from its own parameters", rank, e)
-                summary["bootstrap"] = f"failed: {e}"
+                summary["bootstrap"] = state.last_error = f"failed: {e}"
             else:
                 agent.on_parameters_changed()
                 summary["bootstrap"] = donors
@@ -339,7 +342,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                     "mean_return": _finite(state.mean_return), "rounds": state.rounds,
                     "gossip_bytes_out": state.gossip_bytes_out, "gossip_bytes_in": state.gossip_bytes_in,
                     "disagreement": _finite(state.disagreement), "eval_return": _finite(state.eval_return),
-                    "buffer_size": state.buffer_size, "budget": spec.budget.env_steps, "done": state.done}
+                    "buffer_size": state.buffer_size, "budget": spec.budget.env_steps, "done": state.done,
+                    "codec_ratio": (state.gossip_bytes_out / state.dense_bytes_out
+                                    if state.dense_bytes_out else None),
+                    "staleness": state.staleness, "last_error": state.last_error}
 
         peer.stats = stats
         logs = _Logs(out, tensorboard, append=resume_from is not None
@@ -359,6 +365,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                 res, shared, acked = sp.call(exchange(), timeout=call_timeout)
             except PeerTimeout:
                 log.warning("peer%d: gossip round did not finish within %.0f s; skipped", rank, call_timeout)
+                state.last_error = f"step {step}: gossip round timed out after {call_timeout:.0f} s"
                 return
             if acked:   # each id comes once: nothing to remember here
                 with open(acked_log, "ab") as f:
@@ -371,6 +378,11 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             bytes_in = gossip.stats.bytes_in - state.gossip_bytes_in
             state.gossip_bytes_out = gossip.stats.bytes_out
             state.gossip_bytes_in = gossip.stats.bytes_in
+            state.dense_bytes_out += res.sent * x.nbytes
+            state.staleness = max(res.staleness.values(), default=0)
+            if not res.ok:
+                state.last_error = f"round {res.round}: {res.reason or 'averaged with nobody'}"
+
             # How far the round moved us, per parameter and per unit of step size:
             # with exact gossip this is the RMS distance to the neighbourhood average.
             if res.ok:

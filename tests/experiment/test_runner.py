@@ -67,3 +67,32 @@ def test_bad_rank_and_missing_checkpoint_are_clear_errors(coordinator, tmp_path)
     with pytest.raises(ConfigError, match="has no checkpoint"):
         run_peer(spec, 0, coordinator, tmp_path / "c", tensorboard=False, join_timeout=10,
                  resume_from=tmp_path / "nothing-here")
+
+
+def test_heartbeat_figures_include_codec_ratio_staleness_and_last_error(coordinator, tmp_path):
+    # Two peers in this process on a ring with top-10% deltas: the coordinator's
+    # status must show each peer's codec ratio (wire bytes / dense bytes) and staleness.
+    spec = load_spec(None, ONE + ["peers=2", "budget.env_steps=1000000", "gossip.codec=topk:0.1",
+                                  "gossip.step_size=0.2", "gossip.interval=20"])
+    stop = threading.Event()
+    out: dict[int, dict] = {}
+    threads = [threading.Thread(target=lambda r=r: out.update({r: run_peer(
+        spec, r, coordinator, tmp_path, stop=stop, tensorboard=False, join_timeout=15)})) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    try:
+        def figures():
+            rows = [m.get("stats") or {} for m in status(coordinator, 0.5)["members"]]
+            ok = [s for s in rows if (s.get("rounds") or 0) >= 3 and s.get("codec_ratio") is not None]
+            return ok if len(ok) == 2 else None
+        rows = wait_for(figures, timeout=60, what="two peers reporting codec ratios")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    for s in rows:
+        # top-10% sends values and compact indices: well under dense, above the values alone
+        assert 0.1 <= s["codec_ratio"] < 0.5, s
+        assert s["staleness"] >= 0 and isinstance(s["last_error"], str)
+    assert {out[0]["reason"], out[1]["reason"]} == {"stopped"}
