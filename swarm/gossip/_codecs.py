@@ -38,12 +38,12 @@ def suggested_gamma(spec: str) -> float:
     >>> suggested_gamma("ef+topk:0.01")
     0.02
     """
-    make_codec(spec)  # a bad spec fails here, by its full name
-    name, _, arg = (spec[3:] if spec.startswith("ef+") else spec).partition(":")
+    codec = make_codec(spec)  # a bad spec fails here, by its full name
+    name = codec.name
     if name == "topk":
-        return min(1.0, 2.0 * float(arg))
+        return min(1.0, 2.0 * codec.ratio)
     if name == "randomk":
-        return min(1.0, float(arg))
+        return min(1.0, codec.ratio)
     if name in ("int8", "qsgd"):
         return 0.6
     if name == "sign":

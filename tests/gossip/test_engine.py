@@ -116,7 +116,8 @@ def test_overflowing_delta_spoils_only_the_copy():
 
 
 @pytest.mark.parametrize("codec,gamma", [("identity", 1.0), ("fp16", 1.0), ("int8", 0.6), ("sign", 1.0),
-                                         ("topk:0.01", 0.02), ("ef+topk:0.1", 0.2), ("randomk:0.1", 0.1)])
+                                         ("topk:0.01", 0.02), ("ef+topk:0.1", 0.2), ("randomk:0.1", 0.1),
+                                         ("ef+topk:0.01:values=fp16", 0.02), ("randomk:0.1:seed=3", 0.1)])
 def test_auto_gamma_per_codec(codec, gamma):
     from swarm.gossip import suggested_gamma
     assert suggested_gamma(codec) == pytest.approx(gamma)
@@ -247,6 +248,25 @@ def test_bounded_waits_only_past_max_staleness():
         return r
     r = asyncio.run(main())  # now p001 is 2 rounds behind: p000 waits and leaves it out
     assert r.waited_s >= 0.25 and r.missing == ["p001"]
+
+
+def test_a_stalled_neighbour_costs_one_timeout_not_one_per_round():
+    async def main():
+        hub, links, xs, engines = make(3, d=8, topology="ring", sync="lockstep", round_timeout=0.3)
+        await run_rounds(engines, 2)
+        # p001 stalls: p000's first round without it waits out the deadline ...
+        first = (await asyncio.gather(engines[0].round(), engines[2].round()))[0]
+        # ... and the next rounds go on at once, still leaving it out
+        later = [(await asyncio.gather(engines[0].round(), engines[2].round()))[0] for _ in range(3)]
+        # p001 comes back (at its old round 2): once a message from it has arrived,
+        # p000 waits for it again, here in vain since lockstep needs its round 6
+        await engines[1].round()
+        back = (await asyncio.gather(engines[0].round(), engines[2].round()))[0]
+        return first, later, back
+    first, later, back = asyncio.run(main())
+    assert first.waited_s >= 0.25 and first.missing == ["p001"]
+    assert all(r.waited_s < 0.25 and r.missing == ["p001"] for r in later)
+    assert back.waited_s >= 0.25 and back.missing == ["p001"]
 
 
 def test_lockstep_with_latency_keeps_exactness():
