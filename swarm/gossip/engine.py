@@ -32,7 +32,8 @@ Sync modes
     message; ``bounded`` waits only for senders more than ``max_staleness``
     rounds behind; ``async`` never waits and uses whatever has arrived. Messages
     from a sender's *future* rounds are held back in lockstep and bounded so
-    both ends mix the same copies.
+    both ends mix the same copies. A sender waited for until the deadline in
+    vain is not waited for again until a message from it arrives.
 """
 
 from __future__ import annotations
@@ -274,6 +275,11 @@ class Gossip:
         self._out: OrderedDict[str, _OutStream] = OrderedDict()  # key "" = broadcast stream
         self._in: dict[str, _InCopy] = {}
         self._arrived = asyncio.Event()
+        # Senders a round waited for until its deadline, in vain: later rounds do not
+        # wait for them again until something from them arrives. A neighbour that is
+        # still starting (a restart, a late join) or stalled costs one timeout, not one
+        # per round, while a merely slow neighbour is waited for as the mode says.
+        self._late: set[str] = set()
         self._bytes_in = 0
         self._rejected = 0
         self._steps = 0
@@ -350,6 +356,7 @@ class Gossip:
         self._bytes_in += n
         self.stats.bytes_in += n
         copy.pending.append(msg)
+        self._late.discard(msg.src)
         self._arrived.set()
 
     def _on_nack(self, msg: Message) -> None:
@@ -629,12 +636,13 @@ class Gossip:
             # a sender whose copy broke this round (gap, bad delta) is repaired by a
             # full state next round; waiting for it now would only burn the timeout
             broken |= await self._drain(upto)
-            waiting = [] if need is None else [j for j in senders
-                                               if self._copy_round(j) < need and j not in broken]
+            waiting = [] if need is None else [j for j in senders if self._copy_round(j) < need
+                                               and j not in broken and j not in self._late]
             if not waiting:
                 break
             left = deadline - time.monotonic()
             if left <= 0:
+                self._late.update(waiting)
                 break
             self._arrived.clear()
             try:
