@@ -42,18 +42,23 @@ def test_frozen_neighbour_does_not_grow_memory(procs):
             try:
                 delta = np.ones(1 << 18, np.float32)      # 1 MiB
                 rss0 = rss_kb()
-                sent = 0
+                sent = tries = 0
                 t_end = time.monotonic() + 10.0
                 while time.monotonic() < t_end:
+                    tries += 1
                     if await a.send("B", "data", arrays=[delta]):
                         sent += 1
                     await asyncio.sleep(0.002)
                 grown_mb = (rss_kb() - rss0) / 1024
-                print(f"frozen neighbour: {sent} sent, {a.counters.dropped_out} dropped, RSS +{grown_mb:.1f} MiB")
+                print(f"frozen neighbour: {tries} tries, {sent} sent, {a.counters.dropped_out} dropped, RSS +{grown_mb:.1f} MiB")
                 assert a.view.member("B") is not None      # B was never dropped from the view
                 # what got queued is bounded by the high-water mark plus the kernel's socket
                 # buffers; everything else was dropped and counted
-                assert a.counters.dropped_out > 1000, a.counters
+                # (counted against the attempts made, not a fixed number: on a loaded
+                # machine the 10 s loop runs a few hundred times, not thousands)
+                assert tries > 200, tries
+                assert a.counters.dropped_out == tries - sent, (tries, sent, a.counters)
+                assert a.counters.dropped_out > 2 * sent, (tries, sent, a.counters)
                 assert sent < 200, sent
                 assert grown_mb < 64, f"memory grew {grown_mb:.0f} MiB"
             finally:
