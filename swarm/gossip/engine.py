@@ -118,6 +118,10 @@ class GossipStats:
     boot_served: int = 0        # parameter slices sent to bootstrapping neighbours
 
 
+# Frames this large may be queued by the transport without a copy (the same
+# threshold as swarm.transport.ZERO_COPY_MIN, which sends them zero-copy).
+_ZERO_COPY_MIN = 64 * 1024
+
 # Elements per block of the blockwise passes below: two float32 blocks stay in L2.
 _BLOCK = 1 << 16
 
@@ -155,15 +159,21 @@ class _OutStream:
         self._shared = [] if shared is None else shared
 
     def delta(self, x: np.ndarray) -> np.ndarray:
-        """``x − x̂`` in a buffer reused across rounds (fresh 400 kB arrays cost
-        more in page faults than the subtraction itself: 245 µs vs 51 µs at
-        d = 1e5). A codec whose frames are new arrays needs one buffer. One whose
-        frames alias its input (identity) sends the buffer itself, so it
-        alternates two: :meth:`swarm.link.Link.send` lets a sender reuse arrays
-        after its next send to the same peer, and every round of this stream
-        sends to each receiver it keeps in ``synced`` (a receiver left out of a
-        round drops out of ``synced`` and is resent a full state, never a delta
-        against a copy that a reused buffer may have spoilt)."""
+        """``x − x̂``, in a buffer reused across rounds where that is safe (fresh
+        400 kB arrays cost more in page faults than the subtraction itself:
+        245 µs vs 51 µs at d = 1e5).
+
+        A codec whose frames are new arrays needs one buffer, free again once
+        encoded. A codec whose frames alias its input (identity) sends the buffer
+        itself. Below ``_ZERO_COPY_MIN`` bytes the transport copies frames on
+        send, so two alternating buffers do (a receiver left out of a round drops
+        out of ``synced`` and is resent a full state). At or above it a transport
+        may queue the frame without a copy (ZeroMQ does), and behind a slow
+        receiver the frame of two rounds ago may not have left yet: rewriting it
+        would send a spoilt delta that no check can catch, so those get a fresh
+        buffer each round."""
+        if getattr(self.codec, "aliases_input", True) and self.hat.nbytes >= _ZERO_COPY_MIN:
+            return np.subtract(x, self.hat)
         if not getattr(self.codec, "aliases_input", True):
             if self.ver == 0:
                 return x   # x − 0, read once by a codec that keeps none of it

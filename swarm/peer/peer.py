@@ -243,8 +243,11 @@ class Peer:
         """Send one message to peer ``dst`` (an id in the view).
 
         Returns False, and counts it, when ``dst`` is unknown or its queue stays
-        full past ``timeout`` seconds (None: do not wait). Arrays go out
-        without a copy: do not modify them until the next send to ``dst``.
+        full past ``timeout`` seconds (None: do not wait). Arrays of 64 KiB or
+        more (``swarm.transport.ZERO_COPY_MIN``) go out without a copy and are
+        read when the message leaves the queue, which may be several sends later
+        behind a slow receiver: do not modify them after this call. Smaller ones
+        are copied on send.
         """
         self._raise_failure()
         link = self._link(dst)

@@ -386,3 +386,23 @@ def test_engine_matches_numpy_choco_and_copies_stay_identical(codec, gamma, xtol
         own = e._out[""].hat
         for j in ((i - 1) % 8, (i + 1) % 8):
             assert np.array_equal(engines[j]._in[ids[i]].hat, own)
+
+
+def test_large_frames_handed_to_send_are_never_rewritten():
+    # A zero-copy transport may still hold a large frame several sends later
+    # (a slow receiver); the engine must not rewrite an array it handed over.
+    async def main():
+        hub, links, xs, engines = make(3, d=20_000, topology="ring", codec="identity")
+        handed: list[tuple[np.ndarray, np.ndarray]] = []
+        send = links[0].send
+
+        async def recording_send(dst, t, body=None, arrays=(), **kw):
+            handed.extend((a, a.copy()) for a in arrays if a.nbytes >= 64 * 1024)
+            return await send(dst, t, body, arrays, **kw)
+
+        links[0].send = recording_send
+        await run_rounds(engines, 4)
+        return handed
+    handed = asyncio.run(main())
+    assert len(handed) >= 8
+    assert all(np.array_equal(a, snap) for a, snap in handed)
