@@ -280,7 +280,7 @@ async def main(quick: bool, netns: bool) -> dict:
 
     d = 10_000
     dense = await to_epsilon(d, "identity", 1.0, 400)
-    sign_cap, topk_cap = (300, 2000) if quick else (400, 4500)
+    sign_cap, topk_cap = (300, 2000) if quick else (400, 6000)
     # each codec stops once it has spent the bytes its target allows
     signs = [await to_epsilon(d, "ef+sign", g, sign_cap, byte_budget=dense["bytes"] / 12)
              for g in (SIGN_GAMMAS[-1:] if quick else SIGN_GAMMAS)]
