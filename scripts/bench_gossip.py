@@ -15,6 +15,15 @@ Sections
      (sign:block=0) against one scale per 256 (the default) at d = 1e5.
   4. wall time to 1e-3 under an emulated 100 Mbit/s link per directed link
      (SimHub), dense vs sign, 16-ring at d = 1e5.
+  4b. the same race modelled per host (each peer on its own host, as in a real
+     swarm, instead of all 16 computing one after another in this process):
+     lockstep on the hub without link emulation; per round, the mean per-peer CPU
+     time (process CPU time of the round / 16; ring peers are symmetric) plus the
+     largest bytes one peer sent x 8 / 100 Mbit/s (its sends share one uplink)
+     plus section 4's 0.5 ms latency, summed to 1e-3. A check compares dense's
+     modelled link time with rounds x 2 x 4d bytes x 8 / 100 Mbit/s. Top-1% is
+     added with --slow-link-topk (thousands of rounds). `--only slow_link` runs
+     sections 4 and 4b alone (ef+sign at --sign-gamma, default 1.0).
   5. the same on real links: one process per host in Linux network namespaces
      on a bridge, each host's egress shaped with `tc qdisc ... tbf rate 100mbit`
      (hosts run tests/multihost/gossip_host.py over real Peers and ZeroMQ). Needs
@@ -22,7 +31,8 @@ Sections
 
 Targets (issue 4): ≥ 50 rounds/s at d = 1e5; sign ≥ 12× and top-1% ≥ 2× fewer
 bytes than exact gossip to reach 1e-3 on a 16-ring; ≥ 5× faster to 1e-3 than
-dense under a 100 Mbit/s link. Wall-clock figures come with the load average.
+dense under a 100 Mbit/s link (emulated: `slow_link_speedup`; per-host
+model: `slow_link_speedup_per_host_model`). Wall-clock figures come with the load average.
 Last line: one JSON object.
 """
 
@@ -108,6 +118,48 @@ async def to_epsilon(d, codec, gamma, max_rounds, eps=1e-3, byte_budget=None, n=
     return {"codec": codec, "gamma": gamma, "rounds": len(res), "bytes": hub.bytes_sent,
             "wall_s": wall, "error": err, "min_error": min(trace), "reached": err < eps,
             "wall_5e-3_s": loose.get("t"), "trace": trace}
+
+
+SLOW_BPS = 100e6        # the slow link of section 4 and of the per-host model
+SLOW_LATENCY_S = 0.0005  # one-way latency section 4 adds to every delivery
+
+
+async def per_host_model(d, codec, gamma, max_rounds, eps=1e-3, bps=SLOW_BPS, latency_s=SLOW_LATENCY_S):
+    """Time to eps as if every peer had its own host and a ``bps`` uplink.
+
+    The peers run lockstep on the hub without link emulation; per round it records
+    the CPU time this process spent on the round of all N peers (process_time, so
+    the other jobs on the shared cores do not count) divided by N: the MEAN
+    per-peer compute (not the max; peers on a ring are symmetric), and the largest
+    number of bytes any one peer sent that round (RoundResult.bytes_out: a peer's
+    messages to its neighbours share its uplink). A round is modelled as
+    compute + max_bytes·8/bps + latency_s; the consensus error (the bench's usual
+    relative one) is computed outside the timed part.
+    """
+    hub, xs, engines = swarm_of(d, codec, gamma)
+    e0 = consensus_error(xs)
+    compute = link = 0.0
+    link_per_msg = 0.0  # the same model with one link per directed edge (section 4's emulation)
+    rounds, err, failure = 0, 1.0, ""
+    while rounds < max_rounds and err >= eps:
+        c = time.process_time()
+        res = await asyncio.gather(*(e.round() for e in engines))
+        compute += (time.process_time() - c) / len(engines)
+        if not all(r.ok for r in res) or hub.errors:
+            # a round that averaged with nobody would be free compute: stop, report, never count it
+            failure = (f"round {rounds} failed: {[r.reason for r in res if not r.ok][:2]} "
+                       f"{[repr(e) for e in hub.errors[:1]]}")
+            break
+        link += max(r.bytes_out for r in res) * 8 / bps
+        link_per_msg += max(r.bytes_out / max(r.sent, 1) for r in res) * 8 / bps
+        rounds += 1
+        err = consensus_error(xs, e0)
+    await hub.close()
+    lat = rounds * latency_s
+    return {"codec": codec, "gamma": gamma, "rounds": rounds, "error": err,
+            "reached": err < eps and not failure, "failure": failure,
+            "compute_s": compute, "link_s": link, "latency_s": lat, "total_s": compute + link + lat,
+            "total_per_link_s": compute + link_per_msg + lat}
 
 
 def best(runs):
@@ -266,7 +318,74 @@ def real_link_run(n: int, d: int, codec: str, gamma: float, eps: float = 1e-3,
 
 # ---------------------------------------------------------------- main
 
-async def main(quick: bool, netns: bool) -> dict:
+SLOW_LINK_MODEL = ("per host: mean per-peer CPU time per round (process CPU time of the round of "
+                   f"all {N} lockstep peers / {N}) + largest bytes one peer sent that round x 8 / "
+                   "100 Mbit/s (its sends share one uplink) + 0.5 ms latency, summed to 1e-3")
+
+
+async def slow_link(d: int, sign_gamma: float, quick: bool, topk: bool) -> dict:
+    """Sections 4 and 4b: dense vs ef+sign to 1e-3 over 100 Mbit/s, emulated in
+    SimHub (one process computes for all peers) and modelled per host."""
+    slow = dict(bandwidth_bps=SLOW_BPS, latency_s=SLOW_LATENCY_S)
+    sd = await to_epsilon(d, "identity", 1.0, 400, **slow)
+    sc = await to_epsilon(d, "ef+sign", sign_gamma, 200 if quick else 400, **slow)
+    speedup = sd["wall_s"] / sc["wall_s"] if sc["reached"] and sd["reached"] else 0.0
+    print(f"\n4. wall time to 1e-3, d={d}, emulated 100 Mbit/s + 0.5 ms per directed link, {N}-ring "
+          f"(all {N} peers' compute shares this process, so it counts too)   (load {load()})")
+    for r in (sd, sc):
+        print(f"{r['codec']:>10} gamma {r['gamma']:<4} rounds {r['rounds']:>5}  wall {r['wall_s']:>7.2f} s  "
+              f"error {r['error']:.2e}")
+    print(f"speed-up to 1e-3: {speedup:.1f}x")
+
+    # 4b. each peer on its own host: the same rounds, with compute and link time modelled per peer
+    md = await per_host_model(d, "identity", 1.0, 400)
+    mc = await per_host_model(d, "ef+sign", sign_gamma, 200 if quick else 400)
+    models = [md, mc]
+    if topk:
+        models.append(await per_host_model(d, "ef+topk:0.01", TOPK_GAMMAS[-1], 6000))
+    print(f"\n4b. per-host model of the same race, d={d}, {N}-ring, lockstep, no link emulation   "
+          f"(load {load()})\n    {SLOW_LINK_MODEL}")
+    print(f"{'codec':>13} {'gamma':>6} {'rounds':>7} {'compute s':>10} {'link s':>8} {'latency s':>10} "
+          f"{'total s':>8} {'(one link per edge)':>20} {'error':>9}")
+    for r in models:
+        print(f"{r['codec']:>13} {r['gamma']:>6} {r['rounds']:>7} {r['compute_s']:>10.3f} {r['link_s']:>8.3f} "
+              f"{r['latency_s']:>10.3f} {r['total_s']:>8.3f} {r['total_per_link_s']:>20.3f} "
+              f"{r['error']:>9.2e}{'' if r['reached'] else '  (not reached)'}")
+        if r["failure"]:
+            print(f"  ERROR: {r['codec']}: {r['failure']}")
+    # the model must not flatter: dense sends 2 messages of d float32 per peer per round
+    theory = md["rounds"] * 2 * d * 4 * 8 / SLOW_BPS
+    check = "ok"
+    if not abs(md["link_s"] - theory) <= 0.1 * theory:
+        check = (f"FAILED: dense modelled link time {md['link_s']:.3f} s is not within 10% of "
+                 f"rounds x 2 x {d * 4 / 1e3:.0f} kB x 8 / 100 Mbit/s = {theory:.3f} s")
+    print(f"check: dense modelled link {md['link_s']:.3f} s vs theory {md['rounds']} x 2 x "
+          f"{d * 4 / 1e3:.0f} kB x 8 / 100 Mbit/s = {theory:.3f} s: {check}")
+
+    def ratio(a, b, key):
+        return a[key] / b[key] if a["reached"] and b["reached"] and check == "ok" else 0.0
+
+    ms = ratio(md, mc, "total_s")
+    print(f"modelled speed-up to 1e-3, dense / ef+sign: {ms:.1f}x "
+          f"(one link per directed edge instead of one uplink per peer: {ratio(md, mc, 'total_per_link_s'):.1f}x)")
+    out = {"slow_link_speedup": round(speedup, 2),
+           "slow_link_dense_s": round(sd["wall_s"], 2), "slow_link_sign_s": round(sc["wall_s"], 2),
+           "slow_link_speedup_per_host_model": round(ms, 2),
+           "slow_link_speedup_per_host_model_per_edge": round(ratio(md, mc, "total_per_link_s"), 2),
+           "slow_link_model": SLOW_LINK_MODEL, "slow_link_model_check": check,
+           "slow_link_model_dense_link_theory_s": round(theory, 3)}
+    for r, name in zip(models, ("dense", "sign", "topk")):
+        out[f"slow_link_model_{name}"] = {"codec": r["codec"], "gamma": r["gamma"], "rounds": r["rounds"],
+                                          "reached": r["reached"], "failure": r["failure"] or None,
+                                          "compute_s": round(r["compute_s"], 3),
+                                          "link_s": round(r["link_s"], 3), "latency_s": round(r["latency_s"], 3),
+                                          "total_s": round(r["total_s"], 3)}
+    if topk:
+        out["slow_link_speedup_per_host_model_topk"] = round(ratio(md, models[2], "total_s"), 2)
+    return out
+
+
+async def main(quick: bool, netns: bool, topk: bool) -> dict:
     t_start = time.perf_counter()
     print(f"load average at start: {load()}")
     r5 = await rounds_per_s(100_000, 10 if quick else 40)
@@ -312,16 +431,7 @@ async def main(quick: bool, netns: bool) -> dict:
         print(f"{r['codec']:>13}: lowest {r['min_error']:.2e}, last {r['error']:.2e}, "
               f"below 1e-3 first after {first} rounds")
 
-    slow = dict(bandwidth_bps=100e6, latency_s=0.0005)
-    sd = await to_epsilon(d, "identity", 1.0, 400, **slow)
-    sc = await to_epsilon(d, "ef+sign", bs["gamma"], 200 if quick else 400, **slow)
-    speedup = sd["wall_s"] / sc["wall_s"] if sc["reached"] and sd["reached"] else 0.0
-    print(f"\n4. wall time to 1e-3, d={d}, emulated 100 Mbit/s + 0.5 ms per directed link, {N}-ring "
-          f"(all {N} peers' compute shares this process, so it counts too)   (load {load()})")
-    for r in (sd, sc):
-        print(f"{r['codec']:>10} gamma {r['gamma']:<4} rounds {r['rounds']:>5}  wall {r['wall_s']:>7.2f} s  "
-              f"error {r['error']:.2e}")
-    print(f"speed-up to 1e-3: {speedup:.1f}x")
+    slow = await slow_link(d, bs["gamma"], quick, topk)
 
     real: dict = {"status": "not run (--no-netns)"}
     if netns:
@@ -358,8 +468,7 @@ async def main(quick: bool, netns: bool) -> dict:
             "topk_fp16_values_bytes_saving": round(topk16_saving, 2),
             "sign_floor_one_scale": float(f"{one['min_error']:.3g}"),
             "sign_floor_block256": float(f"{blk['min_error']:.3g}"),
-            "slow_link_speedup": round(speedup, 2),
-            "slow_link_dense_s": round(sd["wall_s"], 2), "slow_link_sign_s": round(sc["wall_s"], 2),
+            **slow,
             "real_link_speedup": real.get("speedup"), "real_link": real,
             "load_avg": [round(v, 1) for v in os.getloadavg()], "quick": quick}
 
@@ -368,6 +477,22 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds and gammas (smoke test)")
     ap.add_argument("--no-netns", action="store_true", help="skip the real-link run in network namespaces")
+    ap.add_argument("--only", choices=("slow_link",),
+                    help="run only sections 4 and 4b (the slow link), ef+sign at --sign-gamma")
+    ap.add_argument("--sign-gamma", type=float, default=SIGN_GAMMAS[-1],
+                    help="ef+sign gamma with --only (the full run takes section 2's best; default %(default)s)")
+    ap.add_argument("--slow-link-topk", action="store_true",
+                    help="also model ef+topk:0.01 per host (thousands of rounds: minutes)")
     args = ap.parse_args()
-    out = asyncio.run(main(args.quick, not args.no_netns))
+    if args.only == "slow_link":
+        async def only_slow_link() -> dict:
+            t0 = time.perf_counter()
+            print(f"load average at start: {load()}")
+            out = await slow_link(100_000, args.sign_gamma, args.quick, args.slow_link_topk)
+            print(f"\nload average at end: {load()}   (took {time.perf_counter() - t0:.0f} s)")
+            return {**out, "only": "slow_link", "load_avg": [round(v, 1) for v in os.getloadavg()],
+                    "quick": args.quick}
+        out = asyncio.run(only_slow_link())
+    else:
+        out = asyncio.run(main(args.quick, not args.no_netns, args.slow_link_topk))
     print(json.dumps(out))
