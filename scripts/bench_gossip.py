@@ -382,6 +382,7 @@ async def slow_link(d: int, sign_gamma: float, quick: bool, topk: bool) -> dict:
                                           "total_s": round(r["total_s"], 3)}
     if topk:
         out["slow_link_speedup_per_host_model_topk"] = round(ratio(md, models[2], "total_s"), 2)
+        print(f"modelled speed-up to 1e-3, dense / ef+topk:0.01: {ratio(md, models[2], 'total_s'):.2f}x")
     return out
 
 
