@@ -17,7 +17,10 @@ Figures, per the issue: (a) time to solve with one host per peer, estimated as
 the largest per-peer process CPU time (the peers share this machine's cores, so
 wall time is not the measure; the isolated learner's CPU time is measured the
 same way); (b) env steps per peer and in total; (c) gossip bytes sent per peer,
-against the uncompressed run. Unsolved runs count at their full budget.
+against the uncompressed run. Unsolved runs count at their full budget. A solved
+swarm counts at the step S of its first solving evaluation: S steps per peer, n·S
+in total, and the largest CPU time that any peer's own evaluation at S recorded
+(the other peers train on until the launcher stops them; that is not counted).
 
     python scripts/bench_learning.py                # 3 seeds each (slow: tens of minutes on 2 cores)
     python scripts/bench_learning.py --seeds 0 --max-steps 30000
@@ -26,6 +29,7 @@ against the uncompressed run. Unsolved runs count at their full budget.
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import json
 import tempfile
@@ -82,12 +86,38 @@ def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int
     if code != 0:
         raise SystemExit(f"swarm run failed ({code}):\n{log.getvalue()}")
     steps = [int(r.get("env_steps", 0)) for r in rows]
-    return {"seed": seed, "solved": any(r.get("reason") == "solved" for r in rows),
-            "steps_per_peer": max(steps), "total_steps": sum(steps),
-            "cpu_s": max(float(r.get("cpu_s", 0.0)) for r in rows),
+    cpu = max(float(r.get("cpu_s", 0.0)) for r in rows)
+    solved_at = [int(r["solved_at"]) for r in rows if r.get("reason") == "solved" and "solved_at" in r]
+    per_peer, total = max(steps), sum(steps)
+    if solved_at:
+        # The swarm is solved when its first peer's evaluation at S env steps says so.
+        # The others keep training until the launcher has stopped them, which is not
+        # part of the solve: count every peer at S steps (n·S in total, at least what
+        # they had done then) and at the CPU time its own evaluation at S recorded
+        # (all peers evaluate at the same step counts; a peer that had not reached S
+        # counts at the solver's).
+        s_min = min(solved_at)
+        at_s = [_cpu_at(run_dir / f"peer{r}" / "evals.csv", s_min) for r in range(len(rows))]
+        per_peer, total = s_min, s_min * len(rows)
+        cpu = max(c for c in at_s if c is not None)
+    return {"seed": seed, "solved": bool(solved_at),
+            "steps_per_peer": per_peer, "total_steps": total, "cpu_s": cpu,
+            "steps_at_end": steps,
             "gossip_bytes_per_peer": float(np.mean([r.get("gossip_bytes_out", 0) for r in rows])),
             "bytes_per_peer": float(np.mean([r.get("bytes_out", 0) for r in rows])),
             "eval_returns": [r.get("eval_return") for r in rows], "run_dir": str(run_dir)}
+
+
+def _cpu_at(evals_csv: Path, step: int) -> float | None:
+    """The CPU seconds a peer's evaluation at ``step`` env steps recorded (None if it has none)."""
+    try:
+        with open(evals_csv) as f:
+            for row in csv.DictReader(f):
+                if int(row["env_steps"]) == step:
+                    return float(row["cpu_s"])
+    except OSError:
+        pass
+    return None
 
 
 def main() -> None:
