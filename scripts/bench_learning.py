@@ -87,7 +87,9 @@ def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int
         raise SystemExit(f"swarm run failed ({code}):\n{log.getvalue()}")
     steps = [int(r.get("env_steps", 0)) for r in rows]
     cpu = max(float(r.get("cpu_s", 0.0)) for r in rows)
-    solved_at = [int(r["solved_at"]) for r in rows if r.get("reason") == "solved" and "solved_at" in r]
+    # From every peer's evaluations, not from how the run ended: a run without
+    # stop_when_solved (the uncompressed one) may reach 475 and train on.
+    solved_at = [e for r in range(len(rows)) for e in _solved_steps(run_dir / f"peer{r}" / "evals.csv")]
     per_peer, total = max(steps), sum(steps)
     if solved_at:
         # The swarm is solved when its first peer's evaluation at S env steps says so.
@@ -106,6 +108,18 @@ def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int
             "gossip_bytes_per_peer": float(np.mean([r.get("gossip_bytes_out", 0) for r in rows])),
             "bytes_per_peer": float(np.mean([r.get("bytes_out", 0) for r in rows])),
             "eval_returns": [r.get("eval_return") for r in rows], "run_dir": str(run_dir)}
+
+
+def _solved_steps(evals_csv: Path) -> list[int]:
+    """Env steps of a peer's first evaluation that reached SOLVE (empty if none)."""
+    try:
+        with open(evals_csv) as f:
+            for row in csv.DictReader(f):
+                if float(row["eval_return"]) >= SOLVE:
+                    return [int(row["env_steps"])]
+    except OSError:
+        pass
+    return []
 
 
 def _cpu_at(evals_csv: Path, step: int) -> float | None:
