@@ -289,6 +289,7 @@ class Gossip:
         # wait for them again until something from them arrives. A neighbour that is
         # still starting (a restart, a late join) or stalled costs one timeout, not one
         # per round, while a merely slow neighbour is waited for as the mode says.
+        # (Not before this peer's first averaging round: see round().)
         self._late: set[str] = set()
         self._bytes_in = 0
         self._rejected = 0
@@ -652,7 +653,11 @@ class Gossip:
                 break
             left = deadline - time.monotonic()
             if left <= 0:
-                self._late.update(waiting)
+                if self.stats.rounds > self.stats.rounds_alone:
+                    # only once this peer has averaged with someone: at start-up,
+                    # neighbours still setting up are waited for every round, so
+                    # peers that start together also train together
+                    self._late.update(waiting)
                 break
             self._arrived.clear()
             try:
