@@ -286,6 +286,9 @@ def test_page_in_headless_chromium(procs, tmp_path):
     for i in range(3):
         procs.start("peer", "--coordinator", addr, "--id", f"p{i}", name=f"p{i}")
     wait_for(lambda: json.loads(_fetch(url + "status.json"))["members"] == 3, 20, what="3 peers in the view")
+    # ... and every row on that view (a row's neighbours follow the member's view)
+    wait_for(lambda: all(len(p["neighbours"]) == 2 for p in json.loads(_fetch(url + "status.json"))["peers"]),
+             20, what="every peer's row listing its two neighbours")
 
     # --virtual-time-budget lets the page's script run (fetch /status.json, redraw) before the dump
     out = subprocess.run(
