@@ -172,17 +172,14 @@ class _OutStream:
         receiver the frame of two rounds ago may not have left yet: rewriting it
         would send a spoilt delta that no check can catch, so those get a fresh
         buffer each round."""
-        if getattr(self.codec, "aliases_input", True) and self.hat.nbytes >= _ZERO_COPY_MIN:
+        aliases = getattr(self.codec, "aliases_input", True)
+        if aliases and self.hat.nbytes >= _ZERO_COPY_MIN:
             return np.subtract(x, self.hat)
-        if not getattr(self.codec, "aliases_input", True):
-            if self.ver == 0:
-                return x   # x − 0, read once by a codec that keeps none of it
-            # the frames are new arrays, so the buffer is free again once encoded:
-            # one for all of the engine's streams (per-edge topologies keep several)
-            deltas = self._shared
-        else:
-            deltas = self._deltas
-        want = 2 if deltas is self._deltas else 1
+        if not aliases and self.ver == 0:
+            return x   # x − 0, read once by a codec that keeps none of it
+        # Non-aliasing frames are new arrays, so the buffer is free again once
+        # encoded: one for all of the engine's streams (per-edge topologies keep several).
+        deltas, want = (self._deltas, 2) if aliases else (self._shared, 1)
         if len(deltas) < want:
             deltas.append(np.empty_like(self.hat))
         buf = deltas[self.ver % want]
