@@ -282,6 +282,9 @@ def _rounds(path: Path) -> list[dict]:
 
 
 def _start_hosts(lab: Lab, hosts: list[int], prefix: str, out: Path, **opts) -> list[subprocess.Popen]:
+    # The coordinator is shared by the module: the previous test's peers must be out
+    # of its table first, or a new host's rank is still held by one of them.
+    wait_for(lambda: not _alive(lab.status()), 20, "the previous test's peers to leave the table")
     args = [f"--{k.replace('_', '-')}={v}" for k, v in opts.items()]
     return [lab.start(f"h{i}", [sys.executable, str(HOST_SCRIPT), "--coordinator", COORD,
                                 "--bind", f"tcp://{SUBNET}.{10 + i}:*", "--id", f"{prefix}{i}",
