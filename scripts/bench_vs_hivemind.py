@@ -301,6 +301,71 @@ def run_swarm(topology: str, codec: str, d: int, n: int = N, max_rounds: int = 6
     )
 
 
+# ------------------------------------------------------------ raw pyzmq anchor
+
+def _zmq_peer_proc(rank: int, n: int, d: int, ports, ready, q) -> None:
+    """The floor: a full exchange in bare pyzmq. PULL bound per process, PUSH to every
+    other; each sends its vector without a copy, receives the n − 1 others without a
+    copy and averages them. No framework, no checks, no membership."""
+    import zmq
+
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    ports[rank] = pull.bind_to_random_port("tcp://127.0.0.1")
+    meter = ErrorMeter(true_mean(n, d))
+    x = vector(rank, d)
+    while min(ports[:]) == 0:
+        time.sleep(0.001)
+    pushes = []
+    for r in range(n):
+        if r != rank:
+            s = ctx.socket(zmq.PUSH)
+            s.connect(f"tcp://127.0.0.1:{ports[r]}")
+            pushes.append(s)
+    time.sleep(0.5)  # connections up before the clock, as swarm's peers are linked
+    ready[rank] = 1
+    while min(ready[:]) < 1:
+        time.sleep(0.0002)
+    t0, cpu0 = time.monotonic(), tree_cpu()
+    for s in pushes:
+        s.send(x, copy=False)
+    got = [np.frombuffer(pull.recv(copy=False), np.float32) for _ in range(n - 1)]
+    acc = x.copy()
+    for g in got:
+        acc += g
+    acc *= np.float32(1 / n)
+    t1, cpu1 = time.monotonic(), tree_cpu()
+    q.put(dict(rank=rank, t0=t0, t1=t1, cpu_s=cpu1 - cpu0, err=meter(acc)))
+    ready[rank] = 2
+    while min(ready[:]) < 2:   # nobody leaves while others still read from it
+        time.sleep(0.001)
+    for s in pushes:
+        s.close(linger=0)
+    pull.close(linger=0)
+    ctx.term()
+
+
+def run_raw_zmq(d: int, n: int = N, timeout: float = 120.0) -> dict:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    ports, ready, q = ctx.Array("i", n), ctx.Array("i", n), ctx.Queue()
+    procs = [ctx.Process(target=_zmq_peer_proc, args=(r, n, d, ports, ready, q), daemon=True) for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        out = [q.get(timeout=timeout) for _ in range(n)]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+    return dict(ok=True, wall_s=max(o["t1"] for o in out) - max(o["t0"] for o in out),
+                cpu_s=sum(o["cpu_s"] for o in out), err=max(o["err"] for o in out),
+                bytes=n * (n - 1) * 4 * d)
+
+
 # ------------------------------------------------------------------- hivemind
 
 def hm_python() -> Path:

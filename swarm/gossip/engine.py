@@ -279,6 +279,7 @@ class Gossip:
         self.t = 0
         self.stats = GossipStats()
         self._per_edge = topology in topo.TIME_VARYING
+        self._sends_state = make_codec(codec).name == "identity"   # see round()
         self._out: OrderedDict[str, _OutStream] = OrderedDict()  # key "" = broadcast stream
         self._in: dict[str, _InCopy] = {}
         self._arrived = asyncio.Event()
@@ -402,7 +403,10 @@ class Gossip:
                     copy.ver = -1  # the old copy no longer matches the sender's
                     gaps.append(ver)
                     continue
-                np.copyto(copy.hat, a)
+                if a.flags.writeable:
+                    copy.hat = a   # the received buffer is ours alone: keep it, no copy
+                else:
+                    np.copyto(copy.hat, a)
                 copy.ver, copy.round = ver, r
                 continue
             zero = ver == 1 and msg.body.get("zero") is True
@@ -598,7 +602,21 @@ class Gossip:
         if not self._per_edge and receivers:
             self._stream_for("").synced &= set(receivers)
         sends = []
+        snapshot = None
         for s, dsts in streams.values():
+            if self._sends_state:
+                # Identity codec: x̂ becomes x exactly each round, so the message is x
+                # itself (the same bytes as the delta x − x̂), and a receiver keeps the
+                # received array as its copy: no delta buffer, no additions at either
+                # end, no versions to fall out of. The snapshot is never written
+                # again, so the transport may send it without a copy.
+                if snapshot is None:
+                    snapshot = self.x.copy()
+                s.hat, s.ver = snapshot, s.ver + 1
+                body = {"r": t, "ver": s.ver}
+                state = (T_FULL, body, [snapshot], self._wire_size(T_FULL, body, [snapshot]))
+                sends += [(s, dst, state) for dst in dsts]
+                continue
             # A stream's first delta is taken against an all-zero copy, which any
             # receiver can rebuild: it goes compressed to everyone, not as a full state.
             first = s.ver == 0
@@ -627,7 +645,7 @@ class Gossip:
                     sends.append((s, dst, full))
         for s, dst, (typ, body, arrays, nbytes) in sends:
             if await self._send(dst, typ, body, arrays, nbytes, res):
-                if typ == T_FULL:
+                if typ == T_FULL and not self._sends_state:
                     res.full_sent += 1
                     self.stats.full_sent += 1
                 s.synced.add(dst)

@@ -73,9 +73,10 @@ def test_mean_preserved_under_codec(codec, gamma):
     asyncio.run(main())
 
 
-def test_nan_and_wrong_size_deltas_rejected_and_counted():
+@pytest.mark.parametrize("codec", ["identity", "fp16"])
+def test_nan_and_wrong_size_deltas_rejected_and_counted(codec):
     async def main():
-        hub, links, xs, engines = make(5, d=16, topology="ring")
+        hub, links, xs, engines = make(5, d=16, topology="ring", codec=codec)
         e0 = consensus_error(xs)
         await run_rounds(engines, 2)
         target = engines[0]
@@ -89,9 +90,13 @@ def test_nan_and_wrong_size_deltas_rejected_and_counted():
         assert target.stats.rejected_nonfinite == 1 and target.stats.rejected_size == 1
         np.testing.assert_array_equal(xs[0], before)
         np.testing.assert_array_equal(target._in["p001"].hat, hat_before)
-        # the copy is unusable until a full state arrives; a nack gets one and gossip recovers
         res = await run_rounds(engines, 40)
-        assert "p001" in res[0][0].missing and "p001" in res[2][0].participants
+        if codec == "identity":
+            # every identity message is the sender's whole state: the next one repairs the copy
+            assert "p001" in res[0][0].participants
+        else:
+            # the copy is unusable until a full state arrives; a nack gets one and gossip recovers
+            assert "p001" in res[0][0].missing and "p001" in res[2][0].participants
         assert all(r.waited_s < 1.0 for rnd in res for r in rnd)  # nobody burnt the timeout
         assert consensus_error(xs, e0) < 1e-3
     asyncio.run(main())
@@ -166,7 +171,8 @@ def test_alone_is_not_success():
 
 def test_killed_peer_survivors_relink_and_converge():
     async def main():
-        hub, _, xs, engines = make(8, d=64, topology="ring", round_timeout=0.5)
+        # a delta codec: identity messages are whole states, so they need no full-state resync
+        hub, _, xs, engines = make(8, d=64, topology="ring", round_timeout=0.5, codec="fp16")
         await run_rounds(engines, 5)
         hub.remove("p003")
         live = [e for e in engines if e.link.id != "p003"]
@@ -176,7 +182,6 @@ def test_killed_peer_survivors_relink_and_converge():
         res = await run_rounds(live, 200, until=lambda: consensus_error(lx, e0) < 1e-3)
         assert consensus_error(lx, e0) < 1e-3
         # p002 and p004 became neighbours: each got the other's full state once
-        first = {r.link_id if hasattr(r, "link_id") else i: r for i, r in enumerate(res[0])}
         assert res[0][2].full_sent >= 1 and "p004" in res[0][2].participants
         assert all(r.ok for rnd in res for r in rnd)
         np.testing.assert_allclose(np.mean(np.stack(lx), 0), m0, rtol=1e-4, atol=1e-5)
@@ -202,7 +207,7 @@ def test_joiner_gets_full_state_and_adopts_round():
 
 def test_lost_delta_is_repaired_by_nack_and_full_state():
     async def main():
-        hub, links, xs, engines = make(4, d=32, topology="ring")
+        hub, links, xs, engines = make(4, d=32, topology="ring", codec="fp16")
         await run_rounds(engines, 2)
         # lose one message: drop what p001 queued for p000 by skipping a version
         engines[1]._out[""].ver += 1
@@ -406,3 +411,23 @@ def test_large_frames_handed_to_send_are_never_rewritten():
     handed = asyncio.run(main())
     assert len(handed) >= 8
     assert all(np.array_equal(a, snap) for a, snap in handed)
+
+
+def test_identity_messages_are_whole_states_kept_without_a_copy():
+    async def main():
+        hub, links, xs, engines = make(4, d=32, topology="ring")
+        await run_rounds(engines, 2)
+        # a lost message (a skipped version) needs no nack: the next state replaces the copy
+        engines[1]._out[""].ver += 1
+        res = await run_rounds(engines, 1)
+        assert "p001" in res[0][0].participants
+        assert engines[0].stats.out_of_sync == 0 and engines[0].stats.nacks_sent == 0
+        # the copy is the sender's snapshot as sent, and the receiver holds the received buffer
+        sent = engines[1]._out[""].hat
+        got = engines[0]._in["p001"].hat
+        np.testing.assert_array_equal(got, sent)
+        assert not np.shares_memory(got, sent)
+        # the snapshot is not x: x moved on when p001 mixed, the snapshot did not
+        assert not np.array_equal(sent, xs[1])
+        assert all(e.stats.full_sent == 0 for e in engines)
+    asyncio.run(main())
