@@ -30,14 +30,18 @@ def test_blockwise_mixing_is_w_times_x(topology, n):
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("size", [D, 300])
 @pytest.mark.parametrize("where", [0, _BLOCK - 1, _BLOCK, D - 1])
-def test_finite_finds_nan_in_any_block(where):
-    a = np.ones(D, np.float32)
+def test_finite_finds_nan_in_any_block(where, size, dtype):
+    where = min(where, size - 1)
+    a = np.ones(size, dtype)
+    a[1] = np.finfo(dtype).max       # the largest finite value and the smallest subnormal pass
+    a[2] = -np.finfo(dtype).smallest_subnormal
     assert _finite(a)
-    a[where] = np.nan
-    assert not _finite(a)
-    a[where] = -np.inf
-    assert not _finite(a)
+    for bad in (np.nan, np.inf, -np.inf):
+        a[where] = bad
+        assert not _finite(a)
     assert _finite(np.ones(D, np.int8))
 
 
