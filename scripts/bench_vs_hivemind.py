@@ -17,10 +17,16 @@ graph is the complete graph at n = 4, so it is ``full``.) Wall time runs from
 "all peers joined, linked and past a start barrier" to "every peer within 1e-3";
 after each round every peer posts its error to shared memory and all stop in
 the same round once all are within the tolerance. Bytes: the engine's
-``RoundResult.bytes_out`` (wire bytes of every message), summed over peers:
-measured, not modelled. The peers and the coordinator run with failure
+``RoundResult.bytes_out`` (wire bytes of every message, headers included),
+summed over peers: measured, not modelled. Payload: messages sent × d × itemsize,
+the array bytes alone, which is what hivemind's figure below counts; the bytes
+comparisons use it (the difference is about 300 B of header per message). The peers and the coordinator run with failure
 detection as patient as hivemind's ``request_timeout`` (10 s), see
-``_coordinator_proc`` and ``_swarm_peer_proc`` for why.
+``_coordinator_proc`` and ``_swarm_peer_proc`` for why. A probe run per
+configuration first finds the rounds it needs (every peer's error measured after
+every round, behind a barrier); the timed runs then do exactly that many rounds
+back to back and measure the error after the clock stops, as hivemind's single
+step is timed, and count only if every peer is within the tolerance.
 
 hivemind: the script makes ``build/hivemind-venv`` (``torch==2.13.0`` first,
 then ``hivemind`` with ``numpy<2.4``; the wheel ships its ``p2pd`` daemon) and
@@ -37,6 +43,10 @@ CPU s: user + system CPU time of every peer's process tree between its own
 start and end of the clock, summed over the 4 peers (hivemind's tree includes
 its averager and DHT processes and their p2pd daemons). On a shared machine
 this varies less than wall time; the table prints the load average with it.
+
+Anchor: a bare pyzmq full exchange of the same vectors (``run_raw_zmq``: PUSH to
+every other process without a copy, PULL the others, average; no framework), in
+the same run.
 
 Both sides run in the same invocation, interleaved (swarm, hivemind, swarm,
 hivemind ...), since the machine's cores are shared and absolute times drift;
@@ -154,7 +164,7 @@ def _coordinator_proc(q, stop) -> None:
 
 
 def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec: str,
-                     max_rounds: int, ready, done, conv, fin, epoch, q) -> None:
+                     max_rounds: int, fixed: bool, ready, done, conv, fin, epoch, q) -> None:
     import asyncio
 
     import torch
@@ -210,10 +220,11 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
             ready[rank] = 1
             await wait_all(ready, 1)
             t0, cpu0 = time.monotonic(), tree_cpu()
-            t_conv, cpu_conv, bytes_out, bytes_in, rounds, err, fails = None, None, 0, 0, 0, err0, 0
+            t_conv, cpu_conv, bytes_out, bytes_in, rounds, err, fails, sent = None, None, 0, 0, 0, err0, 0, 0
             history = []
             for t in range(max_rounds):
                 res = await g.round()
+                t_round, cpu_round = time.monotonic(), tree_cpu()
                 history.append(res)
                 if not res.ok or res.missing or res.dropped:
                     print(f"swarm peer {rank} round {t}: ok={res.ok} reason={res.reason!r} missing={res.missing} "
@@ -222,10 +233,13 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
                 rounds += 1
                 fails += not res.ok
                 bytes_out += res.bytes_out
+                sent += res.sent
                 bytes_in += res.bytes_in
+                if fixed and t < max_rounds - 1:
+                    continue   # timed run: rounds back to back, the error is measured after the last
                 err = meter(x)
                 if err <= TOL and t_conv is None:
-                    t_conv, cpu_conv = time.monotonic(), tree_cpu()
+                    t_conv, cpu_conv = t_round, cpu_round
                 conv[t * n + rank] = int(err <= TOL)
                 done[rank] = t + 1
                 await wait_all(done, t + 1)
@@ -237,7 +251,7 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
             await wait_all(fin, 1)
             return dict(rank=rank, t0=t0, t_conv=t_conv, t_end=t_end,
                         cpu_s=None if cpu_conv is None else cpu_conv - cpu0, rounds=rounds, err=err, err0=err0,
-                        bytes_out=bytes_out, bytes_in=bytes_in, failed_rounds=fails,
+                        bytes_out=bytes_out, bytes_in=bytes_in, failed_rounds=fails, sent=sent,
                         dropped=g.stats.dropped_sends,
                         stats={k: v for k, v in vars(g.stats).items() if v and k not in ("bytes_out", "bytes_in")},
                         first=[(r.ok, r.reason, r.rejected, r.full_sent) for r in history[:3]])
@@ -249,8 +263,12 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
         raise
 
 
-def run_swarm(topology: str, codec: str, d: int, n: int = N, max_rounds: int = 60,
+def run_swarm(topology: str, codec: str, d: int, n: int = N, max_rounds: int = 60, fixed: bool = False,
               timeout: float = 300.0) -> dict:
+    """One swarm run. ``fixed=False`` (the probe) measures every peer's error after
+    every round, behind a barrier, and stops in the round where all are within the
+    tolerance; ``fixed=True`` runs exactly ``max_rounds`` rounds back to back and
+    measures the error once after the clock, as hivemind's step is measured."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -266,7 +284,8 @@ def run_swarm(topology: str, codec: str, d: int, n: int = N, max_rounds: int = 6
         q = ctx.Queue()
         for r in range(n):
             p = ctx.Process(target=_swarm_peer_proc, daemon=True,
-                            args=(address, r, n, d, topology, codec, max_rounds, ready, done, conv, fin, epoch, q))
+                            args=(address, r, n, d, topology, codec, max_rounds, fixed, ready, done, conv, fin,
+                                  epoch, q))
             p.start()
             procs.append(p)
         out = [q.get(timeout=timeout) for _ in range(n)]
@@ -293,6 +312,9 @@ def run_swarm(topology: str, codec: str, d: int, n: int = N, max_rounds: int = 6
         err=max(o["err"] for o in out),
         err0=max(o["err0"] for o in out),
         bytes=sum(o["bytes_out"] for o in out),
+        # array bytes alone (messages × d × itemsize, dense codecs), comparable with
+        # hivemind's payload model, which leaves out its own framing as well
+        payload=sum(o["sent"] for o in out) * d * (2 if codec == "fp16" else 4),
         cpu_s=sum(o["cpu_s"] for o in out) if converged else None,
         bytes_per_peer=max(o["bytes_out"] for o in out),
         failed_rounds=sum(o["failed_rounds"] for o in out),
@@ -545,16 +567,30 @@ def main() -> None:
 
     sw: dict[str, list[dict]] = {f"{t}/{c}": [] for t, c in configs}
     hm: dict[str, list[dict]] = {c: [] for c in HM_CONFIGS}
+    raw: list[dict] = []
+    # probes: how many rounds each configuration needs (error checked after every round)
+    need: dict[str, int | None] = {}
+    for t, c in configs:
+        r = run_swarm(t, c, args.d, max_rounds=args.max_rounds)
+        need[f"{t}/{c}"] = r["rounds"] if r.get("ok") else None
+        log(f"[probe] swarm {t}/{c}: " + json.dumps(r))
     for rep in range(args.repeats):
-        jobs = [("swarm", tc) for tc in configs]
+        jobs = [("raw", None)] + [("swarm", tc) for tc in configs]
         if hm_ok:  # interleave: a hivemind run after every few swarm runs
             k = max(1, len(jobs) // len(HM_CONFIGS))
             for i, c in enumerate(HM_CONFIGS):
                 jobs.insert(min(len(jobs), (i + 1) * k + i), ("hivemind", c))
         for side, what in jobs:
-            if side == "swarm":
+            if side == "raw":
+                key = "full exchange"
+                r = run_raw_zmq(args.d)
+                raw.append(r)
+            elif side == "swarm":
                 key = f"{what[0]}/{what[1]}"
-                r = run_swarm(what[0], what[1], args.d, max_rounds=args.max_rounds)
+                if need[key] is None:
+                    r = dict(ok=False, error=f"the probe did not reach {TOL:g} within {args.max_rounds} rounds")
+                else:
+                    r = run_swarm(what[0], what[1], args.d, max_rounds=need[key], fixed=True)
                 sw[key].append(r)
             else:
                 key = what
@@ -594,6 +630,12 @@ def main() -> None:
                   f"{fmt_bytes(b['bytes_model']) + '*':>12} {fmt_bytes(b['bytes_per_peer_model']) + '*':>10}")
         else:
             print(f"{'hivemind':9} {name:32} {'FAILED':>11} {walls:>18}  {runs[-1] if runs else ''}")
+    raw_best = best(raw)
+    if raw_best:
+        walls = ",".join(f"{r['wall_s']:.2f}" for r in raw)
+        print(f"{'pyzmq':9} {'raw full exchange (anchor)':32} {raw_best['wall_s']:11.3f} {walls:>18} "
+              f"{raw_best['cpu_s']:6.2f} {1:6d} {raw_best['err']:9.2e} {fmt_bytes(raw_best['bytes']):>12} "
+              f"{fmt_bytes(raw_best['bytes'] // N):>10}")
     if hm_ok:
         print("* hivemind bytes: butterfly all-reduce payload model 2·(n−1)/n·d·itemsize per peer, not measured")
     else:
@@ -605,14 +647,31 @@ def main() -> None:
     ratio = sw_top[1]["wall_s"] / hm_top[1]["wall_s"] if sw_top and hm_top else None
     cpu_ratio = (sw_top[1]["cpu_s"] / hm_top[1]["cpu_s"]
                  if sw_top and hm_top and hm_top[1].get("cpu_s") else None)
-    bytes_ok = sw_top[1]["bytes"] <= hm_top[1]["bytes_model"] if sw_top and hm_top else None
+    bytes_ok = sw_top[1]["payload"] <= hm_top[1]["bytes_model"] if sw_top and hm_top else None
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (2 cores shared; walls are noisy, CPU s is "
           "the CPU time of all 4 peer process trees inside the clock)")
     if cpu_ratio is not None:
         print(f"CPU: swarm {sw_top[1]['cpu_s']:.2f} s / hivemind {hm_top[1]['cpu_s']:.2f} s = {cpu_ratio:.3f}; "
-              f"bytes: swarm {fmt_bytes(sw_top[1]['bytes'])} (measured) vs hivemind "
-              f"{fmt_bytes(hm_top[1]['bytes_model'])} (model): {'no more' if bytes_ok else 'MORE'}")
+              f"payload: swarm {fmt_bytes(sw_top[1]['payload'])} ({fmt_bytes(sw_top[1]['bytes'])} on the wire, "
+              f"measured) vs hivemind {fmt_bytes(hm_top[1]['bytes_model'])} (model): "
+              f"{'no more' if bytes_ok else 'MORE'}")
+    # per hivemind configuration: the fastest swarm configuration sending no more bytes
+    bytes_matched = {}
+    for hk, hb in hm_rows:
+        lean = [(k, b) for k, b in rows if b["payload"] <= hb["bytes_model"]]
+        top = min(lean, key=lambda kb: kb[1]["wall_s"]) if lean else None
+        bytes_matched[hk] = None if top is None else {
+            "swarm_config": top[0], "swarm_payload": top[1]["payload"], "swarm_wire_bytes": top[1]["bytes"],
+            "hivemind_bytes_model": hb["bytes_model"],
+            "ratio": round(top[1]["wall_s"] / hb["wall_s"], 4)}
+        print(f"vs hivemind {hk} ({fmt_bytes(hb['bytes_model'])}*): fastest swarm config sending no more payload: "
+              + (f"{top[0]} {top[1]['wall_s']:.3f} s, {fmt_bytes(top[1]['payload'])} payload, ratio "
+                 f"{top[1]['wall_s'] / hb['wall_s']:.3f}" if top else "none"))
+    vs_raw = sw_top[1]["wall_s"] / raw_best["wall_s"] if sw_top and raw_best else None
+    if vs_raw is not None:
+        print(f"swarm best / raw pyzmq full exchange = {vs_raw:.3f}"
+              + (f"; hivemind best / raw = {hm_top[1]['wall_s'] / raw_best['wall_s']:.3f}" if hm_top else ""))
     if ratio is not None:
         print(f"swarm best ({sw_top[0]}) {sw_top[1]['wall_s']:.3f} s / hivemind best ({hm_top[0]}) "
               f"{hm_top[1]['wall_s']:.3f} s = {ratio:.3f} (target ≤ 0.35)")
@@ -621,6 +680,9 @@ def main() -> None:
         "vs_hivemind_ratio": None if ratio is None else round(ratio, 4),
         "vs_hivemind_cpu_ratio": None if cpu_ratio is None else round(cpu_ratio, 4),
         "swarm_bytes_le_hivemind": bytes_ok,
+        "bytes_matched": bytes_matched,
+        "swarm_vs_raw_pyzmq": None if vs_raw is None else round(vs_raw, 4),
+        "raw_pyzmq_wall_s": round(raw_best["wall_s"], 4) if raw_best else None,
         "loadavg": [round(v, 2) for v in load],
         "swarm_best_config": sw_top[0] if sw_top else None,
         "swarm_best_wall_s": round(sw_top[1]["wall_s"], 4) if sw_top else None,
