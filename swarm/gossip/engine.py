@@ -22,9 +22,13 @@ Streams and copies
     (``gsp_nack``) is sent the *full* public copy (dense float32) instead of a
     delta, so nobody ever applies a delta to a copy it never had.
 
+    With the identity codec x̂ becomes x exactly each round, so every message is
+    the full state (a snapshot of x: the same bytes as the delta) and receivers
+    keep the received buffer as their copy.
+
 Messages (registered with :func:`swarm.wire.register_type`)
     ``gsp_delta``  body ``{r, ver, meta}``, arrays = the codec's frames
-    ``gsp_full``   body ``{r, ver}``, arrays = ``[x̂ float32[d]]``
+    ``gsp_full``   body ``{r, ver}``, arrays = ``[x̂ float32[d]]`` (every identity message)
     ``gsp_nack``   body ``{ver}``: "my copy of you is not at ``ver − 1``; send it full"
 
 Sync modes
