@@ -431,3 +431,22 @@ def test_identity_messages_are_whole_states_kept_without_a_copy():
         assert not np.array_equal(sent, xs[1])
         assert all(e.stats.full_sent == 0 for e in engines)
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("codec,topology", [("fp16", "ring"), ("ef+topk:0.1", "ring"),
+                                            ("int8", "one_peer_exponential")])
+def test_copies_allocated_up_front_give_the_same_rounds(codec, topology, monkeypatch):
+    async def run(prealloc):
+        if not prealloc:
+            monkeypatch.setattr(Gossip, "_preallocate", lambda self: None)
+        hub, _, xs, engines = make(8, d=300, topology=topology, codec=codec, gamma=0.5)
+        if prealloc:
+            # every neighbour of the first rounds already has a written copy, and so does our stream
+            assert all(c.zeroed for e in engines for c in e._in.values())
+            assert all(s.zeroed for e in engines for s in e._out.values())
+            assert {len(e._in) for e in engines} == ({2} if topology == "ring" else {3})
+        await run_rounds(engines, 4)
+        monkeypatch.undo()
+        return np.stack(xs)
+
+    np.testing.assert_array_equal(asyncio.run(run(True)), asyncio.run(run(False)))
