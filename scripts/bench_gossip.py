@@ -400,7 +400,7 @@ async def bytes_to_epsilon(d: int, quick: bool) -> dict:
     bt = best(topks)
     topk16 = await to_epsilon(d, TOPK16, bt["gamma"], topk_cap, byte_budget=dense["bytes"] / 2)
     print(f"\n2. bytes to 1e-3 on a {N}-ring, d={d} (gamma sweep; a run stops when it has spent "
-          "the bytes its target allows: dense/12 for sign, dense/2 for top-1%)   (load {load()})")
+          f"the bytes its target allows: dense/12 for sign, dense/2 for top-1%)   (load {load()})")
     print(f"{'codec':>26} {'gamma':>6} {'rounds':>7} {'MB':>9} {'saving':>7} {'error':>9}")
     for r in [dense, *signs, *topks, topk16]:
         print(f"{r['codec']:>26} {r['gamma']:>6} {r['rounds']:>7} {r['bytes'] / 1e6:>9.2f} "
