@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -159,6 +160,11 @@ def _finite(a: np.ndarray) -> bool:
         if not m.all():
             return False
     return True
+
+
+def _give_back(free: list[np.ndarray], buf: np.ndarray, keep: int = 2) -> None:
+    if len(free) < keep:
+        free.append(buf)
 
 
 def _zeros(d: int, written: bool) -> np.ndarray:
@@ -334,8 +340,28 @@ class Gossip:
         self._boot_nonce = 0
         self._boot_round = 0
         link.on_view(self._on_view)
-        if not self._sends_state:
+        # identity snapshots: written buffers that come back once sent and replaced
+        self._free_snapshots: list[np.ndarray] = []
+        if self._sends_state:
+            self._free_snapshots += [_zeros(self.d, written=True) for _ in range(2)]
+        else:
             self._preallocate()
+
+    def _snapshot(self) -> np.ndarray:
+        """A copy of x for an identity round, in a recycled buffer where one is free.
+
+        The copy is sent without a copy by the transport and kept as the stream's
+        x̂ until the next round, so its buffer may be written again only once both
+        are done with it: the array handed out is a view whose finalizer returns
+        the buffer (as SimHub recycles its message buffers). Two written buffers are
+        made with the engine, so the first rounds fault in no fresh pages (40 MB at
+        d = 1e7); a round whose buffers are all still in flight gets a new one."""
+        free = self._free_snapshots
+        buf = free.pop() if free else np.empty(self.d, np.float32)
+        np.copyto(buf, self.x)
+        view = buf[:]
+        weakref.finalize(view, _give_back, free, buf)
+        return view
 
     def _preallocate(self) -> None:
         """Allocate and write the public copies of the first rounds' neighbours now.
@@ -664,7 +690,7 @@ class Gossip:
                 # end, no versions to fall out of. The snapshot is never written
                 # again, so the transport may send it without a copy.
                 if snapshot is None:
-                    snapshot = self.x.copy()
+                    snapshot = self._snapshot()
                 s.hat, s.ver = snapshot, s.ver + 1
                 body = {"r": t, "ver": s.ver}
                 state = (T_FULL, body, [snapshot], self._wire_size(T_FULL, body, [snapshot]))
