@@ -1,6 +1,7 @@
 """Property tests for the batched sum-tree."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -102,3 +103,17 @@ def test_fill_range_keeps_sums_and_minimum(start, n, value):
     np.testing.assert_array_equal(t.leaves, ref)
     assert abs(t.total - ref.sum()) <= 1e-9 * max(1.0, ref.sum())
     assert t.min == (ref[ref > 0].min() if (ref > 0).any() else np.inf)
+
+
+@pytest.mark.parametrize("capacity", [1000, 1024])
+def test_sums_are_rebuilt_once_per_capacity_writes_not_on_every_write(capacity, monkeypatch):
+    t = SumTree(capacity)
+    rebuilds = []
+    real = SumTree.rebuild
+    monkeypatch.setattr(SumTree, "rebuild", lambda self: (rebuilds.append(1), real(self)))
+    rng = np.random.default_rng(0)
+    for _ in range(100):                       # 100 batches of 64: 6,400 leaf writes
+        t.set(rng.integers(0, capacity, 64), rng.random(64))
+    # one per `capacity` distinct writes (repeats within a batch count once): not one per set()
+    assert 1 <= len(rebuilds) <= 6400 // capacity
+    np.testing.assert_allclose(t.total, t.leaves.sum(), rtol=1e-12)
