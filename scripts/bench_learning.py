@@ -50,10 +50,11 @@ ENV = "CartPole-v1"
 SOLVE = 475.0
 #: the swarm's settings beyond the built-in default spec. Four peers explore together,
 #: so each decays its epsilon over a quarter of the isolated learner's steps
-#: (1250, learning from 250) and shares every transition with its neighbours:
-#: in two 3-seed runs this took the swarm from about 15k steps per peer to 8.7k and
-#: 9.7k (docs/rl.md). The same epsilon change on the isolated learner made it
-#: slower on average (8k, 10k, 23k against 16k, 11k, 6k), so it keeps DQNConfig().
+#: (1250, learning from 250) and shares every transition with its neighbours. Four
+#: 3-seed runs with these averaged 8.7k, 9.7k, 10.7k and 17.7k steps per peer, two
+#: runs without them 14.1k and 16.7k: within the noise (docs/rl.md). The same
+#: epsilon change on the isolated learner gave 8k, 10k, 23k against 16k, 11k, 6k
+#: with its defaults, so it keeps DQNConfig().
 SWARM = ["peers=4", "gossip.topology=ring", "gossip.codec=ef+topk:0.05", "gossip.step_size=0.1", "buffer.sharing=true",
          "buffer.share=1.0", "dqn.learning_starts=250", "dqn.eps_steps=1250"]
 DENSE = ["gossip.codec=identity", "gossip.step_size=1.0"]
