@@ -14,19 +14,19 @@ one round, 3 × 40 MB out per peer), ``one_peer_exponential`` (exact in log2 4 =
 rounds, one neighbour per round: 2 × 40 MB out per peer), ``ring`` (ρ = 1/3,
 several rounds), each with ``identity`` and ``fp16``. (The static ``exponential``
 graph is the complete graph at n = 4, so it is ``full``.) Wall time runs from
-"all peers joined, linked and past a start barrier" to "every peer within 1e-3";
-after each round every peer posts its error to shared memory and all stop in
-the same round once all are within the tolerance. Bytes: the engine's
-``RoundResult.bytes_out`` (wire bytes of every message, headers included),
-summed over peers: measured, not modelled. Payload: messages sent × d × itemsize,
-the array bytes alone, which is what hivemind's figure below counts; the bytes
-comparisons use it (the difference is about 300 B of header per message). The peers and the coordinator run with failure
-detection as patient as hivemind's ``request_timeout`` (10 s), see
-``_coordinator_proc`` and ``_swarm_peer_proc`` for why. A probe run per
-configuration first finds the rounds it needs (every peer's error measured after
-every round, behind a barrier); the timed runs then do exactly that many rounds
-back to back and measure the error after the clock stops, as hivemind's single
-step is timed, and count only if every peer is within the tolerance.
+"all peers joined, linked and past a start barrier" to the end of the round that
+brought every peer within 1e-3. A probe run per configuration first finds how many
+rounds that takes (after each round every peer posts its error to shared memory,
+behind a barrier, and all stop in the same round); the timed runs then do exactly
+that many rounds back to back and measure the error after the clock stops, as
+hivemind's single step is timed, and count only if every peer is within the
+tolerance. Bytes: the engine's ``RoundResult.bytes_out`` (wire bytes of every
+message, headers included), summed over peers: measured, not modelled. Payload:
+messages sent × d × itemsize, the array bytes alone, which is what hivemind's
+figure below counts; the bytes comparisons use it (the difference is about 300 B
+of header per message). The peers and the coordinator run with failure detection
+as patient as hivemind's ``request_timeout`` (10 s), see ``_coordinator_proc`` and
+``_swarm_peer_proc`` for why.
 
 hivemind: the script makes ``build/hivemind-venv`` (``torch==2.13.0`` first,
 then ``hivemind`` with ``numpy<2.4``; the wheel ships its ``p2pd`` daemon) and
