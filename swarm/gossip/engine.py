@@ -123,10 +123,6 @@ class GossipStats:
     boot_served: int = 0        # parameter slices sent to bootstrapping neighbours
 
 
-# Frames this large may be queued by the transport without a copy (the same
-# threshold as swarm.transport.ZERO_COPY_MIN, which sends them zero-copy).
-_ZERO_COPY_MIN = 64 * 1024
-
 # Elements per block of the blockwise passes below: two float32 blocks stay in L2.
 _BLOCK = 1 << 16
 
@@ -186,35 +182,21 @@ class _OutStream:
         self.ver = 0
         self.codec = codec
         self.synced: set[str] = set()
-        self._deltas: list[np.ndarray] = []
         self._shared = [] if shared is None else shared
 
     def delta(self, x: np.ndarray) -> np.ndarray:
-        """``x − x̂``, in a buffer reused across rounds where that is safe (fresh
-        400 kB arrays cost more in page faults than the subtraction itself:
-        245 µs vs 51 µs at d = 1e5).
-
-        A codec whose frames are new arrays needs one buffer, free again once
-        encoded. A codec whose frames alias its input (identity) sends the buffer
-        itself. Below ``_ZERO_COPY_MIN`` bytes the transport copies frames on
-        send, so two alternating buffers do (a receiver left out of a round drops
-        out of ``synced`` and is resent a full state). At or above it a transport
-        may queue the frame without a copy (ZeroMQ does), and behind a slow
-        receiver the frame of two rounds ago may not have left yet: rewriting it
-        would send a spoilt delta that no check can catch, so those get a fresh
-        buffer each round."""
-        aliases = getattr(self.codec, "aliases_input", True)
-        if aliases and self.hat.nbytes >= _ZERO_COPY_MIN:
-            return np.subtract(x, self.hat)
-        if not aliases and self.ver == 0:
+        """``x − x̂``, in one buffer shared by the engine's streams and reused every
+        round (fresh 400 kB arrays cost more in page faults than the subtraction
+        itself: 245 µs vs 51 µs at d = 1e5). The codec's frames are new arrays, so
+        the buffer is free again once encoded. (Identity, whose frames would alias
+        it, sends state and never comes here; the engine refuses other aliasing
+        codecs, since a zero-copy transport may still be sending such a frame
+        when the next round rewrites it.)"""
+        if self.ver == 0:
             return x   # x − 0, read once by a codec that keeps none of it
-        # Non-aliasing frames are new arrays, so the buffer is free again once
-        # encoded: one for all of the engine's streams (per-edge topologies keep several).
-        deltas, want = (self._deltas, 2) if aliases else (self._shared, 1)
-        if len(deltas) < want:
-            deltas.append(np.empty_like(self.hat))
-        buf = deltas[self.ver % want]
-        return np.subtract(x, self.hat, out=buf)
+        if not self._shared:
+            self._shared.append(np.empty_like(self.hat))
+        return np.subtract(x, self.hat, out=self._shared[0])
 
 
 class _InCopy:
@@ -270,7 +252,10 @@ class Gossip:
             raise ConfigError("params is empty: nothing to gossip")
         if topology not in topo.TOPOLOGIES:
             raise ConfigError(f"unknown topology {topology!r}; choose one of {', '.join(topo.TOPOLOGIES)}")
-        make_codec(codec)  # fail now, naming the spec, rather than in the first round
+        probe = make_codec(codec)  # fail now, naming the spec, rather than in the first round
+        if probe.aliases_input and probe.name != "identity":
+            raise ConfigError(f"codec {codec!r} returns frames that alias its input; the engine "
+                              "reuses its delta buffer, which such frames would race")
         if gamma == "auto":
             gamma = suggested_gamma(codec)
         if isinstance(gamma, bool) or not (isinstance(gamma, (int, float)) and 0 < gamma <= 1):
@@ -311,7 +296,7 @@ class Gossip:
         self.t = 0
         self.stats = GossipStats()
         self._per_edge = topology in topo.TIME_VARYING
-        self._sends_state = make_codec(codec).name == "identity"   # see round()
+        self._sends_state = probe.name == "identity"   # see round()
         self._out: OrderedDict[str, _OutStream] = OrderedDict()  # key "" = broadcast stream
         self._in: dict[str, _InCopy] = {}
         self._arrived = asyncio.Event()
