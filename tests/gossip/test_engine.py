@@ -470,3 +470,12 @@ def test_identity_snapshot_buffers_are_reused_only_once_released():
         assert len(seen) <= 3
         await hub.close()
     asyncio.run(main())
+
+
+def test_a_codec_whose_frames_alias_its_input_is_refused(monkeypatch):
+    from swarm.compress.dense import FP16
+    monkeypatch.setattr(FP16, "aliases_input", True)
+    hub = SimHub(topology="ring")
+    link = hub.add_many(2)[0]
+    with pytest.raises(ConfigError, match="alias"):
+        Gossip(link, np.zeros(8, np.float32), codec="fp16")
