@@ -647,9 +647,15 @@ class Gossip:
     async def round(self) -> RoundResult:
         """Run one gossip round; ``x`` is updated in place. Never raises for a slow,
         dead or misbehaving neighbour: that shows in the result."""
-        if self.stats.rounds == 0:
+        if self.stats.rounds == self.stats.rounds_alone:
             # A peer joining a running swarm adopts its neighbours' round number,
-            # which time-varying topologies and lockstep both rely on.
+            # which time-varying topologies and lockstep both rely on. It does so
+            # until it has first averaged with someone, not only in its first round:
+            # the messages a neighbour sent before this engine existed are lost, and
+            # a peer that started at round 0 behind a neighbour already at round 4
+            # held that neighbour's later messages back as "future" (bounded mode),
+            # and the full state that would repair its copy as well, until the
+            # neighbour had finished (tests/experiment/test_run.py, 2 peers).
             seen = [m.body.get("r") for c in self._in.values() for m in c.pending]
             self.t = max([self.t] + [r for r in seen if isinstance(r, int) and not isinstance(r, bool)])
         t = self.t
