@@ -263,6 +263,15 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
         raise
 
 
+def _end(procs: list, grace: float) -> None:
+    """Join each child process, terminating (by its handle) any still alive after ``grace`` s."""
+    for p in procs:
+        p.join(timeout=grace)
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+
+
 def run_swarm(topology: str, codec: str, d: int, n: int = N, max_rounds: int = 60, fixed: bool = False,
               timeout: float = 300.0) -> dict:
     """One swarm run. ``fixed=False`` (the probe) measures every peer's error after
@@ -290,16 +299,9 @@ def run_swarm(topology: str, codec: str, d: int, n: int = N, max_rounds: int = 6
             procs.append(p)
         out = [q.get(timeout=timeout) for _ in range(n)]
     finally:
-        for p in procs:
-            p.join(timeout=20)
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
+        _end(procs, 20)
         stop.set()
-        coord.join(timeout=10)
-        if coord.is_alive():
-            coord.terminate()
-            coord.join(5)
+        _end([coord], 10)
     errors = [o["error"] for o in out if "error" in o]
     if errors:
         return dict(ok=False, error="; ".join(errors))
@@ -378,11 +380,7 @@ def run_raw_zmq(d: int, n: int = N, timeout: float = 120.0) -> dict:
     try:
         out = [q.get(timeout=timeout) for _ in range(n)]
     finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
+        _end(procs, 10)
     return dict(ok=True, wall_s=max(o["t1"] for o in out) - max(o["t0"] for o in out),
                 cpu_s=sum(o["cpu_s"] for o in out), err=max(o["err"] for o in out),
                 bytes=n * (n - 1) * 4 * d)
