@@ -647,7 +647,7 @@ class Gossip:
     async def round(self) -> RoundResult:
         """Run one gossip round; ``x`` is updated in place. Never raises for a slow,
         dead or misbehaving neighbour: that shows in the result."""
-        if self.stats.rounds == self.stats.rounds_alone:
+        if not self._has_averaged:
             # A peer joining a running swarm adopts its neighbours' round number,
             # which time-varying topologies and lockstep both rely on. It does so
             # until it has first averaged with someone, not only in its first round:
@@ -678,8 +678,8 @@ class Gossip:
                 # Identity codec: x̂ becomes x exactly each round, so the message is x
                 # itself (the same bytes as the delta x − x̂), and a receiver keeps the
                 # received array as its copy: no delta buffer, no additions at either
-                # end, no versions to fall out of. The snapshot is never written
-                # again, so the transport may send it without a copy.
+                # end, no versions to fall out of. The snapshot is not written again
+                # while sent or held (see _snapshot), so it goes without a copy.
                 if snapshot is None:
                     snapshot = self._snapshot()
                 s.hat, s.ver = snapshot, s.ver + 1
@@ -739,7 +739,7 @@ class Gossip:
                 break
             left = deadline - time.monotonic()
             if left <= 0:
-                if self.stats.rounds > self.stats.rounds_alone:
+                if self._has_averaged:
                     # only once this peer has averaged with someone: at start-up,
                     # neighbours still setting up are waited for every round, so
                     # peers that start together also train together
@@ -783,6 +783,11 @@ class Gossip:
         self.stats.rounds += 1
         self.t += 1
         return res
+
+    @property
+    def _has_averaged(self) -> bool:
+        """Whether any round so far mixed with a neighbour."""
+        return self.stats.rounds > self.stats.rounds_alone
 
     def _copy_round(self, j: str) -> int:
         c = self._in.get(j)
