@@ -131,6 +131,7 @@ class Peer:
         self._runner: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._poll_dirty = True
+        self._poll_wait: asyncio.Future[Any] | None = None   # the receive loop's pending poll
         self._last_suspect: dict[str, float] = {}
         self._join_sent = 0.0
         self._rejoining = False
@@ -337,7 +338,7 @@ class Peer:
                 pass
             link.monitor.close(0)
         link.sock.close(0)
-        self._poll_dirty = True
+        self._sockets_changed()
 
     async def _run(self) -> None:
         self._failure = await supervise([self._recv_loop(), self._timer_loop()], self._stop)
@@ -399,7 +400,13 @@ class Peer:
                         poller.register(link.monitor, zmq.POLLIN)
                         monitors[link.monitor] = pid
                 self._poll_dirty = False
-            events = await poller.poll(50)
+            # No timeout: an idle peer sleeps here until a message comes or the socket
+            # set changes (_sockets_changed), instead of waking 20 times a second.
+            self._poll_wait = poller.poll()
+            try:
+                events = await self._poll_wait
+            finally:
+                self._poll_wait = None
             for sock, _ in events:
                 if sock is self._router:
                     for frames in tp.drain(router_plain):
@@ -415,6 +422,16 @@ class Peer:
                             self._rotate("connection lost")
                 elif sock in monitors and not sock.closed:
                     self._on_monitor(sock, monitors[sock])
+
+    def _sockets_changed(self) -> None:
+        """A link was opened or closed: rebuild the receive loop's poller now.
+
+        Links change inside the receive loop (a new view) but also in :meth:`send`
+        (a reply to a peer we had no link to), when the loop may be waiting in its poll.
+        """
+        self._poll_dirty = True
+        if self._poll_wait is not None and not self._poll_wait.done():
+            self._poll_wait.set_result([])   # wake it with no events: it rebuilds first
 
     async def _on_router(self, frames: list[zmq.Frame]) -> None:
         try:
@@ -600,7 +617,7 @@ class Peer:
         tp.connect(s, m.addr)
         link = _Link(s, tp.shadow(s), mon, m.addr)
         self._links[pid] = link
-        self._poll_dirty = True
+        self._sockets_changed()
         return link
 
     # -- timers
