@@ -55,18 +55,18 @@ class GossipSpec:
     topology: str = opt("ring", "neighbour graph: ring, grid, torus, hypercube, exponential, "
                                 "one_peer_exponential, random_pairing, full, custom")
     edges: list[list[int]] = opt([], "edge list [[i, j], ...] when topology = custom")
-    # Top-5% with gamma 0.1 is what swarm.gossip.suggested_gamma gives and what held
-    # consensus in a 4-peer CartPole ring (measured with `swarm run`, 8k steps per peer);
-    # top-1% at gamma 0.3 or 1.0 diverged there (parameters grew without bound, no
-    # learning), and at its stable 0.02 it barely mixed.
-    codec: str = opt("ef+topk:0.05", "codec of the parameter deltas, e.g. identity, fp16, int8, "
+    # Top-15% (fp16 values: 8x fewer bytes than float32 state) at step 0.3 every 10 env
+    # steps keeps a 4-peer CartPole ring together: its peers solved in 3k-6k steps each
+    # (scripts/bench_learning.py, docs/rl.md). Top-5% at step 0.1 every 50 steps held
+    # them only loosely (9k-25k); top-1% at step 0.3 or 1.0 diverged.
+    codec: str = opt("ef+topk:0.15:values=fp16", "codec of the parameter deltas, e.g. identity, fp16, int8, "
                                      "topk:0.01, ef+topk:0.01 (error feedback)")
     sync: str = opt("bounded", "lockstep (wait for every neighbour), bounded (wait only when one is "
                                "more than max_staleness rounds behind) or async (never wait)")
     max_staleness: int = opt(4, "rounds a neighbour may lag before a bounded peer waits", _nonneg,
                              "must be >= 0")
-    interval: int = opt(50, "env steps between gossip rounds (local steps H)", _pos, "must be > 0")
-    step_size: float = opt(0.1, "consensus step size gamma of CHOCO gossip; 1.0 is exact averaging with "
+    interval: int = opt(10, "env steps between gossip rounds (local steps H)", _pos, "must be > 0")
+    step_size: float = opt(0.3, "consensus step size gamma of CHOCO gossip; 1.0 is exact averaging with "
                                 "codec = identity, sparse codecs need about 2x their kept fraction "
                                 "(swarm.gossip suggested_gamma)",
                            lambda g: 0.0 < g <= 1.0, "must be in (0, 1]")
@@ -84,7 +84,7 @@ class BufferSpec:
     eps: float = opt(1e-6, "added to |TD| so that no item has zero priority", _pos, "must be > 0")
     decay: float = opt(0.0, "priority decay per second of age (lambda); 0 keeps priorities", _nonneg, "must be >= 0")
     sharing: bool = opt(True, "push a share of new transitions to neighbours")
-    share: float = opt(0.25, "fraction of new transitions pushed to each neighbour",
+    share: float = opt(1.0, "fraction of new transitions pushed to each neighbour",
                        lambda s: 0.0 <= s <= 1.0, "must be in [0, 1]")
     share_by: str = opt("newest", "which new transitions are shared: newest or priority",
                         lambda s: s in ("newest", "priority"), "must be 'newest' or 'priority'")

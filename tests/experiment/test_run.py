@@ -21,7 +21,7 @@ from swarmtest import ROOT, wait_for
 
 from swarm.experiment import load_spec
 
-# Small and fast: 2 peers, learning from step 100, one gossip round every 50 steps.
+# Small and fast: 2 peers, learning from step 100, one gossip round every 10 steps.
 TINY = ["peers=2", "budget.env_steps=600", "dqn.learning_starts=100", "dqn.batch_size=32",
         "eval.every=300", "eval.episodes=1", "buffer.capacity=2000"]
 LONG = ["peers=2", "budget.env_steps=200000", "dqn.learning_starts=100", "eval.every=0"]

@@ -14,13 +14,13 @@ def test_default_spec_loads_and_is_the_built_in_default():
     spec = load_spec(None)
     assert spec == DEFAULT_SPEC
     assert (spec.env, spec.peers, spec.gossip.topology, spec.gossip.codec, spec.buffer.sharing) == \
-        ("CartPole-v1", 4, "ring", "ef+topk:0.05", True)
+        ("CartPole-v1", 4, "ring", "ef+topk:0.15:values=fp16", True)
 
 
 def test_default_values():
     d = DEFAULT_SPEC
     assert (d.env, d.peers, d.gossip.topology, d.gossip.codec, d.buffer.sharing, d.algorithm) == \
-        ("CartPole-v1", 4, "ring", "ef+topk:0.05", True, "dqn")
+        ("CartPole-v1", 4, "ring", "ef+topk:0.15:values=fp16", True, "dqn")
 
 
 def test_overrides_reach_nested_sections_with_types():
