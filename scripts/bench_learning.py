@@ -18,11 +18,12 @@ env steps of a learner; solved when the mean reaches 475):
 Figures, per the issue: (a) time to solve with one host per peer, estimated as
 the largest per-peer process CPU time (the peers share this machine's cores, so
 wall time is not the measure; the isolated learner's CPU time is measured the
-same way, under the same load); (b) env steps per peer and in total; (c) gossip bytes sent per peer,
-against the uncompressed run. Unsolved runs count at their full budget. A solved
-swarm counts at the step S of its first solving evaluation: S steps per peer, n·S
-in total, and the largest CPU time that any peer's own evaluation at S recorded
-(the other peers train on until the launcher stops them; that is not counted).
+same way, under the same load); (b) env steps per peer and in total; (c) gossip
+bytes sent per peer, against the uncompressed run. Unsolved runs count at their
+full budget. A solved swarm counts at the step S of its first solving evaluation:
+S steps per peer, n·S in total, and the largest CPU time that any peer's own
+evaluation at S recorded (the other peers train on until the launcher stops them;
+that is not counted).
 
     python scripts/bench_learning.py                # 4 seeds each (about 20 min on 2 cores)
     python scripts/bench_learning.py --seeds 0 --max-steps 30000
@@ -55,13 +56,15 @@ ENV = "CartPole-v1"
 SOLVE = 475.0
 #: Each side's settings, tuned with the same effort on the same knobs (docs/rl.md has
 #: every run): the target update rate tau, the learning rate, the batch size and the
-#: updates per env step, and for the swarm also its gossip. Steps to solve, seeds 0-3 (0-4 for the isolated side):
+#: updates per env step, and for the swarm also its gossip. Steps to solve, seeds 0-3
+#: (0-4 for the isolated side):
 #:
-#: * isolated, tau 0.01 / lr 1e-3 (the earlier defaults): 16k, 11k, 6k (seeds 0-2); tau 0.06:
-#:   14k, 11k, 8k, 8k, 12k; tau 0.12 solved 1 of 5 seeds; tau 0.06 with lr 2e-3: 5k,
-#:   5k, 14k, 4k, 8k; with lr 4e-3: 8k, 8k, 4k, 5k, 7k (kept: DQNConfig()); with lr 8e-3: 8k, 5k,
-#:   8k, 7k; lr 2e-3 with batch 128: 8k, 6k, 8k, 9k, 8k; lr 4e-3 with two updates per
-#:   env step: 13k, 2k, 4k, 7k (twice the CPU per step).
+#: * isolated, tau 0.01 / lr 1e-3 (the earlier defaults): 16k, 11k, 6k (seeds 0-2);
+#:   tau 0.06: 14k, 11k, 8k, 8k, 12k; tau 0.12 solved 1 of 5 seeds; tau 0.06 with
+#:   lr 2e-3: 5k, 5k, 14k, 4k, 8k; with lr 4e-3: 8k, 8k, 4k, 5k, 7k (kept: the
+#:   DQNConfig defaults); with lr 8e-3: 8k, 5k, 8k, 7k; lr 2e-3 with batch 128: 8k,
+#:   6k, 8k, 9k, 8k; lr 4e-3 with two updates per env step: 13k, 2k, 4k, 7k (and
+#:   twice the CPU per step).
 #: * swarm: the old loose gossip (ef+topk:0.05, step 0.1 every 50 steps) left its
 #:   peers far apart (9k-25k). Gossip every 10 steps with top-15% at step 0.3 keeps
 #:   them together: tau 0.06 / lr 2e-3: 7k, 8k, 7k; batch 128: 5k, 6k, 6k; lr 4e-3:
