@@ -64,7 +64,8 @@ SOLVE = 475.0
 #:   tau 0.06: 14k, 11k, 8k, 8k, 12k; tau 0.12 solved 1 of 5 seeds; tau 0.06 with
 #:   lr 2e-3: 5k, 5k, 14k, 4k, 8k; with lr 4e-3: 8k, 8k, 4k, 5k, 7k (kept); with
 #:   lr 8e-3: 8k, 5k, 8k, 7k; lr 2e-3 with batch 128: 8k, 6k, 8k, 9k, 8k; lr 4e-3
-#:   with two updates per env step: 13k, 2k, 4k, 7k (and twice the CPU per step).
+#:   with two updates per env step: 13k, 2k, 4k, 7k (and twice the CPU per step);
+#:   tau 0.1 with lr 4e-3: 12k, 9k, 5k, 4k; with lr 2e-3: 8k, 7k, 6k, 5k.
 #:   DQNConfig() keeps lr 1e-3 and tau 0.01: a 4-peer swarm run with the faster
 #:   settings fell from 500 back to about 20 by 20k steps.
 #: * swarm: the old loose gossip (ef+topk:0.05, step 0.1 every 50 steps) left its
@@ -72,15 +73,17 @@ SOLVE = 475.0
 #:   them together: tau 0.06 / lr 2e-3: 7k, 8k, 7k; batch 128: 5k, 6k, 6k; lr 4e-3:
 #:   4k, 2k, 6k; fp16 values: 3k, 5k, 6k; lr 8e-3: 1k, 4k, 4k, 3k (5k, 5k, 5k, 2k in
 #:   a benchmark run); the same with batch 64: 6k, 5k, 3k, 5k; with two updates per
-#:   env step: 3k, 2k, 1k, 2k (kept). A peer's buffer gets four learners' data, so it
-#:   can take more updates per step of its own; the isolated learner could not.
+#:   env step: 3k, 2k, 1k, 2k (1k, 2k, 2k, 1k and 3k, 3k, 5k, 1k in two benchmark
+#:   runs, at 2.4x the isolated learner's CPU per step); lr 0.016: 2k, 3k, 3k, 2k;
+#:   tau 0.1 with lr 8e-3: 1k, 2k, 2k, 3k (kept: as few steps as two updates per
+#:   step, at half the CPU).
 #:
 #: Four peers explore together, so each decays its epsilon over a quarter of the
 #: isolated learner's steps (1250, learning from 250) and shares every transition.
 ISOLATED = replace(DQNConfig(), tau=0.06, lr=0.004)
 SWARM = ["peers=4", "gossip.topology=ring", "gossip.codec=ef+topk:0.15:values=fp16", "gossip.step_size=0.3",
          "gossip.interval=10", "buffer.sharing=true", "buffer.share=1.0", "dqn.learning_starts=250",
-         "dqn.eps_steps=1250", "dqn.tau=0.06", "dqn.lr=0.008", "dqn.batch_size=128", "dqn.updates_per_train=2"]
+         "dqn.eps_steps=1250", "dqn.tau=0.1", "dqn.lr=0.008", "dqn.batch_size=128"]
 DENSE = ["gossip.codec=identity", "gossip.step_size=1.0"]
 
 
