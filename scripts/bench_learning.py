@@ -104,22 +104,23 @@ def isolated(seed: int, cfg: DQNConfig, max_steps: int, every: int, episodes: in
     result: dict = {}
     cpu0 = time.process_time()
 
+    def finish(solved: bool, steps: int) -> None:
+        result.update(seed=seed, solved=solved, steps=steps, cpu_s=time.process_time() - cpu0)
+        if on_result is not None:
+            on_result(result)
+
     def on_step(info) -> bool:
         if not result:
             if info.step % every:
                 return False
             if np.mean(evaluate(ENV, agent, episodes=episodes, seed=10_000)) < SOLVE:
                 return False
-            result.update(seed=seed, solved=True, steps=info.step, cpu_s=time.process_time() - cpu0)
-            if on_result is not None:
-                on_result(result)
+            finish(True, info.step)
         return stop is None or (info.step % 100 == 0 and stop())
 
     res = run_agent(ENV, agent, max_steps, seed=seed, on_step=on_step)
     if not result:
-        result.update(seed=seed, solved=False, steps=res.steps, cpu_s=time.process_time() - cpu0)
-        if on_result is not None:
-            on_result(result)
+        finish(False, res.steps)
     return result
 
 
