@@ -148,6 +148,17 @@ def test_gossip_writes_into_parameters_change_the_policy(replay):
     assert [a.act(o) for o in obs] == [b.act(o) for o in obs]
 
 
+def test_greedy_action_is_the_q_networks_argmax(replay):
+    agent = DQNAgent((4,), 3, replay, DQNConfig(hidden=[32, 16, 8]), seed=3)
+    rng = np.random.default_rng(1)
+    agent.parameters()[:] = rng.standard_normal(agent.parameters().size)  # as a gossip round writes them
+    obs = rng.standard_normal((300, 4)).astype(np.float32)
+    with torch.no_grad():
+        want = agent.q(torch.from_numpy(obs)).argmax(1).tolist()
+    assert [agent.act(o) for o in obs] == want
+    assert len(set(want)) == 3   # the check sees every action
+
+
 def test_checkpoint_round_trip(replay):
     a = DQNAgent((4,), 2, replay, seed=0)
     for i in range(5):
@@ -157,7 +168,8 @@ def test_checkpoint_round_trip(replay):
     b.load_state_dict(a.state_dict())
     np.testing.assert_array_equal(a.parameters(), b.parameters())
     b.on_parameters_changed()  # still flat after loading
-    assert b.steps == 123 and b.updates == 5
+    assert b.steps == 123 and b.updates == 5 and b.optimizer.t == 5
+    assert torch.equal(b.optimizer.exp_avg_sq, a.optimizer.exp_avg_sq)
     assert a.rng.random() == b.rng.random()
     with pytest.raises(SwarmError, match="lacks"):
         b.load_state_dict({"q": {}})

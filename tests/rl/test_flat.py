@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from swarm.errors import SwarmError
-from swarm.rl.flat import flatten_parameters, is_flat
+from swarm.rl.flat import FlatAdam, flatten_gradients, flatten_parameters, is_flat
 
 
 def _net():
@@ -63,3 +63,56 @@ def test_rejects_modules_it_cannot_flatten():
         flatten_parameters(torch.nn.ReLU())
     with pytest.raises(SwarmError, match="float64"):
         flatten_parameters(torch.nn.Linear(2, 2).double())
+
+
+def test_backward_accumulates_into_the_flat_gradient():
+    net, ref = _net(), _net()
+    flatten_parameters(net)
+    grad = flatten_gradients(net)
+    x = torch.randn(8, 3)
+    for _ in range(2):  # twice: autograd adds into the views, as into any existing .grad
+        net(x).pow(2).sum().backward()
+        ref(x).pow(2).sum().backward()
+    assert torch.allclose(grad, torch.cat([p.grad.reshape(-1) for p in ref.parameters()]))
+    assert all(p.grad.data_ptr() >= grad.data_ptr() for p in net.parameters())
+    grad.zero_()
+    assert all(torch.count_nonzero(p.grad) == 0 for p in net.parameters())
+
+
+def test_flat_adam_takes_torch_adams_steps():
+    net, ref = _net(), _net()
+    flat = flatten_parameters(net)
+    opt = FlatAdam(flat, flatten_gradients(net), lr=0.01)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01, foreach=False)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(25):
+        x = torch.randn(8, 3, generator=g)
+        opt.grad.zero_()
+        net(x).pow(2).sum().backward()
+        opt.step()
+        ref_opt.zero_grad()
+        ref(x).pow(2).sum().backward()
+        ref_opt.step()
+    want = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+    assert not torch.allclose(want, torch.cat([p.detach().reshape(-1) for p in _net().parameters()]))
+    assert torch.allclose(flat, want, atol=1e-6)
+    assert is_flat(net, flat)
+
+
+def test_flat_adam_state_round_trip_and_foreign_state():
+    net = _net()
+    flat = flatten_parameters(net)
+    opt = FlatAdam(flat, flatten_gradients(net), lr=0.01)
+    net(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    other = FlatAdam(flat.clone(), torch.zeros_like(flat), lr=0.01)
+    other.load_state_dict(opt.state_dict())
+    assert other.t == 1 and torch.equal(other.exp_avg, opt.exp_avg) and torch.equal(other.exp_avg_sq, opt.exp_avg_sq)
+    torch_state = torch.optim.Adam(_net().parameters()).state_dict()
+    with pytest.raises(SwarmError, match="not FlatAdam"):
+        other.load_state_dict(torch_state)
+    with pytest.raises(SwarmError, match="does not fit"):
+        other.load_state_dict({"t": 3, "exp_avg": torch.zeros(2), "exp_avg_sq": torch.zeros(2)})
+    assert other.t == 1  # a rejected state changes nothing
+    with pytest.raises(SwarmError, match="1-D"):
+        FlatAdam(torch.zeros(3, 2), torch.zeros(3, 2), lr=0.1)
