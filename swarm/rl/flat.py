@@ -78,7 +78,7 @@ class FlatAdam:
     """Adam (Kingma & Ba, 2015) on one flat parameter vector and its flat gradient.
 
     The same arithmetic as ``torch.optim.Adam`` without weight decay or amsgrad, in
-    five vector operations per step rather than a Python loop over tensors.
+    seven vector operations per step rather than a Python loop over tensors.
     """
 
     def __init__(self, params: torch.Tensor, grad: torch.Tensor, lr: float,
@@ -98,7 +98,7 @@ class FlatAdam:
         self.t += 1
         self.exp_avg.lerp_(self.grad, 1.0 - b1)
         self.exp_avg_sq.mul_(b2).addcmul_(self.grad, self.grad, value=1.0 - b2)
-        denom = (self.exp_avg_sq.sqrt() / (1.0 - b2 ** self.t) ** 0.5).add_(self.eps)
+        denom = self.exp_avg_sq.sqrt().div_((1.0 - b2 ** self.t) ** 0.5).add_(self.eps)
         self.params.addcdiv_(self.exp_avg, denom, value=-self.lr / (1.0 - b1 ** self.t))
 
     def state_dict(self) -> dict:
