@@ -56,9 +56,9 @@ class GossipSpec:
                                 "one_peer_exponential, random_pairing, full, custom")
     edges: list[list[int]] = opt([], "edge list [[i, j], ...] when topology = custom")
     # Top-15% (fp16 values: 8x fewer bytes than float32 state) at step 0.3 every 10 env
-    # steps keeps a 4-peer CartPole ring together: the default `swarm run` ended with all
-    # four peers at 500; with the benchmark's swarm DQN settings they solved in 1k-5k
-    # steps each (docs/rl.md). Top-5% at step 0.1 every 50 steps held them only
+    # steps keeps a 4-peer CartPole ring together: with the benchmark's swarm DQN
+    # settings they solved in 1k-5k steps each (docs/rl.md); the default `swarm run`
+    # has ended with all four peers at 500 in one check and at 181-223 in another. Top-5% at step 0.1 every 50 steps held them only
     # loosely (9k-25k); top-1% at step 0.3 or 1.0 diverged.
     codec: str = opt("ef+topk:0.15:values=fp16", "codec of the parameter deltas, e.g. identity, fp16, "
                                                  "int8, topk:0.01, ef+topk:0.01 (error feedback)")
