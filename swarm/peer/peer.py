@@ -244,7 +244,8 @@ class Peer:
         """Send one message to peer ``dst`` (an id in the view).
 
         Returns False, and counts it, when ``dst`` is unknown or its queue stays
-        full past ``timeout`` seconds (None: do not wait). Arrays of 64 KiB or
+        full past ``timeout`` seconds (None: do not wait) or until it leaves the
+        view. Arrays of 64 KiB or
         more (``swarm.transport.ZERO_COPY_MIN``) go out without a copy and are
         read when the message leaves the queue, which may be several sends later
         behind a slow receiver: do not modify them after this call. Smaller ones
@@ -262,7 +263,16 @@ class Peer:
         if timeout:
             deadline = time.monotonic() + timeout
             while (left := deadline - time.monotonic()) > 0:
-                await link.sock.poll(int(left * 1000) + 1, zmq.POLLOUT)
+                try:
+                    await link.sock.poll(int(left * 1000) + 1, zmq.POLLOUT)
+                except (asyncio.CancelledError, zmq.ZMQError):
+                    # Closing a socket cancels the polls waiting on it: dst left the view
+                    # while its queue was full, and the message is dropped like any other.
+                    # A cancellation of this task itself goes on up.
+                    task = asyncio.current_task()
+                    if not link.sock.closed or (task is not None and task.cancelling()):
+                        raise
+                    break
                 if tp.try_send(link.plain, frames):
                     self._count_out(frames)
                     return True

@@ -65,3 +65,44 @@ def test_frozen_neighbour_does_not_grow_memory(procs):
                 os.kill(frozen.pid, signal.SIGCONT)
 
     asyncio.run(main())
+
+
+def test_send_waiting_on_a_full_queue_returns_false_when_the_neighbour_leaves(procs):
+    """A send blocked on a full queue must end with False, not CancelledError, when
+    the destination leaves the view and its link is closed under the wait (this used
+    to crash a swarm peer whose neighbour finished its budget first)."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    # B stays in the view while it is stopped (long timeouts) and leaves it when killed:
+    # its connection to the coordinator closes
+    procs.start("coordinator", "--bind", addr, "--set", "coordinator.heartbeat_timeout_s=60",
+                "--set", "coordinator.zmtp_timeout_s=60", "--set", "coordinator.probe_timeout_s=60",
+                name="coord")
+    wait_for(lambda: status(addr), 10, what="coordinator up")
+    b = procs.start("peer", "--coordinator", addr, "--id", "B", "--set", "peer.link_timeout_s=60", name="B")
+
+    async def main() -> None:
+        a = Peer(id="A", coordinators=[addr], link_heartbeat_s=30, link_timeout_s=60, data_hwm=8)
+        async with a:
+            await a.wait_view(lambda v: v.member("B") is not None, timeout=20)
+            await a.wait_linked()
+            os.kill(b.pid, signal.SIGSTOP)
+            delta = np.ones(1 << 18, np.float32)
+            refused = 0      # fill the queue and the kernel's socket buffers behind it
+            for _ in range(2000):
+                refused = 0 if await a.send("B", "data", arrays=[delta]) else refused + 1
+                if refused == 20:
+                    break
+                await asyncio.sleep(0.01)
+            assert refused == 20, "the queue to a stopped peer never filled"
+            dropped = a.counters.dropped_out
+            waiting = asyncio.create_task(a.send("B", "data", arrays=[delta], timeout=30.0))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+            os.kill(b.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            assert await asyncio.wait_for(waiting, 20.0) is False
+            assert time.monotonic() - t0 < 15.0        # ended by the view change, not the 30 s timeout
+            assert a.view.member("B") is None
+            assert a.counters.dropped_out == dropped + 1
+
+    asyncio.run(main())
