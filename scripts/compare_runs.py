@@ -1,0 +1,221 @@
+"""Swarm experiments side by side: isolated vs ring vs grid vs full, or a codec sweep.
+
+Each variant is one ``swarm run`` (a coordinator and ``peers`` peer processes on
+this host) per seed, with the same settings except what the variant changes, and
+the same budget of env steps per peer. "isolated" is the same peers with gossip
+and replay sharing off (no gossip round falls within the budget), so every
+difference is the communication.
+
+    python scripts/compare_runs.py topology               # isolated, ring, grid, full (6 peers)
+    python scripts/compare_runs.py codec                  # identity, fp16, int8, qsgd, topk, ef+topk
+    python scripts/compare_runs.py codec --steps 6000 --seeds 0 1 --set dqn.lr=0.004
+
+Writes ``<out>/results.csv`` (one row per variant and seed), ``<out>/table.md``
+(means over seeds) and ``<out>/compare.png`` (return against env steps per
+variant; final greedy return against gossip bytes sent per peer), keeps every run
+folder under ``<out>/runs/``, and ends with one JSON line. The settings default to
+the learning benchmark's tuned swarm (``scripts/bench_learning.py``) without its
+topology and codec; ``--set`` overrides them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import re
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from bench_learning import SWARM
+from swarm.experiment import load_spec, run_experiment
+from swarm.experiment.launch import summarize
+
+SOLVE = 475.0
+VARIANTS: dict[str, dict[str, list[str]]] = {
+    "topology": {
+        "isolated": ["buffer.sharing=false"],   # and gossip.interval beyond the budget: see main()
+        "ring": ["gossip.topology=ring"],
+        "grid": ["gossip.topology=grid"],
+        "full": ["gossip.topology=full"],
+    },
+    "codec": {
+        "identity": ["gossip.codec=identity"],
+        "fp16": ["gossip.codec=fp16"],
+        "int8": ["gossip.codec=int8"],
+        "qsgd": ["gossip.codec=qsgd"],
+        "topk:0.15": ["gossip.codec=topk:0.15"],
+        "ef+topk:0.15:fp16": ["gossip.codec=ef+topk:0.15:values=fp16"],
+    },
+}
+#: At 4 peers a 2x2 grid is a ring; the topology experiment runs 6 (a 2x3 grid).
+EXTRA = {"topology": ["peers=6"], "codec": ["peers=4"]}
+#: The benchmark's swarm without the settings the experiments vary.
+BASE = [s for s in SWARM if not s.startswith(("peers=", "gossip.topology=", "gossip.codec="))]
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
+
+
+def _num(v: object) -> float:
+    return math.nan if v is None else float(v)
+
+
+def one_run(sets: list[str], root: Path) -> dict:
+    """Run ``swarm run`` with ``sets``; the run's figures, averaged over its peers."""
+    root.mkdir(parents=True, exist_ok=True)
+    log = io.StringIO()
+    code = run_experiment(None, sets, runs_root=root, stream=log)
+    run_dir = max(root.iterdir(), key=lambda p: p.stat().st_mtime)
+    if code != 0:
+        raise SystemExit(f"swarm run failed ({code}) in {run_dir}:\n{log.getvalue()[-3000:]}")
+    spec = load_spec(run_dir / "config.json")
+    rows = summarize(run_dir, spec)
+    curves, solved = [], []
+    for r in range(spec.peers):
+        eps = read_csv(run_dir / f"peer{r}" / "metrics.csv")
+        curves.append(([int(e["env_steps"]) for e in eps], [float(e["mean_return"]) for e in eps]))
+        solved += [int(e["env_steps"]) for e in read_csv(run_dir / f"peer{r}" / "evals.csv")
+                   if float(e["eval_return"]) >= SOLVE][:1]
+    return {
+        "final_mean_return": float(np.mean([_num(r.get("final_mean_return")) for r in rows])),
+        "final_eval_return": float(np.mean([_num(r.get("eval_return")) for r in rows])),
+        "first_solve_steps": min(solved) if solved else None,
+        "peers_solved": len(solved),
+        "gossip_mb_per_peer": float(np.mean([r.get("gossip_bytes_out", 0) for r in rows])) / 1e6,
+        "mb_per_peer": float(np.mean([r.get("bytes_out", 0) for r in rows])) / 1e6,
+        "max_cpu_s": max(float(r.get("cpu_s") or 0.0) for r in rows),
+        "run_dir": str(run_dir), "curves": curves,
+    }
+
+
+def mean_curve(curves: list[tuple[list[int], list[float]]], steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over peers (and seeds) of the running mean return, on a common grid of env steps."""
+    grid = np.linspace(0, steps, 101)[1:]
+    ys = [np.interp(grid, x, y, left=np.nan) for x, y in curves if x]
+    if not ys:
+        return grid, np.full_like(grid, np.nan)
+    with warnings.catch_warnings():   # before any peer's first episode ends, every value is NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return grid, np.nanmean(ys, axis=0)
+
+
+def plot(results: dict[str, list[dict]], steps: int, title: str, path: Path) -> bool:
+    try:
+        import matplotlib
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install -e '.[plots]')")
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, runs in results.items():
+        x, y = mean_curve([c for r in runs for c in r["curves"]], steps)
+        line, = left.plot(x, y, label=name)
+        right.scatter([r["gossip_mb_per_peer"] for r in runs], [r["final_eval_return"] for r in runs],
+                      color=line.get_color(), label=name)
+    left.set(xlabel="env steps per peer", ylabel="return (mean of last 10 episodes, mean over peers)",
+             title=title)
+    right.set(xlabel="gossip MB sent per peer", ylabel="final greedy return (mean over peers)",
+              title="return against bytes (one dot per seed)")
+    if any(r["gossip_mb_per_peer"] > 0 for runs in results.values() for r in runs):
+        right.set_xscale("symlog", linthresh=0.01)
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("experiment", choices=sorted(VARIANTS))
+    ap.add_argument("--steps", type=int, default=4000, help="env steps per peer in every run")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--only", nargs="+", help="run only these variants")
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    help="a spec override for every run, e.g. --set dqn.lr=0.004")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default runs/compare-<experiment>-<time>)")
+    args = ap.parse_args()
+    if args.steps < 1:
+        ap.error("--steps must be >= 1")
+    variants = VARIANTS[args.experiment]
+    unknown = sorted(set(args.only or []) - set(variants))
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}; {args.experiment} has {sorted(variants)}")
+    if args.only:
+        variants = {k: v for k, v in variants.items() if k in args.only}
+    out = args.out or Path("runs") / f"compare-{args.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    common = (BASE + EXTRA[args.experiment]
+              + [f"budget.env_steps={args.steps}", "budget.stop_when_solved=false", "eval.every=500",
+                 "eval.episodes=5", f"eval.solve_return={SOLVE}"] + args.overrides)
+    print(f"{args.experiment}: {list(variants)}, seeds {args.seeds}, {args.steps} env steps per peer\n"
+          f"settings: {' '.join(common)}", flush=True)
+
+    results: dict[str, list[dict]] = {}
+    for name, sets in variants.items():
+        if name == "isolated":
+            sets = sets + [f"gossip.interval={args.steps + 1}"]
+        for seed in args.seeds:
+            t0 = time.monotonic()
+            tag = re.sub(r"[^A-Za-z0-9._-]", "_", name)     # a run name and folder
+            r = one_run(common + sets + [f"seed={seed}", f"name={args.experiment}-{tag}"],
+                        out / "runs" / f"{tag}-{seed}")
+            r.update(variant=name, seed=seed)
+            results.setdefault(name, []).append(r)
+            print(f"{name} seed {seed}: return {r['final_mean_return']:.1f}, eval {r['final_eval_return']:.1f}, "
+                  f"first solve {r['first_solve_steps'] or '-'}, {r['gossip_mb_per_peer']:.2f} MB gossip per "
+                  f"peer, {r['max_cpu_s']:.1f} s CPU ({time.monotonic() - t0:.0f} s)", flush=True)
+
+    fields = ["variant", "seed", "final_mean_return", "final_eval_return", "first_solve_steps", "peers_solved",
+              "gossip_mb_per_peer", "mb_per_peer", "max_cpu_s", "run_dir"]
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for runs in results.values():
+            w.writerows(runs)
+
+    def mean(runs: list[dict], key: str) -> float:
+        return float(np.mean([r[key] for r in runs]))
+
+    lines = [f"{args.experiment}, {args.steps} env steps per peer, seeds {args.seeds} (means over seeds)", "",
+             "| variant | mean return | greedy return | first solve (steps) | peers solved | gossip MB/peer "
+             "| CPU s/peer |", "|---|---|---|---|---|---|---|"]
+    summary = {}
+    for name, runs in results.items():
+        solves = [r["first_solve_steps"] for r in runs if r["first_solve_steps"] is not None]
+        row = {"final_mean_return": mean(runs, "final_mean_return"),
+               "final_eval_return": mean(runs, "final_eval_return"),
+               "first_solve_steps": float(np.mean(solves)) if solves else None,
+               "solved_runs": len(solves), "gossip_mb_per_peer": mean(runs, "gossip_mb_per_peer"),
+               "max_cpu_s": mean(runs, "max_cpu_s")}
+        summary[name] = row
+        first = (f"{row['first_solve_steps']:.0f} ({len(solves)}/{len(runs)} runs)" if solves
+                 else f"- (0/{len(runs)} runs)")
+        lines.append(f"| {name} | {row['final_mean_return']:.1f} | {row['final_eval_return']:.1f} | {first} | "
+                     f"{mean(runs, 'peers_solved'):.1f} | {row['gossip_mb_per_peer']:.2f} | {row['max_cpu_s']:.1f} |")
+    table = "\n".join(lines)
+    (out / "table.md").write_text(table + "\n")
+    print("\n" + table)
+    if plot(results, args.steps, f"{args.experiment}: return per variant", out / "compare.png"):
+        print(f"plot: {out / 'compare.png'}")
+    print(f"results: {out}")
+    print(json.dumps({"experiment": args.experiment, "steps": args.steps, "seeds": args.seeds,
+                      "out": str(out), "variants": summary}))
+
+
+if __name__ == "__main__":
+    main()
