@@ -32,11 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_learning import SWARM
+from bench_learning import SOLVE, SWARM
 from swarm.experiment import load_spec, run_experiment
 from swarm.experiment.launch import summarize
 
-SOLVE = 475.0
 VARIANTS: dict[str, dict[str, list[str]]] = {
     "topology": {
         "isolated": ["buffer.sharing=false"],   # and gossip.interval beyond the budget: see main()

@@ -33,12 +33,12 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from bench_learning import SOLVE
 from swarm.buffer import ReplayBuffer
 from swarm.config import apply_overrides, from_dict, to_dict
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
 from swarm.rl.train import evaluate, make_env
 
-SOLVE = 475.0
 
 
 def store(buf: ReplayBuffer, obs: np.ndarray, action: int, ret: float, next_obs: np.ndarray,

@@ -245,11 +245,10 @@ class Peer:
 
         Returns False, and counts it, when ``dst`` is unknown or its queue stays
         full past ``timeout`` seconds (None: do not wait) or until it leaves the
-        view. Arrays of 64 KiB or
-        more (``swarm.transport.ZERO_COPY_MIN``) go out without a copy and are
-        read when the message leaves the queue, which may be several sends later
-        behind a slow receiver: do not modify them after this call. Smaller ones
-        are copied on send.
+        view. Arrays of 64 KiB or more (``swarm.transport.ZERO_COPY_MIN``) go out
+        without a copy and are read when the message leaves the queue, which may be
+        several sends later behind a slow receiver: do not modify them after this
+        call. Smaller ones are copied on send.
         """
         self._raise_failure()
         link = self._link(dst)
