@@ -384,8 +384,9 @@ def _shaped_run(lab: Lab, out: Path, prefix: str, codec: str, gamma: float) -> d
     seen = [r["st"][ids[0]] for i in ids[1:] for r in _rounds(out / f"{i}.rounds.jsonl")
             if lo <= r["t"] < hi and ids[0] in r["st"]]
     fig["staleness_of_shaped"] = statistics.mean(seen) if seen else None
-    # views seen during the run: more than one means somebody was declared dead
-    fig["views"] = len({r["epoch"] for i in ids for r in _rounds(out / f"{i}.rounds.jsonl")})
+    # views seen during the run: more than one means somebody was declared dead (the
+    # window ends before the stop, when the hosts leave and the view changes anyway)
+    fig["views"] = len({r["epoch"] for i in ids for r in _rounds(out / f"{i}.rounds.jsonl") if r["t"] < hi})
     return fig
 
 
