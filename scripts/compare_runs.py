@@ -34,7 +34,7 @@ import numpy as np
 
 from bench_learning import SOLVE, SWARM
 from swarm.experiment import load_spec, run_experiment
-from swarm.experiment.launch import summarize
+from swarm.experiment.launch import read_csv, summarize
 
 VARIANTS: dict[str, dict[str, list[str]]] = {
     "topology": {
@@ -56,14 +56,6 @@ VARIANTS: dict[str, dict[str, list[str]]] = {
 EXTRA = {"topology": ["peers=6"], "codec": ["peers=4"]}
 #: The benchmark's swarm without the settings the experiments vary.
 BASE = [s for s in SWARM if not s.startswith(("peers=", "gossip.topology=", "gossip.codec="))]
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    try:
-        with open(path, newline="") as f:
-            return list(csv.DictReader(f))
-    except OSError:
-        return []
 
 
 def _num(v: object) -> float:

@@ -421,7 +421,8 @@ def _solved(run_dir: Path, peers: list[_Child]) -> bool:
 
 # ------------------------------------------------------------------ results
 
-def _read_csv(path: Path) -> list[dict[str, str]]:
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of one of a run folder's CSV files (empty when it is missing)."""
     try:
         with open(path, newline="") as f:
             return list(csv.DictReader(f))
@@ -447,7 +448,7 @@ def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, A
         try:
             s = json.loads((d / "summary.json").read_text())
         except (OSError, ValueError):
-            eps = _read_csv(d / "metrics.csv")
+            eps = read_csv(d / "metrics.csv")
             last = eps[-1] if eps else {}
             s = {"rank": r, "id": f"peer{r}", "reason": "no summary (crashed?)",
                  "env_steps": int(_num(last.get("env_steps", 0)) or 0) if last else 0,
@@ -488,10 +489,10 @@ def write_plots(run_dir: str | Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for p in peers:
-        rows = _read_csv(p / "metrics.csv")
+        rows = read_csv(p / "metrics.csv")
         if rows:
             ax.plot([_num(r["env_steps"]) for r in rows], [_num(r["mean_return"]) for r in rows], label=p.name)
-        ev = _read_csv(p / "evals.csv")
+        ev = read_csv(p / "evals.csv")
         if ev:
             ax.plot([_num(r["env_steps"]) for r in ev], [_num(r["eval_return"]) for r in ev], "o",
                     ms=3, color=ax.lines[-1].get_color() if rows else None)
@@ -503,7 +504,7 @@ def write_plots(run_dir: str | Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for p in peers:
-        rows = _read_csv(p / "rounds.csv")
+        rows = read_csv(p / "rounds.csv")
         if rows:
             ax.plot([_num(r["round"]) for r in rows], [_num(r["bytes_out"]) / 1e3 for r in rows], label=p.name)
     ax.set(xlabel="gossip round", ylabel="kB sent per round (parameter deltas)", title="bytes per round")
@@ -514,7 +515,7 @@ def write_plots(run_dir: str | Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for p in peers:
-        rows = [r for r in _read_csv(p / "rounds.csv") if r.get("disagreement")]
+        rows = [r for r in read_csv(p / "rounds.csv") if r.get("disagreement")]
         if rows:
             ax.plot([_num(r["round"]) for r in rows], [_num(r["disagreement"]) for r in rows], label=p.name)
     ax.set(xlabel="gossip round", ylabel="RMS move per round / step size",

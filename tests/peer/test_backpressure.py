@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
 
 import numpy as np
@@ -21,16 +22,22 @@ def rss_kb() -> int:
     return -1
 
 
-def test_frozen_neighbour_does_not_grow_memory(procs):
+def start_coordinator_and_b(procs) -> tuple[str, subprocess.Popen]:
+    """A coordinator and peer process B, both with 60 s failure timeouts: B stays in
+    the view while it is stopped (SIGSTOP) and leaves it only when it dies."""
     addr = f"tcp://127.0.0.1:{free_port()}"
-    # a long heartbeat timeout, so that the frozen peer stays in the view for the
-    # whole test and A really keeps sending to it (the worst case for memory)
     procs.start("coordinator", "--bind", addr, "--set", "coordinator.heartbeat_timeout_s=60",
                 "--set", "coordinator.zmtp_timeout_s=60", "--set", "coordinator.probe_timeout_s=60",
                 name="coord")
     wait_for(lambda: status(addr), 10, what="coordinator up")
-    frozen = procs.start("peer", "--coordinator", addr, "--id", "B",
-                         "--set", "peer.link_timeout_s=60", name="B")
+    b = procs.start("peer", "--coordinator", addr, "--id", "B", "--set", "peer.link_timeout_s=60", name="B")
+    return addr, b
+
+
+def test_frozen_neighbour_does_not_grow_memory(procs):
+    # long timeouts, so that the frozen peer stays in the view for the whole test
+    # and A really keeps sending to it (the worst case for memory)
+    addr, frozen = start_coordinator_and_b(procs)
 
     async def main() -> None:
         # link heartbeats off for A too: a ZMTP timeout would close the link and hide the queue
@@ -71,14 +78,9 @@ def test_send_waiting_on_a_full_queue_returns_false_when_the_neighbour_leaves(pr
     """A send blocked on a full queue must end with False, not CancelledError, when
     the destination leaves the view and its link is closed under the wait (this used
     to crash a swarm peer whose neighbour finished its budget first)."""
-    addr = f"tcp://127.0.0.1:{free_port()}"
     # B stays in the view while it is stopped (long timeouts) and leaves it when killed:
     # its connection to the coordinator closes
-    procs.start("coordinator", "--bind", addr, "--set", "coordinator.heartbeat_timeout_s=60",
-                "--set", "coordinator.zmtp_timeout_s=60", "--set", "coordinator.probe_timeout_s=60",
-                name="coord")
-    wait_for(lambda: status(addr), 10, what="coordinator up")
-    b = procs.start("peer", "--coordinator", addr, "--id", "B", "--set", "peer.link_timeout_s=60", name="B")
+    addr, b = start_coordinator_and_b(procs)
 
     async def main() -> None:
         a = Peer(id="A", coordinators=[addr], link_heartbeat_s=30, link_timeout_s=60, data_hwm=8)
