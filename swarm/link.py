@@ -101,6 +101,11 @@ class Link(Protocol):
         past ``timeout``, or unknown peer); never raises for a slow neighbour."""
         ...
 
+    def send_nowait(self, dst: str, t: str, body: dict[str, Any] | None = None,
+                    arrays: Sequence[np.ndarray] = ()) -> bool:
+        """:meth:`send` without waiting, on the link's event loop; False if dropped."""
+        ...
+
     def on(self, t: str, handler: Handler) -> None:
         """Call ``handler(msg)`` for every message of type ``t`` received."""
         ...

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import json
 import logging
 import math
@@ -147,6 +148,8 @@ class _State:
         self.rounds = 0
         self.rounds_ok = 0
         self.gossip_bytes_out = 0
+        self.relay_sent = 0         # relayed gradient messages counted into dense_bytes_out
+        self.relay_applied = 0      # other peers' gradients applied
         self.gossip_bytes_in = 0
         self.disagreement = float("nan")
         self.eval_return = float("nan")
@@ -213,7 +216,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
     import torch  # noqa: PLC0415 - keep `swarm.experiment` importable without torch
 
     from ..buffer import Federation, ReplayBuffer  # noqa: PLC0415
-    from ..gossip import Gossip  # noqa: PLC0415
+    from ..gossip import Gossip, GradientRelay  # noqa: PLC0415
     from ..peer import SyncPeer  # noqa: PLC0415
     from ..rl import DQNAgent, dqn_schema  # noqa: PLC0415
     from ..rl.train import evaluate, make_env, run_agent  # noqa: PLC0415
@@ -235,6 +238,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
     sp.start()
     logs: _Logs | None = None
     agent = None
+    relay = None
     ckpt: Checkpointer | None = None
     try:
         peer = sp.peer
@@ -310,9 +314,15 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             if b.sharing and (b.share > 0 or b.replicas > 0):
                 fed = Federation(buf, peer, share=b.share, share_by=b.share_by, replicas=b.replicas,
                                  rate=b.rate or None, seed=seed)
-            return gossip, fed
+            relay = None
+            if g.exchange == "gradients":
+                relay = GradientRelay(peer, x.size, codec=g.codec, topology=g.topology, edges=g.edges or None)
+            return gossip, fed, relay
 
-        gossip, fed = sp.call(build())
+        gossip, fed, relay = sp.call(build())
+        if relay is not None:
+            agent.publish = lambda grad: relay.publish(grad, clock=agent.steps)
+            agent.phase = rank % spec.dqn.train_every   # peers take turns at computing gradients
         replacing = bool(getattr(peer_config, "replace", False))
         if _should_bootstrap(coordinator, peer_config, peer.id, done_steps, g.interval,
                              fallback=replacing or resume_from is not None):
@@ -375,10 +385,16 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             state.rounds_ok += int(res.ok)
             # Cumulative engine counters: a round's own bytes_in misses what arrived
             # while we were training between rounds.
-            bytes_in = gossip.stats.bytes_in - state.gossip_bytes_in
-            state.gossip_bytes_out = gossip.stats.bytes_out
-            state.gossip_bytes_in = gossip.stats.bytes_in
+            # Relayed gradients are gossip traffic too (gossip.exchange = gradients).
+            r = relay.stats if relay is not None else None
+            total_in = gossip.stats.bytes_in + (r.bytes_in if r else 0)
+            bytes_in = total_in - state.gossip_bytes_in
+            state.gossip_bytes_out = gossip.stats.bytes_out + (r.bytes_out if r else 0)
+            state.gossip_bytes_in = total_in
             state.dense_bytes_out += res.sent * x.nbytes
+            if r is not None:
+                state.dense_bytes_out += (r.sent - state.relay_sent) * x.nbytes
+                state.relay_sent = r.sent
             state.staleness = max(res.staleness.values(), default=0)
             if not res.ok:
                 state.last_error = f"round {res.round}: {res.reason or 'averaged with nobody'}"
@@ -399,6 +415,15 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
         def on_step(info: Any) -> bool:
             step = info.step + done_steps
             state.env_steps = step
+            if relay is not None:
+                a, d = agent.steps, spec.dqn
+                if agent.learns_at(a):
+                    # Turns: the gradient the next step computes includes the others' up to
+                    # relay_staleness rounds back (waiting is wall time, not CPU).
+                    relay.wait(a, g.round_timeout_s, every=d.train_every, rounds=g.relay_staleness)
+                for grad in relay.take():   # the other peers' gradients, as they applied them
+                    agent.apply_gradient(grad)
+                    state.relay_applied += 1
             if info.episode_return is not None:
                 state.episodes += 1
                 state.returns.append(info.episode_return)
@@ -471,6 +496,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             gossip_bytes_out=state.gossip_bytes_out, gossip_bytes_in=state.gossip_bytes_in,
             bytes_out=c.bytes_out if c else 0, bytes_in=c.bytes_in if c else 0,
             buffer_size=state.buffer_size, wall_s=time.monotonic() - t0, cpu_s=time.process_time() - cpu0)
+        if relay is not None:
+            summary["relay"] = dict(dataclasses.asdict(relay.stats), applied=state.relay_applied,
+                                    mean_lag_s=_finite(relay.stats.mean_lag_s))
         try:
             if ckpt is not None:
                 try:

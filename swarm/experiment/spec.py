@@ -73,6 +73,16 @@ class GossipSpec:
                            lambda g: 0.0 < g <= 1.0, "must be in (0, 1]")
     round_timeout_s: float = opt(2.0, "deadline for a round's neighbours before it proceeds without them",
                                  _pos, "must be > 0")
+    exchange: str = opt("params", "params: each peer takes its own updates and gossip averages the "
+                                  "parameters; gradients: every gradient a peer computes is relayed to "
+                                  "every peer (compressed with codec) and applied by all, and the parameter "
+                                  "gossip only corrects drift",
+                        lambda s: s in ("params", "gradients"), "must be 'params' or 'gradients'")
+    relay_staleness: int = opt(1, "with exchange = gradients: the peers take turns to compute gradients "
+                                  "(dqn.train_every steps a round); a peer waits before its turn until it "
+                                  "has the others' gradients up to this many rounds back. 1: every "
+                                  "gradient sees all earlier ones, as one learner's would (waiting costs "
+                                  "wall time, not CPU)", _pos, "must be >= 1")
 
 
 @dataclass
@@ -163,6 +173,9 @@ class Spec:
             raise ConfigError(f"gossip.sync = {g.sync!r}: choose one of {', '.join(SYNC_MODES)}")
         _check_topology(g.topology, self.peers, g.edges)
         _check_codec(g.codec)
+        if g.exchange == "gradients" and g.topology in ("one_peer_exponential", "random_pairing"):
+            raise ConfigError(f"gossip.exchange = gradients with gossip.topology = {g.topology!r}: the gradient "
+                              "relay needs a fixed neighbour graph (ring, grid, torus, ...)")
         self.dqn.check("dqn.")
         if self.buffer.capacity < self.dqn.batch_size:
             raise ConfigError(f"buffer.capacity = {self.buffer.capacity} is below dqn.batch_size = "

@@ -1,4 +1,4 @@
-"""Gossip averaging: topologies, mixing weights, and the CHOCO-style engine.
+"""Gossip averaging: topologies, mixing weights, the CHOCO-style engine, and the gradient relay.
 
 >>> from swarm.gossip import Gossip, flat_parameters
 >>> x = flat_parameters(model)            # one float32 vector over the model's tensors
@@ -11,9 +11,11 @@ torch is imported only by :func:`flat_parameters`, on first use.
 from ._codecs import suggested_gamma
 from .engine import MODES, SYNC_MODES, Gossip, GossipStats, RoundResult
 from .flat import flat_parameters
+from .relay import GradientRelay, RelayStats
 from .topology import TOPOLOGIES, Spectrum, mixing_matrix, neighbours, spectrum, weights
 
 __all__ = [
     "Gossip", "GossipStats", "RoundResult", "SYNC_MODES", "MODES", "flat_parameters", "suggested_gamma",
+    "GradientRelay", "RelayStats",
     "TOPOLOGIES", "Spectrum", "mixing_matrix", "neighbours", "spectrum", "weights",
 ]

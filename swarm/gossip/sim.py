@@ -71,6 +71,12 @@ class SimLink:
         self._seq += 1
         return self._hub._send(self._id, dst, t, body, arrays, self._seq)
 
+    def send_nowait(self, dst: str, t: str, body: dict[str, Any] | None = None,
+                    arrays: Sequence[np.ndarray] = ()) -> bool:
+        """:meth:`send` for callers that must not yield (the hub never waits anyway)."""
+        self._seq += 1
+        return self._hub._send(self._id, dst, t, body, arrays, self._seq)
+
     def on(self, t: str, handler: Handler) -> None:
         """Register the handler for message type ``t`` (one per type, last wins)."""
         if t not in wire.known_types():

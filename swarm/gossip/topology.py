@@ -62,6 +62,7 @@ __all__ = [
     "mixing_matrix",
     "spectrum",
     "period",
+    "eccentricity",
     "rounds_to_epsilon",
 ]
 
@@ -270,6 +271,31 @@ def period(topology: str, n: int) -> int | None:
     if topology == "random_pairing":
         return None
     return 1
+
+
+def eccentricity(topology: str, n: int, i: int, *, edges: Edges | None = None, seed: int = 0) -> int:
+    """Hops from peer ``i`` to the farthest peer it can reach on the round-0 graph.
+
+    A message that ``i`` sends to its neighbours and that each peer passes on to
+    its own, one hop less each time, reaches everyone when it starts with this
+    many hops (:class:`swarm.gossip.GradientRelay`).
+
+    >>> eccentricity("ring", 5, 0), eccentricity("ring", 4, 0), eccentricity("full", 8, 3)
+    (2, 2, 1)
+    """
+    _check(topology, n, i)
+    edge_list = _edge_list(edges, n) if topology == "custom" else None
+    dist = {i: 0}
+    frontier = [i]
+    while frontier:
+        nxt = []
+        for u in frontier:
+            for v in neighbours(topology, n, u, 0, edges=edge_list, seed=seed):
+                if v not in dist:
+                    dist[v] = dist[u] + 1
+                    nxt.append(v)
+        frontier = nxt
+    return max(dist.values())
 
 
 @dataclass(frozen=True)

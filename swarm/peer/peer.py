@@ -250,15 +250,9 @@ class Peer:
         several sends later behind a slow receiver: do not modify them after this
         call. Smaller ones are copied on send.
         """
-        self._raise_failure()
-        link = self._link(dst)
-        if link is None:
-            self.counters.unknown_dst += 1
-            return False
-        frames = wire.encode(t, self.id, epoch=self._view.epoch, seq=next(self._seq), body=body, arrays=arrays)
-        if tp.try_send(link.plain, frames):
-            self._count_out(frames)
-            return True
+        sent, link, frames = self._try_send(dst, t, body, arrays)
+        if sent or link is None:
+            return sent
         if timeout:
             deadline = time.monotonic() + timeout
             while (left := deadline - time.monotonic()) > 0:
@@ -277,6 +271,29 @@ class Peer:
                     return True
         self.counters.dropped_out += 1
         return False
+
+    def send_nowait(self, dst: str, t: str, body: dict[str, Any] | None = None,
+                    arrays: Sequence[np.ndarray] = ()) -> bool:
+        """:meth:`send` without waiting, for callers on the peer's loop that must not
+        yield (no task per message): False, and counted, when ``dst`` is unknown or
+        its queue is full."""
+        sent, link, _ = self._try_send(dst, t, body, arrays)
+        if not sent and link is not None:
+            self.counters.dropped_out += 1
+        return sent
+
+    def _try_send(self, dst: str, t: str, body: dict[str, Any] | None,
+                  arrays: Sequence[np.ndarray]) -> tuple[bool, _Link | None, list[Any]]:
+        self._raise_failure()
+        link = self._link(dst)
+        if link is None:
+            self.counters.unknown_dst += 1
+            return False, None, []
+        frames = wire.encode(t, self.id, epoch=self._view.epoch, seq=next(self._seq), body=body, arrays=arrays)
+        if tp.try_send(link.plain, frames):
+            self._count_out(frames)
+            return True, link, frames
+        return False, link, frames
 
     async def wait_linked(self, timeout: float = 5.0) -> None:
         """Wait until every neighbour of the current view has answered our hello."""

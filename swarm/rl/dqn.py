@@ -18,7 +18,7 @@ neighbours; the agent only adds, samples and updates priorities.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -118,7 +118,15 @@ class DQNAgent(BaseAgent):
                         for m in self.q.net if isinstance(m, nn.Linear)]
 
         self.steps = 0      # env steps taken (calls to deliberate)
-        self.updates = 0    # gradient steps taken
+        self.updates = 0    # gradient steps taken (own and, with publish, other peers')
+        #: Set by a peer that shares gradients (swarm.gossip.GradientRelay.publish): called
+        #: with each gradient this agent computes; returns the vector to apply, which is
+        #: what the other peers apply when they receive it. They feed theirs to
+        #: apply_gradient().
+        self.publish: Callable[[np.ndarray], np.ndarray] | None = None
+        #: Trains at the steps where steps % train_every == phase; peers that share
+        #: gradients take turns by rank.
+        self.phase = 0
         self._obs: np.ndarray | None = None
         self._action: int | None = None
         self._pending: tuple[np.ndarray, int, float] | None = None  # (obs, action, reward) awaiting next obs
@@ -140,6 +148,12 @@ class DQNAgent(BaseAgent):
 
     def update(self, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> tuple[float, torch.Tensor]:
         """One gradient step on a batch; returns (loss, per-item TD errors)."""
+        loss, td_error = self.gradient(batch, weights)
+        self.apply_gradient()
+        return loss, td_error
+
+    def gradient(self, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """The clipped gradient of the loss on a batch, left in :attr:`grad`; returns (loss, TD errors)."""
         cfg = self.cfg
         obs, actions, rewards = batch["obs"], batch["action"].long(), batch["reward"]
         next_obs, dones = batch["next_obs"], batch["done"]
@@ -160,14 +174,18 @@ class DQNAgent(BaseAgent):
         loss.backward()
         if cfg.max_grad_norm > 0:  # scale the whole gradient down to the norm, never up
             self.grad.mul_((cfg.max_grad_norm / (self.grad.norm() + 1e-6)).clamp_(max=1.0))
-        self.optimizer.step()
-
-        self.updates += 1
-        if self.updates % cfg.target_every == 0:
-            self._update_target()
         loss_value = loss.item()
         self._log(loss_value, td_error, q_taken)
         return loss_value, td_error.detach()
+
+    def apply_gradient(self, grad: torch.Tensor | np.ndarray | None = None) -> None:
+        """One optimizer step with ``grad`` (default: what :meth:`gradient` left), then the target update."""
+        if grad is not None:
+            self.grad.copy_(torch.as_tensor(grad))
+        self.optimizer.step()
+        self.updates += 1
+        if self.updates % self.cfg.target_every == 0:
+            self._update_target()
 
     def learn(self) -> float | None:
         """Sample the buffer, take one update, feed TD errors back as priorities."""
@@ -179,7 +197,11 @@ class DQNAgent(BaseAgent):
         sample = self.buffer.sample(self.cfg.batch_size, beta=self.beta)
         batch = {k: torch.as_tensor(v) for k, v in sample.batch.items()}
         weights = torch.as_tensor(np.asarray(sample.weights, dtype=np.float32))
-        loss, td = self.update(batch, weights)
+        if self.publish is None:
+            loss, td = self.update(batch, weights)
+        else:  # the swarm shares this gradient; apply what the others will apply
+            loss, td = self.gradient(batch, weights)
+            self.apply_gradient(self.publish(self.grad.numpy()))
         self.buffer.update_priorities(sample.indices, td.abs().numpy())
         return loss
 
@@ -188,6 +210,12 @@ class DQNAgent(BaseAgent):
         self.target_flat.lerp_(self.flat, self.cfg.tau)
 
     # ------------------------------------------------------------ schedules
+
+    def learns_at(self, step: int) -> bool:
+        """Whether :meth:`deliberate` trains at env step ``step`` (from learning_starts,
+        every train_every steps, at this agent's :attr:`phase`)."""
+        c = self.cfg
+        return step >= c.learning_starts and step % c.train_every == self.phase % c.train_every
 
     @property
     def epsilon(self) -> float:
@@ -216,7 +244,7 @@ class DQNAgent(BaseAgent):
         if self._obs is None:
             raise SwarmError("deliberate() before perceive(): the agent has no observation yet")
         cfg = self.cfg
-        if self.steps >= cfg.learning_starts and self.steps % cfg.train_every == 0:
+        if self.learns_at(self.steps):
             for _ in range(cfg.updates_per_train):
                 self.learn()
         if self.rng.random() < self.epsilon:

@@ -1,0 +1,284 @@
+"""Gradient relay: every peer gets every peer's gradients, passed on by neighbours.
+
+Parameter averaging (:class:`~swarm.gossip.Gossip`) lets each peer take its own
+updates and pulls the copies together afterwards: each peer still has to take
+about as many updates as one learner would (docs/rl.md, "What limits the
+swarm"). With a relay the swarm shares the updates themselves. A peer computes a
+gradient on its own batch, compresses it, applies the decompressed gradient to its
+own parameters and publishes it; every other peer applies the very same vector
+when it arrives. So n peers that each compute one gradient in n steps move like one
+learner that takes one update per step, at a 1/n of the gradient work each.
+
+Messages go only to neighbours (ring, grid, ... as the peer's topology says). A
+peer that receives a gradient for the first time passes it on, unchanged (the
+compressed frames, not re-encoded), to its other neighbours, with one hop less;
+copies that come round another way are recognised by (origin, number) and
+dropped. A peer's copy then differs from the others' only in the order in which
+it applied the gradients and in what was lost on full queues; parameter gossip
+(:class:`~swarm.gossip.Gossip`, at a lower rate) pulls such drift back.
+
+The codec is one stream per origin: with ``ef+...`` the residual of what the
+codec dropped stays at the origin and goes out with its next gradients, and
+every peer applies exactly what was sent.
+
+    relay = GradientRelay(peer, d, codec="ef+topk:0.15:values=fp16")   # on the peer's loop
+    g = relay.publish(grad)        # any thread: sends; returns what to apply here
+    for g in relay.take():         # the others' gradients, in arrival order
+        apply(g)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import wire
+from ..compress import Encoded, get_codec
+from ..errors import ConfigError, WireError
+from ..link import Link
+from ..wire import Message
+from . import topology as topo
+
+__all__ = ["GradientRelay", "RelayStats", "GRAD"]
+
+GRAD = wire.register_type("grad")
+
+
+@dataclass
+class RelayStats:
+    published: int = 0      # own gradients sent
+    sent: int = 0           # messages sent, own and forwarded
+    received: int = 0       # others' gradients taken in (first copies)
+    forwarded: int = 0      # sends that passed a gradient on
+    duplicates: int = 0     # copies that came round another way
+    dropped: int = 0        # sends refused (unknown neighbour, full queue)
+    overflow: int = 0       # received gradients dropped because take() lagged
+    rejected: int = 0       # malformed or non-finite gradients
+    bytes_out: int = 0      # payload bytes sent, own and forwarded
+    bytes_in: int = 0       # payload bytes received, duplicates included
+    lag_s: float = 0.0      # summed wall-clock seconds from publish to take() (same-host clocks)
+    taken: int = 0          # gradients handed out by take()
+    waited_s: float = 0.0   # seconds spent in wait()
+    wait_timeouts: int = 0  # wait() calls that gave up
+
+    @property
+    def mean_lag_s(self) -> float:
+        """Mean seconds from a gradient's publication to its take(); NaN before any."""
+        return self.lag_s / self.taken if self.taken else float("nan")
+
+
+class GradientRelay:
+    """Publish this peer's gradients and collect everyone else's (see the module docstring).
+
+    Build it on the link's event loop (it registers a handler there). ``publish``
+    may be called from any thread; ``take`` from one consumer thread.
+
+    Args:
+        link: the peer (or a :class:`~swarm.gossip.sim.SimLink`).
+        d: length of the gradient vector.
+        codec: codec spec of the published gradients; ``ef+X`` keeps X's error
+            feedback residual at the origin.
+        max_pending: received gradients kept for :meth:`take`; older ones are dropped
+            (and counted) beyond it, so a stalled consumer cannot grow memory.
+        topology, edges: the peers' neighbour graph (what ``link.neighbours()``
+            follows); a gradient then starts with as many hops as this peer's farthest
+            peer is away, so that no copy travels further than it must. A time-varying
+            topology is refused: its round-0 graph need not reach everyone.
+        hops: how far a gradient travels, overriding ``topology``. Without either, the
+            number of peers in the view less one, which reaches every peer of a
+            connected graph (with copies that come round the long way dropped).
+    """
+
+    def __init__(self, link: Link, d: int, codec: str = "identity", *, topology: str | None = None,
+                 edges: Any = None, max_pending: int = 1024, hops: int | None = None) -> None:
+        if not isinstance(d, int) or d < 1:
+            raise ConfigError(f"d = {d!r}: the gradient length must be an int >= 1")
+        if not isinstance(max_pending, int) or max_pending < 1:
+            raise ConfigError(f"max_pending = {max_pending!r}: must be an int >= 1")
+        if hops is not None and (not isinstance(hops, int) or hops < 1):
+            raise ConfigError(f"hops = {hops!r}: must be an int >= 1 or None")
+        if topology is not None and (topology not in topo.TOPOLOGIES or topology in topo.TIME_VARYING):
+            raise ConfigError(f"topology = {topology!r}: the relay needs a fixed graph, one of "
+                              f"{', '.join(t for t in topo.TOPOLOGIES if t not in topo.TIME_VARYING)}")
+        self.link, self.d, self.codec_spec, self.hops = link, d, codec, hops
+        self.topology, self.edges = topology, edges
+        self._routes_cache: tuple[int, list[tuple[str, int]]] | None = None   # (view epoch, routes)
+        self._codec = get_codec(codec)              # the origin's stream (with its residual)
+        self._decoder = get_codec(codec[3:] if codec.startswith("ef+") else codec)
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._seq = itertools.count(1)
+        self._seen: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()
+        self._inbox: collections.deque[tuple[np.ndarray, float]] = collections.deque()  # (gradient, sent at)
+        self._max_pending = max_pending
+        self._clocks: dict[str, int] = {}    # origin -> clock of its newest gradient here
+        self._cond = threading.Condition()
+        self.stats = RelayStats()
+        link.on(GRAD, self._on_grad)
+
+    # ------------------------------------------------------------ API
+
+    def publish(self, grad: Any, clock: int = 0) -> np.ndarray:
+        """Encode ``grad``, send it to the neighbours, and return the decoded vector,
+        which is what every peer applies: apply it here too.
+
+        ``clock`` is the publisher's progress (its env steps, say); receivers can
+        :meth:`wait` for it.
+        """
+        g = np.asarray(grad, dtype=np.float32).reshape(-1)
+        if g.size != self.d:
+            raise ConfigError(f"gradient of length {g.size}; this relay carries {self.d}")
+        if not np.isfinite(g).all():
+            raise ConfigError("gradient has NaN or infinite entries; not published")
+        enc = self._codec.encode(g)
+        out = self._decoder.decode(enc, self.d)
+        body = {"o": self.link.id, "s": next(self._seq), "t": time.time(), "c": int(clock), "meta": enc.meta}
+        frames = [np.array(f, copy=True) for f in enc.frames]   # the codec may reuse its buffers
+        self.stats.published += 1
+        if threading.get_ident() == self._loop_thread:
+            self._publish_now(body, frames)
+        else:
+            self._loop.call_soon_threadsafe(self._publish_now, body, frames)
+        return out
+
+    def take(self) -> list[np.ndarray]:
+        """The other peers' gradients received since the last call, oldest first."""
+        out = []
+        now = time.time()
+        while self._inbox:
+            g, t = self._inbox.popleft()
+            out.append(g)
+            self.stats.lag_s += max(0.0, now - t)
+        self.stats.taken += len(out)
+        return out
+
+    def wait(self, clock: int, timeout: float, *, every: int = 1, rounds: int = 1) -> bool:
+        """Block until this peer has every gradient that the others computed before
+        ``clock``, less their last ``rounds - 1`` rounds, or until ``timeout`` seconds
+        passed; returns whether it got there.
+
+        Each peer publishes one gradient every ``every`` clock ticks, at a fixed
+        phase (its first clock modulo ``every``). Called before computing a
+        gradient, ``rounds = 1`` makes the peers take turns: each gradient is
+        computed with all the others' gradients before it applied, as one learner
+        would. On a busy host a gradient takes milliseconds to arrive, several
+        steps; waiting costs wall time, not CPU. A peer that left the view, or has
+        not published yet, is not waited for.
+        """
+        if every < 1 or rounds < 1:
+            raise ConfigError(f"every = {every}, rounds = {rounds}: both must be >= 1")
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                me, ids = self.link.id, self.link.view.ids
+                behind = []
+                for o in ids:
+                    c = self._clocks.get(o)
+                    if o == me or c is None:
+                        continue
+                    last = clock - 1 - (clock - 1 - c) % every     # o's latest turn before `clock`
+                    if c < last - (rounds - 1) * every:
+                        behind.append(o)
+                if not behind:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.stats.wait_timeouts += 1
+                    return False
+                t0 = time.monotonic()
+                self._cond.wait(min(left, 0.05))   # also notices view changes
+                self.stats.waited_s += time.monotonic() - t0
+
+    @property
+    def pending(self) -> int:
+        return len(self._inbox)
+
+    # ------------------------------------------------------------ plumbing
+
+    def _routes(self) -> list[tuple[str, int]]:
+        """(neighbour, hops) for a gradient of our own, from the current view.
+
+        On a ring the two directions split the way round (to the right ceil((n-1)/2)
+        hops, to the left the rest), so every peer gets exactly one copy; on other
+        graphs each neighbour gets as many hops as our farthest peer is away, and
+        copies that meet are dropped as duplicates.
+        """
+        view = self.link.view
+        if self._routes_cache is not None and self._routes_cache[0] == view.epoch:
+            return self._routes_cache[1]
+        nbrs = self.link.neighbours()
+        n, i = len(view.members), view.index(self.link.id)
+        if self.hops is not None:
+            routes = [(dst, self.hops) for dst in nbrs]
+        elif self.topology == "ring" and n >= 3 and i >= 0:
+            right, left = view.members[(i + 1) % n].id, view.members[(i - 1) % n].id
+            split = {right: n // 2, left: (n - 1) // 2}
+            routes = [(dst, split.get(dst, 1)) for dst in nbrs]
+        else:
+            if self.topology is None or i < 0:
+                h = n - 1
+            else:
+                h = topo.eccentricity(self.topology, n, i, edges=self.edges)
+            routes = [(dst, max(1, h)) for dst in nbrs]
+        self._routes_cache = (view.epoch, routes)
+        return routes
+
+    def _publish_now(self, body: dict[str, Any], frames: list[np.ndarray]) -> None:
+        for dst, hops in self._routes():
+            self._send(dst, dict(body, h=hops), frames, forwarding=False)
+
+    def _send(self, dst: str, body: dict[str, Any], frames: list[np.ndarray], forwarding: bool) -> None:
+        if self.link.send_nowait(dst, GRAD, body, frames):
+            self.stats.sent += 1
+            self.stats.bytes_out += sum(int(f.nbytes) for f in frames)
+            self.stats.forwarded += int(forwarding)
+        else:
+            self.stats.dropped += 1
+
+    def _on_grad(self, msg: Message) -> None:
+        self.stats.bytes_in += sum(int(a.nbytes) for a in msg.arrays)
+        b = msg.body
+        origin, seq, hops, meta = b.get("o"), b.get("s"), b.get("h"), b.get("meta")
+        if not (isinstance(origin, str) and isinstance(seq, int) and isinstance(hops, int)
+                and isinstance(meta, dict)):
+            self.stats.rejected += 1
+            raise WireError(f"grad from {msg.src}: body needs o (str), s, h (int) and meta (dict)")
+        key = (origin, seq)
+        if origin == self.link.id or key in self._seen:
+            self.stats.duplicates += 1
+            return
+        try:
+            g = self._decoder.decode(Encoded(meta, list(msg.arrays)), self.d)
+        except WireError:
+            self.stats.rejected += 1
+            raise
+        if g.shape != (self.d,) or not np.isfinite(g).all():
+            self.stats.rejected += 1
+            raise WireError(f"grad {origin}#{seq} from {msg.src}: not {self.d} finite values")
+        self._seen[key] = None
+        if len(self._seen) > 64 * self._max_pending:
+            self._seen.popitem(last=False)
+        if len(self._inbox) >= self._max_pending:
+            self._inbox.popleft()
+            self.stats.overflow += 1
+        t = b.get("t")
+        self._inbox.append((g, float(t) if isinstance(t, (int, float)) else time.time()))
+        self.stats.received += 1
+        c = b.get("c")
+        if isinstance(c, int):
+            with self._cond:
+                if c > self._clocks.get(origin, -1):
+                    self._clocks[origin] = c
+                self._cond.notify_all()
+        if hops > 1:   # pass it on, away from where it came from
+            fwd = dict(b, h=hops - 1)
+            for dst in self.link.neighbours():
+                if dst != msg.src and dst != origin:
+                    self._send(dst, fwd, list(msg.arrays), forwarding=True)

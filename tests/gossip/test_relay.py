@@ -1,0 +1,155 @@
+"""The gradient relay on the in-memory hub: every peer gets every gradient once,
+bit for bit what its origin applied; bad gradients are refused and change nothing."""
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from swarm.errors import ConfigError, WireError
+from swarm.gossip import GradientRelay
+from swarm.gossip.relay import GRAD
+from swarm.gossip.sim import SimHub
+
+
+async def settle(hub, relays):
+    """Let every queued delivery and forward run (the hub delivers on the next loop turns)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("topology,n", [("ring", 5), ("ring", 4), ("grid", 9), ("full", 4)])
+def test_every_peer_gets_every_gradient_once(topology, n):
+    async def main():
+        hub = SimHub(topology=topology)
+        links = hub.add_many(n)
+        relays = [GradientRelay(link, 64, codec="ef+topk:0.25", topology=topology) for link in links]
+        rng = np.random.default_rng(0)
+        applied = [[] for _ in range(n)]       # what each peer would apply
+        for _ in range(3):
+            for i, r in enumerate(relays):
+                applied[i].append(r.publish(rng.standard_normal(64)))
+        await settle(hub, relays)
+        for i, r in enumerate(relays):
+            got = r.take()
+            assert len(got) == 3 * (n - 1)
+            applied[i].extend(got)
+        # every peer holds the same multiset of vectors, so the same sum up to rounding
+        sums = [np.sum(a, axis=0, dtype=np.float64) for a in applied]
+        for s in sums[1:]:
+            np.testing.assert_allclose(s, sums[0], rtol=0, atol=1e-9)
+        assert not hub.errors
+        assert all(r.stats.dropped == 0 and r.stats.rejected == 0 for r in relays)
+        assert sum(r.stats.received for r in relays) == 3 * n * (n - 1)
+        return relays
+    relays = asyncio.run(main())
+    sent = sum(r.stats.sent for r in relays)
+    if topology == "ring":   # the two directions split the way round: one copy each
+        assert sum(r.stats.duplicates for r in relays) == 0
+        assert sent == 3 * n * (n - 1)
+    else:                    # flooding: at least one send per delivery, duplicates dropped
+        assert sent >= 3 * n * (n - 1)
+        assert sum(r.stats.duplicates for r in relays) == sent - 3 * n * (n - 1)
+
+
+def test_error_feedback_stays_at_the_origin():
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b = [GradientRelay(link, 100, codec="ef+topk:0.1") for link in hub.add_many(2)]
+        rng = np.random.default_rng(1)
+        inputs = [rng.standard_normal(100).astype(np.float32) for _ in range(20)]
+        sent = [a.publish(g) for g in inputs]
+        await settle(hub, [a, b])
+        got = b.take()
+        assert len(got) == 20
+        for s, g in zip(sent, got):
+            assert np.array_equal(s, g)              # the receiver applies what the origin applied
+            assert np.count_nonzero(s) <= 10
+        residual = a._codec.residual
+        np.testing.assert_allclose(np.sum(sent, axis=0) + residual, np.sum(inputs, axis=0), atol=1e-4)
+    asyncio.run(main())
+
+
+def test_publish_from_another_thread():
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b = [GradientRelay(link, 8) for link in hub.add_many(2)]
+        out = await asyncio.to_thread(a.publish, np.arange(8, dtype=np.float32))
+        await settle(hub, [a, b])
+        [got] = b.take()
+        assert np.array_equal(got, out) and np.array_equal(out, np.arange(8, dtype=np.float32))
+    asyncio.run(main())
+
+
+def test_bad_gradients_are_refused():
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(3)
+        relays = [GradientRelay(link, 16) for link in links]
+        a, b = relays[0], relays[1]
+        with pytest.raises(ConfigError, match="length 15"):
+            a.publish(np.zeros(15))
+        bad = np.zeros(16)
+        bad[3] = math.nan
+        with pytest.raises(ConfigError, match="NaN"):
+            a.publish(bad)
+        assert a.stats.published == 0
+        # Malformed and non-finite messages straight onto the wire
+        nan = np.full(16, np.nan, np.float32)
+        await links[0].send(b.link.id, GRAD, {"o": "peer0", "s": 1, "h": 2, "meta": {"codec": "identity", "n": 16}},
+                            [nan])
+        await links[0].send(b.link.id, GRAD, {"o": "peer0", "s": 2, "h": 2, "meta": {"codec": "identity", "n": 8}},
+                            [np.zeros(8, np.float32)])
+        await links[0].send(b.link.id, GRAD, {"s": 3}, [np.zeros(16, np.float32)])
+        await settle(hub, relays)
+        assert b.take() == [] and relays[2].take() == []
+        assert b.stats.rejected == 3
+        assert len(hub.errors) == 3 and all(isinstance(e, WireError) for e in hub.errors)
+        # a good gradient afterwards still goes through, with the same numbers
+        g = a.publish(np.ones(16))
+        await settle(hub, relays)
+        assert [x.tolist() for x in b.take()] == [g.tolist()]
+    asyncio.run(main())
+
+
+def test_a_stalled_consumer_keeps_only_max_pending():
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b = [GradientRelay(link, 4, max_pending=5) for link in hub.add_many(2)]
+        for i in range(8):
+            a.publish(np.full(4, i, np.float32))
+        await settle(hub, [a, b])
+        got = b.take()
+        assert [float(g[0]) for g in got] == [3, 4, 5, 6, 7]    # the newest five
+        assert b.stats.overflow == 3
+    asyncio.run(main())
+
+
+def test_wait_takes_turns_by_clock():
+    """Peers publish every 4 ticks at phases 0 and 1: before its turn at clock 8, peer 0
+    must have peer 1's gradient from clock 5; a peer that never published is not waited for."""
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b, c = [GradientRelay(link, 4) for link in hub.add_many(3)]
+        b.publish(np.ones(4), clock=1)
+        await settle(hub, [a, b, c])
+        # c never published; b's newest is clock 1 and its next turn (5) is before 8
+        assert not await asyncio.to_thread(a.wait, 8, 0.2, every=4, rounds=1)
+        assert a.stats.wait_timeouts == 1
+        assert await asyncio.to_thread(a.wait, 8, 0.2, every=4, rounds=2)   # one round of slack
+        assert await asyncio.to_thread(a.wait, 5, 0.2, every=4, rounds=1)   # clock 5: b's turn 1 is in
+
+        waiter = asyncio.create_task(asyncio.to_thread(a.wait, 8, 5.0, every=4, rounds=1))
+        await asyncio.sleep(0.1)
+        assert not waiter.done()
+        b.publish(np.ones(4), clock=5)
+        assert await asyncio.wait_for(waiter, 5.0)          # woken by the arrival, not the timeout
+        assert a.stats.waited_s < 4.0
+
+        hub.remove(b.link.id)                               # a peer that left is not waited for
+        assert await asyncio.to_thread(a.wait, 100, 0.2, every=4, rounds=1)
+        with pytest.raises(ConfigError):
+            a.wait(8, 0.1, every=0)
+    asyncio.run(main())
