@@ -98,11 +98,33 @@ SOLVE = 475.0
 #:   0.12: 2k, 2k, 1k, 2k (kept); tau 0.2: 2k, 1k, 3k, 2k, with the other peers
 #:   further from the solver.
 #:
+#: * swarm, relaying gradients (gossip.exchange = gradients, seventh session): each
+#:   peer computes one gradient every train_every steps, in turn by rank, and every
+#:   peer applies all of them, so the swarm moves like one learner taking
+#:   4/train_every updates per step on all four peers' data, at a quarter of the
+#:   gradient work per peer. In a one-process simulation (instant sharing, seeds
+#:   0-3, evaluations every 250 steps): two gradients per swarm step at lr 8e-3,
+#:   1,625 steps with no delivery delay, 1,812 with two steps, 3,687 with five;
+#:   with top-15% error-feedback gradients 3,750 (top-25%: 2,750); one gradient
+#:   per swarm step at lr 0.016, 1,937 steps with one step of delay (kept). Real
+#:   runs (`swarm run`, 4 peers): without turns the gradients arrived 50-60 ms late
+#:   (10 steps on 2 cores) and seed 3 took 4k steps at 9 s of CPU per peer; with
+#:   turns (relay_staleness 1) 1.5k, 1.25k, 2.25k, 1.5k steps at 2.9-6.1 s with
+#:   top-15% gradients, 2.5k, 1.5k, 1k, 1k with uncompressed ones.
+#:
 #: Both sides learn from step 250 and decay epsilon over 1,250 steps.
 ISOLATED = replace(DQNConfig(), tau=0.12, lr=0.004, learning_starts=250, eps_steps=1250)
 SWARM = ["peers=4", "gossip.topology=ring", "gossip.codec=ef+topk:0.15:values=fp16", "gossip.step_size=0.3",
-         "gossip.interval=10", "buffer.sharing=true", "buffer.share=1.0", "dqn.learning_starts=250",
-         "dqn.eps_steps=1250", "dqn.tau=0.12", "dqn.lr=0.008", "dqn.batch_size=128", "dqn.updates_per_train=2"]
+         "gossip.interval=10", "gossip.exchange=gradients", "gossip.relay_staleness=1",
+         "buffer.sharing=true", "buffer.share=1.0", "dqn.learning_starts=250",
+         "dqn.eps_steps=1250", "dqn.tau=0.12", "dqn.lr=0.016", "dqn.batch_size=128", "dqn.train_every=4",
+         "dqn.updates_per_train=1"]
+#: The settings of the sixth session's runs: each peer takes its own updates (two per
+#: step) and gossip averages the parameters. ``--swarm params`` runs them.
+SWARM_PARAMS = ["peers=4", "gossip.topology=ring", "gossip.codec=ef+topk:0.15:values=fp16",
+                "gossip.step_size=0.3", "gossip.interval=10", "buffer.sharing=true", "buffer.share=1.0",
+                "dqn.learning_starts=250", "dqn.eps_steps=1250", "dqn.tau=0.12", "dqn.lr=0.008",
+                "dqn.batch_size=128", "dqn.updates_per_train=2"]
 DENSE = ["gossip.codec=identity", "gossip.step_size=1.0"]
 
 
@@ -121,10 +143,11 @@ def isolated(seed: int, cfg: DQNConfig, max_steps: int, every: int, episodes: in
     agent = DQNAgent.for_env(env, buf, cfg, seed=seed)
     env.close()
     result: dict = {}
-    cpu0 = time.process_time()
+    cpu0, wall0 = time.process_time(), time.monotonic()
 
     def finish(solved: bool, steps: int) -> None:
-        result.update(seed=seed, solved=solved, steps=steps, cpu_s=time.process_time() - cpu0)
+        result.update(seed=seed, solved=solved, steps=steps, cpu_s=time.process_time() - cpu0,
+                      wall_s=time.monotonic() - wall0)
         if on_result is not None:
             on_result(result)
 
@@ -196,8 +219,8 @@ def isolated_together(seeds: list[int], cfg: DQNConfig, procs: int, max_steps: i
 
 
 def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int, root: Path,
-          until_solved: bool = True) -> dict:
-    sets = SWARM + extra + [f"seed={seed}", f"budget.env_steps={max_steps}",
+          until_solved: bool = True, base: list[str] = SWARM) -> dict:
+    sets = base + extra + [f"seed={seed}", f"budget.env_steps={max_steps}",
                             f"budget.stop_when_solved={str(until_solved).lower()}",
                             f"eval.every={every}", f"eval.episodes={episodes}", f"eval.solve_return={SOLVE}"]
     log = io.StringIO()
@@ -220,11 +243,14 @@ def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int
         # (all peers evaluate at the same step counts; a peer that had not reached S
         # counts at the solver's).
         s_min = min(solved_at)
-        at_s = [_cpu_at(run_dir / f"peer{r}" / "evals.csv", s_min) for r in range(len(rows))]
+        at_s = [_eval_at(run_dir / f"peer{r}" / "evals.csv", s_min) for r in range(len(rows))]
         per_peer, total = s_min, s_min * len(rows)
-        cpu = max(c for c in at_s if c is not None)
+        cpu = max(float(e["cpu_s"]) for e in at_s if e is not None)
+        wall = max(float(e["wall_s"]) for e in at_s if e is not None)
+    else:
+        wall = max(float(r.get("wall_s", 0.0)) for r in rows)
     return {"seed": seed, "solved": bool(solved_at),
-            "steps_per_peer": per_peer, "total_steps": total, "cpu_s": cpu,
+            "steps_per_peer": per_peer, "total_steps": total, "cpu_s": cpu, "wall_s": wall,
             "steps_at_end": steps,
             "gossip_bytes_per_peer": float(np.mean([r.get("gossip_bytes_out", 0) for r in rows])),
             "bytes_per_peer": float(np.mean([r.get("bytes_out", 0) for r in rows])),
@@ -243,13 +269,14 @@ def _solved_steps(evals_csv: Path) -> list[int]:
     return []
 
 
-def _cpu_at(evals_csv: Path, step: int) -> float | None:
-    """The CPU seconds a peer's evaluation at ``step`` env steps recorded (None if it has none)."""
+def _eval_at(evals_csv: Path, step: int) -> dict | None:
+    """A peer's evaluation row at ``step`` env steps (cpu_s and wall_s since it started
+    training), None if it has none."""
     try:
         with open(evals_csv) as f:
             for row in csv.DictReader(f):
                 if int(row["env_steps"]) == step:
-                    return float(row["cpu_s"])
+                    return row
     except OSError:
         pass
     return None
@@ -261,13 +288,16 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=60_000, help="env steps per learner before giving up")
     ap.add_argument("--eval-every", type=int, default=1_000)
     ap.add_argument("--eval-episodes", type=int, default=5)
+    ap.add_argument("--swarm", choices=("gradients", "params"), default="gradients",
+                    help="the swarm's exchange: relayed gradients (SWARM) or parameter averaging (SWARM_PARAMS)")
     ap.add_argument("--skip-dense", action="store_true", help="no uncompressed run (no bytes_saving)")
     ap.add_argument("--skip-alone", action="store_true",
                     help="do not also time the isolated learners one at a time, alone on the machine")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = ISOLATED
-    spec = load_spec(None, SWARM)
+    base = SWARM if args.swarm == "gradients" else SWARM_PARAMS
+    spec = load_spec(None, base)
     print(f"isolated DQN settings: {to_dict(cfg)}")
     swarm_settings = {k: to_dict(getattr(spec, k)) for k in ("gossip", "buffer", "dqn")}
     print(f"swarm settings ({spec.peers} peers): {json.dumps(swarm_settings)}")
@@ -281,12 +311,13 @@ def main() -> None:
     sw, dense = [], []
     with tempfile.TemporaryDirectory(prefix="bench_learning-") as tmp:
         for s in args.seeds:
-            sw.append(swarm(s, [], args.max_steps, args.eval_every, args.eval_episodes, Path(tmp) / f"ef{s}"))
+            sw.append(swarm(s, [], args.max_steps, args.eval_every, args.eval_episodes, Path(tmp) / f"ef{s}",
+                            base=base))
             print(f"swarm    seed {s}: {sw[-1]}", flush=True)
             if not args.skip_dense:
                 steps = max(sw[-1]["steps_per_peer"], spec.dqn.learning_starts + 1)
                 dense.append(swarm(s, DENSE, steps, args.eval_every, args.eval_episodes, Path(tmp) / f"id{s}",
-                                   until_solved=False))
+                                   until_solved=False, base=base))
                 print(f"dense    seed {s}: {dense[-1]}", flush=True)
 
     def mean(rows: list[dict], k: str) -> float:
@@ -312,6 +343,10 @@ def main() -> None:
         "cpu_time_ratio_vs_isolated_alone": sw_cpu / mean(alone, "cpu_s") if alone else None,
         "steps_per_peer_ratio": sw_peer / iso_steps,
         "total_steps_ratio": sw_total / iso_steps,
+        # Not a target: on one shared machine a swarm that takes turns waits for its
+        # gradients; on one host per peer the wait is a network round trip per turn.
+        "wall_time_ratio_vs_isolated": mean(sw, "wall_s") / mean(iso, "wall_s"),
+        "exchange": spec.gossip.exchange,
         "bytes_saving": (mean(dense, "gossip_bytes_per_peer") / mean(sw, "gossip_bytes_per_peer")) if dense else None,
         "solved_fraction": sum(r["solved"] for r in sw) / len(sw),
         "isolated_solved_fraction": sum(r["solved"] for r in iso) / len(iso),

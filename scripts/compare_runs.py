@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_learning import SOLVE, SWARM
+from bench_learning import SOLVE, SWARM_PARAMS
 from swarm.experiment import load_spec, run_experiment
 from swarm.experiment.launch import read_csv, summarize
 
@@ -54,8 +54,9 @@ VARIANTS: dict[str, dict[str, list[str]]] = {
 }
 #: At 4 peers a 2x2 grid is a ring; the topology experiment runs 6 (a 2x3 grid).
 EXTRA = {"topology": ["peers=6"], "codec": ["peers=4"]}
-#: The benchmark's swarm without the settings the experiments vary.
-BASE = [s for s in SWARM if not s.startswith(("peers=", "gossip.topology=", "gossip.codec="))]
+#: The benchmark's parameter-averaging swarm without the settings the experiments vary
+#: (with gossip.exchange = gradients, "isolated" peers would still share gradients).
+BASE = [s for s in SWARM_PARAMS if not s.startswith(("peers=", "gossip.topology=", "gossip.codec="))]
 
 
 def _num(v: object) -> float:

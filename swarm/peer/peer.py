@@ -131,7 +131,9 @@ class Peer:
         self._runner: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._poll_dirty = True
-        self._poll_wait: asyncio.Future[Any] | None = None   # the receive loop's pending poll
+        self._wake = asyncio.Event()      # set by the watched sockets' fds and by _sockets_changed
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._readers: dict[int, Any] = {}   # fd -> socket registered with the loop
         self._last_suspect: dict[str, float] = {}
         self._join_sent = 0.0
         self._rejoining = False
@@ -336,6 +338,7 @@ class Peer:
         self.state = PeerState.CLOSED
 
     def _close_sockets(self) -> None:
+        self._unwatch_all()
         for link in self._links.values():
             self._close_link(link)
         self._links.clear()
@@ -362,6 +365,7 @@ class Peer:
                 link.sock.disable_monitor()
             except zmq.ZMQError:
                 pass
+            self._unwatch(link.monitor)
             link.monitor.close(0)
         link.sock.close(0)
         self._sockets_changed()
@@ -406,48 +410,94 @@ class Peer:
     # -- receive
 
     async def _recv_loop(self) -> None:
-        router_plain = tp.shadow(self._router)
-        coord_plain = {c: (i, tp.shadow(c)) for i, c in enumerate(self._coords)}
-        coord_mon = {m: i for i, m in enumerate(self._coord_monitors)}
-        poller = zmq.asyncio.Poller()
-        monitors: dict[Any, str] = {}
+        # The loop watches each socket's ZMQ_FD with add_reader, registered once per
+        # socket set. (zmq.asyncio's Poller registers and unregisters every fd on each
+        # poll: most of this thread's CPU when messages come one by one.) The fd is
+        # edge-triggered, so every pass checks ZMQ_EVENTS of every socket, and a pass
+        # that found nothing waits for a wake-up, at most 0.1 s in case one was lost.
+        loop = asyncio.get_running_loop()
+        self._loop = loop
         self._join()
-        while True:
-            if self._poll_dirty:
-                poller = zmq.asyncio.Poller()
-                poller.register(self._router, zmq.POLLIN)
-                for c in self._coords:
-                    poller.register(c, zmq.POLLIN)
-                for m in self._coord_monitors:
-                    poller.register(m, zmq.POLLIN)
-                monitors = {}
-                for pid, link in self._links.items():
-                    if link.monitor is not None:
-                        poller.register(link.monitor, zmq.POLLIN)
-                        monitors[link.monitor] = pid
-                self._poll_dirty = False
-            # No timeout: an idle peer sleeps here until a message comes or the socket
-            # set changes (_sockets_changed), instead of waking 20 times a second.
-            self._poll_wait = poller.poll()
-            try:
-                events = await self._poll_wait
-            finally:
-                self._poll_wait = None
-            for sock, _ in events:
-                if sock is self._router:
-                    for frames in tp.drain(router_plain):
-                        await self._on_router(frames)
-                elif sock in coord_plain:
-                    i, plain = coord_plain[sock]
-                    for frames in tp.drain(plain):
-                        self._on_coord(frames, i)
-                elif sock in coord_mon:
-                    for ev in tp.drain(tp.shadow(sock)):
-                        if (parse_monitor_message([f.bytes for f in ev])["event"] == zmq.EVENT_DISCONNECTED
-                                and coord_mon[sock] == self._active):
-                            self._rotate("connection lost")
-                elif sock in monitors and not sock.closed:
-                    self._on_monitor(sock, monitors[sock])
+        watched: list[tuple[Any, zmq.Socket, Callable[[zmq.Socket], Any]]] = []
+        try:
+            while True:
+                if self._poll_dirty:
+                    self._poll_dirty = False
+                    watched = self._watch()
+                self._wake.clear()
+                busy = False
+                for sock, plain, handle in watched:
+                    # .closed of the socket itself: a shadow does not know it was closed
+                    try:
+                        ready = not sock.closed and plain.getsockopt(zmq.EVENTS) & zmq.POLLIN
+                    except zmq.ZMQError:
+                        continue
+                    if ready:
+                        busy = True
+                        r = handle(plain)
+                        if r is not None:
+                            await r
+                if busy:
+                    await asyncio.sleep(0)   # let other tasks run between passes
+                    continue
+                timer = loop.call_later(0.1, self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
+        finally:
+            self._unwatch_all()
+
+    def _watch(self) -> list[tuple[Any, zmq.Socket, Callable[[zmq.Socket], Any]]]:
+        """(socket, its plain shadow, handler) for every socket the receive loop reads,
+        with their fds registered with the loop."""
+        self._unwatch_all()
+        socks: list[tuple[Any, Callable[[zmq.Socket], Any]]] = [(self._router, self._drain_router)]
+        for i, c in enumerate(self._coords):
+            socks.append((c, lambda p, i=i: self._drain_coord(p, i)))
+        for i, m in enumerate(self._coord_monitors):
+            socks.append((m, lambda p, i=i: self._drain_coord_monitor(p, i)))
+        for pid, link in self._links.items():
+            if link.monitor is not None:
+                socks.append((link.monitor, lambda p, m=link.monitor, pid=pid: self._on_monitor(m, pid)))
+        watched = []
+        for sock, handle in socks:
+            if sock is None or sock.closed:
+                continue
+            fd = sock.getsockopt(zmq.FD)
+            self._loop.add_reader(fd, self._wake.set)
+            self._readers[fd] = sock
+            watched.append((sock, tp.shadow(sock), handle))
+        return watched
+
+    def _unwatch(self, sock: Any) -> None:
+        """Stop watching ``sock``; call it before closing the socket (a closed fd
+        cannot be unregistered, and its number may be reused)."""
+        if self._loop is None or sock is None or sock.closed:
+            return
+        fd = sock.getsockopt(zmq.FD)
+        if self._readers.pop(fd, None) is not None:
+            self._loop.remove_reader(fd)
+
+    def _unwatch_all(self) -> None:
+        if self._loop is not None:
+            for fd in list(self._readers):
+                self._loop.remove_reader(fd)
+        self._readers.clear()
+
+    async def _drain_router(self, plain: zmq.Socket) -> None:
+        for frames in tp.drain(plain):
+            await self._on_router(frames)
+
+    def _drain_coord(self, plain: zmq.Socket, i: int) -> None:
+        for frames in tp.drain(plain):
+            self._on_coord(frames, i)
+
+    def _drain_coord_monitor(self, plain: zmq.Socket, i: int) -> None:
+        for ev in tp.drain(plain):
+            if (parse_monitor_message([f.bytes for f in ev])["event"] == zmq.EVENT_DISCONNECTED
+                    and i == self._active):
+                self._rotate("connection lost")
 
     def _sockets_changed(self) -> None:
         """A link was opened or closed: rebuild the receive loop's poller now.
@@ -456,8 +506,7 @@ class Peer:
         (a reply to a peer we had no link to), when the loop may be waiting in its poll.
         """
         self._poll_dirty = True
-        if self._poll_wait is not None and not self._poll_wait.done():
-            self._poll_wait.set_result([])   # wake it with no events: it rebuilds first
+        self._wake.set()   # the receive loop rebuilds its socket set first
 
     async def _on_router(self, frames: list[zmq.Frame]) -> None:
         try:
