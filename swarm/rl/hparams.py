@@ -42,7 +42,8 @@ class DQNConfig:
     batch_size: int = opt(64, "transitions per update", _pos, "must be > 0")
     learning_starts: int = opt(1000, "env steps before the first update (random actions until then)",
                                _nonneg, "must be >= 0")
-    train_every: int = opt(1, "env steps between updates", _pos, "must be > 0")
+    train_every: int = opt(1, "env steps between updates (with gossip.exchange = gradients: between this "
+                              "peer's turns at computing a gradient)", _pos, "must be > 0")
     updates_per_train: int = opt(1, "gradient steps each time an update is due", _pos, "must be > 0")
     double: bool = opt(True, "double DQN: the online net picks the next action, the target net values it")
     # Polyak averaging every update. A hard copy every 250 updates took 17k-22k env
