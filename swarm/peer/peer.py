@@ -385,7 +385,10 @@ class Peer:
         if not self._coords:
             return False
         frames = wire.encode(t, self.id, epoch=self._view.epoch, body=body)
-        return tp.try_send(tp.shadow(self._coords[self._active if to is None else to]), frames)
+        sent = tp.try_send(tp.shadow(self._coords[self._active if to is None else to]), frames)
+        # A send can take the fd's edge for a reply already queued: look again.
+        self._wake.set()
+        return sent
 
     def _rotate(self, why: str) -> None:
         """Talk to the next coordinator address (failover to a standby) and join there."""
@@ -414,7 +417,9 @@ class Peer:
         # socket set. (zmq.asyncio's Poller registers and unregisters every fd on each
         # poll: most of this thread's CPU when messages come one by one.) The fd is
         # edge-triggered, so every pass checks ZMQ_EVENTS of every socket, and a pass
-        # that found nothing waits for a wake-up, at most 0.1 s in case one was lost.
+        # that found nothing waits for a wake-up: a watched fd, a changed socket set,
+        # or a send on a coordinator socket (which can take an edge), and at the
+        # latest after 0.1 s, in case an edge was lost anyway.
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._join()
