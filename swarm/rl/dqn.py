@@ -1,8 +1,10 @@
 """DQN with double Q-learning, a target network and prioritized replay.
 
-The update rule is :meth:`DQNAgent.update` and reads top to bottom on one
-screen, in the manner of CleanRL's ``dqn.py``; everything else here is plumbing
-(epsilon-greedy acting, assembling transitions, target updates, checkpoints).
+The update rule is :meth:`DQNAgent.gradient` and reads top to bottom on one
+screen, in the manner of CleanRL's ``dqn.py``; :meth:`DQNAgent.apply_gradient`
+takes the optimizer step and the target update (split so that peers can apply
+each other's gradients). Everything else here is plumbing (epsilon-greedy acting,
+assembling transitions, checkpoints).
 
 The Q-network's parameters live in one flat float32 tensor
 (:func:`swarm.rl.flat.flatten_parameters`), exposed by :meth:`parameters` as a
@@ -127,6 +129,7 @@ class DQNAgent(BaseAgent):
         #: Trains at the steps where steps % train_every == phase; peers that share
         #: gradients take turns by rank.
         self.phase = 0
+        self.skipped = 0    # non-finite gradients not published (with publish)
         self._obs: np.ndarray | None = None
         self._action: int | None = None
         self._pending: tuple[np.ndarray, int, float] | None = None  # (obs, action, reward) awaiting next obs
@@ -201,6 +204,10 @@ class DQNAgent(BaseAgent):
             loss, td = self.update(batch, weights)
         else:  # the swarm shares this gradient; apply what the others will apply
             loss, td = self.gradient(batch, weights)
+            if not bool(torch.isfinite(self.grad).all()):
+                # the other peers would refuse it; this one skips it too, and counts it
+                self.skipped += 1
+                return loss
             self.apply_gradient(self.publish(self.grad.numpy()))
         self.buffer.update_priorities(sample.indices, td.abs().numpy())
         return loss
@@ -324,7 +331,8 @@ class DQNAgent(BaseAgent):
 
     def metrics(self) -> dict[str, float]:
         """Means since the last call (loss, |TD|, Q) plus epsilon and counters."""
-        out = {"epsilon": self.epsilon, "updates": float(self.updates), "steps": float(self.steps)}
+        out = {"epsilon": self.epsilon, "updates": float(self.updates), "steps": float(self.steps),
+               "skipped": float(self.skipped)}
         if self._n_logged:
             n = self._n_logged
             out.update(loss=self._loss_sum / n, td_abs=self._td_sum / n, q_mean=self._q_sum / n)

@@ -88,6 +88,8 @@ def test_save_resolved_round_trips(tmp_path):
     ("eval.episodes=0", "eval.episodes"),
     ("eval.every=-5", "eval.every"),
     ("dqn.colour=blue", "dqn.colour"),
+    ("gossip.exchange=weights", "gossip.exchange"),
+    ("gossip.relay_staleness=0", "gossip.relay_staleness"),
     ("nonsense=1", "nonsense"),
 ])
 def test_every_error_names_the_key(override, key):
@@ -145,3 +147,10 @@ def test_bad_files_are_clear_errors(tmp_path):
 
 def test_spec_is_a_plain_dataclass_without_loading():
     assert isinstance(Spec(peers=2), Spec)
+
+
+def test_gradient_relay_needs_a_fixed_graph():
+    with pytest.raises(ConfigError, match="gossip.exchange = gradients with gossip.topology"):
+        load_spec(None, ["gossip.exchange=gradients", "gossip.topology=random_pairing"])
+    spec = load_spec(None, ["gossip.exchange=gradients", "gossip.topology=grid", "peers=6"])
+    assert spec.gossip.exchange == "gradients" and spec.gossip.relay_staleness == 1

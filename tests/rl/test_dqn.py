@@ -195,3 +195,48 @@ def test_init_seed_gives_peers_one_initial_network(replay):
             seq.append(agent.deliberate())
         acts.append(seq)
     assert acts[0] != acts[1]
+
+
+def test_gradient_then_apply_is_update_and_peers_applying_one_gradient_agree(replay):
+    """update() = gradient() + apply_gradient(); two agents from one network that apply
+    the same gradient sequence (one computing, one receiving) stay identical."""
+    cfg = DQNConfig(lr=1e-3, tau=0.1)
+    a = DQNAgent((4,), 2, replay, cfg, seed=0, init_seed=7)
+    b = DQNAgent((4,), 2, replay, cfg, seed=1, init_seed=7)
+    c = DQNAgent((4,), 2, replay, cfg, seed=2, init_seed=7)
+    for i in range(5):
+        batch, w = _batch(seed=i), torch.ones(64)
+        a.update(batch, w)
+        b.gradient(batch, w)
+        g = b.grad.clone()
+        b.apply_gradient()
+        c.apply_gradient(g.numpy())           # a peer that received it
+    assert torch.equal(a.flat, b.flat) and torch.equal(b.flat, c.flat)
+    assert torch.equal(a.target_flat, c.target_flat) and a.updates == c.updates == 5
+
+
+def test_publish_sends_each_gradient_and_applies_what_it_returns(replay):
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        replay.add({k: rng.standard_normal((1, *s)).astype(d) if d == "float32" else np.zeros((1, *s), d)
+                    for k, (d, s) in dqn_schema((4,)).items()})
+    agent = DQNAgent((4,), 2, replay, DQNConfig(batch_size=8, lr=1e-2), seed=0)
+    sent = []
+
+    def publish(g):
+        sent.append(g.copy())
+        return np.zeros_like(g)               # what "the swarm" applies: nothing moves
+    agent.publish = publish
+    before = agent.flat.clone()
+    assert agent.learn() is not None
+    assert len(sent) == 1 and np.isfinite(sent[0]).all() and np.abs(sent[0]).sum() > 0
+    assert torch.equal(agent.flat, before) and agent.updates == 1   # Adam on zeros: no step
+    # a non-finite gradient is neither published nor applied
+    with torch.no_grad():
+        agent.flat[0] = float("nan")
+    assert agent.learn() is not None
+    assert len(sent) == 1 and agent.skipped == 1 and agent.updates == 1
+    # phases: with train_every 4 and phase 2 the agent learns at steps 2, 6, 10 ...
+    agent.cfg = DQNConfig(train_every=4, learning_starts=0)
+    agent.phase = 2
+    assert [s for s in range(12) if agent.learns_at(s)] == [2, 6, 10]
