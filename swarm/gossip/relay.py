@@ -15,7 +15,7 @@ compressed frames, not re-encoded), to its other neighbours, with one hop less;
 copies that come round another way are recognised by (origin, number) and
 dropped. A peer's copy then differs from the others' only in the order in which
 it applied the gradients and in what was lost on full queues; parameter gossip
-(:class:`~swarm.gossip.Gossip`, at a lower rate) pulls such drift back.
+(:class:`~swarm.gossip.Gossip`, every few steps) pulls such drift back.
 
 The codec is one stream per origin: with ``ef+...`` the residual of what the
 codec dropped stays at the origin and goes out with its next gradients, and
@@ -89,8 +89,9 @@ class GradientRelay:
             (and counted) beyond it, so a stalled consumer cannot grow memory.
         topology, edges: the peers' neighbour graph (what ``link.neighbours()``
             follows); a gradient then starts with as many hops as this peer's farthest
-            peer is away, so that no copy travels further than it must. A time-varying
-            topology is refused: its round-0 graph need not reach everyone.
+            peer is away (on a ring, each direction half the way round), so that no
+            copy travels further than it must. A time-varying topology is refused: its
+            round-0 graph need not reach everyone.
         hops: how far a gradient travels, overriding ``topology``. Without either, the
             number of peers in the view less one, which reaches every peer of a
             connected graph (with copies that come round the long way dropped).
