@@ -76,7 +76,7 @@ class GossipSpec:
     exchange: str = opt("params", "params: each peer takes its own updates and gossip averages the "
                                   "parameters; gradients: every gradient a peer computes is relayed to "
                                   "every peer (compressed with codec) and applied by all, and the parameter "
-                                  "gossip only corrects drift",
+                                  "gossip only corrects drift (needs sync = async)",
                         lambda s: s in ("params", "gradients"), "must be 'params' or 'gradients'")
     relay_staleness: int = opt(1, "with exchange = gradients: the peers take turns to compute gradients "
                                   "(dqn.train_every steps a round); a peer waits before its turn until it "
@@ -176,6 +176,13 @@ class Spec:
         if g.exchange == "gradients" and g.topology in ("one_peer_exponential", "random_pairing"):
             raise ConfigError(f"gossip.exchange = gradients with gossip.topology = {g.topology!r}: the gradient "
                               "relay needs a fixed neighbour graph (ring, grid, torus, ...)")
+        if g.exchange == "gradients" and g.sync != "async":
+            # Two waits on different clocks deadlock: a bounded round waits for a
+            # neighbour whose round number lags, while that neighbour waits for this
+            # peer's turn (a benchmark seed spent 178 s in 2 s round timeouts).
+            raise ConfigError(f"gossip.sync = {g.sync!r} with gossip.exchange = gradients: the relay's turns "
+                              "already pace the peers, and a parameter round that waits as well can deadlock "
+                              "with them until its timeout; set gossip.sync = async")
         self.dqn.check("dqn.")
         if self.buffer.capacity < self.dqn.batch_size:
             raise ConfigError(f"buffer.capacity = {self.buffer.capacity} is below dqn.batch_size = "

@@ -142,7 +142,7 @@ def test_tiny_run_writes_the_run_folder(tmp_path):
 
 def test_gradient_exchange_relays_every_gradient(tmp_path):
     """gossip.exchange = gradients: each peer applies its own gradients and the others'."""
-    p = swarm_run(tmp_path, TINY + ["peers=3", "gossip.exchange=gradients", "dqn.train_every=2"])
+    p = swarm_run(tmp_path, TINY + ["peers=3", "gossip.exchange=gradients", "gossip.sync=async", "dqn.train_every=2"])
     out = finish(p, 90)
     assert p.returncode == 0, out
     d = run_dir_of(tmp_path)

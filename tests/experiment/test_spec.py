@@ -149,8 +149,10 @@ def test_spec_is_a_plain_dataclass_without_loading():
     assert isinstance(Spec(peers=2), Spec)
 
 
-def test_gradient_relay_needs_a_fixed_graph():
+def test_gradient_relay_needs_a_fixed_graph_and_async_rounds():
     with pytest.raises(ConfigError, match="gossip.exchange = gradients with gossip.topology"):
-        load_spec(None, ["gossip.exchange=gradients", "gossip.topology=random_pairing"])
-    spec = load_spec(None, ["gossip.exchange=gradients", "gossip.topology=grid", "peers=6"])
+        load_spec(None, ["gossip.exchange=gradients", "gossip.topology=random_pairing", "gossip.sync=async"])
+    with pytest.raises(ConfigError, match="gossip.sync = 'bounded' with gossip.exchange = gradients"):
+        load_spec(None, ["gossip.exchange=gradients"])
+    spec = load_spec(None, ["gossip.exchange=gradients", "gossip.topology=grid", "peers=6", "gossip.sync=async"])
     assert spec.gossip.exchange == "gradients" and spec.gossip.relay_staleness == 1
