@@ -110,7 +110,9 @@ SOLVE = 475.0
 #:   runs (`swarm run`, 4 peers): without turns the gradients arrived 50-60 ms late
 #:   (10 steps on 2 cores) and seed 3 took 4k steps at 9 s of CPU per peer; with
 #:   turns (relay_staleness 1) 1.5k, 1.25k, 2.25k, 1.5k steps at 2.9-6.1 s with
-#:   top-15% gradients, 2.5k, 1.5k, 1k, 1k with uncompressed ones.
+#:   top-15% gradients, 2.5k, 1.5k, 1k, 1k with uncompressed ones. Benchmark runs
+#:   14-19 (docs/rl.md): CPU ratio 0.63-1.15, total steps 2.25-3.25x; the parameter
+#:   rounds must not wait (gossip.sync = async) or they stall against the turns.
 #:
 #: Both sides learn from step 250 and decay epsilon over 1,250 steps.
 ISOLATED = replace(DQNConfig(), tau=0.12, lr=0.004, learning_starts=250, eps_steps=1250)
