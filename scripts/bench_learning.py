@@ -292,13 +292,15 @@ def main() -> None:
     ap.add_argument("--eval-episodes", type=int, default=5)
     ap.add_argument("--swarm", choices=("gradients", "params"), default="gradients",
                     help="the swarm's exchange: relayed gradients (SWARM) or parameter averaging (SWARM_PARAMS)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    help="a spec override for the swarm runs, e.g. --set gossip.codec=ef+topk:0.25:values=fp16")
     ap.add_argument("--skip-dense", action="store_true", help="no uncompressed run (no bytes_saving)")
     ap.add_argument("--skip-alone", action="store_true",
                     help="do not also time the isolated learners one at a time, alone on the machine")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = ISOLATED
-    base = SWARM if args.swarm == "gradients" else SWARM_PARAMS
+    base = (SWARM if args.swarm == "gradients" else SWARM_PARAMS) + args.overrides
     spec = load_spec(None, base)
     print(f"isolated DQN settings: {to_dict(cfg)}")
     swarm_settings = {k: to_dict(getattr(spec, k)) for k in ("gossip", "buffer", "dqn")}
