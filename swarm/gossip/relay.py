@@ -232,19 +232,22 @@ class GradientRelay:
         return routes
 
     def _publish_now(self, body: dict[str, Any], frames: list[np.ndarray]) -> None:
+        n = sum(int(f.nbytes) for f in frames)
         for dst, hops in self._routes():
-            self._send(dst, dict(body, h=hops), frames, forwarding=False)
+            self._send(dst, dict(body, h=hops), frames, n, forwarding=False)
 
-    def _send(self, dst: str, body: dict[str, Any], frames: list[np.ndarray], forwarding: bool) -> None:
+    def _send(self, dst: str, body: dict[str, Any], frames: list[np.ndarray], nbytes: int,
+              forwarding: bool) -> None:
         if self.link.send_nowait(dst, GRAD, body, frames):
             self.stats.sent += 1
-            self.stats.bytes_out += sum(int(f.nbytes) for f in frames)
+            self.stats.bytes_out += nbytes
             self.stats.forwarded += int(forwarding)
         else:
             self.stats.dropped += 1
 
     def _on_grad(self, msg: Message) -> None:
-        self.stats.bytes_in += sum(int(a.nbytes) for a in msg.arrays)
+        nbytes = sum(int(a.nbytes) for a in msg.arrays)
+        self.stats.bytes_in += nbytes
         b = msg.body
         origin, seq, hops, meta = b.get("o"), b.get("s"), b.get("h"), b.get("meta")
         if not (isinstance(origin, str) and isinstance(seq, int) and isinstance(hops, int)
@@ -282,4 +285,4 @@ class GradientRelay:
             fwd = dict(b, h=hops - 1)
             for dst in self.link.neighbours():
                 if dst != msg.src and dst != origin:
-                    self._send(dst, fwd, list(msg.arrays), forwarding=True)
+                    self._send(dst, fwd, list(msg.arrays), nbytes, forwarding=True)

@@ -4,6 +4,7 @@ dropped (and counted) once its small queue is full."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -34,42 +35,50 @@ def start_coordinator_and_b(procs) -> tuple[str, subprocess.Popen]:
     return addr, b
 
 
+@contextlib.asynccontextmanager
+async def a_linked_to_stopped(addr: str, b: subprocess.Popen):
+    """Peer A (link heartbeats off, so a ZMTP timeout cannot close the link and hide
+    the queue; a queue of 8) linked to B, and B stopped (SIGSTOP) until the end."""
+    a = Peer(id="A", coordinators=[addr], link_heartbeat_s=30, link_timeout_s=60, data_hwm=8)
+    async with a:
+        await a.wait_view(lambda v: v.member("B") is not None, timeout=20)
+        await a.wait_linked()
+        os.kill(b.pid, signal.SIGSTOP)
+        try:
+            yield a
+        finally:
+            with contextlib.suppress(ProcessLookupError):   # a test may have killed B
+                os.kill(b.pid, signal.SIGCONT)
+
+
 def test_frozen_neighbour_does_not_grow_memory(procs):
     # long timeouts, so that the frozen peer stays in the view for the whole test
     # and A really keeps sending to it (the worst case for memory)
     addr, frozen = start_coordinator_and_b(procs)
 
     async def main() -> None:
-        # link heartbeats off for A too: a ZMTP timeout would close the link and hide the queue
-        a = Peer(id="A", coordinators=[addr], link_heartbeat_s=30, link_timeout_s=60, data_hwm=8)
-        async with a:
-            await a.wait_view(lambda v: v.member("B") is not None, timeout=20)
-            await a.wait_linked()
-            os.kill(frozen.pid, signal.SIGSTOP)
-            try:
-                delta = np.ones(1 << 18, np.float32)      # 1 MiB
-                rss0 = rss_kb()
-                sent = tries = 0
-                t_end = time.monotonic() + 10.0
-                while time.monotonic() < t_end:
-                    tries += 1
-                    if await a.send("B", "data", arrays=[delta]):
-                        sent += 1
-                    await asyncio.sleep(0.002)
-                grown_mb = (rss_kb() - rss0) / 1024
-                print(f"frozen neighbour: {tries} tries, {sent} sent, {a.counters.dropped_out} dropped, RSS +{grown_mb:.1f} MiB")
-                assert a.view.member("B") is not None      # B was never dropped from the view
-                # what got queued is bounded by the high-water mark plus the kernel's socket
-                # buffers; everything else was dropped and counted
-                # (counted against the attempts made, not a fixed number: on a loaded
-                # machine the 10 s loop runs a few hundred times, not thousands)
-                assert tries > 200, tries
-                assert a.counters.dropped_out == tries - sent, (tries, sent, a.counters)
-                assert a.counters.dropped_out > 2 * sent, (tries, sent, a.counters)
-                assert sent < 200, sent
-                assert grown_mb < 64, f"memory grew {grown_mb:.0f} MiB"
-            finally:
-                os.kill(frozen.pid, signal.SIGCONT)
+        async with a_linked_to_stopped(addr, frozen) as a:
+            delta = np.ones(1 << 18, np.float32)      # 1 MiB
+            rss0 = rss_kb()
+            sent = tries = 0
+            t_end = time.monotonic() + 10.0
+            while time.monotonic() < t_end:
+                tries += 1
+                if await a.send("B", "data", arrays=[delta]):
+                    sent += 1
+                await asyncio.sleep(0.002)
+            grown_mb = (rss_kb() - rss0) / 1024
+            print(f"frozen neighbour: {tries} tries, {sent} sent, {a.counters.dropped_out} dropped, RSS +{grown_mb:.1f} MiB")
+            assert a.view.member("B") is not None      # B was never dropped from the view
+            # what got queued is bounded by the high-water mark plus the kernel's socket
+            # buffers; everything else was dropped and counted
+            # (counted against the attempts made, not a fixed number: on a loaded
+            # machine the 10 s loop runs a few hundred times, not thousands)
+            assert tries > 200, tries
+            assert a.counters.dropped_out == tries - sent, (tries, sent, a.counters)
+            assert a.counters.dropped_out > 2 * sent, (tries, sent, a.counters)
+            assert sent < 200, sent
+            assert grown_mb < 64, f"memory grew {grown_mb:.0f} MiB"
 
     asyncio.run(main())
 
@@ -83,11 +92,7 @@ def test_send_waiting_on_a_full_queue_returns_false_when_the_neighbour_leaves(pr
     addr, b = start_coordinator_and_b(procs)
 
     async def main() -> None:
-        a = Peer(id="A", coordinators=[addr], link_heartbeat_s=30, link_timeout_s=60, data_hwm=8)
-        async with a:
-            await a.wait_view(lambda v: v.member("B") is not None, timeout=20)
-            await a.wait_linked()
-            os.kill(b.pid, signal.SIGSTOP)
+        async with a_linked_to_stopped(addr, b) as a:
             delta = np.ones(1 << 18, np.float32)
             refused = 0      # fill the queue and the kernel's socket buffers behind it
             for _ in range(2000):
