@@ -132,6 +132,8 @@ class Peer:
         self._failure: BaseException | None = None
         self._poll_dirty = True
         self._wake = asyncio.Event()      # set by the watched sockets' fds and by _sockets_changed
+        self._fired: set[int] = set()     # fds to look at in the next pass (their reader fired)
+        self._check_all = True            # the next pass looks at every socket
         self._loop: asyncio.AbstractEventLoop | None = None
         self._readers: dict[int, Any] = {}   # fd -> socket registered with the loop
         self._last_suspect: dict[str, float] = {}
@@ -387,7 +389,7 @@ class Peer:
         frames = wire.encode(t, self.id, epoch=self._view.epoch, body=body)
         sent = tp.try_send(tp.shadow(self._coords[self._active if to is None else to]), frames)
         # A send can take the fd's edge for a reply already queued: look again.
-        self._wake.set()
+        self._look_everywhere()
         return sent
 
     def _rotate(self, why: str) -> None:
@@ -416,22 +418,30 @@ class Peer:
         # The loop watches each socket's ZMQ_FD with add_reader, registered once per
         # socket set. (zmq.asyncio's Poller registers and unregisters every fd on each
         # poll: most of this thread's CPU when messages come one by one.) The fd is
-        # edge-triggered, so every pass checks ZMQ_EVENTS of every socket, and a pass
-        # that found nothing waits for a wake-up: a watched fd, a changed socket set,
-        # or a send on a coordinator socket (which can take an edge), and at the
-        # latest after 0.1 s, in case an edge was lost anyway.
+        # edge-triggered: a pass checks ZMQ_EVENTS of the sockets whose fd fired, and
+        # of those that had messages in the last pass (drains are batched), until
+        # none has any; then it waits for a wake-up. A changed socket set, a send on a
+        # coordinator socket (which can take an edge) and a timer every 0.1 s (in
+        # case an edge was lost anyway) make a pass look at every socket.
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._join()
-        watched: list[tuple[Any, zmq.Socket, Callable[[zmq.Socket], Any]]] = []
+        watched: list[tuple[int, Any, zmq.Socket, Callable[[zmq.Socket], Any]]] = []
         try:
             while True:
                 if self._poll_dirty:
                     self._poll_dirty = False
                     watched = self._watch()
+                    self._check_all = True
                 self._wake.clear()
+                if self._check_all:
+                    self._check_all = False
+                    due = watched
+                else:
+                    due = [w for w in watched if w[0] in self._fired]
+                self._fired.clear()
                 busy = False
-                for sock, plain, handle in watched:
+                for fd, sock, plain, handle in due:
                     # .closed of the socket itself: a shadow does not know it was closed
                     try:
                         ready = not sock.closed and plain.getsockopt(zmq.EVENTS) & zmq.POLLIN
@@ -439,13 +449,14 @@ class Peer:
                         continue
                     if ready:
                         busy = True
+                        self._fired.add(fd)   # at most a batch was drained: look again
                         r = handle(plain)
                         if r is not None:
                             await r
                 if busy:
                     await asyncio.sleep(0)   # let other tasks run between passes
                     continue
-                timer = loop.call_later(0.1, self._wake.set)
+                timer = loop.call_later(0.1, self._look_everywhere)
                 try:
                     await self._wake.wait()
                 finally:
@@ -453,8 +464,16 @@ class Peer:
         finally:
             self._unwatch_all()
 
-    def _watch(self) -> list[tuple[Any, zmq.Socket, Callable[[zmq.Socket], Any]]]:
-        """(socket, its plain shadow, handler) for every socket the receive loop reads,
+    def _on_fd(self, fd: int) -> None:
+        self._fired.add(fd)
+        self._wake.set()
+
+    def _look_everywhere(self) -> None:
+        self._check_all = True
+        self._wake.set()
+
+    def _watch(self) -> list[tuple[int, Any, zmq.Socket, Callable[[zmq.Socket], Any]]]:
+        """(fd, socket, its plain shadow, handler) for every socket the receive loop reads,
         with their fds registered with the loop."""
         self._unwatch_all()
         socks: list[tuple[Any, Callable[[zmq.Socket], Any]]] = [(self._router, self._drain_router)]
@@ -470,9 +489,9 @@ class Peer:
             if sock is None or sock.closed:
                 continue
             fd = sock.getsockopt(zmq.FD)
-            self._loop.add_reader(fd, self._wake.set)
+            self._loop.add_reader(fd, self._on_fd, fd)
             self._readers[fd] = sock
-            watched.append((sock, tp.shadow(sock), handle))
+            watched.append((fd, sock, tp.shadow(sock), handle))
         return watched
 
     def _unwatch(self, sock: Any) -> None:
