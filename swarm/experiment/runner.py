@@ -340,7 +340,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
 
         async def exchange() -> tuple[Any, int, list[tuple[str, int]]]:
             np.copyto(before, x)
-            res = await gossip.round()
+            res = await gossip.round() if g.average else None
             shared = await fed.flush() if fed is not None else 0
             # read on the peer's thread, which is where acknowledgements change the set
             acked = fed.take_acknowledged() if acked_log is not None else []
@@ -380,21 +380,31 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             if acked:   # each id comes once: nothing to remember here
                 with open(acked_log, "ab") as f:
                     f.write(np.array([s for _, s in acked], dtype=np.int64).tobytes())
-            agent.on_parameters_changed()
             state.rounds += 1
-            state.rounds_ok += int(res.ok)
+            if res is not None:
+                agent.on_parameters_changed()
+                state.rounds_ok += int(res.ok)
             # Cumulative engine counters: a round's own bytes_in misses what arrived
             # while we were training between rounds.
             # Relayed gradients are gossip traffic too (gossip.exchange = gradients).
             r = relay.stats if relay is not None else None
             total_in = gossip.stats.bytes_in + (r.bytes_in if r else 0)
             bytes_in = total_in - state.gossip_bytes_in
+            bytes_out = -state.gossip_bytes_out
             state.gossip_bytes_out = gossip.stats.bytes_out + (r.bytes_out if r else 0)
+            bytes_out += state.gossip_bytes_out
             state.gossip_bytes_in = total_in
-            state.dense_bytes_out += res.sent * x.nbytes
             if r is not None:
                 state.dense_bytes_out += (r.sent - state.relay_sent) * x.nbytes
                 state.relay_sent = r.sent
+            if res is None:   # averaging is off: the round shared replay, and gradients went by
+                logs.rounds.writerow({
+                    "round": state.rounds, "env_steps": step, "wall_s": round(time.monotonic() - t0, 3),
+                    "participants": "", "missing": "", "bytes_out": bytes_out, "bytes_in": bytes_in,
+                    "waited_s": 0, "disagreement": "", "shared_items": shared})
+                logs.scalars(step, {"gossip/bytes_out": bytes_out, "gossip/bytes_in": bytes_in})
+                return
+            state.dense_bytes_out += res.sent * x.nbytes
             state.staleness = max(res.staleness.values(), default=0)
             if not res.ok:
                 state.last_error = f"round {res.round}: {res.reason or 'averaged with nobody'}"
@@ -415,13 +425,15 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
         def on_step(info: Any) -> bool:
             step = info.step + done_steps
             state.env_steps = step
-            if relay is not None:
-                a, d = agent.steps, spec.dqn
-                if agent.learns_at(a):
-                    # Turns: the gradient the next step computes includes the others' up to
-                    # relay_staleness rounds back (waiting is wall time, not CPU).
-                    relay.wait(a, g.round_timeout_s, every=d.train_every, rounds=g.relay_staleness)
-                for grad in relay.take():   # the other peers' gradients, as they applied them
+            if relay is not None and agent.learns_at(agent.steps):
+                # Turns: the gradient the next step computes includes the others' up to
+                # relay_staleness rounds back (waiting is wall time, not CPU). Every peer
+                # applies the others' gradients at its turns, in (clock, origin) order, and
+                # then its own: one order everywhere, so the copies stay the same.
+                a = agent.steps
+                relay.wait(a, g.round_timeout_s, every=spec.dqn.train_every, rounds=g.relay_staleness,
+                           first=spec.dqn.learning_starts)
+                for grad in relay.take(before=a):
                     agent.apply_gradient(grad)
                     state.relay_applied += 1
             if info.episode_return is not None:

@@ -78,6 +78,10 @@ class GossipSpec:
                                   "every peer (compressed with codec) and applied by all, and the parameter "
                                   "gossip only corrects drift (needs sync = async)",
                         lambda s: s in ("params", "gradients"), "must be 'params' or 'gradients'")
+    average: bool = opt(True, "average the parameters in each round. With exchange = gradients the relay's "
+                              "turns keep the peers' copies the same (one order of updates everywhere), and "
+                              "averaging (whose estimates of the neighbours lag) only pulls them apart: "
+                              "false leaves the rounds to the replay sharing")
     relay_staleness: int = opt(1, "with exchange = gradients: the peers take turns to compute gradients "
                                   "(dqn.train_every steps a round); a peer waits before its turn until it "
                                   "has the others' gradients up to this many rounds back. 1: every "
@@ -183,7 +187,16 @@ class Spec:
             raise ConfigError(f"gossip.sync = {g.sync!r} with gossip.exchange = gradients: the relay's turns "
                               "already pace the peers, and a parameter round that waits as well can deadlock "
                               "with them until its timeout; set gossip.sync = async")
+        if g.exchange == "params" and not g.average:
+            raise ConfigError("gossip.average = false with gossip.exchange = params: the peers would never "
+                              "share what they learn; averaging can be off only with exchange = gradients")
         self.dqn.check("dqn.")
+        if g.exchange == "gradients" and self.dqn.learning_starts < self.dqn.batch_size:
+            # The others wait for each peer's gradient at each of its turns from
+            # learning_starts on; a peer whose buffer cannot fill a batch has none.
+            raise ConfigError(f"dqn.learning_starts = {self.dqn.learning_starts} with gossip.exchange = gradients: "
+                              f"must be at least dqn.batch_size = {self.dqn.batch_size}, so that every peer has a "
+                              "gradient to publish at each of its turns")
         if self.buffer.capacity < self.dqn.batch_size:
             raise ConfigError(f"buffer.capacity = {self.buffer.capacity} is below dqn.batch_size = "
                               f"{self.dqn.batch_size}; a batch could never be sampled")

@@ -14,8 +14,10 @@ peer that receives a gradient for the first time passes it on, unchanged (the
 compressed frames, not re-encoded), to its other neighbours, with one hop less;
 copies that come round another way are recognised by (origin, number) and
 dropped. A peer's copy then differs from the others' only in the order in which
-it applied the gradients and in what was lost on full queues; parameter gossip
-(:class:`~swarm.gossip.Gossip`, every few steps) pulls such drift back.
+it applied the gradients (Adam's update depends on it) and in what was lost on
+full queues. Peers that take turns apply them in one order (:meth:`take` with
+``before``) and stay the same; parameter gossip (:class:`~swarm.gossip.Gossip`)
+pulls back what drift is left.
 
 The codec is one stream per origin: with ``ef+...`` the residual of what the
 codec dropped stays at the origin and goes out with its next gradients, and
@@ -25,6 +27,15 @@ every peer applies exactly what was sent.
     g = relay.publish(grad)        # any thread: sends; returns what to apply here
     for g in relay.take():         # the others' gradients, in arrival order
         apply(g)
+
+Peers that take turns wait at each turn for the others' earlier gradients and apply
+them in one global order, (clock, origin), before their own; their copies then stay
+the same:
+
+    relay.wait(clock, timeout)           # the others' gradients from before `clock` are here
+    for g in relay.take(before=clock):   # in (clock, origin) order
+        apply(g)
+    apply(relay.publish(grad, clock))    # then this peer's own
 """
 
 from __future__ import annotations
@@ -117,7 +128,8 @@ class GradientRelay:
         self._loop_thread = threading.get_ident()
         self._seq = itertools.count(1)
         self._seen: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()
-        self._inbox: collections.deque[tuple[np.ndarray, float]] = collections.deque()  # (gradient, sent at)
+        # (clock, origin, gradient, sent at); a gradient without a clock counts as clock -1
+        self._inbox: collections.deque[tuple[int, str, np.ndarray, float]] = collections.deque()
         self._max_pending = max_pending
         self._clocks: dict[str, int] = {}    # origin -> clock of its newest gradient here
         self._cond = threading.Condition()
@@ -149,44 +161,69 @@ class GradientRelay:
             self._loop.call_soon_threadsafe(self._publish_now, body, frames)
         return out
 
-    def take(self) -> list[np.ndarray]:
-        """The other peers' gradients received since the last call, oldest first."""
-        out = []
-        now = time.time()
-        while self._inbox:
-            g, t = self._inbox.popleft()
-            out.append(g)
-            self.stats.lag_s += max(0.0, now - t)
-        self.stats.taken += len(out)
-        return out
+    def take(self, before: int | None = None) -> list[np.ndarray]:
+        """The other peers' gradients received since the last call.
 
-    def wait(self, clock: int, timeout: float, *, every: int = 1, rounds: int = 1) -> bool:
+        Without ``before``: all of them, in arrival order. With it: those published
+        at a clock below ``before``, ordered by (clock, origin), and the later ones
+        stay for a later call. Peers that take turns (:meth:`wait`) and, at each
+        turn, apply ``take(before=their clock)`` and then their own gradient, apply
+        every gradient in one global order, so their copies stay the same (as long
+        as no two peers publish at the same clock: at most ``every`` peers).
+        """
+        now = time.time()
+        with self._cond:   # the loop thread appends
+            if before is None:
+                items = list(self._inbox)
+                self._inbox.clear()
+            else:
+                items = sorted((x for x in self._inbox if x[0] < before), key=lambda x: (x[0], x[1]))
+                if len(items) < len(self._inbox):
+                    keep = [x for x in self._inbox if x[0] >= before]
+                    self._inbox.clear()
+                    self._inbox.extend(keep)
+                else:
+                    self._inbox.clear()
+        for _, _, _, t in items:
+            self.stats.lag_s += max(0.0, now - t)
+        self.stats.taken += len(items)
+        return [g for _, _, g, _ in items]
+
+    def wait(self, clock: int, timeout: float, *, every: int = 1, rounds: int = 1,
+             first: int | None = None) -> bool:
         """Block until this peer has every gradient that the others computed before
         ``clock``, less their last ``rounds - 1`` rounds, or until ``timeout`` seconds
         passed; returns whether it got there.
 
         Each peer publishes one gradient every ``every`` clock ticks, at a fixed
-        phase (its first clock modulo ``every``). Called before computing a
-        gradient, ``rounds = 1`` makes the peers take turns: each gradient is
-        computed with all the others' gradients before it applied, as one learner
-        would. On a busy host a gradient takes milliseconds to arrive, several
-        steps; waiting costs wall time, not CPU. A peer that left the view, or has
-        not published yet, is not waited for.
+        phase. Called before computing a gradient, ``rounds = 1`` makes the peers
+        take turns: each gradient is computed with all the others' gradients before
+        it applied, as one learner would. On a busy host a gradient takes
+        milliseconds to arrive, several steps; waiting costs wall time, not CPU. A
+        peer that left the view is not waited for.
+
+        Without ``first``, a peer's phase is read from its latest gradient, and a
+        peer that has not published yet is not waited for. With it, every peer
+        publishes at the clocks ``>= first`` that equal its rank modulo ``every``
+        (the schedule of :meth:`swarm.rl.DQNAgent.learns_at` with phase = rank), and
+        is waited for from its first turn on.
         """
         if every < 1 or rounds < 1:
             raise ConfigError(f"every = {every}, rounds = {rounds}: both must be >= 1")
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                me, ids = self.link.id, self.link.view.ids
+                me = self.link.id
                 behind = []
-                for o in ids:
-                    c = self._clocks.get(o)
-                    if o == me or c is None:
+                for m in self.link.view.members:
+                    c = self._clocks.get(m.id)
+                    if m.id == me or (c is None and first is None):
                         continue
-                    last = clock - 1 - (clock - 1 - c) % every     # o's latest turn before `clock`
-                    if c < last - (rounds - 1) * every:
-                        behind.append(o)
+                    phase = m.rank if first is not None else c
+                    last = clock - 1 - (clock - 1 - phase) % every     # its latest turn before `clock`
+                    need = last - (rounds - 1) * every
+                    if (first is None or need >= first) and (c is None or c < need):
+                        behind.append(m.id)
                 if not behind:
                     return True
                 left = deadline - time.monotonic()
@@ -269,18 +306,17 @@ class GradientRelay:
         self._seen[key] = None
         if len(self._seen) > 64 * self._max_pending:
             self._seen.popitem(last=False)
-        if len(self._inbox) >= self._max_pending:
-            self._inbox.popleft()
-            self.stats.overflow += 1
-        t = b.get("t")
-        self._inbox.append((g, float(t) if isinstance(t, (int, float)) else time.time()))
-        self.stats.received += 1
-        c = b.get("c")
-        if isinstance(c, int):
-            with self._cond:
-                if c > self._clocks.get(origin, -1):
-                    self._clocks[origin] = c
-                self._cond.notify_all()
+        t, c = b.get("t"), b.get("c")
+        with self._cond:
+            if len(self._inbox) >= self._max_pending:
+                self._inbox.popleft()
+                self.stats.overflow += 1
+            self._inbox.append((c if isinstance(c, int) else -1, origin, g,
+                                float(t) if isinstance(t, (int, float)) else time.time()))
+            self.stats.received += 1
+            if isinstance(c, int) and c > self._clocks.get(origin, -1):
+                self._clocks[origin] = c
+            self._cond.notify_all()
         if hops > 1:   # pass it on, away from where it came from
             fwd = dict(b, h=hops - 1)
             for dst in self.link.neighbours():

@@ -141,8 +141,10 @@ def test_tiny_run_writes_the_run_folder(tmp_path):
 
 
 def test_gradient_exchange_relays_every_gradient(tmp_path):
-    """gossip.exchange = gradients: each peer applies its own gradients and the others'."""
-    p = swarm_run(tmp_path, TINY + ["peers=3", "gossip.exchange=gradients", "gossip.sync=async", "dqn.train_every=2"])
+    """gossip.exchange = gradients: each peer applies its own gradients and the others'
+    (with parameter averaging off: the rounds only share replay)."""
+    p = swarm_run(tmp_path, TINY + ["peers=3", "gossip.exchange=gradients", "gossip.sync=async", "dqn.train_every=2",
+                                    "gossip.average=false"])
     out = finish(p, 90)
     assert p.returncode == 0, out
     d = run_dir_of(tmp_path)
@@ -168,6 +170,11 @@ def test_gradient_exchange_relays_every_gradient(tmp_path):
         assert ck["agent"]["updates"] == published[r] + relay["applied"]
         assert relay["applied"] <= relay["received"]
         assert s["gossip_bytes_out"] >= relay["bytes_out"] > 0
+        with open(d / f"peer{r}" / "rounds.csv") as f:
+            rounds = list(csv.DictReader(f))
+        assert len(rounds) == s["rounds"] > 0 and s["rounds_ok"] == 0
+        assert all(row["disagreement"] == "" for row in rounds)
+        assert sum(int(row["shared_items"]) for row in rounds) > 0
     assert complete >= 1, [s["relay"] for s in summaries]
 
 

@@ -154,5 +154,10 @@ def test_gradient_relay_needs_a_fixed_graph_and_async_rounds():
         load_spec(None, ["gossip.exchange=gradients", "gossip.topology=random_pairing", "gossip.sync=async"])
     with pytest.raises(ConfigError, match="gossip.sync = 'bounded' with gossip.exchange = gradients"):
         load_spec(None, ["gossip.exchange=gradients"])
+    with pytest.raises(ConfigError, match="gossip.average = false with gossip.exchange = params"):
+        load_spec(None, ["gossip.average=false"])
+    with pytest.raises(ConfigError, match="dqn.learning_starts = 100 with gossip.exchange = gradients"):
+        load_spec(None, ["gossip.exchange=gradients", "gossip.sync=async", "dqn.learning_starts=100",
+                         "dqn.batch_size=128"])
     spec = load_spec(None, ["gossip.exchange=gradients", "gossip.topology=grid", "peers=6", "gossip.sync=async"])
     assert spec.gossip.exchange == "gradients" and spec.gossip.relay_staleness == 1

@@ -153,3 +153,85 @@ def test_wait_takes_turns_by_clock():
         with pytest.raises(ConfigError):
             a.wait(8, 0.1, every=0)
     asyncio.run(main())
+
+
+def test_take_before_a_clock_orders_by_clock_and_keeps_the_rest():
+    async def main():
+        hub = SimHub(topology="full")
+        a, b, c = [GradientRelay(link, 2) for link in hub.add_many(3)]
+        gb5 = b.publish(np.full(2, 5.0), clock=5)
+        await settle(hub, [a, b, c])
+        gc2 = c.publish(np.full(2, 2.0), clock=2)     # arrives after b's clock 5
+        gb9 = b.publish(np.full(2, 9.0), clock=9)
+        await settle(hub, [a, b, c])
+        assert [g.tolist() for g in a.take(before=9)] == [gc2.tolist(), gb5.tolist()]
+        assert a.pending == 1
+        assert [g.tolist() for g in a.take()] == [gb9.tolist()]
+    asyncio.run(main())
+
+
+def test_wait_with_first_waits_for_peers_that_have_not_published():
+    """With first = 8 and every = 4, the peer of rank 1 has a turn at clock 9: a peer at
+    clock 10 waits for it even before it has heard from that peer at all."""
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b, c = [GradientRelay(link, 4) for link in hub.add_many(3)]   # ranks 0, 1, 2
+        assert await asyncio.to_thread(a.wait, 8, 0.2, every=4, first=8)    # nobody's turn yet
+        assert await asyncio.to_thread(a.wait, 10, 0.2, every=4)            # without first: not waited for
+        assert not await asyncio.to_thread(a.wait, 10, 0.2, every=4, first=8)
+        b.publish(np.ones(4), clock=9)
+        await settle(hub, [a, b, c])
+        assert await asyncio.to_thread(a.wait, 10, 0.2, every=4, first=8)   # c's first turn is 10
+        assert not await asyncio.to_thread(a.wait, 11, 0.2, every=4, first=8)
+    asyncio.run(main())
+
+
+class JitterHub(SimHub):
+    """A hub whose every delivery takes a random 0-10 ms, so that gradients overtake
+    each other on the way (a fixed latency would keep them in order)."""
+
+    rng = np.random.default_rng(0)
+
+    @property
+    def latency_s(self) -> float:
+        return float(self.rng.uniform(0.0, 0.01))
+
+    @latency_s.setter
+    def latency_s(self, value: float) -> None:
+        pass
+
+
+def test_turns_in_clock_order_keep_the_copies_the_same():
+    """Four peers take turns (one gradient per clock tick, by rank) and apply the others'
+    gradients at each turn with take(before=clock), then their own, with an update whose
+    result depends on the order: all four end bit for bit the same, although the
+    gradients arrive out of order."""
+    n, d, ticks = 4, 32, 60
+
+    def update(x, g):
+        return (0.5 * x + g) * np.float32(1.01)
+
+    def peer(relay, rank):
+        rng = np.random.default_rng(rank)
+        x = np.zeros(d, np.float32)
+        for clock in range(rank, ticks, n):
+            assert relay.wait(clock, 5.0, every=n, first=0)
+            for g in relay.take(before=clock):
+                x = update(x, g)
+            x = update(x, relay.publish(rng.standard_normal(d), clock=clock))
+        return x
+
+    async def main():
+        hub = JitterHub(topology="ring", latency_s=0.001)
+        relays = [GradientRelay(link, d, codec="ef+topk:0.5", topology="ring") for link in hub.add_many(n)]
+        xs = await asyncio.gather(*(asyncio.to_thread(peer, r, i) for i, r in enumerate(relays)))
+        await settle(hub, relays)
+        finals = []
+        for r, x in zip(relays, xs):
+            for g in r.take(before=ticks):
+                x = update(x, g)
+            finals.append(x)
+        assert all(r.stats.received == ticks - ticks // n for r in relays)
+        for x in finals[1:]:
+            assert np.array_equal(x, finals[0])
+    asyncio.run(main())
