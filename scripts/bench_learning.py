@@ -117,7 +117,8 @@ SOLVE = 475.0
 #: Both sides learn from step 250 and decay epsilon over 1,250 steps.
 ISOLATED = replace(DQNConfig(), tau=0.12, lr=0.004, learning_starts=250, eps_steps=1250)
 SWARM = ["peers=4", "gossip.topology=ring", "gossip.codec=ef+topk:0.15:values=fp16", "gossip.step_size=0.3",
-         "gossip.interval=10", "gossip.exchange=gradients", "gossip.relay_staleness=1", "gossip.sync=async",
+         "gossip.interval=50", "gossip.average=false", "gossip.exchange=gradients", "gossip.relay_staleness=1",
+         "gossip.sync=async",
          "buffer.sharing=true", "buffer.share=1.0", "dqn.learning_starts=250",
          "dqn.eps_steps=1250", "dqn.tau=0.12", "dqn.lr=0.016", "dqn.batch_size=128", "dqn.train_every=4",
          "dqn.updates_per_train=1"]

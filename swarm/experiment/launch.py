@@ -507,22 +507,28 @@ def write_plots(run_dir: str | Path) -> list[Path]:
         rows = read_csv(p / "rounds.csv")
         if rows:
             ax.plot([_num(r["round"]) for r in rows], [_num(r["bytes_out"]) / 1e3 for r in rows], label=p.name)
-    ax.set(xlabel="gossip round", ylabel="kB sent per round (parameter deltas)", title="bytes per round")
+    ax.set(xlabel="gossip round", ylabel="kB sent per round (parameter deltas, relayed gradients)",
+           title="bytes per round")
     ax.set_yscale("log")
     if peers:
         ax.legend(fontsize=8)
     written.append(_save(fig, out / "bytes_per_round.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
+    plotted = False
     for p in peers:
         rows = [r for r in read_csv(p / "rounds.csv") if r.get("disagreement")]
         if rows:
             ax.plot([_num(r["round"]) for r in rows], [_num(r["disagreement"]) for r in rows], label=p.name)
+            plotted = True
     ax.set(xlabel="gossip round", ylabel="RMS move per round / step size",
            title="consensus: distance to the neighbourhood average")
-    ax.set_yscale("log")
-    if peers:
+    if plotted:
+        ax.set_yscale("log")
         ax.legend(fontsize=8)
+    else:   # gossip.average = false, or no round averaged with anybody
+        ax.text(0.5, 0.5, "no parameter averaging in this run", ha="center", va="center",
+                transform=ax.transAxes)
     written.append(_save(fig, out / "consensus.png"))
     return written
 
