@@ -55,7 +55,8 @@ _FULL = re.compile(r"^full-(\d{6})$")
 _INC = re.compile(r"^full-(\d{6})-inc-(\d{4})$")
 
 
-def _hash(a: np.ndarray) -> str:
+def array_digest(a: np.ndarray) -> str:
+    """A 128-bit digest of an array's bytes: equal digests, equal arrays."""
     return hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).hexdigest()
 
 
@@ -63,7 +64,7 @@ def state_digest(params: np.ndarray, buf: Any) -> dict[str, Any]:
     """Digests of the parameters and of every buffer column: equal digests, equal state."""
     from ..buffer.persist import digest  # noqa: PLC0415
 
-    return {"params": _hash(params), "buffer": digest(buf)}
+    return {"params": array_digest(params), "buffer": digest(buf)}
 
 
 def _torch_rng() -> Any:

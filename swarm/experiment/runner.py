@@ -57,7 +57,7 @@ import numpy as np
 
 from ..config import to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
-from .checkpoint import Checkpointer, latest, load_checkpoint, state_digest
+from .checkpoint import Checkpointer, array_digest, latest, load_checkpoint, state_digest
 from .spec import Spec
 
 log = logging.getLogger("swarm.experiment")
@@ -70,6 +70,8 @@ EPISODE_FIELDS = ["wall_s", "env_steps", "episode", "episode_return", "mean_retu
 ROUND_FIELDS = ["round", "env_steps", "wall_s", "participants", "missing", "bytes_out", "bytes_in",
                 "waited_s", "disagreement", "shared_items"]
 EVAL_FIELDS = ["wall_s", "cpu_s", "env_steps", "eval_return"]
+#: with gossip.exchange = gradients, summary.json keeps a digest of the parameters every this many updates
+DIGEST_EVERY = 100
 
 
 def peer_dir(run_dir: str | Path, rank: int) -> Path:
@@ -422,9 +424,20 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                                 "gossip/disagreement": state.disagreement if res.ok else None,
                                 "gossip/participants": len(res.participants)})
 
+        digests: dict[int, str] = {}   # update count -> parameter digest, every DIGEST_EVERY updates
+
+        def note_digest() -> None:
+            # With the relay every peer applies the same updates in one order: equal
+            # digests at equal counts say their copies are the same (summary.json).
+            u = agent.updates
+            if u and u % DIGEST_EVERY == 0 and u not in digests:
+                digests[u] = array_digest(x)
+
         def on_step(info: Any) -> bool:
             step = info.step + done_steps
             state.env_steps = step
+            if relay is not None:
+                note_digest()   # after this step's own update, if it took one
             if relay is not None and agent.learns_at(agent.steps):
                 # Turns: the gradient the next step computes includes the others' up to
                 # relay_staleness rounds back (waiting is wall time, not CPU). Every peer
@@ -436,6 +449,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                 for grad in relay.take(before=a):
                     agent.apply_gradient(grad)
                     state.relay_applied += 1
+                    note_digest()
             if info.episode_return is not None:
                 state.episodes += 1
                 state.returns.append(info.episode_return)
@@ -510,7 +524,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             buffer_size=state.buffer_size, wall_s=time.monotonic() - t0, cpu_s=time.process_time() - cpu0)
         if relay is not None:
             summary["relay"] = dict(dataclasses.asdict(relay.stats), applied=state.relay_applied,
-                                    mean_lag_s=_finite(relay.stats.mean_lag_s))
+                                    mean_lag_s=_finite(relay.stats.mean_lag_s),
+                                    digests={str(u): h for u, h in digests.items()})
         try:
             if ckpt is not None:
                 try:
