@@ -206,7 +206,9 @@ class GradientRelay:
         peer that has not published yet is not waited for. With it, every peer
         publishes at the clocks ``>= first`` that equal its rank modulo ``every``
         (the schedule of :meth:`swarm.rl.DQNAgent.learns_at` with phase = rank), and
-        is waited for from its first turn on.
+        is waited for from its first turn on. A peer that publishes nothing at a turn
+        (a skipped non-finite gradient, a rate limiter holding its update back) then
+        holds the others up for ``timeout`` once, until its next gradient.
         """
         if every < 1 or rounds < 1:
             raise ConfigError(f"every = {every}, rounds = {rounds}: both must be >= 1")
