@@ -75,8 +75,8 @@ class GossipSpec:
                                  _pos, "must be > 0")
     exchange: str = opt("params", "params: each peer takes its own updates and gossip averages the "
                                   "parameters; gradients: every gradient a peer computes is relayed to "
-                                  "every peer (compressed with codec) and applied by all, and the parameter "
-                                  "gossip only corrects drift (needs sync = async)",
+                                  "every peer (compressed with codec) and applied by all, and parameter "
+                                  "averaging only corrects drift (needs sync = async) or is off (average = false)",
                         lambda s: s in ("params", "gradients"), "must be 'params' or 'gradients'")
     average: bool = opt(True, "average the parameters in each round. With exchange = gradients the relay's "
                               "turns keep the peers' copies the same (one order of updates everywhere), and "
@@ -180,7 +180,7 @@ class Spec:
         if g.exchange == "gradients" and g.topology in ("one_peer_exponential", "random_pairing"):
             raise ConfigError(f"gossip.exchange = gradients with gossip.topology = {g.topology!r}: the gradient "
                               "relay needs a fixed neighbour graph (ring, grid, torus, ...)")
-        if g.exchange == "gradients" and g.sync != "async":
+        if g.exchange == "gradients" and g.average and g.sync != "async":
             # Two waits on different clocks deadlock: a bounded round waits for a
             # neighbour whose round number lags, while that neighbour waits for this
             # peer's turn (a benchmark seed spent 178 s in 2 s round timeouts).

@@ -159,5 +159,7 @@ def test_gradient_relay_needs_a_fixed_graph_and_async_rounds():
     with pytest.raises(ConfigError, match="dqn.learning_starts = 100 with gossip.exchange = gradients"):
         load_spec(None, ["gossip.exchange=gradients", "gossip.sync=async", "dqn.learning_starts=100",
                          "dqn.batch_size=128"])
+    # without averaging there are no parameter rounds to stall against the turns
+    assert load_spec(None, ["gossip.exchange=gradients", "gossip.average=false"]).gossip.sync == "bounded"
     spec = load_spec(None, ["gossip.exchange=gradients", "gossip.topology=grid", "peers=6", "gossip.sync=async"])
     assert spec.gossip.exchange == "gradients" and spec.gossip.relay_staleness == 1
