@@ -113,6 +113,17 @@ SOLVE = 475.0
 #:   top-15% gradients, 2.5k, 1.5k, 1k, 1k with uncompressed ones. Benchmark runs
 #:   14-19 (docs/rl.md): CPU ratio 0.63-1.15, total steps 2.25-3.25x; the parameter
 #:   rounds must not wait (gossip.sync = async) or they stall against the turns.
+#: * swarm, the relay in one order (eighth session): at each turn a peer applies the
+#:   others' gradients by clock, then its own, so the copies stay the same, and
+#:   parameter averaging (which only pulled them apart) is off; rounds every 50 steps
+#:   share replay. Runs 22-28: CPU ratio 0.56-0.91 (0.77 on average), total steps
+#:   2.25-3.25x (2.83). Tried with it, seeds 0-3, evaluations every 250 steps, steps
+#:   per peer: eps over 625 steps 1.5k, 2k, 2k, 1.5k; over 312, 2.75k, 2.25k, 1.25k,
+#:   2.5k; learning from step 128 with eps over 625, 1.75k, 2.5k, 1.5k, 2k; top-35%
+#:   gradients 2.25k, 2.5k, 1k, 3.75k; uncompressed 1.5k, 2.5k, 1.75k, 3.5k; against
+#:   1.5k, 2.5k, 2.25k, 1k with the kept settings: no change beyond the spread
+#:   between runs. Two updates per swarm step (train_every 2, lr 8e-3): total steps
+#:   2.25x at CPU ratio 1.09 (run 24).
 #:
 #: Both sides learn from step 250 and decay epsilon over 1,250 steps.
 ISOLATED = replace(DQNConfig(), tau=0.12, lr=0.004, learning_starts=250, eps_steps=1250)
