@@ -133,6 +133,7 @@ class Peer:
         self._poll_dirty = True
         self._wake = asyncio.Event()      # set by the watched sockets' fds and by _sockets_changed
         self._fired: set[int] = set()     # fds to look at in the next pass (their reader fired)
+        self._coord_lost = False          # the active coordinator's connection dropped; rotate
         self._check_all = True            # the next pass looks at every socket
         self._loop: asyncio.AbstractEventLoop | None = None
         self._readers: dict[int, Any] = {}   # fd -> socket registered with the loop
@@ -395,9 +396,13 @@ class Peer:
     def _rotate(self, why: str) -> None:
         """Talk to the next coordinator address (failover to a standby) and join there."""
         now = time.monotonic()
-        if len(self._coords) < 2 or now - self._rotated < 0.1:
+        if len(self._coords) < 2:
+            self._coord_lost = False
             return
+        if now - self._rotated < 0.1:
+            return   # just rotated or welcomed; a lost connection is retried by the timer loop
         self._rotated = now
+        self._coord_lost = False
         self._standby_since = 0.0
         self._active = (self._active + 1) % len(self._coords)
         log.info("peer %s: coordinator %s (%s); trying %s", self.id, why,
@@ -521,7 +526,12 @@ class Peer:
         for ev in tp.drain(plain):
             if (parse_monitor_message([f.bytes for f in ev])["event"] == zmq.EVENT_DISCONNECTED
                     and i == self._active):
-                self._rotate("connection lost")
+                # Remembered until the rotation happens: within 0.1 s of a welcome or of
+                # the last rotation _rotate declines, and the event comes only once (a
+                # peer that had just joined stayed with a dead coordinator for good).
+                self._coord_lost = True
+        if self._coord_lost:
+            self._rotate("connection lost")
 
     def _sockets_changed(self) -> None:
         """A link was opened or closed: rebuild the receive loop's poller now.
@@ -728,6 +738,8 @@ class Peer:
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
+            if self._coord_lost:
+                self._rotate("connection lost")
             waiting = self._welcome is not None and not self._welcome.done()
             if (waiting or self._rejoining) and \
                     now - max(self._rotated, self._heard) > self.config.coordinator_timeout_s:
