@@ -222,7 +222,7 @@ def test_turns_in_clock_order_keep_the_copies_the_same():
         return x
 
     async def main():
-        hub = JitterHub(topology="ring", latency_s=0.001)
+        hub = JitterHub(topology="ring")
         relays = [GradientRelay(link, d, codec="ef+topk:0.5", topology="ring") for link in hub.add_many(n)]
         xs = await asyncio.gather(*(asyncio.to_thread(peer, r, i) for i, r in enumerate(relays)))
         await settle(hub, relays)
