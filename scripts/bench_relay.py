@@ -1,0 +1,190 @@
+"""Receive cost of a relayed gradient, against raw pyzmq, in the same run.
+
+    python scripts/bench_relay.py [--n 2000] [--every-ms 2] [--d 4610]
+
+One process publishes a compressed gradient (``ef+topk:0.15:values=fp16`` of a
+``--d``-vector, two thirds zeros like a DQN gradient) every ``--every-ms`` ms; the
+other receives. Measured: the receiving process's CPU time per message, while
+messages come one by one (the relay's regime: a peer waits for each gradient at
+its turn, so nothing is batched).
+
+* raw: a DEALER sends the same three frames (a msgpack header, index codes,
+  fp16 values) to a ROUTER; the receiver polls, receives, unpacks the header and
+  views the frames as arrays.
+* swarm: two ``SyncPeer``s on a ring (and a coordinator), a ``GradientRelay`` on
+  each; the receiver's relay checks and decodes every gradient, and its training
+  thread takes them every 10 ms.
+
+The gap is what a relaying peer's event-loop thread costs per gradient on top of
+moving the bytes. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import socket
+import sys
+import time
+
+import numpy as np
+
+CODEC = "ef+topk:0.15:values=fp16"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gradient(d: int) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal(d).astype(np.float32)
+    g[rng.random(d) < 2 / 3] = 0.0
+    return g
+
+
+def _result(out: "mp.Queue", n: int, cpu: float, wall: float) -> None:
+    out.put({"n": n, "cpu_us_per_msg": 1e6 * cpu / max(n, 1), "wall_s": wall})
+
+
+# ----------------------------------------------------------------- raw pyzmq
+
+def raw_receiver(port: int, n: int, out: "mp.Queue") -> None:
+    import msgpack
+    import zmq
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.ROUTER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.bind(f"tcp://127.0.0.1:{port}")
+    s.recv_multipart()                     # the sender's hello: it starts the clock
+    cpu0, t0, got = time.process_time(), time.monotonic(), 0
+    while got < n and time.monotonic() - t0 < 120:
+        if not s.poll(1000):
+            continue
+        frames = s.recv_multipart(copy=False)
+        head = msgpack.unpackb(frames[1].buffer)
+        codes = np.frombuffer(frames[2].buffer, np.uint8)
+        vals = np.frombuffer(frames[3].buffer, np.float16)
+        assert head["k"] == vals.size and codes.size >= vals.size
+        got += 1
+    _result(out, got, time.process_time() - cpu0, time.monotonic() - t0)
+    s.close()
+    ctx.term()
+
+
+def raw_sender(port: int, n: int, d: int, every: float) -> None:
+    import msgpack
+    import zmq
+
+    from swarm.compress import get_codec
+    enc = get_codec(CODEC).encode(gradient(d))
+    head = msgpack.packb({"t": "grad", "src": "a", "k": enc.meta["k"], "n": d, "c": 0})
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 1000)
+    s.connect(f"tcp://127.0.0.1:{port}")
+    s.send(b"hello")
+    time.sleep(0.2)
+    for _ in range(n):
+        s.send_multipart([head, *enc.frames], copy=True)
+        time.sleep(every)
+    time.sleep(0.5)
+    s.close()
+    ctx.term()
+
+
+# ----------------------------------------------------------------- swarm
+
+def coordinator_main(addr: str) -> None:
+    import asyncio
+
+    from swarm.coordinator import Coordinator
+
+    async def main() -> None:
+        async with Coordinator(bind=addr) as c:
+            await c.closed()
+    asyncio.run(main())
+
+
+def swarm_peer(rank: int, addr: str, n: int, d: int, every: float, out: "mp.Queue | None") -> None:
+    import uvloop
+
+    from swarm.gossip import GradientRelay
+    from swarm.peer import SyncPeer
+    sp = SyncPeer(coordinators=[addr], id=f"r{rank}", rank=rank, topology="ring",
+                  loop_factory=uvloop.new_event_loop).start()
+    try:
+        sp.call(sp.peer.wait_view(lambda v: len(v.members) >= 2, timeout=30), timeout=35)
+        sp.wait_linked(timeout=10)
+
+        async def build() -> GradientRelay:
+            return GradientRelay(sp.peer, d, codec=CODEC, topology="ring")
+        relay = sp.call(build())
+        time.sleep(0.5)
+        if out is None:          # the publisher
+            g = gradient(d)
+            for i in range(n):
+                relay.publish(g, clock=i)
+                time.sleep(every)
+            time.sleep(1.0)
+            return
+        cpu0, t0, got = time.process_time(), time.monotonic(), 0
+        while got < n and time.monotonic() - t0 < 120:
+            got += len(relay.take())
+            time.sleep(0.01)
+        _result(out, got, time.process_time() - cpu0, time.monotonic() - t0)
+    finally:
+        sp.close()
+
+
+def run(kind: str, n: int, d: int, every: float) -> dict:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = []
+    try:
+        if kind == "raw":
+            port = free_port()
+            procs = [ctx.Process(target=raw_receiver, args=(port, n, out)),
+                     ctx.Process(target=raw_sender, args=(port, n, d, every))]
+        else:
+            addr = f"tcp://127.0.0.1:{free_port()}"
+            procs = [ctx.Process(target=coordinator_main, args=(addr,), daemon=True),
+                     ctx.Process(target=swarm_peer, args=(1, addr, n, d, every, out)),
+                     ctx.Process(target=swarm_peer, args=(0, addr, n, d, every, None))]
+        for p in procs:
+            p.start()
+        res = out.get(timeout=180)
+        print(f"{kind:<6} {res['n']} messages, {res['cpu_us_per_msg']:.1f} us of receiver CPU each", flush=True)
+        return res
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=2000, help="gradients per leg")
+    ap.add_argument("--every-ms", type=float, default=2.0, help="milliseconds between gradients")
+    ap.add_argument("--d", type=int, default=4610, help="gradient length (the benchmark DQN's 4,610)")
+    args = ap.parse_args()
+    every = args.every_ms / 1000.0
+    raw = run("raw", args.n, args.d, every)
+    sw = run("swarm", args.n, args.d, every)
+    result = {"n": args.n, "every_ms": args.every_ms, "d": args.d, "codec": CODEC,
+              "raw_cpu_us_per_msg": round(raw["cpu_us_per_msg"], 1),
+              "swarm_cpu_us_per_msg": round(sw["cpu_us_per_msg"], 1),
+              "swarm_over_raw": round(sw["cpu_us_per_msg"] / raw["cpu_us_per_msg"], 2),
+              "received": {"raw": raw["n"], "swarm": sw["n"]}}
+    print(json.dumps(result))
+    if raw["n"] < args.n or sw["n"] < args.n:
+        sys.exit("not every message arrived")
+
+
+if __name__ == "__main__":
+    main()
