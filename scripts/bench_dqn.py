@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_dqn.py [--batches 64 128] [--reps 2000]
 
 :class:`swarm.rl.DQNAgent` keeps its gradients in one flat vector and steps a
-seven-operation Adam on it (:class:`swarm.rl.flat.FlatAdam`), and acts greedily in
+one-vector Adam on it (:class:`swarm.rl.flat.FlatAdam`), and acts greedily in
 numpy. The anchor is the same double-DQN update over the same network and batch
 as a CleanRL-style script writes it: ``torch.optim.Adam`` (fused where this build
 has it), ``zero_grad(set_to_none=True)``, ``clip_grad_norm_``, and a torch forward

