@@ -12,11 +12,15 @@ its turn, so nothing is batched).
   fp16 values) to a ROUTER; the receiver polls, receives, unpacks the header and
   views the frames as arrays.
 * swarm: two ``SyncPeer``s on a ring (and a coordinator), a ``GradientRelay`` on
-  each; the receiver's relay checks and decodes every gradient, and its training
-  thread takes them every 10 ms.
+  each; the receiver's relay checks and decodes every gradient on the peer's
+  event-loop thread as it comes, and its training thread takes them every 10 ms.
+* direct: the same with ``GradientRelay(direct=True)``: the training thread
+  receives, checks and decodes the gradients itself on its own socket, every
+  10 ms, what has come since (as `swarm run`'s peers do between env steps).
 
-The gap is what a relaying peer's event-loop thread costs per gradient on top of
-moving the bytes. Last line: one JSON object.
+The gap between swarm and raw is what a relaying peer's event-loop thread costs
+per gradient on top of moving the bytes; direct takes the loop out of the way.
+Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -109,7 +113,8 @@ def coordinator_main(addr: str) -> None:
     asyncio.run(main())
 
 
-def swarm_peer(rank: int, addr: str, n: int, d: int, every: float, out: "mp.Queue | None") -> None:
+def swarm_peer(rank: int, addr: str, n: int, d: int, every: float, out: "mp.Queue | None",
+               direct: bool = False) -> None:
     import uvloop
 
     from swarm.gossip import GradientRelay
@@ -121,7 +126,7 @@ def swarm_peer(rank: int, addr: str, n: int, d: int, every: float, out: "mp.Queu
         sp.wait_linked(timeout=10)
 
         async def build() -> GradientRelay:
-            return GradientRelay(sp.peer, d, codec=CODEC, topology="ring")
+            return GradientRelay(sp.peer, d, codec=CODEC, topology="ring", direct=direct)
         relay = sp.call(build())
         time.sleep(0.5)
         if out is None:          # the publisher
@@ -130,12 +135,14 @@ def swarm_peer(rank: int, addr: str, n: int, d: int, every: float, out: "mp.Queu
                 relay.publish(g, clock=i)
                 time.sleep(every)
             time.sleep(1.0)
+            relay.close()
             return
         cpu0, t0, got = time.process_time(), time.monotonic(), 0
         while got < n and time.monotonic() - t0 < 120:
             got += len(relay.take())
             time.sleep(0.01)
         _result(out, got, time.process_time() - cpu0, time.monotonic() - t0)
+        relay.close()
     finally:
         sp.close()
 
@@ -151,9 +158,10 @@ def run(kind: str, n: int, d: int, every: float) -> dict:
                      ctx.Process(target=raw_sender, args=(port, n, d, every))]
         else:
             addr = f"tcp://127.0.0.1:{free_port()}"
+            direct = kind == "direct"
             procs = [ctx.Process(target=coordinator_main, args=(addr,), daemon=True),
-                     ctx.Process(target=swarm_peer, args=(1, addr, n, d, every, out)),
-                     ctx.Process(target=swarm_peer, args=(0, addr, n, d, every, None))]
+                     ctx.Process(target=swarm_peer, args=(1, addr, n, d, every, out, direct)),
+                     ctx.Process(target=swarm_peer, args=(0, addr, n, d, every, None, direct))]
         for p in procs:
             p.start()
         res = out.get(timeout=180)
@@ -176,13 +184,16 @@ def main() -> None:
     every = args.every_ms / 1000.0
     raw = run("raw", args.n, args.d, every)
     sw = run("swarm", args.n, args.d, every)
+    di = run("direct", args.n, args.d, every)
     result = {"n": args.n, "every_ms": args.every_ms, "d": args.d, "codec": CODEC,
               "raw_cpu_us_per_msg": round(raw["cpu_us_per_msg"], 1),
               "swarm_cpu_us_per_msg": round(sw["cpu_us_per_msg"], 1),
+              "direct_cpu_us_per_msg": round(di["cpu_us_per_msg"], 1),
               "swarm_over_raw": round(sw["cpu_us_per_msg"] / raw["cpu_us_per_msg"], 2),
-              "received": {"raw": raw["n"], "swarm": sw["n"]}}
+              "direct_over_raw": round(di["cpu_us_per_msg"] / raw["cpu_us_per_msg"], 2),
+              "received": {"raw": raw["n"], "swarm": sw["n"], "direct": di["n"]}}
     print(json.dumps(result))
-    if raw["n"] < args.n or sw["n"] < args.n:
+    if raw["n"] < args.n or sw["n"] < args.n or di["n"] < args.n:
         sys.exit("not every message arrived")
 
 

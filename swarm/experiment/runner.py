@@ -318,7 +318,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                                  rate=b.rate or None, seed=seed)
             relay = None
             if g.exchange == "gradients":
-                relay = GradientRelay(peer, x.size, codec=g.codec, topology=g.topology, edges=g.edges or None)
+                # direct: this (training) thread sends and takes the gradients itself
+                relay = GradientRelay(peer, x.size, codec=g.codec, topology=g.topology, edges=g.edges or None,
+                                      direct=True)
             return gossip, fed, relay
 
         gossip, fed, relay = sp.call(build())
@@ -437,6 +439,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             step = info.step + done_steps
             state.env_steps = step
             if relay is not None:
+                relay.poll()    # take in gradients, and pass on those that travel further
                 note_digest()   # after this step's own update, if it took one
             if relay is not None and agent.learns_at(agent.steps):
                 # Turns: the gradient the next step computes includes the others' up to
@@ -548,5 +551,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             out.mkdir(parents=True, exist_ok=True)
             (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         finally:
+            if relay is not None:
+                relay.close()   # its sockets belong to this thread
             sp.close()
     return summary

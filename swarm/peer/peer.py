@@ -124,6 +124,7 @@ class Peer:
         self._linked_epoch = -1
         self._linked = asyncio.Event()
         self._handlers: dict[str, list[Handler]] = {}
+        self._side: list[zmq.Socket] = []   # side-channel sockets (open_inbox, open_outbox)
         self._view_callbacks: list[Callable[[View], None]] = []
         self._seq = itertools.count()
         self._welcome: asyncio.Future[dict[str, Any]] | None = None
@@ -172,6 +173,75 @@ class Peer:
     def on_view(self, callback: Callable[[View], None]) -> None:
         """Call ``callback(view)`` each time a new view is installed."""
         self._view_callbacks.append(callback)
+
+    # -- side channels: plain sockets that one thread outside the peer's loop owns
+
+    def open_inbox(self) -> tuple[zmq.Socket, str]:
+        """A PULL socket for a thread outside the peer's loop to read by itself, and the
+        endpoint to give its senders (:meth:`open_outbox`).
+
+        It is bound on this peer's host, checks senders' keys as the peer's ROUTER
+        does, and has the same message size limit; what arrives is wire frames
+        (:func:`swarm.wire.decode`). Messages on it do not wake the peer's loop: a
+        training thread that polls it between steps takes them in without a
+        thread switch per message (:class:`swarm.gossip.GradientRelay` with
+        ``direct``). Only the thread that reads it may use it; it closes it before the
+        peer closes (the peer closes any left open).
+        """
+        if not self.address.startswith("tcp://"):
+            raise ConfigError(f"peer {self.id}: side channels need a tcp address, this peer has {self.address!r}")
+        host = self.address[len("tcp://"):].rsplit(":", 1)[0]
+        s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PULL)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes)
+        s.setsockopt(zmq.RCVHWM, max(1000, self.config.data_hwm))
+        if self._curve is not None:
+            self._curve.server(s)
+        self._side.append(s)
+        try:
+            endpoint = tp.bind(s, f"tcp://{host}:*")
+        except TransportError:
+            s.close(0)
+            raise
+        return s, endpoint
+
+    def open_outbox(self, pid: str, endpoint: str) -> zmq.Socket | None:
+        """A PUSH socket to member ``pid``'s inbox at ``endpoint``, secured as links are
+        (with keys: only the holder of ``pid``'s key in the view can take the
+        connection). None when ``pid`` is not in the view or has no key. The caller's
+        thread owns it, as for :meth:`open_inbox`.
+        """
+        m = self._view.member(pid)
+        if m is None or (self._curve is not None and not m.key):
+            return None
+        if not endpoint.startswith("tcp://"):
+            raise ConfigError(f"inbox endpoint {endpoint!r} of {pid}: not a tcp address")
+        s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, self.config.data_hwm)
+        if self._curve is not None:
+            self._curve.client(s, m.key)
+        self._side.append(s)
+        try:
+            tp.connect(s, endpoint)
+        except TransportError:
+            s.close(0)
+            raise
+        return s
+
+    def close_side(self, s: zmq.Socket) -> None:
+        """Close a side-channel socket (from the thread that owns it)."""
+        s.close(0)
+        if s in self._side:
+            self._side.remove(s)
+
+    def sender_ok(self, msg: wire.Message, frame: Any) -> bool:
+        """Whether a message that came on an inbox is from the key its src holds in the
+        view (always true without keys)."""
+        if self._curve is None:
+            return True
+        m = self._view.member(msg.src)
+        return m is not None and m.key == tp.user_id(frame)
 
     async def __aenter__(self) -> "Peer":
         await self.start()
@@ -356,6 +426,10 @@ class Peer:
             self._router.close(0)
         self._router = None
         self._coords, self._coord_monitors = [], []
+        for side in self._side:   # their owners should have closed them; term() waits for every socket
+            if not side.closed:
+                side.close(0)
+        self._side.clear()
         if self._curve is not None:
             self._curve.stop()
             self._curve = None

@@ -174,6 +174,8 @@ def test_gradient_exchange_relays_every_gradient(tmp_path):
         finals.append(ck["agent"]["updates"])
         assert relay["applied"] <= relay["received"]
         assert s["gossip_bytes_out"] >= relay["bytes_out"] > 0
+        # the training thread sent and took the gradients itself (GradientRelay direct)
+        assert relay["direct_out"] > 0 and relay["direct_in"] > 0, relay
         with open(d / f"peer{r}" / "rounds.csv") as f:
             rounds = list(csv.DictReader(f))
         assert len(rounds) == s["rounds"] > 0 and s["rounds_ok"] == 0

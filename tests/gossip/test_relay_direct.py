@@ -1,0 +1,119 @@
+"""GradientRelay(direct=True) on real peers: the consumer thread sends and takes the
+gradients on sockets of its own, passes them round the ring, and refuses bad input
+on its inbox without losing anything."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from swarmtest import free_port, wait_for
+
+from swarm import wire
+from swarm.errors import ConfigError
+from swarm.gossip import GradientRelay
+from swarm.gossip.relay import GRAD
+from swarm.gossip.sim import SimHub
+from swarm.peer import SyncPeer
+
+D = 50
+CODEC = "ef+topk:0.3"
+
+
+@pytest.fixture
+def ring(procs):
+    """Four SyncPeers on a ring, each with a direct relay that this thread owns."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, name="coord")
+    peers, relays = [], []
+    try:
+        for r in range(4):
+            peers.append(SyncPeer(coordinators=[addr], id=f"p{r}", rank=r, topology="ring",
+                                  join_timeout_s=20).start())
+        for sp in peers:
+            sp.call(sp.peer.wait_view(lambda v: len(v.members) == 4, timeout=20), timeout=25)
+
+        async def build() -> GradientRelay:
+            return GradientRelay(sp.peer, D, codec=CODEC, topology="ring", direct=True)
+        for sp in peers:
+            relays.append(sp.call(build()))
+        def greeted() -> bool:   # every relay knows its two neighbours' inboxes (hellos go through the peers)
+            for r in relays:
+                r.poll()
+            return all(len(r._endpoints) == 2 for r in relays)
+        wait_for(greeted, 10, what="inbox endpoints")
+        yield peers, relays
+    finally:
+        for r in relays:
+            r.close()
+        for sp in peers:
+            sp.close()
+
+
+def _poll_until(relays, want, timeout=10.0):
+    got = [[] for _ in relays]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(len(g) < w for g, w in zip(got, want)):
+        for i, r in enumerate(relays):
+            got[i] += r.take()
+        time.sleep(0.005)
+    return got
+
+
+def test_direct_relay_reaches_every_peer_on_its_own_sockets(ring):
+    _, relays = ring
+    rng = np.random.default_rng(0)
+    sent = {}
+    for i, r in enumerate(relays):
+        sent[i] = r.publish(rng.standard_normal(D).astype(np.float32), clock=i)
+    got = _poll_until(relays, [3] * 4)
+    for i, g in enumerate(got):
+        want = sorted(sent[j].tobytes() for j in range(4) if j != i)
+        assert sorted(x.tobytes() for x in g) == want, i
+    for r in relays:
+        s = r.stats
+        # on a ring of 4 the far peer's copy goes two hops: one peer in two passes it on
+        assert s.direct_out == s.sent and s.direct_in == s.received == 3, s
+        assert s.rejected == s.duplicates == s.dropped == 0, s
+    assert sum(r.stats.forwarded for r in relays) == 4
+
+
+def test_direct_inbox_refuses_bad_input_and_keeps_working(ring):
+    _, relays = ring
+    victim = relays[0]
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.linger = 0
+    push.connect(victim._endpoint)
+    good_meta = {"n": D}
+    bad = [
+        [b"not msgpack"],                                                          # not a wire header
+        wire.encode("hello", "p1", body={}),                                       # not a gradient
+        wire.encode(GRAD, "p1", body={"o": "p1", "s": 1}),                         # body incomplete
+        wire.encode(GRAD, "p1", body={"o": "p1", "s": 2, "h": 1, "meta": good_meta},
+                    arrays=[np.full(D, np.nan, np.float32)]),                      # not the codec's frames
+        [msgpack.packb({"v": 99}), b"x"],                                          # wrong version
+    ]
+    for frames in bad:
+        push.send_multipart([bytes(f) if not isinstance(f, bytes) else f for f in frames])
+    wait_for(lambda: victim.poll() >= 0 and victim.stats.rejected >= len(bad), 10, what="rejections")
+    assert victim.stats.rejected == len(bad) and victim.stats.received == 0 and victim.pending == 0
+    push.close(0)
+    ctx.term()
+    # a real gradient still goes through (two hops: p3 passes it on when it polls), once
+    g = relays[2].publish(np.ones(D, np.float32), clock=0)
+    got = _poll_until(relays, [1, 1, 0, 1])[0]
+    assert len(got) == 1 and np.array_equal(got[0], g)
+
+
+def test_direct_needs_a_peer():
+    async def main() -> None:
+        hub = SimHub(topology="ring")
+        link = hub.add("a")
+        with pytest.raises(ConfigError, match="direct needs a Peer"):
+            GradientRelay(link, D, direct=True)
+    asyncio.run(main())
