@@ -124,6 +124,11 @@ SOLVE = 475.0
 #:   1.5k, 2.5k, 2.25k, 1k with the kept settings: no change beyond the spread
 #:   between runs. Two updates per swarm step (train_every 2, lr 8e-3): total steps
 #:   2.25x at CPU ratio 1.09 (run 24).
+#: * swarm, a cheaper relay (ninth session): the Adam step in numpy (both sides; the
+#:   isolated learner now takes 2k, 4k, 5k, 3k steps, other float rounding), the
+#:   training thread sending and taking the gradients on its own sockets
+#:   (GradientRelay direct), a cheaper top-k encode and decode. Same settings; runs
+#:   29 onwards in docs/rl.md.
 #:
 #: Both sides learn from step 250 and decay epsilon over 1,250 steps.
 ISOLATED = replace(DQNConfig(), tau=0.12, lr=0.004, learning_starts=250, eps_steps=1250)
