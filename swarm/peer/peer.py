@@ -188,22 +188,25 @@ class Peer:
         ``direct``). Only the thread that reads it may use it; it closes it before the
         peer closes (the peer closes any left open).
         """
-        if not self.address.startswith("tcp://"):
+        cfg = self.config
+        if not (self.address.startswith("tcp://") and cfg.bind.startswith("tcp://")):
             raise ConfigError(f"peer {self.id}: side channels need a tcp address, this peer has {self.address!r}")
-        host = self.address[len("tcp://"):].rsplit(":", 1)[0]
+        # bound where the ROUTER is bound, named as the ROUTER is advertised
+        bind_host = cfg.bind[len("tcp://"):].rsplit(":", 1)[0]
+        advertised_host = self.address[len("tcp://"):].rsplit(":", 1)[0]
         s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PULL)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes)
-        s.setsockopt(zmq.RCVHWM, max(1000, self.config.data_hwm))
+        s.setsockopt(zmq.RCVHWM, max(1000, cfg.data_hwm))
         if self._curve is not None:
             self._curve.server(s)
         self._side.append(s)
         try:
-            endpoint = tp.bind(s, f"tcp://{host}:*")
+            port = tp.bind(s, f"tcp://{bind_host}:*").rsplit(":", 1)[1]
         except TransportError:
-            s.close(0)
+            self.close_side(s)
             raise
-        return s, endpoint
+        return s, f"tcp://{advertised_host}:{port}"
 
     def open_outbox(self, pid: str, endpoint: str) -> zmq.Socket | None:
         """A PUSH socket to member ``pid``'s inbox at ``endpoint``, secured as links are
@@ -225,7 +228,7 @@ class Peer:
         try:
             tp.connect(s, endpoint)
         except TransportError:
-            s.close(0)
+            self.close_side(s)
             raise
         return s
 

@@ -117,3 +117,55 @@ def test_direct_needs_a_peer():
         with pytest.raises(ConfigError, match="direct needs a Peer"):
             GradientRelay(link, D, direct=True)
     asyncio.run(main())
+
+
+def test_direct_inbox_with_keys_admits_only_the_swarm(procs, tmp_path):
+    from swarm.transport import Curve, generate_keys
+    kd = tmp_path / "keys"
+    generate_keys(str(kd), ["coordinator", "peer"])
+    generate_keys(str(tmp_path / "evil"), ["coordinator", "intruder"])
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, "--keys", str(kd), name="coord")
+    peers, relays = [], []
+    try:
+        for r in range(2):
+            peers.append(SyncPeer(coordinators=[addr], id=f"k{r}", rank=r, topology="ring", join_timeout_s=20,
+                                  keys_dir=str(kd), key_name="peer").start())
+        for sp in peers:
+            sp.call(sp.peer.wait_view(lambda v: len(v.members) == 2, timeout=20), timeout=25)
+
+        async def build() -> GradientRelay:
+            return GradientRelay(sp.peer, D, codec=CODEC, direct=True)
+        for sp in peers:
+            relays.append(sp.call(build()))
+
+        def greeted() -> bool:
+            for r in relays:
+                r.poll()
+            return all(len(r._endpoints) == 1 for r in relays)
+        wait_for(greeted, 10, what="inbox endpoints")
+        g = relays[0].publish(np.full(D, 0.5, np.float32), clock=0)
+        got = _poll_until(relays, [0, 1])[1]
+        assert len(got) == 1 and np.array_equal(got[0], g) and relays[1].stats.direct_in == 1
+
+        # strangers aimed at the inbox: plaintext, and CURVE with a key not on the allow-list
+        ctx = zmq.Context()
+        plain = ctx.socket(zmq.PUSH)
+        wrong = ctx.socket(zmq.PUSH)
+        Curve(str(tmp_path / "evil"), "intruder").client(wrong, peers[1].peer.view.member("k1").key)
+        body = {"o": "k0", "s": 99, "h": 1, "c": 1, "meta": {}}
+        for s in (plain, wrong):
+            s.linger = 0
+            s.connect(relays[1]._endpoint)
+            s.send_multipart([bytes(f) for f in wire.encode(GRAD, "k0", body=body)], zmq.NOBLOCK)
+        time.sleep(0.5)
+        assert relays[1].poll() == 0                                # nothing came in
+        assert relays[1].stats.received == 1 and relays[1].stats.rejected == 0
+        plain.close(0)
+        wrong.close(0)
+        ctx.term()
+    finally:
+        for r in relays:
+            r.close()
+        for sp in peers:
+            sp.close()
