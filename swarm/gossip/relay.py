@@ -36,6 +36,15 @@ the same:
     for g in relay.take(before=clock):   # in (clock, origin) order
         apply(g)
     apply(relay.publish(grad, clock))    # then this peer's own
+
+With ``direct=True`` the training thread sends and receives the gradients on
+sockets of its own (a PULL inbox, a PUSH per neighbour) instead of through the
+peer's event loop, and calls :meth:`poll` between its steps to take them in:
+
+    relay = GradientRelay(peer, d, codec=..., direct=True)   # on the peer's loop
+    relay.poll()                         # training thread, every step
+    ...
+    relay.close()                        # training thread, before the peer closes
 """
 
 from __future__ import annotations
@@ -116,10 +125,10 @@ class GradientRelay:
         direct: the consumer thread (the one that calls :meth:`publish`, :meth:`take`,
             :meth:`wait` and :meth:`poll`) sends and receives the gradients on sockets
             of its own (:meth:`~swarm.peer.Peer.open_inbox`), not through the
-            peer's loop. A gradient through the loop costs the receiving process
-            two thread switches and a pass of the loop, about 400 us of CPU where
-            the bytes alone cost 140 (``scripts/bench_relay.py``); the consumer takes
-            them in between its own steps instead. Neighbours tell each other their
+            peer's loop. Through the loop a gradient costs the receiving process
+            two thread switches and a pass of the loop: about 440 us of CPU against
+            270 direct and 170 for raw pyzmq (``scripts/bench_relay.py``); the
+            consumer takes them in between its own steps instead. Neighbours tell each other their
             inbox endpoints through the peer; until a neighbour's is known, its
             gradients go through the loop as without ``direct``. Only with a
             :class:`~swarm.peer.Peer` on tcp; call :meth:`poll` every step or so (a
