@@ -9,7 +9,7 @@ Grammar (case-insensitive, no spaces)::
     sign[:block=256]                            block=0: one scale for the whole vector
     int8[:stochastic|:deterministic][:block=256][:seed=N]
     qsgd[:S=16][:bucket=512][:seed=N]          e.g. qsgd:16, qsgd:4:bucket=1024
-    topk:RATIO[:values=fp16][:seed=N]           e.g. topk:0.01   (0 < RATIO <= 1)
+    topk:RATIO[:values=fp16|fp8][:seed=N]       e.g. topk:0.01   (0 < RATIO <= 1)
     randomk:RATIO[:seed=N]                      e.g. randomk:0.05:seed=7
 
 A bad spec raises :class:`~swarm.errors.ConfigError` whose message quotes it.
@@ -101,8 +101,8 @@ def _build_sparse(cls: type[TopK] | type[RandomK]) -> Callable[[str, list[str], 
     def build(spec: str, pos: list[str], kw: dict[str, str]) -> Codec:
         if cls is TopK and "values" in kw:
             values = kw.pop("values")
-            if values not in ("fp32", "fp16"):
-                raise ConfigError(f"codec {spec!r}: values={values!r} is not 'fp32' or 'fp16'")
+            if values not in ("fp32", "fp16", "fp8"):
+                raise ConfigError(f"codec {spec!r}: values={values!r} is not 'fp32', 'fp16' or 'fp8'")
             return TopK(spec, ratio=_ratio(spec, pos), seed=_seed(spec, kw), values=values)
         return cls(spec, ratio=_ratio(spec, pos), seed=_seed(spec, kw))
     return build

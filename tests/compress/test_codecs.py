@@ -14,7 +14,7 @@ from hypothesis.extra.numpy import arrays
 from swarm import wire
 from swarm.compress import CODECS, Encoded, ErrorFeedback, get_codec
 from swarm.compress.sparse import TopK, pack_gaps, strata_indices, unpack_gaps
-from swarm.errors import GossipError
+from swarm.errors import GossipError, WireError
 
 FAST = settings(max_examples=25, deadline=None)
 ALL = ["identity", "fp16", "int8", "int8:stochastic", "qsgd:16", "qsgd:300", "topk:0.1",
@@ -261,6 +261,28 @@ def test_topk_fp16_values_are_the_kept_values_rounded_and_saturated():
     expect = np.zeros_like(x)
     expect[idx] = np.clip(x[idx], -65504, 65504).astype(np.float16)
     assert np.array_equal(y, expect) and y[10] == 65504 and y[20] == -65504
+
+
+def test_topk_fp8_values_keep_an_eighth_of_each_value_and_refuse_bad_codes():
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal(4000) * rng.lognormal(0, 2, 4000)).astype(np.float32)
+    c = get_codec("topk:0.3:values=fp8")
+    enc = c.encode(x)
+    assert enc.frames[1].dtype == np.uint8 and enc.nbytes == enc.meta["ib"] + 1200
+    y = get_codec("topk:0.3").decode(through_wire(enc))
+    idx = unpack_gaps(enc.frames[0], 1200, x.size)
+    assert not np.delete(y, idx).any()
+    big = np.abs(x[idx]) >= 2.0 ** -14 * np.abs(x).max()   # e5m2's normal range under the scale
+    rel = np.abs(y[idx] - x[idx]) / np.abs(x[idx])
+    assert rel[big].max() <= 2.0 ** -3 and big.mean() > 0.99
+    # the scale maps the largest magnitude to 2^15, so nothing overflows
+    huge = get_codec("topk:0.5:values=fp8").decode(c.encode(np.array([3e38, -1e-3, 2.0, 0.5], np.float32)))
+    assert np.isfinite(huge).all() and abs(huge[0] / 3e38 - 1) <= 2.0 ** -3
+    # an Inf or NaN code, or a missing or negative scale, is refused
+    for codes, meta in ((np.full(1200, 0x7C, np.uint8), enc.meta), (enc.frames[1], dict(enc.meta, scale=-1.0)),
+                        (enc.frames[1], {k: v for k, v in enc.meta.items() if k != "scale"})):
+        with pytest.raises(WireError, match="fp8|scale"):
+            c.decode(Encoded(meta, [enc.frames[0], codes]))
 
 
 @FAST

@@ -69,7 +69,7 @@ def test_seeds_make_streams_reproducible():
     ("randomk:0.1:seed=-1", "seed=-1"),
     ("randomk:0.1:seed=x", "seed='x'"),
     ("topk:0.1:bucket=3", "unknown parameter"),
-    ("topk:0.1:values=int8", "not 'fp32' or 'fp16'"),
+    ("topk:0.1:values=int8", "not 'fp32', 'fp16' or 'fp8'"),
     ("randomk:0.1:values=fp16", "unknown parameter"),
     ("int8:fast", "'stochastic' or 'deterministic'"),
     ("int8:block=0", "block=0"),
