@@ -131,6 +131,13 @@ SOLVE = 475.0
 #:   training thread sending and taking the gradients on its own sockets
 #:   (GradientRelay direct), a cheaper top-k encode and decode. Same settings; runs
 #:   29 onwards in docs/rl.md.
+#: * swarm, other gradient codecs (ninth and tenth sessions): ef+topk:0.3 in fp8,
+#:   2,250 steps per peer on seeds 0-3 (12 seed-runs, bytes 6.5-6.7x); topk:0.35 in
+#:   fp8 without error feedback (it keeps nearly every nonzero of a gradient),
+#:   2,500 (16, bytes 5.6-5.7x); top-25% fp16 with EF, 3,500 (4, bytes 5.3x);
+#:   against 2,750 for the kept codec (36, bytes 8.7-8.9x). One seed-run spreads by
+#:   about a thousand steps: none is better by more than that, and the kept codec
+#:   sends the fewest bytes.
 #:
 #: Both sides learn from step 250 and decay epsilon over 1,250 steps.
 ISOLATED = replace(DQNConfig(), tau=0.12, lr=0.004, learning_starts=250, eps_steps=1250)
