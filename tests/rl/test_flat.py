@@ -1,3 +1,5 @@
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -129,3 +131,39 @@ def test_flat_adam_refuses_a_gradient_that_does_not_fit_and_changes_nothing():
     assert opt.t == 0 and torch.equal(flat, before) and not opt.exp_avg.any()
     opt.step(np.ones(flat.numel(), np.float32))   # a numpy gradient, not the flat tensor's
     assert opt.t == 1 and not torch.equal(flat, before)
+
+
+def _decay_first_moment(flush: bool) -> float:
+    """On a thread of its own: one Adam step with a small gradient at entry 0, then
+    2,000 with a zero gradient; returns the first moment left at entry 0."""
+    out = {}
+
+    def work():
+        params, grad = torch.zeros(8), torch.zeros(8)
+        opt = FlatAdam(params, grad, lr=0.01)
+        g = np.zeros(8, np.float32)
+        g[0] = 1e-3
+        opt.step(g)                              # this thread now flushes denormals
+        if not flush:
+            torch.set_flush_denormal(False)      # the control: as before the flush
+        g[0] = 0.0
+        for _ in range(2000):
+            opt.step(g)
+        out["m0"] = float(opt.exp_avg[0])
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive()
+    return out["m0"]
+
+
+@pytest.mark.skipif(not torch.set_flush_denormal(False), reason="this CPU cannot flush denormals")
+def test_flat_adam_moments_decay_to_zero_not_to_a_stuck_denormal():
+    # 0.9 times the smallest float32 denormal rounds back to it: without the flush
+    # the moment of a parameter whose gradient stays zero sticks there, and every
+    # later step does slow denormal arithmetic on it.
+    tiny = np.finfo(np.float32).tiny
+    stuck = _decay_first_moment(flush=False)
+    assert 0.0 < stuck < tiny
+    assert _decay_first_moment(flush=True) == 0.0
