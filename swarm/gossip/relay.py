@@ -37,6 +37,10 @@ the same:
         apply(g)
     apply(relay.publish(grad, clock))    # then this peer's own
 
+A peer that takes no update at its turn (a non-finite gradient it will not
+send, a rate limiter holding its update back) publishes ``None``: a pass, a
+message with the clock and no gradient, so that the others do not wait for one.
+
 With ``direct=True`` the training thread sends and receives the gradients on
 sockets of its own (a PULL inbox, a PUSH per neighbour) instead of through the
 peer's event loop, and calls :meth:`poll` between its steps to take them in:
@@ -94,6 +98,8 @@ class RelayStats:
     wait_timeouts: int = 0  # wait() calls that gave up
     direct_out: int = 0     # sends that went on the consumer thread's own sockets (direct)
     direct_in: int = 0      # gradients taken in from this peer's inbox (direct)
+    passed: int = 0         # own turns passed without a gradient (publish(None))
+    passes_in: int = 0      # others' passes taken in (first copies)
 
     @property
     def mean_lag_s(self) -> float:
@@ -184,13 +190,20 @@ class GradientRelay:
 
     # ------------------------------------------------------------ API
 
-    def publish(self, grad: Any, clock: int = 0) -> np.ndarray:
+    def publish(self, grad: Any, clock: int = 0) -> np.ndarray | None:
         """Encode ``grad``, send it to the neighbours, and return the decoded vector,
         which is what every peer applies: apply it here too.
 
         ``clock`` is the publisher's progress (its env steps, say); receivers can
-        :meth:`wait` for it.
+        :meth:`wait` for it. ``grad = None`` passes the turn at ``clock``: the others
+        learn the clock and apply nothing; returns None.
         """
+        if grad is None:
+            body = {"o": self.link.id, "s": next(self._seq), "t": time.time(), "c": int(clock),
+                    "meta": {}, "p": 1}
+            self.stats.passed += 1
+            self._send_own(body, [])
+            return None
         g = np.asarray(grad, dtype=np.float32).reshape(-1)
         if g.size != self.d:
             raise ConfigError(f"gradient of length {g.size}; this relay carries {self.d}")
@@ -201,6 +214,11 @@ class GradientRelay:
         body = {"o": self.link.id, "s": next(self._seq), "t": time.time(), "c": int(clock), "meta": enc.meta}
         frames = [np.array(f, copy=True) for f in enc.frames]   # the codec may reuse its buffers
         self.stats.published += 1
+        self._send_own(body, frames)
+        return out
+
+    def _send_own(self, body: dict[str, Any], frames: list[np.ndarray]) -> None:
+        """Send a message of this peer's own (a gradient or a pass) from any thread."""
         if threading.get_ident() == self._loop_thread:
             self._publish_now(body, frames)
         elif self._inbox_sock is not None:   # direct: send here, and what cannot go yet through the loop
@@ -211,7 +229,6 @@ class GradientRelay:
                 self._loop.call_soon_threadsafe(self._publish_now, body, frames, late)
         else:
             self._loop.call_soon_threadsafe(self._publish_now, body, frames)
-        return out
 
     def take(self, before: int | None = None) -> list[np.ndarray]:
         """The other peers' gradients received since the last call.
@@ -259,9 +276,9 @@ class GradientRelay:
         peer that has not published yet is not waited for. With it, every peer
         publishes at the clocks ``>= first`` that equal its rank modulo ``every``
         (the schedule of :meth:`swarm.rl.DQNAgent.learns_at` with phase = rank), and
-        is waited for from its first turn on. A peer that publishes nothing at a turn
-        (a skipped non-finite gradient, a rate limiter holding its update back) then
-        holds the others up for ``timeout`` once, until its next gradient.
+        is waited for from its first turn on. A peer that takes no update at a turn
+        must pass it (``publish(None, clock)``); one that publishes nothing holds the
+        others up for ``timeout`` once, until its next gradient.
         """
         if every < 1 or rounds < 1:
             raise ConfigError(f"every = {every}, rounds = {rounds}: both must be >= 1")
@@ -404,7 +421,8 @@ class GradientRelay:
         self._accept(msg, self._send)   # on the loop: through the peer's ROUTER
 
     def _accept(self, msg: Message, send: Any) -> None:
-        """Check, decode and queue a received gradient, and pass it on with ``send``."""
+        """Check, decode and queue a received gradient (or note a pass), and pass it on
+        with ``send``."""
         nbytes = sum(int(a.nbytes) for a in msg.arrays)
         self.stats.bytes_in += nbytes
         b = msg.body
@@ -417,15 +435,22 @@ class GradientRelay:
         if origin == self.link.id or key in self._seen:
             self.stats.duplicates += 1
             return
-        try:
-            g = self._decoder.decode(Encoded(meta, list(msg.arrays)), self.d)
-        except WireError:
-            self.stats.rejected += 1
-            raise
-        if g.shape != (self.d,) or not np.isfinite(g).all():
-            self.stats.rejected += 1
-            raise WireError(f"grad {origin}#{seq} from {msg.src}: not {self.d} finite values")
         t, c = b.get("t"), b.get("c")
+        g: np.ndarray | None = None
+        if "p" in b:   # a pass: a clock, no gradient
+            if b["p"] != 1 or msg.arrays or meta or not isinstance(c, int):
+                self.stats.rejected += 1
+                raise WireError(f"pass {origin}#{seq} from {msg.src}: needs p = 1, a clock c, "
+                                f"empty meta and no arrays")
+        else:
+            try:
+                g = self._decoder.decode(Encoded(meta, list(msg.arrays)), self.d)
+            except WireError:
+                self.stats.rejected += 1
+                raise
+            if g.shape != (self.d,) or not np.isfinite(g).all():
+                self.stats.rejected += 1
+                raise WireError(f"grad {origin}#{seq} from {msg.src}: not {self.d} finite values")
         with self._cond:   # with direct, the loop and the consumer thread both take gradients in
             if key in self._seen:
                 self.stats.duplicates += 1
@@ -433,12 +458,15 @@ class GradientRelay:
             self._seen[key] = None
             if len(self._seen) > 64 * self._max_pending:
                 self._seen.popitem(last=False)
-            if len(self._inbox) >= self._max_pending:
-                self._inbox.popleft()
-                self.stats.overflow += 1
-            self._inbox.append((c if isinstance(c, int) else -1, origin, g,
-                                float(t) if isinstance(t, (int, float)) else time.time()))
-            self.stats.received += 1
+            if g is None:
+                self.stats.passes_in += 1
+            else:
+                if len(self._inbox) >= self._max_pending:
+                    self._inbox.popleft()
+                    self.stats.overflow += 1
+                self._inbox.append((c if isinstance(c, int) else -1, origin, g,
+                                    float(t) if isinstance(t, (int, float)) else time.time()))
+                self.stats.received += 1
             if isinstance(c, int) and c > self._clocks.get(origin, -1):
                 self._clocks[origin] = c
             self._cond.notify_all()

@@ -124,12 +124,14 @@ class DQNAgent(BaseAgent):
         #: Set by a peer that shares gradients (swarm.gossip.GradientRelay.publish): called
         #: with each gradient this agent computes; returns the vector to apply, which is
         #: what the other peers apply when they receive it. They feed theirs to
-        #: apply_gradient().
-        self.publish: Callable[[np.ndarray], np.ndarray] | None = None
+        #: apply_gradient(). Called with None when this agent takes no update at a step
+        #: where it learns (too little data, a rate limiter, a non-finite gradient): the
+        #: others then do not wait for one.
+        self.publish: Callable[[np.ndarray | None], np.ndarray | None] | None = None
         #: Trains at the steps where steps % train_every == phase; peers that share
         #: gradients take turns by rank.
         self.phase = 0
-        self.skipped = 0    # non-finite gradients not published (with publish)
+        self.skipped = 0    # non-finite gradients not published (with publish; passed instead)
         self._obs: np.ndarray | None = None
         self._action: int | None = None
         self._pending: tuple[np.ndarray, int, float] | None = None  # (obs, action, reward) awaiting next obs
@@ -194,10 +196,10 @@ class DQNAgent(BaseAgent):
     def learn(self) -> float | None:
         """Sample the buffer, take one update, feed TD errors back as priorities."""
         flush_denormals()   # on the thread that trains (see swarm.rl.flat.flush_denormals)
-        if len(self.buffer) < self.cfg.batch_size:
-            return None
         can_sample = getattr(self.buffer, "can_sample", None)  # a rate limiter may hold updates back
-        if can_sample is not None and not can_sample(self.cfg.batch_size):
+        if len(self.buffer) < self.cfg.batch_size or (can_sample is not None
+                                                       and not can_sample(self.cfg.batch_size)):
+            self._pass()
             return None
         sample = self.buffer.sample(self.cfg.batch_size, beta=self.beta)
         batch = {k: torch.as_tensor(v) for k, v in sample.batch.items()}
@@ -209,10 +211,16 @@ class DQNAgent(BaseAgent):
             if not bool(torch.isfinite(self.grad).all()):
                 # the other peers would refuse it; this one skips it too, and counts it
                 self.skipped += 1
+                self._pass()
                 return loss
             self.apply_gradient(self.publish(self.grad.numpy()))
         self.buffer.update_priorities(sample.indices, td.abs().numpy())
         return loss
+
+    def _pass(self) -> None:
+        """No update at this turn: tell the peers that share gradients (see publish)."""
+        if self.publish is not None:
+            self.publish(None)
 
     def _update_target(self) -> None:
         # tau = 1 copies (hard update); tau < 1 is Polyak averaging.

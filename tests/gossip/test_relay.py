@@ -235,3 +235,40 @@ def test_turns_in_clock_order_keep_the_copies_the_same():
         for x in finals[1:]:
             assert np.array_equal(x, finals[0])
     asyncio.run(main())
+
+
+def test_a_passed_turn_ends_the_wait_and_applies_nothing():
+    """A peer that takes no update at its turn publishes None: the others stop waiting
+    for that turn at once (not after the timeout) and take no gradient for it."""
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b, c = [GradientRelay(link, 4) for link in hub.add_many(3)]   # ranks 0, 1, 2
+        assert not await asyncio.to_thread(a.wait, 10, 0.2, every=4, first=8)   # b's turn 9 is missing
+        assert a.stats.wait_timeouts == 1
+        assert b.publish(None, clock=9) is None
+        c.publish(np.ones(4), clock=10)
+        await settle(hub, [a, b, c])
+        assert await asyncio.to_thread(a.wait, 11, 0.2, every=4, first=8)
+        assert a.stats.wait_timeouts == 1
+        assert [g.tolist() for g in a.take(before=11)] == [[1.0] * 4]   # c's gradient; b's pass is none
+        assert b.stats.passed == 1 and a.stats.passes_in == 1 and c.stats.passes_in == 1
+        assert a.stats.received == 1
+    asyncio.run(main())
+
+
+def test_malformed_passes_are_refused():
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(3)
+        relays = [GradientRelay(link, 4) for link in links]
+        b = relays[1]
+        base = {"o": "peer0", "h": 1, "meta": {}, "c": 9}
+        await links[0].send(b.link.id, GRAD, dict(base, s=1, p=1), [np.zeros(4, np.float32)])  # arrays
+        await links[0].send(b.link.id, GRAD, dict(base, s=2, p=2), [])                          # p != 1
+        await links[0].send(b.link.id, GRAD, dict(base, s=3, p=1, c="9"), [])                   # no int clock
+        await links[0].send(b.link.id, GRAD, dict(base, s=4, p=1, meta={"codec": "identity"}), [])
+        await settle(hub, relays)
+        assert b.stats.rejected == 4 and b.stats.passes_in == 0
+        assert not await asyncio.to_thread(b.wait, 10, 0.05, every=4, first=8)   # no clock was taken
+        assert len(hub.errors) == 4 and all(isinstance(e, WireError) for e in hub.errors)
+    asyncio.run(main())

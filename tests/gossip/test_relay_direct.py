@@ -169,3 +169,16 @@ def test_direct_inbox_with_keys_admits_only_the_swarm(procs, tmp_path):
             r.close()
         for sp in peers:
             sp.close()
+
+
+def test_direct_relay_carries_a_pass_round_the_ring(ring):
+    _, relays = ring
+    relays[1].publish(None, clock=5)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and any(r.stats.passes_in < 1 for i, r in enumerate(relays) if i != 1):
+        for r in relays:
+            r.poll()
+        time.sleep(0.005)
+    assert [r.stats.passes_in for r in relays] == [1, 0, 1, 1]
+    assert relays[1].stats.passed == 1 and all(r.take() == [] for r in relays)
+    assert all(r.stats.rejected == 0 for r in relays)

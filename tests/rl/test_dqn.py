@@ -224,18 +224,21 @@ def test_publish_sends_each_gradient_and_applies_what_it_returns(replay):
     sent = []
 
     def publish(g):
-        sent.append(g.copy())
-        return np.zeros_like(g)               # what "the swarm" applies: nothing moves
+        sent.append(None if g is None else g.copy())
+        return None if g is None else np.zeros_like(g)   # what "the swarm" applies: nothing moves
     agent.publish = publish
     before = agent.flat.clone()
     assert agent.learn() is not None
     assert len(sent) == 1 and np.isfinite(sent[0]).all() and np.abs(sent[0]).sum() > 0
     assert torch.equal(agent.flat, before) and agent.updates == 1   # Adam on zeros: no step
-    # a non-finite gradient is neither published nor applied
+    # a non-finite gradient is neither published nor applied: the turn is passed
     with torch.no_grad():
         agent.flat[0] = float("nan")
     assert agent.learn() is not None
-    assert len(sent) == 1 and agent.skipped == 1 and agent.updates == 1
+    assert len(sent) == 2 and sent[1] is None and agent.skipped == 1 and agent.updates == 1
+    # too little data for a batch: passed too
+    agent.cfg = DQNConfig(batch_size=64)
+    assert agent.learn() is None and len(sent) == 3 and sent[2] is None and agent.updates == 1
     # phases: with train_every 4 and phase 2 the agent learns at steps 2, 6, 10 ...
     agent.cfg = DQNConfig(train_every=4, learning_starts=0)
     agent.phase = 2
