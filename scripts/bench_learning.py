@@ -138,6 +138,10 @@ SOLVE = 475.0
 #:   against 2,750 for the kept codec (36, bytes 8.7-8.9x). One seed-run spreads by
 #:   about a thousand steps: none is better by more than that, and the kept codec
 #:   sends the fewest bytes.
+#: * both sides, tenth session: denormals flushed on the training thread (Adam's
+#:   moments of dead units had stuck at denormals; about 9% of the isolated
+#:   learner's CPU), and a relay turn without an update is passed, not waited out.
+#:   Same settings; runs 47-51 in docs/rl.md.
 #:
 #: Both sides learn from step 250 and decay epsilon over 1,250 steps.
 ISOLATED = replace(DQNConfig(), tau=0.12, lr=0.004, learning_starts=250, eps_steps=1250)
