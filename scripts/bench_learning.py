@@ -141,7 +141,9 @@ SOLVE = 475.0
 #: * both sides, tenth session: denormals flushed on the training thread (Adam's
 #:   moments of dead units had stuck at denormals; about 9% of the isolated
 #:   learner's CPU), and a relay turn without an update is passed, not waited out.
-#:   Same settings; runs 47-51 in docs/rl.md.
+#:   Same settings; runs 47-53 in docs/rl.md. Tried with them: batch 256 (learning
+#:   from step 256), 2,875 steps per peer on seeds 0-3 over two runs, and with lr
+#:   0.024, 2,625; the kept settings averaged 2,875 over eight runs.
 #:
 #: Both sides learn from step 250 and decay epsilon over 1,250 steps.
 ISOLATED = replace(DQNConfig(), tau=0.12, lr=0.004, learning_starts=250, eps_steps=1250)
