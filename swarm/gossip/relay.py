@@ -199,10 +199,8 @@ class GradientRelay:
         learn the clock and apply nothing; returns None.
         """
         if grad is None:
-            body = {"o": self.link.id, "s": next(self._seq), "t": time.time(), "c": int(clock),
-                    "meta": {}, "p": 1}
             self.stats.passed += 1
-            self._send_own(body, [])
+            self._send_own(dict(self._body(clock, {}), p=1), [])
             return None
         g = np.asarray(grad, dtype=np.float32).reshape(-1)
         if g.size != self.d:
@@ -211,11 +209,14 @@ class GradientRelay:
             raise ConfigError("gradient has NaN or infinite entries; not published")
         enc = self._codec.encode(g)
         out = self._decoder.decode(enc, self.d)
-        body = {"o": self.link.id, "s": next(self._seq), "t": time.time(), "c": int(clock), "meta": enc.meta}
         frames = [np.array(f, copy=True) for f in enc.frames]   # the codec may reuse its buffers
         self.stats.published += 1
-        self._send_own(body, frames)
+        self._send_own(self._body(clock, enc.meta), frames)
         return out
+
+    def _body(self, clock: int, meta: dict[str, Any]) -> dict[str, Any]:
+        """The header of a message of this peer's own: origin, number, time, clock, codec meta."""
+        return {"o": self.link.id, "s": next(self._seq), "t": time.time(), "c": int(clock), "meta": meta}
 
     def _send_own(self, body: dict[str, Any], frames: list[np.ndarray]) -> None:
         """Send a message of this peer's own (a gradient or a pass) from any thread."""

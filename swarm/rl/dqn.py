@@ -29,7 +29,7 @@ from torch import nn
 
 from ..errors import ConfigError, SwarmError
 from ..peer.agent import BaseAgent
-from .flat import FlatAdam, flatten_gradients, flatten_parameters, flush_denormals, is_flat
+from .flat import FlatAdam, flatten_gradients, flatten_parameters, is_flat
 from .hparams import DQNConfig
 
 __all__ = ["DQNAgent", "QNetwork", "dqn_schema"]
@@ -195,7 +195,6 @@ class DQNAgent(BaseAgent):
 
     def learn(self) -> float | None:
         """Sample the buffer, take one update, feed TD errors back as priorities."""
-        flush_denormals()   # on the thread that trains (see swarm.rl.flat.flush_denormals)
         can_sample = getattr(self.buffer, "can_sample", None)  # a rate limiter may hold updates back
         if len(self.buffer) < self.cfg.batch_size or (can_sample is not None
                                                        and not can_sample(self.cfg.batch_size)):

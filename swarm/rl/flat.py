@@ -44,8 +44,8 @@ def flush_denormals() -> None:
     slower on x86: an Adam step on 4,610 parameters took 70 us instead of 16, and
     the isolated CartPole learner 1.1-1.2 ms per env step instead of 1.0. Values
     under 1.2e-38 then count as zero in this thread's float arithmetic (numpy's and
-    torch's), which no RL quantity here notices. :class:`FlatAdam` and
-    :meth:`swarm.rl.DQNAgent.learn` call it.
+    torch's), which no RL quantity here notices. :meth:`FlatAdam.step` calls it,
+    so the thread that trains an agent flushes from its first update on.
     """
     if not getattr(_thread, "flushed", False):
         torch.set_flush_denormal(True)
