@@ -324,8 +324,19 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             return gossip, fed, relay
 
         gossip, fed, relay = sp.call(build())
+        # With the relay, a peer's turn is `per_turn` updates, numbered by a clock that
+        # counts updates: steps · per_turn + k for the k-th update of the turn at `steps`.
+        per_turn = spec.dqn.updates_per_train
         if relay is not None:
-            agent.publish = lambda grad: relay.publish(grad, clock=agent.steps)
+            turn = [-1, 0]   # (env steps of the current turn, updates published in it)
+
+            def publish(grad: np.ndarray | None) -> np.ndarray | None:
+                if turn[0] != agent.steps:
+                    turn[0], turn[1] = agent.steps, 0
+                turn[1] += 1
+                return relay.publish(grad, clock=agent.steps * per_turn + turn[1] - 1)
+
+            agent.publish = publish
             agent.phase = rank % spec.dqn.train_every   # peers take turns at computing gradients
         replacing = bool(getattr(peer_config, "replace", False))
         if _should_bootstrap(coordinator, peer_config, peer.id, done_steps, g.interval,
@@ -446,9 +457,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                 # relay_staleness rounds back (waiting is wall time, not CPU). Every peer
                 # applies the others' gradients at its turns, in (clock, origin) order, and
                 # then its own: one order everywhere, so the copies stay the same.
-                a = agent.steps
-                relay.wait(a, g.round_timeout_s, every=spec.dqn.train_every, rounds=g.relay_staleness,
-                           first=spec.dqn.learning_starts)
+                a = agent.steps * per_turn
+                relay.wait(a, g.round_timeout_s, every=spec.dqn.train_every * per_turn,
+                           rounds=g.relay_staleness, first=spec.dqn.learning_starts * per_turn, span=per_turn)
                 for grad in relay.take(before=a):
                     agent.apply_gradient(grad)
                     state.relay_applied += 1

@@ -78,6 +78,8 @@ GRAD = wire.register_type("grad")
 #: direct mode: "my inbox is at this endpoint" (body: ep, and r for a reply)
 GRAD_HELLO = wire.register_type("grad_hello")
 _MAX_ENDPOINT = 256
+#: Clocks remembered per origin for waits on turns of several updates (span > 1).
+_RECENT_CLOCKS = 256
 
 
 @dataclass
@@ -167,6 +169,7 @@ class GradientRelay:
         self._inbox: collections.deque[tuple[int, str, np.ndarray, float]] = collections.deque()
         self._max_pending = max_pending
         self._clocks: dict[str, int] = {}    # origin -> clock of its newest gradient here
+        self._got: dict[str, set[int]] = {}  # origin -> clocks of its recent gradients and passes here
         self._cond = threading.Condition()
         self.stats = RelayStats()
         self._bad = tp.BadInput(f"relay {link.id}")
@@ -261,7 +264,7 @@ class GradientRelay:
         return [g for _, _, g, _ in items]
 
     def wait(self, clock: int, timeout: float, *, every: int = 1, rounds: int = 1,
-             first: int | None = None) -> bool:
+             first: int | None = None, span: int = 1) -> bool:
         """Block until this peer has every gradient that the others computed before
         ``clock``, less their last ``rounds - 1`` rounds, or until ``timeout`` seconds
         passed; returns whether it got there.
@@ -280,14 +283,19 @@ class GradientRelay:
         is waited for from its first turn on. A peer that takes no update at a turn
         must pass it (``publish(None, clock)``); one that publishes nothing holds the
         others up for ``timeout`` once, until its next gradient.
+
+        ``span``: with ``first``, each turn is ``span`` consecutive clocks, from rank ·
+        span (modulo ``every``): a peer that takes several updates in its turn numbers
+        them so, and is waited for until the last of them is here.
         """
-        if every < 1 or rounds < 1:
-            raise ConfigError(f"every = {every}, rounds = {rounds}: both must be >= 1")
+        if every < 1 or rounds < 1 or span < 1 or span > every:
+            raise ConfigError(f"every = {every}, rounds = {rounds}, span = {span}: need every, rounds >= 1 "
+                              f"and 1 <= span <= every")
         deadline = time.monotonic() + timeout
         while True:
             self.poll()
             with self._cond:
-                if not self._behind(clock, every, rounds, first):
+                if not self._behind(clock, every, rounds, first, span):
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -301,7 +309,7 @@ class GradientRelay:
                 self._inbox_sock.poll(max(1, int(1000 * min(left, 0.01))))
             self.stats.waited_s += time.monotonic() - t0
 
-    def _behind(self, clock: int, every: int, rounds: int, first: int | None) -> list[str]:
+    def _behind(self, clock: int, every: int, rounds: int, first: int | None, span: int = 1) -> list[str]:
         """The peers whose gradients from before ``clock`` (see :meth:`wait`) are not all here."""
         me = self.link.id
         behind = []
@@ -309,11 +317,16 @@ class GradientRelay:
             c = self._clocks.get(m.id)
             if m.id == me or (c is None and first is None):
                 continue
-            phase = m.rank if first is not None else c
+            phase = m.rank * span + span - 1 if first is not None else c   # its turn's last clock
             last = clock - 1 - (clock - 1 - phase) % every     # its latest turn before `clock`
             need = last - (rounds - 1) * every
             if (first is None or need >= first) and (c is None or c < need):
                 behind.append(m.id)
+            elif span > 1 and (first is None or need >= first):
+                # every update of that turn: one may overtake another on the way
+                got = self._got.get(m.id, set())
+                if any(k not in got for k in range(need - span + 1, need + 1)):
+                    behind.append(m.id)
         return behind
 
     def poll(self) -> int:
@@ -468,8 +481,13 @@ class GradientRelay:
                 self._inbox.append((c if isinstance(c, int) else -1, origin, g,
                                     float(t) if isinstance(t, (int, float)) else time.time()))
                 self.stats.received += 1
-            if isinstance(c, int) and c > self._clocks.get(origin, -1):
-                self._clocks[origin] = c
+            if isinstance(c, int):
+                if c > self._clocks.get(origin, -1):
+                    self._clocks[origin] = c
+                got = self._got.setdefault(origin, set())
+                got.add(c)
+                if len(got) > 2 * _RECENT_CLOCKS:   # keep the newest
+                    self._got[origin] = set(sorted(got)[-_RECENT_CLOCKS:])
             self._cond.notify_all()
         if hops > 1:   # pass it on, away from where it came from
             fwd = dict(b, h=hops - 1)

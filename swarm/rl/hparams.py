@@ -44,7 +44,9 @@ class DQNConfig:
                                _nonneg, "must be >= 0")
     train_every: int = opt(1, "env steps between updates (with gossip.exchange = gradients: between this "
                               "peer's turns at computing a gradient)", _pos, "must be > 0")
-    updates_per_train: int = opt(1, "gradient steps each time an update is due", _pos, "must be > 0")
+    updates_per_train: int = opt(1, "gradient steps each time an update is due (with gossip.exchange = "
+                                    "gradients: in each of this peer's turns, each one relayed)", _pos,
+                                 "must be > 0")
     double: bool = opt(True, "double DQN: the online net picks the next action, the target net values it")
     # Polyak averaging every update. A hard copy every 250 updates took 17k-22k env
     # steps on CartPole-v1 where tau 0.01 took 5k-16k; at this lr, 0.06 was faster

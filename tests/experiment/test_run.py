@@ -140,20 +140,23 @@ def test_tiny_run_writes_the_run_folder(tmp_path):
     assert "peer0" in out and "peer1" in out and f"plots: {d.relative_to(tmp_path) / 'plots'}" in out
 
 
-def test_gradient_exchange_relays_every_gradient(tmp_path):
+@pytest.mark.parametrize("per_turn", [1, 2])
+def test_gradient_exchange_relays_every_gradient(tmp_path, per_turn):
     """gossip.exchange = gradients: each peer applies its own gradients and the others',
     all in one order, so that their copies stay the same (with parameter averaging off:
-    the rounds only share replay)."""
+    the rounds only share replay). With dqn.updates_per_train = 2 each turn is two
+    updates, and the others wait for both."""
     # a long turn timeout: a turn that gave up waiting would apply a gradient out of order
     p = swarm_run(tmp_path, TINY + ["peers=3", "gossip.exchange=gradients", "gossip.sync=async", "dqn.train_every=3",
-                                    "gossip.average=false", "gossip.round_timeout_s=30"])
+                                    "gossip.average=false", "gossip.round_timeout_s=30",
+                                    f"dqn.updates_per_train={per_turn}"])
     out = finish(p, 90)
     assert p.returncode == 0, out
     d = run_dir_of(tmp_path)
     summaries = [json.loads((d / f"peer{r}" / "summary.json").read_text()) for r in range(3)]
     published = [s["relay"]["published"] for s in summaries]
-    # 500 learning steps, one gradient every 3 steps
-    assert all(160 <= n <= 167 for n in published), published
+    # 500 learning steps, a turn every 3 steps
+    assert all(160 * per_turn <= n <= 167 * per_turn for n in published), published
     import torch
     complete = 0
     finals = []

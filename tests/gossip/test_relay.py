@@ -186,6 +186,24 @@ def test_wait_with_first_waits_for_peers_that_have_not_published():
     asyncio.run(main())
 
 
+def test_wait_with_span_waits_for_every_update_of_a_turn():
+    """span = 2: the peer of rank 1 takes its turn's updates at clocks 2 and 3. The one
+    at 3 arriving first does not end the wait; the one at 2 does."""
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b, c = [GradientRelay(link, 4) for link in hub.add_many(3)]   # ranks 0, 1, 2
+        b.publish(np.ones(4), clock=3)
+        await settle(hub, [a, b, c])
+        assert not await asyncio.to_thread(a.wait, 4, 0.2, every=6, first=0, span=2)
+        b.publish(np.ones(4), clock=2)
+        await settle(hub, [a, b, c])
+        assert await asyncio.to_thread(a.wait, 4, 0.2, every=6, first=0, span=2)
+        assert a.pending == 2
+        with pytest.raises(ConfigError):
+            a.wait(4, 0.1, every=6, span=7)
+    asyncio.run(main())
+
+
 class JitterHub(SimHub):
     """A hub whose every delivery takes a random 0-10 ms, so that gradients overtake
     each other on the way (a fixed latency would keep them in order)."""
@@ -201,11 +219,13 @@ class JitterHub(SimHub):
         pass
 
 
-def test_turns_in_clock_order_keep_the_copies_the_same():
-    """Four peers take turns (one gradient per clock tick, by rank) and apply the others'
+@pytest.mark.parametrize("span", [1, 2])
+def test_turns_in_clock_order_keep_the_copies_the_same(span):
+    """Four peers take turns (a turn per clock tick, by rank) and apply the others'
     gradients at each turn with take(before=clock), then their own, with an update whose
     result depends on the order: all four end bit for bit the same, although the
-    gradients arrive out of order."""
+    gradients arrive out of order. With span = 2 a turn is two gradients, at clocks
+    2·tick and 2·tick + 1, and the others wait for both."""
     n, d, ticks = 4, 32, 60
 
     def update(x, g):
@@ -214,24 +234,29 @@ def test_turns_in_clock_order_keep_the_copies_the_same():
     def peer(relay, rank):
         rng = np.random.default_rng(rank)
         x = np.zeros(d, np.float32)
-        for clock in range(rank, ticks, n):
-            assert relay.wait(clock, 5.0, every=n, first=0)
+        for tick in range(rank, ticks, n):
+            clock = tick * span
+            assert relay.wait(clock, 5.0, every=n * span, first=0, span=span)
             for g in relay.take(before=clock):
                 x = update(x, g)
-            x = update(x, relay.publish(rng.standard_normal(d), clock=clock))
+            for k in range(span):
+                x = update(x, relay.publish(rng.standard_normal(d), clock=clock + k))
         return x
 
     async def main():
         hub = JitterHub(topology="ring")
         relays = [GradientRelay(link, d, codec="ef+topk:0.5", topology="ring") for link in hub.add_many(n)]
         xs = await asyncio.gather(*(asyncio.to_thread(peer, r, i) for i, r in enumerate(relays)))
-        await settle(hub, relays)
+        for _ in range(100):   # the last turn's gradients are on their way (up to 20 ms over two hops)
+            await settle(hub, relays)
+            if all(r.stats.received == (ticks - ticks // n) * span for r in relays):
+                break
         finals = []
         for r, x in zip(relays, xs):
-            for g in r.take(before=ticks):
+            for g in r.take(before=ticks * span):
                 x = update(x, g)
             finals.append(x)
-        assert all(r.stats.received == ticks - ticks // n for r in relays)
+        assert all(r.stats.received == (ticks - ticks // n) * span for r in relays)
         for x in finals[1:]:
             assert np.array_equal(x, finals[0])
     asyncio.run(main())
