@@ -10,7 +10,11 @@ env steps of a learner; solved when the mean reaches 475):
   peers; and again one at a time, alone, for the CPU time without that load;
 * swarm: ``swarm run`` (a coordinator and 4 peer processes, ring, error-feedback
   top-k, replay sharing on) with ``budget.stop_when_solved``: the run ends when
-  the first peer's greedy policy solves the task;
+  peer 0's greedy policy solves the task (``--solver``; every peer evaluates its
+  copy every ``--eval-every`` of its steps, but the relay keeps the copies the
+  same, so counting the first of four evaluations of one model would give the
+  swarm four tries where the isolated learner gets one; the JSON's ``any_peer``
+  gives that count too);
 * swarm-dense: the same swarm and seed with uncompressed gossip (identity codec,
   step 1.0) for exactly as many env steps per peer as the compressed run took:
   the bytes comparison is over the same length of run.
@@ -22,10 +26,10 @@ same way, under the same load); (b) env steps per peer and in total; (c) gossip
 bytes sent per peer, against the uncompressed run. An unsolved swarm counts at
 its full budget; a seed the isolated learner does not solve is left out of the
 ratios (counting it at the budget would flatter the swarm), with a warning and
-the seeds used in ``ratio_seeds``. A solved swarm counts at the step S of its first solving evaluation:
-S steps per peer, n·S in total, and the largest CPU time that any peer's own
-evaluation at S recorded (the other peers train on until the launcher stops them;
-that is not counted).
+the seeds used in ``ratio_seeds``. A solved swarm counts at the step S of peer 0's first solving
+evaluation: S steps per peer, n·S in total, and the largest CPU time that any
+peer's own evaluation at S recorded (the other peers train on until the launcher
+stops them; that is not counted).
 
     python scripts/bench_learning.py                # 4 seeds each (about 5 min on 2 cores)
     python scripts/bench_learning.py --seeds 0 --max-steps 30000
@@ -253,10 +257,16 @@ def isolated_together(seeds: list[int], cfg: DQNConfig, procs: int, max_steps: i
 
 
 def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int, root: Path,
-          until_solved: bool = True, base: list[str] = SWARM) -> dict:
+          until_solved: bool = True, base: list[str] = SWARM, solver: int = 0) -> dict:
+    """One ``swarm run`` until the evaluation of peer ``solver`` (-1: of any peer) reaches SOLVE.
+
+    The result is counted at that evaluation; ``any_peer`` counts it at the first
+    evaluation of any peer that reached SOLVE by then.
+    """
     sets = base + extra + [f"seed={seed}", f"budget.env_steps={max_steps}",
                             f"budget.stop_when_solved={str(until_solved).lower()}",
-                            f"eval.every={every}", f"eval.episodes={episodes}", f"eval.solve_return={SOLVE}"]
+                            f"eval.every={every}", f"eval.episodes={episodes}", f"eval.solve_return={SOLVE}",
+                            f"eval.solver={solver}"]
     log = io.StringIO()
     code = run_experiment(None, sets, runs_root=root, stream=log)
     run_dir = sorted(root.iterdir(), key=lambda p: p.stat().st_mtime)[-1]
@@ -264,27 +274,33 @@ def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int
     if code != 0:
         raise SystemExit(f"swarm run failed ({code}):\n{log.getvalue()}")
     steps = [int(r.get("env_steps", 0)) for r in rows]
-    cpu = max(float(r.get("cpu_s", 0.0)) for r in rows)
-    # From every peer's evaluations, not from how the run ended: a run without
+    evals = [run_dir / f"peer{r}" / "evals.csv" for r in range(len(rows))]
+    # From the peers' evaluations, not from how the run ended: a run without
     # stop_when_solved (the uncompressed one) may reach 475 and train on.
-    solved_at = [e for r in range(len(rows)) for e in _solved_steps(run_dir / f"peer{r}" / "evals.csv")]
-    per_peer, total = max(steps), sum(steps)
-    if solved_at:
-        # The swarm is solved when its first peer's evaluation at S env steps says so.
-        # The others keep training until the launcher has stopped them, which is not
-        # part of the solve: count every peer at S steps (n·S in total, at least what
-        # they had done then) and at the CPU time its own evaluation at S recorded
-        # (all peers evaluate at the same step counts; a peer that had not reached S
-        # counts at the solver's).
-        s_min = min(solved_at)
-        at_s = [_eval_at(run_dir / f"peer{r}" / "evals.csv", s_min) for r in range(len(rows))]
-        per_peer, total = s_min, s_min * len(rows)
-        cpu = max(float(e["cpu_s"]) for e in at_s if e is not None)
-        wall = max(float(e["wall_s"]) for e in at_s if e is not None)
-    else:
-        wall = max(float(r.get("wall_s", 0.0)) for r in rows)
-    return {"seed": seed, "solved": bool(solved_at),
-            "steps_per_peer": per_peer, "total_steps": total, "cpu_s": cpu, "wall_s": wall,
+    first = [_solved_steps(f) for f in evals]    # each peer's first solving evaluation ([] if none)
+    mine = first[solver] if solver >= 0 else [s for f in first for s in f]
+    anyone = [s for f in first for s in f]
+
+    def at(s_solve: int | None) -> dict:
+        """Steps and CPU of the swarm solved at ``s_solve`` env steps per peer (None: not solved).
+
+        Every peer counts at s_solve steps (n·s_solve in total, at least what they had
+        done then; the others train on until the launcher stops them, which is not
+        part of the solve) and at the CPU time its own evaluation at s_solve recorded
+        (all peers evaluate at the same step counts; one that had not got there
+        counts at the others').
+        """
+        if s_solve is None:
+            return {"solved": False, "steps_per_peer": max(steps), "total_steps": sum(steps),
+                    "cpu_s": max(float(r.get("cpu_s", 0.0)) for r in rows),
+                    "wall_s": max(float(r.get("wall_s", 0.0)) for r in rows)}
+        rows_at = [e for e in (_eval_at(f, s_solve) for f in evals) if e is not None]
+        return {"solved": True, "steps_per_peer": s_solve, "total_steps": s_solve * len(rows),
+                "cpu_s": max(float(e["cpu_s"]) for e in rows_at), "wall_s": max(float(e["wall_s"]) for e in rows_at)}
+
+    res = at(min(mine) if mine else None)
+    return {"seed": seed, **res, "any_peer": at(min(anyone) if anyone else None),
+            "first_solve_per_peer": [f[0] if f else None for f in first],
             "steps_at_end": steps,
             "gossip_bytes_per_peer": float(np.mean([r.get("gossip_bytes_out", 0) for r in rows])),
             "bytes_per_peer": float(np.mean([r.get("bytes_out", 0) for r in rows])),
@@ -329,6 +345,10 @@ def main() -> None:
     ap.add_argument("--skip-dense", action="store_true", help="no uncompressed run (no bytes_saving)")
     ap.add_argument("--skip-alone", action="store_true",
                     help="do not also time the isolated learners one at a time, alone on the machine")
+    ap.add_argument("--solver", type=int, default=0,
+                    help="whose evaluation solves the swarm: a rank (default 0: one evaluation of the swarm's "
+                         "model per --eval-every steps, as the isolated learner gets), or -1 for the first "
+                         "peer's (the rule of runs 1-63; the JSON's any_peer gives it in every run)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = ISOLATED
@@ -348,7 +368,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_learning-") as tmp:
         for s in args.seeds:
             sw.append(swarm(s, [], args.max_steps, args.eval_every, args.eval_episodes, Path(tmp) / f"ef{s}",
-                            base=base))
+                            base=base, solver=args.solver))
             print(f"swarm    seed {s}: {sw[-1]}", flush=True)
             if not args.skip_dense:
                 steps = max(sw[-1]["steps_per_peer"], spec.dqn.learning_starts + 1)
@@ -376,18 +396,21 @@ def main() -> None:
     sw_f = [r for r in sw if r["seed"] in fair]
     iso_cpu, iso_steps = mean(iso_f, "cpu_s"), mean(iso_f, "steps")
     sw_cpu, sw_peer, sw_total = mean(sw_f, "cpu_s"), mean(sw_f, "steps_per_peer"), mean(sw_f, "total_steps")
+    any_f = [r["any_peer"] for r in sw_f]
     print()
-    print(f"{'':<22} {'solved':>7} {'CPU s (max/peer)':>17} {'steps/peer':>11} {'steps total':>12} "
+    print(f"{'':<26} {'solved':>7} {'CPU s (max/peer)':>17} {'steps/peer':>11} {'steps total':>12} "
           f"{'gossip MB/peer':>15}")
     for name, rows in (("isolated DQN", iso), ("isolated DQN, alone", alone)):
         if rows:
-            print(f"{name:<22} {sum(r['solved'] for r in rows):>3}/{len(rows):<3} {mean(rows, 'cpu_s'):>17.1f} "
+            print(f"{name:<26} {sum(r['solved'] for r in rows):>3}/{len(rows):<3} {mean(rows, 'cpu_s'):>17.1f} "
                   f"{mean(rows, 'steps'):>11.0f} {mean(rows, 'steps'):>12.0f} {'-':>15}")
-    for name, rows in ((f"swarm {spec.gossip.codec}", sw), ("swarm identity", dense)):
+    rule = "any peer" if args.solver < 0 else f"peer {args.solver}"
+    for name, rows in ((f"swarm, {rule} solves", sw), ("swarm, any peer solves", [r["any_peer"] for r in sw]),
+                       ("swarm, identity codec", dense)):
         if rows:
-            print(f"{name:<22} {sum(r['solved'] for r in rows):>3}/{len(rows):<3} {mean(rows, 'cpu_s'):>17.1f} "
-                  f"{mean(rows, 'steps_per_peer'):>11.0f} {mean(rows, 'total_steps'):>12.0f} "
-                  f"{mean(rows, 'gossip_bytes_per_peer') / 1e6:>15.3f}")
+            mb = f"{mean(rows, 'gossip_bytes_per_peer') / 1e6:.3f}" if "gossip_bytes_per_peer" in rows[0] else "-"
+            print(f"{name:<26} {sum(r['solved'] for r in rows):>3}/{len(rows):<3} {mean(rows, 'cpu_s'):>17.1f} "
+                  f"{mean(rows, 'steps_per_peer'):>11.0f} {mean(rows, 'total_steps'):>12.0f} {mb:>15}")
     result = {
         "env": ENV, "seeds": args.seeds, "solve_return": SOLVE,
         "cpu_time_ratio_vs_isolated": ratio(sw_cpu, iso_cpu),
@@ -398,6 +421,13 @@ def main() -> None:
         # gradients; on one host per peer the wait is a network round trip per turn.
         "wall_time_ratio_vs_isolated": ratio(mean(sw_f, "wall_s"), mean(iso_f, "wall_s")),
         "ratio_seeds": fair,
+        # The ratios above count the swarm solved at the evaluation of peer `solver`;
+        # these at the first evaluation of any peer that reached SOLVE (with the relay
+        # the copies are the same model, so that is the best of n evaluations of it).
+        "solver": args.solver,
+        "any_peer": {"cpu_time_ratio_vs_isolated": ratio(mean(any_f, "cpu_s"), iso_cpu),
+                     "steps_per_peer_ratio": ratio(mean(any_f, "steps_per_peer"), iso_steps),
+                     "total_steps_ratio": ratio(mean(any_f, "total_steps"), iso_steps)},
         "exchange": spec.gossip.exchange,
         "bytes_saving": ratio(mean(dense, "gossip_bytes_per_peer"), mean(sw, "gossip_bytes_per_peer")),
         "solved_fraction": sum(r["solved"] for r in sw) / len(sw),

@@ -128,6 +128,12 @@ class Codec:
         v = as_vector(x)
         return self._encode(v)
 
+    def encode_decoded(self, x: Any) -> tuple[Encoded, np.ndarray]:
+        """``encode(x)`` and what a receiver decodes from it (a new array), in one call;
+        a sender that applies its own update as its receivers do needs both."""
+        enc = self.encode(x)
+        return enc, self.decode(enc)
+
     def decode(self, enc: Encoded, n: int | None = None) -> np.ndarray:
         """The float32 vector of length ``meta["n"]`` that ``enc`` stands for (a new array).
 

@@ -60,6 +60,22 @@ class ErrorFeedback(Codec):
 
     def encode(self, x: Any) -> Encoded:
         """Compress ``x + residual`` with the inner codec; keep what it dropped."""
+        p, enc = self._start(x)
+        self.inner.decode_into(enc, p, -1.0)
+        self._e, self._spare = p, self._e
+        return enc
+
+    def encode_decoded(self, x: Any) -> tuple[Encoded, np.ndarray]:
+        """:meth:`encode`, and the decoded vector: decoded once, for both the caller and
+        the residual (``p - decoded``: the same floats as :meth:`encode` keeps)."""
+        p, enc = self._start(x)
+        dec = self.inner.decode(enc, p.size)
+        np.subtract(p, dec, out=p)
+        self._e, self._spare = p, self._e
+        return enc, dec
+
+    def _start(self, x: Any) -> tuple[np.ndarray, Encoded]:
+        """``p = x + residual`` (in the spare buffer) and the inner codec's encoding of it."""
         v = as_vector(x)
         n = v.size
         if self._e is None:
@@ -71,10 +87,7 @@ class ErrorFeedback(Codec):
         # p goes into the spare buffer so that an error in the inner codec leaves e intact.
         p = self._spare
         np.add(v, self._e, out=p)
-        enc = self.inner.encode(p.copy() if self.inner.aliases_input else p)
-        self.inner.decode_into(enc, p, -1.0)
-        self._e, self._spare = p, self._e
-        return enc
+        return p, self.inner.encode(p.copy() if self.inner.aliases_input else p)
 
     def decode(self, enc: Encoded, n: int | None = None) -> np.ndarray:
         """Decode with the inner codec (the residual is a sender-side matter)."""

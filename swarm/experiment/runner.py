@@ -494,7 +494,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                                      "eval_return": state.eval_return})
                 logs.scalars(step, {"eval/return": state.eval_return})
                 logs.flush()
-                if spec.budget.stop_when_solved and state.eval_return >= ev.solve_return:
+                if (spec.budget.stop_when_solved and state.eval_return >= ev.solve_return
+                        and ev.solver in (-1, rank)):
                     reason[0] = "solved"
                     summary["solved_at"] = step
                     return True

@@ -125,6 +125,11 @@ class EvalSpec:
     every: int = opt(2_000, "env steps between evaluations; 0 disables", _nonneg, "must be >= 0")
     episodes: int = opt(5, "episodes per evaluation", _pos, "must be > 0")
     solve_return: float = opt(475.0, "mean greedy return that counts as solved")
+    solver: int = opt(-1, "whose evaluation ends a run with budget.stop_when_solved: -1, any peer's "
+                          "(the first to reach solve_return); a rank, only that peer's. With identical "
+                          "copies (gossip.exchange = gradients) any peer's is a best of n evaluations of "
+                          "one model; one rank's is one evaluation, as a single learner gets",
+                      lambda r: r >= -1, "must be -1 (any peer) or a rank >= 0")
 
 
 @dataclass
@@ -211,6 +216,9 @@ class Spec:
             raise ConfigError(f"checkpoint.incremental_every_steps = {c.incremental_every_steps} is not below "
                               f"checkpoint.full_every_steps = {c.full_every_steps}; every incremental one "
                               "would coincide with a full one")
+        if self.eval.solver >= self.peers:
+            raise ConfigError(f"eval.solver = {self.eval.solver}: there are only ranks 0-{self.peers - 1} "
+                              f"with peers = {self.peers}")
         if self.budget.stop_when_solved and self.eval.every == 0:
             raise ConfigError("budget.stop_when_solved = true needs eval.every > 0 to know when it is solved")
 

@@ -210,8 +210,7 @@ class GradientRelay:
             raise ConfigError(f"gradient of length {g.size}; this relay carries {self.d}")
         if not np.isfinite(g).all():
             raise ConfigError("gradient has NaN or infinite entries; not published")
-        enc = self._codec.encode(g)
-        out = self._decoder.decode(enc, self.d)
+        enc, out = self._codec.encode_decoded(g)
         frames = [np.array(f, copy=True) for f in enc.frames]   # the codec may reuse its buffers
         self.stats.published += 1
         self._send_own(self._body(clock, enc.meta), frames)

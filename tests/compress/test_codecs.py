@@ -381,6 +381,26 @@ def test_error_feedback_conserves_the_sum(inner, xs):
     np.testing.assert_allclose(total_out + ef.residual, total_in, atol=1e-4 * scale * len(xs))
 
 
+@pytest.mark.parametrize("inner", ["topk:0.05", "topk:0.15:values=fp16", "topk:0.3:values=fp8", "sign",
+                                   "sign:block=8", "int8", "fp16", "identity"])
+def test_error_feedback_encode_decoded_is_encode_and_decode(inner):
+    """encode_decoded gives the payload encode gives, what a receiver decodes from it,
+    and leaves the same residual, bit for bit (the relay's copies depend on it)."""
+    a, b = get_codec(f"ef+{inner}"), get_codec(f"ef+{inner}")
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        x = rng.standard_normal(300).astype(np.float32)
+        x[rng.random(300) < 0.6] = 0.0
+        enc = a.encode(x)
+        enc2, dec = b.encode_decoded(x)
+        assert enc2.meta == enc.meta and all(np.array_equal(f, g) for f, g in zip(enc2.frames, enc.frames))
+        assert np.array_equal(dec, get_codec(inner).decode(through_wire(enc2)))
+        assert np.array_equal(b.residual, a.residual)
+    with pytest.raises(GossipError, match="length 301"):
+        b.encode_decoded(np.ones(301, np.float32))
+    assert np.array_equal(b.residual, a.residual)
+
+
 def test_error_feedback_topk_sends_everything_eventually():
     ef = get_codec("ef+topk:0.1")
     x = np.random.default_rng(1).standard_normal(50).astype(np.float32)

@@ -194,6 +194,21 @@ def test_gradient_exchange_relays_every_gradient(tmp_path, per_turn):
         assert len({g[u] for g in digests}) == 1, (u, [g[u] for g in digests])
 
 
+def test_only_the_solver_rank_ends_a_run_when_solved(tmp_path):
+    """eval.solver = 1: every evaluation counts as solved here (solve_return 0), but only
+    peer 1's ends the run; peer 0 evaluates too and is ended by the launcher."""
+    p = swarm_run(tmp_path, TINY + ["budget.stop_when_solved=true", "eval.solve_return=0", "eval.solver=1",
+                                    "budget.env_steps=3000"])
+    out = finish(p, 90)
+    assert p.returncode == 0, out
+    d = run_dir_of(tmp_path)
+    peer0, peer1 = [json.loads((d / f"peer{r}" / "summary.json").read_text()) for r in range(2)]
+    assert peer1["reason"] == "solved" and peer1["solved_at"] == 300, peer1
+    assert peer0["reason"] != "solved" and "solved_at" not in peer0, peer0
+    with open(d / "peer0" / "evals.csv") as f:
+        assert [float(r["eval_return"]) > 0 for r in csv.DictReader(f)][:1] == [True]   # it did evaluate
+
+
 def test_ctrl_c_leaves_no_child(tmp_path):
     p = swarm_run(tmp_path, LONG)
     try:

@@ -132,6 +132,15 @@ def test_stop_when_solved_needs_evaluation():
         load_spec(None, ID + ["budget.stop_when_solved=true", "eval.every=0"])
 
 
+def test_eval_solver_is_a_rank_or_any():
+    assert load_spec(None, ID).eval.solver == -1
+    assert load_spec(None, ID + ["peers=4", "eval.solver=3"]).eval.solver == 3
+    with pytest.raises(ConfigError, match="eval.solver"):
+        load_spec(None, ID + ["peers=4", "eval.solver=4"])
+    with pytest.raises(ConfigError, match="eval.solver"):
+        load_spec(None, ID + ["eval.solver=-2"])
+
+
 def test_bad_files_are_clear_errors(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_spec(tmp_path / "missing.toml")
