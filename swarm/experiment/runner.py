@@ -326,6 +326,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
         gossip, fed, relay = sp.call(build())
         # With the relay, a peer's turn is `per_turn` updates, numbered by a clock that
         # counts updates: steps · per_turn + k for the k-th update of the turn at `steps`.
+        # They go out together, in one message, with the turn's last update.
         per_turn = spec.dqn.updates_per_train
         if relay is not None:
             turn = [-1, 0]   # (env steps of the current turn, updates published in it)
@@ -334,7 +335,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                 if turn[0] != agent.steps:
                     turn[0], turn[1] = agent.steps, 0
                 turn[1] += 1
-                return relay.publish(grad, clock=agent.steps * per_turn + turn[1] - 1)
+                return relay.publish(grad, clock=agent.steps * per_turn + turn[1] - 1, hold=turn[1] < per_turn)
 
             agent.publish = publish
             agent.phase = rank % spec.dqn.train_every   # peers take turns at computing gradients

@@ -40,6 +40,9 @@ the same:
 A peer that takes no update at its turn (a non-finite gradient it will not
 send, a rate limiter holding its update back) publishes ``None``: a pass, a
 message with the clock and no gradient, so that the others do not wait for one.
+A turn of several updates numbers them with consecutive clocks and sends them
+in one message: ``publish(g, clock, hold=True)`` for all but the last; the others
+``wait(..., span=updates)`` for every one of them.
 
 With ``direct=True`` the training thread sends and receives the gradients on
 sockets of its own (a PULL inbox, a PUSH per neighbour) instead of through the
@@ -80,6 +83,8 @@ GRAD_HELLO = wire.register_type("grad_hello")
 _MAX_ENDPOINT = 256
 #: Clocks remembered per origin for waits on turns of several updates (span > 1).
 _RECENT_CLOCKS = 256
+#: Updates in one message at most (publish(hold=True) sends when it has this many).
+_MAX_BUNDLE = 16
 
 
 @dataclass
@@ -170,6 +175,7 @@ class GradientRelay:
         self._max_pending = max_pending
         self._clocks: dict[str, int] = {}    # origin -> clock of its newest gradient here
         self._got: dict[str, set[int]] = {}  # origin -> clocks of its recent gradients and passes here
+        self._held: list[tuple[int, dict[str, Any] | None, list[np.ndarray]]] = []   # publish(hold=True)
         self._cond = threading.Condition()
         self.stats = RelayStats()
         self._bad = tp.BadInput(f"relay {link.id}")
@@ -193,27 +199,44 @@ class GradientRelay:
 
     # ------------------------------------------------------------ API
 
-    def publish(self, grad: Any, clock: int = 0) -> np.ndarray | None:
+    def publish(self, grad: Any, clock: int = 0, hold: bool = False) -> np.ndarray | None:
         """Encode ``grad``, send it to the neighbours, and return the decoded vector,
         which is what every peer applies: apply it here too.
 
         ``clock`` is the publisher's progress (its env steps, say); receivers can
         :meth:`wait` for it. ``grad = None`` passes the turn at ``clock``: the others
-        learn the clock and apply nothing; returns None.
+        learn the clock and apply nothing; returns None. ``hold = True`` encodes it
+        now but sends it with the next publish without ``hold``, in one message (a
+        turn of several updates: one message per turn, not per update; each keeps
+        its clock).
         """
         if grad is None:
+            item: tuple[int, dict[str, Any] | None, list[np.ndarray]] = (int(clock), None, [])
+            out = None
+        else:
+            g = np.asarray(grad, dtype=np.float32).reshape(-1)
+            if g.size != self.d:
+                raise ConfigError(f"gradient of length {g.size}; this relay carries {self.d}")
+            if not np.isfinite(g).all():
+                raise ConfigError("gradient has NaN or infinite entries; not published")
+            enc, out = self._codec.encode_decoded(g)
+            item = (int(clock), enc.meta, [np.array(f, copy=True) for f in enc.frames])  # the codec reuses buffers
+        if out is None:
             self.stats.passed += 1
-            self._send_own(dict(self._body(clock, {}), p=1), [])
-            return None
-        g = np.asarray(grad, dtype=np.float32).reshape(-1)
-        if g.size != self.d:
-            raise ConfigError(f"gradient of length {g.size}; this relay carries {self.d}")
-        if not np.isfinite(g).all():
-            raise ConfigError("gradient has NaN or infinite entries; not published")
-        enc, out = self._codec.encode_decoded(g)
-        frames = [np.array(f, copy=True) for f in enc.frames]   # the codec may reuse its buffers
-        self.stats.published += 1
-        self._send_own(self._body(clock, enc.meta), frames)
+        else:
+            self.stats.published += 1
+        self._held.append(item)
+        if hold and len(self._held) < _MAX_BUNDLE:
+            return out
+        *held, (c, meta, frames) = self._held
+        self._held = []
+        body = self._body(c, {} if meta is None else meta)
+        if meta is None:
+            body["p"] = 1
+        if held:   # earlier updates of the turn ride first: [clock, meta (None: a pass), frame count]
+            body["b"] = [[hc, hm, len(hf)] for hc, hm, hf in held]
+            frames = [f for _, _, hf in held for f in hf] + frames
+        self._send_own(body, frames)
         return out
 
     def _body(self, clock: int, meta: dict[str, Any]) -> dict[str, Any]:
@@ -449,21 +472,46 @@ class GradientRelay:
             self.stats.duplicates += 1
             return
         t, c = b.get("t"), b.get("c")
-        g: np.ndarray | None = None
+        arrays = list(msg.arrays)
+        parts: list[tuple[Any, dict[str, Any] | None, list[Any]]] = []   # (clock, meta or None, frames)
+        extra = b.get("b")
+        if extra is not None:   # earlier updates of the same turn (publish(hold=True)), first
+            if not (isinstance(extra, list) and 0 < len(extra) < _MAX_BUNDLE and isinstance(c, int)
+                    and all(isinstance(e, list) and len(e) == 3 and isinstance(e[0], int)
+                            and (e[1] is None or isinstance(e[1], dict)) and isinstance(e[2], int)
+                            and (e[2] == 0 if e[1] is None else e[2] > 0) for e in extra)
+                    and sum(e[2] for e in extra) <= len(arrays)):
+                self.stats.rejected += 1
+                raise WireError(f"grad {origin}#{seq} from {msg.src}: b must list up to {_MAX_BUNDLE - 1} "
+                                f"[clock, meta or None, frame count] whose frames the message holds")
+            at = 0
+            for ec, em, nf in extra:
+                parts.append((ec, em, arrays[at:at + nf]))
+                at += nf
+            arrays = arrays[at:]
         if "p" in b:   # a pass: a clock, no gradient
-            if b["p"] != 1 or msg.arrays or meta or not isinstance(c, int):
+            if b["p"] != 1 or arrays or meta or not isinstance(c, int):
                 self.stats.rejected += 1
                 raise WireError(f"pass {origin}#{seq} from {msg.src}: needs p = 1, a clock c, "
                                 f"empty meta and no arrays")
+            parts.append((c, None, []))
         else:
+            parts.append((c, meta, arrays))
+        items: list[tuple[Any, np.ndarray | None]] = []   # everything is checked before anything is queued
+        for pc, pm, frames in parts:
+            if pm is None:
+                items.append((pc, None))
+                continue
             try:
-                g = self._decoder.decode(Encoded(meta, list(msg.arrays)), self.d)
+                g = self._decoder.decode(Encoded(pm, frames), self.d)
             except WireError:
                 self.stats.rejected += 1
                 raise
             if g.shape != (self.d,) or not np.isfinite(g).all():
                 self.stats.rejected += 1
                 raise WireError(f"grad {origin}#{seq} from {msg.src}: not {self.d} finite values")
+            items.append((pc, g))
+        sent_at = float(t) if isinstance(t, (int, float)) else time.time()
         with self._cond:   # with direct, the loop and the consumer thread both take gradients in
             if key in self._seen:
                 self.stats.duplicates += 1
@@ -471,22 +519,22 @@ class GradientRelay:
             self._seen[key] = None
             if len(self._seen) > 64 * self._max_pending:
                 self._seen.popitem(last=False)
-            if g is None:
-                self.stats.passes_in += 1
-            else:
-                if len(self._inbox) >= self._max_pending:
-                    self._inbox.popleft()
-                    self.stats.overflow += 1
-                self._inbox.append((c if isinstance(c, int) else -1, origin, g,
-                                    float(t) if isinstance(t, (int, float)) else time.time()))
-                self.stats.received += 1
-            if isinstance(c, int):
-                if c > self._clocks.get(origin, -1):
-                    self._clocks[origin] = c
-                got = self._got.setdefault(origin, set())
-                got.add(c)
-                if len(got) > 2 * _RECENT_CLOCKS:   # keep the newest
-                    self._got[origin] = set(sorted(got)[-_RECENT_CLOCKS:])
+            for pc, g in items:
+                if g is None:
+                    self.stats.passes_in += 1
+                else:
+                    if len(self._inbox) >= self._max_pending:
+                        self._inbox.popleft()
+                        self.stats.overflow += 1
+                    self._inbox.append((pc if isinstance(pc, int) else -1, origin, g, sent_at))
+                    self.stats.received += 1
+                if isinstance(pc, int):
+                    if pc > self._clocks.get(origin, -1):
+                        self._clocks[origin] = pc
+                    got = self._got.setdefault(origin, set())
+                    got.add(pc)
+                    if len(got) > 2 * _RECENT_CLOCKS:   # keep the newest
+                        self._got[origin] = set(sorted(got)[-_RECENT_CLOCKS:])
             self._cond.notify_all()
         if hops > 1:   # pass it on, away from where it came from
             fwd = dict(b, h=hops - 1)

@@ -297,3 +297,56 @@ def test_malformed_passes_are_refused():
         assert not await asyncio.to_thread(b.wait, 10, 0.05, every=4, first=8)   # no clock was taken
         assert len(hub.errors) == 4 and all(isinstance(e, WireError) for e in hub.errors)
     asyncio.run(main())
+
+
+def test_held_updates_go_with_the_next_in_one_message():
+    """publish(hold=True) keeps an update (or a pass) until the next publish without
+    hold; the others get the whole turn in one message, each update at its clock."""
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b, c = [GradientRelay(link, 6, codec="ef+topk:0.5") for link in hub.add_many(3)]
+        rng = np.random.default_rng(0)
+        g1 = a.publish(rng.standard_normal(6), clock=9, hold=True)
+        assert a.publish(None, clock=10, hold=True) is None
+        await settle(hub, [a, b, c])
+        assert a.stats.sent == 0 and b.pending == 0 and c.pending == 0   # nothing left yet
+        g3 = a.publish(rng.standard_normal(6), clock=11)
+        await settle(hub, [a, b, c])
+        assert a.stats.sent == 2 and a.stats.published == 2 and a.stats.passed == 1   # one message a neighbour
+        for r in (b, c):
+            assert r.stats.received == 2 and r.stats.passes_in == 1
+            assert [g.tolist() for g in r.take(before=12)] == [g1.tolist(), g3.tolist()]
+        # rank 0's turn is clocks 9-11 (every 9, span 3): all of it is here
+        assert await asyncio.to_thread(b.wait, 12, 0.2, every=9, first=9, span=3)
+    asyncio.run(main())
+
+
+def test_malformed_turns_are_refused_whole():
+    """A message that bundles a turn's updates is checked whole: one bad part and
+    none of it is queued or passed on."""
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(4)
+        relays = [GradientRelay(link, 4) for link in links]
+        b = relays[1]
+        meta = {"codec": "identity", "n": 4}
+        one, nan = np.ones(4, np.float32), np.full(4, np.nan, np.float32)
+        base = {"o": "peer0", "h": 2, "c": 9, "meta": meta}
+        bad = [
+            (dict(base, s=1, b="x"), [one, one]),                               # not a list
+            (dict(base, s=2, b=[[8, meta]]), [one, one]),                       # not [clock, meta, count]
+            (dict(base, s=3, b=[[8, meta, 2]]), [one, one]),                    # frames do not add up
+            (dict(base, s=4, b=[[8, None, 1]]), [one, one]),                    # a pass with a frame
+            (dict(base, s=5, b=[["8", meta, 1]]), [one, one]),                  # no int clock
+            (dict(base, s=6, b=[[8, meta, 1]]), [nan, one]),                    # a non-finite part
+            (dict(base, s=7, b=[[8, meta, 1]] * 16), [one] * 17),               # too many parts
+        ]
+        for body, arrays in bad:
+            await links[0].send(b.link.id, GRAD, body, arrays)
+        await settle(hub, relays)
+        assert b.stats.rejected == len(bad) and b.stats.received == 0 and b.pending == 0
+        assert relays[2].stats.received == 0                                   # nothing passed on
+        await links[0].send(b.link.id, GRAD, dict(base, s=8, b=[[8, meta, 1], [7, None, 0]]), [one, one])
+        await settle(hub, relays)
+        assert b.stats.received == 2 and b.stats.passes_in == 1 and relays[2].stats.received == 2
+    asyncio.run(main())
