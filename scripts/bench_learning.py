@@ -148,6 +148,19 @@ SOLVE = 475.0
 #:   Same settings; runs 47-53 in docs/rl.md. Tried with them: batch 256 (learning
 #:   from step 256), 2,875 steps per peer on seeds 0-3 over two runs, and with lr
 #:   0.024, 2,625; the kept settings averaged 2,875 over eight runs.
+#: * swarm, eleventh session: turns of several updates (dqn.updates_per_train U: a
+#:   peer computes U gradients at its turn and sends them in one message), and the
+#:   swarm counted solved at peer 0's evaluation, one evaluation of its model as the
+#:   isolated learner gets (until then: at the first of the four peers', a best of
+#:   four evaluations of one model). Under that rule, seeds 0-3, steps per peer: one
+#:   update a turn every 4 steps at lr 0.016 (the earlier settings), 3k, 6k, 6k, 7k
+#:   and 4k, 5k, 5k, 3k (CPU ratio 1.05, 0.77); at lr 8e-3, 8k, 2k, 2k, 5k (0.81).
+#:   Two updates a swarm step at lr 8e-3: two a turn every 4 steps, 4k, 2k, 2k, 1k,
+#:   then 2k, 2k, 3k, 3k, then 2k, 1k, 5k, 5k (CPU 0.63, 0.71, 0.96); the same with
+#:   batch 64, 3k, 2k, 4k, 3k (0.93); four a turn every 8 steps, 2k, 2k, 2k, 2k,
+#:   then 3k, 3k, 6k, 2k, then 2k, 3k, 3k, 3k (CPU 0.49, 0.93, 0.74; kept: as many
+#:   steps, a sixth less CPU per step, half the messages); eight every 16 steps,
+#:   4k, 2k, 3k, 3k (0.71). Runs 58-73 in docs/rl.md.
 #:
 #: Both sides learn from step 250 and decay epsilon over 1,250 steps.
 ISOLATED = replace(DQNConfig(), tau=0.12, lr=0.004, learning_starts=250, eps_steps=1250)
@@ -155,8 +168,8 @@ SWARM = ["peers=4", "gossip.topology=ring", "gossip.codec=ef+topk:0.15:values=fp
          "gossip.interval=50", "gossip.average=false", "gossip.exchange=gradients", "gossip.relay_staleness=1",
          "gossip.sync=async",
          "buffer.sharing=true", "buffer.share=1.0", "dqn.learning_starts=250",
-         "dqn.eps_steps=1250", "dqn.tau=0.12", "dqn.lr=0.016", "dqn.batch_size=128", "dqn.train_every=4",
-         "dqn.updates_per_train=1"]
+         "dqn.eps_steps=1250", "dqn.tau=0.12", "dqn.lr=0.008", "dqn.batch_size=128", "dqn.train_every=8",
+         "dqn.updates_per_train=4"]
 #: The settings of the sixth session's runs: each peer takes its own updates (two per
 #: step) and gossip averages the parameters. ``--swarm params`` runs them.
 SWARM_PARAMS = ["peers=4", "gossip.topology=ring", "gossip.codec=ef+topk:0.15:values=fp16",
