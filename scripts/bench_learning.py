@@ -31,7 +31,7 @@ evaluation: S steps per peer, n·S in total, and the largest CPU time that any
 peer's own evaluation at S recorded (the other peers train on until the launcher
 stops them; that is not counted).
 
-    python scripts/bench_learning.py                # 4 seeds each (about 5 min on 2 cores)
+    python scripts/bench_learning.py                # 4 seeds each (about 5-8 min on 2 cores)
     python scripts/bench_learning.py --seeds 0 --max-steps 30000
 """
 
@@ -160,7 +160,9 @@ SOLVE = 475.0
 #:   batch 64, 3k, 2k, 4k, 3k (0.93); four a turn every 8 steps, 2k, 2k, 2k, 2k,
 #:   then 3k, 3k, 6k, 2k, then 2k, 3k, 3k, 3k (CPU 0.49, 0.93, 0.74; kept: as many
 #:   steps, a sixth less CPU per step, half the messages); eight every 16 steps,
-#:   4k, 2k, 3k, 3k (0.71). Runs 58-73 in docs/rl.md.
+#:   4k, 2k, 3k, 3k (0.71). With the kept settings over nine runs (70-72, 74-79):
+#:   2,806 steps per peer (0.59x), CPU ratio 0.71, total steps 2.36x on average.
+#:   Runs 58-79 in docs/rl.md.
 #:
 #: Both sides learn from step 250 and decay epsilon over 1,250 steps.
 ISOLATED = replace(DQNConfig(), tau=0.12, lr=0.004, learning_starts=250, eps_steps=1250)

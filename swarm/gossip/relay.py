@@ -310,9 +310,9 @@ class GradientRelay:
         span (modulo ``every``): a peer that takes several updates in its turn numbers
         them so, and is waited for until the last of them is here.
         """
-        if every < 1 or rounds < 1 or span < 1 or span > every:
-            raise ConfigError(f"every = {every}, rounds = {rounds}, span = {span}: need every, rounds >= 1 "
-                              f"and 1 <= span <= every")
+        if every < 1 or rounds < 1 or span < 1 or span > every or (span > 1 and first is None):
+            raise ConfigError(f"every = {every}, rounds = {rounds}, span = {span}, first = {first}: need "
+                              f"every, rounds >= 1 and 1 <= span <= every; a span > 1 needs first (the schedule)")
         deadline = time.monotonic() + timeout
         while True:
             self.poll()
@@ -344,7 +344,7 @@ class GradientRelay:
             need = last - (rounds - 1) * every
             if (first is None or need >= first) and (c is None or c < need):
                 behind.append(m.id)
-            elif span > 1 and (first is None or need >= first):
+            elif span > 1 and first is not None and need >= first:
                 # every update of that turn: one may overtake another on the way
                 got = self._got.get(m.id, set())
                 if any(k not in got for k in range(need - span + 1, need + 1)):

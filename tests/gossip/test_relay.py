@@ -200,7 +200,9 @@ def test_wait_with_span_waits_for_every_update_of_a_turn():
         assert await asyncio.to_thread(a.wait, 4, 0.2, every=6, first=0, span=2)
         assert a.pending == 2
         with pytest.raises(ConfigError):
-            a.wait(4, 0.1, every=6, span=7)
+            a.wait(4, 0.1, every=6, first=0, span=7)
+        with pytest.raises(ConfigError, match="needs first"):
+            a.wait(4, 0.1, every=6, span=2)
     asyncio.run(main())
 
 
