@@ -455,7 +455,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                 note_digest()   # after this step's own update, if it took one
             if relay is not None and agent.learns_at(agent.steps):
                 # Turns: the gradient the next step computes includes the others' up to
-                # relay_staleness rounds back (waiting is wall time, not CPU). Every peer
+                # relay_staleness rounds back (waiting is wall time; on a shared machine it
+                # costs CPU too, docs/gossip.md). Every peer
                 # applies the others' gradients at its turns, in (clock, origin) order, and
                 # then its own: one order everywhere, so the copies stay the same.
                 a = agent.steps * per_turn

@@ -85,8 +85,9 @@ class GossipSpec:
     relay_staleness: int = opt(1, "with exchange = gradients: the peers take turns to compute gradients "
                                   "(dqn.train_every steps a round); a peer waits before its turn until it "
                                   "has the others' gradients up to this many rounds back. 1: every "
-                                  "gradient sees all earlier ones, as one learner's would (waiting costs "
-                                  "wall time, not CPU)", _pos, "must be >= 1")
+                                  "gradient sees all earlier ones, as one learner's would (waiting is wall "
+                                  "time, though on a machine the peers share it costs CPU too)", _pos,
+                                  "must be >= 1")
 
 
 @dataclass

@@ -295,8 +295,9 @@ class GradientRelay:
         phase. Called before computing a gradient, ``rounds = 1`` makes the peers
         take turns: each gradient is computed with all the others' gradients before
         it applied, as one learner would. On a busy host a gradient takes
-        milliseconds to arrive, several steps; waiting costs wall time, not CPU. A
-        peer that left the view is not waited for.
+        milliseconds to arrive, several steps; waiting is wall time, not CPU spent
+        here (though on a host that peers share, a peer that sleeps wakes to cold
+        caches). A peer that left the view is not waited for.
 
         Without ``first``, a peer's phase is read from its latest gradient, and a
         peer that has not published yet is not waited for. With it, every peer
