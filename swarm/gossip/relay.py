@@ -210,9 +210,10 @@ class GradientRelay:
         turn of several updates: one message per turn, not per update; each keeps
         its clock).
         """
+        out = None
         if grad is None:
-            item: tuple[int, dict[str, Any] | None, list[np.ndarray]] = (int(clock), None, [])
-            out = None
+            self._held.append((int(clock), None, []))
+            self.stats.passed += 1
         else:
             g = np.asarray(grad, dtype=np.float32).reshape(-1)
             if g.size != self.d:
@@ -220,12 +221,9 @@ class GradientRelay:
             if not np.isfinite(g).all():
                 raise ConfigError("gradient has NaN or infinite entries; not published")
             enc, out = self._codec.encode_decoded(g)
-            item = (int(clock), enc.meta, [np.array(f, copy=True) for f in enc.frames])  # the codec reuses buffers
-        if out is None:
-            self.stats.passed += 1
-        else:
+            # copies: the codec reuses its buffers
+            self._held.append((int(clock), enc.meta, [np.array(f, copy=True) for f in enc.frames]))
             self.stats.published += 1
-        self._held.append(item)
         if hold and len(self._held) < _MAX_BUNDLE:
             return out
         *held, (c, meta, frames) = self._held
