@@ -121,7 +121,7 @@ class Codec:
 
     def encode(self, x: Any) -> Encoded:
         """Compress ``x`` (any-shape float array or tensor; flattened) into an :class:`Encoded`."""
-        if type(x).__module__.split(".")[0] == "torch" and _on_accelerator(x):
+        if _device_tensor(x):
             enc = self._encode_device(x)
             if enc is not None:
                 return enc
@@ -131,6 +131,14 @@ class Codec:
     def encode_decoded(self, x: Any) -> tuple[Encoded, np.ndarray]:
         """``encode(x)`` and what a receiver decodes from it (a new array), in one call;
         a sender that applies its own update as its receivers do needs both."""
+        if not _device_tensor(x):
+            v = as_vector(x)
+            sparse = self._encode_sparse(v)
+            if sparse is not None:
+                enc, idx, vals = sparse
+                out = np.zeros(v.size, np.float32)
+                out[idx] = vals
+                return enc, out
         enc = self.encode(x)
         return enc, self.decode(enc)
 
@@ -175,6 +183,13 @@ class Codec:
 
     def _encode(self, x: np.ndarray) -> Encoded:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _encode_sparse(self, x: np.ndarray) -> tuple[Encoded, np.ndarray, np.ndarray] | None:
+        """For codecs whose payload is a set of coordinates: ``(encode(x), indices, the
+        float32 values a receiver decodes at them)``, everything else decoding to zero.
+        It spares a sender its own payload's checks and a pass over the whole vector
+        (:meth:`encode_decoded`, error feedback). None: not such a codec."""
+        return None
 
     def _encode_device(self, t: Any) -> Encoded | None:
         """Encode a tensor on its accelerator, or return None to move it to the CPU first."""
@@ -257,8 +272,11 @@ def meta_float(meta: dict[str, Any], key: str, codec: str) -> float:
     return float(v)
 
 
-def _on_accelerator(t: Any) -> bool:
-    dev = getattr(t, "device", None)
+def _device_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor on an accelerator."""
+    if type(x).__module__.split(".")[0] != "torch":
+        return False
+    dev = getattr(x, "device", None)
     return dev is not None and getattr(dev, "type", "cpu") != "cpu"
 
 

@@ -60,7 +60,7 @@ class ErrorFeedback(Codec):
 
     def encode(self, x: Any) -> Encoded:
         """Compress ``x + residual`` with the inner codec; keep what it dropped."""
-        p, enc = self._start(x)
+        p, enc, _ = self._start(x)
         self.inner.decode_into(enc, p, -1.0)
         self._e, self._spare = p, self._e
         return enc
@@ -68,14 +68,23 @@ class ErrorFeedback(Codec):
     def encode_decoded(self, x: Any) -> tuple[Encoded, np.ndarray]:
         """:meth:`encode`, and the decoded vector: decoded once, for both the caller and
         the residual (``p - decoded``: the same floats as :meth:`encode` keeps)."""
-        p, enc = self._start(x)
-        dec = self.inner.decode(enc, p.size)
-        np.subtract(p, dec, out=p)
+        p, enc, sparse = self._start(x, sparse=True)
+        if sparse is None:
+            dec = self.inner.decode(enc, p.size)
+            np.subtract(p, dec, out=p)
+        else:   # p - decoded differs from p only at the kept coordinates
+            idx, vals = sparse
+            dec = np.zeros(p.size, np.float32)
+            dec[idx] = vals
+            p[idx] -= vals
         self._e, self._spare = p, self._e
         return enc, dec
 
-    def _start(self, x: Any) -> tuple[np.ndarray, Encoded]:
-        """``p = x + residual`` (in the spare buffer) and the inner codec's encoding of it."""
+    def _start(self, x: Any, sparse: bool = False
+               ) -> tuple[np.ndarray, Encoded, tuple[np.ndarray, np.ndarray] | None]:
+        """``p = x + residual`` (in the spare buffer) and the inner codec's encoding of
+        it; with ``sparse``, also its kept indices and decoded values where the inner
+        codec gives them (:meth:`Codec._encode_sparse`), else None."""
         v = as_vector(x)
         n = v.size
         if self._e is None:
@@ -87,7 +96,12 @@ class ErrorFeedback(Codec):
         # p goes into the spare buffer so that an error in the inner codec leaves e intact.
         p = self._spare
         np.add(v, self._e, out=p)
-        return p, self.inner.encode(p.copy() if self.inner.aliases_input else p)
+        q = p.copy() if self.inner.aliases_input else p
+        if sparse:
+            got = self.inner._encode_sparse(q)
+            if got is not None:
+                return p, got[0], (got[1], got[2])
+        return p, self.inner.encode(q), None
 
     def decode(self, enc: Encoded, n: int | None = None) -> np.ndarray:
         """Decode with the inner codec (the residual is a sender-side matter)."""

@@ -138,6 +138,17 @@ class TopK(_Sparse):
         idx = self.select(x, k)
         return self._payload(n, idx, x[idx])
 
+    def _encode_sparse(self, x: np.ndarray) -> tuple[Encoded, np.ndarray, np.ndarray]:
+        n = x.size
+        idx = self.select(x, self.k_for(n))
+        enc = self._payload(n, idx, x[idx])
+        vals = enc.frames[1]   # as _check_frames and _decode turn them into float32
+        if self.values == "fp16":
+            vals = vals.astype(np.float32)
+        elif self.values == "fp8":
+            vals = from_fp8(vals, float(enc.meta["scale"]), self.name)
+        return enc, idx, vals
+
     def _payload(self, n: int, idx: np.ndarray, vals: np.ndarray) -> Encoded:
         meta = {"codec": self.name, "n": int(n), "k": int(idx.size)}
         if self.values == "fp16":
@@ -218,6 +229,9 @@ class TopK(_Sparse):
     def _repair_values(cand: np.ndarray, v: np.ndarray, k: int) -> np.ndarray:
         c = cand.size
         kth = np.partition(v, c - k)[c - k]
+        keep = v >= kth
+        if np.count_nonzero(keep) == k:   # no tie at the cut (the usual case)
+            return cand[keep]
         keep = v > kth
         short = k - int(np.count_nonzero(keep))
         keep[np.flatnonzero(v == kth)[:short]] = True

@@ -241,6 +241,30 @@ def test_topk_sampled_path_matches_exact(kind):
     assert np.array_equal(np.sort(np.abs(x[got])), np.sort(np.abs(x))[n - k:])
 
 
+def test_topk_ties_at_the_cut_go_to_the_lowest_indices():
+    t = TopK(ratio=0.6)
+    x = np.array([1, -2, 2, 0, 2, 3], np.float32)
+    assert t.select(x, 3).tolist() == [1, 2, 5]        # three 2s at the cut, two kept
+    assert t.select(x, 4).tolist() == [1, 2, 4, 5]     # all of them: no tie to break
+    assert t.select(-x, 2).tolist() == [1, 5]
+
+
+@pytest.mark.parametrize("spec", ["topk:0.05", "topk:0.15:values=fp16", "topk:0.3:values=fp8"])
+def test_topk_encode_decoded_is_encode_and_decode(spec):
+    """The sender's shortcut (no check of its own payload) gives the payload and the
+    vector that encode and a receiver's decode give, bit for bit."""
+    a, b = get_codec(spec), get_codec(spec)
+    rng = np.random.default_rng(2)
+    for _ in range(5):
+        x = rng.standard_normal(300).astype(np.float32)
+        x[rng.random(300) < 0.6] = 0.0
+        enc = a.encode(x)
+        enc2, dec = b.encode_decoded(x)
+        assert enc2.meta == enc.meta and all(np.array_equal(f, g) for f, g in zip(enc2.frames, enc.frames))
+        want = get_codec(spec).decode(through_wire(enc2))
+        assert dec.dtype == np.float32 and np.array_equal(dec.view(np.uint32), want.view(np.uint32))
+
+
 def test_topk_nan_is_not_selected_and_inf_is():
     x = np.arange(1, 301, dtype=np.float32)
     x[5], x[6] = np.nan, -np.inf
