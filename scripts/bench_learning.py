@@ -163,6 +163,13 @@ SOLVE = 475.0
 #:   4k, 2k, 3k, 3k (0.71). With the kept settings over nine runs (70-72, 74-79):
 #:   2,806 steps per peer (0.59x), CPU ratio 0.71, total steps 2.36x on average.
 #:   Runs 58-79 in docs/rl.md.
+#: * swarm, twelfth session: a cheaper publish (the same floats); runs 86-92, 2,893
+#:   steps per peer, CPU ratio 0.69, total steps 2.47x (sixteen runs of these
+#:   settings: 0.70, 2.41x). Peer 0 evaluated every 250 steps, seeds 0-23, steps per
+#:   peer: these settings 1,885; ef+topk:0.3 fp8 values 1,656; gossip.interval=10
+#:   1,917; no sharing 2,188; relay_staleness=2 4,510: none better beyond the
+#:   spread between runs. scripts/eval_schedules.py: how the evaluation schedule
+#:   moves both sides' counts.
 #:
 #: Both sides learn from step 250 and decay epsilon over 1,250 steps.
 ISOLATED = replace(DQNConfig(), tau=0.12, lr=0.004, learning_starts=250, eps_steps=1250)
