@@ -187,9 +187,10 @@ SOLVE = 475.0
 #:   epsilon over 1,250 with replay shared every 50 steps (the settings until now)
 #:   2,917 and 4.74 s; over 250, 3,083 and 5.13 s; over 1,250 sharing every 10
 #:   steps, 3,333 and 6.37 s; over 250 sharing every 10 steps, 2,167 and 4.16 s
-#:   (kept). A peer that turns greedy early learns from its neighbours' exploration,
-#:   so it needs their transitions soon (evaluations every 250 steps, pauses in
-#:   which the shared transitions come in, had hidden that).
+#:   (kept). Likely: a peer that turns greedy early learns from its neighbours'
+#:   exploration, so it needs their transitions soon (not measured directly; the
+#:   evaluations every 250 steps of the probes above pause every peer, and shared
+#:   transitions come in meanwhile, which may be why they did not show it).
 #:
 #: Both sides learn from step 250; the isolated learner decays epsilon over 1,250
 #: steps, the swarm over 250.
