@@ -15,7 +15,13 @@ the same runs, the counts that coarser schedules would give (every multiple of
 * swarm: one ``swarm run`` of the benchmark's settings (``SWARM``) per seed for a
   fixed ``--swarm-steps`` per peer, counted at peer 0's evaluations, as the
   benchmark counts it. A schedule with no solving evaluation by then counts at
-  ``--swarm-steps`` (so its mean is a lower bound) and is listed.
+  ``--swarm-steps`` (so its mean is a lower bound) and is listed. Unlike the
+  isolated learner's, a swarm's training can depend on its evaluations: they
+  pause every peer while shared transitions keep arriving. With epsilon over 250
+  steps and replay shared every 50 (thirteenth session), runs evaluated every 250
+  steps read 2,083 steps per peer at the every-1,000 schedule on seeds 0-11,
+  where runs evaluated every 1,000 steps took 3,083 (docs/rl.md). Check a
+  reading against runs on the coarser schedule itself.
 
 It prints, per schedule pair, steps per peer and total steps against the
 isolated learner's, over the seeds the isolated learner solved on every
