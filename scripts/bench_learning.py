@@ -174,7 +174,7 @@ SOLVE = 475.0
 #:   fast, so each can turn greedy sooner. Epsilon over 250 steps (to 0.05 when
 #:   learning starts) instead of 1,250, peer 0 evaluated every 250 steps: 1,312
 #:   steps per peer on seeds 0-11 and 1,458 on seeds 12-23, against 2,229 and
-#:   1,542 (kept). The same on the isolated learner (every 250 / every 1,000 steps,
+#:   1,542. The same on the isolated learner (every 250 / every 1,000 steps,
 #:   means): seeds 0-7, 4,688 / 5,125 against 3,062 / 6,875 (seed 6 unsolved in
 #:   25k with 1,250, 4k with 250); seeds 8-15, 3,000 / 3,750 against 3,312 /
 #:   4,750; over 100 steps, seeds 0-7, 3,062 / 5,625. On the 15 seeds both solve,
