@@ -136,9 +136,7 @@ class Codec:
             sparse = self._encode_sparse(v)
             if sparse is not None:
                 enc, idx, vals = sparse
-                out = np.zeros(v.size, np.float32)
-                out[idx] = vals
-                return enc, out
+                return enc, scatter(v.size, idx, vals)
         enc = self.encode(x)
         return enc, self.decode(enc)
 
@@ -270,6 +268,14 @@ def meta_float(meta: dict[str, Any], key: str, codec: str) -> float:
     if not math.isfinite(v) or v < 0:
         raise WireError(f"{codec}: meta {key}={v!r} is not finite and >= 0")
     return float(v)
+
+
+def scatter(n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    """A float32 vector of length ``n``: ``vals`` at ``idx``, zero elsewhere (what a
+    receiver decodes from a sparse payload, :meth:`Codec._encode_sparse`)."""
+    out = np.zeros(n, np.float32)
+    out[idx] = vals
+    return out
 
 
 def _device_tensor(x: Any) -> bool:

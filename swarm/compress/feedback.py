@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GossipError
-from ._base import Codec, Encoded, as_vector
+from ._base import Codec, Encoded, as_vector, scatter
 
 __all__ = ["ErrorFeedback"]
 
@@ -74,8 +74,7 @@ class ErrorFeedback(Codec):
             np.subtract(p, dec, out=p)
         else:   # p - decoded differs from p only at the kept coordinates
             idx, vals = sparse
-            dec = np.zeros(p.size, np.float32)
-            dec[idx] = vals
+            dec = scatter(p.size, idx, vals)
             p[idx] -= vals
         self._e, self._spare = p, self._e
         return enc, dec
