@@ -1,5 +1,6 @@
 """Shared fixtures. Helpers live in swarmtest.py (importable from tests)."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,3 +15,15 @@ def procs(tmp_path: Path):
         yield ps
     finally:
         ps.close()
+
+
+@pytest.fixture(autouse=True)
+def _denormals_back():
+    """A test that trains in this process flushes denormals on its thread
+    (swarm.rl.flat.flush_denormals); later tests get IEEE floats back (hypothesis
+    refuses to run without subnormals)."""
+    yield
+    flat = sys.modules.get("swarm.rl.flat")
+    if flat is not None and getattr(flat._thread, "flushed", False):
+        sys.modules["torch"].set_flush_denormal(False)
+        flat._thread.flushed = False

@@ -24,6 +24,15 @@ to every neighbour, within a token-bucket rate. Replication: with
 not acknowledged within ``ack_timeout`` (or whose target left the view) is
 sent again on the next flush, to whichever neighbours are first then.
 
+With ``ride=True`` the shared items go with the gradient relay's messages
+instead (give the federation to :class:`~swarm.gossip.GradientRelay` as its
+``rider``): at each message of its own, a peer sends the ``share`` of the items
+added since its last one to its neighbours, in the same layout (the arrays above;
+body ``{fields, peers}``), and no ``buf.push`` of their own. :meth:`flush` then
+only replicates. It spares a round on the peer's loop per share: with the relay's
+``direct`` sockets the items go out and come in on the training thread, between
+its steps.
+
 An acknowledged copy lives in the holder's memory (and its checkpoints): a
 holder that crashes and restarts from a checkpoint has lost the replicas it
 acknowledged since. So an origin remembers, per holder, the seqs that holder
@@ -103,7 +112,10 @@ class Federation:
         rereplicate_s: how long an acknowledged item is replicated again if its
             holder leaves or restarts (cover the holders' checkpoint interval).
         send_timeout: how long one send may wait on a full queue.
-        max_items: the most items in one message (larger batches are split).
+        max_items: the most items in one message (larger batches are split; a ride
+            takes the newest ``max_items``).
+        ride: share on a :class:`~swarm.gossip.GradientRelay`'s messages (as its
+            ``rider``) instead of in :meth:`flush`.
 
     Call :meth:`flush` periodically (or run :meth:`run` as a task); call
     :meth:`pull` to fetch items from a neighbour.
@@ -113,7 +125,7 @@ class Federation:
                  share_by: str = "newest", replicas: int = 0, priority_clip: float | None = None,
                  rate: float | None = None, burst: float | None = None, ack_timeout: float = 2.0,
                  send_timeout: float = 1.0, max_items: int = 4096, seed: int | None = None,
-                 rereplicate_s: float = 300.0) -> None:
+                 rereplicate_s: float = 300.0, ride: bool = False) -> None:
         if not 0.0 <= share <= 1.0:
             raise ReplayError(f"share must be in [0, 1], got {share!r}")
         if share_by not in ("newest", "priority"):
@@ -134,11 +146,13 @@ class Federation:
         self.bucket = TokenBucket(rate, burst)
         self.ack_timeout, self.send_timeout, self.max_items = ack_timeout, send_timeout, max_items
         self.rereplicate_s = float(rereplicate_s)
+        self.riding = bool(ride)
         self.stats = FederationStats()
         self._names = buffer.schema.names
         self._rng = np.random.default_rng(seed)
         self._rid = itertools.count(1)
         self._new: list[np.ndarray] = []          # indices added locally since the last flush
+        self._unridden: list[np.ndarray] = []     # ... since the last ride (ride=True)
         self._new_lock = threading.Lock()         # add() may run on the learner's thread
         self._to_replicate: list[np.ndarray] = []  # seqs still needing replication
         self._inflight: dict[int, tuple[str, np.ndarray, float]] = {}  # rid -> (dst, seqs, deadline)
@@ -184,7 +198,7 @@ class Federation:
         idx = np.concatenate(new) if new else np.zeros(0, np.int64)
         nbrs = [n for n in self.link.neighbours() if n != self.link.id]
         sent = 0
-        if idx.size and self.share > 0 and nbrs:
+        if idx.size and self.share > 0 and nbrs and not self.riding:
             sent += await self._share(idx, nbrs)
         if self.replicas:
             if idx.size:
@@ -193,6 +207,33 @@ class Federation:
             sent += await self._replicate(nbrs)
             self._prune_acks()
         return sent
+
+    def ride(self) -> tuple[dict[str, Any], list[np.ndarray]] | None:
+        """The items to send with this peer's next relay message (``ride=True``): the
+        ``share`` of those added since the last ride, as a body and arrays; None if
+        there are none. Called on the thread that publishes gradients."""
+        with self._new_lock:
+            new, self._unridden = self._unridden, []
+        nbrs = [n for n in self.link.neighbours() if n != self.link.id]
+        if not new or self.share <= 0 or not nbrs:
+            return None
+        items = self.buffer.items(self._pick(np.concatenate(new)[-self.max_items:]))
+        # every neighbour gets the same items: the rate counts them once per neighbour
+        allowed = self.bucket.take(len(items) * len(nbrs)) // len(nbrs)
+        self.stats.throttled += (len(items) - allowed) * len(nbrs)
+        if allowed == 0:
+            return None
+        items = _slice(items, slice(len(items) - allowed, None))
+        self.stats.pushed += len(items) * len(nbrs)
+        return {"fields": self._names, "peers": items.peers}, self._arrays(items)
+
+    def arrive(self, src: str, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        """Store the items that rode on neighbour ``src``'s relay message (as ``buf.push``
+        without ack: a bad one is counted and dropped)."""
+        msg = Message(t="buf.ride", src=src, body=body, arrays=arrays)
+        items = self._decode(msg)
+        if items is not None:
+            self._store(msg, items, limit=True)
 
     async def pull(self, peer: str, n: int, timeout: float = 2.0) -> int:
         """Ask ``peer`` for up to ``n`` items and store them; return how many were stored.
@@ -218,15 +259,17 @@ class Federation:
             self._pulls.pop(rid, None)
 
     # ------------------------------------------------------------- sending
-    async def _share(self, idx: np.ndarray, nbrs: list[str]) -> int:
+    def _pick(self, idx: np.ndarray) -> np.ndarray:
+        """The ``share`` of the new items ``idx`` to send, by ``share_by``."""
         k = max(1, math.ceil(self.share * idx.size)) if self.share < 1 else idx.size
         if self.share_by == "newest":
-            pick = idx[-k:]
-        else:
-            p = self.buffer.priorities(idx)
-            p = np.where(np.isnan(p), -1.0, p)
-            pick = idx[np.argsort(-p, kind="stable")[:k]]
-        items = self.buffer.items(pick)
+            return idx[-k:]
+        p = self.buffer.priorities(idx)
+        p = np.where(np.isnan(p), -1.0, p)
+        return idx[np.argsort(-p, kind="stable")[:k]]
+
+    async def _share(self, idx: np.ndarray, nbrs: list[str]) -> int:
+        items = self.buffer.items(self._pick(idx))
         sent = 0
         for dst in nbrs:
             allowed = self.bucket.take(len(items))
@@ -303,12 +346,15 @@ class Federation:
             mine = (buf._origin[:n] == 0) & np.isin(buf._seq[:n], seqs)
             return buf._ticket[:n][mine]
 
+    def _arrays(self, items: Items) -> list[np.ndarray]:
+        """The wire layout: the schema's fields, then origins, seqs, times, priorities."""
+        return [items.fields[k] for k in self._names] + [
+            items.origins.astype(np.int32), items.seqs.astype(np.int64),
+            items.times.astype(np.float64), items.priorities.astype(np.float64)]
+
     async def _send_items(self, dst: str, t: str, items: Items, body: dict[str, Any]) -> bool:
-        arrays = [items.fields[k] for k in self._names]
-        arrays += [items.origins.astype(np.int32), items.seqs.astype(np.int64),
-                   items.times.astype(np.float64), items.priorities.astype(np.float64)]
         body = dict(body, fields=self._names, peers=items.peers)
-        ok = await self.link.send(dst, t, body, arrays, timeout=self.send_timeout)
+        ok = await self.link.send(dst, t, body, self._arrays(items), timeout=self.send_timeout)
         if not ok:
             self.stats.send_failures += 1
         return ok
@@ -435,7 +481,12 @@ class Federation:
 
     def _on_add(self, idx: np.ndarray) -> None:
         with self._new_lock:
-            self._new.append(idx)
+            if self.riding:
+                self._unridden.append(idx)
+                if len(self._unridden) > self.max_items:   # nobody rides: keep what one ride takes
+                    del self._unridden[:-self.max_items]
+            if not self.riding or self.replicas:
+                self._new.append(idx)
 
 
 def _slice(items: Items, sel: Any) -> Items:

@@ -152,6 +152,7 @@ class _State:
         self.gossip_bytes_out = 0
         self.relay_sent = 0         # relayed gradient messages counted into dense_bytes_out
         self.relay_applied = 0      # other peers' gradients applied
+        self.shared_pushed = 0      # with buffer.ride: replay items sent, as logged in rounds.csv
         self.gossip_bytes_in = 0
         self.disagreement = float("nan")
         self.eval_return = float("nan")
@@ -240,7 +241,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
     sp.start()
     logs: _Logs | None = None
     agent = None
-    relay = None
+    relay = fed = None
     ckpt: Checkpointer | None = None
     try:
         peer = sp.peer
@@ -315,12 +316,13 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             fed = None
             if b.sharing and (b.share > 0 or b.replicas > 0):
                 fed = Federation(buf, peer, share=b.share, share_by=b.share_by, replicas=b.replicas,
-                                 rate=b.rate or None, seed=seed)
+                                 rate=b.rate or None, seed=seed, ride=b.ride and g.exchange == "gradients")
             relay = None
             if g.exchange == "gradients":
-                # direct: this (training) thread sends and takes the gradients itself
+                # direct: this (training) thread sends and takes the gradients itself, and
+                # with buffer.ride the shared transitions with them
                 relay = GradientRelay(peer, x.size, codec=g.codec, topology=g.topology, edges=g.edges or None,
-                                      direct=True)
+                                      direct=True, rider=fed if fed is not None and fed.riding else None)
             return gossip, fed, relay
 
         gossip, fed, relay = sp.call(build())
@@ -386,13 +388,23 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
         reason = ["budget"]
         call_timeout = g.round_timeout_s + 10.0
 
+        # Whether a round has work on the peer's loop: averaging, or replay sharing and
+        # replication that do not ride on the relay's messages. Without any, a round
+        # only logs the traffic since the last one.
+        loop_work = g.average or (fed is not None and (not fed.riding or fed.replicas > 0))
+
         def gossip_round(step: int) -> None:
-            try:
-                res, shared, acked = sp.call(exchange(), timeout=call_timeout)
-            except PeerTimeout:
-                log.warning("peer%d: gossip round did not finish within %.0f s; skipped", rank, call_timeout)
-                state.last_error = f"step {step}: gossip round timed out after {call_timeout:.0f} s"
-                return
+            res, shared, acked = None, 0, []
+            if loop_work:
+                try:
+                    res, shared, acked = sp.call(exchange(), timeout=call_timeout)
+                except PeerTimeout:
+                    log.warning("peer%d: gossip round did not finish within %.0f s; skipped", rank, call_timeout)
+                    state.last_error = f"step {step}: gossip round timed out after {call_timeout:.0f} s"
+                    return
+            if fed is not None and fed.riding:   # what rode on the relay (and was replicated) since
+                shared = fed.stats.pushed - state.shared_pushed
+                state.shared_pushed += shared
             if acked:   # each id comes once: nothing to remember here
                 with open(acked_log, "ab") as f:
                     f.write(np.array([s for _, s in acked], dtype=np.int64).tobytes())
@@ -543,6 +555,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             summary["relay"] = dict(dataclasses.asdict(relay.stats), applied=state.relay_applied,
                                     mean_lag_s=_finite(relay.stats.mean_lag_s),
                                     digests={str(u): h for u, h in digests.items()})
+        if fed is not None:
+            summary["replay_sharing"] = dataclasses.asdict(fed.stats)
         try:
             if ckpt is not None:
                 try:

@@ -108,6 +108,10 @@ class BufferSpec:
                         _nonneg, "must be >= 0")
     rate: float = opt(0.0, "transitions per second a peer sends for sharing and pulls; 0 is unbounded",
                       _nonneg, "must be >= 0")
+    ride: bool = opt(True, "with gossip.exchange = gradients: the shared transitions go with each peer's "
+                           "gradient messages (its new ones at each of its turns, every dqn.train_every "
+                           "steps) instead of in pushes at the gossip rounds, which then cost nothing "
+                           "unless gossip.average or replicas needs them")
 
 
 @dataclass

@@ -44,6 +44,13 @@ A turn of several updates numbers them with consecutive clocks and sends them
 in one message: ``publish(g, clock, hold=True)`` for all but the last; the others
 ``wait(..., span=updates)`` for every one of them.
 
+Other data can ride on a peer's own messages to its neighbours (a ``rider``:
+:class:`~swarm.buffer.Federation` sends each peer's new replay items so, one
+message a turn instead of rounds of their own). Only the origin's copies carry
+it: a neighbour hands it to its own rider and passes the gradients on without it.
+
+    relay = GradientRelay(peer, d, codec=..., rider=fed)   # fed = Federation(buf, peer, ride=True)
+
 With ``direct=True`` the training thread sends and receives the gradients on
 sockets of its own (a PULL inbox, a PUSH per neighbour) instead of through the
 peer's event loop, and calls :meth:`poll` between its steps to take them in:
@@ -62,7 +69,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import zmq
@@ -75,7 +82,7 @@ from ..link import Link
 from ..wire import Message
 from . import topology as topo
 
-__all__ = ["GradientRelay", "RelayStats", "GRAD", "GRAD_HELLO"]
+__all__ = ["GradientRelay", "RelayStats", "Rider", "GRAD", "GRAD_HELLO"]
 
 GRAD = wire.register_type("grad")
 #: direct mode: "my inbox is at this endpoint" (body: ep, and r for a reply)
@@ -107,11 +114,27 @@ class RelayStats:
     direct_in: int = 0      # gradients taken in from this peer's inbox (direct)
     passed: int = 0         # own turns passed without a gradient (publish(None))
     passes_in: int = 0      # others' passes taken in (first copies)
+    rider_bytes_out: int = 0   # rider payload sent with own messages (not in bytes_out)
+    rider_bytes_in: int = 0    # rider payload received from neighbours (not in bytes_in)
+    riders_in: int = 0         # riders handed to this peer's rider
 
     @property
     def mean_lag_s(self) -> float:
         """Mean seconds from a gradient's publication to its take(); NaN before any."""
         return self.lag_s / self.taken if self.taken else float("nan")
+
+
+class Rider(Protocol):
+    """What rides on a relay's own messages to its neighbours (see the module docstring)."""
+
+    def ride(self) -> tuple[dict[str, Any], list[np.ndarray]] | None:
+        """A body and arrays to send with this peer's next own message, or None.
+        Called on the thread that publishes."""
+
+    def arrive(self, src: str, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        """What rode on neighbour ``src``'s own message. Called on the thread that takes
+        messages in (the consumer's with ``direct``); bad input is the rider's to count
+        and drop: the gradients it came with are taken in all the same."""
 
 
 class GradientRelay:
@@ -147,11 +170,14 @@ class GradientRelay:
             :class:`~swarm.peer.Peer` on tcp; call :meth:`poll` every step or so (a
             gradient is passed on to the next neighbour only then) and :meth:`close`
             before the peer closes.
+        rider: sends what its ``ride()`` gives with each message of this peer's own
+            (gradients or a pass) to the neighbours, and gets theirs through its
+            ``arrive()`` (:class:`Rider`). Counted apart from the gradients' bytes.
     """
 
     def __init__(self, link: Link, d: int, codec: str = "identity", *, topology: str | None = None,
                  edges: Any = None, max_pending: int = 1024, hops: int | None = None,
-                 direct: bool = False) -> None:
+                 direct: bool = False, rider: Rider | None = None) -> None:
         if not isinstance(d, int) or d < 1:
             raise ConfigError(f"d = {d!r}: the gradient length must be an int >= 1")
         if not isinstance(max_pending, int) or max_pending < 1:
@@ -162,7 +188,7 @@ class GradientRelay:
             raise ConfigError(f"topology = {topology!r}: the relay needs a fixed graph, one of "
                               f"{', '.join(t for t in topo.TOPOLOGIES if t not in topo.TIME_VARYING)}")
         self.link, self.d, self.codec_spec, self.hops = link, d, codec, hops
-        self.topology, self.edges = topology, edges
+        self.topology, self.edges, self.rider = topology, edges, rider
         self._routes_cache: tuple[int, list[tuple[str, int]]] | None = None   # (view epoch, routes)
         self._codec = get_codec(codec)              # the origin's stream (with its residual)
         self._decoder = get_codec(codec[3:] if codec.startswith("ef+") else codec)
@@ -231,28 +257,32 @@ class GradientRelay:
         body = self._body(c, {} if meta is None else meta)
         if meta is None:
             body["p"] = 1
-        if held:   # earlier updates of the turn ride first: [clock, meta (None: a pass), frame count]
+        if held:   # earlier updates of the turn go first: [clock, meta (None: a pass), frame count]
             body["b"] = [[hc, hm, len(hf)] for hc, hm, hf in held]
             frames = [f for _, _, hf in held for f in hf] + frames
-        self._send_own(body, frames)
+        extra = self.rider.ride() if self.rider is not None else None
+        if extra is not None:   # the rider's arrays go last: [its body, their count]
+            body["x"] = [extra[0], len(extra[1])]
+        self._send_own(body, frames, [] if extra is None else list(extra[1]))
         return out
 
     def _body(self, clock: int, meta: dict[str, Any]) -> dict[str, Any]:
         """The header of a message of this peer's own: origin, number, time, clock, codec meta."""
         return {"o": self.link.id, "s": next(self._seq), "t": time.time(), "c": int(clock), "meta": meta}
 
-    def _send_own(self, body: dict[str, Any], frames: list[np.ndarray]) -> None:
-        """Send a message of this peer's own (a gradient or a pass) from any thread."""
+    def _send_own(self, body: dict[str, Any], frames: list[np.ndarray], extra: list[np.ndarray]) -> None:
+        """Send a message of this peer's own (a gradient or a pass, and a rider's ``extra``
+        arrays) from any thread."""
         if threading.get_ident() == self._loop_thread:
-            self._publish_now(body, frames)
+            self._publish_now(body, frames, extra)
         elif self._inbox_sock is not None:   # direct: send here, and what cannot go yet through the loop
-            n = sum(int(f.nbytes) for f in frames)
+            n, rn = _nbytes(frames), _nbytes(extra)
             late = [(dst, hops) for dst, hops in self._routes()
-                    if not self._push(dst, dict(body, h=hops), frames, n, forwarding=False)]
+                    if not self._push(dst, dict(body, h=hops), frames + extra, n, forwarding=False, rider=rn)]
             if late:
-                self._loop.call_soon_threadsafe(self._publish_now, body, frames, late)
+                self._loop.call_soon_threadsafe(self._publish_now, body, frames, extra, late)
         else:
-            self._loop.call_soon_threadsafe(self._publish_now, body, frames)
+            self._loop.call_soon_threadsafe(self._publish_now, body, frames, extra)
 
     def take(self, before: int | None = None) -> list[np.ndarray]:
         """The other peers' gradients received since the last call.
@@ -437,17 +467,18 @@ class GradientRelay:
         self._routes_cache = (view.epoch, routes)
         return routes
 
-    def _publish_now(self, body: dict[str, Any], frames: list[np.ndarray],
+    def _publish_now(self, body: dict[str, Any], frames: list[np.ndarray], extra: list[np.ndarray],
                      routes: list[tuple[str, int]] | None = None) -> None:
-        n = sum(int(f.nbytes) for f in frames)
+        n, rn = _nbytes(frames), _nbytes(extra)
         for dst, hops in self._routes() if routes is None else routes:
-            self._send(dst, dict(body, h=hops), frames, n, forwarding=False)
+            self._send(dst, dict(body, h=hops), frames + extra, n, forwarding=False, rider=rn)
 
     def _send(self, dst: str, body: dict[str, Any], frames: list[np.ndarray], nbytes: int,
-              forwarding: bool) -> None:
+              forwarding: bool, rider: int = 0) -> None:
         if self.link.send_nowait(dst, GRAD, body, frames):
             self.stats.sent += 1
             self.stats.bytes_out += nbytes
+            self.stats.rider_bytes_out += rider
             self.stats.forwarded += int(forwarding)
         else:
             self.stats.dropped += 1
@@ -456,11 +487,19 @@ class GradientRelay:
         self._accept(msg, self._send)   # on the loop: through the peer's ROUTER
 
     def _accept(self, msg: Message, send: Any) -> None:
-        """Check, decode and queue a received gradient (or note a pass), and pass it on
-        with ``send``."""
-        nbytes = sum(int(a.nbytes) for a in msg.arrays)
-        self.stats.bytes_in += nbytes
+        """Check, decode and queue a received gradient (or note a pass), hand what rode
+        on it to the rider, and pass it on with ``send``."""
         b = msg.body
+        arrays, ride = list(msg.arrays), b.get("x")
+        if ride is not None:   # a rider: [its body, the count of its arrays, which come last]
+            if not (isinstance(ride, list) and len(ride) == 2 and isinstance(ride[0], dict)
+                    and isinstance(ride[1], int) and 0 <= ride[1] <= len(arrays)):
+                self.stats.rejected += 1
+                raise WireError(f"grad from {msg.src}: x must be [body (dict), count of the last arrays]")
+            cut = len(arrays) - ride[1]
+            arrays, ride_arrays = arrays[:cut], arrays[cut:]
+        nbytes = _nbytes(arrays)
+        self.stats.bytes_in += nbytes
         origin, seq, hops, meta = b.get("o"), b.get("s"), b.get("h"), b.get("meta")
         if not (isinstance(origin, str) and isinstance(seq, int) and isinstance(hops, int)
                 and isinstance(meta, dict)):
@@ -471,7 +510,7 @@ class GradientRelay:
             self.stats.duplicates += 1
             return
         t, c = b.get("t"), b.get("c")
-        arrays = list(msg.arrays)
+        forward = arrays   # what goes on: the gradients, without the rider
         parts: list[tuple[Any, dict[str, Any] | None, list[Any]]] = []   # (clock, meta or None, frames)
         extra = b.get("b")
         if extra is not None:   # earlier updates of the same turn (publish(hold=True)), first
@@ -535,11 +574,16 @@ class GradientRelay:
                     if len(got) > 2 * _RECENT_CLOCKS:   # keep the newest
                         self._got[origin] = set(sorted(got)[-_RECENT_CLOCKS:])
             self._cond.notify_all()
+        if ride is not None and msg.src == origin and self.rider is not None:   # only the origin's copy
+            self.stats.rider_bytes_in += _nbytes(ride_arrays)
+            self.stats.riders_in += 1
+            self.rider.arrive(origin, ride[0], ride_arrays)
         if hops > 1:   # pass it on, away from where it came from
             fwd = dict(b, h=hops - 1)
+            fwd.pop("x", None)
             for dst in self.link.neighbours():
                 if dst != msg.src and dst != origin:
-                    send(dst, fwd, list(msg.arrays), nbytes, forwarding=True)
+                    send(dst, fwd, forward, nbytes, forwarding=True)
 
     # ------------------------------------------------------------ direct mode
 
@@ -587,7 +631,7 @@ class GradientRelay:
             self.link.close_side(self._outboxes.pop(dst)[1])
 
     def _push(self, dst: str, body: dict[str, Any], arrays: list[np.ndarray], nbytes: int,
-              forwarding: bool) -> bool:
+              forwarding: bool, rider: int = 0) -> bool:
         """Consumer thread: send on our own socket to ``dst``; False if it has none yet."""
         if self._inbox_sock is None:
             return False
@@ -600,6 +644,7 @@ class GradientRelay:
             self.stats.sent += 1
             self.stats.direct_out += 1
             self.stats.bytes_out += nbytes
+            self.stats.rider_bytes_out += rider
             self.stats.forwarded += int(forwarding)
         else:
             self.stats.dropped += 1
@@ -609,3 +654,7 @@ class GradientRelay:
                       forwarding: bool) -> None:
         if not self._push(dst, body, arrays, nbytes, forwarding):
             self._loop.call_soon_threadsafe(self._send, dst, body, arrays, nbytes, forwarding)
+
+
+def _nbytes(arrays: list[np.ndarray]) -> int:
+    return sum(int(a.nbytes) for a in arrays)

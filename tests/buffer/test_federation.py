@@ -262,3 +262,70 @@ def test_rereplication_forgets_acks_older_than_its_window():
         await hub.close()
         assert fa.stats.rereplicated == 0 and not c.ids()
     run(main())
+
+
+def test_riding_on_the_relay_shares_new_items_with_the_neighbours_only():
+    """Federation(ride=True) as a GradientRelay's rider: each message of a peer's own
+    carries the share of its items added since the one before; flush() sends none."""
+    from swarm.gossip import GradientRelay
+    from swarm.gossip.sim import SimHub
+
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(4)
+        bufs = [ReplayBuffer(SCHEMA, 1000, seed=i, peer_id=ln.id) for i, ln in enumerate(links)]
+        feds = [Federation(b, ln, share=0.5, seed=1, ride=True) for b, ln in zip(bufs, links)]
+        relays = [GradientRelay(ln, 8, topology="ring", rider=f) for ln, f in zip(links, feds)]
+        bufs[0].add(items(10))
+        assert await feds[0].flush() == 0             # riding: nothing of its own to push
+        relays[0].publish(np.ones(8), clock=0)
+        await asyncio.sleep(0.01)
+        for b in (bufs[1], bufs[3]):                  # the neighbours: the newest half
+            assert sorted(s for _, s in b.ids()) == [5, 6, 7, 8, 9]
+            s = b.sample(5)
+            assert (s.batch["obs"][:, 0] == s.batch["action"]).all()
+        assert len(bufs[2]) == 0                      # two hops away: the gradient only
+        assert relays[2].stats.received == 1
+        bufs[0].add(items(4, start=10))
+        relays[0].publish(None, clock=1)              # a pass carries the items added since
+        relays[0].publish(None, clock=2)              # and then there are none
+        await asyncio.sleep(0.01)
+        assert sorted(s for _, s in bufs[1].ids()) == [5, 6, 7, 8, 9, 12, 13]
+        assert feds[0].stats.pushed == 2 * 7 and feds[1].stats.stored == 7
+        assert relays[1].stats.riders_in == 2
+        assert not hub.errors
+    run(main())
+
+
+def test_a_bad_ride_is_dropped_and_counted_and_its_gradient_goes_through():
+    from swarm.gossip import GradientRelay
+    from swarm.gossip.relay import GRAD
+    from swarm.gossip.sim import SimHub
+
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(3)
+        bufs = [ReplayBuffer(SCHEMA, 100, seed=i, peer_id=ln.id) for i, ln in enumerate(links)]
+        feds = [Federation(b, ln, seed=1, ride=True) for b, ln in zip(bufs, links)]
+        relays = [GradientRelay(ln, 4, rider=f) for ln, f in zip(links, feds)]
+        body = {"o": links[0].id, "s": 1, "h": 1, "c": 0, "meta": {"codec": "identity", "n": 4}}
+        wrong = {"fields": ["obs"], "peers": [links[0].id]}          # the schema has two fields
+        await links[0].send(links[1].id, GRAD, dict(body, x=[wrong, 1]),
+                            [np.ones(4, np.float32), np.zeros(3, np.float32)])
+        await asyncio.sleep(0.01)
+        assert len(bufs[1]) == 0 and feds[1].stats.dropped_messages == 1
+        assert "obs" in feds[1].stats.errors[0]
+        assert [g.tolist() for g in relays[1].take()] == [[1, 1, 1, 1]]
+    run(main())
+
+
+def test_riding_without_a_relay_keeps_a_bounded_backlog():
+    hub = Hub()
+    buf = ReplayBuffer(SCHEMA, 1000)
+    fed = Federation(buf, hub.link("a", ["b"]), share=1.0, ride=True, max_items=16)
+    for k in range(100):
+        buf.add(items(1, start=k))
+    assert len(fed._unridden) == 16 and fed._new == []
+    body, arrays = fed.ride()                          # the newest 16
+    assert arrays[-3].tolist() == list(range(84, 100))   # seqs
+    assert fed.ride() is None

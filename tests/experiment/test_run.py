@@ -140,16 +140,16 @@ def test_tiny_run_writes_the_run_folder(tmp_path):
     assert "peer0" in out and "peer1" in out and f"plots: {d.relative_to(tmp_path) / 'plots'}" in out
 
 
-@pytest.mark.parametrize("per_turn", [1, 2])
-def test_gradient_exchange_relays_every_gradient(tmp_path, per_turn):
+@pytest.mark.parametrize("per_turn,ride", [(1, True), (2, False)])
+def test_gradient_exchange_relays_every_gradient(tmp_path, per_turn, ride):
     """gossip.exchange = gradients: each peer applies its own gradients and the others',
-    all in one order, so that their copies stay the same (with parameter averaging off:
-    the rounds only share replay). With dqn.updates_per_train = 2 each turn is two
-    updates, and the others wait for both."""
+    all in one order, so that their copies stay the same (with parameter averaging off).
+    With dqn.updates_per_train = 2 each turn is two updates, and the others wait for
+    both. Replay goes with the gradient messages (buffer.ride) or in the rounds."""
     # a long turn timeout: a turn that gave up waiting would apply a gradient out of order
     p = swarm_run(tmp_path, TINY + ["peers=3", "gossip.exchange=gradients", "gossip.sync=async", "dqn.train_every=3",
                                     "gossip.average=false", "gossip.round_timeout_s=30",
-                                    f"dqn.updates_per_train={per_turn}"])
+                                    f"dqn.updates_per_train={per_turn}", f"buffer.ride={str(ride).lower()}"])
     out = finish(p, 90)
     assert p.returncode == 0, out
     d = run_dir_of(tmp_path)
@@ -184,6 +184,10 @@ def test_gradient_exchange_relays_every_gradient(tmp_path, per_turn):
         assert len(rounds) == s["rounds"] > 0 and s["rounds_ok"] == 0
         assert all(row["disagreement"] == "" for row in rounds)
         assert sum(int(row["shared_items"]) for row in rounds) > 0
+        replay = s["replay_sharing"]
+        assert replay["stored"] > 0 and replay["dropped_messages"] == 0, replay
+        # riding: one rider a turn from each of the two neighbours, and no pushes of its own
+        assert (relay["riders_in"] > 0 and relay["rider_bytes_out"] > 0) == ride, relay
     assert complete >= 1, [s["relay"] for s in summaries]
     # The same parameters after the same number of updates, on every peer (up to the
     # end, where a peer that stopped first may have taken its last gradient with it).

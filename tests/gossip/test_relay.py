@@ -352,3 +352,84 @@ def test_malformed_turns_are_refused_whole():
         await settle(hub, relays)
         assert b.stats.received == 2 and b.stats.passes_in == 1 and relays[2].stats.received == 2
     asyncio.run(main())
+
+
+class Numbered:
+    """A rider that sends its message count (body and array) and keeps what arrives."""
+
+    def __init__(self) -> None:
+        self.rides, self.got = 0, []
+
+    def ride(self):
+        self.rides += 1
+        return {"n": self.rides}, [np.full(3, self.rides, np.int64)]
+
+    def arrive(self, src, body, arrays):
+        self.got.append((src, body["n"], [a.tolist() for a in arrays]))
+
+
+def test_a_rider_goes_to_the_neighbours_only_and_the_gradients_stay_as_they_are():
+    """Only the origin's copies carry the rider: a ring of 5 passes peer0's gradients
+    two hops each way, and the peers two away get them without it."""
+    async def main():
+        hub = SimHub(topology="ring")
+        riders = [Numbered() for _ in range(5)]
+        links = hub.add_many(5)
+        relays = [GradientRelay(link, 16, codec="ef+topk:0.5", topology="ring", rider=r)
+                  for link, r in zip(links, riders)]
+        seen = []   # what reaches peer2: its copies come through peer1
+
+        def spy(msg, handler=links[2]._handlers[GRAD]):
+            seen.append(("x" in msg.body, len(msg.arrays)))
+            return handler(msg)
+        links[2].on(GRAD, spy)
+        a = relays[0]
+        rng = np.random.default_rng(0)
+        g1 = a.publish(rng.standard_normal(16), clock=0, hold=True)   # one message for the turn
+        g2 = a.publish(rng.standard_normal(16), clock=1)
+        assert a.publish(None, clock=9) is None                       # a pass carries one too
+        await settle(hub, relays)
+        assert riders[0].rides == 2
+        for i in (1, 4):      # peer0's neighbours
+            assert riders[i].got == [(links[0].id, 1, [[1, 1, 1]]), (links[0].id, 2, [[2, 2, 2]])]
+            assert relays[i].stats.riders_in == 2 and relays[i].stats.rider_bytes_in == 2 * 24
+        for i in (2, 3):      # two hops away: the gradients without the rider
+            assert riders[i].got == [] and relays[i].stats.rider_bytes_in == 0
+        assert seen == [(False, 4), (False, 0)]   # two updates' frames (topk: 2 each), then the pass
+        for r in relays[1:]:
+            assert [g.tolist() for g in r.take()] == [g1.tolist(), g2.tolist()]
+            assert r.stats.rejected == 0 and r.stats.passes_in == 1
+        # the gradients' bytes are counted apart from the rider's, which went to two neighbours
+        assert a.stats.rider_bytes_out == 2 * 2 * 24
+        assert relays[1].stats.bytes_in == relays[2].stats.bytes_in > 0
+        assert not hub.errors
+    asyncio.run(main())
+
+
+def test_malformed_riders_are_refused_with_their_gradient_and_a_passed_on_one_is_ignored():
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(4)
+        riders = [Numbered() for _ in range(4)]
+        relays = [GradientRelay(link, 4, rider=r) for link, r in zip(links, riders)]
+        b = relays[1]
+        one = np.ones(4, np.float32)
+        base = {"o": links[0].id, "h": 1, "c": 9, "meta": {"codec": "identity", "n": 4}}
+        bad = [
+            (dict(base, s=1, x="junk"), [one]),                       # not a list
+            (dict(base, s=2, x=[{"n": 1}, 2]), [one, one]),           # its 2 arrays leave none for the gradient
+            (dict(base, s=3, x=[{"n": 1}, 5]), [one]),                # more arrays than the message holds
+            (dict(base, s=4, x=[[1], 1]), [one, one]),                # body not a dict
+        ]
+        for body, arrays in bad:
+            await links[0].send(b.link.id, GRAD, body, arrays)
+        await settle(hub, relays)
+        assert b.stats.rejected == len(bad) and b.pending == 0 and riders[1].got == []
+        assert len(hub.errors) == len(bad) and all(isinstance(e, WireError) for e in hub.errors)
+        # a rider on a copy from someone other than its origin is not handed out
+        await links[2].send(b.link.id, GRAD, dict(base, s=5, x=[{"n": 7}, 1]), [one, one])
+        await links[0].send(b.link.id, GRAD, dict(base, s=6, x=[{"n": 8}, 1]), [one, one])
+        await settle(hub, relays)
+        assert [g.tolist() for g in b.take()] == [[1, 1, 1, 1]] * 2
+        assert riders[1].got == [(links[0].id, 8, [[1.0, 1.0, 1.0, 1.0]])]
+    asyncio.run(main())
