@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
 
@@ -93,14 +94,16 @@ class TokenBucket:
         self._clock = clock
         self._tokens = self.burst
         self._last = clock()
+        self._lock = threading.Lock()   # a riding federation takes on the training thread too
 
     def take(self, n: int) -> int:
-        """Take up to ``n`` tokens; return how many were granted."""
+        """Take up to ``n`` tokens; return how many were granted (from any thread)."""
         if self.rate is None:
             return n
-        now = self._clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
-        self._last = now
-        k = min(n, int(self._tokens))
-        self._tokens -= k
-        return k
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+            k = min(n, int(self._tokens))
+            self._tokens -= k
+            return k
