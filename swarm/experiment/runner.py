@@ -51,7 +51,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -59,6 +59,9 @@ from ..config import to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
 from .checkpoint import Checkpointer, array_digest, latest, load_checkpoint, state_digest
 from .spec import Spec
+
+if TYPE_CHECKING:
+    from ..gossip import GradientRelay
 
 log = logging.getLogger("swarm.experiment")
 
@@ -165,6 +168,15 @@ class _State:
     @property
     def mean_return(self) -> float:
         return float(np.mean(self.returns)) if self.returns else float("nan")
+
+
+def _traffic(counters: Any, relay: GradientRelay | None) -> tuple[int, int]:
+    """(bytes sent, bytes received) by this process: the peer's sockets and the relay's
+    own (``direct``), which the peer's counters do not see."""
+    sent, received = (counters.bytes_out, counters.bytes_in) if counters is not None else (0, 0)
+    if relay is not None:
+        sent, received = sent + relay.stats.direct_bytes_out, received + relay.stats.direct_bytes_in
+    return sent, received
 
 
 def _finite(x: float) -> float | None:
@@ -366,7 +378,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
 
         def stats() -> dict[str, Any]:
             # Runs on the peer's thread at each heartbeat: plain reads, no locks needed.
-            return {"env_steps": state.env_steps, "episodes": state.episodes,
+            sent, received = _traffic(peer.counters, relay)
+            return {"bytes_out": sent, "bytes_in": received, "env_steps": state.env_steps, "episodes": state.episodes,
                     "mean_return": _finite(state.mean_return), "rounds": state.rounds,
                     "gossip_bytes_out": state.gossip_bytes_out, "gossip_bytes_in": state.gossip_bytes_in,
                     "disagreement": _finite(state.disagreement), "eval_return": _finite(state.eval_return),
@@ -485,12 +498,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                 m = agent.metrics()
                 if "loss" in m:
                     last_loss[0] = m["loss"]
-                c = peer.counters
+                sent, received = _traffic(peer.counters, relay)
                 logs.episodes.writerow({
                     "wall_s": round(time.monotonic() - t0, 3), "env_steps": step, "episode": state.episodes,
                     "episode_return": info.episode_return, "mean_return": f"{state.mean_return:.4g}",
                     "rounds": state.rounds, "gossip_bytes_out": state.gossip_bytes_out,
-                    "gossip_bytes_in": state.gossip_bytes_in, "bytes_out": c.bytes_out, "bytes_in": c.bytes_in,
+                    "gossip_bytes_in": state.gossip_bytes_in, "bytes_out": sent, "bytes_in": received,
                     "loss": f"{m['loss']:.6g}" if "loss" in m else "", "epsilon": f"{m['epsilon']:.4f}",
                     "buffer_size": state.buffer_size})
                 logs.scalars(step, {"episode/return": info.episode_return, "episode/mean_return": state.mean_return,
@@ -544,13 +557,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                        final_mean_return=_finite(result.mean_return(10)), train_seconds=result.seconds)
     finally:
         state.done = True
-        c = sp.peer.counters if sp.peer is not None else None
+        sent, received = _traffic(sp.peer.counters if sp.peer is not None else None, relay)
         summary.update(
             env_steps=state.env_steps, episodes=state.episodes, rounds=state.rounds, rounds_ok=state.rounds_ok,
             final_mean_return=_finite(state.mean_return), eval_return=_finite(state.eval_return),
             gossip_bytes_out=state.gossip_bytes_out, gossip_bytes_in=state.gossip_bytes_in,
-            bytes_out=c.bytes_out if c else 0, bytes_in=c.bytes_in if c else 0,
-            buffer_size=state.buffer_size, wall_s=time.monotonic() - t0, cpu_s=time.process_time() - cpu0)
+            bytes_out=sent, bytes_in=received, buffer_size=state.buffer_size, wall_s=time.monotonic() - t0, cpu_s=time.process_time() - cpu0)
         if relay is not None:
             summary["relay"] = dict(dataclasses.asdict(relay.stats), applied=state.relay_applied,
                                     mean_lag_s=_finite(relay.stats.mean_lag_s),

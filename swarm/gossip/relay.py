@@ -117,6 +117,8 @@ class RelayStats:
     rider_bytes_out: int = 0   # rider payload sent with own messages (not in bytes_out)
     rider_bytes_in: int = 0    # rider payload received from neighbours (not in bytes_in)
     riders_in: int = 0         # riders handed to this peer's rider
+    direct_bytes_out: int = 0  # wire bytes sent on the consumer's own sockets (the peer's counters miss them)
+    direct_bytes_in: int = 0   # wire bytes received on this peer's inbox (direct)
 
     @property
     def mean_lag_s(self) -> float:
@@ -399,6 +401,7 @@ class GradientRelay:
         while n < tp.DRAIN_BATCH and s.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             frames = s.recv_multipart(copy=False)
             n += 1
+            self.stats.direct_bytes_in += sum(len(f) for f in frames)
             src: Any = "?"
             try:
                 msg = wire.decode(frames, limits)
@@ -643,6 +646,8 @@ class GradientRelay:
         if tp.try_send(s, frames):
             self.stats.sent += 1
             self.stats.direct_out += 1
+            self.stats.direct_bytes_out += sum(len(f) if isinstance(f, bytes) else memoryview(f).nbytes
+                                               for f in frames)
             self.stats.bytes_out += nbytes
             self.stats.rider_bytes_out += rider
             self.stats.forwarded += int(forwarding)

@@ -177,6 +177,9 @@ def test_gradient_exchange_relays_every_gradient(tmp_path, per_turn, ride):
         finals.append(ck["agent"]["updates"])
         assert relay["applied"] <= relay["received"]
         assert s["gossip_bytes_out"] >= relay["bytes_out"] > 0
+        # what the process sent counts the relay's own sockets too (headers and riders included)
+        assert s["bytes_out"] >= relay["direct_bytes_out"] > relay["bytes_out"] // 2
+        assert s["bytes_out"] >= s["gossip_bytes_out"] + relay["rider_bytes_out"]
         # the training thread sent and took the gradients itself (GradientRelay direct)
         assert relay["direct_out"] > 0 and relay["direct_in"] > 0, relay
         with open(d / f"peer{r}" / "rounds.csv") as f:
