@@ -196,9 +196,10 @@ SOLVE = 475.0
 #:   rounds, with nothing left to do on the peer's loop, cost no call into it.
 #:   Runs 103-113: 1,841 steps per peer, CPU ratio 0.44, total steps 1.55x on
 #:   average over eleven runs (0.21-0.65, 0.84-2.11x); a peer's CPU per step 1.13x
-#:   the isolated learner's (1.33x in runs 94-102). Over seeds 0-11 (one run of
-#:   this script with --seeds): CPU 0.97, total 2.94x; seeds 0-3 are easier for
-#:   the swarm than 4-11 (docs/rl.md, "Replay on the gradient messages").
+#:   the isolated learner's (1.33x in runs 94-102). Over seeds 0-11 (two runs of
+#:   this script with --seeds): CPU 0.97 and 0.69, total 2.94x and 2.29x; seeds
+#:   0-3 are easier for the swarm than 4-11 (docs/rl.md, "Replay on the gradient
+#:   messages").
 #:
 #: Both sides learn from step 250; the isolated learner decays epsilon over 1,250
 #: steps, the swarm over 250.

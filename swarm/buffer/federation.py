@@ -28,7 +28,7 @@ With ``ride=True`` the shared items go with the gradient relay's messages
 instead (give the federation to :class:`~swarm.gossip.GradientRelay` as its
 ``rider``): at each message of its own, a peer sends the ``share`` of the items
 added since its last one to its neighbours, in the same layout (the arrays above;
-body ``{fields, peers}``), and no ``buf.push`` of their own. :meth:`flush` then
+body ``{fields, peers}``), and sends no ``buf.push`` for them. :meth:`flush` then
 only replicates. It spares a round on the peer's loop per share: with the relay's
 ``direct`` sockets the items go out and come in on the training thread, between
 its steps.

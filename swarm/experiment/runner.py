@@ -379,7 +379,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
         def stats() -> dict[str, Any]:
             # Runs on the peer's thread at each heartbeat: plain reads, no locks needed.
             sent, received = _traffic(peer.counters, relay)
-            return {"bytes_out": sent, "bytes_in": received, "env_steps": state.env_steps, "episodes": state.episodes,
+            return {"bytes_out": sent, "bytes_in": received,
+                    "env_steps": state.env_steps, "episodes": state.episodes,
                     "mean_return": _finite(state.mean_return), "rounds": state.rounds,
                     "gossip_bytes_out": state.gossip_bytes_out, "gossip_bytes_in": state.gossip_bytes_in,
                     "disagreement": _finite(state.disagreement), "eval_return": _finite(state.eval_return),
@@ -562,7 +563,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             env_steps=state.env_steps, episodes=state.episodes, rounds=state.rounds, rounds_ok=state.rounds_ok,
             final_mean_return=_finite(state.mean_return), eval_return=_finite(state.eval_return),
             gossip_bytes_out=state.gossip_bytes_out, gossip_bytes_in=state.gossip_bytes_in,
-            bytes_out=sent, bytes_in=received, buffer_size=state.buffer_size, wall_s=time.monotonic() - t0, cpu_s=time.process_time() - cpu0)
+            bytes_out=sent, bytes_in=received, buffer_size=state.buffer_size, wall_s=time.monotonic() - t0,
+            cpu_s=time.process_time() - cpu0)
         if relay is not None:
             summary["relay"] = dict(dataclasses.asdict(relay.stats), applied=state.relay_applied,
                                     mean_lag_s=_finite(relay.stats.mean_lag_s),
