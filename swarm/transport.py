@@ -13,7 +13,7 @@ import logging
 import socket as _socket
 from pathlib import Path
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import zmq
 import zmq.asyncio
@@ -125,6 +125,11 @@ def drain(s: zmq.Socket, batch: int = DRAIN_BATCH) -> Iterator[list[zmq.Frame]]:
 
 def _nbytes(f: Any) -> int:
     return len(f) if isinstance(f, bytes) else memoryview(f).nbytes
+
+
+def frames_nbytes(frames: Sequence[Any]) -> int:
+    """Bytes of a message's frames as they go on the wire (what byte counters add up)."""
+    return sum(_nbytes(f) for f in frames)
 
 
 def try_send(s: zmq.Socket, frames: list[Any]) -> bool:

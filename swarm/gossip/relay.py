@@ -401,7 +401,7 @@ class GradientRelay:
         while n < tp.DRAIN_BATCH and s.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             frames = s.recv_multipart(copy=False)
             n += 1
-            self.stats.direct_bytes_in += sum(len(f) for f in frames)
+            self.stats.direct_bytes_in += tp.frames_nbytes(frames)
             src: Any = "?"
             try:
                 msg = wire.decode(frames, limits)
@@ -646,8 +646,7 @@ class GradientRelay:
         if tp.try_send(s, frames):
             self.stats.sent += 1
             self.stats.direct_out += 1
-            self.stats.direct_bytes_out += sum(len(f) if isinstance(f, bytes) else memoryview(f).nbytes
-                                               for f in frames)
+            self.stats.direct_bytes_out += tp.frames_nbytes(frames)
             self.stats.bytes_out += nbytes
             self.stats.rider_bytes_out += rider
             self.stats.forwarded += int(forwarding)

@@ -459,7 +459,7 @@ class Peer:
 
     def _count_out(self, frames: list[Any]) -> None:
         self.counters.msgs_out += 1
-        self.counters.bytes_out += sum(len(f) if isinstance(f, bytes) else memoryview(f).nbytes for f in frames)
+        self.counters.bytes_out += tp.frames_nbytes(frames)
 
     def _send_coord(self, t: str, body: dict[str, Any], to: int | None = None) -> bool:
         if not self._coords:
