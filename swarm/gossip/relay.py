@@ -203,6 +203,7 @@ class GradientRelay:
         self._max_pending = max_pending
         self._clocks: dict[str, int] = {}    # origin -> clock of its newest gradient here
         self._got: dict[str, set[int]] = {}  # origin -> clocks of its recent gradients and passes here
+        self._complete: dict[str, int] = {}  # origin -> last clock of its newest turn waited for (with first)
         self._held: list[tuple[int, dict[str, Any] | None, list[np.ndarray]]] = []   # publish(hold=True)
         self._cond = threading.Condition()
         self.stats = RelayStats()
@@ -353,6 +354,7 @@ class GradientRelay:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.stats.wait_timeouts += 1
+                    self._behind(clock, every, rounds, first, span, give_up=True)
                     return False
                 t0 = time.monotonic()
                 if self._inbox_sock is None:
@@ -362,8 +364,10 @@ class GradientRelay:
                 self._inbox_sock.poll(max(1, int(1000 * min(left, 0.01))))
             self.stats.waited_s += time.monotonic() - t0
 
-    def _behind(self, clock: int, every: int, rounds: int, first: int | None, span: int = 1) -> list[str]:
-        """The peers whose gradients from before ``clock`` (see :meth:`wait`) are not all here."""
+    def _behind(self, clock: int, every: int, rounds: int, first: int | None, span: int = 1,
+                give_up: bool = False) -> list[str]:
+        """The peers whose gradients from before ``clock`` (see :meth:`wait`) are not all here;
+        ``give_up``: count their missing turns as passed from now on."""
         me = self.link.id
         behind = []
         for m in self.link.view.members:
@@ -373,13 +377,26 @@ class GradientRelay:
             phase = m.rank * span + span - 1 if first is not None else c   # its turn's last clock
             last = clock - 1 - (clock - 1 - phase) % every     # its latest turn before `clock`
             need = last - (rounds - 1) * every
-            if (first is None or need >= first) and (c is None or c < need):
-                behind.append(m.id)
-            elif span > 1 and first is not None and need >= first:
-                # every update of that turn: one may overtake another on the way
-                got = self._got.get(m.id, set())
-                if any(k not in got for k in range(need - span + 1, need + 1)):
+            if first is None:
+                if c is None or c < need:
                     behind.append(m.id)
+                continue
+            if need < first:
+                continue
+            # Every update of every turn since the last one found complete (at the first
+            # wait, the latest turn only): a later turn, or a later update of a turn, can
+            # overtake an earlier one on the way (a message still going through the loop
+            # when the neighbour's inbox became known), and the newest clock alone would
+            # end the wait while one is missing.
+            got = self._got.get(m.id, set())
+            t = self._complete.get(m.id, need - every) + every
+            while t <= need and all(k in got for k in range(t - span + 1, t + 1)):
+                t += every
+            if t <= need:
+                behind.append(m.id)
+                if give_up:   # a lost turn holds up one wait, not every later one
+                    t = need + every
+            self._complete[m.id] = t - every
         return behind
 
     def poll(self) -> int:

@@ -221,6 +221,34 @@ class JitterHub(SimHub):
         pass
 
 
+def test_a_later_turn_overtaking_an_earlier_one_does_not_end_the_wait():
+    """every = 4, first = 0: the peer of rank 1 takes turns at clocks 1, 5, 9. Once its
+    turn at 1 was waited for, its turn at 9 arriving before the one at 5 does not end a
+    wait at clock 10; and a turn that never comes holds up one wait, not every later one."""
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(2)
+        a, b = [GradientRelay(link, 4) for link in links]   # ranks 0, 1
+        grad = {"o": links[1].id, "h": 1, "meta": {"codec": "identity", "n": 4}}
+        one = np.ones(4, np.float32)
+
+        async def turn(seq, clock):
+            await links[1].send(a.link.id, GRAD, dict(grad, s=seq, c=clock), [one])
+            await settle(hub, [a, b])
+        await turn(1, 1)
+        assert await asyncio.to_thread(a.wait, 4, 0.2, every=4, first=0)
+        await turn(3, 9)                                                       # overtakes clock 5
+        assert not await asyncio.to_thread(a.wait, 10, 0.2, every=4, first=0)
+        await turn(2, 5)
+        assert await asyncio.to_thread(a.wait, 10, 0.2, every=4, first=0)
+        # clock 13 never comes: one wait times out, and the turn at 17 is enough after it
+        assert not await asyncio.to_thread(a.wait, 14, 0.2, every=4, first=0)
+        await turn(5, 17)
+        assert await asyncio.to_thread(a.wait, 18, 0.2, every=4, first=0)
+        assert a.stats.wait_timeouts == 2
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("span", [1, 2])
 def test_turns_in_clock_order_keep_the_copies_the_same(span):
     """Four peers take turns (a turn per clock tick, by rank) and apply the others'
