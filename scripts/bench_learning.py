@@ -194,9 +194,9 @@ SOLVE = 475.0
 #: * fourteenth session: the peers' new transitions ride on their turns' gradient
 #:   messages (buffer.ride, the default with gossip.exchange = gradients), and the
 #:   rounds, with nothing left to do on the peer's loop, cost no call into it.
-#:   Runs 103-116: 1,875 steps per peer, CPU ratio 0.44, total steps 1.58x on
-#:   average over fourteen runs (0.21-0.65, 0.84-2.11x); a peer's CPU per step
-#:   1.11x the isolated learner's (1.33x in runs 94-102). Over seeds 0-11 (two runs of
+#:   Runs 103-118: 1,938 steps per peer, CPU ratio 0.46, total steps 1.63x on
+#:   average over sixteen runs (0.21-0.80, 0.84-2.74x); a peer's CPU per step
+#:   1.12x the isolated learner's (1.33x in runs 94-102). Over seeds 0-11 (two runs of
 #:   this script with --seeds): CPU 0.97 and 0.69, total 2.94x and 2.29x; seeds
 #:   0-3 are easier for the swarm than 4-11 (docs/rl.md, "Replay on the gradient
 #:   messages").
