@@ -15,6 +15,14 @@ learner bootstraps from the state N steps on, discounted by gamma^N; an episode'
 last windows end at its terminal state, and windows that the time limit cuts
 short are dropped. CPU time counts training only, not the evaluations.
 
+``--trace N`` also evaluates every N steps of an actor and prints each greedy
+return, without counting those evaluations towards the solve (it is still counted
+on the ``--eval-every`` grid; an evaluation does not touch the learner's random
+streams, so the run is the same). It shows what the count samples: with the
+benchmark's settings the greedy return swings between 500 and about 100 every few
+hundred steps long after it first reaches 500 (docs/rl.md, "What the count
+samples").
+
     python scripts/learning_bound.py --actors 4 --seeds 0 1 2 3 \\
         --set learning_starts=250 --set eps_steps=1250 --set tau=0.12 --set lr=0.004 --set batch_size=128
     python scripts/learning_bound.py --actors 1 --seeds 0 1 2 3 --set tau=0.12 --set lr=0.004
@@ -48,7 +56,7 @@ def store(buf: ReplayBuffer, obs: np.ndarray, action: int, ret: float, next_obs:
 
 
 def run(env_id: str, actors: int, seed: int, cfg: DQNConfig, n_step: int, max_steps: int, eval_every: int,
-        eval_episodes: int) -> dict:
+        eval_episodes: int, trace: int = 0) -> dict:
     """Steps per actor until solved (None if not within ``max_steps``), updates, training CPU."""
     gamma = cfg.gamma
     envs = [make_env(env_id) for _ in range(actors)]
@@ -62,6 +70,7 @@ def run(env_id: str, actors: int, seed: int, cfg: DQNConfig, n_step: int, max_st
     discounts = gamma ** np.arange(n_step)
     cpu0, eval_cpu = time.process_time(), 0.0
     solved_at = None
+    returns: list[tuple[int, float]] = []   # (steps per actor, greedy return) with --trace
     try:
         for t in range(1, max_steps + 1):
             agent.steps = t - 1            # the epsilon and beta schedules read it
@@ -87,18 +96,21 @@ def run(env_id: str, actors: int, seed: int, cfg: DQNConfig, n_step: int, max_st
                     w.clear()
                     nxt = np.asarray(env.reset()[0], np.float32)
                 obs[i] = nxt
-            if t % eval_every == 0:
+            if t % eval_every == 0 or (trace and t % trace == 0):
                 c = time.process_time()
                 ret = float(np.mean(evaluate(env_id, agent, episodes=eval_episodes, seed=10_000)))
                 eval_cpu += time.process_time() - c
-                if ret >= SOLVE:
+                if trace:
+                    returns.append((t, ret))
+                if t % eval_every == 0 and ret >= SOLVE:
                     solved_at = t
                     break
     finally:
         for e in envs:
             e.close()
     return {"seed": seed, "solved": solved_at is not None, "steps_per_actor": solved_at or max_steps,
-            "updates": agent.updates, "train_cpu_s": time.process_time() - cpu0 - eval_cpu}
+            "updates": agent.updates, "train_cpu_s": time.process_time() - cpu0 - eval_cpu,
+            **({"trace": returns} if trace else {})}
 
 
 def main() -> None:
@@ -110,19 +122,27 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=25_000, help="env steps per actor before giving up")
     ap.add_argument("--eval-every", type=int, default=1000, help="env steps per actor between evaluations")
     ap.add_argument("--eval-episodes", type=int, default=5)
+    ap.add_argument("--trace", type=int, default=0, metavar="N",
+                    help="also evaluate every N steps per actor and print the returns (not counted)")
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     help="DQN hyperparameter override, e.g. --set lr=0.004")
     args = ap.parse_args()
     for name in ("actors", "n_step", "max_steps", "eval_every", "eval_episodes"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.trace < 0:
+        ap.error("--trace must be >= 0 (0: no trace)")
     torch.set_num_threads(1)
     cfg = from_dict(DQNConfig, apply_overrides(to_dict(DQNConfig()), args.overrides))
     print(f"{args.actors} actor(s), n-step {args.n_step}, evaluation every {args.eval_every} steps; "
           f"DQN: {to_dict(cfg)}", flush=True)
     rows = []
     for seed in args.seeds:
-        r = run(args.env, args.actors, seed, cfg, args.n_step, args.max_steps, args.eval_every, args.eval_episodes)
+        r = run(args.env, args.actors, seed, cfg, args.n_step, args.max_steps, args.eval_every, args.eval_episodes,
+                args.trace)
+        if args.trace:
+            print(f"seed {seed}, greedy return every {args.trace} steps: "
+                  + " ".join(f"{t}:{ret:.0f}" for t, ret in r["trace"]), flush=True)
         print(f"seed {seed}: {'solved' if r['solved'] else 'not solved'} at {r['steps_per_actor']} steps per "
               f"actor, {r['updates']} updates, {r['train_cpu_s']:.1f} s CPU", flush=True)
         rows.append(r)
