@@ -33,6 +33,8 @@ stops them; that is not counted).
 
     python scripts/bench_learning.py                # 4 seeds each (about 5-8 min on 2 cores)
     python scripts/bench_learning.py --seeds 0 --max-steps 30000
+    # other settings on both sides: --set for the swarm's spec, --iso-set for the isolated learner
+    python scripts/bench_learning.py --set 'dqn.hidden=[128,128]' --iso-set 'hidden=[128,128]'
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import numpy as np
 import torch
 
 from swarm.buffer import ReplayBuffer
-from swarm.config import from_dict, to_dict
+from swarm.config import apply_overrides, from_dict, to_dict
 from swarm.experiment import load_spec, run_experiment
 from swarm.experiment.launch import summarize
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
@@ -404,6 +406,8 @@ def main() -> None:
                     help="the swarm's exchange: relayed gradients (SWARM) or parameter averaging (SWARM_PARAMS)")
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     help="a spec override for the swarm runs, e.g. --set gossip.codec=ef+topk:0.25:values=fp16")
+    ap.add_argument("--iso-set", dest="iso_overrides", action="append", default=[],
+                    help="an override of the isolated learner's DQN settings, e.g. --iso-set hidden=[128,128]")
     ap.add_argument("--skip-dense", action="store_true", help="no uncompressed run (no bytes_saving)")
     ap.add_argument("--skip-alone", action="store_true",
                     help="do not also time the isolated learners one at a time, alone on the machine")
@@ -413,7 +417,7 @@ def main() -> None:
                          "peer's (the rule of runs 1-63; the JSON's any_peer gives it in every run)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = ISOLATED
+    cfg = from_dict(DQNConfig, apply_overrides(to_dict(ISOLATED), args.iso_overrides))
     base = (SWARM if args.swarm == "gradients" else SWARM_PARAMS) + args.overrides
     spec = load_spec(None, base)
     print(f"isolated DQN settings: {to_dict(cfg)}")
