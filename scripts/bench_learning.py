@@ -215,8 +215,8 @@ SOLVE = 475.0
 #:   36 seeds of learning_bound.py the isolated learner gains 1,611 +- 818 steps
 #:   (4,667 to 3,056), one learner fed by four actors 639 +- 256 (2,389 to 1,750):
 #:   the isolated baseline is stronger and the ratios worse. Seeds 0-11: CPU 0.96,
-#:   total 2.95x; the default command, one run: CPU 1.21, total 4.4x, bytes 8.46x
-#:   fewer (docs/rl.md, "Wider networks on both sides").
+#:   total 2.95x; the default command, two runs: CPU 1.21 and 1.59, total 4.4x and
+#:   3.6x, bytes 8.46x and 8.42x fewer (docs/rl.md, "Wider networks on both sides").
 #:
 #: Both sides learn from step 250; the isolated learner decays epsilon over 1,250
 #: steps, the swarm over 250.
