@@ -33,8 +33,9 @@ stops them; that is not counted).
 
     python scripts/bench_learning.py                # 4 seeds each (about 5-8 min on 2 cores)
     python scripts/bench_learning.py --seeds 0 --max-steps 30000
-    # other settings on both sides: --set for the swarm's spec, --iso-set for the isolated learner
-    python scripts/bench_learning.py --set 'dqn.hidden=[128,128]' --iso-set 'hidden=[128,128]'
+    # other settings: --set for the swarm's spec, --iso-set for the isolated learner
+    # (here both back at the width used until the sixteenth session)
+    python scripts/bench_learning.py --set 'dqn.hidden=[64,64]' --iso-set 'hidden=[64,64]'
 """
 
 from __future__ import annotations
@@ -413,7 +414,7 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     help="a spec override for the swarm runs, e.g. --set gossip.codec=ef+topk:0.25:values=fp16")
     ap.add_argument("--iso-set", dest="iso_overrides", action="append", default=[],
-                    help="an override of the isolated learner's DQN settings, e.g. --iso-set hidden=[128,128]")
+                    help="an override of the isolated learner's DQN settings, e.g. --iso-set hidden=[64,64]")
     ap.add_argument("--skip-dense", action="store_true", help="no uncompressed run (no bytes_saving)")
     ap.add_argument("--skip-alone", action="store_true",
                     help="do not also time the isolated learners one at a time, alone on the machine")
