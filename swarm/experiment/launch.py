@@ -13,7 +13,7 @@ Run folder::
     config.json         the resolved spec (loads back with load_spec)
     pids.json           the processes this run started
     logs/               coordinator.log, peer{r}.log (a restarted process appends to its predecessor's)
-    peer{r}/            metrics.csv, rounds.csv, evals.csv, tb/, ckpt/, checkpoint.pt, summary.json
+    peer{r}/            metrics.csv, rounds.csv, evals.csv, tb/, ckpt/, checkpoint.pt, best.pt, summary.json
     plots/              returns.png, bytes_per_round.png, consensus.png
     summary.json        the summary table as JSON (each row with ``restarts``)
     restarts.json       with ``restart_dead``: restarts per process, coordinator included
@@ -460,15 +460,20 @@ def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, A
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'peer':<7} {'steps':>8} {'mean return':>12} {'eval':>7} {'rounds':>7} {'MB sent':>8} {'CPU s':>7}  end"
+    """The summary table; ``eval`` is the last greedy evaluation, ``best eval`` the
+    highest and the env step it came at (its parameters are in ``peer{r}/best.pt``)."""
+    head = (f"{'peer':<7} {'steps':>8} {'mean return':>12} {'eval':>7} {'best eval':>14} {'rounds':>7} "
+            f"{'MB sent':>8} {'CPU s':>7}  end")
     lines = [head, "-" * len(head)]
     for s in rows:
         ret = s.get("final_mean_return")
         ev = s.get("eval_return")
+        best = s.get("best_eval_return")
         cpu = s.get("cpu_s")
+        best_s = f"{best:.1f} @ {s.get('best_eval_at', '?')}" if best is not None else "-"
         lines.append(f"{s.get('id', '?'):<7} {s.get('env_steps', 0):>8} "
                      f"{(f'{ret:.1f}' if ret is not None and math.isfinite(ret) else '-'):>12} "
-                     f"{(f'{ev:.1f}' if ev is not None else '-'):>7} {s.get('rounds', 0):>7} "
+                     f"{(f'{ev:.1f}' if ev is not None else '-'):>7} {best_s:>14} {s.get('rounds', 0):>7} "
                      f"{s.get('bytes_out', 0) / 1e6:>8.2f} {(f'{cpu:.1f}' if cpu else '-'):>7}  {s.get('reason', '')}")
     return "\n".join(lines)
 

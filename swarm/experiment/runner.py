@@ -17,6 +17,7 @@ It writes into ``DIR/peer{R}/``:
 ``tb/``           TensorBoard event files (when tensorboard is installed)
 ``ckpt/``         full and incremental checkpoints (see :mod:`swarm.experiment.checkpoint`)
 ``checkpoint.pt`` ``{"agent": state_dict, "params": flat float32 tensor, ...}`` at the end
+``best.pt``       the same at the best greedy evaluation so far (with its ``eval_return``)
 ``resumed.json``  on a resume: the checkpoint used and the digest of the state restored
 ``acked.bin``     with ``buffer.replicas`` > 0: int64 sequence numbers of this peer's items
                   that neighbours acknowledged (appended each round; a restarted process
@@ -292,6 +293,13 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
         # Every peer starts from the same network (init_seed = spec.seed); exploration,
         # env and buffer sampling differ per peer (seed = spec.seed + rank).
         agent = DQNAgent(obs_shape, int(n_actions), buf, spec.dqn, seed=seed, init_seed=spec.seed)
+
+        def save_params(path: Path, env_steps: int, **extra: Any) -> Path:
+            out.mkdir(parents=True, exist_ok=True)
+            torch.save({"agent": agent.state_dict(), "params": torch.from_numpy(agent.parameters().copy()),
+                        "rank": rank, "env_steps": env_steps, "spec": to_dict(spec), **extra}, path)
+            return path
+
         done_steps = 0
         if restored is not None:
             restored.apply(agent)
@@ -522,6 +530,11 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                                      "eval_return": state.eval_return})
                 logs.scalars(step, {"eval/return": state.eval_return})
                 logs.flush()
+                if state.eval_return > summary.get("best_eval_return", -math.inf):
+                    # DQN's greedy return swings long after it first solves a task, so
+                    # the final parameters need not be the best ones evaluated.
+                    save_params(out / "best.pt", step, eval_return=state.eval_return)
+                    summary.update(best_eval_return=state.eval_return, best_eval_at=step)
                 if (spec.budget.stop_when_solved and state.eval_return >= ev.solve_return
                         and ev.solver in (-1, rank)):
                     reason[0] = "solved"
@@ -583,11 +596,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                     held.setdefault(o, []).append(s)
                 (out / "ids.json").write_text(json.dumps(held) + "\n")
             if agent is not None:
-                out.mkdir(parents=True, exist_ok=True)
-                torch.save({"agent": agent.state_dict(), "params": torch.from_numpy(agent.parameters().copy()),
-                            "rank": rank, "env_steps": state.env_steps, "spec": to_dict(spec)},
-                           out / "checkpoint.pt")
-                summary["checkpoint"] = str(out / "checkpoint.pt")
+                summary["checkpoint"] = str(save_params(out / "checkpoint.pt", state.env_steps))
             if logs is not None:
                 logs.close()
             out.mkdir(parents=True, exist_ok=True)

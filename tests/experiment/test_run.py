@@ -133,11 +133,23 @@ def test_tiny_run_writes_the_run_folder(tmp_path):
         assert torch.isfinite(ck["params"]).all() and ck["params"].numel() > 1000
         assert {"q", "target", "optimizer"} <= set(ck["agent"])
         assert list((pd / "tb").glob("events.out.tfevents.*")), "no TensorBoard event file"
+        # best.pt holds the parameters of the highest greedy evaluation, and says which
+        evals = [(float(e["eval_return"]), int(e["env_steps"])) for e in csv.DictReader(open(pd / "evals.csv"))]
+        assert [s for _, s in evals] == [300, 600]
+        top = max(v for v, _ in evals)
+        first_top = min(s for v, s in evals if v == top)
+        assert (summary["best_eval_return"], summary["best_eval_at"]) == (top, first_top), summary
+        best = torch.load(pd / "best.pt", weights_only=False)
+        assert (best["eval_return"], best["env_steps"], best["rank"]) == (top, first_top, r)
+        assert torch.isfinite(best["params"]).all() and best["params"].shape == ck["params"].shape
+        if first_top == 300:   # 300 more steps of training changed the parameters since
+            assert not torch.equal(best["params"], ck["params"])
 
     for png in ("returns.png", "bytes_per_round.png", "consensus.png"):
         f = d / "plots" / png
         assert f.stat().st_size > 5000 and f.read_bytes()[:4] == b"\x89PNG"
     assert "peer0" in out and "peer1" in out and f"plots: {d.relative_to(tmp_path) / 'plots'}" in out
+    assert "best eval" in out
 
 
 @pytest.mark.parametrize("per_turn,ride", [(1, True), (2, False)])
