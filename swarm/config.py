@@ -194,10 +194,17 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     kwargs = {}
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
+        f = fields[name]
+        if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
+            # A section names only what it changes; the rest is the field's own default
+            # (which may differ from its class's defaults, as a spec's dqn section does).
+            default = f.default_factory()
+            if dataclasses.is_dataclass(default):
+                value = {**to_dict(default), **value}
         v = _coerce(value, hints[name], key)
-        check = fields[name].metadata.get("check")
+        check = f.metadata.get("check")
         if check is not None and not check(v):
-            why = fields[name].metadata.get("why") or "is not allowed"
+            why = f.metadata.get("why") or "is not allowed"
             raise ConfigError(f"{key} = {value!r}: {why}")
         kwargs[name] = v
     obj = cls(**kwargs)

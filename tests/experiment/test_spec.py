@@ -1,10 +1,11 @@
 import json
+from dataclasses import replace
 
 import pytest
 
 from swarm.config import to_dict
 from swarm.errors import ConfigError
-from swarm.experiment.spec import DEFAULT_SPEC, Spec, load_spec, save_resolved
+from swarm.experiment.spec import DEFAULT_SPEC, Spec, load_spec, save_resolved, swarm_dqn
 
 # Most tests pin the cheapest codec so that they check one thing each.
 ID = ["gossip.codec=identity"]
@@ -21,6 +22,22 @@ def test_default_values():
     d = DEFAULT_SPEC
     assert (d.env, d.peers, d.gossip.topology, d.gossip.codec, d.buffer.sharing, d.algorithm) == \
         ("CartPole-v1", 4, "ring", "ef+topk:0.15:values=fp16", True, "dqn")
+
+
+def test_a_section_changes_only_what_it_names(tmp_path):
+    """The spec's dqn defaults are the swarm's (swarm_dqn), not DQNConfig's; a [dqn]
+    table in a file or a dqn.* override keeps the spec's value of every other key."""
+    from swarm.rl.hparams import DQNConfig
+
+    assert DEFAULT_SPEC.dqn == swarm_dqn() != DQNConfig()
+    f = tmp_path / "exp.toml"
+    f.write_text('[dqn]\nhidden = [32]\n[budget]\nenv_steps = 3000\n')
+    spec = load_spec(f, ID + ["dqn.gamma=0.98"])
+    assert (spec.dqn.hidden, spec.dqn.gamma, spec.budget.env_steps) == ([32], 0.98, 3000)
+    assert replace(spec.dqn, hidden=swarm_dqn().hidden, gamma=swarm_dqn().gamma) == swarm_dqn()
+    assert spec.budget.max_seconds == DEFAULT_SPEC.budget.max_seconds
+    # and the resolved config loads back as it was
+    assert load_spec(save_resolved(spec, tmp_path / "run")) == spec
 
 
 def test_overrides_reach_nested_sections_with_types():
