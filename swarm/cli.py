@@ -244,6 +244,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from .coordinator.report import PeerRates, format_table, status_document
 
     rates = PeerRates()
+    # Ends on Ctrl-C as `swarm run` and `swarm peer` do, also when started with SIGINT
+    # ignored (a background job of a non-interactive shell), where Ctrl-C would do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:   # redraw until Ctrl-C; a coordinator that does not answer is shown, not fatal
             try:
