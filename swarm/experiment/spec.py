@@ -127,7 +127,7 @@ class BudgetSpec:
 class EvalSpec:
     """Greedy evaluation during training."""
 
-    every: int = opt(2_000, "env steps between evaluations; 0 disables", _nonneg, "must be >= 0")
+    every: int = opt(1_000, "env steps between evaluations; 0 disables", _nonneg, "must be >= 0")
     episodes: int = opt(5, "episodes per evaluation", _pos, "must be > 0")
     solve_return: float = opt(475.0, "mean greedy return that counts as solved")
     solver: int = opt(-1, "whose evaluation ends a run with budget.stop_when_solved: -1, any peer's "
