@@ -159,11 +159,11 @@ def swarm_dqn() -> DQNConfig:
     ``DQNConfig``'s defaults are for one learner, slow and steady. Four peers that
     share every transition and average tightly take a larger rate, batch and target
     step, two updates per env step, and explore for less (docs/rl.md, "The swarm
-    side's DQN settings"). On seeds 0-3 of the default spec (seventeenth session,
+    side's DQN settings"). On seeds 0-7 of the default spec (seventeenth session,
     evaluations every 1k env steps) the first peer of each run reached a greedy 500
-    by 3k steps with these, every peer by 6k; with ``DQNConfig()`` seed 0 sat at
-    100-300 for 20k steps, seeds 1 and 3 first reached 500 at 17k and 14k, seed 2
-    only at its last evaluation (20k).
+    by 4k steps with these, every peer by 8k; with ``DQNConfig()`` on seeds 0-3 seed
+    0 stayed at 100-320 for 20k steps, seeds 1 and 3 first reached 500 at 17k and
+    14k, seed 2 only at one peer's last evaluation (20k).
     """
     return DQNConfig(lr=0.008, batch_size=128, updates_per_train=2, tau=0.12, learning_starts=250,
                      eps_steps=1250)
