@@ -276,6 +276,17 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.show:
+        if args.resume:
+            raise SwarmError("--show with --resume: a run's spec is its config.json")
+        from .config import to_toml
+        from .experiment import load_spec
+
+        spec = load_spec(args.spec, list(args.set or []))
+        print(f"# swarm run {args.spec or '(built-in default)'}"
+              + "".join(f" --set {o}" for o in args.set or []) + ", resolved\n")
+        print(to_toml(spec))
+        return 0
     from .experiment.launch import run_experiment
 
     return run_experiment(args.spec, list(args.set or []), resume=getattr(args, "resume", None))
@@ -352,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec value")
     r.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a run from its checkpoints (its config.json is the spec; a new run folder)")
+    r.add_argument("--show", action="store_true",
+                   help="print the resolved spec as TOML, every key with its help, and exit without running "
+                        "(`swarm run --show > my.toml` starts a spec file)")
     r.set_defaults(func=cmd_run)
 
     la = sub.add_parser("launch", help="run an experiment on a cluster: `swarm launch --ray [ADDRESS] SPEC`")

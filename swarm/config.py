@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import textwrap
 import tomllib
 import types
 import typing
@@ -30,6 +31,7 @@ __all__ = [
     "load_config",
     "from_dict",
     "to_dict",
+    "to_toml",
     "apply_overrides",
     "read_file",
     "opt",
@@ -217,6 +219,37 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
 def to_dict(obj: Any) -> dict[str, Any]:
     """The plain-dict form of a config, as saved beside results."""
     return dataclasses.asdict(obj)
+
+
+def to_toml(obj: Any) -> str:
+    """A config as a TOML file that loads back to it, each key under its help text.
+
+    Top-level keys first, then one ``[table]`` per nested config. A ``None`` value
+    (unset) is written as a comment, since TOML has no null.
+    """
+    scalars, tables = [], []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            doc = (type(value).__doc__ or "").strip().splitlines()
+            head = [f"# {doc[0]}"] if doc else []
+            tables.append("\n".join(head + [f"[{f.name}]", to_toml(value)]))
+            continue
+        scalars += [f"# {line}" for line in textwrap.wrap(f.metadata.get("help") or "", 86)]
+        scalars.append(f"# {f.name} is unset" if value is None else f"{f.name} = {_toml_value(value)}")
+    return "\n\n".join(["\n".join(scalars)] + tables if scalars else tables)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)   # TOML reads inf, nan and exponents as Python writes them
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise ConfigError(f"cannot write {v!r} ({type(v).__name__}) as TOML")
 
 
 def _parse_scalar(text: str) -> Any:

@@ -61,3 +61,15 @@ def test_peer_config_is_a_dataclass_with_help():
     import dataclasses
     for f in dataclasses.fields(PeerConfig):
         assert f.metadata.get("help"), f.name
+
+
+def test_to_toml_round_trips_with_help_comments(tmp_path):
+    from swarm.config import SwarmConfig, to_toml
+
+    cfg = load_config(None, ["peer.topology=grid", "peer.coordinators=['tcp://127.0.0.1:5555']"])
+    text = to_toml(cfg)
+    f = tmp_path / "swarm.toml"
+    f.write_text(text)
+    assert load_config(f) == cfg != SwarmConfig()
+    assert "[peer]\n" in text and "# neighbour topology for links" in text
+    assert all(len(line) <= 88 for line in text.splitlines() if line.startswith("#"))

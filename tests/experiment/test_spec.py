@@ -189,3 +189,29 @@ def test_gradient_relay_needs_a_fixed_graph_and_async_rounds():
     assert load_spec(None, ["gossip.exchange=gradients", "gossip.average=false"]).gossip.sync == "bounded"
     spec = load_spec(None, ["gossip.exchange=gradients", "gossip.topology=grid", "peers=6", "gossip.sync=async"])
     assert spec.gossip.exchange == "gradients" and spec.gossip.relay_staleness == 1
+
+
+def test_show_prints_a_toml_spec_that_loads_back(tmp_path):
+    """`swarm run --show` prints the resolved spec, each key under its help, and
+    runs nothing; the output is a spec file for the same experiment."""
+    import os
+    import subprocess
+    import sys
+
+    from swarmtest import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    sets = ["peers=3", "dqn.lr=0.01", "dqn.hidden=[32, 16]", "gossip.codec=int8", "buffer.eps=1e-7",
+            "gossip.edges=[[0, 1], [1, 2], [2, 0]]", "gossip.topology=custom", "name=shown"]
+    args = [sys.executable, "-m", "swarm.cli", "run", "--show"] + [a for s in sets for a in ("--set", s)]
+    p = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert not (tmp_path / "runs").exists()
+    f = tmp_path / "shown.toml"
+    f.write_text(p.stdout)
+    assert load_spec(f) == load_spec(None, sets)
+    assert "# Adam learning rate\nlr = 0.01\n" in p.stdout and "\n[dqn]\n" in p.stdout
+    # a bad value is the usual error, naming the key, and nothing is printed
+    bad = subprocess.run(args + ["--set", "dqn.tau=2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "dqn.tau" in bad.stderr and bad.stdout == "", (bad.stdout, bad.stderr)
