@@ -4,7 +4,8 @@
     swarm peer --coordinator tcp://HOST:5555[,tcp://STANDBY:5555] [--bind ADDR] [--id ID] [--rank N]
                [--replace ID] [--keys DIR] [--spec FILE --run-dir DIR [--resume DIR]]
     swarm status --coordinator tcp://HOST:5555 [--json] [--watch [--interval S]]
-    swarm run [SPEC] [--set key=value ...] [--resume RUN_DIR]
+    swarm run [SPEC] [--set key=value ...] [--resume RUN_DIR] [--show]
+    swarm eval PATH... [--episodes N] [--seed S]
     swarm keys generate DIR [--names coordinator,peer]
     swarm launch --ray [ADDRESS] [SPEC] [--per-node N] [--set key=value ...]
 
@@ -24,6 +25,7 @@ import shutil
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Coroutine
 
 from .config import CoordinatorConfig, PeerConfig, SwarmConfig, load_config
@@ -292,6 +294,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_experiment(args.spec, list(args.set or []), resume=getattr(args, "resume", None))
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """`swarm eval PATH...`: greedy episodes of saved policies (best.pt, checkpoint.pt,
+    or a run folder: each peer's best.pt)."""
+    if args.episodes < 1:
+        raise SwarmError(f"--episodes must be >= 1, got {args.episodes}")
+    files: list[Path] = []
+    for given in args.paths:
+        p = Path(given)
+        if p.is_dir():
+            found = sorted(p.glob("peer*/best.pt")) or sorted(p.glob("best.pt"))
+            if not found:
+                raise SwarmError(f"{p}: no peer*/best.pt in it (a run folder written by swarm run)")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise SwarmError(f"{p}: no such file or folder")
+    from .experiment.checkpoint import load_policy
+    from .rl.train import evaluate
+
+    for i, f in enumerate(files):
+        agent, spec, meta = load_policy(f)
+        if i == 0:
+            print(f"{'policy':<48} {'steps':>7} {'eval then':>9} {'mean':>7} {'min':>6} {'max':>6}")
+        returns = evaluate(spec.env, agent, episodes=args.episodes, seed=args.seed)
+        then = meta.get("eval_return")
+        print(f"{str(f):<48} {meta.get('env_steps', '-'):>7} {(f'{then:.1f}' if then is not None else '-'):>9} "
+              f"{sum(returns) / len(returns):>7.1f} {min(returns):>6.0f} {max(returns):>6.0f}", flush=True)
+    return 0
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     """`swarm launch --ray [ADDRESS] SPEC`: the experiment's peers as Ray actors, one
     (or --per-node N) per node; traffic stays on ZeroMQ, failover with the coordinator."""
@@ -367,6 +400,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the resolved spec as TOML, every key with its help, and exit without running "
                         "(`swarm run --show > my.toml` starts a spec file)")
     r.set_defaults(func=cmd_run)
+
+    e = sub.add_parser("eval", help="greedy episodes of saved policies: best.pt, checkpoint.pt or run folders")
+    e.add_argument("paths", nargs="+", metavar="PATH",
+                   help="a peer's best.pt or checkpoint.pt, or a run folder (each peer's best.pt)")
+    e.add_argument("--episodes", type=int, default=10, help="episodes per policy (default 10)")
+    e.add_argument("--seed", type=int, default=20_000,
+                   help="seed of the first episode (default 20000; training evaluations use 10000 + 100 * rank)")
+    e.set_defaults(func=cmd_eval)
 
     la = sub.add_parser("launch", help="run an experiment on a cluster: `swarm launch --ray [ADDRESS] SPEC`")
     la.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",

@@ -35,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import time
@@ -49,7 +50,7 @@ from ..errors import ConfigError, ReplayError
 
 log = logging.getLogger("swarm.experiment")
 
-__all__ = ["Checkpointer", "Restored", "latest", "load_checkpoint", "state_digest"]
+__all__ = ["Checkpointer", "Restored", "latest", "load_checkpoint", "load_policy", "state_digest"]
 
 _FULL = re.compile(r"^full-(\d{6})$")
 _INC = re.compile(r"^full-(\d{6})-inc-(\d{4})$")
@@ -311,3 +312,36 @@ def load_checkpoint(path: str | Path) -> Restored:
     except ReplayError as e:
         raise ConfigError(f"checkpoint {path}: replay buffer: {e}") from None
     return Restored(path, manifest, buf, params, st["agent"], dict(st["counters"]), st.get("torch_rng"))
+
+
+def load_policy(path: str | Path) -> tuple[Any, Any, dict[str, Any]]:
+    """The DQN agent saved in a peer's ``checkpoint.pt`` or ``best.pt``, ready to act
+    greedily (``agent.act``), with the run's spec and the file's other entries
+    (``rank``, ``env_steps``, ``eval_return`` for ``best.pt``)."""
+    import torch  # noqa: PLC0415
+
+    from ..buffer import ReplayBuffer  # noqa: PLC0415
+    from ..config import from_dict  # noqa: PLC0415
+    from ..rl import DQNAgent, dqn_schema  # noqa: PLC0415
+    from ..rl.train import make_env  # noqa: PLC0415
+    from .spec import Spec  # noqa: PLC0415
+
+    path = Path(path)
+    try:
+        # weights_only: tensors and plain containers only, so a file from elsewhere runs no code
+        ck = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise ConfigError(f"{path}: not a checkpoint (a torch file of tensors and plain values)") from None
+    except (OSError, RuntimeError, ValueError, EOFError) as e:
+        raise ConfigError(f"{path}: cannot be read as a checkpoint: {e}") from None
+    if not isinstance(ck, dict) or not {"agent", "spec"} <= set(ck):
+        raise ConfigError(f"{path}: not a peer's checkpoint.pt or best.pt (no agent and spec in it)")
+    spec = from_dict(Spec, ck["spec"])
+    env = make_env(spec.env)
+    try:
+        obs_shape, n_actions = env.observation_space.shape, int(env.action_space.n)
+    finally:
+        env.close()
+    agent = DQNAgent(obs_shape, n_actions, ReplayBuffer(dqn_schema(obs_shape), 1), spec.dqn)
+    agent.load_state_dict(ck["agent"])
+    return agent, spec, {k: v for k, v in ck.items() if k not in ("agent", "spec", "params")}

@@ -16,10 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from swarmtest import ROOT, wait_for
 
 from swarm.experiment import load_spec
+from swarm.experiment.checkpoint import load_policy
 
 # Small and fast: 2 peers, learning from step 100, one gossip round every 10 steps.
 TINY = ["peers=2", "budget.env_steps=600", "dqn.learning_starts=100", "dqn.batch_size=32",
@@ -144,12 +146,26 @@ def test_tiny_run_writes_the_run_folder(tmp_path):
         assert torch.isfinite(best["params"]).all() and best["params"].shape == ck["params"].shape
         if first_top == 300:   # 300 more steps of training changed the parameters since
             assert not torch.equal(best["params"], ck["params"])
+        agent, loaded_spec, meta = load_policy(pd / "best.pt")
+        assert loaded_spec == spec and meta["eval_return"] == top
+        assert np.array_equal(agent.parameters(), best["params"].numpy())
 
     for png in ("returns.png", "bytes_per_round.png", "consensus.png"):
         f = d / "plots" / png
         assert f.stat().st_size > 5000 and f.read_bytes()[:4] == b"\x89PNG"
     assert "peer0" in out and "peer1" in out and f"plots: {d.relative_to(tmp_path) / 'plots'}" in out
     assert "best eval" in out
+
+    # `swarm eval` plays each peer's best.pt again, on fresh episodes
+    ev = subprocess.run([sys.executable, "-m", "swarm.cli", "eval", str(d), "--episodes", "2"], cwd=tmp_path,
+                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    assert ev.returncode == 0, ev.stderr
+    rows = [line.split() for line in ev.stdout.splitlines()[1:]]
+    assert [Path(r[0]).parent.name for r in rows] == ["peer0", "peer1"]
+    assert all(1 <= float(r[3]) <= 500 for r in rows), ev.stdout
+    bad = subprocess.run([sys.executable, "-m", "swarm.cli", "eval", str(d / "config.json")], cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "not a checkpoint" in bad.stderr, bad.stderr
 
 
 @pytest.mark.parametrize("per_turn,ride", [(1, True), (2, False)])
