@@ -301,6 +301,8 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
     else:
         print(f"plots: {run_dir / 'plots'}  ({', '.join(p.name for p in plots)})", file=out)
     print(f"run folder: {run_dir}", file=out, flush=True)
+    if any(r.get("best_eval_return") is not None for r in rows):
+        print(f"replay the best policies: swarm eval {run_dir}", file=out, flush=True)
     return code
 
 

@@ -154,7 +154,7 @@ def test_tiny_run_writes_the_run_folder(tmp_path):
         f = d / "plots" / png
         assert f.stat().st_size > 5000 and f.read_bytes()[:4] == b"\x89PNG"
     assert "peer0" in out and "peer1" in out and f"plots: {d.relative_to(tmp_path) / 'plots'}" in out
-    assert "best eval" in out
+    assert "best eval" in out and f"swarm eval {d.relative_to(tmp_path)}" in out
 
     # `swarm eval` plays each peer's best.pt again, on fresh episodes
     ev = subprocess.run([sys.executable, "-m", "swarm.cli", "eval", str(d), "--episodes", "2"], cwd=tmp_path,
