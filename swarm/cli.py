@@ -303,7 +303,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for given in args.paths:
         p = Path(given)
         if p.is_dir():
-            found = sorted(p.glob("peer*/best.pt")) or sorted(p.glob("best.pt"))
+            found = (sorted(p.glob("peer*/best.pt"), key=lambda q: (len(q.parent.name), q.parent.name))
+                     or sorted(p.glob("best.pt")))    # peer2 before peer10
             if not found:
                 raise SwarmError(f"{p}: no peer*/best.pt in it (a run folder written by swarm run)")
             files += found
@@ -433,6 +434,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `swarm run --show | head`: the reader left; say nothing more, not even at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
