@@ -338,10 +338,9 @@ def load_policy(path: str | Path) -> tuple[Any, Any, dict[str, Any]]:
         raise ConfigError(f"{path}: not a peer's checkpoint.pt or best.pt (no agent and spec in it)")
     spec = from_dict(Spec, ck["spec"])
     env = make_env(spec.env)
-    try:
-        obs_shape, n_actions = env.observation_space.shape, int(env.action_space.n)
+    try:   # acting needs no replay: a buffer of one
+        agent = DQNAgent.for_env(env, ReplayBuffer(dqn_schema(env.observation_space.shape), 1), spec.dqn)
     finally:
         env.close()
-    agent = DQNAgent(obs_shape, n_actions, ReplayBuffer(dqn_schema(obs_shape), 1), spec.dqn)
     agent.load_state_dict(ck["agent"])
     return agent, spec, {k: v for k, v in ck.items() if k not in ("agent", "spec", "params")}
