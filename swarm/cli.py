@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Coroutine
 
-from .config import CoordinatorConfig, PeerConfig, SwarmConfig, load_config
+from .config import PeerConfig, SwarmConfig, load_config
 from .errors import SwarmError
 
 log = logging.getLogger("swarm.cli")
