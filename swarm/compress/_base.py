@@ -260,13 +260,19 @@ def meta_int(meta: dict[str, Any], key: str, codec: str, lo: int | None = None,
     return v
 
 
+#: the largest float32: a scale beyond it would decode to Inf (a sender's scales are
+#: computed from float32 values and never exceed it)
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def meta_float(meta: dict[str, Any], key: str, codec: str) -> float:
-    """``meta[key]`` as a finite, non-negative float, or :class:`WireError` naming the key."""
+    """``meta[key]`` as a non-negative float within float32's range, or
+    :class:`WireError` naming the key."""
     v = meta.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise WireError(f"{codec}: meta {key}={v!r} is not a number")
-    if not math.isfinite(v) or v < 0:
-        raise WireError(f"{codec}: meta {key}={v!r} is not finite and >= 0")
+    if not 0 <= v <= _F32_MAX:   # also False for NaN
+        raise WireError(f"{codec}: meta {key}={v!r} is not finite and >= 0, or beyond float32's range")
     return float(v)
 
 

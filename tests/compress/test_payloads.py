@@ -141,8 +141,11 @@ def test_quantizer_payload_values_are_checked():
 
 def test_sign_and_randomk_meta_values_are_checked():
     codec, enc = good("sign:block=0")
-    for v in [float("nan"), float("inf"), -1.0, "1", None, True]:
+    # 1e39 and 2**200 are finite but overflow float32: every value would decode to Inf
+    for v in [float("nan"), float("inf"), -1.0, 1e39, 2**200, "1", None, True]:
         rejects(codec, Encoded(dict(enc.meta, scale=v), enc.frames), "scale")
+    codec, enc = good("topk:0.1:values=fp8")
+    rejects(codec, Encoded(dict(enc.meta, scale=1e39), enc.frames), "scale")
     codec, enc = good("sign")
     for v in [0, 4, 12, -8, 2**25, 1.5, None, True]:
         rejects(codec, Encoded(dict(enc.meta, block=v), enc.frames), "block")
