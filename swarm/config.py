@@ -237,7 +237,7 @@ def to_toml(obj: Any) -> str:
             continue
         scalars += [f"# {line}" for line in textwrap.wrap(f.metadata.get("help") or "", 86)]
         scalars.append(f"# {f.name} is unset" if value is None else f"{f.name} = {_toml_value(value)}")
-    return "\n\n".join(([("\n".join(scalars))] if scalars else []) + tables)
+    return "\n\n".join((["\n".join(scalars)] if scalars else []) + tables)
 
 
 def _toml_value(v: Any) -> str:

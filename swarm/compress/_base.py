@@ -272,7 +272,7 @@ def meta_float(meta: dict[str, Any], key: str, codec: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise WireError(f"{codec}: meta {key}={v!r} is not a number")
     if not 0 <= v <= _F32_MAX:   # also False for NaN
-        raise WireError(f"{codec}: meta {key}={v!r} is not finite and >= 0, or beyond float32's range")
+        raise WireError(f"{codec}: meta {key}={v!r} is not in [0, {_F32_MAX:.4g}] (a float32 scale)")
     return float(v)
 
 
