@@ -346,6 +346,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             return gossip, fed, relay
 
         gossip, fed, relay = sp.call(build())
+        if relay is not None and not relay.ready(timeout=10.0):
+            # a gradient sent to a neighbour without a relay yet would be lost
+            log.warning("peer%d: not every neighbour's gradient inbox is known after 10 s; "
+                        "early gradients may be lost", rank)
         # With the relay, a peer's turn is `per_turn` updates, numbered by a clock that
         # counts updates: steps · per_turn + k for the k-th update of the turn at `steps`.
         # They go out together, in one message, with the turn's last update.

@@ -56,6 +56,7 @@ sockets of its own (a PULL inbox, a PUSH per neighbour) instead of through the
 peer's event loop, and calls :meth:`poll` between its steps to take them in:
 
     relay = GradientRelay(peer, d, codec=..., direct=True)   # on the peer's loop
+    relay.ready(timeout=10.0)            # training thread: every neighbour's relay is up
     relay.poll()                         # training thread, every step
     ...
     relay.close()                        # training thread, before the peer closes
@@ -168,7 +169,8 @@ class GradientRelay:
             270 direct and 170 for raw pyzmq (``scripts/bench_relay.py``); the
             consumer takes them in between its own steps instead. Neighbours tell each other their
             inbox endpoints through the peer; until a neighbour's is known, its
-            gradients go through the loop as without ``direct``. Only with a
+            gradients go through the loop as without ``direct`` (:meth:`ready` waits
+            until every neighbour's is, before the first gradient). Only with a
             :class:`~swarm.peer.Peer` on tcp; call :meth:`poll` every step or so (a
             gradient is passed on to the next neighbour only then) and :meth:`close`
             before the peer closes.
@@ -436,12 +438,38 @@ class GradientRelay:
                 self.stats.direct_in += 1
             except WireError as e:   # counted by _accept
                 self._bad(src, e)
+        self._regreet()
+        return n
+
+    def ready(self, timeout: float) -> bool:
+        """Direct mode, consumer thread: block until this peer knows every neighbour's
+        inbox, or until ``timeout`` seconds passed; returns whether it got there.
+
+        A neighbour's hello comes from its relay's constructor, after the relay handles
+        gradients, so knowing its inbox means its relay exists. Call this before the
+        first publish: a gradient sent earlier goes through the loop to a peer that may
+        not handle gradients yet, and is lost there (and peers that take turns then wait
+        a whole ``timeout`` of :meth:`wait` for it). Takes nothing in: what arrives
+        meanwhile waits on the inbox.
+        """
+        if self._inbox_sock is None:
+            raise ConfigError("ready() is for direct mode (GradientRelay(..., direct=True))")
+        deadline = time.monotonic() + timeout
+        while any(d not in self._endpoints for d in self.link.neighbours()):
+            if time.monotonic() >= deadline:
+                return False
+            self._regreet()
+            time.sleep(0.005)
+        return True
+
+    def _regreet(self) -> None:
+        """Consumer thread: greet again, at most every 0.5 s, the neighbours whose inbox we
+        do not know (our hello may have come before their relay existed)."""
         now = time.monotonic()
-        if now > self._regreet_at:   # a hello may have come before the neighbour's relay existed
+        if now > self._regreet_at:
             self._regreet_at = now + 0.5
             if any(d not in self._endpoints for d in self.link.neighbours()):
                 self._loop.call_soon_threadsafe(self._greet, True)
-        return n
 
     def close(self) -> None:
         """Direct mode: close this relay's own sockets (from the consumer thread, before

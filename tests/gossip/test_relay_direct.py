@@ -41,11 +41,9 @@ def ring(procs):
             return GradientRelay(sp.peer, D, codec=CODEC, topology="ring", direct=True)
         for sp in peers:
             relays.append(sp.call(build()))
-        def greeted() -> bool:   # every relay knows its two neighbours' inboxes (hellos go through the peers)
-            for r in relays:
-                r.poll()
-            return all(len(r._endpoints) == 2 for r in relays)
-        wait_for(greeted, 10, what="inbox endpoints")
+        # every relay knows its two neighbours' inboxes (hellos go through the peers)
+        assert all(r.ready(timeout=10) for r in relays)
+        assert all(len(r._endpoints) == 2 for r in relays)
         yield peers, relays
     finally:
         for r in relays:
@@ -110,6 +108,44 @@ def test_direct_inbox_refuses_bad_input_and_keeps_working(ring):
     assert len(got) == 1 and np.array_equal(got[0], g)
 
 
+def test_ready_waits_for_every_neighbours_relay(procs):
+    """A peer that built its relay first must not publish before its neighbours have
+    theirs: through the loop, a gradient reaches a peer that does not handle gradients
+    yet and is lost (turn-taking peers then each sat out a whole wait timeout)."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, name="coord")
+    peers, relays = [], []
+    try:
+        for r in range(3):
+            peers.append(SyncPeer(coordinators=[addr], id=f"w{r}", rank=r, topology="ring",
+                                  join_timeout_s=20).start())
+        for sp in peers:
+            sp.call(sp.peer.wait_view(lambda v: len(v.members) == 3, timeout=20), timeout=25)
+
+        def build(sp):
+            async def make() -> GradientRelay:
+                return GradientRelay(sp.peer, D, codec=CODEC, topology="ring", direct=True)
+            return sp.call(make())
+        relays = [build(peers[0]), build(peers[1])]
+        assert not relays[0].ready(timeout=0.5)   # w2 has no relay yet
+        assert relays[0]._endpoints.keys() == {"w1"}
+        relays.append(build(peers[2]))
+        assert all(r.ready(timeout=10) for r in relays)
+        g = relays[0].publish(np.full(D, 0.25, np.float32), clock=0)
+        got = _poll_until(relays, [0, 1, 1])
+        assert all(len(x) == 1 and np.array_equal(x[0], g) for x in got[1:])
+        assert relays[0].stats.direct_out == relays[0].stats.sent == 2
+    finally:
+        for r in relays:
+            r.close()
+        for sp in peers:
+            sp.close()
+    with pytest.raises(ConfigError, match="direct mode"):
+        async def main() -> None:
+            GradientRelay(SimHub(topology="ring").add("a"), D).ready(1.0)
+        asyncio.run(main())
+
+
 def test_direct_needs_a_peer():
     async def main() -> None:
         hub = SimHub(topology="ring")
@@ -138,12 +174,7 @@ def test_direct_inbox_with_keys_admits_only_the_swarm(procs, tmp_path):
             return GradientRelay(sp.peer, D, codec=CODEC, direct=True)
         for sp in peers:
             relays.append(sp.call(build()))
-
-        def greeted() -> bool:
-            for r in relays:
-                r.poll()
-            return all(len(r._endpoints) == 1 for r in relays)
-        wait_for(greeted, 10, what="inbox endpoints")
+        assert all(r.ready(timeout=10) for r in relays)
         g = relays[0].publish(np.full(D, 0.5, np.float32), clock=0)
         got = _poll_until(relays, [0, 1])[1]
         assert len(got) == 1 and np.array_equal(got[0], g) and relays[1].stats.direct_in == 1
