@@ -128,7 +128,10 @@ def swarm_peer(rank: int, addr: str, n: int, d: int, every: float, out: "mp.Queu
         async def build() -> GradientRelay:
             return GradientRelay(sp.peer, d, codec=CODEC, topology="ring", direct=direct)
         relay = sp.call(build())
-        time.sleep(0.5)
+        if direct:
+            relay.ready(timeout=30)
+        else:
+            time.sleep(0.5)   # the other's relay handles gradients by then
         if out is None:          # the publisher
             g = gradient(d)
             for i in range(n):
