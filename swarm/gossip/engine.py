@@ -30,6 +30,8 @@ Messages (registered with :func:`swarm.wire.register_type`)
     ``gsp_delta``  body ``{r, ver, meta}``, arrays = the codec's frames
     ``gsp_full``   body ``{r, ver}``, arrays = ``[x̂ float32[d]]`` (every identity message)
     ``gsp_nack``   body ``{ver}``: "my copy of you is not at ``ver − 1``; send it full"
+    ``gsp_boot_req`` body ``{lo, hi, nonce}``: "send me x[lo:hi]" (:meth:`Gossip.bootstrap`)
+    ``gsp_boot``   body ``{lo, hi, nonce, r}``, arrays = ``[x[lo:hi] float32]``
 
 Sync modes
     ``lockstep`` waits (up to ``round_timeout``) for every sender's round-t
