@@ -10,8 +10,12 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 # torch first and pinned: a looser requirement would pull a multi-GB CUDA build.
+# Where the package index serves only the CUDA wheel (PyPI on Linux), name a CPU one:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
+	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install --disable-pip-version-check -q -e '.[test,plots]'
 	touch $(STAMP)
 
