@@ -269,7 +269,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
     from . import transport as tp
 
     names = [n.strip() for n in args.names.split(",") if n.strip()]
-    if "coordinator" not in names:
+    # every key folder needs the coordinator's pair; one that has it can take new names
+    if "coordinator" not in names and not (Path(args.dir) / "coordinator.key").exists():
         names.insert(0, "coordinator")
     for public in tp.generate_keys(args.dir, names):
         print(f"{public}  (secret: {public}_secret)")

@@ -10,6 +10,8 @@ message with non-blocking receives on a plain (shadow) socket. Awaiting each
 from __future__ import annotations
 
 import logging
+import os
+import re
 import socket as _socket
 from pathlib import Path
 import time
@@ -18,7 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 import zmq
 import zmq.asyncio
 
-from .errors import TransportError, WireError
+from .errors import ConfigError, TransportError, WireError
 from .wire import DEFAULT_LIMITS, Limits, Message, decode
 
 log = logging.getLogger("swarm.transport")
@@ -251,22 +253,60 @@ class Curve:
 
 
 def generate_keys(keys_dir: str, names: list[str]) -> list[Path]:
-    """Create key pairs ``NAME.key``/``NAME.key_secret`` and authorize their public keys."""
+    """Create key pairs ``NAME.key``/``NAME.key_secret`` and authorize their public keys.
+
+    ``keys_dir`` may be new, or an existing key folder to add new names to; an
+    existing key is never overwritten. Every name and path is checked before
+    anything is written, and a failure while writing removes what this call
+    wrote, so an error leaves the folder as it was. Returns the public key files.
+
+        generate_keys("keys", ["coordinator", "peer"])   # keys/peer.key, keys/authorized/peer.key, ...
+    """
     import shutil
 
     import zmq.auth
 
     base = Path(keys_dir)
     auth = base / "authorized"
-    auth.mkdir(parents=True, exist_ok=True)
-    made = []
+    if not names:
+        raise ConfigError("keys: no key names given")
     for name in names:
-        if (base / f"{name}.key_secret").exists():
-            raise TransportError(f"{base / name}.key_secret exists; refusing to overwrite a key")
-        public, secret = zmq.auth.create_certificates(str(base), name)
-        Path(secret).chmod(0o600)
-        shutil.copy(public, auth / Path(public).name)
-        made.append(Path(public))
+        # a plain file name: no separators, no "..", no leading "-" or "." (hidden files, options)
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
+            raise ConfigError(f"keys: bad key name {name!r}: use letters, digits, '_', '-' and '.' "
+                              "(not first), at most 100 characters")
+        if names.count(name) > 1:
+            raise ConfigError(f"keys: key name {name!r} given more than once")
+    nearest = next(p for p in (auth, base, *base.parents) if p.exists())
+    if not nearest.is_dir():
+        raise ConfigError(f"keys: {nearest} is not a folder; give a new or existing key folder")
+    for name in names:
+        for p in (base / f"{name}.key", base / f"{name}.key_secret", auth / f"{name}.key"):
+            if os.path.lexists(p):    # a dangling link too: writing would follow it
+                raise ConfigError(f"keys: {p} exists; refusing to overwrite a key; to add key pairs "
+                                  "to this folder, give only new names")
+
+    new_dirs = [p for p in (*reversed(base.parents), base, auth) if not p.exists()]
+    written: list[Path] = []
+    made = []
+    try:
+        auth.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            public, secret, authorized = base / f"{name}.key", base / f"{name}.key_secret", auth / f"{name}.key"
+            written += [public, secret, authorized]     # listed first: a half-written pair goes too
+            zmq.auth.create_certificates(str(base), name)
+            secret.chmod(0o600)
+            shutil.copy(public, authorized)
+            made.append(public)
+    except OSError as e:
+        for p in written:
+            p.unlink(missing_ok=True)
+        for d in reversed(new_dirs):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise ConfigError(f"keys: cannot write keys in {base}: {e.strerror or e}") from None
     return made
 
 
