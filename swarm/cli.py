@@ -300,6 +300,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     or a run folder: each peer's best.pt)."""
     if args.episodes < 1:
         raise SwarmError(f"--episodes must be >= 1, got {args.episodes}")
+    if args.seed < 0:
+        raise SwarmError(f"--seed must be >= 0, got {args.seed}")
     files: list[Path] = []
     for given in args.paths:
         p = Path(given)
@@ -311,18 +313,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
             files += found
         elif p.is_file():
             files.append(p)
+        elif p.exists():
+            raise SwarmError(f"{p}: not a regular file or folder")
         else:
             raise SwarmError(f"{p}: no such file or folder")
     from .experiment.checkpoint import load_policy
     from .rl.train import evaluate
 
-    for i, f in enumerate(files):
-        agent, spec, meta = load_policy(f)
-        if i == 0:
-            print(f"{'policy':<48} {'steps':>7} {'eval then':>9} {'mean':>7} {'min':>6} {'max':>6}")
+    # every file is read before any episode runs: a bad one is refused before minutes of play
+    policies = [(f, *load_policy(f)) for f in files]
+    width = max(len("policy"), *(len(str(f)) for f in files))
+    print(f"{'policy':<{width}} {'steps':>7} {'eval then':>9} {'mean':>7} {'min':>6} {'max':>6}")
+    for f, agent, spec, meta in policies:
         returns = evaluate(spec.env, agent, episodes=args.episodes, seed=args.seed)
         then = meta.get("eval_return")
-        print(f"{str(f):<48} {meta.get('env_steps', '-'):>7} {(f'{then:.1f}' if then is not None else '-'):>9} "
+        print(f"{str(f):<{width}} {meta.get('env_steps', '-'):>7} {(f'{then:.1f}' if then is not None else '-'):>9} "
               f"{sum(returns) / len(returns):>7.1f} {min(returns):>6.0f} {max(returns):>6.0f}", flush=True)
     return 0
 

@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ConfigError, ReplayError
+from ..errors import ConfigError, ReplayError, SwarmError
 
 log = logging.getLogger("swarm.experiment")
 
@@ -332,15 +332,50 @@ def load_policy(path: str | Path) -> tuple[Any, Any, dict[str, Any]]:
         ck = torch.load(path, weights_only=True)
     except pickle.UnpicklingError:
         raise ConfigError(f"{path}: not a checkpoint (a torch file of tensors and plain values)") from None
-    except (OSError, RuntimeError, ValueError, EOFError) as e:
-        raise ConfigError(f"{path}: cannot be read as a checkpoint: {e}") from None
-    if not isinstance(ck, dict) or not {"agent", "spec"} <= set(ck):
-        raise ConfigError(f"{path}: not a peer's checkpoint.pt or best.pt (no agent and spec in it)")
-    spec = from_dict(Spec, ck["spec"])
+    except Exception as e:   # on bytes that are no torch file the unpickler raises KeyError and the like
+        raise ConfigError(f"{path}: cannot be read as a checkpoint: {_unreadable(path, e)}") from None
+    lacks = _not_a_policy(ck)
+    if lacks:
+        raise ConfigError(f"{path}: not a peer's checkpoint.pt or best.pt ({lacks})")
+    try:
+        spec = from_dict(Spec, ck["spec"])
+    except ConfigError as e:
+        raise ConfigError(f"{path}: its spec: {e}") from None
     env = make_env(spec.env)
     try:   # acting needs no replay: a buffer of one
         agent = DQNAgent.for_env(env, ReplayBuffer(dqn_schema(env.observation_space.shape), 1), spec.dqn)
     finally:
         env.close()
-    agent.load_state_dict(ck["agent"])
+    try:
+        agent.load_state_dict(ck["agent"])
+    except SwarmError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ConfigError(f"{path}: its agent is not a DQN agent's state ({type(e).__name__}: {e})") from None
     return agent, spec, {k: v for k, v in ck.items() if k not in ("agent", "spec", "params")}
+
+
+def _unreadable(path: Path, e: Exception) -> str:
+    """Why torch.load failed, never an empty string (EOFError on an empty file says nothing)."""
+    if path.is_file() and path.stat().st_size == 0:
+        return "empty file"
+    if isinstance(e, (OSError, RuntimeError, ValueError, EOFError)) and str(e):
+        return str(e)
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def _not_a_policy(ck: Any) -> str | None:
+    """What a loaded file lacks of a peer's checkpoint.pt or best.pt, or None: checked
+    before any of it is used, as the file may come from anywhere."""
+    if not isinstance(ck, dict) or not {"agent", "spec"} <= set(ck):
+        return "no agent and spec in it"
+    if not isinstance(ck["agent"], dict):
+        return f"its agent is of type {type(ck['agent']).__name__}, not the agent's state_dict"
+    if not isinstance(ck["spec"], dict):
+        return f"its spec is of type {type(ck['spec']).__name__}, not a table"
+    steps, ret = ck.get("env_steps"), ck.get("eval_return")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)):
+        return f"its env_steps is of type {type(steps).__name__}, not a whole number"
+    if ret is not None and (isinstance(ret, bool) or not isinstance(ret, (int, float))):
+        return f"its eval_return is of type {type(ret).__name__}, not a number"
+    return None
