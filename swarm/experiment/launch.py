@@ -72,6 +72,8 @@ def _new_run_dir(root: Path, name: str) -> Path:
             return d
         except FileExistsError:
             continue
+        except OSError as e:  # e.g. runs is a file, or the folder is read-only
+            raise SwarmError(f"cannot create the run folder {d}: {e.strerror or e}") from None
     raise SwarmError(f"cannot make a fresh run folder under {root} for {name!r}")
 
 
@@ -264,7 +266,8 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
                               f"peers = {spec.peers} must match that run")
     run_dir = _new_run_dir(Path(runs_root), spec.name)
     config = save_resolved(spec, run_dir)
-    print(f"swarm run: {spec.name}: {spec.peers} peers on a {spec.gossip.topology}, {spec.env}, "
+    peers = f"{spec.peers} peer{'s' if spec.peers != 1 else ''}"
+    print(f"swarm run: {spec.name}: {peers} on a {spec.gossip.topology.replace('_', ' ')} graph, {spec.env}, "
           f"codec {spec.gossip.codec}, {spec.budget.env_steps} env steps each -> {run_dir}", file=out, flush=True)
 
     launch = Launch(run_dir)

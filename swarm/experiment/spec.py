@@ -39,6 +39,14 @@ SYNC_MODES: tuple[str, ...] = ("lockstep", "bounded", "async")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
+#: The most peers a spec runs: `swarm run` starts every peer on this host, each a
+#: process with its own torch, so this is far more than one host holds, and it keeps
+#: a typo (peers = 100000) from reaching the topology code and the launcher.
+MAX_PEERS = 1024
+#: Seeds are 32-bit, so that every seed derived from one (seed + rank, and + the env
+#: steps done on resume) stays far inside the 64 bits torch.manual_seed takes.
+SEED_LIMIT = 2**32
+
 
 def _pos(x: Any) -> bool:
     return x > 0
@@ -177,8 +185,11 @@ class Spec:
                     lambda s: bool(_NAME.match(s)), "must be letters, digits, '.', '_' or '-'")
     env: str = opt("CartPole-v1", "Gymnasium environment id")
     algorithm: str = opt("dqn", "agent algorithm: " + ", ".join(ALGORITHMS))
-    peers: int = opt(4, "number of peer processes", _pos, "must be > 0")
-    seed: int = opt(0, "base seed; peer of rank r uses seed + r", _nonneg, "must be >= 0")
+    peers: int = opt(4, f"number of peer processes, at most {MAX_PEERS} (swarm run starts them all on this "
+                        "host, each a process with its own torch)",
+                     lambda n: 0 < n <= MAX_PEERS, f"must be in [1, {MAX_PEERS}]")
+    seed: int = opt(0, "base seed, 0 to 2**32 - 1; peer of rank r uses seed + r",
+                    lambda s: 0 <= s < SEED_LIMIT, f"must be in [0, {SEED_LIMIT - 1}]")
     gossip: GossipSpec = field(default_factory=GossipSpec)
     buffer: BufferSpec = field(default_factory=BufferSpec)
     dqn: DQNConfig = field(default_factory=swarm_dqn)
@@ -252,10 +263,27 @@ def _check_env(env_id: str) -> None:
         close = difflib.get_close_matches(env_id, list(known), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(f"env = {env_id!r}: not a registered Gymnasium environment{hint}")
+    # Made once here (milliseconds for CartPole), an env the peers cannot use fails
+    # before `swarm run` makes a run folder, not inside every peer.
+    try:
+        env = gymnasium.make(env_id)
+    except Exception as e:  # an env's constructor can fail any way: a missing Box2D, a deprecated version
+        raise ConfigError(f"env = {env_id!r}: cannot be made: {e}") from None
+    try:
+        actions, observations = env.action_space, env.observation_space
+    finally:
+        env.close()
+    if not isinstance(actions, gymnasium.spaces.Discrete):
+        raise ConfigError(f"env = {env_id!r}: its action space {actions} is not Discrete; "
+                          "DQN needs discrete actions")
+    if not isinstance(observations, gymnasium.spaces.Box) or not observations.shape:
+        # DQN's network flattens each observation into its input layer.
+        raise ConfigError(f"env = {env_id!r}: its observation space {observations} is not a Box of at least "
+                          "one dimension; DQN needs observations that are arrays of numbers")
 
 
 def _check_topology(topology: str, peers: int, edges: list[list[int]]) -> None:
-    from ..gossip.topology import TOPOLOGIES, mixing_matrix  # noqa: PLC0415
+    from ..gossip.topology import TOPOLOGIES, weights  # noqa: PLC0415
 
     if topology not in TOPOLOGIES:
         raise ConfigError(f"gossip.topology = {topology!r}: unknown; choose one of {', '.join(TOPOLOGIES)}")
@@ -264,7 +292,8 @@ def _check_topology(topology: str, peers: int, edges: list[list[int]]) -> None:
     if edges and topology != "custom":
         raise ConfigError(f"gossip.edges is only used with topology = custom, not {topology!r}")
     try:  # the topology module knows which sizes each graph admits (hypercube: powers of two ...)
-        mixing_matrix(topology, peers, edges=edges or None)
+        # One row checks the same as the whole n×n matrix, in O(n) instead of O(n²) or worse.
+        weights(topology, peers, 0, edges=edges or None)
     except ConfigError as e:
         raise ConfigError(f"gossip.topology = {topology!r} with peers = {peers}: {e}") from None
 

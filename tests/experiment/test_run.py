@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 from swarmtest import ROOT, wait_for
 
+from swarm.errors import SwarmError
 from swarm.experiment import load_spec
 from swarm.experiment.checkpoint import load_policy
+from swarm.experiment.launch import run_experiment
 
 # Small and fast: 2 peers, learning from step 100, one gossip round every 10 steps.
 TINY = ["peers=2", "budget.env_steps=600", "dqn.learning_starts=100", "dqn.batch_size=32",
@@ -95,6 +97,13 @@ def training(cwd: Path, peers: int) -> Path | None:
         if not rows.exists() or len(rows.read_text().splitlines()) < 2:
             return None
     return d
+
+
+def test_a_run_folder_that_cannot_be_made_is_a_clean_error(tmp_path):
+    """runs/ that is a file: a SwarmError (`swarm: error: ...`, exit 2) before anything starts."""
+    (tmp_path / "runs").write_text("")
+    with pytest.raises(SwarmError, match="cannot create the run folder .*runs/cartpole-ring-.*: Not a directory"):
+        run_experiment(None, ["gossip.codec=identity"], runs_root=tmp_path / "runs")
 
 
 def test_tiny_run_writes_the_run_folder(tmp_path):

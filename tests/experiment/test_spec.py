@@ -73,6 +73,10 @@ def test_save_resolved_round_trips(tmp_path):
     ("peers=0", "peers"),
     ("peers=four", "peers"),
     ("seed=-1", "seed"),
+    ("seed=99999999999999999999", "seed"),
+    ("seed=4294967296", "seed"),
+    ("peers=1025", "peers"),
+    ("peers=100000", "peers"),
     ("name=has space", "name"),
     ("env=CartPole-v9000", "env"),
     ("algorithm=ppo", "algorithm"),
@@ -134,6 +138,32 @@ def test_loading_a_spec_does_not_import_torch():
 def test_env_typo_gets_a_suggestion():
     with pytest.raises(ConfigError, match="CartPole-v1"):
         load_spec(None, ID + ["env=CartPole-v2"])
+
+
+@pytest.mark.parametrize("env, why", [
+    ("Pendulum-v1", "action space Box.* is not Discrete"),
+    ("LunarLander-v3", "cannot be made: Box2D is not installed"),
+    ("Blackjack-v1", "observation space Tuple.* is not a Box"),
+    ("FrozenLake-v1", "observation space Discrete.* is not a Box"),
+])
+def test_envs_the_dqn_cannot_use_are_refused(env, why):
+    """Made once at validation, so that neither `swarm run --show` nor `swarm run`
+    gets past the spec with an env every peer would crash on."""
+    if env == "LunarLander-v3":
+        try:
+            import Box2D  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            pytest.skip("Box2D is installed here")
+    with pytest.raises(ConfigError, match=f"env = '{env}': .*{why}"):
+        load_spec(None, ID + [f"env={env}"])
+    assert load_spec(None, ID + ["env=Acrobot-v1"]).env == "Acrobot-v1"
+
+
+def test_the_largest_seed_and_swarm_are_accepted():
+    spec = load_spec(None, ID + ["seed=4294967295", "peers=1024", "gossip.topology=random_pairing"])
+    assert spec.peer_seed(1023) == 4294967295 + 1023
 
 
 def test_topology_size_constraints_are_checked():
