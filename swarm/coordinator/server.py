@@ -118,6 +118,7 @@ class Coordinator:
         # failover between coordinators: only the active one hands out views
         self.mode = "standby" if cfg.others else "active"
         self._others: dict[str, dict[str, Any]] = {}
+        self._watch: dict[str, zmq.asyncio.Socket] = {}   # a DEALER to each of the others
         self._no_active_since = 0.0
         self._last_publish = 0.0
         self._forgot = 0.0
@@ -146,6 +147,12 @@ class Coordinator:
                 self._curve.start(self._ctx)
                 self._curve.server(self._router)
             self.address = tp.bind(self._router, cfg.bind)
+            for addr in cfg.others:   # a bad address fails here, before anyone is told we are up
+                d = tp.dealer(self._ctx, limits=self.limits, hwm=4, immediate=True)
+                self._watch[addr] = d
+                if self._curve is not None:
+                    self._curve.client(d, self._curve.coordinator_public)
+                tp.connect(d, addr)
         except Exception:
             self._shutdown()
             raise
@@ -184,10 +191,11 @@ class Coordinator:
             raise self._failure
 
     def _shutdown(self) -> None:
-        for s in (self._monitor, self._router):
+        for s in (self._monitor, self._router, *self._watch.values()):
             if s is not None:
                 s.close(0)
         self._monitor = self._router = None
+        self._watch.clear()
         if self._curve is not None:
             self._curve.stop()
             self._curve = None
@@ -509,35 +517,25 @@ class Coordinator:
 
     async def _watch_loop(self) -> None:
         """Watch the other coordinators; take over or step down (fenced by epoch)."""
-        cfg = self.config
-        socks = {}
-        for addr in cfg.others:
-            d = tp.dealer(self._ctx, limits=self.limits, hwm=4, immediate=True)
-            if self._curve is not None:
-                self._curve.client(d, self._curve.coordinator_public)
-            tp.connect(d, addr)
-            socks[addr] = d
+        socks = {addr: tp.shadow(d) for addr, d in self._watch.items()}   # connected by start()
+        for addr in socks:
             self._others[addr] = {"seen": 0.0, "epoch": 0, "mode": "?", "name": addr}
         self._no_active_since = time.monotonic()
-        try:
-            while True:
-                for d in socks.values():
-                    tp.try_send(tp.shadow(d), wire.encode("status", self.name, body={"brief": True}))
-                await asyncio.sleep(0.1)
-                now = time.monotonic()
-                for addr, d in socks.items():
-                    for frames in tp.drain(tp.shadow(d)):
-                        try:
-                            b = wire.decode(frames, self.limits).body
-                            o = self._others[addr]
-                            o.update(seen=now, epoch=_int(b, "epoch"), mode=str(b.get("mode")),
-                                     name=str(b.get("coordinator", addr)))
-                        except WireError as e:
-                            self._bad(addr, e)
-                self._decide(now)
-        finally:
+        while True:
             for d in socks.values():
-                d.close(0)
+                tp.try_send(d, wire.encode("status", self.name, body={"brief": True}))
+            await asyncio.sleep(0.1)
+            now = time.monotonic()
+            for addr, d in socks.items():
+                for frames in tp.drain(d):
+                    try:
+                        b = wire.decode(frames, self.limits).body
+                        o = self._others[addr]
+                        o.update(seen=now, epoch=_int(b, "epoch"), mode=str(b.get("mode")),
+                                 name=str(b.get("coordinator", addr)))
+                    except WireError as e:
+                        self._bad(addr, e)
+            self._decide(now)
 
     def _decide(self, now: float) -> None:
         cfg = self.config

@@ -60,3 +60,12 @@ def test_standby_takes_over(procs):
                 await p.close()
 
     asyncio.run(main())
+
+
+def test_a_bad_address_of_another_coordinator_ends_the_process(procs):
+    # it used to log the failure and then hang, up but deaf, until a signal came
+    c = procs.start("coordinator", "--bind", f"tcp://127.0.0.1:{free_port()}", "--others", "foo", name="bad")
+    assert c.wait(15) == 2
+    log = procs.log(c)
+    assert "swarm: error: cannot connect to foo" in log
+    assert "swarm coordinator on" not in log and "Traceback" not in log
