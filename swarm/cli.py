@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Coroutine
 
 from .config import PeerConfig, SwarmConfig, load_config
-from .errors import SwarmError
+from .errors import SwarmError, TransportError
 
 log = logging.getLogger("swarm.cli")
 
@@ -81,8 +81,9 @@ def env_rank(environ: dict[str, str] | None = None) -> int:
     return -1
 
 
-def _config(args: argparse.Namespace) -> SwarmConfig:
-    return load_config(getattr(args, "config", None), list(getattr(args, "set", None) or []))
+def _config(args: argparse.Namespace, *later: str) -> SwarmConfig:
+    """The config file with ``--set`` overrides, then ``later`` ones (from flags) on top."""
+    return load_config(getattr(args, "config", None), [*(getattr(args, "set", None) or []), *later])
 
 
 # ---------------------------------------------------------------- commands
@@ -116,7 +117,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 def cmd_peer(args: argparse.Namespace) -> int:
     from .peer import Peer
 
-    cfg: PeerConfig = _config(args).peer
+    cfg: PeerConfig = _config(args, *([f"peer.topology={args.topology}"] if args.topology else [])).peer
     coords = ([a.strip() for a in args.coordinator.split(",") if a.strip()] if args.coordinator
               else (cfg.coordinators or env_coordinator()))
     if not coords:
@@ -126,8 +127,6 @@ def cmd_peer(args: argparse.Namespace) -> int:
         cfg.bind = args.bind
     if args.id:
         cfg.id = args.id
-    if args.topology:
-        cfg.topology = args.topology
     cfg.rank = args.rank if args.rank is not None else (cfg.rank if cfg.rank >= 0 else env_rank())
     if args.replace:
         if args.id and args.id != args.replace:
@@ -233,16 +232,33 @@ def format_status(st: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _status_of_any(addrs: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The status of the first of ``addrs`` that answers (a standby answers too)."""
+    for addr in addrs:
+        try:
+            return asyncio.run(query_status(addr, args.timeout, args.keys or "", args.key_name))
+        except TransportError:
+            raise   # a bad address stays bad: no point in asking the next one
+        except SwarmError as e:
+            if len(addrs) == 1:
+                raise
+            last = e
+    raise SwarmError(f"no coordinator answered at {', '.join(addrs)} within {args.timeout} s each") from last
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    addrs = [args.coordinator] if args.coordinator else env_coordinator()
+    addrs = ([a.strip() for a in args.coordinator.split(",") if a.strip()] if args.coordinator
+             else env_coordinator())
     if not addrs:
         raise SwarmError("no coordinator: pass --coordinator tcp://HOST:PORT or set SWARM_COORDINATOR")
+    if not 0 < args.timeout <= 3600:   # also refuses nan
+        raise SwarmError(f"--timeout must be > 0 and at most 3600 seconds, got {args.timeout}")
     if not args.watch:
-        st = asyncio.run(query_status(addrs[0], args.timeout, args.keys or "", args.key_name))
+        st = _status_of_any(addrs, args)
         print(json.dumps(st, indent=2) if args.json else format_status(st))
         return 0
-    if args.interval <= 0:
-        raise SwarmError(f"--interval must be > 0 seconds, got {args.interval}")
+    if not 0 < args.interval <= 3600:
+        raise SwarmError(f"--interval must be > 0 and at most 3600 seconds, got {args.interval}")
     from .coordinator.report import PeerRates, format_table, status_document
 
     rates = PeerRates()
@@ -252,10 +268,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         while True:   # redraw until Ctrl-C; a coordinator that does not answer is shown, not fatal
             try:
-                st = asyncio.run(query_status(addrs[0], args.timeout, args.keys or "", args.key_name))
+                st = _status_of_any(addrs, args)
                 rates.observe_rows(st["members"])
                 width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 1000
                 text = format_table(status_document(st, rates, http=st.get("http", "")), width=width)
+            except TransportError:
+                raise
             except SwarmError as e:
                 text = f"{time.strftime('%H:%M:%S')}  {e}"
             sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
@@ -382,20 +400,22 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_peer)
 
     s = sub.add_parser("status", help="show the member table and current view")
-    s.add_argument("--coordinator", help="coordinator address (else SWARM_COORDINATOR)")
+    s.add_argument("--coordinator", help="coordinator address(es), comma-separated: the first that answers "
+                   "(else SWARM_COORDINATOR)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--keys", help="CurveZMQ key folder, when the swarm uses keys")
     s.add_argument("--key-name", default="peer", help="key pair to authenticate with (default peer)")
-    s.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer")
+    s.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer (default 2)")
     s.add_argument("--watch", action="store_true", help="redraw a live table (with rates) until Ctrl-C")
-    s.add_argument("--interval", type=float, default=1.0, help="with --watch: seconds between redraws")
+    s.add_argument("--interval", type=float, default=1.0, help="with --watch: seconds between redraws (default 1)")
     s.set_defaults(func=cmd_status)
 
     k = sub.add_parser("keys", help="CurveZMQ keys: `swarm keys generate DIR`")
     k.add_argument("action", choices=["generate"], help="what to do")
-    k.add_argument("dir", help="key folder to create")
+    k.add_argument("dir", help="key folder to create, or an existing one to add new key pairs to")
     k.add_argument("--names", default="coordinator,peer",
-                   help="comma-separated key pair names (default coordinator,peer)")
+                   help="comma-separated key pair names (default coordinator,peer; coordinator is added "
+                        "when DIR has no coordinator.key); an existing key is never overwritten")
     k.set_defaults(func=cmd_keys)
 
     r = sub.add_parser("run", help="run an experiment: a coordinator and N peers on this host")

@@ -73,6 +73,7 @@ class PeerConfig:
     rank: int = opt(-1, "requested rank; -1 lets the coordinator pick", lambda r: r >= -1, "must be >= -1")
     replace: bool = opt(False, "take over the role (rank) of the dead member whose id this peer uses")
     topology: str = opt("ring", "neighbour topology for links: ring, grid, torus, exponential, full ...")
+    edges: list[list[int]] = opt([], "edge list [[i, j], ...] over ranks when topology = custom")
     heartbeat_s: float = opt(0.25, "interval between heartbeats to the coordinator (liveness comes from "
                              "ZMTP heartbeats; these carry figures and refresh the route)", _positive,
                              "must be > 0")
@@ -86,6 +87,18 @@ class PeerConfig:
     max_message_mb: int = opt(512, "largest message accepted, in MiB (ZMQ MAXMSGSIZE)", _positive, "must be > 0")
     keys_dir: str = opt("", "CurveZMQ key folder from `swarm keys generate`; empty: no encryption")
     key_name: str = opt("peer", "this peer's key pair in keys_dir")
+
+    def validate(self) -> None:
+        from .gossip.topology import TOPOLOGIES  # noqa: PLC0415 (numpy, only when a config is checked)
+        if self.topology not in TOPOLOGIES:
+            raise ConfigError(f"peer.topology = {self.topology!r}: unknown; choose one of {', '.join(TOPOLOGIES)}")
+        if self.topology == "custom" and not self.edges:
+            raise ConfigError("peer.edges: topology = custom needs an edge list [[i, j], ...]")
+        if self.edges and self.topology != "custom":
+            raise ConfigError(f"peer.edges is only used with topology = custom, not {self.topology!r}")
+        for e in self.edges:
+            if len(e) != 2 or min(e) < 0 or e[0] == e[1]:
+                raise ConfigError(f"peer.edges: {e!r} is not a pair of two different ranks")
 
 
 @dataclass
@@ -264,7 +277,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """Apply ``a.b=v`` overrides to a plain config dict (in place) and return it."""
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. peer.topology=grid")
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, a dotted key and a value")
         key, text = item.split("=", 1)
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
@@ -282,9 +295,11 @@ def read_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML or JSON file into a dict, with an error that names the file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read config {p}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not a text file (byte {e.start} is not UTF-8)") from None
     try:
         if p.suffix == ".json":
             data = json.loads(text)

@@ -68,8 +68,16 @@ def _heartbeats(s: zmq.Socket, ivl: float | None, timeout: float | None) -> None
         s.setsockopt(zmq.HEARTBEAT_TTL, int((timeout or 3 * ivl) * 1000))
 
 
+def _check_port(addr: str, verb: str) -> None:
+    # libzmq takes a tcp port modulo 65536: port 99999 would quietly be 34463
+    port = addr.rpartition(":")[2]
+    if addr.startswith("tcp://") and port.isdigit() and int(port) > 65535:
+        raise TransportError(f"cannot {verb} {addr}: port {port} is out of range (0-65535)")
+
+
 def bind(s: zmq.Socket, addr: str) -> str:
     """Bind and return the resolved endpoint (a ``*`` port becomes the real one)."""
+    _check_port(addr, "bind")
     try:
         s.bind(addr)
     except zmq.ZMQError as e:
@@ -78,6 +86,7 @@ def bind(s: zmq.Socket, addr: str) -> str:
 
 
 def connect(s: zmq.Socket, addr: str) -> None:
+    _check_port(addr, "connect to")
     try:
         s.connect(addr)
     except zmq.ZMQError as e:

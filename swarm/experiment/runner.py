@@ -250,7 +250,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
     summary: dict[str, Any] = {"rank": rank, "id": f"peer{rank}", "reason": "error"}
 
     sp = SyncPeer(peer_config, coordinators=[coordinator], id=f"peer{rank}", rank=rank, topology=g.topology,
-                  loop_factory=loop_factory)
+                  edges=g.edges, loop_factory=loop_factory)
     sp.start()
     logs: _Logs | None = None
     agent = None

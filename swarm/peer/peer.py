@@ -35,7 +35,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .. import transport as tp
 from .. import wire
-from ..config import PeerConfig
+from ..config import PeerConfig, from_dict, to_dict
 from ..errors import ConfigError, MembershipError, PeerTimeout, SwarmError, TransportError, WireError
 from ..link import Handler, View
 from ..tasks import supervise
@@ -104,6 +104,7 @@ class Peer:
             cfg = replace(cfg, **overrides)
         except TypeError as e:
             raise SwarmError(f"unknown Peer option: {e}") from None
+        cfg = from_dict(PeerConfig, to_dict(cfg), prefix="peer")   # the checks a config file gets
         if not cfg.coordinators:
             raise MembershipError("no coordinator address: pass coordinators=[...] or set SWARM_COORDINATOR")
         self.config = cfg
@@ -757,7 +758,7 @@ class Peer:
             self._neighbours = []
         else:
             from ..gossip.topology import neighbours as topo_neighbours
-            pos = topo_neighbours(self.config.topology, len(view.members), idx)
+            pos = topo_neighbours(self.config.topology, len(view.members), idx, edges=self.config.edges or None)
             self._neighbours = [view.members[j].id for j in pos]
         ids = set(view.ids)
         for pid in [p for p in self._links if p not in ids or view.member(p).addr != self._links[p].addr]:

@@ -12,18 +12,20 @@ from swarmtest import free_port, status, wait_for
 from swarm.gossip.topology import neighbours as topo_neighbours
 
 
-def start_swarm(procs, n: int, topology: str = "ring", extra: tuple[str, ...] = ()):
+def start_swarm(procs, n: int, topology: str = "ring", extra: tuple[str, ...] = (), edges=None):
     addr = f"tcp://127.0.0.1:{free_port()}"
     coord = procs.start("coordinator", "--bind", addr, name="coord")
     peers = {}
+    if edges:
+        extra = (*extra, "--set", f"peer.edges={edges}")
     for i in range(n):
         peers[f"p{i}"] = procs.start("peer", "--coordinator", addr, "--id", f"p{i}",
                                      "--topology", topology, *extra, name=f"p{i}")
-    settled(addr, n, topology)
+    settled(addr, n, topology, edges=edges)
     return addr, coord, peers
 
 
-def settled(addr: str, n: int, topology: str = "ring", timeout: float = 20.0) -> dict:
+def settled(addr: str, n: int, topology: str = "ring", timeout: float = 20.0, edges=None) -> dict:
     """Wait until the view has n members, each linked at the current epoch and
     reporting exactly the neighbours its topology gives it."""
 
@@ -37,7 +39,7 @@ def settled(addr: str, n: int, topology: str = "ring", timeout: float = 20.0) ->
             r = rows.get(pid)
             if r is None or r["linked_epoch"] != st["epoch"]:
                 return False
-            want = {view[j] for j in topo_neighbours(topology, n, pos)}
+            want = {view[j] for j in topo_neighbours(topology, n, pos, edges=edges)}
             if set(r["neighbours"]) != want:
                 return False
         return st
@@ -55,6 +57,26 @@ def test_eight_peers_form_topology(procs, topology):
         assert degrees == [2] * 8
     else:   # 3 columns, rows of 3, 3, 2: one centre peer has 4 neighbours
         assert degrees == [2, 2, 2, 2, 2, 3, 3, 4]
+
+
+def test_custom_topology_links_the_edges_given(procs):
+    edges = [[0, 1], [1, 2], [2, 3], [3, 0], [0, 2]]
+    addr, _, _ = start_swarm(procs, 4, "custom", edges=edges)
+    st = status(addr)
+    degrees = sorted(len(r["neighbours"]) for r in st["members"])
+    assert degrees == [2, 2, 3, 3]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--topology", "foo"), "peer.topology = 'foo': unknown; choose one of ring"),
+    (("--topology", "custom"), "peer.edges: topology = custom needs an edge list"),
+    (("--rank", "-5"), "peer.rank = -5: must be >= -1"),
+])
+def test_bad_peer_settings_are_refused_at_start(procs, args, message):
+    p = procs.start("peer", "--coordinator", f"tcp://127.0.0.1:{free_port()}", *args, name="bad")
+    assert p.wait(20) == 2
+    log = procs.log(p)
+    assert message in log and "Traceback" not in log
 
 
 def test_graceful_leave_relinks(procs):
@@ -129,6 +151,30 @@ def test_status_json_lists_members(procs):
     table = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--coordinator", addr],
                            capture_output=True, text=True, timeout=20).stdout
     assert "p0" in table and "alive" in table
+    # several addresses: the first that answers
+    silent = f"tcp://127.0.0.1:{free_port()}"
+    out = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--coordinator", f"{silent},{addr}",
+                          "--json", "--timeout", "0.5"], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["coordinator"] == addr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--timeout", "-1"), "--timeout must be > 0"),
+    (("--timeout", "nan"), "--timeout must be > 0"),
+    (("--watch", "--interval", "0"), "--interval must be > 0"),
+    (("--coordinator", "tcp://127.0.0.1:99999"), "port 99999 is out of range"),
+    (("--watch", "--coordinator", "foo"), "cannot connect to foo"),
+])
+def test_bad_status_arguments_are_refused(args, message):
+    import subprocess
+    import sys
+    if "--coordinator" not in args:
+        args = ("--coordinator", f"tcp://127.0.0.1:{free_port()}", *args)
+    out = subprocess.run([sys.executable, "-m", "swarm.cli", "status", *args],
+                         capture_output=True, text=True, timeout=20)
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr
 
 
 def test_replace_takes_over_a_dead_identity(procs):
