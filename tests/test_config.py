@@ -30,6 +30,10 @@ def test_defaults_and_overrides(tmp_path):
     (["peer.rank=1.5"], r"peer\.rank: expected an integer"),
     (["peer.coordinators=5"], r"peer\.coordinators: expected a list"),
     (["peer"], r"expected KEY=VALUE"),
+    (["peer.topology=foo"], r"peer\.topology = 'foo': unknown; choose one of ring"),
+    (["peer.topology=custom"], r"peer\.edges: topology = custom needs an edge list"),
+    (["peer.edges=[[0, 1]]"], r"peer\.edges is only used with topology = custom"),
+    (["peer.topology=custom", "peer.edges=[[1, 1]]"], r"peer\.edges: \[1, 1\] is not a pair of two different"),
 ])
 def test_errors_name_the_key(override, match):
     with pytest.raises(ConfigError, match=match):
@@ -43,6 +47,10 @@ def test_bad_files(tmp_path):
     bad.write_text("peer = [")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match=r"bin\.toml: not a text file \(byte 0 is not UTF-8\)"):
+        load_config(binary)
 
 
 def test_launcher_environment():
@@ -73,3 +81,14 @@ def test_to_toml_round_trips_with_help_comments(tmp_path):
     assert load_config(f) == cfg != SwarmConfig()
     assert "[peer]\n" in text and "# neighbour topology for links" in text
     assert all(len(line) <= 88 for line in text.splitlines() if line.startswith("#"))
+
+
+def test_peer_keyword_settings_get_the_same_checks():
+    from swarm import Peer
+
+    for kw, match in [({"topology": "foo"}, r"peer\.topology = 'foo'"), ({"rank": -5}, r"peer\.rank = -5"),
+                      ({"heartbeat_s": 0.0}, r"peer\.heartbeat_s = 0\.0: must be > 0")]:
+        with pytest.raises(ConfigError, match=match):
+            Peer(coordinators=["tcp://127.0.0.1:5555"], **kw)
+    p = Peer(coordinators=["tcp://127.0.0.1:5555"], topology="custom", edges=[[0, 1], [1, 2]])
+    assert p.config.edges == [[0, 1], [1, 2]]
