@@ -165,8 +165,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
         print(f"swarm peer peer{cfg.rank} done ({summary['reason']}): {summary['env_steps']} env steps, "
               f"{summary['rounds']} rounds, mean return {summary['final_mean_return']}", flush=True)
         return 0
-    if args.run_dir:
-        raise SwarmError("--run-dir is used with --spec (a peer without a spec trains nothing)")
+    if args.run_dir or args.resume_from:
+        flag = "--run-dir" if args.run_dir else "--resume"
+        raise SwarmError(f"{flag} is used with --spec (a peer without a spec trains nothing)")
 
     async def main() -> int:
         peer = Peer(cfg)
@@ -212,7 +213,10 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
         tp.connect(s, address)
         await s.send_multipart(wire.encode("status", f"status-{os.getpid()}"))
         if not await s.poll(int(timeout * 1000)):
-            raise SwarmError(f"no coordinator answered at {address} within {timeout} s")
+            # with CURVE, a coordinator that does not know our key does not answer either
+            hint = (f"; with keys, also when it runs without them or does not list the key {key_name!r}"
+                    if keys_dir else "")
+            raise SwarmError(f"no coordinator answered at {address} within {timeout} s{hint}")
         msg = wire.decode(await s.recv_multipart(), wire.Limits(max_header_bytes=64 * 1024 * 1024))
         return msg.body
     finally:

@@ -300,6 +300,8 @@ def read_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config {p}: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{p}: not a text file (byte {e.start} is not UTF-8)") from None
+    if p.suffix.lower() in (".yaml", ".yml", ".ini", ".cfg"):
+        raise ConfigError(f"{p}: a {p.suffix} file; settings files are TOML (.toml) or JSON (.json)")
     try:
         if p.suffix == ".json":
             data = json.loads(text)

@@ -219,15 +219,17 @@ class Curve:
     def __init__(self, keys_dir: str, name: str) -> None:
         import zmq.auth
 
-        from .errors import ConfigError
-
         base = Path(keys_dir)
         secret = base / f"{name}.key_secret"
         coord = base / "coordinator.key"
         self.authorized = base / "authorized"
+        if base.exists() and not base.is_dir():
+            raise ConfigError(f"keys: {base} is not a folder; give the folder `swarm keys generate` made")
         for p in (secret, coord, self.authorized):
             if not p.exists():
-                raise ConfigError(f"keys: {p} does not exist; create keys with `swarm keys generate {base}`")
+                how = (f"swarm keys generate {base} --names {name}" if base.is_dir() and p == secret
+                       else f"swarm keys generate {base}")
+                raise ConfigError(f"keys: {p} does not exist; create keys with `{how}`")
         try:
             self.public, self.secret = zmq.auth.load_certificate(str(secret))
             self.coordinator_public = zmq.auth.load_certificate(str(coord))[0]

@@ -47,6 +47,10 @@ def test_bad_files(tmp_path):
     bad.write_text("peer = [")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+    yaml = tmp_path / "s.yaml"
+    yaml.write_text("peer:\n  rank: 1\n")
+    with pytest.raises(ConfigError, match=r"s\.yaml: a \.yaml file; settings files are TOML"):
+        load_config(yaml)
     binary = tmp_path / "bin.toml"
     binary.write_bytes(b"\xff\xfe")
     with pytest.raises(ConfigError, match=r"bin\.toml: not a text file \(byte 0 is not UTF-8\)"):

@@ -252,6 +252,8 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
         prev = Path(resume)
         if spec_path is not None:
             raise ConfigError("give either a spec or a run folder to resume, not both")
+        if not prev.is_dir():
+            raise ConfigError(f"resume: {prev}: no such folder")
         if not (prev / "config.json").is_file():
             raise ConfigError(f"resume: {prev} has no config.json; is it a run folder?")
         spec_path = prev / "config.json"

@@ -71,6 +71,7 @@ def test_custom_topology_links_the_edges_given(procs):
     (("--topology", "foo"), "peer.topology = 'foo': unknown; choose one of ring"),
     (("--topology", "custom"), "peer.edges: topology = custom needs an edge list"),
     (("--rank", "-5"), "peer.rank = -5: must be >= -1"),
+    (("--resume", "x"), "--resume is used with --spec"),
 ])
 def test_bad_peer_settings_are_refused_at_start(procs, args, message):
     p = procs.start("peer", "--coordinator", f"tcp://127.0.0.1:{free_port()}", *args, name="bad")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from swarmtest import ROOT, wait_for
 
-from swarm.errors import SwarmError
+from swarm.errors import ConfigError, SwarmError
 from swarm.experiment import load_spec
 from swarm.experiment.checkpoint import load_policy
 from swarm.experiment.launch import run_experiment
@@ -104,6 +104,14 @@ def test_a_run_folder_that_cannot_be_made_is_a_clean_error(tmp_path):
     (tmp_path / "runs").write_text("")
     with pytest.raises(SwarmError, match="cannot create the run folder .*runs/cartpole-ring-.*: Not a directory"):
         run_experiment(None, ["gossip.codec=identity"], runs_root=tmp_path / "runs")
+
+
+def test_resume_needs_a_run_folder(tmp_path):
+    with pytest.raises(ConfigError, match="no such folder"):
+        run_experiment(None, [], runs_root=tmp_path / "runs", resume=tmp_path / "nothing")
+    with pytest.raises(ConfigError, match="has no config.json; is it a run folder"):
+        run_experiment(None, [], runs_root=tmp_path / "runs", resume=tmp_path)
+    assert not (tmp_path / "runs").exists()
 
 
 def test_tiny_run_writes_the_run_folder(tmp_path):

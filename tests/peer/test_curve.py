@@ -88,5 +88,9 @@ def test_missing_keys_are_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="swarm keys generate"):
         Curve(str(tmp_path / "nothing"), "peer")
     generate_keys(str(tmp_path / "k"), ["coordinator"])
+    with pytest.raises(ConfigError, match=r"create keys with `swarm keys generate .*k --names peer`"):
+        Curve(str(tmp_path / "k"), "peer")   # the folder is there: the command that adds the pair
+    with pytest.raises(ConfigError, match="is not a folder"):
+        Curve(str(tmp_path / "k" / "coordinator.key"), "peer")
     with pytest.raises(SwarmError, match="refusing to overwrite"):
         generate_keys(str(tmp_path / "k"), ["coordinator"])
