@@ -138,9 +138,11 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
     """
     if per_node < 1:
         raise ConfigError(f"--per-node must be >= 1, got {per_node}")
+    if not 0 < cpus_per_peer <= 1024:   # also refuses nan
+        raise ConfigError(f"--cpus-per-peer must be > 0, got {cpus_per_peer}")
+    load_spec(spec_path, overrides)  # a bad spec fails before Ray is imported or a cluster touched
     ray = _ray()
     out = stream or sys.stderr
-    load_spec(spec_path, overrides)  # a bad spec fails before a cluster is touched
     owns_ray = not ray.is_initialized()
     if owns_ray:
         ray.init(address=address, **(init_kwargs or {}))

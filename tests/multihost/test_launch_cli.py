@@ -54,3 +54,7 @@ def test_bad_per_node_is_refused_before_ray_is_touched(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ConfigError, match="--per-node must be >= 1"):
         ray_launch.launch_ray(None, [], per_node=0)
+    with pytest.raises(ConfigError, match="--cpus-per-peer must be > 0"):
+        ray_launch.launch_ray(None, [], cpus_per_peer=float("nan"))
+    with pytest.raises(ConfigError, match="peers: expected an integer"):   # the spec before Ray
+        ray_launch.launch_ray(None, ["peers=abc"])
