@@ -510,8 +510,7 @@ def write_plots(run_dir: str | Path) -> list[Path]:
                     ms=3, color=ax.lines[-1].get_color() if rows else None)
     ax.set(xlabel="env steps (per peer)", ylabel="return (mean of last 10 episodes; dots: greedy eval)",
            title="return per peer")
-    if peers:
-        ax.legend(fontsize=8)
+    _legend(ax)
     written.append(_save(fig, out / "returns.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -521,9 +520,9 @@ def write_plots(run_dir: str | Path) -> list[Path]:
             ax.plot([_num(r["round"]) for r in rows], [_num(r["bytes_out"]) / 1e3 for r in rows], label=p.name)
     ax.set(xlabel="gossip round", ylabel="kB sent per round (parameter deltas, relayed gradients)",
            title="bytes per round")
-    ax.set_yscale("log")
-    if peers:
-        ax.legend(fontsize=8)
+    if ax.lines:
+        ax.set_yscale("log")
+    _legend(ax)
     written.append(_save(fig, out / "bytes_per_round.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -543,6 +542,14 @@ def write_plots(run_dir: str | Path) -> list[Path]:
                 transform=ax.transAxes)
     written.append(_save(fig, out / "consensus.png"))
     return written
+
+
+def _legend(ax: Any) -> None:
+    """A legend of the labelled lines; a plot of a run that logged nothing says so."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "nothing logged", ha="center", va="center", transform=ax.transAxes)
 
 
 def _save(fig: Any, path: Path) -> Path:
