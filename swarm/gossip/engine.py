@@ -282,8 +282,7 @@ class Gossip:
         if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
             raise ConfigError(f"local_steps must be an integer >= 1, got {local_steps!r}")
         if topology == "custom":
-            # positions must fit the current view; later views are checked per round
-            topo._edge_list(edges, max(1, len(link.view.members)))
+            topo.within(edges, 0)   # pairs of positions; each view uses those it has
 
         self.link = link
         self.x = params
@@ -395,7 +394,7 @@ class Gossip:
         if i < 0:
             return -1, [], [], {}
         n = len(ids)
-        kw = dict(edges=self.edges, seed=self.seed)
+        kw = dict(edges=topo.within(self.edges, n) if self.topology == "custom" else None, seed=self.seed)
         snd = [ids[j] for j in topo.senders(self.topology, n, i, t, **kw)]
         rcv = [ids[j] for j in topo.receivers(self.topology, n, i, t, **kw)]
         w = {ids[j]: v for j, v in topo.weights(self.topology, n, i, t, **kw).items()}

@@ -510,7 +510,8 @@ class GradientRelay:
             if self.topology is None or i < 0:
                 h = n - 1
             else:
-                h = topo.eccentricity(self.topology, n, i, edges=self.edges)
+                edges = topo.within(self.edges, n) if self.topology == "custom" else None
+                h = topo.eccentricity(self.topology, n, i, edges=edges)
             routes = [(dst, max(1, h)) for dst in nbrs]
         self._routes_cache = (view.epoch, routes)
         return routes

@@ -64,6 +64,7 @@ __all__ = [
     "period",
     "eccentricity",
     "rounds_to_epsilon",
+    "within",
 ]
 
 TOPOLOGIES: tuple[str, ...] = (
@@ -108,6 +109,19 @@ def _edge_list(edges: Edges | None, n: int) -> list[tuple[int, int]]:
             raise ConfigError(f"topology 'custom': edge {e!r} is a self-loop")
         out.append((a, b))
     return out
+
+
+def within(edges: Edges | None, n: int) -> list[tuple[int, int]]:
+    """The edges of a custom graph between the positions a view of ``n`` members has.
+
+    A custom graph names positions up to the swarm's full size; while peers are
+    still joining, or after one has left, the members there link what they can
+    instead of refusing the view.
+
+    >>> within([(0, 1), (1, 2), (2, 0)], 2)
+    [(0, 1)]
+    """
+    return [e for e in _edge_list(edges, 1 << 31) if max(e) < n]
 
 
 # ------------------------------------------------------------------ structure

@@ -757,8 +757,10 @@ class Peer:
                 self._join()
             self._neighbours = []
         else:
-            from ..gossip.topology import neighbours as topo_neighbours
-            pos = topo_neighbours(self.config.topology, len(view.members), idx, edges=self.config.edges or None)
+            from ..gossip import topology as topo
+            n, cfg = len(view.members), self.config
+            edges = topo.within(cfg.edges, n) if cfg.topology == "custom" else None
+            pos = topo.neighbours(cfg.topology, n, idx, edges=edges)
             self._neighbours = [view.members[j].id for j in pos]
         ids = set(view.ids)
         for pid in [p for p in self._links if p not in ids or view.member(p).addr != self._links[p].addr]:

@@ -10,6 +10,7 @@ import pytest
 from swarmtest import free_port, status, wait_for
 
 from swarm.gossip.topology import neighbours as topo_neighbours
+from swarm.gossip.topology import within
 
 
 def start_swarm(procs, n: int, topology: str = "ring", extra: tuple[str, ...] = (), edges=None):
@@ -61,10 +62,16 @@ def test_eight_peers_form_topology(procs, topology):
 
 def test_custom_topology_links_the_edges_given(procs):
     edges = [[0, 1], [1, 2], [2, 3], [3, 0], [0, 2]]
-    addr, _, _ = start_swarm(procs, 4, "custom", edges=edges)
+    addr, _, peers = start_swarm(procs, 4, "custom", edges=edges)
     st = status(addr)
     degrees = sorted(len(r["neighbours"]) for r in st["members"])
     assert degrees == [2, 2, 3, 3]
+    # the views of 1-3 members while the others were joining were taken, not refused
+    assert not any("malformed" in procs.log(p) for p in peers.values())
+    # one leaves: the three left link the edges among their positions
+    peers["p3"].send_signal(signal.SIGTERM)
+    assert peers["p3"].wait(5) == 0
+    settled(addr, 3, "custom", edges=within(edges, 3))
 
 
 @pytest.mark.parametrize("args, message", [

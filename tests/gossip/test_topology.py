@@ -8,7 +8,7 @@ import pytest
 from swarm.errors import ConfigError
 from swarm.gossip.topology import (
     TOPOLOGIES, mixing_matrix, neighbours, period, receivers, rounds_to_epsilon, senders,
-    spectrum, weights,
+    spectrum, weights, within,
 )
 
 TOL = 1e-9
@@ -111,6 +111,18 @@ def test_custom_edges():
     w = mixing_matrix("custom", 4, edges=edges)
     assert w[0, 1] == pytest.approx(1 / 3) and w[1, 2] == pytest.approx(1 / 3)
     assert np.allclose(w.sum(0), 1)
+
+
+def test_a_view_smaller_than_the_custom_graph_links_what_it_has():
+    edges = [[0, 1], [1, 2], [2, 3], [3, 0]]
+    assert within(edges, 4) == [(0, 1), (1, 2), (2, 3), (3, 0)]
+    assert within(edges, 3) == [(0, 1), (1, 2)]      # position 3 is not there (yet, or any more)
+    assert within(edges, 1) == []
+    assert neighbours("custom", 3, 0, edges=within(edges, 3)) == [1]
+    with pytest.raises(ConfigError, match="self-loop"):
+        within([[0, 1], [2, 2]], 3)
+    with pytest.raises(ConfigError, match="needs edges"):
+        within(None, 3)
 
 
 @pytest.mark.parametrize("bad", [
