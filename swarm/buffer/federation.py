@@ -63,7 +63,7 @@ from ..errors import ReplayError
 from ..link import Link
 from ..wire import Message, register_type
 from .limiter import TokenBucket
-from .replay import Items, ReplayBuffer
+from .replay import Items, ReplayBuffer, _is_real
 
 __all__ = ["Federation", "FederationStats", "PUSH", "PULL", "ITEMS", "ACK", "RESYNC"]
 
@@ -107,7 +107,8 @@ class Federation:
         priority_clip: bound on a received item's raw priority (default: the
             receiving buffer's max priority, so a neighbour cannot out-rank local data).
         rate, burst: items per second (and burst) this peer sends for sharing and
-            pulls combined; ``None`` means unbounded. Replication is not throttled.
+            pulls combined; ``None`` means unbounded (a number must be finite).
+            Replication is not throttled.
         ack_timeout: seconds before an unacknowledged replication push is resent.
         rereplicate_s: how long an acknowledged item is replicated again if its
             holder leaves or restarts (cover the holders' checkpoint interval).
@@ -126,17 +127,18 @@ class Federation:
                  rate: float | None = None, burst: float | None = None, ack_timeout: float = 2.0,
                  send_timeout: float = 1.0, max_items: int = 4096, seed: int | None = None,
                  rereplicate_s: float = 300.0, ride: bool = False) -> None:
-        if not 0.0 <= share <= 1.0:
-            raise ReplayError(f"share must be in [0, 1], got {share!r}")
+        if not (_is_real(share) and 0.0 <= share <= 1.0):
+            raise ReplayError(f"share must be a number in [0, 1], got {share!r}")
         if share_by not in ("newest", "priority"):
             raise ReplayError(f"share_by must be 'newest' or 'priority', got {share_by!r}")
         if not isinstance(replicas, int) or replicas < 0:
             raise ReplayError(f"replicas must be an int >= 0, got {replicas!r}")
-        if priority_clip is not None and not priority_clip > 0:
-            raise ReplayError(f"priority_clip must be > 0 or None, got {priority_clip!r}")
-        if not (ack_timeout > 0 and send_timeout > 0):
-            raise ReplayError("ack_timeout and send_timeout must be > 0 seconds")
-        if not (isinstance(rereplicate_s, (int, float)) and rereplicate_s >= 0):
+        if priority_clip is not None and not (_is_real(priority_clip) and priority_clip > 0):
+            raise ReplayError(f"priority_clip must be a number > 0 or None, got {priority_clip!r}")
+        for name, v in (("ack_timeout", ack_timeout), ("send_timeout", send_timeout)):
+            if not (_is_real(v) and 0 < v < math.inf):
+                raise ReplayError(f"{name} must be a finite number of seconds > 0, got {v!r}")
+        if not (_is_real(rereplicate_s) and rereplicate_s >= 0):
             raise ReplayError(f"rereplicate_s must be a number of seconds >= 0, got {rereplicate_s!r}")
         if not isinstance(max_items, int) or max_items < 1:
             raise ReplayError(f"max_items must be an int >= 1, got {max_items!r}")
@@ -403,7 +405,11 @@ class Federation:
             self.stats.send_failures += 1
 
     async def _on_ack(self, msg: Message) -> None:
-        entry = self._inflight.pop(msg.body.get("rid"), None)
+        rid = msg.body.get("rid")
+        if not isinstance(rid, int):
+            self._drop(msg, f"bad ack {msg.body!r:.200}")
+            return
+        entry = self._inflight.pop(rid, None)
         if entry is None or entry[0] != msg.src:
             return
         if self.rereplicate_s > 0:
@@ -451,7 +457,11 @@ class Federation:
         await self._send_items(msg.src, ITEMS, items, {"rid": rid})
 
     async def _on_items(self, msg: Message) -> None:
-        fut = self._pulls.get(msg.body.get("rid"))
+        rid = msg.body.get("rid")
+        if not isinstance(rid, int):
+            self._drop(msg, f"bad rid {rid!r:.100} in buf.items")
+            return
+        fut = self._pulls.get(rid)
         items = self._decode(msg)
         if items is None or fut is None:
             return

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from ..errors import ReplayError
 
@@ -29,12 +31,15 @@ class RateLimiter:
                  tolerance: float = 1024.0) -> None:
         if not isinstance(min_size, int) or min_size < 1:
             raise ReplayError(f"min_size must be an int >= 1, got {min_size!r}")
-        if samples_per_insert is not None and not samples_per_insert > 0:
-            raise ReplayError(f"samples_per_insert must be > 0 or None, got {samples_per_insert!r}")
-        if not tolerance >= 0:
-            raise ReplayError(f"tolerance must be >= 0, got {tolerance!r}")
+        # Infinite settings would only overflow in insert_room(); None already means "no ratio".
+        if samples_per_insert is not None and not (_finite(samples_per_insert) and samples_per_insert > 0):
+            raise ReplayError(f"samples_per_insert must be a finite number > 0, or None for no ratio, "
+                              f"got {samples_per_insert!r}")
+        if not (_finite(tolerance) and tolerance >= 0):
+            raise ReplayError(f"tolerance must be a finite number >= 0 (use samples_per_insert=None "
+                              f"for no ratio), got {tolerance!r}")
         self.min_size = min_size
-        self.samples_per_insert = samples_per_insert
+        self.samples_per_insert = None if samples_per_insert is None else float(samples_per_insert)
         self.tolerance = float(tolerance)
         self.inserted = 0
         self.sampled = 0
@@ -85,12 +90,17 @@ class TokenBucket:
 
     def __init__(self, rate: float | None, burst: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if rate is not None and not rate > 0:
-            raise ReplayError(f"share rate must be > 0 items/s or None, got {rate!r}")
+        if rate is not None and not (_finite(rate) and rate > 0):
+            raise ReplayError(f"share rate must be a finite number > 0 items/s, or None for unlimited, "
+                              f"got {rate!r}")
+        if burst is not None and not _finite(burst):
+            raise ReplayError(f"burst must be a finite number of items, or None (one second of rate), "
+                              f"got {burst!r}")
         self.rate = rate
         self.burst = float(burst if burst is not None else (rate or 0.0))
         if rate is not None and not self.burst >= 1:
-            raise ReplayError(f"burst must be >= 1 item, got {burst!r}")
+            raise ReplayError(f"burst must be >= 1 item, got {self.burst:g}"
+                              + ("" if burst is not None else f" (the default: one second of rate {rate!r})"))
         self._clock = clock
         self._tokens = self.burst
         self._last = clock()
@@ -107,3 +117,8 @@ class TokenBucket:
             k = min(n, int(self._tokens))
             self._tokens -= k
             return k
+
+
+def _finite(x: Any) -> bool:
+    """A real number, not NaN or infinite (bools and strings are not numbers here)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)

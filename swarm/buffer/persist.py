@@ -18,6 +18,7 @@ and renamed into place, so a crash never leaves half a snapshot at ``path``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import threading
@@ -165,11 +166,37 @@ def save(buf: "ReplayBuffer", path: str | os.PathLike, background: bool = False)
 def _read_meta(path: Path, what: str) -> dict[str, Any]:
     """A snapshot's meta.json, or a ReplayError that says what is wrong with it."""
     try:
-        return json.loads((path / "meta.json").read_text())
+        meta = json.loads((path / "meta.json").read_text())
     except FileNotFoundError:
         raise ReplayError(f"{path} is not {what} (no meta.json)") from None
-    except json.JSONDecodeError as e:
+    except (OSError, ValueError) as e:   # unreadable, not UTF-8, not JSON
         raise ReplayError(f"{path}/meta.json is corrupt: {e}") from None
+    if not isinstance(meta, dict):
+        raise ReplayError(f"{path}/meta.json is corrupt: not a JSON object")
+    return meta
+
+
+def _check_meta(path: Path, meta: dict[str, Any]) -> None:
+    """Raise ReplayError unless :func:`_apply_meta` can apply ``meta`` whole (checked before any change)."""
+    try:
+        counters = [int(meta[k]) for k in ("next", "next_seq", "read")]
+        max_p, base = float(meta["max_p"]), float(meta["base"])
+        peers = meta["peers"]
+        np.random.default_rng().bit_generator.state = meta["rng"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReplayError(f"{path}/meta.json is corrupt: {type(e).__name__}: {e}") from None
+    if min(counters) < 0 or not (math.isfinite(max_p) and max_p > 0 and math.isfinite(base)):
+        raise ReplayError(f"{path}/meta.json is corrupt: counters {counters}, max_p {max_p!r}, base {base!r}")
+    if not (isinstance(peers, list) and peers and all(isinstance(p, str) and p for p in peers)):
+        raise ReplayError(f"{path}/meta.json is corrupt: peers {peers!r:.200}")
+
+
+def _check_values(path: Path, k: str, a: np.ndarray) -> None:
+    """Stored priorities must be finite and >= 0, times finite: one NaN would poison the sum-tree."""
+    if k == "_leaf" and not (np.isfinite(a).all() and (a >= 0).all()):
+        raise ReplayError(f"{path}: column '_leaf' holds priorities that are negative, NaN or Inf")
+    if k == "_time" and not np.isfinite(a).all():
+        raise ReplayError(f"{path}: column '_time' holds NaN or Inf origin times")
 
 
 def load(path: str | os.PathLike, clock: Callable[[], float] = time.time,
@@ -181,18 +208,29 @@ def load(path: str | os.PathLike, clock: Callable[[], float] = time.time,
     meta = _read_meta(path, "a replay snapshot")
     if meta.get("format") != FORMAT:
         raise ReplayError(f"{path}: snapshot format {meta.get('format')!r}, expected {FORMAT}")
-    schema = {k: (d, tuple(s)) for k, (d, s) in meta["schema"].items()}
-    buf = ReplayBuffer(schema, meta["capacity"], alpha=meta["alpha"], eps=meta["eps"],
-                       decay=meta["decay"], sampler=meta["sampler"], stratified=meta["stratified"],
-                       seed=meta["seed"], clock=clock, peer_id=meta["peer_id"],
-                       limiter=limiter or RateLimiter.from_state(meta["limiter"]))
+    _check_meta(path, meta)
+    try:
+        schema = {k: (d, tuple(s)) for k, (d, s) in meta["schema"].items()}
+        buf = ReplayBuffer(schema, meta["capacity"], alpha=meta["alpha"], eps=meta["eps"],
+                           decay=meta["decay"], sampler=meta["sampler"], stratified=meta["stratified"],
+                           seed=meta["seed"], clock=clock, peer_id=meta["peer_id"],
+                           limiter=limiter or RateLimiter.from_state(meta["limiter"]))
+    except ReplayError as e:
+        raise ReplayError(f"{path}/meta.json: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ReplayError(f"{path}/meta.json is corrupt: {type(e).__name__}: {e}") from None
     for k, col in _columns(buf).items():
         try:
             a = np.load(path / f"{k}.npy", mmap_mode="r")
         except FileNotFoundError:
             raise ReplayError(f"{path}: column {k!r} missing from the snapshot") from None
+        except (OSError, ValueError, EOFError) as e:   # truncated, not .npy, unreadable
+            raise ReplayError(f"{path}: column {k!r} cannot be read: {e}") from None
+        if not isinstance(a, np.ndarray):   # an .npz archive under an .npy name
+            raise ReplayError(f"{path}: column {k!r} is not a .npy array")
         if a.shape != col.shape or a.dtype != col.dtype:
             raise ReplayError(f"{path}: column {k!r} is {a.dtype}{a.shape}, expected {col.dtype}{col.shape}")
+        _check_values(path, k, a)
         if k == "_leaf":
             buf._tree.assign(np.asarray(a))
         else:
@@ -264,21 +302,31 @@ def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuf
     meta = _read_meta(path, "an incremental replay snapshot")
     if meta.get("format") != FORMAT or "since" not in meta:
         raise ReplayError(f"{path}: not an incremental snapshot of format {FORMAT}")
-    if meta["schema"] != buf.schema.to_dict() or meta["capacity"] != buf.capacity:
+    if meta.get("schema") != buf.schema.to_dict() or meta.get("capacity") != buf.capacity:
         raise ReplayError(f"{path}: taken from a buffer of another schema or capacity")
+    _check_meta(path, meta)
     if meta["since"] != buf._next:
         raise ReplayError(f"{path}: taken since item {meta['since']}, but the base buffer has written "
                           f"{buf._next} items; it belongs to another full snapshot")
     cols = _columns(buf)
-    try:
-        slots = np.load(path / "_slots.npy")
-        rows = {k: np.load(path / f"{k}.npy") for k in cols}
-    except FileNotFoundError as e:
-        raise ReplayError(f"{path}: incomplete incremental snapshot ({e.filename} missing)") from None
+    rows = {}
+    for k in ["_slots", *cols]:
+        try:
+            rows[k] = np.load(path / f"{k}.npy")
+        except FileNotFoundError as e:
+            raise ReplayError(f"{path}: incomplete incremental snapshot ({e.filename} missing)") from None
+        except (OSError, ValueError, EOFError) as e:   # truncated, not .npy, unreadable
+            raise ReplayError(f"{path}: column {k!r} cannot be read: {e}") from None
+        if not isinstance(rows[k], np.ndarray):   # an .npz archive under an .npy name
+            raise ReplayError(f"{path}: column {k!r} is not a .npy array")
+    slots = rows.pop("_slots")
+    if slots.ndim != 1 or slots.dtype.kind not in "iu":
+        raise ReplayError(f"{path}: row slots are {slots.dtype}{slots.shape}, expected a 1-D integer array")
     for k, c in cols.items():
         want = c.shape if k == "_leaf" else (slots.size,) + c.shape[1:]
         if rows[k].shape != want or rows[k].dtype != c.dtype:
             raise ReplayError(f"{path}: column {k!r} is {rows[k].dtype}{rows[k].shape}, expected {c.dtype}{want}")
+        _check_values(path, k, rows[k])
     if slots.size and (slots.min() < 0 or slots.max() >= buf.capacity):
         raise ReplayError(f"{path}: row slots outside the capacity {buf.capacity}")
     with buf._lock:

@@ -130,13 +130,20 @@ class ReplayBuffer:
             raise ReplayError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         if not isinstance(peer_id, str) or not peer_id:
             raise ReplayError(f"peer_id must be a non-empty str, got {peer_id!r}")
+        # The seed goes into snapshots' meta.json: an int or None, nothing numpy-only.
+        if seed is not None and not (_is_int(seed) and seed >= 0):
+            raise ReplayError(f"seed must be an int >= 0 or None, got {seed!r}")
+        if not callable(clock):
+            raise ReplayError(f"clock must be a function returning seconds, got {clock!r}")
+        if limiter is not None and not isinstance(limiter, RateLimiter):
+            raise ReplayError(f"limiter must be a RateLimiter or None, got {limiter!r}")
         self.capacity = int(capacity)
         self.alpha, self.eps, self.decay = float(alpha), float(eps), float(decay)
         self.sampler, self.stratified = sampler, bool(stratified)
         self.clock = clock
         self.peer_id = peer_id
         self.limiter = limiter if limiter is not None else RateLimiter()
-        self._seed = seed
+        self._seed = None if seed is None else int(seed)
         self._rng = np.random.default_rng(seed)
         self._lock = threading.RLock()
         cap = self.capacity
@@ -188,11 +195,15 @@ class ReplayBuffer:
         """Add a batch of items (each field shaped ``(n, *shape)``); return their indices.
 
         New items get the current max priority. ``times`` are origin times in
-        seconds (scalar or ``(n,)``; default ``clock()``). Bad items raise
-        :class:`ReplayError` naming the field, and nothing is stored.
+        seconds (scalar or ``(n,)``; default ``clock()``); times in the future
+        are clipped to now, as for received items. Bad items raise
+        :class:`ReplayError` naming the field, and nothing is stored. An empty
+        batch stores nothing.
         """
         arrays, n = self.schema.check(items)
         t = self._times(times, n)
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
         with self._lock:
             seqs = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
             self._next_seq += n
@@ -213,6 +224,8 @@ class ReplayBuffer:
         priority) so a neighbour cannot flood the sampler; origin times in the
         future are clipped to now. Returns the indices of the items stored.
         """
+        if priority_clip is not None and not (_is_real(priority_clip) and priority_clip > 0):
+            raise ReplayError(f"priority_clip must be a number > 0 or None, got {priority_clip!r}")
         arrays, n = self.schema.check(items.fields)
         origins = np.asarray(items.origins)
         seqs, times, pri = (np.asarray(a) for a in (items.seqs, items.times, items.priorities))
@@ -272,12 +285,17 @@ class ReplayBuffer:
             t = np.empty(n, dtype=np.float64)
             t.fill(self.clock())
             return t
-        t = np.asarray(times, dtype=np.float64)
+        try:
+            t = np.asarray(times, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ReplayError(f"times must be numbers (seconds), got {times!r:.80}") from None
         if t.ndim == 0:
             t = np.full(n, float(t))
         if t.shape != (n,) or not np.isfinite(t).all():
             raise ReplayError(f"times must be a finite scalar or shape ({n},), got shape {t.shape}")
-        return t
+        # A time in the future would move the decay base past now on the next rebase,
+        # and every item added before it would decay to nothing at once.
+        return np.minimum(t, float(self.clock()))
 
     def _write(self, arrays: dict[str, np.ndarray], n: int, origin: Any, seqs: np.ndarray,
                times: np.ndarray, raw: np.ndarray | None) -> np.ndarray:
@@ -343,12 +361,16 @@ class ReplayBuffer:
     def rebase(self, t: float | None = None) -> None:
         """Move the decay base to time ``t`` (default now), rescaling every stored priority.
 
-        Happens on its own when needed; sampling probabilities do not change.
+        Happens on its own when needed; sampling probabilities do not change. A
+        ``t`` in the future is taken as now (see :meth:`add`).
         """
+        if t is not None and not (_is_real(t) and math.isfinite(t)):
+            raise ReplayError(f"rebase time must be a finite number of seconds, got {t!r}")
         with self._lock:
             if not self.decay:
                 return
-            t = float(self.clock()) if t is None else float(t)
+            now = float(self.clock())
+            t = now if t is None else min(float(t), now)
             self._tree.scale(math.exp(-self.decay * (t - self._base)))
             self._base = t
 
@@ -359,9 +381,13 @@ class ReplayBuffer:
         return self._arange
 
     def can_sample(self, n: int) -> bool:
-        """Whether the rate limiter allows sampling ``n`` items now."""
+        """Whether the rate limiter allows sampling ``n`` items now (and any item can be drawn)."""
         if self.sampler == "fifo":
             return self._next - max(self._read, self._next - self.capacity) >= n
+        if self.sampler == "prioritized":
+            with self._lock:   # reading the total may cache it: not while a write is under way
+                if not self._tree.total > 0:
+                    return False
         return self.limiter.can_sample(n, len(self))
 
     def sample(self, n: int, beta: float = 0.4) -> Sample:
@@ -373,7 +399,9 @@ class ReplayBuffer:
         (fewer if fewer remain), each returned once.
 
         Raises :class:`ReplayError` if the buffer holds fewer than the limiter's
-        ``min_size`` items (or, FIFO, none left to read).
+        ``min_size`` items (or, FIFO, none left to read), or if every stored
+        priority has decayed to zero (items far older than ``1/decay``): no item
+        can then be drawn by the law, and weights would be NaN.
         """
         if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
             raise ReplayError(f"batch size must be an int >= 1, got {n!r}")
@@ -386,6 +414,9 @@ class ReplayBuffer:
                                   f"min_size is {self.limiter.min_size}")
             if self.sampler == "prioritized":
                 total = self._tree.total
+                if not total > 0:
+                    raise ReplayError(f"cannot sample: every priority of the {size} items is 0 (items "
+                                      "far older than 1/decay seconds decay to nothing); add newer items")
                 if self.stratified:
                     u = self._rng.random(n)
                     u += self._strata(n)
@@ -426,10 +457,15 @@ class ReplayBuffer:
         """Set priorities ``(|td|+eps)^alpha`` for sampled ``indices``; return how many were applied.
 
         Indices whose slot has been overwritten since they were sampled are
-        ignored. A no-op for uniform and FIFO sampling (beyond the checks).
+        ignored; an index this buffer never handed out (negative, or not yet
+        added) raises :class:`ReplayError` and nothing changes. A no-op for
+        uniform and FIFO sampling (beyond the checks).
         """
-        indices = np.asarray(indices)
-        td = np.asarray(td, dtype=np.float64)
+        try:
+            indices = np.asarray(indices)
+            td = np.asarray(td, dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise ReplayError(f"indices and td must be arrays of numbers: {e}") from None
         if indices.ndim != 1 or indices.dtype.kind not in "iu":
             raise ReplayError(f"indices must be a 1-D integer array, got {indices.dtype} {indices.shape}")
         if td.shape != indices.shape:
@@ -448,10 +484,12 @@ class ReplayBuffer:
         with self._lock:
             slots = indices % self.capacity
             live = self._ticket[slots] == indices
-            if not live.all():
-                # Only now tell an index that was never handed out from a stale one.
-                if indices.min() < 0 or indices.max() >= self._next:
-                    raise ReplayError(f"indices out of range [0, {self._next}): not from this buffer")
+            stale = not live.all()
+            # Only now tell an index that was never handed out from a stale one. While
+            # the ring fills, index -1 also matches an empty slot's ticket (-1).
+            if stale or (self._next < self.capacity and np.minimum.reduce(indices) < 0):
+                self._check_range(indices)
+            if stale:
                 slots, raw = slots[live], raw[live]
                 if slots.size == 0:
                     return 0
@@ -466,9 +504,14 @@ class ReplayBuffer:
             return int(slots.size)
 
     def priorities(self, indices: Any) -> np.ndarray:
-        """Current age-decayed priorities of live ``indices`` (NaN for overwritten ones)."""
-        indices = np.asarray(indices, dtype=np.int64)
+        """Current age-decayed priorities of live ``indices`` (NaN for overwritten ones).
+
+        Like :meth:`update_priorities`, raises :class:`ReplayError` for an index
+        this buffer never handed out.
+        """
+        indices = _as_indices(indices)
         with self._lock:
+            self._check_range(indices)
             slots = indices % self.capacity
             live = self._ticket[slots] == indices
             if self.sampler != "prioritized":
@@ -484,9 +527,15 @@ class ReplayBuffer:
         with self._lock:
             size = len(self)
             if self.sampler != "prioritized":
-                return np.full(size, 1.0 / size)
+                return np.full(size, 1.0 / max(size, 1))
             leaves = self._tree.leaves[:size]
-            return leaves / leaves.sum()
+            total = leaves.sum()
+            return leaves / total if total > 0 else np.zeros(size)
+
+    def _check_range(self, indices: np.ndarray) -> None:
+        """Raise unless every index was handed out by this buffer (lock held)."""
+        if indices.size and (indices.min() < 0 or indices.max() >= self._next):
+            raise ReplayError(f"indices out of range [0, {self._next}): not from this buffer")
 
     # ------------------------------------------------------------ persistence
     def save(self, path: Any, *, background: bool = False) -> Any:
@@ -508,9 +557,14 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------- federation
     def items(self, indices: Any) -> Items:
-        """The live items at ``indices``, with ids, origin times and raw priorities."""
-        indices = np.asarray(indices, dtype=np.int64)
+        """The live items at ``indices``, with ids, origin times and raw priorities.
+
+        Overwritten items are left out; an index this buffer never handed out
+        raises :class:`ReplayError`.
+        """
+        indices = _as_indices(indices)
         with self._lock:
+            self._check_range(indices)
             slots = indices % self.capacity
             slots = slots[self._ticket[slots] == indices]
             if self.sampler == "prioritized":
@@ -541,6 +595,25 @@ class ReplayBuffer:
         with self._lock:
             n = len(self)
             return [(self._peers[o], int(s)) for o, s in zip(self._origin[:n], self._seq[:n])]
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _as_indices(indices: Any) -> np.ndarray:
+    """``indices`` as an int64 array, or :class:`ReplayError` if they are not integers."""
+    try:
+        a = np.asarray(indices)
+    except (TypeError, ValueError) as e:
+        raise ReplayError(f"indices must be integers: {e}") from None
+    if a.size and a.dtype.kind not in "iu":
+        raise ReplayError(f"indices must be integers, got {a.dtype}")
+    return a.astype(np.int64, copy=False)
 
 
 def _committed(shape: Any, dtype: Any) -> np.ndarray:

@@ -40,6 +40,7 @@ class Schema:
         if isinstance(fields, Schema):
             self.fields: tuple[Field, ...] = fields.fields
             self._names = fields._names
+            self._bounds, self._casts = fields._bounds, fields._casts
             return
         if not isinstance(fields, Mapping) or not fields:
             raise ReplayError("schema must be a non-empty mapping {field: (dtype, shape)}")
@@ -68,6 +69,10 @@ class Schema:
             out.append(Field(name, dt, shape))
         self.fields = tuple(out)
         self._names = frozenset(f.name for f in self.fields)
+        self._bounds = {f.name: _bounds(f.dtype) for f in self.fields}
+        # (data dtype, field name) -> _SAFE or _NARROW, decided once: can_cast costs
+        # more than the dict lookup. Refused dtypes are not kept (they raise anyway).
+        self._casts: dict[tuple[np.dtype, str], str] = {}
 
     @property
     def names(self) -> list[str]:
@@ -91,7 +96,10 @@ class Schema:
 
         Every field must be present, no extra field allowed, each with shape
         ``(n, *field.shape)`` and a dtype that casts to the field's dtype without
-        loss of kind (``same_kind``). Raises :class:`ReplayError` naming the field.
+        loss of kind (``same_kind``). Where the field's dtype is narrower, every
+        value must fit it: an integer out of its range, or a finite float that
+        would become ``inf``, is refused rather than stored wrapped or infinite.
+        Raises :class:`ReplayError` naming the field.
         """
         if type(items) is not dict and not isinstance(items, Mapping):
             raise ReplayError(f"items must be a mapping of field -> array, got {type(items).__name__}")
@@ -110,10 +118,14 @@ class Schema:
             # Fast path: the exact dtype needs no cast checks (the common case). Native
             # builtin dtypes are singletons, so identity settles it without ``==``.
             if a.dtype is not f.dtype and a.dtype != f.dtype:
-                if not np.can_cast(a.dtype, f.dtype, casting="same_kind"):
-                    raise ReplayError(f"field {f.name!r}: dtype {a.dtype} cannot be stored as {f.dtype}")
-                if a.dtype.kind == "f" and f.dtype.kind in "iub":
-                    raise ReplayError(f"field {f.name!r}: float data for integer field of dtype {f.dtype}")
+                cast = self._casts.get((a.dtype, f.name))
+                if cast is None:
+                    cast = _cast(a.dtype, f.dtype)
+                    if cast not in (_SAFE, _NARROW):
+                        raise ReplayError(f"field {f.name!r}: {cast}")
+                    self._casts[a.dtype, f.name] = cast
+                if cast == _NARROW and a.size:
+                    self._check_fits(f, a)
             if a.shape[1:] != f.shape or a.ndim == 0:
                 raise ReplayError(f"field {f.name!r}: shape {a.shape}, expected (n, {', '.join(map(str, f.shape))})"
                                   .replace(", )", ")"))
@@ -123,3 +135,50 @@ class Schema:
                 raise ReplayError(f"field {f.name!r}: {a.shape[0]} items, but earlier fields have {n}")
             out[f.name] = a
         return out, n
+
+    def _check_fits(self, f: Field, a: np.ndarray) -> None:
+        """Raise unless every value of ``a`` survives the cast to the narrower ``f.dtype``."""
+        lo, hi = self._bounds[f.name]
+        # NaN compares False: only values past the field's range (or inf, for floats)
+        # get beyond these cheap reductions.
+        if a.dtype.kind == "f":
+            if not np.abs(a).max() > hi:
+                return
+        else:
+            amin, amax = np.minimum.reduce(a, axis=None), np.maximum.reduce(a, axis=None)
+            if not (amin < lo or amax > hi):
+                return
+            if f.dtype.kind in "iu":
+                raise ReplayError(f"field {f.name!r}: values in [{amin}, {amax}] do not fit {f.dtype} "
+                                  f"[{lo}, {hi}]")
+        # A float field: inf or NaN given is stored as given; a finite value must stay finite.
+        with np.errstate(over="ignore"):
+            lost = np.isfinite(a) & ~np.isfinite(a.astype(f.dtype))
+        if lost.any():
+            raise ReplayError(f"field {f.name!r}: {a[lost].flat[0]} overflows {f.dtype} (largest {hi:g})")
+
+
+_SAFE, _NARROW = "safe", "narrow"
+
+
+def _cast(src: np.dtype, dst: np.dtype) -> str:
+    """How data of dtype ``src`` goes into a field of dtype ``dst``: _SAFE, _NARROW
+    (the values must fit, see :meth:`Schema._check_fits`), or why it cannot."""
+    if not np.can_cast(src, dst, casting="same_kind"):
+        return f"dtype {src} cannot be stored as {dst}"
+    if src.kind == "f" and dst.kind in "iub":
+        return f"float data for integer field of dtype {dst}"
+    if src.kind in "iub" and dst.kind == "f" and dst.itemsize >= 4:
+        return _SAFE   # rounds, but no integer overflows float32 (only float16's 65504)
+    return _SAFE if np.can_cast(src, dst) else _NARROW
+
+
+def _bounds(dtype: np.dtype) -> tuple[Any, Any]:
+    """The smallest and largest value of a field's dtype (bool: 0 and 1)."""
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return int(info.min), int(info.max)
+    if dtype.kind == "f":
+        fmax = float(np.finfo(dtype).max)
+        return -fmax, fmax
+    return 0, 1

@@ -156,10 +156,33 @@ def test_malformed_items_are_dropped_and_counted():
 def test_bad_federation_config_is_named():
     hub = Hub()
     buf = ReplayBuffer(SCHEMA, 8)
+    inf, nan = float("inf"), float("nan")
     for kw, word in [({"share": 2}, "share"), ({"share_by": "random"}, "share_by"),
-                     ({"replicas": -1}, "replicas"), ({"priority_clip": 0}, "priority_clip")]:
+                     ({"replicas": -1}, "replicas"), ({"priority_clip": 0}, "priority_clip"),
+                     ({"share": "0.1"}, "share"), ({"priority_clip": nan}, "priority_clip"),
+                     ({"priority_clip": "x"}, "priority_clip"), ({"rate": inf}, "rate"),
+                     ({"rate": 1.0, "burst": inf}, "burst"), ({"ack_timeout": "2"}, "ack_timeout"),
+                     ({"send_timeout": inf}, "send_timeout")]:
         with pytest.raises(ReplayError, match=word):
             Federation(buf, hub.link("a", []), **kw)
+
+
+def test_acks_and_items_with_an_unhashable_rid_are_dropped_and_counted():
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"], share=0.0, replicas=1)
+        b, _ = peer(hub, "b", ["a"])
+        x = hub.link("x", ["a"])
+        a.add(items(3))
+        await fa.flush()                       # a replication push is in flight: b will ack it
+        await x.send("a", "buf.ack", {"rid": [1], "n": 3})
+        await x.send("a", "buf.items", {"rid": {"k": 1}, "fields": ["obs", "action"], "peers": ["x"]},
+                     fa._arrays(a.items(np.arange(3))))
+        await hub.settle()
+        await hub.close()
+        assert fa.stats.dropped_messages == 2 and all("rid" in e for e in fa.stats.errors)
+        assert len(a) == 3 and len(fa.take_acknowledged()) == 3     # the real ack still counted
+    run(main())
 
 
 def test_kill_a_peer_with_replication_k1_every_acknowledged_item_survives():

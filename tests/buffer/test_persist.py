@@ -1,11 +1,14 @@
 """Save and restore: exact round trip, consistent snapshots while the buffer keeps changing."""
 
+import json
+import shutil
 import threading
 
 import numpy as np
 import pytest
 
 from swarm.buffer import Items, ReplayBuffer
+from swarm.buffer.persist import digest, load_incremental, save_incremental
 from swarm.errors import ReplayError
 
 SCHEMA = {"obs": ("float32", (8,)), "action": ("int64", ()), "reward": ("float32", ())}
@@ -107,3 +110,41 @@ def test_one_save_at_a_time_and_bad_paths(tmp_path):
     (tmp_path / "x" / "_seq.npy").unlink()
     with pytest.raises(ReplayError, match="_seq"):
         ReplayBuffer.load(tmp_path / "x")
+
+
+def _truncate(p):
+    f = p / "obs.npy"
+    data = f.read_bytes()
+    f.write_bytes(data[:len(data) // 2])
+
+
+def _nan_leaf(p):
+    a = np.load(p / "_leaf.npy")
+    a[0] = np.nan
+    np.save(p / "_leaf.npy", a)
+
+
+def _no_counter(p):
+    meta = json.loads((p / "meta.json").read_text())
+    del meta["next"]
+    (p / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("damage, word", [(_truncate, "obs"), (_nan_leaf, "_leaf"), (_no_counter, "meta.json")])
+def test_a_damaged_snapshot_is_refused_and_the_base_buffer_left_alone(tmp_path, damage, word):
+    buf = ReplayBuffer(SCHEMA, 16, decay=0.01, seed=0, clock=Clock())
+    buf.add(items(5))
+    buf.save(tmp_path / "full")
+    base = ReplayBuffer.load(tmp_path / "full", clock=Clock())
+    buf.add(items(3, 5))
+    save_incremental(buf, tmp_path / "inc", since=5)
+    shutil.copytree(tmp_path / "full", tmp_path / "bad")
+    damage(tmp_path / "bad")
+    with pytest.raises(ReplayError, match=word):
+        ReplayBuffer.load(tmp_path / "bad")
+    damage(tmp_path / "inc")
+    before = digest(base)
+    with pytest.raises(ReplayError, match=word):
+        load_incremental(base, tmp_path / "inc")
+    assert digest(base) == before
+    assert np.isfinite(base.sample(4).weights).all()

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from swarm.buffer import RateLimiter, ReplayBuffer, Schema
+from swarm.buffer import Items, RateLimiter, ReplayBuffer, Schema
 from swarm.errors import ReplayError
 
 SCHEMA = {"obs": ("float32", (4,)), "action": ("int64", ()), "reward": ("float32", ()),
@@ -216,7 +216,9 @@ def test_missing_and_extra_fields_are_named():
 
 @pytest.mark.parametrize("kw, word", [({"capacity": 0}, "capacity"), ({"alpha": -1}, "alpha"),
                                       ({"eps": 0}, "eps"), ({"decay": -0.1}, "decay"),
-                                      ({"sampler": "lifo"}, "sampler")])
+                                      ({"sampler": "lifo"}, "sampler"), ({"seed": "x"}, "seed"),
+                                      ({"seed": -1}, "seed"), ({"clock": "str"}, "clock"),
+                                      ({"limiter": 5}, "limiter")])
 def test_bad_configuration_is_named(kw, word):
     args = {"capacity": 8}
     args.update(kw)
@@ -271,3 +273,125 @@ def test_add_one():
     buf = ReplayBuffer(SCHEMA, 4)
     i = buf.add_one(obs=np.ones(4, np.float32), action=2, reward=1.0, next_obs=np.ones(4, np.float32), done=0.0)
     assert i == 0 and buf.sample(1).batch["action"][0] == 2
+
+
+def _state(buf):
+    """What a refused call must leave as it was."""
+    return (len(buf), buf.total_added, buf._next_seq, buf.max_priority, buf._base, buf._tree.total,
+            buf.limiter.inserted, buf.limiter.sampled, buf.probabilities().tolist(), buf._tree.leaves.tolist(),
+            buf._data["action"].tolist(), str(buf._rng.bit_generator.state))
+
+
+def test_future_add_times_are_clipped_to_now_and_do_not_wipe_priorities():
+    clock = Clock()
+    buf = ReplayBuffer(SCHEMA, 16, alpha=1.0, decay=0.01, seed=0, clock=clock)
+    buf.add(items(5))
+    i = buf.add(items(1, 5), times=clock.t * 1000)   # e.g. milliseconds by mistake
+    buf.add(items(2, 6))
+    assert buf.items(i).times.tolist() == [clock.t]
+    # all eight were made "now" with the max priority: equally likely, none wiped
+    np.testing.assert_allclose(buf.probabilities(), np.full(8, 1 / 8), rtol=1e-12)
+    assert buf._base <= clock.t
+    buf.rebase(clock.t * 1000)                   # the same through an explicit rebase
+    np.testing.assert_allclose(buf.probabilities(), np.full(8, 1 / 8), rtol=1e-12)
+    before = _state(buf)
+    for t in (float("nan"), "soon"):
+        with pytest.raises(ReplayError, match="rebase time"):
+            buf.rebase(t)
+    assert _state(buf) == before
+
+
+def test_indices_never_handed_out_are_refused_and_change_nothing():
+    buf = ReplayBuffer(SCHEMA, 16, alpha=1.0, seed=0)   # not full: slot 15 is empty, its ticket -1
+    idx = buf.add(items(5))
+    buf.update_priorities(idx, [1.0, 2.0, 3.0, 4.0, 5.0])
+    before = _state(buf)
+    for bad in ([-1], [5], [0, -1], [2**40]):
+        with pytest.raises(ReplayError, match="out of range"):
+            buf.update_priorities(bad, np.full(len(bad), 100.0))
+        with pytest.raises(ReplayError, match="out of range"):
+            buf.priorities(bad)
+        with pytest.raises(ReplayError, match="out of range"):
+            buf.items(bad)
+    assert _state(buf) == before
+    with pytest.raises(ReplayError, match="integers"):
+        buf.items([1.5])
+    assert buf.update_priorities(idx[:2], [7.0, 8.0]) == 2   # real indices still work
+
+
+def test_insert_refuses_a_bad_priority_clip_and_changes_nothing():
+    buf = ReplayBuffer(SCHEMA, 16, seed=0)
+    buf.add(items(3))
+    got = Items(items(2, 10), ["b"], np.zeros(2, np.int32), np.arange(2), np.full(2, 1000.0), np.ones(2))
+    before = _state(buf)
+    for clip in (float("nan"), "x", 0.0, -1.0):
+        with pytest.raises(ReplayError, match="priority_clip"):
+            buf.insert(got, priority_clip=clip)
+    assert _state(buf) == before
+    assert buf.insert(got, priority_clip=float("inf")).size == 2   # inf: no clip
+    assert np.isfinite(buf._tree.total)
+
+
+def test_sampling_when_every_priority_decayed_to_zero_is_refused_not_nan():
+    clock = Clock(1e6)
+    buf = ReplayBuffer(SCHEMA, 8, decay=0.1, seed=0, clock=clock)
+    buf.add(items(3), times=0.0)                 # 1e6 s old at decay 0.1: every leaf underflows to 0
+    before = _state(buf)
+    assert not buf.can_sample(2)
+    with pytest.raises(ReplayError, match="every priority .* is 0"):
+        buf.sample(2)
+    assert _state(buf) == before
+    assert buf.probabilities().tolist() == [0.0, 0.0, 0.0]
+    buf.add(items(1, 3))                         # a fresh item makes the buffer sampleable again
+    s = buf.sample(4)
+    assert buf.can_sample(4) and (s.batch["action"] == 3).all() and np.isfinite(s.weights).all()
+
+
+@pytest.mark.parametrize("field, value, fits", [
+    ("a", np.array([300]), np.array([-128])),                                 # int64 into int8
+    ("b", np.array([2**64 - 1], np.uint64), np.array([2**63 - 1], np.uint64)),  # uint64 into int64
+    ("c", np.array([1e39]), np.array([-2.0**127])),                           # float64 into float32
+    ("d", np.array([70000]), np.array([65504])),                              # int64 into float16
+])
+def test_values_that_do_not_fit_a_narrower_field_are_refused(field, value, fits):
+    buf = ReplayBuffer({"a": ("int8", ()), "b": ("int64", ()), "c": ("float32", ()), "d": ("float16", ())}, 8)
+    good = {"a": np.array([1]), "b": np.array([1], np.uint64), "c": np.array([1.5]), "d": np.array([7])}
+    buf.add(good)
+    before = {k: c.copy() for k, c in buf._data.items()}, len(buf), buf.total_added
+    two = {k: np.concatenate([v, v]) for k, v in good.items()}
+    with pytest.raises(ReplayError, match=f"field '{field}': .* (do not fit|overflows)"):
+        buf.add(dict(two, **{field: np.concatenate([fits, value])}))
+    assert (len(buf), buf.total_added) == before[1:]
+    for k, c in buf._data.items():
+        np.testing.assert_array_equal(c, before[0][k])
+    i = buf.add(dict(good, **{field: fits}))                 # values that fit are stored exactly
+    assert buf._data[field][i[0]] == fits[0]
+    buf.add(dict(good, c=np.array([np.inf])))                # inf given stays inf: nothing was lost
+    assert np.isinf(buf._data["c"][2])
+
+
+def test_bad_arguments_to_add_and_update_are_named_and_change_nothing():
+    buf = ReplayBuffer(SCHEMA, 8, decay=0.1, seed=0)
+    idx = buf.add(items(3))
+    calls = []
+    buf.on_add(calls.append)
+    before = _state(buf)
+    with pytest.raises(ReplayError, match="times"):
+        buf.add(items(2), times="now")
+    with pytest.raises(ReplayError, match="td"):
+        buf.update_priorities(idx[:1], ["x"])
+    with pytest.raises(ReplayError, match="indices"):
+        buf.update_priorities([[0], [1, 2]], [1.0])
+    assert buf.add(items(0)).tolist() == []       # an empty batch is a no-op, with or without decay
+    assert _state(buf) == before and calls == []
+
+
+def test_rate_limiter_refuses_infinite_or_non_numeric_settings():
+    for kw, word in [({"samples_per_insert": 1, "tolerance": float("inf")}, "tolerance"),
+                     ({"samples_per_insert": float("inf")}, "samples_per_insert"),
+                     ({"samples_per_insert": "1"}, "samples_per_insert"),
+                     ({"tolerance": float("nan")}, "tolerance")]:
+        with pytest.raises(ReplayError, match=word):
+            RateLimiter(**kw)
+    lim = RateLimiter(samples_per_insert=np.float32(2.0), tolerance=np.int64(3))   # numpy numbers are fine
+    assert lim.insert_room() == 2
