@@ -20,6 +20,9 @@ neighbours; the agent only adds, samples and updates priorities.
 from __future__ import annotations
 
 import copy
+import math
+import numbers
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import numpy as np
@@ -27,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError, SwarmError
+from ..errors import ConfigError, ReplayError, SwarmError
 from ..peer.agent import BaseAgent
 from .flat import FlatAdam, flatten_gradients, flatten_parameters, is_flat
 from .hparams import DQNConfig
@@ -83,17 +86,32 @@ class DQNAgent(BaseAgent):
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, buffer: Any,
                  config: DQNConfig | None = None, seed: int = 0, init_seed: int | None = None):
-        cfg = config or DQNConfig()
+        cfg = DQNConfig() if config is None else config
+        if not isinstance(cfg, DQNConfig):
+            raise ConfigError(f"config: expected a DQNConfig, got {type(cfg).__name__}; "
+                              "build one with DQNConfig(...) or swarm.config.from_dict(DQNConfig, ...)")
         cfg.check()
-        if n_actions < 1:
-            raise ConfigError(f"n_actions = {n_actions}: need at least one action")
+        try:
+            shape = tuple(obs_shape)
+        except TypeError:
+            raise ConfigError(f"obs_shape = {obs_shape!r}: expected a tuple of dimensions, e.g. (4,)") from None
+        if not shape:   # what a Discrete observation space has
+            raise ConfigError("obs_shape = (): the Q-network needs a vector; one-hot encode a Discrete observation")
+        if not all(_is_int(d) and d > 0 for d in shape):
+            raise ConfigError(f"obs_shape = {obs_shape!r}: dimensions must be positive integers")
+        if not (_is_int(n_actions) and n_actions >= 1):
+            raise ConfigError(f"n_actions = {n_actions!r}: need a whole number of actions, at least one")
+        for name, value in (("seed", seed), ("init_seed", init_seed)):
+            if value is not None and not (_is_int(value) and value >= 0):
+                raise ConfigError(f"{name} = {value!r}: must be an integer >= 0")
         for name in ("add", "sample", "update_priorities", "__len__"):
             if not hasattr(buffer, name):
                 raise ConfigError(f"buffer: {type(buffer).__name__} has no {name}(); "
                                   "pass a swarm.buffer.ReplayBuffer")
         self.cfg = cfg
-        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.obs_shape = tuple(int(d) for d in shape)
         self.n_actions = int(n_actions)
+        self._check_schema(buffer)
         self.buffer = buffer
         self.rng = np.random.default_rng(seed)
         # Seed the initialisation without touching the caller's global torch RNG:
@@ -113,6 +131,7 @@ class DQNAgent(BaseAgent):
         # 0.86 ms per update at batch 128 against 1.16 with torch.optim.Adam and
         # clip_grad_norm_).
         self.grad = flatten_gradients(self.q)
+        self._grad_vec = self.grad.numpy()
         self.optimizer = FlatAdam(self.flat, self.grad, cfg.lr)
         # Greedy acting in numpy, on views of the same parameters: one forward of a
         # small MLP on one observation costs ~10 us in numpy against ~65 in torch.
@@ -131,7 +150,7 @@ class DQNAgent(BaseAgent):
         #: Trains at the steps where steps % train_every == phase; peers that share
         #: gradients take turns by rank.
         self.phase = 0
-        self.skipped = 0    # non-finite gradients not published (with publish; passed instead)
+        self.skipped = 0    # updates not taken for a non-finite loss or gradient (with publish: passed)
         self._obs: np.ndarray | None = None
         self._action: int | None = None
         self._pending: tuple[np.ndarray, int, float] | None = None  # (obs, action, reward) awaiting next obs
@@ -184,11 +203,24 @@ class DQNAgent(BaseAgent):
         return loss_value, td_error.detach()
 
     def apply_gradient(self, grad: torch.Tensor | np.ndarray | None = None) -> None:
-        """One optimizer step with ``grad`` (default: what :meth:`gradient` left), then the target update."""
-        if grad is not None:   # a numpy vector goes in as it is; anything else is copied to one
-            grad = grad.numpy() if isinstance(grad, torch.Tensor) else grad
-            grad = np.asarray(grad, dtype=np.float32).reshape(-1)
-        self.optimizer.step(grad)
+        """One optimizer step with ``grad`` (default: what :meth:`gradient` left), then the target update.
+
+        Raises :class:`SwarmError`, and changes nothing, for a gradient that is not a
+        vector of this network's size or that has a NaN or infinite entry.
+        """
+        if grad is not None:   # a float32 numpy vector goes in as it is; anything else is copied to one
+            try:
+                grad = grad.detach().cpu().numpy() if isinstance(grad, torch.Tensor) else grad
+                grad = np.asarray(grad)
+            except (TypeError, ValueError, RuntimeError):
+                raise SwarmError(f"apply_gradient: a {type(grad).__name__} is not a gradient vector") from None
+            if grad.dtype.kind not in "fiu":
+                raise SwarmError(f"apply_gradient: gradient of dtype {grad.dtype}; needs real numbers")
+            if grad.size != self._vec.size:
+                raise SwarmError(f"apply_gradient: gradient of {grad.size} values; this network has "
+                                 f"{self._vec.size} parameters")
+            grad = grad.astype(np.float32, copy=False).reshape(-1)
+        self.optimizer.step(grad)   # refuses NaN and Inf before it changes anything
         self.updates += 1
         if self.updates % self.cfg.target_every == 0:
             self._update_target()
@@ -203,16 +235,17 @@ class DQNAgent(BaseAgent):
         sample = self.buffer.sample(self.cfg.batch_size, beta=self.beta)
         batch = {k: torch.as_tensor(v) for k, v in sample.batch.items()}
         weights = torch.as_tensor(np.asarray(sample.weights, dtype=np.float32))
+        loss, td = self.gradient(batch, weights)
+        if not (math.isfinite(loss) and np.isfinite(self._grad_vec).all()):
+            # A NaN or Inf in the batch: stepping would make every parameter NaN, and the
+            # peers that share gradients would refuse it. Skip it and count it.
+            self.skipped += 1
+            self._pass()
+            return loss
         if self.publish is None:
-            loss, td = self.update(batch, weights)
+            self.apply_gradient()
         else:  # the swarm shares this gradient; apply what the others will apply
-            loss, td = self.gradient(batch, weights)
-            if not bool(torch.isfinite(self.grad).all()):
-                # the other peers would refuse it; this one skips it too, and counts it
-                self.skipped += 1
-                self._pass()
-                return loss
-            self.apply_gradient(self.publish(self.grad.numpy()))
+            self.apply_gradient(self.publish(self._grad_vec))
         self.buffer.update_priorities(sample.indices, td.abs().numpy())
         return loss
 
@@ -266,7 +299,7 @@ class DQNAgent(BaseAgent):
         if self.rng.random() < self.epsilon:
             action = int(self.rng.integers(self.n_actions))
         else:
-            action = self.act(self._obs)
+            action = self._greedy(self._obs)   # checked by perceive()
         self.steps += 1
         self._action = action
         return action
@@ -275,29 +308,35 @@ class DQNAgent(BaseAgent):
                 next_observations: Any = None) -> None:
         if self._obs is None or self._action is None:
             raise SwarmError("reflect() before deliberate(): there is no action to learn from")
-        reward = float(reward)
-        if not np.isfinite(reward):
+        try:
+            reward = float(reward)
+        except (TypeError, ValueError):
+            raise SwarmError(f"reflect(reward={reward!r}): the reward must be a number") from None
+        if not math.isfinite(reward):
             raise SwarmError(f"reflect(reward={reward}): the reward must be finite")
+        # Everything is checked before anything changes: a refused call can be retried.
+        nxt = None if next_observations is None else self._check_obs(next_observations)
+        if truncated and not terminal and nxt is None:
+            raise SwarmError("reflect(truncated=True) needs next_observations: the value of the state "
+                             "where the episode was cut off still counts")
         obs, action = self._obs, self._action
-        self._action = None
         if terminal:
             # Next state is masked out by done=1, so any placeholder does.
-            nxt = obs if next_observations is None else self._check_obs(next_observations)
-            self._store(obs, action, reward, nxt, done=1.0)
+            self._store(obs, action, reward, obs if nxt is None else nxt, done=1.0)
             self._obs = None
-        elif next_observations is not None:
-            nxt = self._check_obs(next_observations)
+        elif nxt is not None:
             self._store(obs, action, reward, nxt, done=0.0)
             # After a cut-off the next perceive() starts a new episode.
             self._obs = None if truncated else nxt
-        elif truncated:
-            raise SwarmError("reflect(truncated=True) needs next_observations: the value of the state "
-                             "where the episode was cut off still counts")
         else:
             self._pending = (obs, action, reward)
+        self._action = None
 
     def act(self, observations: Any) -> int:
-        x = self._check_obs(observations).reshape(-1)
+        return self._greedy(self._check_obs(observations))
+
+    def _greedy(self, obs: np.ndarray) -> int:
+        x = obs.reshape(-1)
         for i, (w, b) in enumerate(self._layers):   # QNetwork's forward: Linear, ReLU, ..., Linear
             x = w @ x + b
             if i < len(self._layers) - 1:
@@ -323,16 +362,27 @@ class DQNAgent(BaseAgent):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a :meth:`state_dict`. Every entry is checked before any is loaded, so a
+        checkpoint that does not fit raises :class:`SwarmError` and changes nothing."""
+        if not isinstance(state, Mapping):
+            raise SwarmError(f"DQN checkpoint is a {type(state).__name__}, not a dict from state_dict()")
         missing = {"q", "target", "optimizer", "steps", "updates", "rng"} - set(state)
         if missing:
             raise SwarmError(f"DQN checkpoint lacks {sorted(missing)}")
-        try:
-            # Module.load_state_dict copies into the existing tensors, so the
-            # parameters stay inside the flat gossip vector.
-            self.q.load_state_dict(state["q"])
-            self.target.load_state_dict(state["target"])
-        except RuntimeError as e:
-            raise SwarmError(f"DQN checkpoint does not fit this network: {e}") from None
+        for name, net in (("q", self.q), ("target", self.target)):
+            _check_module_state(name, net, state[name])
+        self.optimizer.check_state_dict(state["optimizer"])
+        for name in ("steps", "updates"):
+            if not (_is_int(state[name]) and state[name] >= 0):
+                raise SwarmError(f"DQN checkpoint {name} = {state[name]!r}: must be a count >= 0")
+        try:   # on a spare generator of the same kind: the agent's stays as it is
+            type(self.rng.bit_generator)().state = state["rng"]
+        except (TypeError, ValueError, KeyError):
+            raise SwarmError(f"DQN checkpoint rng is not a {type(self.rng.bit_generator).__name__} state") from None
+        # Module.load_state_dict copies into the existing tensors, so the parameters
+        # stay inside the flat gossip vector.
+        self.q.load_state_dict(state["q"])
+        self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["steps"])
         self.updates = int(state["updates"])
@@ -352,22 +402,68 @@ class DQNAgent(BaseAgent):
     # ------------------------------------------------------------ plumbing
 
     def _check_obs(self, observations: Any) -> np.ndarray:
-        obs = np.asarray(observations, dtype=np.float32)
+        try:
+            obs = np.asarray(observations, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise SwarmError(f"observation {observations!r:.80}: not an array of numbers") from None
         if obs.shape != self.obs_shape:
             raise SwarmError(f"observation has shape {obs.shape}; this agent was built for {self.obs_shape}")
+        # One NaN stored in the replay would reach a batch and make every parameter NaN.
+        if not np.isfinite(obs).all():
+            raise SwarmError(f"observation has {np.count_nonzero(~np.isfinite(obs))} NaN or infinite "
+                             "entries; nothing was stored")
         return obs
 
-    def _store(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray, done: float) -> None:
-        self.buffer.add({
+    def _check_schema(self, buffer: Any) -> None:
+        """Refuse a buffer whose schema cannot hold this agent's transitions now, not at
+        its first add (a buffer without a ``schema``, like a test double, is not checked)."""
+        check = getattr(getattr(buffer, "schema", None), "check", None)
+        if check is None:
+            return
+        zeros = np.zeros(self.obs_shape, np.float32)
+        try:
+            check(self._item(zeros, 0, 0.0, zeros, 0.0))
+        except ReplayError as e:
+            raise ConfigError(f"buffer: its schema does not fit this agent's transitions ({e}); "
+                              f"build it with dqn_schema({self.obs_shape})") from None
+
+    def _item(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray,
+              done: float) -> dict[str, np.ndarray]:
+        return {
             "obs": obs[None],
             "action": np.array([action], dtype=np.int64),
             "reward": np.array([reward], dtype=np.float32),
             "next_obs": next_obs[None],
             "done": np.array([done], dtype=np.float32),
-        })
+        }
+
+    def _store(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray, done: float) -> None:
+        self.buffer.add(self._item(obs, action, reward, next_obs, done))
 
     def _log(self, loss: float, td: torch.Tensor, q: torch.Tensor) -> None:
         self._loss_sum += loss
         self._td_sum += float(td.detach().abs().mean())
         self._q_sum += float(q.detach().mean())
         self._n_logged += 1
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_module_state(name: str, net: nn.Module, state: Any) -> None:
+    """Raise :class:`SwarmError` unless ``state`` loads into ``net`` whole: torch's own
+    load copies tensor by tensor and stops at the first misfit, half loaded."""
+    own = net.state_dict()
+    if not isinstance(state, Mapping) or set(state) != set(own):
+        keys = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
+        raise SwarmError(f"DQN checkpoint does not fit this network: {name} has {keys}, "
+                         f"the network {sorted(own)}")
+    for key, want in own.items():
+        have = state[key]
+        if not isinstance(have, torch.Tensor) or have.shape != want.shape:
+            shape = tuple(have.shape) if isinstance(have, torch.Tensor) else type(have).__name__
+            raise SwarmError(f"DQN checkpoint does not fit this network: {name}.{key} is {shape}, "
+                             f"the network's {tuple(want.shape)}")
+        if not bool(torch.isfinite(have).all()):
+            raise SwarmError(f"DQN checkpoint {name}.{key} has NaN or infinite entries")

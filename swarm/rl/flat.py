@@ -21,6 +21,7 @@ cost of an update.
 
 from __future__ import annotations
 
+import numbers
 import threading
 
 import numpy as np
@@ -129,12 +130,20 @@ class FlatAdam:
 
     def step(self, grad: np.ndarray | None = None) -> None:
         """One Adam step with ``grad`` (a float32 vector of the parameters' length;
-        default: the flat gradient tensor given to the constructor)."""
+        default: the flat gradient tensor given to the constructor).
+
+        Raises :class:`SwarmError`, and changes nothing, for a gradient of another
+        shape or dtype or with a NaN or infinite entry: one such entry would make the
+        moments, and then every parameter, NaN for good.
+        """
         flush_denormals()
         g = self._g if grad is None else grad
         if g.shape != self._p.shape or g.dtype != np.float32:
             raise SwarmError(f"FlatAdam.step: gradient of shape {g.shape} and dtype {g.dtype}; "
                              f"needs float32 of shape {self._p.shape}")
+        if not np.isfinite(g).all():
+            raise SwarmError("FlatAdam.step: the gradient has NaN or infinite entries; not applied "
+                             "(parameters and moments unchanged)")
         b1, b2 = self.betas
         self.t += 1
         m, v, tmp = self._m, self._v, self._tmp
@@ -157,15 +166,28 @@ class FlatAdam:
     def state_dict(self) -> dict:
         return {"t": self.t, "exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def check_state_dict(self, state: dict) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """Check a :meth:`state_dict` against these parameters without loading it; returns
+        (t, exp_avg, exp_avg_sq). Raises :class:`SwarmError` saying what does not fit."""
         try:
-            t, m, v = int(state["t"]), state["exp_avg"], state["exp_avg_sq"]
-        except (KeyError, TypeError, ValueError):
+            t, m, v = state["t"], state["exp_avg"], state["exp_avg_sq"]
+        except (KeyError, TypeError, IndexError):
             raise SwarmError("optimizer state is not FlatAdam's (a checkpoint from an older swarm?): "
                              f"keys {sorted(state) if isinstance(state, dict) else type(state).__name__}") from None
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+            raise SwarmError(f"optimizer state t = {t!r}: must be a step count >= 0")
         for name, x in (("exp_avg", m), ("exp_avg_sq", v)):
             if not isinstance(x, torch.Tensor) or x.shape != self.params.shape:
                 raise SwarmError(f"optimizer state {name} does not fit {self.params.numel()} parameters")
+            if not bool(torch.isfinite(x).all()):
+                raise SwarmError(f"optimizer state {name} has NaN or infinite entries")
+        if bool((v < 0).any()):
+            raise SwarmError("optimizer state exp_avg_sq has negative entries (it is a mean of squares)")
+        return int(t), m, v
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load a :meth:`state_dict`; checks all of it first, so a failed load changes nothing."""
+        t, m, v = self.check_state_dict(state)
         self.t = t
         self.exp_avg.copy_(m)
         self.exp_avg_sq.copy_(v)

@@ -6,7 +6,11 @@ checked without importing torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import math
+import numbers
+import typing
+from dataclasses import dataclass, fields
 
 from ..config import opt
 from ..errors import ConfigError
@@ -24,6 +28,22 @@ def _nonneg(x: float) -> bool:
 
 def _unit(x: float) -> bool:
     return 0.0 <= x <= 1.0
+
+
+def _has_type(value: object, tp: object) -> bool:
+    """Whether ``value`` fits the field annotation ``tp`` (numpy scalars count as numbers)."""
+    if tp is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):   # a bool is an int to Python, but never a count or a rate here
+        return False
+    if tp is int:
+        return isinstance(value, numbers.Integral)
+    if tp is float:
+        return isinstance(value, numbers.Real) and math.isfinite(value)
+    if typing.get_origin(tp) is list:
+        (item,) = typing.get_args(tp)
+        return isinstance(value, (list, tuple)) and all(_has_type(v, item) for v in value)
+    return True
 
 
 @dataclass
@@ -64,13 +84,43 @@ class DQNConfig:
     beta_start: float = opt(0.4, "initial importance-sampling exponent", _unit, "must be in [0, 1]")
     beta_steps: int = opt(50_000, "env steps over which beta rises linearly to 1", _pos, "must be > 0")
 
+    def __post_init__(self) -> None:
+        # A config built in Python (or by dataclasses.replace) gets the checks that
+        # swarm.config.from_dict runs on a file's keys: a zero eps_steps or target_every
+        # would otherwise surface as a ZeroDivisionError deep inside training.
+        self._check_fields()
+
+    def _check_fields(self, prefix: str = "") -> None:
+        """Each field's type and its ``opt`` check; raises :class:`ConfigError` naming the field."""
+        hints = _hints()
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not _has_type(value, hints[f.name]):
+                raise ConfigError(f"{prefix}{f.name} = {value!r}: expected {_expected(hints[f.name])}")
+            check = f.metadata.get("check")
+            if check is not None and not check(value):
+                raise ConfigError(f"{prefix}{f.name} = {value!r}: {f.metadata.get('why') or 'is not allowed'}")
+
     def check(self, prefix: str = "") -> None:
-        """Cross-field checks that a single field's check cannot see.
+        """Every field's check (again: a field may have been assigned since the config
+        was built), then the cross-field checks that a single field's check cannot see.
 
         ``prefix`` (e.g. ``"dqn."``) makes the error name the full key when this
         config sits inside a larger one. (Not named ``validate``, which
         :func:`swarm.config.from_dict` would call without the prefix.)
         """
+        self._check_fields(prefix)
         if self.eps_end > self.eps_start:
             raise ConfigError(f"{prefix}eps_end = {self.eps_end} is above {prefix}eps_start = "
                               f"{self.eps_start}; epsilon only falls")
+
+
+@functools.cache
+def _hints() -> dict[str, object]:
+    # The annotations are strings (from __future__ import annotations): resolve them once.
+    return typing.get_type_hints(DQNConfig)
+
+
+def _expected(tp: object) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a finite number", list[int]: "a list of integers"}
+    return names.get(tp, str(tp))

@@ -243,3 +243,181 @@ def test_publish_sends_each_gradient_and_applies_what_it_returns(replay):
     agent.cfg = DQNConfig(train_every=4, learning_starts=0)
     agent.phase = 2
     assert [s for s in range(12) if agent.learns_at(s)] == [2, 6, 10]
+
+
+# ------------------------------------------------------------ bad input: a clear error, nothing changed
+
+def _fill(replay, n, **fields):
+    """Add n random transitions; ``fields`` overrides columns (e.g. next_obs=np.nan)."""
+    rng = np.random.default_rng(0)
+    for _ in range(n):
+        item = {k: rng.standard_normal((1, *s)).astype(d) if d == "float32" else np.zeros((1, *s), d)
+                for k, (d, s) in dqn_schema((4,)).items()}
+        for k, v in fields.items():
+            item[k] = np.full_like(item[k], v)
+        replay.add(item)
+
+
+def _snapshot(agent):
+    return (agent.flat.clone(), agent.target_flat.clone(), agent.optimizer.exp_avg.clone(),
+            agent.optimizer.exp_avg_sq.clone(), agent.optimizer.t, agent.updates, agent.steps,
+            agent.rng.bit_generator.state)
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_observation_is_refused_and_nothing_is_stored(replay, bad):
+    agent = DQNAgent((4,), 2, replay, DQNConfig(learning_starts=10**6), seed=0)
+    obs = np.zeros(4, np.float32)
+    nan_obs = np.array([0.0, bad, 0.0, 0.0])
+    with pytest.raises(SwarmError, match="NaN or infinite"):
+        agent.perceive(nan_obs)                     # the first of an episode
+    agent.perceive(obs); agent.deliberate(); agent.reflect(1.0, False)
+    with pytest.raises(SwarmError, match="NaN or infinite"):
+        agent.perceive(nan_obs)                     # one that would complete a transition
+    assert len(replay) == 0
+    agent.perceive(obs); agent.deliberate()
+    for kw in ({"terminal": True}, {"terminal": False}, {"terminal": False, "truncated": True}):
+        with pytest.raises(SwarmError, match="NaN or infinite"):
+            agent.reflect(1.0, next_observations=nan_obs, **kw)
+    with pytest.raises(SwarmError, match="NaN or infinite"):
+        agent.act(nan_obs)
+    with pytest.raises(SwarmError, match="must be finite"):
+        agent.reflect(float(bad), False)
+    assert len(replay) == 1 and np.isfinite(np.stack(replay.cols["obs"])).all()
+    agent.reflect(2.0, True, next_observations=obs)   # the refused calls left the action to reflect on
+    assert len(replay) == 2 and replay.cols["reward"][-1] == 2.0
+
+
+def test_learn_skips_a_non_finite_batch_counts_it_and_changes_nothing(replay):
+    # A NaN that reached the buffer by another way (a neighbour, a restored file):
+    # the update would make every parameter NaN, so it is not taken.
+    _fill(replay, 16, next_obs=np.nan)
+    agent = DQNAgent((4,), 2, replay, DQNConfig(batch_size=8), seed=0)
+    before = _snapshot(agent)
+    loss = agent.learn()
+    assert loss is not None and not np.isfinite(loss)
+    assert agent.skipped == 1 and replay.priority_updates == []
+    assert _same(_snapshot(agent), before) and np.isfinite(agent.parameters()).all()
+    assert agent.metrics()["skipped"] == 1.0
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("nan", "NaN or infinite"), ("inf", "NaN or infinite"), ("short", "3 values"),
+    ("str", "dtype"), ("object", "gradient"), ("complex", "dtype"),
+])
+def test_apply_gradient_refuses_a_bad_gradient_and_changes_nothing(replay, bad, match):
+    agent = DQNAgent((4,), 2, replay, DQNConfig(tau=1.0), seed=0)
+    d = agent.parameters().size
+    agent.apply_gradient(np.full(d, 1e-3, np.float32))
+    grads = {"nan": np.full(d, np.nan, np.float32), "inf": np.r_[np.zeros(d - 1), np.inf].astype(np.float32),
+             "short": np.zeros(3, np.float32), "str": "abc", "object": object(),
+             "complex": np.zeros(d, np.complex64)}
+    before = _snapshot(agent)
+    with pytest.raises(SwarmError, match=match):
+        agent.apply_gradient(grads[bad])
+    assert _same(_snapshot(agent), before)
+    agent.apply_gradient(torch.zeros(d, dtype=torch.float64))   # a finite vector of another dtype is fine
+    assert agent.updates == 2
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("optimizer", {"t": 1}, "not FlatAdam"),
+    ("steps", "abc", "steps = 'abc'"),
+    ("updates", -1, "updates = -1"),
+    ("rng", "x", "rng"),
+    ("q", {}, "does not fit"),
+    ("target", "q-weights", "does not fit"),
+])
+def test_a_failed_checkpoint_load_changes_nothing(replay, key, value, match):
+    a = DQNAgent((4,), 2, replay, seed=0)
+    for i in range(3):
+        a.update(_batch(seed=i), torch.ones(64))
+    a.steps = 50
+    b = DQNAgent((4,), 2, replay, seed=7)
+    b.update(_batch(seed=9), torch.ones(64))
+    state = a.state_dict()
+    state[key] = value
+    before = _snapshot(b)
+    with pytest.raises(SwarmError, match=match):
+        b.load_state_dict(state)
+    assert _same(_snapshot(b), before)
+
+
+def test_a_checkpoint_with_a_misfit_or_non_finite_tensor_changes_nothing(replay):
+    a = DQNAgent((4,), 2, replay, seed=0)
+    b = DQNAgent((4,), 2, replay, seed=7)
+    before = _snapshot(b)
+    state = a.state_dict()
+    state["target"] = dict(state["target"])
+    state["target"]["net.4.bias"] = torch.zeros(3)   # q is fine and would load first
+    with pytest.raises(SwarmError, match="target.net.4.bias"):
+        b.load_state_dict(state)
+    state = a.state_dict()
+    state["q"] = {k: v.clone() for k, v in state["q"].items()}
+    state["q"]["net.0.weight"][0, 0] = float("nan")
+    with pytest.raises(SwarmError, match="NaN"):
+        b.load_state_dict(state)
+    with pytest.raises(SwarmError, match="not a dict"):
+        b.load_state_dict([1, 2])
+    assert _same(_snapshot(b), before)
+
+
+@pytest.mark.parametrize("args, match", [
+    ((4, 2), "obs_shape = 4"),
+    (((-1,), 2), r"obs_shape = \(-1,\)"),
+    (((4.5,), 2), "obs_shape"),
+    (((), 2), "one-hot"),
+    (((4,), "2"), "n_actions = '2'"),
+    (((4,), 2.5), "n_actions = 2.5"),
+    (((4,), 0), "n_actions = 0"),
+])
+def test_bad_constructor_arguments_are_config_errors(replay, args, match):
+    with pytest.raises(ConfigError, match=match):
+        DQNAgent(*args, replay)
+
+
+def test_a_config_or_seed_of_the_wrong_kind_is_a_config_error(replay):
+    with pytest.raises(ConfigError, match="expected a DQNConfig, got dict"):
+        DQNAgent((4,), 2, replay, {"lr": 1e-3})
+    with pytest.raises(ConfigError, match="seed = 'a'"):
+        DQNAgent((4,), 2, replay, seed="a")
+    cfg = DQNConfig()
+    cfg.train_every = 0       # assigned after it was built
+    with pytest.raises(ConfigError, match="train_every = 0"):
+        DQNAgent((4,), 2, replay, cfg)
+
+
+def test_a_buffer_whose_schema_does_not_fit_is_refused_at_construction():
+    from swarm.buffer import ReplayBuffer
+
+    def buf(shape):
+        return ReplayBuffer(dqn_schema(shape), capacity=10, alpha=0.6, eps=1e-6, decay=0.0, prioritized=True, seed=0)
+    with pytest.raises(ConfigError, match=r"schema does not fit.*dqn_schema\(\(4,\)\)"):
+        DQNAgent((4,), 2, buf((3,)))
+    other = ReplayBuffer({"obs": ("float32", (4,)), "action": ("int64", ())}, capacity=10, alpha=0.6, eps=1e-6,
+                         decay=0.0, prioritized=True, seed=0)
+    with pytest.raises(ConfigError, match="schema does not fit"):
+        DQNAgent((4,), 2, other)
+    DQNAgent((4,), 2, buf((4,)))
+
+
+def test_non_numeric_input_is_a_clear_error_and_changes_nothing(replay):
+    agent = DQNAgent((4,), 2, replay, DQNConfig(learning_starts=10**6), seed=0)
+    with pytest.raises(SwarmError, match="not an array of numbers"):
+        agent.perceive("abcd")
+    with pytest.raises(SwarmError, match="not an array of numbers"):
+        agent.perceive([1, 2, "x", 4])
+    agent.perceive(np.zeros(4))
+    agent.deliberate()
+    with pytest.raises(SwarmError, match="must be a number"):
+        agent.reflect("x", False)
+    with pytest.raises(SwarmError, match="must be a number"):
+        agent.reflect(None, True)
+    with pytest.raises(SwarmError, match="next_observations"):
+        agent.reflect(1.0, False, truncated=True)
+    agent.reflect(1.0, True)   # the action is still there to reflect on
+    assert len(replay) == 1

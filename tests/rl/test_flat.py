@@ -133,6 +133,47 @@ def test_flat_adam_refuses_a_gradient_that_does_not_fit_and_changes_nothing():
     assert opt.t == 1 and not torch.equal(flat, before)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_flat_adam_refuses_a_non_finite_gradient_and_changes_nothing(bad):
+    net = _net()
+    flat = flatten_parameters(net)
+    grad = flatten_gradients(net)
+    opt = FlatAdam(flat, grad, lr=0.01)
+    opt.step(np.ones(flat.numel(), np.float32))
+    before = [x.clone() for x in (flat, opt.exp_avg, opt.exp_avg_sq)]
+    g = np.ones(flat.numel(), np.float32)
+    g[3] = bad
+    with pytest.raises(SwarmError, match="NaN or infinite"):
+        opt.step(g)
+    grad[0] = bad                                 # the default: the flat gradient tensor
+    with pytest.raises(SwarmError, match="NaN or infinite"):
+        opt.step()
+    assert opt.t == 1
+    assert all(torch.equal(x, b) for x, b in zip((flat, opt.exp_avg, opt.exp_avg_sq), before))
+
+
+def test_flat_adam_checks_a_whole_state_before_loading_any_of_it():
+    net = _net()
+    flat = flatten_parameters(net)
+    opt = FlatAdam(flat, flatten_gradients(net), lr=0.01)
+    opt.step(np.ones(flat.numel(), np.float32))
+    good = opt.state_dict()
+    n = flat.numel()
+    bads = [
+        ({**good, "t": "3"}, "t = '3'"),
+        ({**good, "t": -1}, "t = -1"),
+        ({**good, "exp_avg": torch.full((n,), float("nan"))}, "exp_avg has NaN"),
+        ({**good, "exp_avg_sq": -torch.ones(n)}, "negative"),
+        ({**good, "exp_avg_sq": torch.zeros(n + 1)}, "does not fit"),
+        ([1, 2, 3], "not FlatAdam"),
+    ]
+    other = FlatAdam(flat.clone(), torch.zeros_like(flat), lr=0.01)
+    for state, match in bads:
+        with pytest.raises(SwarmError, match=match):
+            other.load_state_dict(state)
+        assert other.t == 0 and not other.exp_avg.any() and not other.exp_avg_sq.any()
+
+
 def _decay_first_moment(flush: bool) -> float:
     """On a thread of its own: one Adam step with a small gradient at entry 0, then
     2,000 with a zero gradient; returns the first moment left at entry 0."""
