@@ -17,7 +17,7 @@ from ._base import MAX_N, Codec, Encoded
 from .dense import FP16, Identity
 from .feedback import ErrorFeedback
 from .quantize import QSGD, Int8, Sign
-from .registry import CODECS, describe, get_codec
+from .registry import CODECS, describe, get_codec, split_ef
 from .sparse import RandomK, TopK
 
 __all__ = [
@@ -35,4 +35,5 @@ __all__ = [
     "TopK",
     "describe",
     "get_codec",
+    "split_ef",
 ]

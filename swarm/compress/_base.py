@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -53,8 +54,12 @@ class Encoded:
 
     @property
     def n(self) -> int:
-        """Length of the vector this payload decodes to (from ``meta``; unchecked)."""
-        return int(self.meta["n"])
+        """Length of the vector this payload decodes to (``meta["n"]``); a meta without
+        an integer ``n >= 0`` raises :class:`~swarm.errors.WireError`. Nothing else
+        is checked: :meth:`Codec.decode` does that."""
+        if not isinstance(self.meta, dict):
+            raise WireError(f"meta is a {type(self.meta).__name__}, not a dict")
+        return meta_int(self.meta, "n", str(self.meta.get("codec", "payload")), lo=0)
 
     def meta_nbytes(self) -> int:
         """Bytes the meta dict takes when msgpack-packed (it rides in the header)."""
@@ -164,8 +169,10 @@ class Codec:
         if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.ndim == 1
                 and out.flags.c_contiguous and out.flags.writeable):
             raise GossipError("out must be a writable, contiguous 1-D float32 numpy array")
-        if not math.isfinite(alpha):
-            raise GossipError(f"alpha must be finite, got {alpha!r}")
+        # float first: the numbers.Real check alone costs ~0.5 µs, a fifth of a small decode
+        real = type(alpha) is float or (isinstance(alpha, numbers.Real) and not isinstance(alpha, bool))
+        if not (real and math.isfinite(alpha)):
+            raise GossipError(f"alpha must be a finite real number, got {alpha!r}")
         meta, frames, size = self._check(enc)
         if size != out.size:
             raise WireError(f"{self.name}: payload is for n={size}, but out has {out.size} elements")

@@ -26,7 +26,7 @@ from .feedback import ErrorFeedback
 from .quantize import QSGD, Int8, Sign
 from .sparse import RandomK, TopK
 
-__all__ = ["CODECS", "get_codec"]
+__all__ = ["CODECS", "get_codec", "split_ef"]
 
 #: Codec family name -> class. ``get_codec`` builds instances from specs.
 CODECS: dict[str, type[Codec]] = {
@@ -119,6 +119,19 @@ _BUILDERS: dict[str, Callable[[str, list[str], dict[str, str]], Codec]] = {
 }
 
 
+def split_ef(spec: str) -> tuple[bool, str]:
+    """``(whether spec asks for error feedback, the spec without the "ef+")``, with
+    the prefix matched case-insensitively as :func:`get_codec` does (outer spaces
+    dropped; the rest is not checked)::
+
+        split_ef("EF+topk:0.5")   # (True, "topk:0.5")
+    """
+    text = spec.strip()
+    if text[:3].lower() == "ef+":
+        return True, text[3:]
+    return False, text
+
+
 def get_codec(spec: str | Codec) -> Codec:
     """A new codec instance for ``spec`` (see the module doc for the grammar).
 
@@ -134,10 +147,8 @@ def get_codec(spec: str | Codec) -> Codec:
         return spec
     if not isinstance(spec, str):
         raise ConfigError(f"codec spec must be a string like 'topk:0.01', got {spec!r}")
-    text = spec.strip().lower()
-    ef = text.startswith("ef+")
-    body = text[3:] if ef else text
-    name, *params = body.split(":")
+    ef, body = split_ef(spec)
+    name, *params = body.lower().split(":")
     if name not in _BUILDERS:
         raise ConfigError(f"unknown codec {spec!r}; known: {', '.join(sorted(_BUILDERS))} "
                           f"(prefix 'ef+' for error feedback)")

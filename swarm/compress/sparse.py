@@ -85,13 +85,15 @@ class _Sparse(Codec):
             from ..errors import ConfigError
 
             raise ConfigError(f"{self.name}: ratio must be in (0, 1], got {ratio!r}")
-        self.ratio = float(ratio)
+        #: the fraction of elements kept (the spec's RATIO); :meth:`ratio` is the
+        #: compression ratio, as for every codec
+        self.fraction = float(ratio)
         self._rng = np.random.default_rng(seed)
         self._scratch = Scratch()
 
     def k_for(self, n: int) -> int:
-        """How many elements a vector of length n keeps: ``round(ratio * n)``, at least 1."""
-        return _k(self.ratio, n)
+        """How many elements a vector of length n keeps: ``round(fraction * n)``, at least 1."""
+        return _k(self.fraction, n)
 
 
 class TopK(_Sparse):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..compress import Encoded, get_codec
+from ..compress import Encoded, get_codec, split_ef
 from ..errors import ConfigError
 
 __all__ = ["Encoded", "make_codec", "suggested_gamma"]
@@ -19,10 +19,10 @@ def make_codec(spec: str) -> Any:
     # well feeds the same residual back twice and diverges (8-ring, ef+topk:0.1,
     # γ = 0.1: consensus error ×345 after 40 rounds, while topk:0.1 shrinks it),
     # so "ef+X" means X here.
-    if spec.startswith("ef+"):
+    ef, inner = split_ef(spec)
+    if ef:
         get_codec(spec)  # still reject a bad spec by its full name
-        spec = spec[3:]
-    return get_codec(spec)
+    return get_codec(inner)
 
 
 def suggested_gamma(spec: str) -> float:
@@ -41,9 +41,9 @@ def suggested_gamma(spec: str) -> float:
     codec = make_codec(spec)  # a bad spec fails here, by its full name
     name = codec.name
     if name == "topk":
-        return min(1.0, 2.0 * codec.ratio)
+        return min(1.0, 2.0 * codec.fraction)
     if name == "randomk":
-        return min(1.0, codec.ratio)
+        return min(1.0, codec.fraction)
     if name in ("int8", "qsgd"):
         return 0.6
     if name == "sign":

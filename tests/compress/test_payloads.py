@@ -197,3 +197,26 @@ def test_fuzzed_payloads_decode_or_raise_wire_error(spec, data):
         assert not out.any()
         return
     assert out.shape == (1000,)
+
+
+@pytest.mark.parametrize("alpha", ["1", None, True, [1.0], 1j, float("nan"), float("inf")])
+@pytest.mark.parametrize("spec", ["identity", "fp16", "topk:0.1", "ef+topk:0.1"])
+def test_decode_into_alpha_must_be_a_finite_real_number(spec, alpha):
+    codec, enc = good(spec)
+    out = np.full(1000, 3.0, np.float32)
+    with pytest.raises(GossipError, match="alpha must be a finite real number"):
+        codec.decode_into(enc, out, alpha=alpha)
+    assert np.all(out == 3.0)
+    codec.decode_into(enc, out, alpha=np.float32(-0.5))   # numpy scalars are real numbers
+    np.testing.assert_allclose(out, 3.0 - 0.5 * codec.decode(enc), rtol=1e-6)
+
+
+@pytest.mark.parametrize("meta,match", [
+    ({}, "meta n=None is not an integer"), ({"codec": "fp16"}, "fp16: meta n=None"),
+    ({"codec": "fp16", "n": "4"}, "is not an integer"), ({"codec": "fp16", "n": True}, "is not an integer"),
+    ({"codec": "fp16", "n": -1}, "outside"), ("n=4", "meta is a str, not a dict"),
+])
+def test_encoded_n_without_an_integer_n_is_a_wire_error(meta, match):
+    with pytest.raises(WireError, match=match):
+        Encoded(meta, []).n
+    assert Encoded({"codec": "fp16", "n": 4}, []).n == 4

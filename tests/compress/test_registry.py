@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from swarm.compress import (FP16, QSGD, ErrorFeedback, Identity, Int8, RandomK, Sign, TopK,
-                            describe, get_codec)
+                            describe, get_codec, split_ef)
 from swarm.errors import ConfigError
 
 
@@ -18,10 +18,10 @@ from swarm.errors import ConfigError
     ("INT8:Deterministic:block=64", Int8, {"block": 64, "stochastic": False}),
     ("qsgd", QSGD, {"levels": 16, "block": 512, "stochastic": True}),
     ("qsgd:4:bucket=128:seed=3", QSGD, {"levels": 4, "block": 128}),
-    ("topk:0.01", TopK, {"ratio": 0.01}),
-    ("topk:1", TopK, {"ratio": 1.0, "values": "fp32"}),
-    ("topk:0.01:values=fp16", TopK, {"ratio": 0.01, "values": "fp16"}),
-    ("randomk:0.25:seed=7", RandomK, {"ratio": 0.25}),
+    ("topk:0.01", TopK, {"fraction": 0.01}),
+    ("topk:1", TopK, {"fraction": 1.0, "values": "fp32"}),
+    ("topk:0.01:values=fp16", TopK, {"fraction": 0.01, "values": "fp16"}),
+    ("randomk:0.25:seed=7", RandomK, {"fraction": 0.25}),
     ("sign", Sign, {"block": 256}),
     (" sign ", Sign, {}),
     ("sign:block=0", Sign, {"block": 0}),
@@ -98,3 +98,26 @@ def test_non_string_spec(bad):
 def test_direct_construction_checks_ratio():
     with pytest.raises(ConfigError, match="ratio"):
         TopK(ratio=0.0)
+
+
+@pytest.mark.parametrize("spec,ratio", [
+    ("identity", 1.0), ("fp16", 2.0),
+    ("topk:0.1", 8.0),        # 100 one-byte gap codes and 100 float32 values for 1000 floats
+    ("randomk:0.1", 10.0), ("ef+topk:0.1", 8.0), ("ef+randomk:0.1", 10.0),
+])
+def test_ratio_is_the_compression_ratio_for_every_codec(spec, ratio):
+    c = get_codec(spec)
+    assert c.ratio(1000) == ratio
+    if isinstance(c, ErrorFeedback):
+        assert c.residual is None    # measured on the inner codec: no residual kept
+        c = c.inner
+    if isinstance(c, (TopK, RandomK)):
+        assert c.fraction == 0.1 and c.k_for(1000) == 100
+
+
+@pytest.mark.parametrize("spec", ["EF+topk:0.5", "Ef+TopK:0.5", " ef+topk:0.5 "])
+def test_ef_prefix_is_split_case_insensitively(spec):
+    ef, inner = split_ef(spec)
+    assert ef and inner.lower() == "topk:0.5"
+    assert isinstance(get_codec(spec), ErrorFeedback) and type(get_codec(inner)) is TopK
+    assert split_ef("topk:0.5") == (False, "topk:0.5") and split_ef("ef") == (False, "ef")

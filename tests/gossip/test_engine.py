@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from swarm import wire
-from swarm.errors import ConfigError
+from swarm.errors import ConfigError, GossipError
 from swarm.gossip import Gossip, mixing_matrix, spectrum
 from swarm.gossip.engine import T_DELTA, T_FULL
 from swarm.gossip.sim import SimHub, consensus_error, run_rounds
@@ -145,6 +145,60 @@ def test_spec_default_codec_with_auto_gamma_converges_and_gamma_1_warns(caplog):
         (link,) = hub.add_many(1)
         Gossip(link, np.zeros(4, np.float32), codec="ef+topk:0.01", gamma=1.0)
     assert "divergence" in caplog.text
+
+
+@pytest.mark.parametrize("topology", ["ring", "one_peer_exponential"])
+@pytest.mark.parametrize("codec", ["identity", "fp16", "int8", "sign", "topk:0.5", "randomk:0.5",
+                                   "ef+topk:0.5"])
+def test_a_round_with_non_finite_params_raises_and_changes_nothing(codec, topology):
+    """NaN/Inf in a peer's own x: GossipError before anything is sent or changed, for
+    every codec (top-k never sends a NaN coordinate, so neighbours would average
+    towards a stale copy; dense codecs' messages would all be refused)."""
+    async def main():
+        hub, _, xs, engines = make(4, d=70_000, topology=topology, codec=codec, gamma="auto")
+        e = engines[0]
+        # in the first round (the delta is x itself) and in later ones (x − x̂, checked
+        # a block at a time: the bad value in the first block, the last, between)
+        for rounds, at, bad in [(0, 5, math.nan), (2, 69_999, math.inf), (2, 66_000, -math.inf), (2, 5, math.nan)]:
+            if e.stats.rounds < rounds:
+                await run_rounds(engines, rounds)
+            xs[0][at] = bad
+            before, sent, t = xs[0].copy(), hub.messages_sent, e.t
+            hats = {k: (s.ver, s.hat.copy()) for k, s in e._out.items()}
+            with pytest.raises(GossipError, match="NaN or Inf"):
+                await e.round()
+            np.testing.assert_array_equal(xs[0], before)
+            assert hub.messages_sent == sent and e.t == t and e.stats.rounds == rounds
+            for k, s in e._out.items():   # public copies as they were (a new one: never sent)
+                ver, hat = hats.get(k, (0, np.zeros(70_000, np.float32)))
+                assert s.ver == ver and np.array_equal(s.hat, hat)
+            xs[0][at] = 0.0     # repaired: it gossips on, and its neighbours with it
+        res = await run_rounds(engines, 2)
+        assert all(r.ok and r.rejected == 0 for rnd in res for r in rnd) and not hub.errors
+    asyncio.run(main())
+
+
+def test_a_lone_peer_with_non_finite_params_raises_too():
+    async def main():
+        _, _, xs, engines = make(1, d=8)
+        xs[0][3] = math.nan
+        with pytest.raises(GossipError, match="NaN or Inf"):
+            await engines[0].round()
+        assert engines[0].t == 0 and engines[0].stats.rounds == 0
+    asyncio.run(main())
+
+
+def test_ef_prefix_is_case_insensitive():
+    """"EF+X" runs as X (CHOCO's own feedback), like "ef+X"."""
+    async def main():
+        _, _, xs, engines = make(4, d=64, topology="ring", codec="EF+topk:0.5", gamma="auto")
+        assert engines[0].gamma == 1.0
+        assert all(type(s.codec).__name__ == "TopK" for s in engines[0]._out.values())
+        m0 = np.mean(np.stack(xs).astype(np.float64), 0)
+        res = await run_rounds(engines, 5)
+        assert all(r.ok for rnd in res for r in rnd)
+        np.testing.assert_allclose(np.mean(np.stack(xs), 0), m0, atol=1e-5)
+    asyncio.run(main())
 
 
 def test_nan_delta_through_a_round_never_reaches_params():
@@ -317,6 +371,11 @@ def test_pseudo_gradient_nesterov_accelerates_common_drift():
     (dict(mode="sgd"), "sgd"), (dict(round_timeout=0), "round_timeout"),
     (dict(codec="nonsense:3"), "nonsense"), (dict(local_steps=0), "local_steps"),
     (dict(topology="custom"), "edges"), (dict(gamma="fast"), "gamma"), (dict(gamma=True), "gamma"),
+    (dict(mode="pseudo_gradient", outer_lr=math.inf), "outer_lr"), (dict(outer_lr=math.nan), "outer_lr"),
+    (dict(topology="random_pairing", seed="abc"), "seed"), (dict(seed=1.5), "seed"),
+    (dict(send_timeout=-1), "send_timeout"), (dict(send_timeout=math.nan), "send_timeout"),
+    (dict(send_timeout=math.inf), "send_timeout"), (dict(send_timeout="1"), "send_timeout"),
+    (dict(round_timeout=math.inf), "round_timeout"),
 ])
 def test_bad_config_names_the_value(kw, word):
     hub = SimHub()

@@ -3,6 +3,8 @@ bit for bit what its origin applied; bad gradients are refused and change nothin
 
 import asyncio
 import math
+import re
+import threading
 
 import numpy as np
 import pytest
@@ -111,6 +113,92 @@ def test_bad_gradients_are_refused():
         g = a.publish(np.ones(16))
         await settle(hub, relays)
         assert [x.tolist() for x in b.take()] == [g.tolist()]
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(clock=None), "clock = None"), (dict(clock="7"), "clock = '7'"), (dict(clock=-1), "clock = -1"),
+    (dict(clock=1.5), "clock = 1.5"), (dict(clock=True), "clock = True"),
+    (dict(grad=[1, 2, 3, 4]), "dtype int64"), (dict(grad="abcd"), "dtype <U4"),
+    (dict(grad=np.ones(4, complex)), "dtype complex128"), (dict(grad=[[1.0], [2.0, 3.0]]), "array of floats"),
+    (dict(grad=np.ones(5, np.float32)), "length 5"), (dict(grad=[1.0, math.inf, 3.0, 4.0]), "NaN or infinite"),
+])
+def test_bad_publish_arguments_change_nothing(kw, match):
+    """Every argument is checked before the codec runs: nothing is sent and the error
+    feedback residual keeps what it held, so sum(decoded) + residual = sum(inputs) holds."""
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b = [GradientRelay(link, 4, codec="ef+topk:0.25") for link in hub.add_many(2)]
+        g0 = np.array([0.5, 0.1, 0.2, 0.3], np.float32)
+        sent = [a.publish(g0, clock=0)]
+        residual, messages = a._codec.residual.copy(), hub.messages_sent
+        with pytest.raises(ConfigError, match=match):
+            a.publish(**{"grad": np.array([1, 2, 3, 4], np.float32), "clock": 1, **kw})
+        assert hub.messages_sent == messages and a.stats.published == 1
+        np.testing.assert_array_equal(a._codec.residual, residual)
+        g1 = np.array([1, 2, 3, 4], np.float32)
+        sent.append(a.publish(g1, clock=1))
+        np.testing.assert_allclose(np.sum(sent, axis=0) + a._codec.residual, g0 + g1, atol=1e-6)
+        await settle(hub, [a, b])
+        assert [g.tolist() for g in b.take()] == [g.tolist() for g in sent]
+    asyncio.run(main())
+
+
+def test_an_upper_case_ef_prefix_keeps_the_residual_at_the_origin():
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b = [GradientRelay(link, 8, codec="EF+topk:0.25") for link in hub.add_many(2)]
+        assert type(a._decoder).__name__ == "TopK"
+        g = np.arange(8, dtype=np.float32)
+        sent = a.publish(g)
+        await settle(hub, [a, b])
+        [got] = b.take()
+        assert np.array_equal(got, sent) and np.count_nonzero(sent) == 2
+        np.testing.assert_array_equal(sent + a._codec.residual, g)
+    asyncio.run(main())
+
+
+def test_bad_construction_is_a_config_error_and_registers_nothing():
+    hub = SimHub(topology="ring")
+    (link,) = hub.add_many(1)
+    with pytest.raises(ConfigError, match="event loop"):
+        GradientRelay(link, 4)          # not on the peer's loop
+    assert GRAD not in link._handlers
+
+    async def main():
+        for kw, match in [(dict(rider=5), "rider = 5"), (dict(rider=Numbered().ride), r"ride\(\) and arrive"),
+                          (dict(codec=None), "codec = None"), (dict(codec="ef+gzip"), "gzip")]:
+            with pytest.raises(ConfigError, match=match):
+                GradientRelay(link, 4, **kw)
+            assert GRAD not in link._handlers
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("args,kw,match", [
+    ((4, math.nan), {}, "timeout = nan"), ((4, math.inf), {}, "timeout = inf"), ((4, -1.0), {}, "timeout = -1"),
+    ((4, None), {}, "timeout = None"), ((4, "1"), {}, "timeout = '1'"), ((None, 1.0), {}, "clock = None"),
+    ((4, 1.0), dict(every="2"), "must be ints"), ((4, 1.0), dict(first=0.5), "must be ints"),
+])
+def test_bad_wait_arguments_raise_at_once(args, kw, match):
+    """A NaN timeout made wait() spin forever: it is refused before waiting."""
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b = [GradientRelay(link, 4) for link in hub.add_many(2)]
+        b.publish(np.ones(4), clock=1)   # a has someone to wait for (clock 5, not sent)
+        await settle(hub, [a, b])
+        box = []
+
+        def call():
+            try:
+                a.wait(*args, **{"every": 4, **kw})
+            except Exception as e:
+                box.append(e)
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        await asyncio.to_thread(t.join, 2.0)
+        assert not t.is_alive() and len(box) == 1
+        assert isinstance(box[0], ConfigError) and re.search(match, str(box[0]))
+        assert a.stats.waited_s == 0 and a.stats.wait_timeouts == 0
     asyncio.run(main())
 
 
