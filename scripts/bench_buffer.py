@@ -24,15 +24,14 @@ import argparse
 import json
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from swarm.buffer import ReplayBuffer
 
-try:
+if TYPE_CHECKING:
     from cpprb import PrioritizedReplayBuffer
-except ImportError:  # pragma: no cover - the anchor is required
-    raise SystemExit("cpprb is needed for the anchor: pip install -e '.[bench]'")
 
 B = 256
 OBS = 8
@@ -51,6 +50,8 @@ def ours(capacity: int, decay: float = 0.0) -> ReplayBuffer:
 
 
 def theirs(capacity: int) -> PrioritizedReplayBuffer:
+    from cpprb import PrioritizedReplayBuffer
+
     env = {"obs": {"shape": OBS}, "action": {"shape": 1, "dtype": np.int64}, "reward": {},
            "next_obs": {"shape": OBS}, "done": {}}
     return PrioritizedReplayBuffer(capacity, env, alpha=0.6, eps=1e-6)
@@ -77,6 +78,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=300, help="interleaved rounds per operation")
     ap.add_argument("--burst", type=int, default=4, help="calls per timed burst")
     args = ap.parse_args()
+    if args.capacity < B:
+        ap.error(f"--capacity must be >= {B} (the batch)")
+    for name in ("rounds", "burst"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1")
+    try:   # checked here, not at import, so that --help works without it
+        import cpprb  # noqa: F401
+    except ImportError:
+        raise SystemExit("cpprb is needed for the anchor: pip install -e '.[bench]'") from None
     rng = np.random.default_rng(0)
     cap = args.capacity
     data = batch(rng, B)

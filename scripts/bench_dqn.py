@@ -126,6 +126,10 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--reps", type=int, default=2000)
     args = ap.parse_args()
+    if args.reps < 1:
+        ap.error("--reps must be >= 1")
+    if min(args.batches) < 1:
+        ap.error("--batches must be >= 1")
     torch.set_num_threads(1)
     rows = [run(bs, args.reps) for bs in args.batches]
     print(f"{'batch':>5} {'update ms':>10} {'torch idiom':>12} {'speed-up':>9} {'learn ms':>9} "

@@ -143,8 +143,19 @@ def main() -> None:
     ap.add_argument("--quiet-n", type=int, default=16, help="peers in the quiet run")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        ap.error(f"--sizes {args.sizes!r}: expected comma-separated whole numbers, e.g. 8,16,32")
+    if min(sizes) < 2:
+        ap.error("--sizes must be >= 2 (a fault needs a survivor to re-link)")
+    if args.faults < 1:
+        ap.error("--faults must be >= 1")
+    if args.quiet_s <= 0:
+        ap.error("--quiet-s must be > 0")
+    if args.quiet_n < 1:
+        ap.error("--quiet-n must be >= 1")
     rng = random.Random(args.seed)
-    sizes = [int(s) for s in args.sizes.split(",")]
     out: dict = {"sizes": sizes, "faults": args.faults}
     with tempfile.TemporaryDirectory(prefix="swarm-failover-") as tmp:
         # start-up: coordinator + 8 peers launched together with the CLI

@@ -57,6 +57,7 @@ import torch
 
 from swarm.buffer import ReplayBuffer
 from swarm.config import apply_overrides, from_dict, to_dict
+from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
 from swarm.experiment.launch import summarize
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
@@ -327,6 +328,15 @@ def isolated_together(seeds: list[int], cfg: DQNConfig, procs: int, max_steps: i
     return [out[s] for s in seeds]
 
 
+def swarm_sets(seed: int, extra: list[str], max_steps: int, every: int, episodes: int,
+               until_solved: bool = True, base: list[str] = SWARM, solver: int = 0) -> list[str]:
+    """The spec overrides of one ``swarm run`` (see :func:`swarm`)."""
+    return base + extra + [f"seed={seed}", f"budget.env_steps={max_steps}",
+                           f"budget.stop_when_solved={str(until_solved).lower()}",
+                           f"eval.every={every}", f"eval.episodes={episodes}", f"eval.solve_return={SOLVE}",
+                           f"eval.solver={solver}"]
+
+
 def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int, root: Path,
           until_solved: bool = True, base: list[str] = SWARM, solver: int = 0) -> dict:
     """One ``swarm run`` until the evaluation of peer ``solver`` (-1: of any peer) reaches SOLVE.
@@ -334,10 +344,7 @@ def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int
     The result is counted at that evaluation; ``any_peer`` counts it at the first
     evaluation of any peer that reached SOLVE by then.
     """
-    sets = base + extra + [f"seed={seed}", f"budget.env_steps={max_steps}",
-                            f"budget.stop_when_solved={str(until_solved).lower()}",
-                            f"eval.every={every}", f"eval.episodes={episodes}", f"eval.solve_return={SOLVE}",
-                            f"eval.solver={solver}"]
+    sets = swarm_sets(seed, extra, max_steps, every, episodes, until_solved, base, solver)
     log = io.StringIO()
     code = run_experiment(None, sets, runs_root=root, stream=log)
     run_dir = sorted(root.iterdir(), key=lambda p: p.stat().st_mtime)[-1]
@@ -375,7 +382,7 @@ def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int
             "steps_at_end": steps,
             "gossip_bytes_per_peer": float(np.mean([r.get("gossip_bytes_out", 0) for r in rows])),
             "bytes_per_peer": float(np.mean([r.get("bytes_out", 0) for r in rows])),
-            "eval_returns": [r.get("eval_return") for r in rows], "run_dir": str(run_dir)}
+            "eval_returns": [r.get("eval_return") for r in rows]}   # the run folder is temporary
 
 
 def _solved_steps(evals_csv: Path) -> list[int]:
@@ -423,10 +430,27 @@ def main() -> None:
                          "model per --eval-every steps, as the isolated learner gets), or -1 for the first "
                          "peer's (the rule of runs 1-63; the JSON's any_peer gives it in every run)")
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    cfg = from_dict(DQNConfig, apply_overrides(to_dict(ISOLATED), args.iso_overrides))
+    for name in ("max_steps", "eval_every", "eval_episodes"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.eval_every > args.max_steps:
+        ap.error(f"--eval-every {args.eval_every} is above --max-steps {args.max_steps}: nothing would be evaluated")
+    if min(args.seeds) < 0:
+        ap.error("--seeds must be >= 0")
     base = (SWARM if args.swarm == "gradients" else SWARM_PARAMS) + args.overrides
-    spec = load_spec(None, base)
+    try:   # both sides' settings, before any run starts
+        cfg = from_dict(DQNConfig, apply_overrides(to_dict(ISOLATED), args.iso_overrides))
+        spec = load_spec(None, swarm_sets(max(args.seeds), [], args.max_steps, args.eval_every, args.eval_episodes,
+                                          base=base, solver=args.solver))
+        if not args.skip_dense:
+            load_spec(None, swarm_sets(max(args.seeds), DENSE, args.max_steps, args.eval_every, args.eval_episodes,
+                                       until_solved=False, base=base))
+    except ConfigError as e:
+        ap.error(str(e))
+    if args.max_steps <= cfg.learning_starts:
+        ap.error(f"--max-steps {args.max_steps} is not above the isolated learner's learning_starts = "
+                 f"{cfg.learning_starts}: it would never learn")
+    torch.set_num_threads(1)
     print(f"isolated DQN settings: {to_dict(cfg)}")
     swarm_settings = {k: to_dict(getattr(spec, k)) for k in ("gossip", "buffer", "dqn")}
     print(f"swarm settings ({spec.peers} peers): {json.dumps(swarm_settings)}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import queue
 import socket
 import sys
 import time
@@ -150,29 +151,42 @@ def swarm_peer(rank: int, addr: str, n: int, d: int, every: float, out: "mp.Queu
         sp.close()
 
 
-def run(kind: str, n: int, d: int, every: float) -> dict:
+def run(kind: str, n: int, d: int, every: float, timeout: float = 180.0) -> dict:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = []
+    ok = False
     try:
         if kind == "raw":
             port = free_port()
-            procs = [ctx.Process(target=raw_receiver, args=(port, n, out)),
-                     ctx.Process(target=raw_sender, args=(port, n, d, every))]
+            procs = [ctx.Process(target=raw_receiver, args=(port, n, out), name="raw receiver"),
+                     ctx.Process(target=raw_sender, args=(port, n, d, every), name="raw sender")]
         else:
             addr = f"tcp://127.0.0.1:{free_port()}"
             direct = kind == "direct"
-            procs = [ctx.Process(target=coordinator_main, args=(addr,), daemon=True),
-                     ctx.Process(target=swarm_peer, args=(1, addr, n, d, every, out, direct)),
-                     ctx.Process(target=swarm_peer, args=(0, addr, n, d, every, None, direct))]
+            procs = [ctx.Process(target=coordinator_main, args=(addr,), daemon=True, name="coordinator"),
+                     ctx.Process(target=swarm_peer, args=(1, addr, n, d, every, out, direct), name="receiving peer"),
+                     ctx.Process(target=swarm_peer, args=(0, addr, n, d, every, None, direct), name="sending peer")]
         for p in procs:
             p.start()
-        res = out.get(timeout=180)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                res = out.get(timeout=1.0)
+                break
+            except queue.Empty:
+                # a child that died (its traceback is above) sends no result: stop now, not at the deadline
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise SystemExit(f"{kind}: the {dead[0].name} process exited with code {dead[0].exitcode}")
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{kind}: no result within {timeout:.0f} s")
         print(f"{kind:<6} {res['n']} messages, {res['cpu_us_per_msg']:.1f} us of receiver CPU each", flush=True)
+        ok = True
         return res
     finally:
         for p in procs:
-            p.join(timeout=10)
+            p.join(timeout=10 if ok else 0)
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -184,6 +198,12 @@ def main() -> None:
     ap.add_argument("--every-ms", type=float, default=2.0, help="milliseconds between gradients")
     ap.add_argument("--d", type=int, default=4610, help="gradient length (the benchmark DQN's 4,610)")
     args = ap.parse_args()
+    if args.n < 1:
+        ap.error("--n must be >= 1")
+    if args.every_ms < 0:
+        ap.error("--every-ms must be >= 0")
+    if args.d < 1:
+        ap.error("--d must be >= 1")
     every = args.every_ms / 1000.0
     raw = run("raw", args.n, args.d, every)
     sw = run("swarm", args.n, args.d, every)

@@ -74,8 +74,18 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     return out
 
 
-def pct(a: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(a), q)) if a else float("nan")
+def pct(a: list[float], q: float) -> float | None:
+    """The q-th percentile, None (null in the JSON line) for no values."""
+    return float(np.percentile(np.asarray(a), q)) if a else None
+
+
+def fmt_ms(x: float | None) -> str:
+    """A latency for the tables: '-' when there is none."""
+    return f"{x:8.1f}" if x is not None else f"{'-':>8}"
+
+
+def rnd(x: float | None, digits: int = 2) -> float | None:
+    return None if x is None else round(x, digits)
 
 
 # =================================================================== (a) coordinator
@@ -257,9 +267,10 @@ class Controller:
         return t
 
 
-def raw_fanout_anchor(n_workers: int, per: int, size: int, rounds: int = 10) -> list[float]:
+def raw_fanout_anchor(tmp: str, n_workers: int, per: int, size: int, rounds: int = 10) -> list[float]:
     """Raw pyzmq floor: a ROUTER sends one ``size``-byte message to each of n DEALERs in
-    worker processes; latency from the first send to each receipt."""
+    worker processes; latency from the first send to each receipt. The workers write
+    their receipts into the folder ``tmp``."""
     port = free_port()
     code = r"""
 import sys, time, json, zmq
@@ -284,32 +295,37 @@ json.dump(got, open(out, "w")); [s.close(0) for s in socks]; ctx.term()
     r.setsockopt(zmq.LINGER, 0)
     r.setsockopt(zmq.SNDHWM, 100_000)
     r.bind(f"tcp://127.0.0.1:{port}")
-    tmp = tempfile.mkdtemp()
     outs = [os.path.join(tmp, f"anchor{w:02d}.json") for w in range(n_workers)]
     procs = [subprocess.Popen([sys.executable, "-c", code, f"tcp://127.0.0.1:{port}", str(per), str(rounds), o])
              for o in outs]
-    routes = []
-    while len(routes) < n_workers * per:
-        if r.poll(30_000):
-            routes.append(r.recv_multipart()[0])
-        else:
-            break
-    payload = os.urandom(size)
-    sends = []
-    for _ in range(rounds):
-        time.sleep(0.2)
-        sends.append(time.monotonic())
-        for route in routes:
-            r.send_multipart([route, payload])
-    for p in procs:
-        p.wait(90)
+    try:
+        routes = []
+        while len(routes) < n_workers * per:
+            if r.poll(30_000):
+                routes.append(r.recv_multipart()[0])
+            else:
+                break
+        payload = os.urandom(size)
+        sends = []
+        for _ in range(rounds):
+            time.sleep(0.2)
+            sends.append(time.monotonic())
+            for route in routes:
+                r.send_multipart([route, payload])
+        for p in procs:
+            p.wait(90)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        r.close(0)
+        ctx.term()
     lat = []
-    got = sorted(t for o in outs for t in json.loads(Path(o).read_text()))
+    got = sorted(t for o in outs if Path(o).exists() for t in json.loads(Path(o).read_text()))
     for t in got:   # each receipt belongs to the latest send before it
         t0 = max(s for s in sends if s <= t)
         lat.append((t - t0) * 1000)
-    r.close(0)
-    ctx.term()
     return lat
 
 
@@ -327,16 +343,16 @@ def end_all(procs: list[subprocess.Popen], coord: subprocess.Popen) -> None:
         coord.wait()
 
 
-def bench_coordinator(members: int, workers: int, hz: float, churn: int, churn_s: float,
+def bench_coordinator(tmp: str, members: int, workers: int, hz: float, churn: int, churn_s: float,
                       quiet_s: float, coord_set: list[str] = ()) -> dict:
+    """Part (a); the coordinator's log and the workers' results go into the folder ``tmp``."""
     port = free_port()
     addr = f"tcp://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    tmp = tempfile.mkdtemp()
-    coord = subprocess.Popen([sys.executable, "-m", "swarm.cli", "coordinator", "--bind", addr,
-                              *[x for kv in coord_set for x in ("--set", kv)]],
-                             stdout=open(os.path.join(tmp, "coord.log"), "w"), stderr=subprocess.STDOUT,
-                             env=env, cwd=ROOT)
+    with open(os.path.join(tmp, "coord.log"), "w") as log:
+        coord = subprocess.Popen([sys.executable, "-m", "swarm.cli", "coordinator", "--bind", addr,
+                                  *[x for kv in coord_set for x in ("--set", kv)]],
+                                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     ctl = Controller(addr)
     procs = []
     try:
@@ -428,7 +444,7 @@ def bench_coordinator(members: int, workers: int, hz: float, churn: int, churn_s
         per_change.append((e, len(ts), max(ms)))
     return {"members": per * workers, "formed_s": formed_s, "quiet_cpu": quiet_cpu, "churn_cpu": churn_cpu,
             "false_changes": e_quiet - e_before, "epochs": len(changed), "changes": len(changes),
-            "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat) if lat else float("nan"),
+            "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat) if lat else None,
             "receipts": len(lat), "per_change": per_change, "view_bytes": view_bytes, "views": views,
             "hb_rate": hb_rate, "threads": threads, "stats_share": with_stats / max(1, sent),
             "hb_dropped": dropped}
@@ -530,13 +546,13 @@ def gossip_peer(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(res))
 
 
-def bench_processes(n: int, d: int, window: float, sync: str = "bounded") -> dict:
-    """``n`` peer processes gossiping over one common window; never raises on slow or failed peers."""
+def bench_processes(tmp: str, n: int, d: int, window: float, sync: str = "bounded") -> dict:
+    """``n`` peer processes gossiping over one common window; never raises on slow or failed peers.
+    The peers' results go into the folder ``tmp``."""
     # start-up is mostly importing torch, ~n CPU-seconds of it on 2 shared cores
     ready_timeout = 60.0 + 10.0 * n
     port = free_port()
     addr = f"tcp://127.0.0.1:{port}"
-    tmp = tempfile.mkdtemp()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     coord = subprocess.Popen([sys.executable, "-m", "swarm.cli", "coordinator", "--bind", addr],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
@@ -588,9 +604,10 @@ def bench_processes(n: int, d: int, window: float, sync: str = "bounded") -> dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    ap.add_argument("--members", type=int, default=1000)
+    ap.add_argument("--members", type=int, default=None, help="members of (a) (default 1000; 200 with --quick)")
     ap.add_argument("--workers", type=int, default=4, help="processes simulating the members")
-    ap.add_argument("--churn", type=int, default=20, help="membership changes to time")
+    ap.add_argument("--churn", type=int, default=None,
+                    help="membership changes to time (default 20; 6 with --quick)")
     ap.add_argument("--churn-s", type=float, default=0.5, help="seconds between changes")
     ap.add_argument("--coord-set", action="append", default=None, metavar="KEY=VALUE",
                     help="coordinator settings for (a); default: ZMTP heartbeats at 1 s / 3 s, the "
@@ -610,15 +627,28 @@ def main() -> None:
     if args.gossip_peer:
         return gossip_peer(args)
 
+    # an explicit flag wins over --quick's sizes
+    members = args.members if args.members is not None else 200 if args.quick else 1000
+    churn = args.churn if args.churn is not None else 6 if args.quick else 20
+    if args.workers < 1:
+        ap.error("--workers must be >= 1")
+    if members < args.workers:
+        ap.error(f"--members must be at least --workers ({args.workers}): each worker simulates members")
+    if churn < 1:
+        ap.error("--churn must be >= 1 (the view propagation is timed over the changes)")
+    if args.churn_s < 0:
+        ap.error("--churn-s must be >= 0")
     skip = set(filter(None, args.skip.split(",")))
+    if skip - {"a", "b", "c"}:
+        ap.error(f"--skip {args.skip}: the parts are a, b and c")
     out: dict = {}
     print(f"bench_scale on {os.cpu_count()} cores", flush=True)
     if "a" not in skip:
-        members = 200 if args.quick else args.members
         coord_set = args.coord_set if args.coord_set is not None else [
             "coordinator.zmtp_heartbeat_s=1.0", "coordinator.zmtp_timeout_s=3.0"]
-        a = bench_coordinator(members, args.workers, 4.0, 6 if args.quick else args.churn, args.churn_s,
-                              3.0 if args.quick else 8.0, coord_set)
+        with tempfile.TemporaryDirectory(prefix="bench_scale-") as tmp:
+            a = bench_coordinator(tmp, members, args.workers, 4.0, churn, args.churn_s, 3.0 if args.quick else 8.0,
+                                  coord_set)
         out["coord_settings"] = coord_set
         if not a.get("formed", True):
             print(f"\n(a) coordinator, {a['members']} members: the view never held them all within {FORM_S:.0f} s "
@@ -632,14 +662,15 @@ def main() -> None:
     else:
         a = None
     if a is not None:
-        anchor = raw_fanout_anchor(args.workers, members // args.workers, a["view_bytes"])
+        with tempfile.TemporaryDirectory(prefix="bench_scale-") as tmp:
+            anchor = raw_fanout_anchor(tmp, args.workers, members // args.workers, a["view_bytes"])
         print(f"\n(a) coordinator, {a['members']} members heartbeating at 4 Hz "
               f"(view formed in {a['formed_s']:.1f} s, view message {a['view_bytes'] / 1e3:.1f} kB)")
         print(f"{'':34} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
-        print(f"{'view propagation (swarm)':34} {a['p50']:8.1f} {a['p99']:8.1f} {a['max']:8.1f}   "
+        print(f"{'view propagation (swarm)':34} {fmt_ms(a['p50'])} {fmt_ms(a['p99'])} {fmt_ms(a['max'])}   "
               f"{a['receipts']} receipts over {a['epochs']} epochs / {a['changes']} changes")
-        print(f"{'anchor: raw pyzmq ROUTER fan-out':34} {pct(anchor, 50):8.1f} {pct(anchor, 99):8.1f} "
-              f"{max(anchor):8.1f}")
+        print(f"{'anchor: raw pyzmq ROUTER fan-out':34} {fmt_ms(pct(anchor, 50))} {fmt_ms(pct(anchor, 99))} "
+              f"{fmt_ms(max(anchor, default=None))}")
         nominal = a["members"] * 4.0
         hb_ok = a["hb_rate"] >= 0.95 * nominal
         th = a["threads"]
@@ -656,11 +687,12 @@ def main() -> None:
                    coord_cpu_python=round(th.get("python", 0.0), 4), coord_cpu_zmq_io=round(th.get("zmq_io", 0.0), 4),
                    coord_cpu_us_per_hb=round(a["quiet_cpu"] / max(a["hb_rate"], 1) * 1e6, 2),
                    load_avg=[round(x, 2) for x in os.getloadavg()])
-        out.update(coord_members=a["members"], view_p50_ms=round(a["p50"], 2), view_p99_ms=round(a["p99"], 2),
-                   view_max_ms=round(a["max"], 2), anchor_fanout_p99_ms=round(pct(anchor, 99), 2),
+        out.update(coord_members=a["members"], view_p50_ms=rnd(a["p50"]), view_p99_ms=rnd(a["p99"]),
+                   view_max_ms=rnd(a["max"]), anchor_fanout_p99_ms=rnd(pct(anchor, 99)),
                    coord_cpu=round(a["quiet_cpu"], 4), coord_cpu_churn=round(a["churn_cpu"], 4),
                    coord_false_changes=a["false_changes"], view_formed_s=round(a["formed_s"], 2),
-                   target_view_p99_met=a["p99"] <= 100.0, target_coord_cpu_met=a["quiet_cpu"] <= 0.25 and hb_ok)
+                   target_view_p99_met=a["p99"] is not None and a["p99"] <= 100.0,
+                   target_coord_cpu_met=a["quiet_cpu"] <= 0.25 and hb_ok)
     if "b" not in skip:
         n, d = (64, 10_000) if args.quick else (256, 100_000)
         rounds = 3 if args.quick else 5
@@ -685,7 +717,8 @@ def main() -> None:
         print(f"{'processes':>9} {'rounds/s per peer':>18} {'peer-rounds/s':>14} {'ok share':>9}")
         for n in (4, 16):
             try:
-                r = bench_processes(n, d, window)
+                with tempfile.TemporaryDirectory(prefix="bench_scale-") as tmp:
+                    r = bench_processes(tmp, n, d, window)
             except Exception as e:   # report what (a) and (b) got rather than dying here
                 print(f"{n:9d}  failed: {type(e).__name__}: {e}")
                 out[f"procs{n}_error"] = f"{type(e).__name__}: {e}"[:300]

@@ -3,7 +3,9 @@
     python scripts/bench_transport.py [--mb 40] [--n 30] [--small 100000]
 
 (a) a 40 MB float32 delta sent N times from one process to another:
-    raw pyzmq DEALER→ROUTER zero-copy, then two swarm Peers (with a coordinator);
+    raw pyzmq DEALER→ROUTER zero-copy, then two swarm Peers (with a coordinator),
+    then the same Peers with CURVE encryption (max(2, N // 4) messages; the key
+    pairs are made for the run in a temporary folder, removed at the end);
 (b) small messages (one msgpack header, 16-byte body): raw pyzmq with the same
     drain loop, then swarm's receive loop with a handler per message.
 Each leg is timed from the first send to the receiver's acknowledgement of the
@@ -17,8 +19,11 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import queue
+import signal
 import socket
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -160,7 +165,18 @@ def _run_pair(r, s, q, timeout: float = 300) -> float:
     r.start()
     s.start()
     try:
-        return q.get(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return q.get(timeout=1.0)
+            except queue.Empty:
+                # a child that died (its traceback is above) sends no result: stop now, not at the deadline
+                dead = [(name, p.exitcode) for name, p in (("receiver", r), ("sender", s))
+                        if p.exitcode not in (None, 0)]
+                if dead:
+                    raise SystemExit(f"the {dead[0][0]} process exited with code {dead[0][1]}")
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"no result within {timeout:.0f} s")
     finally:
         for p in (s, r):
             p.join(10)
@@ -176,22 +192,27 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=100_000, help="small messages per leg")
     ap.add_argument("--repeat", type=int, default=3, help="legs per side (best is kept)")
     args = ap.parse_args()
+    if int(args.mb * 1e6 / 4) < 1:
+        ap.error("--mb must be > 0 (at least one float32: 4e-06)")
+    for name in ("n", "small", "repeat"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1")
 
     big = np.random.default_rng(0).standard_normal(int(args.mb * 1e6 / 4)).astype(np.float32)
     small = np.zeros(4, np.float32)
     rows = {}
     raw_b, sw_b, raw_s, sw_s, curve_b = [], [], [], [], []
-    import tempfile
-
     from swarm.transport import generate_keys
-    keys = tempfile.mkdtemp(prefix="swarm-keys-")
-    generate_keys(keys, ["coordinator", "peer"])
-    for _ in range(args.repeat):   # interleaved, so that drift hits both sides
-        raw_b.append(run_raw(args.n, big))
-        sw_b.append(run_swarm(args.n, big))
-        curve_b.append(run_swarm(max(2, args.n // 4), big, keys))
-        raw_s.append(run_raw(args.small, small))
-        sw_s.append(run_swarm(args.small, small))
+    # SIGTERM (a `timeout`, a job runner) as SystemExit, so that the key folder is still removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    with tempfile.TemporaryDirectory(prefix="swarm-keys-") as keys:   # private keys: never left behind
+        generate_keys(keys, ["coordinator", "peer"])
+        for _ in range(args.repeat):   # interleaved, so that drift hits both sides
+            raw_b.append(run_raw(args.n, big))
+            sw_b.append(run_swarm(args.n, big))
+            curve_b.append(run_swarm(max(2, args.n // 4), big, keys))
+            raw_s.append(run_raw(args.small, small))
+            sw_s.append(run_swarm(args.small, small))
     gbps = lambda t: args.n * big.nbytes / min(t) / 1e9
     rate = lambda t: args.small / min(t)
     rows["raw_gbps"], rows["swarm_gbps"] = gbps(raw_b), gbps(sw_b)

@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
@@ -263,6 +264,28 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
         raise
 
 
+def _gather(q, n: int, procs: list, timeout: float) -> list[dict]:
+    """The children's ``n`` results from ``q``, or fewer: it stops at the first error a
+    child reports and at a child that exited without reporting (the others would wait
+    out their barriers for nothing), and after ``timeout`` s."""
+    out: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        try:
+            out.append(q.get(timeout=1.0))
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                out.append(dict(error=f"{dead[0].name} exited with code {dead[0].exitcode}"))
+            elif time.monotonic() > deadline:
+                out.append(dict(error=f"no result from {n - len(out)} of {n} processes within {timeout:.0f} s"))
+            else:
+                continue
+        if "error" in out[-1]:
+            break
+    return out
+
+
 def _end(procs: list, grace: float) -> None:
     """Join each child process, terminating (by its handle) any still alive after ``grace`` s."""
     for p in procs:
@@ -282,9 +305,10 @@ def run_swarm(topology: str, codec: str, d: int, n: int = N, max_rounds: int = 6
 
     ctx = mp.get_context("spawn")
     cq, stop = ctx.Queue(), ctx.Event()
-    coord = ctx.Process(target=_coordinator_proc, args=(cq, stop), daemon=True)
+    coord = ctx.Process(target=_coordinator_proc, args=(cq, stop), daemon=True, name="coordinator")
     coord.start()
     procs = []
+    out: list[dict] = []
     try:
         address = cq.get(timeout=60)
         ready, done, fin = ctx.Array("i", n), ctx.Array("i", n), ctx.Array("i", n)
@@ -292,14 +316,15 @@ def run_swarm(topology: str, codec: str, d: int, n: int = N, max_rounds: int = 6
         conv = ctx.Array("b", n * max_rounds)
         q = ctx.Queue()
         for r in range(n):
-            p = ctx.Process(target=_swarm_peer_proc, daemon=True,
+            p = ctx.Process(target=_swarm_peer_proc, daemon=True, name=f"swarm peer {r}",
                             args=(address, r, n, d, topology, codec, max_rounds, fixed, ready, done, conv, fin,
                                   epoch, q))
             p.start()
             procs.append(p)
-        out = [q.get(timeout=timeout) for _ in range(n)]
+        out = _gather(q, n, procs + [coord], timeout)
     finally:
-        _end(procs, 20)
+        # after a failure the other peers wait at barriers that will not open: end them now
+        _end(procs, 20 if len(out) == n and not any("error" in o for o in out) else 0)
         stop.set()
         _end([coord], 10)
     errors = [o["error"] for o in out if "error" in o]
@@ -374,13 +399,18 @@ def run_raw_zmq(d: int, n: int = N, timeout: float = 120.0) -> dict:
 
     ctx = mp.get_context("spawn")
     ports, ready, q = ctx.Array("i", n), ctx.Array("i", n), ctx.Queue()
-    procs = [ctx.Process(target=_zmq_peer_proc, args=(r, n, d, ports, ready, q), daemon=True) for r in range(n)]
+    procs = [ctx.Process(target=_zmq_peer_proc, args=(r, n, d, ports, ready, q), daemon=True,
+                         name=f"pyzmq peer {r}") for r in range(n)]
     for p in procs:
         p.start()
+    out: list[dict] = []
     try:
-        out = [q.get(timeout=timeout) for _ in range(n)]
+        out = _gather(q, n, procs, timeout)
     finally:
-        _end(procs, 10)
+        _end(procs, 10 if len(out) == n and not any("error" in o for o in out) else 0)
+    errors = [o["error"] for o in out if "error" in o]
+    if errors:
+        return dict(ok=False, error="; ".join(errors))
     return dict(ok=True, wall_s=max(o["t1"] for o in out) - max(o["t0"] for o in out),
                 cpu_s=sum(o["cpu_s"] for o in out), err=max(o["err"] for o in out),
                 bytes=n * (n - 1) * 4 * d)
@@ -543,7 +573,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--skip-hivemind", action="store_true")
     ap.add_argument("--max-rounds", type=int, default=30, help="swarm gives up after this many rounds")
-    ap.add_argument("--configs", default="", help="comma list of swarm TOPOLOGY:CODEC (default: all)")
+    ap.add_argument("--configs", default="",
+                    help="comma list of swarm TOPOLOGY:CODEC, e.g. ring:fp16 (default: full, "
+                         "one_peer_exponential and ring, each with identity and fp16)")
     ap.add_argument("--hm-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=N, help=argparse.SUPPRESS)
@@ -557,9 +589,27 @@ def main() -> None:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    # checked here, not at import: the hivemind workers run this file where swarm is not installed
+    from swarm.compress import get_codec
+    from swarm.errors import ConfigError
+    from swarm.gossip.topology import TOPOLOGIES
+
+    for name in ("d", "repeats", "max_rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
     configs = SWARM_CONFIGS
     if args.configs:
-        configs = [tuple(c.split(":")) for c in args.configs.split(",")]
+        configs = []
+        topologies = [t for t in TOPOLOGIES if t != "custom"]   # custom needs edges this script has none of
+        for c in args.configs.split(","):
+            topology, _, codec = c.partition(":")   # a codec may hold colons itself (topk:0.1)
+            if topology not in topologies or not codec:
+                ap.error(f"--configs {c!r}: expected TOPOLOGY:CODEC with TOPOLOGY one of {', '.join(topologies)}")
+            try:
+                get_codec(codec)
+            except ConfigError as e:
+                ap.error(f"--configs {c!r}: {e}")
+            configs.append((topology, codec))
     hm_ok, hm_status = (False, "skipped (--skip-hivemind)") if args.skip_hivemind else ensure_hivemind(log)
     log(f"hivemind: {'ready, ' if hm_ok else 'NOT AVAILABLE: '}{hm_status}")
 
@@ -630,7 +680,7 @@ def main() -> None:
             print(f"{'hivemind':9} {name:32} {'FAILED':>11} {walls:>18}  {runs[-1] if runs else ''}")
     raw_best = best(raw)
     if raw_best:
-        walls = ",".join(f"{r['wall_s']:.2f}" for r in raw)
+        walls = ",".join(f"{r['wall_s']:.2f}" if r.get("wall_s") is not None else "fail" for r in raw)
         print(f"{'pyzmq':9} {'raw full exchange (anchor)':32} {raw_best['wall_s']:11.3f} {walls:>18} "
               f"{raw_best['cpu_s']:6.2f} {1:6d} {raw_best['err']:9.2e} {fmt_bytes(raw_best['bytes']):>12} "
               f"{fmt_bytes(raw_best['bytes'] // N):>10}")

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -49,8 +50,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 import numpy as np
+
+from swarm.errors import ConfigError
+from swarm.experiment import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -156,24 +161,47 @@ class RssLog:
         return out
 
 
+def new_log(root: Path) -> IO[str]:
+    """A fresh ``swarm-run-N.log`` in ``root``: a reused --root keeps the logs of earlier runs."""
+    for n in itertools.count():
+        try:
+            return open(root / f"swarm-run-{n}.log", "x")
+        except FileExistsError:
+            continue
+
+
 def start_run(root: Path, overrides: list[str]) -> tuple[subprocess.Popen, Path]:
     args = [sys.executable, "-m", "swarm.cli", "run"]
     for o in overrides:
         args += ["--set", o]
     before = set(root.glob("runs/chaos-*"))
-    log = open(root / f"swarm-run-{len(before)}.log", "w")
-    p = subprocess.Popen(args, cwd=root, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        new = [d for d in root.glob("runs/chaos-*") if d not in before and (d / "pids.json").is_file()]
-        if new:
-            return p, new[0]
-        if p.poll() is not None:
-            raise SystemExit(f"swarm run exited with {p.returncode}; see {log.name}")
-        time.sleep(0.2)
-    p.kill()
-    p.wait()
-    raise SystemExit("swarm run made no run folder within 60 s")
+    with new_log(root) as log:
+        p = subprocess.Popen(args, cwd=root, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            new = [d for d in root.glob("runs/chaos-*") if d not in before and (d / "pids.json").is_file()]
+            if new:
+                return p, new[0]
+            if p.poll() is not None:
+                raise SystemExit(f"swarm run exited with {p.returncode}; see {log.name}")
+            time.sleep(0.2)
+        raise SystemExit(f"swarm run made no run folder within 60 s; see {log.name}")
+    except BaseException:
+        end_run(p)
+        raise
+
+
+def end_run(p: subprocess.Popen) -> None:
+    """Stop a `swarm run` by its handle: SIGINT (it stops its peers and coordinator), then kill."""
+    if p.poll() is not None:
+        return
+    p.send_signal(signal.SIGINT)
+    try:
+        p.wait(60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 def children(run: Path) -> dict[str, int]:
@@ -215,55 +243,66 @@ def final_returns(run: Path) -> list[float]:
 def chaos(args: argparse.Namespace, root: Path) -> dict:
     rng = random.Random(args.seed)
     p, run = start_run(root, spec_overrides(args.peers, args.seed, args.duration))
-    addr = coordinator_addr(run)
-    print(f"chaos: run {run}, coordinator {addr}", flush=True)
-    t0 = time.monotonic()
-    faults: dict[str, int] = {"kill": 0, "freeze": 0, "coordinator": 0}
-    checks: list[tuple[float, str, dict[str, int]]] = []   # (when, victim, others' steps at the fault)
-    kills: list[tuple[str, int, float]] = []                # (peer, steps done at the kill, when)
-    rss = RssLog(run, t0, window=min(60.0, args.duration / 3))
-    next_fault = t0 + args.warmup
-    end_faults = t0 + args.duration - 25
-    last_steps: dict[str, int] = {}
-    pending_checks: list = []
-    survived = 0
-    while p.poll() is None:
-        now = time.monotonic()
-        st = status(addr)
-        last_steps.update(steps_by_peer(st))
-        rss.sample(children(run))
-        for chk in [k for k in pending_checks if now - k[0] >= 15.0]:
-            pending_checks.remove(chk)
-            _, victim, others = chk
-            if any(last_steps.get(k, 0) > v for k, v in others.items()):
-                survived += 1
-        if now >= next_fault and now < end_faults:
-            kind = rng.choice(["kill", "kill", "freeze", "coordinator"])
-            kids = children(run)
-            peers = sorted(k for k in kids if k.startswith("peer"))
-            victim = "coordinator" if kind == "coordinator" else rng.choice(peers)
-            pid = kids[victim]
-            others = {k: v for k, v in last_steps.items() if k != victim}
+    frozen = None   # the pid of a peer this script has stopped and not yet continued
+    try:
+        addr = coordinator_addr(run)
+        print(f"chaos: run {run}, coordinator {addr}", flush=True)
+        t0 = time.monotonic()
+        faults: dict[str, int] = {"kill": 0, "freeze": 0, "coordinator": 0}
+        checks: list[tuple[float, str, dict[str, int]]] = []   # (when, victim, others' steps at the fault)
+        kills: list[tuple[str, int, float]] = []                # (peer, steps done at the kill, when)
+        rss = RssLog(run, t0, window=min(60.0, args.duration / 3))
+        next_fault = t0 + args.warmup
+        end_faults = t0 + args.duration - 25
+        last_steps: dict[str, int] = {}
+        pending_checks: list = []
+        survived = 0
+        while p.poll() is None:
+            now = time.monotonic()
+            st = status(addr)
+            last_steps.update(steps_by_peer(st))
+            rss.sample(children(run))
+            for chk in [k for k in pending_checks if now - k[0] >= 15.0]:
+                pending_checks.remove(chk)
+                _, victim, others = chk
+                if any(last_steps.get(k, 0) > v for k, v in others.items()):
+                    survived += 1
+            if now >= next_fault and now < end_faults:
+                kind = rng.choice(["kill", "kill", "freeze", "coordinator"])
+                kids = children(run)
+                peers = sorted(k for k in kids if k.startswith("peer"))
+                victim = "coordinator" if kind == "coordinator" else rng.choice(peers)
+                pid = kids[victim]
+                others = {k: v for k, v in last_steps.items() if k != victim}
+                try:
+                    if kind == "freeze":
+                        os.kill(pid, signal.SIGSTOP)
+                        frozen = pid
+                        time.sleep(args.freeze)
+                        os.kill(pid, signal.SIGCONT)
+                        frozen = None
+                    else:
+                        if kind == "kill":
+                            kills.append((victim, last_steps.get(victim, 0), time.time()))
+                        os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    frozen = None
+                    continue
+                faults[kind] += 1
+                checks.append((time.monotonic(), victim, others))
+                pending_checks.append(checks[-1])
+                print(f"chaos: {time.monotonic() - t0:5.0f} s  {kind:<11} {victim} (pid {pid})", flush=True)
+                next_fault = time.monotonic() + args.every
+            time.sleep(0.5)
+            if now - t0 > args.duration + 120:
+                break
+    finally:
+        if frozen is not None:
             try:
-                if kind == "freeze":
-                    os.kill(pid, signal.SIGSTOP)
-                    time.sleep(args.freeze)
-                    os.kill(pid, signal.SIGCONT)
-                else:
-                    if kind == "kill":
-                        kills.append((victim, last_steps.get(victim, 0), time.time()))
-                    os.kill(pid, signal.SIGKILL)
+                os.kill(frozen, signal.SIGCONT)
             except ProcessLookupError:
-                continue
-            faults[kind] += 1
-            checks.append((time.monotonic(), victim, others))
-            pending_checks.append(checks[-1])
-            print(f"chaos: {time.monotonic() - t0:5.0f} s  {kind:<11} {victim} (pid {pid})", flush=True)
-            next_fault = time.monotonic() + args.every
-        time.sleep(0.5)
-        if now - t0 > args.duration + 120:
-            p.send_signal(signal.SIGINT)
-            p.wait(60)
+                pass
+        end_run(p)
     return {"run": run, "faults": faults, "checks": checks, "kills": kills, "rss": rss,
             "last_steps": last_steps, "addr": addr, "survived": survived}
 
@@ -317,6 +356,17 @@ def main() -> None:
     ap.add_argument("--no-clean", action="store_true", help="skip the fault-free run")
     ap.add_argument("--root", help="folder for the runs (default: a temporary one)")
     args = ap.parse_args()
+    if args.duration <= 0:
+        ap.error("--duration must be > 0 (each run's budget.max_seconds; 0 there would mean no limit)")
+    for name in ("every", "warmup", "freeze"):
+        if getattr(args, name) < 0:
+            ap.error(f"--{name} must be >= 0")
+    try:
+        load_spec(None, spec_overrides(args.peers, args.seed, args.duration))
+    except ConfigError as e:
+        ap.error(str(e))
+    if args.root and Path(args.root).exists() and not Path(args.root).is_dir():
+        ap.error(f"--root {args.root} is a file, not a folder")
     root = Path(args.root or tempfile.mkdtemp(prefix="swarm-chaos-"))
     root.mkdir(parents=True, exist_ok=True)
 
@@ -331,11 +381,17 @@ def main() -> None:
     clean_steps = None
     if not args.no_clean:
         cp, clean_run = start_run(root, spec_overrides(args.peers, args.seed, args.duration))
-        cp.wait()
+        try:
+            cp.wait(args.duration + 180)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            end_run(cp)
         clean_ret = final_returns(clean_run)
         clean_steps = total_steps(clean_run)
-    mean = float(np.mean(ret)) if ret else float("nan")
-    clean = float(np.mean(clean_ret)) if clean_ret else float("nan")
+    # None, not NaN, where there is no figure: the last line is strict JSON
+    mean = float(np.mean(ret)) if ret else None
+    clean = float(np.mean(clean_ret)) if clean_ret else None
     report = {
         "faults": sum(c["faults"].values()), "faults_by_kind": c["faults"],
         "survived": c["survived"], "restarts": restarts,
@@ -344,7 +400,7 @@ def main() -> None:
         "steps_total_clean": clean_steps,
         "samples_lost": lost, "samples_acked": acked,
         "return": mean, "return_clean": clean,
-        "return_ratio_vs_clean": mean / clean if clean and math.isfinite(clean) else None,
+        "return_ratio_vs_clean": mean / clean if mean is not None and clean else None,
         "nan_params": nan_params(run),
         "rss_growth": max(growth) if growth else None, "rss_by_process": by_process,
         "duration_s": args.duration, "peers": args.peers, "run": str(run),
@@ -357,8 +413,11 @@ def main() -> None:
         else:
             print(f"{k:<22}  (ran {g['lived_s']} s: too short for a minute-1 reading)")
     print(f"faults {report['faults']} {c['faults']}, survived {report['survived']}, restarts {restarts}")
+    returns = "return " + ("-" if mean is None else f"{mean:.1f}")
+    if not args.no_clean:
+        returns += " vs clean " + ("-" if clean is None else f"{clean:.1f}")
     print(f"steps lost {report['steps_lost']} of {report['steps_total']}; acknowledged samples lost "
-          f"{lost} of {acked}; return {mean:.1f} vs clean {clean:.1f}; NaN params {report['nan_params']}; "
+          f"{lost} of {acked}; {returns}; NaN params {report['nan_params']}; "
           f"RSS growth {report['rss_growth']}")
     print(json.dumps(report))
 

@@ -7,15 +7,20 @@ and replay sharing off (no gossip round falls within the budget), so every
 difference is the communication.
 
     python scripts/compare_runs.py topology               # isolated, ring, grid, full (6 peers)
-    python scripts/compare_runs.py codec                  # identity, fp16, int8, qsgd, topk, ef+topk
+    python scripts/compare_runs.py codec                  # identity, fp16, int8, qsgd, topk:0.15, ef+topk:0.15:fp16
     python scripts/compare_runs.py codec --steps 6000 --seeds 0 1 --set dqn.lr=0.004
 
 Writes ``<out>/results.csv`` (one row per variant and seed), ``<out>/table.md``
 (means over seeds) and ``<out>/compare.png`` (return against env steps per
 variant; final greedy return against gossip bytes sent per peer), keeps every run
 folder under ``<out>/runs/``, and ends with one JSON line. The settings default to
-the learning benchmark's tuned swarm (``scripts/bench_learning.py``) without its
-topology and codec; ``--set`` overrides them.
+the learning benchmark's parameter-averaging swarm (``SWARM_PARAMS`` in
+``scripts/bench_learning.py``, what its ``--swarm params`` runs) without its
+topology and codec, with a greedy evaluation of 5 episodes every 500 env steps
+(so ``--steps`` must be at least that). ``--set`` overrides them, except the keys
+the experiment varies and ``seed`` and ``name``, which it refuses: each run sets
+those itself. A figure a run does not have (no evaluation, no finished episode)
+is left empty in the CSV, ``-`` in the table and null in the JSON.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from bench_learning import SOLVE, SWARM_PARAMS
+from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
 from swarm.experiment.launch import read_csv, summarize
 
@@ -59,8 +65,20 @@ EXTRA = {"topology": ["peers=6"], "codec": ["peers=4"]}
 BASE = [s for s in SWARM_PARAMS if not s.startswith(("peers=", "gossip.topology=", "gossip.codec="))]
 
 
-def _num(v: object) -> float:
-    return math.nan if v is None else float(v)
+def _mean(values: list) -> float | None:
+    """The mean, or None if any value is missing (None or NaN)."""
+    if not values or any(v is None or math.isnan(float(v)) for v in values):
+        return None
+    return float(np.mean([float(v) for v in values]))
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def changed_keys(sets: list[str]) -> set[str]:
+    """The dotted keys that ``KEY=VALUE`` overrides set, as ``apply_overrides`` reads them."""
+    return {".".join(p for p in item.split("=", 1)[0].strip().split(".") if p) for item in sets}
 
 
 def one_run(sets: list[str], root: Path) -> dict:
@@ -80,8 +98,8 @@ def one_run(sets: list[str], root: Path) -> dict:
         solved += [int(e["env_steps"]) for e in read_csv(run_dir / f"peer{r}" / "evals.csv")
                    if float(e["eval_return"]) >= SOLVE][:1]
     return {
-        "final_mean_return": float(np.mean([_num(r.get("final_mean_return")) for r in rows])),
-        "final_eval_return": float(np.mean([_num(r.get("eval_return")) for r in rows])),
+        "final_mean_return": _mean([r.get("final_mean_return") for r in rows]),
+        "final_eval_return": _mean([r.get("eval_return") for r in rows]),
         "first_solve_steps": min(solved) if solved else None,
         "peers_solved": len(solved),
         "gossip_mb_per_peer": float(np.mean([r.get("gossip_bytes_out", 0) for r in rows])) / 1e6,
@@ -115,7 +133,8 @@ def plot(results: dict[str, list[dict]], steps: int, title: str, path: Path) -> 
     for name, runs in results.items():
         x, y = mean_curve([c for r in runs for c in r["curves"]], steps)
         line, = left.plot(x, y, label=name)
-        right.scatter([r["gossip_mb_per_peer"] for r in runs], [r["final_eval_return"] for r in runs],
+        right.scatter([r["gossip_mb_per_peer"] for r in runs],
+                      [np.nan if r["final_eval_return"] is None else r["final_eval_return"] for r in runs],
                       color=line.get_color(), label=name)
     left.set(xlabel="env steps per peer", ylabel="return (mean of last 10 episodes, mean over peers)",
              title=title)
@@ -134,11 +153,14 @@ def plot(results: dict[str, list[dict]], steps: int, title: str, path: Path) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("experiment", choices=sorted(VARIANTS))
-    ap.add_argument("--steps", type=int, default=4000, help="env steps per peer in every run")
+    ap.add_argument("--steps", type=int, default=4000,
+                    help="env steps per peer in every run (at least the evaluation interval, 500)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--only", nargs="+", help="run only these variants")
+    ap.add_argument("--only", nargs="+", metavar="VARIANT",
+                    help="run only these variants: " + "; ".join(f"{e}: {', '.join(v)}" for e, v in VARIANTS.items()))
     ap.add_argument("--set", dest="overrides", action="append", default=[],
-                    help="a spec override for every run, e.g. --set dqn.lr=0.004")
+                    help="a spec override for every run, e.g. --set dqn.lr=0.004 (not of a key the experiment "
+                         "varies, nor seed or name)")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default runs/compare-<experiment>-<time>)")
     args = ap.parse_args()
     if args.steps < 1:
@@ -149,28 +171,53 @@ def main() -> None:
         ap.error(f"unknown variant(s) {unknown}; {args.experiment} has {sorted(variants)}")
     if args.only:
         variants = {k: v for k, v in variants.items() if k in args.only}
-    out = args.out or Path("runs") / f"compare-{args.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)
+    # the variants' settings and each run's seed and name come after --set, so a --set of
+    # one of those keys would be silently overridden
+    varied = changed_keys([x for sets in VARIANTS[args.experiment].values() for x in sets])
+    if args.experiment == "topology":
+        varied.add("gossip.interval")   # "isolated" sets it
+    taken = sorted(changed_keys(args.overrides) & (varied | {"seed", "name"}))
+    if taken:
+        ap.error(f"--set {', '.join(taken)}: each run sets it itself ({args.experiment} varies "
+                 f"{', '.join(sorted(varied))}; the seed comes from --seeds, the name from the variant)")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        ap.error(f"--out {args.out}: is a file, not a folder")
     common = (BASE + EXTRA[args.experiment]
               + [f"budget.env_steps={args.steps}", "budget.stop_when_solved=false", "eval.every=500",
                  "eval.episodes=5", f"eval.solve_return={SOLVE}"] + args.overrides)
+
+    # every run's settings checked before any starts (a bad one would fail deep in the runs)
+    plan: list[tuple[str, int, str, list[str]]] = []
+    for name, sets in variants.items():
+        if name == "isolated":
+            sets = sets + [f"gossip.interval={args.steps + 1}"]
+        tag = re.sub(r"[^A-Za-z0-9._-]", "_", name)     # a run name and folder
+        for seed in args.seeds:
+            run_sets = common + sets + [f"seed={seed}", f"name={args.experiment}-{tag}"]
+            try:
+                spec = load_spec(None, run_sets)
+            except ConfigError as e:
+                ap.error(f"{name}, seed {seed}: {e}")
+            if spec.eval.every == 0:
+                ap.error("eval.every = 0: the comparison reports each run's greedy evaluations")
+            if args.steps < spec.eval.every:
+                ap.error(f"--steps {args.steps} is below eval.every = {spec.eval.every}: no run would evaluate "
+                         "its greedy policy")
+            plan.append((name, seed, tag, run_sets))
+    out = args.out or Path("runs") / f"compare-{args.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
     print(f"{args.experiment}: {list(variants)}, seeds {args.seeds}, {args.steps} env steps per peer\n"
           f"settings: {' '.join(common)}", flush=True)
 
     results: dict[str, list[dict]] = {}
-    for name, sets in variants.items():
-        if name == "isolated":
-            sets = sets + [f"gossip.interval={args.steps + 1}"]
-        for seed in args.seeds:
-            t0 = time.monotonic()
-            tag = re.sub(r"[^A-Za-z0-9._-]", "_", name)     # a run name and folder
-            r = one_run(common + sets + [f"seed={seed}", f"name={args.experiment}-{tag}"],
-                        out / "runs" / f"{tag}-{seed}")
-            r.update(variant=name, seed=seed)
-            results.setdefault(name, []).append(r)
-            print(f"{name} seed {seed}: return {r['final_mean_return']:.1f}, eval {r['final_eval_return']:.1f}, "
-                  f"first solve {r['first_solve_steps'] or '-'}, {r['gossip_mb_per_peer']:.2f} MB gossip per "
-                  f"peer, {r['max_cpu_s']:.1f} s CPU ({time.monotonic() - t0:.0f} s)", flush=True)
+    for name, seed, tag, run_sets in plan:
+        t0 = time.monotonic()
+        r = one_run(run_sets, out / "runs" / f"{tag}-{seed}")
+        r.update(variant=name, seed=seed)
+        results.setdefault(name, []).append(r)
+        print(f"{name} seed {seed}: return {_fmt(r['final_mean_return'])}, eval {_fmt(r['final_eval_return'])}, "
+              f"first solve {r['first_solve_steps'] or '-'}, {r['gossip_mb_per_peer']:.2f} MB gossip per "
+              f"peer, {r['max_cpu_s']:.1f} s CPU ({time.monotonic() - t0:.0f} s)", flush=True)
 
     fields = ["variant", "seed", "final_mean_return", "final_eval_return", "first_solve_steps", "peers_solved",
               "gossip_mb_per_peer", "mb_per_peer", "max_cpu_s", "run_dir"]
@@ -180,12 +227,12 @@ def main() -> None:
         for runs in results.values():
             w.writerows(runs)
 
-    def mean(runs: list[dict], key: str) -> float:
-        return float(np.mean([r[key] for r in runs]))
+    def mean(runs: list[dict], key: str) -> float | None:
+        return _mean([r[key] for r in runs])
 
     lines = [f"{args.experiment}, {args.steps} env steps per peer, seeds {args.seeds} (means over seeds)", "",
              "| variant | mean return | greedy return | first solve (steps) | peers solved | gossip MB/peer "
-             "| CPU s/peer |", "|---|---|---|---|---|---|---|"]
+             "| CPU s (max/peer) |", "|---|---|---|---|---|---|---|"]
     summary = {}
     for name, runs in results.items():
         solves = [r["first_solve_steps"] for r in runs if r["first_solve_steps"] is not None]
@@ -197,7 +244,7 @@ def main() -> None:
         summary[name] = row
         first = (f"{row['first_solve_steps']:.0f} ({len(solves)}/{len(runs)} runs)" if solves
                  else f"- (0/{len(runs)} runs)")
-        lines.append(f"| {name} | {row['final_mean_return']:.1f} | {row['final_eval_return']:.1f} | {first} | "
+        lines.append(f"| {name} | {_fmt(row['final_mean_return'])} | {_fmt(row['final_eval_return'])} | {first} | "
                      f"{mean(runs, 'peers_solved'):.1f} | {row['gossip_mb_per_peer']:.2f} | {row['max_cpu_s']:.1f} |")
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 import numpy as np
@@ -19,6 +20,8 @@ import torch
 
 from swarm.buffer import ReplayBuffer
 from swarm.config import apply_overrides, from_dict, to_dict
+from swarm.errors import ConfigError
+from swarm.experiment import load_spec
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
 from swarm.rl.train import evaluate, make_env, run_agent
 
@@ -39,6 +42,13 @@ def random_returns(env_id: str, episodes: int, seed: int) -> list[float]:
     return out
 
 
+def mean_or_none(values: list[float | None]) -> float | None:
+    """The mean, or None (null in the JSON line) when a value is missing: a run that finished no episode."""
+    if not values or any(v is None or math.isnan(v) for v in values):
+        return None
+    return float(np.mean(values))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="CartPole-v1")
@@ -48,8 +58,17 @@ def main() -> None:
                     help="DQN hyperparameter override, e.g. --set lr=5e-4")
     ap.add_argument("--every", type=int, default=2_000, help="env steps between curve points")
     args = ap.parse_args()
+    for name in ("steps", "every"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1")
+    if min(args.seeds) < 0:
+        ap.error("--seeds must be >= 0")
+    try:
+        load_spec(None, [f"env={args.env}"])   # a registered env with discrete actions
+        cfg = from_dict(DQNConfig, apply_overrides({}, args.overrides))
+    except ConfigError as e:
+        ap.error(str(e))
     torch.set_num_threads(1)
-    cfg = from_dict(DQNConfig, apply_overrides({}, args.overrides))
 
     rand = random_returns(args.env, 50, seed=123)
     print(f"random policy: mean return {np.mean(rand):.1f} over 50 episodes")
@@ -69,7 +88,7 @@ def main() -> None:
             if info.episode_return is not None:
                 returns.append(info.episode_return)
             if info.step % args.every == 0:
-                curve.append((info.step, float(np.mean(returns[-10:])) if returns else float("nan")))
+                curve.append((info.step, float(np.mean(returns[-10:])) if returns else None))
 
         res = run_agent(args.env, agent, args.steps, seed=seed, on_step=on_step)
         cpu = time.process_time() - cpu0
@@ -78,14 +97,16 @@ def main() -> None:
               f"{len(res.returns)} episodes")
         print("  step    mean return (last 10 episodes)")
         for step, m in curve:
-            print(f"  {step:6d}  {m:7.1f}")
+            shown = "-" if m is None else f"{m:.1f}"
+            print(f"  {step:6d}  {shown:>7}")
         print(f"  greedy evaluation (10 episodes): {greedy:.1f}")
-        runs.append({"seed": seed, "cpu_s": cpu, "wall_s": res.seconds, "final_mean_return": res.mean_return(10),
+        runs.append({"seed": seed, "cpu_s": cpu, "wall_s": res.seconds,
+                     "final_mean_return": res.mean_return(10) if res.returns else None,
                      "greedy_return": greedy, "curve": curve})
 
     summary = {
         "env": args.env, "steps": args.steps, "random_mean_return": float(np.mean(rand)),
-        "final_mean_return": float(np.mean([r["final_mean_return"] for r in runs])),
+        "final_mean_return": mean_or_none([r["final_mean_return"] for r in runs]),
         "greedy_return": float(np.mean([r["greedy_return"] for r in runs])),
         "cpu_s_max": max(r["cpu_s"] for r in runs),
         "runs": runs, "config": to_dict(cfg),

@@ -45,6 +45,7 @@ import torch
 
 from bench_learning import ENV, ISOLATED, SOLVE, SWARM
 from swarm.buffer import ReplayBuffer
+from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
 from swarm.rl import DQNAgent, dqn_schema
 from swarm.rl.train import evaluate, make_env, run_agent
@@ -75,11 +76,16 @@ def isolated_evals(seed: int, every: int, coarsest: int, max_steps: int, episode
     return evals
 
 
+def swarm_sets(seed: int, every: int, steps: int, episodes: int) -> list[str]:
+    """The spec overrides of one seed's ``swarm run``."""
+    return SWARM + [f"seed={seed}", f"budget.env_steps={steps}", "budget.stop_when_solved=false",
+                    f"eval.every={every}", f"eval.episodes={episodes}", f"eval.solve_return={SOLVE}"]
+
+
 def swarm_evals(seed: int, every: int, steps: int, episodes: int) -> list[tuple[int, float]]:
     """Peer 0's (steps, greedy return) every ``every`` of its steps in one ``swarm run`` of SWARM."""
     with tempfile.TemporaryDirectory(prefix="eval_schedules-") as tmp:
-        sets = SWARM + [f"seed={seed}", f"budget.env_steps={steps}", "budget.stop_when_solved=false",
-                        f"eval.every={every}", f"eval.episodes={episodes}", f"eval.solve_return={SOLVE}"]
+        sets = swarm_sets(seed, every, steps, episodes)
         log = io.StringIO()
         if run_experiment(None, sets, runs_root=Path(tmp), stream=log) != 0:
             raise SystemExit(f"swarm run failed:\n{log.getvalue()}")
@@ -98,11 +104,23 @@ def main() -> None:
     ap.add_argument("--isolated-steps", type=int, default=25_000, help="the isolated learner's step cap")
     ap.add_argument("--swarm-steps", type=int, default=5_000, help="steps per peer of each swarm run")
     args = ap.parse_args()
+    for name in ("every", "episodes", "isolated_steps", "swarm_steps"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if min(args.schedules) < 1:
+        ap.error("--schedules must be >= 1")
     if any(s % args.every for s in args.schedules):
-        raise SystemExit(f"--schedules {args.schedules} must be multiples of --every {args.every}")
+        ap.error(f"--schedules {args.schedules} must be multiples of --every {args.every}")
+    if args.isolated_steps < max(args.schedules):
+        ap.error(f"--isolated-steps {args.isolated_steps} is below the coarsest schedule, {max(args.schedules)}")
+    if min(args.seeds) < 0:
+        ap.error("--seeds must be >= 0")
+    try:   # the swarm runs' settings, checked before the isolated runs take their time
+        peers = load_spec(None, swarm_sets(max(args.seeds), args.every, args.swarm_steps, args.episodes)).peers
+    except ConfigError as e:
+        ap.error(f"the swarm runs' settings: {e}")
     torch.set_num_threads(1)
     scheds = sorted(args.schedules)
-    peers = load_spec(None, SWARM).peers
     iso, sw = {}, {}
     for seed in args.seeds:
         iso[seed] = first_solves(isolated_evals(seed, args.every, scheds[-1], args.isolated_steps, args.episodes),
@@ -119,8 +137,13 @@ def main() -> None:
     print(f"\n{'isolated every':>15} {'swarm every (per peer)':>23} {'iso steps':>10} {'swarm steps/peer':>17} "
           f"{'per peer':>9} {'total':>7}")
     for ki in scheds:
-        iso_mean = float(np.mean([iso[s][ki] for s in fair]))
         for ks in scheds:
+            if not fair:   # no seed to compare on: no figures (null in the JSON line)
+                rows.append({"isolated_every": ki, "swarm_every": ks, "isolated_steps": None,
+                             "swarm_steps_per_peer": None, "steps_per_peer_ratio": None, "total_steps_ratio": None})
+                print(f"{ki:>15} {ks:>23} {'-':>10} {'-':>17} {'-':>9} {'-':>7}")
+                continue
+            iso_mean = float(np.mean([iso[s][ki] for s in fair]))
             sw_mean = float(np.mean([args.swarm_steps if sw[s][ks] is None else sw[s][ks] for s in fair]))
             rows.append({"isolated_every": ki, "swarm_every": ks, "isolated_steps": iso_mean,
                          "swarm_steps_per_peer": sw_mean, "steps_per_peer_ratio": sw_mean / iso_mean,

@@ -44,6 +44,8 @@ import torch
 from bench_learning import SOLVE
 from swarm.buffer import ReplayBuffer
 from swarm.config import apply_overrides, from_dict, to_dict
+from swarm.errors import ConfigError
+from swarm.experiment import load_spec
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
 from swarm.rl.train import evaluate, make_env
 
@@ -132,8 +134,19 @@ def main() -> None:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.trace < 0:
         ap.error("--trace must be >= 0 (0: no trace)")
+    if min(args.seeds) < 0:
+        ap.error("--seeds must be >= 0")
+    try:
+        load_spec(None, [f"env={args.env}"])   # a registered env with discrete actions
+        cfg = from_dict(DQNConfig, apply_overrides(to_dict(DQNConfig()), args.overrides))
+    except ConfigError as e:
+        ap.error(str(e))
+    if args.max_steps <= cfg.learning_starts:
+        ap.error(f"--max-steps {args.max_steps} is not above learning_starts = {cfg.learning_starts}: "
+                 "the learner would take no update")
+    if args.max_steps < args.eval_every:
+        ap.error(f"--max-steps {args.max_steps} is below --eval-every {args.eval_every}: nothing would be evaluated")
     torch.set_num_threads(1)
-    cfg = from_dict(DQNConfig, apply_overrides(to_dict(DQNConfig()), args.overrides))
     print(f"{args.actors} actor(s), n-step {args.n_step}, evaluation every {args.eval_every} steps; "
           f"DQN: {to_dict(cfg)}", flush=True)
     rows = []
