@@ -28,6 +28,7 @@ from .errors import WireError
 __all__ = [
     "VERSION",
     "DTYPES",
+    "PROTOCOL_TYPES",
     "Limits",
     "Message",
     "encode",
@@ -45,23 +46,34 @@ DTYPES: frozenset[str] = frozenset(
      "int64", "uint64", "float16", "float32", "float64"}
 )
 
-# Message types. Each subsystem registers the types it handles; a message of a
-# type nobody registered is dropped by the receiver as malformed.
-_TYPES: set[str] = {
+#: swarm's own message types (docs/wire.md, section 4)
+PROTOCOL_TYPES: frozenset[str] = frozenset({
     # membership (peer <-> coordinator)
     "join", "welcome", "refuse", "heartbeat", "rejoin", "leave", "view",
     "suspect", "probe", "probe_ack", "linked", "status", "status_reply", "standby",
     # peer <-> peer
     "hello", "hello_ack", "ping", "pong", "bye",
-}
+})
+
+# Message types. Each subsystem registers the types it handles; a message of a
+# type nobody registered is dropped by the receiver as malformed.
+_TYPES: set[str] = set(PROTOCOL_TYPES)
+
+MAX_TYPE_LEN = 32
+MAX_SRC_LEN = 256
 
 
 def register_type(name: str) -> str:
     """Add a message type to the whitelist (for subsystems such as gossip)."""
-    if not isinstance(name, str) or not name or len(name) > 32:
-        raise ValueError(f"message type must be a non-empty str of <= 32 chars, got {name!r}")
+    if not _type_name_ok(name):
+        raise ValueError(f"message type must be a non-empty str of <= {MAX_TYPE_LEN} chars, got {name!r}")
     _TYPES.add(name)
     return name
+
+
+def _type_name_ok(name: Any) -> bool:
+    """Whether ``name`` can be registered: a type that cannot is dropped by every receiver."""
+    return isinstance(name, str) and 0 < len(name) <= MAX_TYPE_LEN
 
 
 def known_types() -> frozenset[str]:
@@ -112,27 +124,114 @@ def encode(
     seq: int = 0,
     body: dict[str, Any] | None = None,
     arrays: Sequence[np.ndarray] = (),
+    limits: Limits = DEFAULT_LIMITS,
 ) -> list[Any]:
     """Encode a message into frames ready for ``send_multipart(copy=False)``.
 
     Arrays are sent from their own memory (made contiguous if they are not):
     do not modify them until the message has gone.
+
+    Raises :class:`WireError` for a message that a receiver with ``limits``
+    would drop (:func:`decode` checks the same): a type that no receiver can
+    register (``t`` is registered where it is received, not necessarily here), a bad
+    ``src``, a body that is not a dict or holds what msgpack cannot pack (numpy
+    scalars and arrays, sets, other objects) or over the limits (non-str map
+    keys, long strings and containers), too many arrays or dimensions, a dtype
+    not in :data:`DTYPES`, or too many bytes in all.
     """
+    if not _type_name_ok(t):
+        raise WireError(f"message type {t!r} cannot be registered, so no receiver accepts it: "
+                        f"give a non-empty str of <= {MAX_TYPE_LEN} chars")
+    if type(src) is not str or not src or len(src) > MAX_SRC_LEN:
+        raise WireError(f"bad src {src!r}: a str of 1 to {MAX_SRC_LEN} chars")
+    if body is None:
+        body = {}
+    elif not isinstance(body, dict):
+        raise WireError(f"body must be a dict, got {type(body).__name__}")
     descs = []
     frames: list[Any] = [b""]
+    nbytes = 0
     for a in arrays:
         if type(a) is not np.ndarray:
             a = np.asarray(a)
         name = _NAMES.get(a.dtype)   # native byte order only: '>f4' is not in the table
         if name is None:
             raise WireError(f"dtype {a.dtype} cannot go on the wire; allowed: {sorted(DTYPES)}")
+        if a.ndim > limits.max_ndim:
+            raise WireError(f"array {len(descs)}: {a.ndim} dimensions, more than the limit {limits.max_ndim}")
         if not a.flags.c_contiguous:
             a = np.ascontiguousarray(a)
         descs.append([name, list(a.shape)])
         frames.append(a if a.size else b"")
-    frames[0] = msgpack.packb({"v": VERSION, "t": t, "src": src, "epoch": int(epoch), "seq": int(seq),
-                        "body": body or {}, "arrays": descs}, use_bin_type=True)
+        nbytes += a.nbytes
+    if len(descs) > limits.max_frames:
+        raise WireError(f"{len(descs)} arrays, more than the limit {limits.max_frames}")
+    try:
+        head = msgpack.packb({"v": VERSION, "t": t, "src": src, "epoch": int(epoch), "seq": int(seq),
+                              "body": body, "arrays": descs}, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise WireError(_body_problem(body, limits) or f"body cannot go on the wire: {e}") from None
+    nbytes += len(head)
+    if nbytes > limits.max_message_bytes:
+        raise WireError(f"message of {nbytes} bytes exceeds the limit {limits.max_message_bytes}")
+    if len(head) > limits.max_header_bytes:
+        raise WireError(f"header of {len(head)} bytes exceeds the limit {limits.max_header_bytes}")
+    try:
+        _unpack(head, limits)   # what msgpack packs but a receiver refuses: long strings, int keys
+    except WireError as e:
+        raise WireError(_body_problem(body, limits) or str(e)) from None
+    frames[0] = head
     return frames
+
+
+def _body_problem(body: dict[str, Any], limits: Limits) -> str | None:
+    """Where in ``body`` msgpack or the receiver's limits fail, in words (None if not found)."""
+    try:
+        return _problem(body, "body", limits)
+    except RecursionError:
+        return None
+
+
+def _problem(x: Any, where: str, limits: Limits) -> str | None:
+    if x is None or isinstance(x, (bool, float)):
+        return None
+    if isinstance(x, int):
+        return None if -2**63 <= x < 2**64 else f"{where}: int {x} does not fit in 64 bits"
+    if isinstance(x, str):
+        try:
+            n = len(x.encode())
+        except UnicodeEncodeError:
+            return f"{where}: str is not valid UTF-8 text"
+        return f"{where}: str of {n} bytes, more than the limit {limits.max_str_len}" \
+            if n > limits.max_str_len else None
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        n = memoryview(x).nbytes
+        return f"{where}: {n} bytes, more than the limit {limits.max_bin_len}" if n > limits.max_bin_len else None
+    if isinstance(x, dict):
+        if len(x) > limits.max_map_len:
+            return f"{where}: dict of {len(x)} items, more than the limit {limits.max_map_len}"
+        for k, v in x.items():
+            if not isinstance(k, (str, bytes)):
+                return f"{where}: key {k!r} is not a str ({type(k).__name__}); map keys must be str"
+            found = _problem(k, f"{where} key {k!r:.40}", limits) or _problem(v, f"{where}[{k!r:.40}]", limits)
+            if found:
+                return found
+        return None
+    if isinstance(x, (list, tuple)):
+        if len(x) > limits.max_array_len:
+            return f"{where}: {type(x).__name__} of {len(x)} items, more than the limit {limits.max_array_len}"
+        for i, v in enumerate(x):
+            found = _problem(v, f"{where}[{i}]", limits)
+            if found:
+                return found
+        return None
+    if isinstance(x, np.ndarray):
+        return f"{where}: a numpy array cannot go in the body; send it as an array frame (arrays=[...])"
+    if isinstance(x, (np.bool_, np.integer, np.floating)):
+        return (f"{where}: np.{type(x).__name__} cannot go on the wire; use {type(x.item()).__name__}() "
+                f"or an array frame")
+    return (f"{where}: {type(x).__name__} cannot go on the wire; use dict, list, str, bytes, int, float, "
+            f"bool or None")
 
 
 def _buffer(frame: Any) -> memoryview:
@@ -170,24 +269,16 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
         raise WireError(f"message of {total} bytes exceeds the limit {limits.max_message_bytes}")
     if head.nbytes > limits.max_header_bytes:
         raise WireError(f"header of {head.nbytes} bytes exceeds the limit {limits.max_header_bytes}")
-    try:
-        h = msgpack.unpackb(
-            head, raw=False, strict_map_key=True, use_list=True,
-            max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
-            max_array_len=limits.max_array_len, max_map_len=limits.max_map_len,
-            max_ext_len=0,
-        )
-    except Exception as e:  # msgpack raises several unrelated types
-        raise WireError(f"header is not valid msgpack: {type(e).__name__}: {e}") from None
+    h = _unpack(head, limits)
     if type(h) is not dict:
         raise WireError("header is not a map")
     v = h.get("v")
     if v != VERSION:
         raise WireError(f"protocol version {v!r}, expected {VERSION}")
     t, src = h.get("t"), h.get("src")
-    if t not in _TYPES or type(t) is not str:
+    if type(t) is not str or t not in _TYPES:   # str first: a list is not hashable
         raise WireError(f"unknown message type {t!r}")
-    if type(src) is not str or not src or len(src) > 256:
+    if type(src) is not str or not src or len(src) > MAX_SRC_LEN:
         raise WireError(f"bad src {src!r}")
     epoch, seq = h.get("epoch", 0), h.get("seq", 0)
     if type(epoch) is not int or type(seq) is not int:
@@ -201,6 +292,19 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
                         f"arrays but {n - 1} frames follow")
     arrays = [_array(d, bufs[i + 1], i, limits) for i, d in enumerate(descs)] if descs else []
     return Message(t=t, src=src, epoch=epoch, seq=seq, body=body, arrays=arrays, nbytes=total)
+
+
+def _unpack(head: Any, limits: Limits) -> Any:
+    """Unpack a header under the limits; :func:`encode` checks its output with it too."""
+    try:
+        return msgpack.unpackb(
+            head, raw=False, strict_map_key=True, use_list=True,
+            max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
+            max_array_len=limits.max_array_len, max_map_len=limits.max_map_len,
+            max_ext_len=0,
+        )
+    except Exception as e:  # msgpack raises several unrelated types
+        raise WireError(f"header is not valid msgpack: {type(e).__name__}: {e}") from None
 
 
 def _array(desc: Any, buf: memoryview, i: int, limits: Limits) -> np.ndarray:

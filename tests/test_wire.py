@@ -5,6 +5,8 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from swarm import wire
 from swarm.errors import WireError
@@ -49,6 +51,7 @@ def test_non_contiguous_is_sent_contiguous():
     ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": [["complex64", [1]]]}), b"12345678"], "not allowed"),
     ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": []}), b"x"], "describes 0 arrays"),
     ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": [["uint8", [1, True]]]}), b"x"], "bad shape"),
+    ([msgpack.packb({"v": 1, "t": ["ping"], "src": "x"})], "unknown message type"),   # not hashable
 ])
 def test_decode_rejects(frames, match):
     with pytest.raises(WireError, match=match):
@@ -64,6 +67,77 @@ def test_limits_enforced():
     big_str = msgpack.packb({"v": 1, "t": "ping", "src": "x", "body": {"s": "a" * 100_000}})
     with pytest.raises(WireError, match="msgpack"):
         wire.decode([big_str])
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(body={"x": np.float32(1)}), r"body\['x'\]: np.float32 cannot go on the wire; use float\(\)"),
+    (dict(body={"m": {"n": np.int64(1)}}), r"body\['m'\]\['n'\]: np.int64 .* use int\(\)"),
+    (dict(body={"x": np.zeros(3)}), r"body\['x'\]: a numpy array cannot go in the body"),
+    (dict(body={"x": {1, 2}}), r"body\['x'\]: set cannot go on the wire"),
+    (dict(body={"x": [object()]}), r"body\['x'\]\[0\]: object cannot go on the wire"),
+    (dict(body={"x": 2**64}), "does not fit in 64 bits"),
+    (dict(body={"x": "\ud800"}), "not valid UTF-8"),
+    (dict(body=[1, 2]), "body must be a dict, got list"),
+    (dict(body={1: "a"}), "key 1 is not a str"),
+    (dict(body={"m": [{2: "a"}]}), r"body\['m'\]\[0\]: key 2 is not a str"),
+    (dict(body={"s": "a" * (64 * 1024 + 1)}), "str of 65537 bytes, more than the limit 65536"),
+    (dict(body={"b": b"a" * (1024 * 1024 + 1)}), "1048577 bytes, more than the limit 1048576"),
+    (dict(body={"l": [0] * 100_001}), "list of 100001 items, more than the limit 100000"),
+    (dict(body={"d": {str(i): 0 for i in range(10_001)}}), "dict of 10001 items, more than the limit 10000"),
+    (dict(arrays=[np.zeros(1, np.uint8)] * 65), "65 arrays, more than the limit 64"),
+    (dict(arrays=[np.zeros([1] * 9, np.uint8)]), "array 0: 9 dimensions, more than the limit 8"),
+    (dict(t=None), "message type None cannot be registered"),
+    (dict(t=""), "message type '' cannot be registered"),
+    (dict(t="x" * 33), "cannot be registered"),
+    (dict(src=""), "bad src"),
+    (dict(limits=wire.Limits(max_message_bytes=1000), arrays=[np.zeros(1000, np.uint8)]), "exceeds the limit 1000"),
+    (dict(limits=wire.Limits(max_header_bytes=100), body={"s": "a" * 100}), "header of .* exceeds the limit 100"),
+])
+def test_encode_refuses_what_a_receiver_drops(kw, match):
+    kw = {"t": "ping", "src": "p", **kw}
+    with pytest.raises(WireError, match=match):
+        wire.encode(kw.pop("t"), kw.pop("src"), **kw)
+
+
+def test_encode_and_decode_share_the_limits():
+    # the header itself is a map of 7 keys
+    lim = wire.Limits(max_str_len=8, max_bin_len=8, max_array_len=4, max_map_len=7, max_ndim=2, max_frames=3)
+    ok = dict(body={"s": "a" * 8, "b": b"b" * 8, "l": [1, 2, 3, 4], "d": {str(i): i for i in range(7)}},
+              arrays=[np.zeros((2, 2), np.uint8)] * 3)
+    msg = wire.decode(wire.encode("ping", "p", limits=lim, **ok), lim)
+    assert msg.body == ok["body"] and len(msg.arrays) == 3
+    for kw in (dict(body={"s": "a" * 9}), dict(body={"b": b"b" * 9}), dict(body={"l": [1] * 5}),
+               dict(body={"d": {str(i): i for i in range(8)}}), dict(arrays=[np.zeros((1, 1, 1), np.uint8)]),
+               dict(arrays=[np.zeros(1, np.uint8)] * 4)):
+        with pytest.raises(WireError):
+            wire.encode("ping", "p", limits=lim, **kw)
+
+
+# limits small enough for random bodies to cross them (the header is a map of 7 keys)
+_SMALL = wire.Limits(max_str_len=6, max_bin_len=6, max_array_len=3, max_map_len=7)
+_text = st.text("ab\u00e9", max_size=4)     # up to 8 bytes of UTF-8
+_leaf = st.none() | st.booleans() | st.integers(-2**63 - 1, 2**64) | st.floats(allow_nan=False) | _text \
+    | st.binary(max_size=7)
+_values = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=4)
+                       | st.dictionaries(_text | st.just(0), kids, max_size=8), max_leaves=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.dictionaries(_text, _values, max_size=3))
+def test_encode_accepts_exactly_what_decode_accepts(body):
+    try:
+        frames = wire.encode("ping", "p", body=body, limits=_SMALL)
+    except WireError:
+        # refused: the receiver would have dropped it (or msgpack could not pack it)
+        try:
+            head = msgpack.packb({"v": 1, "t": "ping", "src": "p", "epoch": 0, "seq": 0, "body": body,
+                                  "arrays": []}, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError):
+            return
+        with pytest.raises(WireError):
+            wire.decode([head], _SMALL)
+        return
+    assert wire.decode(frames, _SMALL).body == body
 
 
 def test_register_type():

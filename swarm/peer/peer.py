@@ -22,6 +22,7 @@ import asyncio
 import enum
 import itertools
 import logging
+import math
 import os
 import socket
 import time
@@ -48,6 +49,21 @@ __all__ = ["Peer", "PeerState", "PeerCounters"]
 #: seconds between heartbeats that carry the peer's figures (``stats``); the
 #: coordinator keeps the last ones, and its rates span seconds anyway
 HEARTBEAT_STATS_S = 1.0
+
+#: types the peer answers itself (hello, ping) or that only come from the
+#: coordinator: a handler registered for one would never be called
+RESERVED_TYPES: frozenset[str] = wire.PROTOCOL_TYPES - {"pong"}
+
+
+def check_timeout(timeout: Any) -> None:
+    """Refuse a timeout that is neither None nor a finite number of seconds >= 0:
+    NaN never expires and inf overflows the socket polls."""
+    try:
+        if timeout is None or (0 <= timeout < math.inf and not isinstance(timeout, bool)):
+            return
+    except TypeError:   # not a number
+        pass
+    raise ValueError(f"timeout must be a finite number of seconds >= 0 or None, got {timeout!r}")
 
 
 class PeerState(enum.Enum):
@@ -163,11 +179,20 @@ class Peer:
         return self._view.epoch
 
     def neighbours(self) -> list[str]:
-        """Neighbour ids in the current view, from the peer's topology."""
+        """Neighbour ids in the current view, from the peer's topology ([] once closed)."""
         return list(self._neighbours)
 
     def on(self, t: str, handler: Handler) -> None:
-        """Call ``handler(msg)`` for each message of type ``t`` (sync or async)."""
+        """Call ``handler(msg)`` for each message of type ``t`` (sync or async).
+
+        The types of swarm's own protocol that the peer handles itself (hello, ping
+        and the membership types: :data:`RESERVED_TYPES`) are refused with a
+        :class:`WireError`; ``pong``, the answer to a ping, may be handled.
+        """
+        if type(t) is str and t in RESERVED_TYPES:
+            raise WireError(f"peer {self.id}: {t!r} is a swarm protocol type that the peer handles "
+                            f"itself; no handler can be registered for {sorted(RESERVED_TYPES)} "
+                            f"(on_view is called for each new view)")
         wire.register_type(t)
         self._handlers.setdefault(t, []).append(handler)
 
@@ -189,6 +214,8 @@ class Peer:
         ``direct``). Only the thread that reads it may use it; it closes it before the
         peer closes (the peer closes any left open).
         """
+        if self.state is PeerState.CLOSED:
+            raise SwarmError(f"peer {self.id} is closed")
         cfg = self.config
         if not (self.address.startswith("tcp://") and cfg.bind.startswith("tcp://")):
             raise ConfigError(f"peer {self.id}: side channels need a tcp address, this peer has {self.address!r}")
@@ -212,10 +239,10 @@ class Peer:
     def open_outbox(self, pid: str, endpoint: str) -> zmq.Socket | None:
         """A PUSH socket to member ``pid``'s inbox at ``endpoint``, secured as links are
         (with keys: only the holder of ``pid``'s key in the view can take the
-        connection). None when ``pid`` is not in the view or has no key. The caller's
-        thread owns it, as for :meth:`open_inbox`.
+        connection). None when ``pid`` is not in the view or has no key, or this peer
+        is closed. The caller's thread owns it, as for :meth:`open_inbox`.
         """
-        m = self._view.member(pid)
+        m = self._view.member(pid) if self.state is not PeerState.CLOSED else None
         if m is None or (self._curve is not None and not m.key):
             return None
         if not endpoint.startswith("tcp://"):
@@ -302,7 +329,12 @@ class Peer:
         self.state = PeerState.RUNNING
 
     async def close(self, timeout: float = 1.0) -> None:
-        """Leave the swarm (the coordinator relinks the neighbours at once) and close."""
+        """Leave the swarm (the coordinator relinks the neighbours at once) and close.
+
+        ``timeout``: seconds to wait for the coordinator to confirm the leave (None:
+        without a deadline).
+        """
+        check_timeout(timeout)
         if self.state in (PeerState.CLOSED, PeerState.NEW):
             self.state = PeerState.CLOSED
             return
@@ -322,13 +354,20 @@ class Peer:
                    arrays: Sequence[np.ndarray] = (), *, timeout: float | None = None) -> bool:
         """Send one message to peer ``dst`` (an id in the view).
 
-        Returns False, and counts it, when ``dst`` is unknown or its queue stays
-        full past ``timeout`` seconds (None: do not wait) or until it leaves the
-        view. Arrays of 64 KiB or more (``swarm.transport.ZERO_COPY_MIN``) go out
-        without a copy and are read when the message leaves the queue, which may be
-        several sends later behind a slow receiver: do not modify them after this
-        call. Smaller ones are copied on send.
+        Returns False, and counts it, when ``dst`` is unknown (``unknown_dst``; so
+        is every send once the peer is closed) or its queue stays full past
+        ``timeout`` seconds (None: do not wait) or until it leaves the view
+        (``dropped_out``). Arrays of 64 KiB or more (``swarm.transport.ZERO_COPY_MIN``)
+        go out without a copy and are read when the message leaves the queue, which
+        may be several sends later behind a slow receiver: do not modify them after
+        this call. Smaller ones are copied on send.
+
+        Raises :class:`WireError`, and sends nothing, for a message a receiver would
+        drop as malformed (see :func:`swarm.wire.encode`), including one larger than
+        this peer's own ``max_message_mb``: the peers of a swarm normally share it,
+        and a receiver drops what exceeds its limit.
         """
+        check_timeout(timeout)
         sent, link, frames = self._try_send(dst, t, body, arrays)
         if sent or link is None:
             return sent
@@ -354,8 +393,8 @@ class Peer:
     def send_nowait(self, dst: str, t: str, body: dict[str, Any] | None = None,
                     arrays: Sequence[np.ndarray] = ()) -> bool:
         """:meth:`send` without waiting, for callers on the peer's loop that must not
-        yield (no task per message): False, and counted, when ``dst`` is unknown or
-        its queue is full."""
+        yield (no task per message): False, and counted, when ``dst`` is unknown, the
+        peer is closed or the queue is full; :class:`WireError` as for :meth:`send`."""
         sent, link, _ = self._try_send(dst, t, body, arrays)
         if not sent and link is not None:
             self.counters.dropped_out += 1
@@ -364,27 +403,33 @@ class Peer:
     def _try_send(self, dst: str, t: str, body: dict[str, Any] | None,
                   arrays: Sequence[np.ndarray]) -> tuple[bool, _Link | None, list[Any]]:
         self._raise_failure()
-        link = self._link(dst)
+        frames = wire.encode(t, self.id, epoch=self._view.epoch, seq=next(self._seq), body=body, arrays=arrays,
+                             limits=self.limits)
+        # closed: the view is stale and the context gone, so no link can be made
+        link = self._link(dst) if self.state is not PeerState.CLOSED else None
         if link is None:
             self.counters.unknown_dst += 1
             return False, None, []
-        frames = wire.encode(t, self.id, epoch=self._view.epoch, seq=next(self._seq), body=body, arrays=arrays)
         if tp.try_send(link.plain, frames):
             self._count_out(frames)
             return True, link, frames
         return False, link, frames
 
-    async def wait_linked(self, timeout: float = 5.0) -> None:
-        """Wait until every neighbour of the current view has answered our hello."""
+    async def wait_linked(self, timeout: float | None = 5.0) -> None:
+        """Wait until every neighbour of the current view has answered our hello
+        (``timeout`` None: without a deadline)."""
+        check_timeout(timeout)
         try:
             await asyncio.wait_for(self._linked.wait(), timeout)
         except asyncio.TimeoutError:
             raise PeerTimeout(f"peer {self.id}: neighbours {sorted(self._pending_hello)} "
                               f"did not answer within {timeout} s") from None
 
-    async def wait_view(self, predicate: Callable[[View], bool], timeout: float = 5.0) -> View:
-        """Wait until the installed view satisfies ``predicate``."""
-        deadline = time.monotonic() + timeout
+    async def wait_view(self, predicate: Callable[[View], bool], timeout: float | None = 5.0) -> View:
+        """Wait until the installed view satisfies ``predicate`` (``timeout`` None:
+        without a deadline)."""
+        check_timeout(timeout)
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         while not predicate(self._view):
             if time.monotonic() > deadline:
                 raise PeerTimeout(f"peer {self.id}: view condition not met within {timeout} s "
@@ -412,6 +457,8 @@ class Peer:
             except (asyncio.TimeoutError, Exception):
                 self._runner.cancel()
         self._close_sockets()
+        self._neighbours = []
+        self._pending_hello = set()
         self.state = PeerState.CLOSED
 
     def _close_sockets(self) -> None:
@@ -640,7 +687,7 @@ class Peer:
         t = msg.t
         if t == "hello":
             # ack on our own DEALER to the sender (it is in the view, or it is not a peer of ours)
-            await self.send(msg.src, "hello_ack", {"e": msg.body.get("e")})
+            await self._answer(msg, "hello_ack", {"e": msg.body.get("e")})
             return
         if t == "hello_ack":
             if msg.src in self._pending_hello and msg.body.get("e") == self._view.epoch:
@@ -648,7 +695,7 @@ class Peer:
                 self._check_linked()
             return
         if t == "ping":
-            await self.send(msg.src, "pong", msg.body)
+            await self._answer(msg, "pong", msg.body)
             return
         handlers = self._handlers.get(t)
         if not handlers:
@@ -666,6 +713,15 @@ class Peer:
             except Exception:
                 self.counters.handler_errors += 1
                 log.exception("peer %s: handler for %r failed", self.id, t)
+
+    async def _answer(self, msg: Message, t: str, body: dict[str, Any]) -> None:
+        """Answer a hello or a ping; an echo that no longer fits under our limits
+        (the sender's header was near them) is dropped like a malformed message."""
+        try:
+            await self.send(msg.src, t, body)
+        except WireError as e:
+            self.counters.malformed += 1
+            self._bad(msg.src, e)
 
     def _on_coord(self, frames: list[zmq.Frame], i: int = 0) -> None:
         try:
@@ -848,7 +904,13 @@ class Peer:
                         body["stats"].update(self.stats())
                     except Exception:
                         log.exception("peer %s: stats callback failed", self.id)
-            self._send_coord("heartbeat", body)
+            try:
+                self._send_coord("heartbeat", body)
+            except WireError as e:
+                # the stats callback returned what cannot go on the wire: beat without it
+                log.error("peer %s: heartbeat stats dropped: %s", self.id, e)
+                body.pop("stats", None)
+                self._send_coord("heartbeat", body)
 
     def _resend_hellos(self, now: float) -> None:
         """Neighbours that have not answered hello yet: say it again."""

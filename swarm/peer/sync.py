@@ -12,6 +12,7 @@ replies.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from typing import Any, Awaitable, Callable, Coroutine, Sequence, TypeVar
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from ..errors import PeerTimeout, SwarmError
 from ..link import View
-from .peer import Peer
+from .peer import Peer, check_timeout
 
 __all__ = ["SyncPeer"]
 
@@ -31,6 +32,10 @@ class SyncPeer:
 
     ``loop_factory`` picks the background loop (e.g. ``uvloop.new_event_loop``);
     the library itself never installs one.
+
+    After :meth:`close` (or a failed :meth:`start`) the loop is gone: calls raise
+    :class:`SwarmError` ("SyncPeer is closed"), :meth:`neighbours` is [] and it
+    cannot be started again.
     """
 
     def __init__(self, *args: Any, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
@@ -41,10 +46,13 @@ class SyncPeer:
         self._thread: threading.Thread | None = None
         self.peer: Peer | None = None
         self._start_timeout = start_timeout
+        self._closed = False
 
     # -- lifecycle
 
     def start(self) -> "SyncPeer":
+        if self._closed:
+            raise SwarmError("SyncPeer is closed and cannot be restarted; make a new SyncPeer")
         if self._thread is not None:
             raise SwarmError("SyncPeer.start() called twice")
         ready = threading.Event()
@@ -74,11 +82,14 @@ class SyncPeer:
         try:
             self.call(make(), timeout=timeout)
         except BaseException:
+            self._closed = True
             self._stop_loop()
             raise
         return self
 
     def close(self, timeout: float = 5.0) -> None:
+        check_timeout(timeout)
+        self._closed = True
         if self._loop is None:
             return
         try:
@@ -104,18 +115,25 @@ class SyncPeer:
     def call(self, coro: Coroutine[Any, Any, T] | Awaitable[T], timeout: float | None = 30.0) -> T:
         """Run a coroutine on the peer's loop and wait for its result."""
         if self._loop is None:
-            raise SwarmError("SyncPeer is not started")
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+            _discard(coro)
+            raise SwarmError(self._not_running())
         try:
-            return fut.result(timeout)
-        except TimeoutError:
+            check_timeout(timeout)
+        except ValueError:
+            _discard(coro)
+            raise
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        # waited apart from the result: a PeerTimeout the coroutine raises is a
+        # TimeoutError too, and it is the one to report
+        if not concurrent.futures.wait([fut], timeout).done:
             fut.cancel()
-            raise PeerTimeout(f"call did not finish within {timeout} s") from None
+            raise PeerTimeout(f"call did not finish within {timeout} s")
+        return fut.result()
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Schedule a plain function on the peer's loop (fire and forget)."""
         if self._loop is None:
-            raise SwarmError("SyncPeer is not started")
+            raise SwarmError(self._not_running())
         self._loop.call_soon_threadsafe(fn, *args)
 
     @property
@@ -131,10 +149,15 @@ class SyncPeer:
         return self._peer().address
 
     def neighbours(self) -> list[str]:
+        """Neighbour ids in the current view ([] once closed)."""
+        if self._closed:
+            return []
         return self._peer().neighbours()
 
     def send(self, dst: str, t: str, body: dict[str, Any] | None = None,
              arrays: Sequence[np.ndarray] = (), *, timeout: float | None = None) -> bool:
+        """:meth:`Peer.send` from the caller's thread."""
+        check_timeout(timeout)
         return self.call(self._peer().send(dst, t, body, arrays, timeout=timeout),
                          timeout=(timeout or 0) + 10.0)
 
@@ -145,10 +168,20 @@ class SyncPeer:
     def on_view(self, callback: Callable[[View], None]) -> None:
         self._peer().on_view(callback)
 
-    def wait_linked(self, timeout: float = 5.0) -> None:
-        self.call(self._peer().wait_linked(timeout), timeout=timeout + 5.0)
+    def wait_linked(self, timeout: float | None = 5.0) -> None:
+        check_timeout(timeout)
+        self.call(self._peer().wait_linked(timeout), timeout=None if timeout is None else timeout + 5.0)
 
     def _peer(self) -> Peer:
         if self.peer is None:
-            raise SwarmError("SyncPeer is not started")
+            raise SwarmError(self._not_running())
         return self.peer
+
+    def _not_running(self) -> str:
+        return "SyncPeer is closed" if self._closed else "SyncPeer is not started"
+
+
+def _discard(coro: Any) -> None:
+    """Close a coroutine that will never run (no "was never awaited" warning)."""
+    if asyncio.iscoroutine(coro):
+        coro.close()

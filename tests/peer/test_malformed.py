@@ -24,6 +24,7 @@ def garbage_messages() -> list[list[bytes]]:
         [msgpack.packb([1, 2, 3])],                                      # header not a map
         [head(v=99)],                                                    # wrong version
         [head(t="no-such-type")],                                        # unknown type
+        [head(t=["ping"])],                                              # type not hashable
         [head(src="")],                                                  # bad src
         [head(arrays=[["float32", [4]]]), b"\x00" * 15],                 # length mismatch
         [head(arrays=[["object", [1]]]), b"\x00" * 8],                   # dtype not allowed

@@ -1,0 +1,240 @@
+"""Bad input to the Peer API gets a clear error and changes nothing: what a
+receiver would drop is refused at the sender, a closed peer sends nothing, waits
+refuse timeouts that never expire, handlers for the peer's own types are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import math
+import warnings
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+import zmq.asyncio
+from swarmtest import free_port, status, wait_for
+
+from swarm.coordinator import Coordinator
+from swarm.errors import PeerTimeout, SwarmError, WireError
+from swarm.peer import Peer, PeerState, SyncPeer
+
+
+@contextlib.asynccontextmanager
+async def linked_pair(**a_options):
+    """Peers a and b linked through a coordinator on loopback; yields (a, b, got),
+    ``got`` being the bodies of the "data" messages b received."""
+    async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+        a = Peer(id="a", coordinators=[coord.address], **a_options)
+        b = Peer(id="b", coordinators=[coord.address])
+        got: list[dict] = []
+        b.on("data", lambda m: got.append(m.body))
+        async with a, b:
+            await a.wait_view(lambda v: len(v.members) == 2)
+            await a.wait_linked()
+            await b.wait_linked()
+            yield a, b, got
+
+
+async def received(got: list, n: int, timeout: float = 2.0) -> list:
+    """``got`` once it holds ``n`` items, after a pause in which more could arrive."""
+    async with asyncio.timeout(timeout):
+        while len(got) < n:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    return got
+
+
+def test_closed_peer_sends_nothing():
+    async def main() -> None:
+        async with linked_pair() as (a, b, got):
+            await a.close()
+            assert "b" in a.view.ids        # the last view is stale: b is still in it
+            out, unknown = a.counters.msgs_out, a.counters.unknown_dst
+            assert await a.send("b", "data", {"x": 1}) is False
+            assert await a.send("b", "data", {"x": 1}, timeout=0.5) is False
+            assert a.send_nowait("b", "data", {"x": 1}) is False
+            assert (a.counters.msgs_out, a.counters.unknown_dst) == (out, unknown + 3)
+            assert a.neighbours() == []
+            assert a.open_outbox("b", "tcp://127.0.0.1:9") is None
+            with pytest.raises(SwarmError, match="peer a is closed"):
+                a.open_inbox()
+            await asyncio.sleep(0.2)
+            assert got == [] and b.counters.malformed == 0
+
+    asyncio.run(main())
+
+
+# (body, arrays, type, what the error says)
+UNSENDABLE = [
+    ({"x": np.float32(1)}, (), "data", r"body\['x'\]: np.float32 cannot go on the wire; use float\(\)"),
+    ({"x": np.zeros(3)}, (), "data", r"body\['x'\]: a numpy array cannot go in the body"),
+    ({"x": {1, 2}}, (), "data", r"body\['x'\]: set cannot go on the wire"),
+    ({"x": object()}, (), "data", r"body\['x'\]: object cannot go on the wire"),
+    ([1, 2], (), "data", "body must be a dict, got list"),
+    ({"m": {1: "a"}}, (), "data", r"body\['m'\]: key 1 is not a str"),
+    ({}, [np.zeros(1, np.uint8)] * 65, "data", "65 arrays, more than the limit 64"),
+    ({}, [np.zeros([1] * 9, np.uint8)], "data", "9 dimensions, more than the limit 8"),
+    ({"s": "a" * (64 * 1024 + 1)}, (), "data", "more than the limit 65536"),
+    ({}, (), None, "message type None cannot be registered"),
+    ({}, (), "x" * 33, "cannot be registered"),
+    # a's own limit (max_message_mb=1): receivers with the same setting drop it
+    ({}, [np.zeros(2 * 1024 * 1024, np.uint8)], "data", r"message of \d+ bytes exceeds the limit 1048576"),
+]
+
+
+def test_send_refuses_what_the_receiver_would_drop():
+    async def main() -> None:
+        async with linked_pair(max_message_mb=1) as (a, b, got):
+            out = a.counters.msgs_out
+            for body, arrays, t, match in UNSENDABLE:
+                with pytest.raises(WireError, match=match):
+                    await a.send("b", t, body, arrays, timeout=0.5)
+                with pytest.raises(WireError, match=match):
+                    a.send_nowait("b", t, body, arrays)
+            # refused before anything was queued: b hears only the message that follows
+            assert a.counters.msgs_out == out and a.counters.dropped_out == 0
+            assert await a.send("b", "data", {"ok": 1}, timeout=1.0)
+            assert await received(got, 1) == [{"ok": 1}]
+            assert b.counters.malformed == 0 and a.counters.suspicions == 0
+
+    asyncio.run(main())
+
+
+def test_handlers_for_protocol_types_are_refused():
+    async def main() -> None:
+        async with linked_pair() as (a, b, got):
+            pongs: list[dict] = []
+            for t in ("hello", "hello_ack", "ping", "view"):
+                with pytest.raises(WireError, match=rf"'{t}' is a swarm protocol type .*'hello_ack'.*'ping'"):
+                    a.on(t, lambda m: None)
+            a.on("pong", lambda m: pongs.append(m.body))    # the answer to a ping is the user's
+            # the peer still answers the handshake types itself
+            assert await a.send("b", "ping", {"i": 7}, timeout=1.0)
+            assert await received(pongs, 1) == [{"i": 7}]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, "1"])
+def test_waits_refuse_timeouts_that_never_expire(bad):
+    async def main() -> None:
+        async with linked_pair() as (a, b, got):
+            out = a.counters.msgs_out
+            async with asyncio.timeout(2.0):    # an error at once, not a wait for ever
+                with pytest.raises(ValueError, match="finite number of seconds"):
+                    await a.wait_view(lambda v: False, timeout=bad)
+                with pytest.raises(ValueError, match="finite number of seconds"):
+                    await a.wait_linked(timeout=bad)
+                with pytest.raises(ValueError, match="finite number of seconds"):
+                    await a.send("b", "data", {"x": 1}, timeout=bad)
+                with pytest.raises(ValueError, match="finite number of seconds"):
+                    await a.close(timeout=bad)
+            assert a.state is PeerState.RUNNING and a.counters.msgs_out == out
+            # None is "no deadline" for the waits
+            assert (await a.wait_view(lambda v: "b" in v.ids, timeout=None)).member("b")
+            await a.wait_linked(timeout=None)
+            await asyncio.sleep(0.1)
+            assert got == []
+
+    asyncio.run(main())
+
+
+def test_a_type_that_is_not_hashable_does_not_kill_the_peer():
+    async def main() -> None:
+        async with linked_pair() as (a, b, got):
+            ctx = zmq.asyncio.Context()
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(b.address)
+            await s.send_multipart([msgpack.packb({"v": 1, "t": ["data"], "src": "evil", "body": {}})])
+            try:
+                async with asyncio.timeout(2.0):
+                    while b.counters.malformed < 1:
+                        await asyncio.sleep(0.01)
+            finally:
+                s.close(0)
+                ctx.term()
+            assert await a.send("b", "data", {"ok": 1}, timeout=1.0)
+            assert await received(got, 1) == [{"ok": 1}]
+            assert b.state is PeerState.RUNNING
+
+    asyncio.run(main())
+
+
+def test_stats_that_cannot_go_on_the_wire_do_not_kill_the_peer(caplog):
+    async def main() -> None:
+        async with linked_pair() as (a, b, got):
+            a.stats = lambda: {"loss": np.float32(0.5)}
+            async with asyncio.timeout(3.0):    # stats ride on one heartbeat a second
+                while "heartbeat stats dropped" not in caplog.text:
+                    await asyncio.sleep(0.05)
+            assert await a.send("b", "data", {"ok": 1}, timeout=1.0)
+            assert await received(got, 1) == [{"ok": 1}]
+
+    with caplog.at_level(logging.ERROR, logger="swarm.peer"):
+        asyncio.run(main())
+    assert "np.float32 cannot go on the wire" in caplog.text
+
+
+@pytest.fixture
+def sync_pair(procs):
+    """SyncPeers s and t linked through a coordinator process; yields (s, t, got),
+    ``got`` being the bodies of the "data" messages t received."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, name="coord")
+    wait_for(lambda: status(addr), 10, what="coordinator up")
+    s = SyncPeer(id="s", coordinators=[addr], join_timeout_s=10)
+    t = SyncPeer(id="t", coordinators=[addr], join_timeout_s=10)
+    got: list[dict] = []
+    try:
+        s.start()
+        t.start()
+        t.on("data", lambda m: got.append(m.body))
+        s.call(s.peer.wait_view(lambda v: len(v.members) == 2, timeout=10), timeout=15)
+        s.wait_linked()
+        yield s, t, got
+    finally:
+        s.close()
+        t.close()
+
+
+def test_sync_peer_passes_errors_on(sync_pair):
+    s, t, got = sync_pair
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        s.send("t", "data", {"x": 1}, timeout=math.nan)
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        s.wait_linked(timeout=math.nan)
+    with pytest.raises(WireError, match="np.float32"):
+        s.send("t", "data", {"x": np.float32(1)})
+    # the coroutine's own timeout, not "call did not finish"
+    with pytest.raises(PeerTimeout, match="view condition not met"):
+        s.call(s.peer.wait_view(lambda v: False, timeout=0.2), timeout=5)
+    assert s.send("t", "data", {"ok": 1}, timeout=1.0)
+    wait_for(lambda: got, 2, what="the message")
+    assert got == [{"ok": 1}]
+
+
+def test_sync_peer_after_close(sync_pair):
+    s, t, got = sync_pair
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s.close()
+        for call in (lambda: s.send("t", "data", {"x": 1}), lambda: s.wait_linked(),
+                     lambda: s.call(asyncio.sleep(0)), lambda: s.call_soon(print)):
+            with pytest.raises(SwarmError, match="SyncPeer is closed"):
+                call()
+        assert s.neighbours() == []
+        with pytest.raises(SwarmError, match="cannot be restarted"):
+            s.start()
+        s.close()                           # closing again is harmless
+        # before start, a call says so and closes its coroutine too
+        with pytest.raises(SwarmError, match="SyncPeer is not started"):
+            SyncPeer(coordinators=["tcp://127.0.0.1:9"]).call(asyncio.sleep(0))
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    assert t.call(t.peer.wait_view(lambda v: v.ids == ["t"], timeout=10), timeout=15)
+    assert got == []
