@@ -63,7 +63,7 @@ def check_timeout(timeout: Any) -> None:
             return
     except TypeError:   # not a number
         pass
-    raise ValueError(f"timeout must be a finite number of seconds >= 0 or None, got {timeout!r}")
+    raise ConfigError(f"timeout must be a finite number of seconds >= 0 or None, got {timeout!r}")
 
 
 class PeerState(enum.Enum):

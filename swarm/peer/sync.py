@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Sequence, TypeVar
 
 import numpy as np
 
-from ..errors import PeerTimeout, SwarmError
+from ..errors import ConfigError, PeerTimeout, SwarmError
 from ..link import View
 from .peer import Peer, check_timeout
 
@@ -119,7 +119,7 @@ class SyncPeer:
             raise SwarmError(self._not_running())
         try:
             check_timeout(timeout)
-        except ValueError:
+        except ConfigError:
             _discard(coro)
             raise
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ import zmq.asyncio
 from swarmtest import free_port, status, wait_for
 
 from swarm.coordinator import Coordinator
-from swarm.errors import PeerTimeout, SwarmError, WireError
+from swarm.errors import ConfigError, PeerTimeout, SwarmError, WireError
 from swarm.peer import Peer, PeerState, SyncPeer
 
 
@@ -125,13 +125,13 @@ def test_waits_refuse_timeouts_that_never_expire(bad):
         async with linked_pair() as (a, b, got):
             out = a.counters.msgs_out
             async with asyncio.timeout(2.0):    # an error at once, not a wait for ever
-                with pytest.raises(ValueError, match="finite number of seconds"):
+                with pytest.raises(ConfigError, match="finite number of seconds"):
                     await a.wait_view(lambda v: False, timeout=bad)
-                with pytest.raises(ValueError, match="finite number of seconds"):
+                with pytest.raises(ConfigError, match="finite number of seconds"):
                     await a.wait_linked(timeout=bad)
-                with pytest.raises(ValueError, match="finite number of seconds"):
+                with pytest.raises(ConfigError, match="finite number of seconds"):
                     await a.send("b", "data", {"x": 1}, timeout=bad)
-                with pytest.raises(ValueError, match="finite number of seconds"):
+                with pytest.raises(ConfigError, match="finite number of seconds"):
                     await a.close(timeout=bad)
             assert a.state is PeerState.RUNNING and a.counters.msgs_out == out
             # None is "no deadline" for the waits
@@ -204,9 +204,9 @@ def sync_pair(procs):
 
 def test_sync_peer_passes_errors_on(sync_pair):
     s, t, got = sync_pair
-    with pytest.raises(ValueError, match="finite number of seconds"):
+    with pytest.raises(ConfigError, match="finite number of seconds"):
         s.send("t", "data", {"x": 1}, timeout=math.nan)
-    with pytest.raises(ValueError, match="finite number of seconds"):
+    with pytest.raises(ConfigError, match="finite number of seconds"):
         s.wait_linked(timeout=math.nan)
     with pytest.raises(WireError, match="np.float32"):
         s.send("t", "data", {"x": np.float32(1)})
