@@ -16,7 +16,6 @@ receive loops catch it, count it and drop the message. See ``docs/wire.md``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 

@@ -59,11 +59,12 @@ from typing import Any
 
 import numpy as np
 
+from ..checks import is_real
 from ..errors import ReplayError
 from ..link import Link
 from ..wire import Message, register_type
 from .limiter import TokenBucket
-from .replay import Items, ReplayBuffer, _is_real
+from .replay import Items, ReplayBuffer
 
 __all__ = ["Federation", "FederationStats", "PUSH", "PULL", "ITEMS", "ACK", "RESYNC"]
 
@@ -127,18 +128,18 @@ class Federation:
                  rate: float | None = None, burst: float | None = None, ack_timeout: float = 2.0,
                  send_timeout: float = 1.0, max_items: int = 4096, seed: int | None = None,
                  rereplicate_s: float = 300.0, ride: bool = False) -> None:
-        if not (_is_real(share) and 0.0 <= share <= 1.0):
+        if not (is_real(share) and 0.0 <= share <= 1.0):
             raise ReplayError(f"share must be a number in [0, 1], got {share!r}")
         if share_by not in ("newest", "priority"):
             raise ReplayError(f"share_by must be 'newest' or 'priority', got {share_by!r}")
         if not isinstance(replicas, int) or replicas < 0:
             raise ReplayError(f"replicas must be an int >= 0, got {replicas!r}")
-        if priority_clip is not None and not (_is_real(priority_clip) and priority_clip > 0):
+        if priority_clip is not None and not (is_real(priority_clip) and priority_clip > 0):
             raise ReplayError(f"priority_clip must be a number > 0 or None, got {priority_clip!r}")
         for name, v in (("ack_timeout", ack_timeout), ("send_timeout", send_timeout)):
-            if not (_is_real(v) and 0 < v < math.inf):
+            if not (is_real(v) and 0 < v < math.inf):
                 raise ReplayError(f"{name} must be a finite number of seconds > 0, got {v!r}")
-        if not (_is_real(rereplicate_s) and rereplicate_s >= 0):
+        if not (is_real(rereplicate_s) and rereplicate_s >= 0):
             raise ReplayError(f"rereplicate_s must be a number of seconds >= 0, got {rereplicate_s!r}")
         if not isinstance(max_items, int) or max_items < 1:
             raise ReplayError(f"max_items must be an int >= 1, got {max_items!r}")

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..checks import is_int, is_real
 from ..errors import ReplayError
 from .idindex import IdIndex
 from .limiter import RateLimiter
@@ -131,7 +132,7 @@ class ReplayBuffer:
         if not isinstance(peer_id, str) or not peer_id:
             raise ReplayError(f"peer_id must be a non-empty str, got {peer_id!r}")
         # The seed goes into snapshots' meta.json: an int or None, nothing numpy-only.
-        if seed is not None and not (_is_int(seed) and seed >= 0):
+        if seed is not None and not (is_int(seed) and seed >= 0):
             raise ReplayError(f"seed must be an int >= 0 or None, got {seed!r}")
         if not callable(clock):
             raise ReplayError(f"clock must be a function returning seconds, got {clock!r}")
@@ -224,7 +225,7 @@ class ReplayBuffer:
         priority) so a neighbour cannot flood the sampler; origin times in the
         future are clipped to now. Returns the indices of the items stored.
         """
-        if priority_clip is not None and not (_is_real(priority_clip) and priority_clip > 0):
+        if priority_clip is not None and not (is_real(priority_clip) and priority_clip > 0):
             raise ReplayError(f"priority_clip must be a number > 0 or None, got {priority_clip!r}")
         arrays, n = self.schema.check(items.fields)
         origins = np.asarray(items.origins)
@@ -364,7 +365,7 @@ class ReplayBuffer:
         Happens on its own when needed; sampling probabilities do not change. A
         ``t`` in the future is taken as now (see :meth:`add`).
         """
-        if t is not None and not (_is_real(t) and math.isfinite(t)):
+        if t is not None and not (is_real(t) and math.isfinite(t)):
             raise ReplayError(f"rebase time must be a finite number of seconds, got {t!r}")
         with self._lock:
             if not self.decay:
@@ -595,14 +596,6 @@ class ReplayBuffer:
         with self._lock:
             n = len(self)
             return [(self._peers[o], int(s)) for o, s in zip(self._origin[:n], self._seq[:n])]
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
 def _as_indices(indices: Any) -> np.ndarray:

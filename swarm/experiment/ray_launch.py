@@ -160,7 +160,7 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
         n_peers = len(nodes) * per_node
         spec = load_spec(spec_path, [*(overrides or []), f"peers={n_peers}"])
         run_dir = _new_run_dir(Path(runs_root), spec.name).resolve()
-        config = save_resolved(spec, run_dir)
+        save_resolved(spec, run_dir)
         print(f"swarm launch: {spec.name}: {n_peers} peers ({len(nodes)} Ray node(s) × {per_node}) on a "
               f"{spec.gossip.topology}, {spec.env}, codec {spec.gossip.codec} -> {run_dir}", file=out, flush=True)
 

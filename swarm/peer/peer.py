@@ -26,7 +26,7 @@ import math
 import os
 import socket
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -36,6 +36,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .. import transport as tp
 from .. import wire
+from ..checks import seconds
 from ..config import PeerConfig, from_dict, to_dict
 from ..errors import ConfigError, MembershipError, PeerTimeout, SwarmError, TransportError, WireError
 from ..link import Handler, View
@@ -53,17 +54,6 @@ HEARTBEAT_STATS_S = 1.0
 #: types the peer answers itself (hello, ping) or that only come from the
 #: coordinator: a handler registered for one would never be called
 RESERVED_TYPES: frozenset[str] = wire.PROTOCOL_TYPES - {"pong"}
-
-
-def check_timeout(timeout: Any) -> None:
-    """Refuse a timeout that is neither None nor a finite number of seconds >= 0:
-    NaN never expires and inf overflows the socket polls."""
-    try:
-        if timeout is None or (0 <= timeout < math.inf and not isinstance(timeout, bool)):
-            return
-    except TypeError:   # not a number
-        pass
-    raise ConfigError(f"timeout must be a finite number of seconds >= 0 or None, got {timeout!r}")
 
 
 class PeerState(enum.Enum):
@@ -334,7 +324,7 @@ class Peer:
         ``timeout``: seconds to wait for the coordinator to confirm the leave (None:
         without a deadline).
         """
-        check_timeout(timeout)
+        seconds(timeout, none_ok=True)
         if self.state in (PeerState.CLOSED, PeerState.NEW):
             self.state = PeerState.CLOSED
             return
@@ -367,7 +357,7 @@ class Peer:
         this peer's own ``max_message_mb``: the peers of a swarm normally share it,
         and a receiver drops what exceeds its limit.
         """
-        check_timeout(timeout)
+        seconds(timeout, none_ok=True)
         sent, link, frames = self._try_send(dst, t, body, arrays)
         if sent or link is None:
             return sent
@@ -418,7 +408,7 @@ class Peer:
     async def wait_linked(self, timeout: float | None = 5.0) -> None:
         """Wait until every neighbour of the current view has answered our hello
         (``timeout`` None: without a deadline)."""
-        check_timeout(timeout)
+        seconds(timeout, none_ok=True)
         try:
             await asyncio.wait_for(self._linked.wait(), timeout)
         except asyncio.TimeoutError:
@@ -428,7 +418,7 @@ class Peer:
     async def wait_view(self, predicate: Callable[[View], bool], timeout: float | None = 5.0) -> View:
         """Wait until the installed view satisfies ``predicate`` (``timeout`` None:
         without a deadline)."""
-        check_timeout(timeout)
+        seconds(timeout, none_ok=True)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         while not predicate(self._view):
             if time.monotonic() > deadline:

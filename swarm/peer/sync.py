@@ -18,9 +18,10 @@ from typing import Any, Awaitable, Callable, Coroutine, Sequence, TypeVar
 
 import numpy as np
 
+from ..checks import seconds
 from ..errors import ConfigError, PeerTimeout, SwarmError
 from ..link import View
-from .peer import Peer, check_timeout
+from .peer import Peer
 
 __all__ = ["SyncPeer"]
 
@@ -88,7 +89,7 @@ class SyncPeer:
         return self
 
     def close(self, timeout: float = 5.0) -> None:
-        check_timeout(timeout)
+        seconds(timeout, none_ok=True)
         self._closed = True
         if self._loop is None:
             return
@@ -118,7 +119,7 @@ class SyncPeer:
             _discard(coro)
             raise SwarmError(self._not_running())
         try:
-            check_timeout(timeout)
+            seconds(timeout, none_ok=True)
         except ConfigError:
             _discard(coro)
             raise
@@ -157,7 +158,7 @@ class SyncPeer:
     def send(self, dst: str, t: str, body: dict[str, Any] | None = None,
              arrays: Sequence[np.ndarray] = (), *, timeout: float | None = None) -> bool:
         """:meth:`Peer.send` from the caller's thread."""
-        check_timeout(timeout)
+        seconds(timeout, none_ok=True)
         return self.call(self._peer().send(dst, t, body, arrays, timeout=timeout),
                          timeout=(timeout or 0) + 10.0)
 
@@ -169,7 +170,7 @@ class SyncPeer:
         self._peer().on_view(callback)
 
     def wait_linked(self, timeout: float | None = 5.0) -> None:
-        check_timeout(timeout)
+        seconds(timeout, none_ok=True)
         self.call(self._peer().wait_linked(timeout), timeout=None if timeout is None else timeout + 5.0)
 
     def _peer(self) -> Peer:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -30,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checks import is_int
 from ..errors import ConfigError, ReplayError, SwarmError
 from ..peer.agent import BaseAgent
 from .flat import FlatAdam, flatten_gradients, flatten_parameters, is_flat
@@ -97,12 +97,12 @@ class DQNAgent(BaseAgent):
             raise ConfigError(f"obs_shape = {obs_shape!r}: expected a tuple of dimensions, e.g. (4,)") from None
         if not shape:   # what a Discrete observation space has
             raise ConfigError("obs_shape = (): the Q-network needs a vector; one-hot encode a Discrete observation")
-        if not all(_is_int(d) and d > 0 for d in shape):
+        if not all(is_int(d) and d > 0 for d in shape):
             raise ConfigError(f"obs_shape = {obs_shape!r}: dimensions must be positive integers")
-        if not (_is_int(n_actions) and n_actions >= 1):
+        if not (is_int(n_actions) and n_actions >= 1):
             raise ConfigError(f"n_actions = {n_actions!r}: need a whole number of actions, at least one")
         for name, value in (("seed", seed), ("init_seed", init_seed)):
-            if value is not None and not (_is_int(value) and value >= 0):
+            if value is not None and not (is_int(value) and value >= 0):
                 raise ConfigError(f"{name} = {value!r}: must be an integer >= 0")
         for name in ("add", "sample", "update_priorities", "__len__"):
             if not hasattr(buffer, name):
@@ -373,7 +373,7 @@ class DQNAgent(BaseAgent):
             _check_module_state(name, net, state[name])
         self.optimizer.check_state_dict(state["optimizer"])
         for name in ("steps", "updates"):
-            if not (_is_int(state[name]) and state[name] >= 0):
+            if not (is_int(state[name]) and state[name] >= 0):
                 raise SwarmError(f"DQN checkpoint {name} = {state[name]!r}: must be a count >= 0")
         try:   # on a spare generator of the same kind: the agent's stays as it is
             type(self.rng.bit_generator)().state = state["rng"]
@@ -445,10 +445,6 @@ class DQNAgent(BaseAgent):
         self._td_sum += float(td.detach().abs().mean())
         self._q_sum += float(q.detach().mean())
         self._n_logged += 1
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def _check_module_state(name: str, net: nn.Module, state: Any) -> None:
