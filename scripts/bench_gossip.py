@@ -457,7 +457,7 @@ async def main(quick: bool, netns: bool, topk: bool, bytes_d: int) -> dict:
                   f"tbf 100mbit, ring, d={d_real}, Peers over ZeroMQ   (load {load()})")
             try:
                 rd = real_link_run(n_real, d_real, "identity", 1.0)
-                rc = real_link_run(n_real, d_real, "ef+sign", bs["gamma"])
+                rc = real_link_run(n_real, d_real, "ef+sign", codecs["sign_gamma"])
                 for r in (rd, rc):
                     print(f"{r['codec']:>10} gamma {r['gamma']:<4} rounds {r['rounds']}  "
                           f"wall {r['wall_s'] if r['wall_s'] is None else round(r['wall_s'], 2)} s  "
