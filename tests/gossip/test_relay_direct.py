@@ -24,23 +24,32 @@ D = 50
 CODEC = "ef+topk:0.3"
 
 
+def _start_peers(procs, peers: list, n: int, prefix: str, *coordinator_args: str, **peer_kw) -> None:
+    """A coordinator and ``n`` SyncPeers on a ring, appended to ``peers`` as each starts
+    (the caller closes them, also those started before a failure), each seeing all ``n``."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, *coordinator_args, name="coord")
+    for r in range(n):
+        peers.append(SyncPeer(coordinators=[addr], id=f"{prefix}{r}", rank=r, topology="ring",
+                              join_timeout_s=20, **peer_kw).start())
+    for sp in peers:
+        sp.call(sp.peer.wait_view(lambda v: len(v.members) == n, timeout=20), timeout=25)
+
+
+def _direct_relay(sp: SyncPeer, **kw) -> GradientRelay:
+    """A direct relay of ``sp``'s peer, built on its loop; this thread owns its sockets."""
+    async def make() -> GradientRelay:
+        return GradientRelay(sp.peer, D, codec=CODEC, direct=True, **kw)
+    return sp.call(make())
+
+
 @pytest.fixture
 def ring(procs):
     """Four SyncPeers on a ring, each with a direct relay that this thread owns."""
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coord")
     peers, relays = [], []
     try:
-        for r in range(4):
-            peers.append(SyncPeer(coordinators=[addr], id=f"p{r}", rank=r, topology="ring",
-                                  join_timeout_s=20).start())
-        for sp in peers:
-            sp.call(sp.peer.wait_view(lambda v: len(v.members) == 4, timeout=20), timeout=25)
-
-        async def build() -> GradientRelay:
-            return GradientRelay(sp.peer, D, codec=CODEC, topology="ring", direct=True)
-        for sp in peers:
-            relays.append(sp.call(build()))
+        _start_peers(procs, peers, 4, "p")
+        relays = [_direct_relay(sp, topology="ring") for sp in peers]
         # every relay knows its two neighbours' inboxes (hellos go through the peers)
         assert all(r.ready(timeout=10) for r in relays)
         assert all(len(r._endpoints) == 2 for r in relays)
@@ -112,24 +121,13 @@ def test_ready_waits_for_every_neighbours_relay(procs):
     """A peer that built its relay first must not publish before its neighbours have
     theirs: through the loop, a gradient reaches a peer that does not handle gradients
     yet and is lost (turn-taking peers then each sat out a whole wait timeout)."""
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coord")
     peers, relays = [], []
     try:
-        for r in range(3):
-            peers.append(SyncPeer(coordinators=[addr], id=f"w{r}", rank=r, topology="ring",
-                                  join_timeout_s=20).start())
-        for sp in peers:
-            sp.call(sp.peer.wait_view(lambda v: len(v.members) == 3, timeout=20), timeout=25)
-
-        def build(sp):
-            async def make() -> GradientRelay:
-                return GradientRelay(sp.peer, D, codec=CODEC, topology="ring", direct=True)
-            return sp.call(make())
-        relays = [build(peers[0]), build(peers[1])]
+        _start_peers(procs, peers, 3, "w")
+        relays = [_direct_relay(peers[0], topology="ring"), _direct_relay(peers[1], topology="ring")]
         assert not relays[0].ready(timeout=0.5)   # w2 has no relay yet
         assert relays[0]._endpoints.keys() == {"w1"}
-        relays.append(build(peers[2]))
+        relays.append(_direct_relay(peers[2], topology="ring"))
         assert all(r.ready(timeout=10) for r in relays)
         g = relays[0].publish(np.full(D, 0.25, np.float32), clock=0)
         got = _poll_until(relays, [0, 1, 1])
@@ -160,20 +158,10 @@ def test_direct_inbox_with_keys_admits_only_the_swarm(procs, tmp_path):
     kd = tmp_path / "keys"
     generate_keys(str(kd), ["coordinator", "peer"])
     generate_keys(str(tmp_path / "evil"), ["coordinator", "intruder"])
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, "--keys", str(kd), name="coord")
     peers, relays = [], []
     try:
-        for r in range(2):
-            peers.append(SyncPeer(coordinators=[addr], id=f"k{r}", rank=r, topology="ring", join_timeout_s=20,
-                                  keys_dir=str(kd), key_name="peer").start())
-        for sp in peers:
-            sp.call(sp.peer.wait_view(lambda v: len(v.members) == 2, timeout=20), timeout=25)
-
-        async def build() -> GradientRelay:
-            return GradientRelay(sp.peer, D, codec=CODEC, direct=True)
-        for sp in peers:
-            relays.append(sp.call(build()))
+        _start_peers(procs, peers, 2, "k", "--keys", str(kd), keys_dir=str(kd), key_name="peer")
+        relays = [_direct_relay(sp) for sp in peers]
         assert all(r.ready(timeout=10) for r in relays)
         g = relays[0].publish(np.full(D, 0.5, np.float32), clock=0)
         got = _poll_until(relays, [0, 1])[1]
