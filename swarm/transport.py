@@ -305,6 +305,9 @@ def generate_keys(keys_dir: str, names: list[str]) -> list[Path]:
         for name in names:
             public, secret, authorized = base / f"{name}.key", base / f"{name}.key_secret", auth / f"{name}.key"
             written += [public, secret, authorized]     # listed first: a half-written pair goes too
+            # made private before pyzmq writes the key into it (it opens with "w",
+            # which keeps the mode), so the secret is never readable by others
+            os.close(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             zmq.auth.create_certificates(str(base), name)
             secret.chmod(0o600)
             shutil.copy(public, authorized)

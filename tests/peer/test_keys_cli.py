@@ -4,6 +4,7 @@ overwritten, and new names can be added to an existing key folder."""
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -134,3 +135,23 @@ def test_a_failure_while_writing_removes_what_was_written(tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match="No space left on device"):
         generate_keys(str(tmp_path / "new" / "keys"), ["first", "second"])
     assert files(tmp_path) == []                 # the key files and the folders it made are gone
+
+
+def test_the_secret_is_private_while_it_is_written(tmp_path, monkeypatch):
+    # pyzmq writes the key files with the process umask's mode; the secret must
+    # not be readable by others even for the moment before it is chmod-ed
+    real = zmq.auth.create_certificates
+    modes = []
+
+    def watched(key_dir, name):
+        out = real(key_dir, name)
+        modes.append(stat.S_IMODE(os.stat(f"{key_dir}/{name}.key_secret").st_mode))
+        return out
+
+    monkeypatch.setattr(zmq.auth, "create_certificates", watched)
+    old = os.umask(0o022)
+    try:
+        generate_keys(str(tmp_path / "keys"), ["peer"])
+    finally:
+        os.umask(old)
+    assert modes == [0o600]
