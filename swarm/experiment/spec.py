@@ -296,6 +296,24 @@ def _check_topology(topology: str, peers: int, edges: list[list[int]]) -> None:
         weights(topology, peers, 0, edges=edges or None)
     except ConfigError as e:
         raise ConfigError(f"gossip.topology = {topology!r} with peers = {peers}: {e}") from None
+    if topology == "custom":
+        # averaging never brings peers that no path joins to one model
+        reached, frontier = {0}, [0]
+        links: dict[int, list[int]] = {}
+        for a, b in edges:
+            links.setdefault(a, []).append(b)
+            links.setdefault(b, []).append(a)
+        while frontier:
+            u = frontier.pop()
+            for v in links.get(u, []):
+                if v not in reached:
+                    reached.add(v)
+                    frontier.append(v)
+        if len(reached) < peers:
+            cut = sorted(set(range(peers)) - reached)
+            raise ConfigError(f"gossip.edges: the graph is not connected: no path joins peer 0 to peers "
+                              f"{', '.join(map(str, cut[:8]))}{' ...' if len(cut) > 8 else ''}, so their "
+                              "models would never be averaged together")
 
 
 def _check_codec(codec: str) -> None:

@@ -172,6 +172,10 @@ def test_topology_size_constraints_are_checked():
     assert load_spec(None, ID + ["gossip.topology=hypercube", "peers=8"]).peers == 8
     spec = load_spec(None, ID + ["gossip.topology=custom", "gossip.edges=[[0, 1], [1, 2], [2, 3]]"])
     assert spec.gossip.edges == [[0, 1], [1, 2], [2, 3]]
+    with pytest.raises(ConfigError, match=r"gossip.edges: the graph is not connected: .* peers 2, 3,"):
+        load_spec(None, ID + ["gossip.topology=custom", "gossip.edges=[[0, 1], [2, 3]]"])
+    with pytest.raises(ConfigError, match=r"gossip.edges: .* peers 3,"):     # peer 3 has no edge
+        load_spec(None, ID + ["gossip.topology=custom", "gossip.edges=[[0, 1], [1, 2]]"])
 
 
 def test_stop_when_solved_needs_evaluation():
