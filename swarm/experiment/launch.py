@@ -216,6 +216,20 @@ class _Progress:
             self.stream.write(line + "\n")
             self.stream.flush()
 
+    def final(self, run_dir: Path) -> None:
+        """Draw the line once more from the peers' summary.json files: their last
+        heartbeat may predate their last steps, and the table below shows the end."""
+        for r in range(self.spec.peers):
+            try:
+                s = json.loads((peer_dir(run_dir, r) / "summary.json").read_text())
+            except (OSError, ValueError):
+                continue    # crashed: its last heartbeat stands
+            self.last[str(s.get("id", f"peer{r}"))] = {
+                "env_steps": s.get("env_steps", 0), "mean_return": s.get("final_mean_return"),
+                "rounds": s.get("rounds", 0), "bytes_out": s.get("bytes_out", 0)}
+        self._printed = 0.0     # a log file gets this line too
+        self.update(None, 0)
+
     def done(self) -> None:
         if self.tty and self._width:
             self.stream.write("\n")
@@ -402,7 +416,7 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
             launch.end(peers)
             continue
         if alive == 0:
-            progress.update(None, 0)
+            progress.final(launch.run_dir)
             return 0
         if coord.proc.poll() is not None:
             continue  # reported above unless we ended it; peers go on without it

@@ -172,6 +172,9 @@ def test_tiny_run_writes_the_run_folder(tmp_path):
         assert f.stat().st_size > 5000 and f.read_bytes()[:4] == b"\x89PNG"
     assert "peer0" in out and "peer1" in out and f"plots: {d.relative_to(tmp_path) / 'plots'}" in out
     assert "best eval" in out and f"swarm eval {d.relative_to(tmp_path)}" in out
+    # the last progress line is drawn from the peers' final summaries, not a stale heartbeat
+    last = [line for line in out.splitlines() if line.startswith("[")][-1]
+    assert "100%  steps 1200/1200" in last and "peers 0/2" in last, last
 
     # `swarm eval` plays each peer's best.pt again, on fresh episodes
     ev = subprocess.run([sys.executable, "-m", "swarm.cli", "eval", str(d), "--episodes", "2"], cwd=tmp_path,
