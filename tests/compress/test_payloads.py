@@ -192,7 +192,11 @@ def test_fuzzed_payloads_decode_or_raise_wire_error(spec, data):
     bad = Encoded(meta, frames)
     out = np.zeros(1000, np.float32)
     try:
-        codec.decode_into(bad, out)
+        # A changed byte can make a value NaN or Inf, and adding it may make numpy
+        # warn; codecs leave finiteness to their callers (the gossip engine and the
+        # relay refuse non-finite payloads), so that is not a failure.
+        with np.errstate(all="ignore"):
+            codec.decode_into(bad, out)
     except WireError:
         assert not out.any()
         return
