@@ -17,7 +17,9 @@ priorities and deduplicates by id ``(origin peer, seq)``.
 
 Sharing: on each :meth:`Federation.flush`, a ``share`` fraction of the items
 added locally since the last flush (the newest, or the highest-priority) goes
-to every neighbour, within a token-bucket rate. Replication: with
+to every neighbour, within a token-bucket rate, in messages of at most
+``max_items``. The fraction is rounded down and the remainder carried to the
+next flush, so it holds however few items a flush has. Replication: with
 ``replicas=k`` every local item is pushed to the first k neighbours with
 ``ack`` set; an item counts as safe once k neighbours acknowledged it
 (:meth:`Federation.take_acknowledged` hands out newly safe ids). A push
@@ -38,11 +40,12 @@ holder that crashes and restarts from a checkpoint has lost the replicas it
 acknowledged since. So an origin remembers, per holder, the seqs that holder
 acknowledged in the last ``rereplicate_s`` seconds, and replicates them again
 when the holder stops being one of its first k neighbours (it died or the
-view changed) or says ``buf.resync`` (a Federation sends it to its neighbours
-on its first flush, i.e. after every (re)start). Receivers drop the copies
-they still hold, by id. The origin's own buffer holds the items meanwhile, so
-only the origin and the holder both failing within the holder's checkpoint lag
-and before the next flush loses an acknowledged item.
+view changed) or says ``buf.resync`` (every Federation, whatever its own
+``replicas``, sends it to its neighbours on its first flush, i.e. after every
+(re)start). Receivers drop the copies they still hold, by id. The origin's own
+buffer holds the items meanwhile, so only the origin and the holder both
+failing within the holder's checkpoint lag and before the next flush loses an
+acknowledged item.
 """
 
 from __future__ import annotations
@@ -169,6 +172,7 @@ class Federation:
         self._recent: dict[str, deque[tuple[float, np.ndarray]]] = {}
         self._again: set[int] = set()              # seqs being replicated again (reported once already)
         self._resync_sent = False
+        self._credit = 0.0                         # share of new items owed but not yet sent (< 1)
         self._pulls: dict[int, asyncio.Future] = {}
         buffer.on_add(self._on_add)
         link.on(PUSH, self._on_push)
@@ -200,6 +204,12 @@ class Federation:
             new, self._new = self._new, []
         idx = np.concatenate(new) if new else np.zeros(0, np.int64)
         nbrs = [n for n in self.link.neighbours() if n != self.link.id]
+        if not self._resync_sent and nbrs:
+            # Whatever this peer's own settings, it may have held its neighbours' replicas
+            # before a restart: they must hear of it to replicate them again.
+            self._resync_sent = True
+            for dst in nbrs:
+                await self.link.send(dst, RESYNC, {}, timeout=self.send_timeout)
         sent = 0
         if idx.size and self.share > 0 and nbrs and not self.riding:
             sent += await self._share(idx, nbrs)
@@ -263,8 +273,19 @@ class Federation:
 
     # ------------------------------------------------------------- sending
     def _pick(self, idx: np.ndarray) -> np.ndarray:
-        """The ``share`` of the new items ``idx`` to send, by ``share_by``."""
-        k = max(1, math.ceil(self.share * idx.size)) if self.share < 1 else idx.size
+        """The ``share`` of the new items ``idx`` to send, by ``share_by``.
+
+        The fraction is rounded down and the remainder carried to the next call, so
+        over a run exactly ``share`` of the items go, however few each flush has
+        (rounding up would send every item of a flush that has one).
+        """
+        if self.share >= 1:
+            return idx
+        self._credit += self.share * idx.size
+        k = min(idx.size, int(self._credit + 1e-9))   # 1e-9: 0.1·10 summed as 0.999…
+        self._credit = max(0.0, self._credit - k)
+        if k == 0:
+            return idx[:0]
         if self.share_by == "newest":
             return idx[-k:]
         p = self.buffer.priorities(idx)
@@ -273,6 +294,8 @@ class Federation:
 
     async def _share(self, idx: np.ndarray, nbrs: list[str]) -> int:
         items = self.buffer.items(self._pick(idx))
+        if not len(items):
+            return 0
         sent = 0
         for dst in nbrs:
             allowed = self.bucket.take(len(items))
@@ -280,17 +303,15 @@ class Federation:
             if allowed == 0:
                 continue
             part = _slice(items, slice(len(items) - allowed, None))
-            if await self._send_items(dst, PUSH, part, {"rid": 0, "ack": False}):
-                sent += len(part)
-                self.stats.pushed += len(part)
+            for a in range(0, len(part), self.max_items):
+                chunk = _slice(part, slice(a, a + self.max_items))
+                if await self._send_items(dst, PUSH, chunk, {"rid": 0, "ack": False}):
+                    sent += len(chunk)
+                    self.stats.pushed += len(chunk)
         return sent
 
     async def _replicate(self, nbrs: list[str]) -> int:
         now = time.monotonic()
-        if not self._resync_sent and nbrs:
-            self._resync_sent = True
-            for dst in nbrs:
-                await self.link.send(dst, RESYNC, {}, timeout=self.send_timeout)
         targets = nbrs[:self.replicas]
         for holder, dq in list(self._recent.items()):
             while dq and dq[0][0] < now - self.rereplicate_s:
@@ -465,6 +486,8 @@ class Federation:
         fut = self._pulls.get(rid)
         items = self._decode(msg)
         if items is None or fut is None:
+            if fut is not None and not fut.done():
+                fut.set_result(0)     # an answer, but nothing usable (counted): not a timeout
             return
         idx = self._store(msg, items, limit=True)
         if not fut.done():

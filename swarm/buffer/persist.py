@@ -47,11 +47,26 @@ def _columns(buf: "ReplayBuffer") -> dict[str, np.ndarray]:
     return cols
 
 
+def _check_target(path: Path) -> None:
+    """Raise unless ``path`` may be replaced by a snapshot: absent, an empty directory or a snapshot.
+
+    Anything else would be renamed aside and deleted with the old snapshot: a
+    results directory given by mistake would lose every file in it.
+    """
+    if not os.path.lexists(path):
+        return
+    if path.is_dir() and not path.is_symlink() and ((path / "meta.json").is_file() or not any(path.iterdir())):
+        return
+    raise ReplayError(f"{path} exists and is not a replay snapshot: a snapshot replaces its directory "
+                      "whole, so give a new path (or remove it first)")
+
+
 class Snapshot:
     """A save in progress (or done). ``wait()`` returns once it is on disk, re-raising its error."""
 
     def __init__(self, buf: "ReplayBuffer", path: str | os.PathLike) -> None:
         self.path = Path(path)
+        _check_target(self.path)
         self._buf = buf
         self._done = threading.Event()
         self._error: BaseException | None = None
@@ -264,6 +279,7 @@ def save_incremental(buf: "ReplayBuffer", path: str | os.PathLike, since: int) -
     since (every row changed: take a full snapshot instead).
     """
     path = Path(path)
+    _check_target(path)
     cap = buf.capacity
     with buf._lock:
         nxt = buf._next

@@ -363,12 +363,14 @@ class ReplayBuffer:
         """Move the decay base to time ``t`` (default now), rescaling every stored priority.
 
         Happens on its own when needed; sampling probabilities do not change. A
-        ``t`` in the future is taken as now (see :meth:`add`).
+        ``t`` in the future is taken as now (see :meth:`add`). Deferred (nothing
+        happens) while a snapshot is being written: the snapshot's rows not yet
+        copied would be rescaled while its recorded base stays the old one.
         """
         if t is not None and not (is_real(t) and math.isfinite(t)):
             raise ReplayError(f"rebase time must be a finite number of seconds, got {t!r}")
         with self._lock:
-            if not self.decay:
+            if not self.decay or self._saver is not None:
                 return
             now = float(self.clock())
             t = now if t is None else min(float(t), now)
@@ -382,10 +384,13 @@ class ReplayBuffer:
         return self._arange
 
     def can_sample(self, n: int) -> bool:
-        """Whether the rate limiter allows sampling ``n`` items now (and any item can be drawn)."""
+        """Whether ``sample(n)`` may go ahead now: the rate limiter allows ``n`` more
+        (``min_size`` and the ratio, for every sampler), some item can be drawn and,
+        FIFO, ``n`` unread items remain."""
         if self.sampler == "fifo":
-            return self._next - max(self._read, self._next - self.capacity) >= n
-        if self.sampler == "prioritized":
+            if self._next - max(self._read, self._next - self.capacity) < n:
+                return False
+        elif self.sampler == "prioritized":
             with self._lock:   # reading the total may cache it: not while a write is under way
                 if not self._tree.total > 0:
                     return False
@@ -571,7 +576,11 @@ class ReplayBuffer:
             if self.sampler == "prioritized":
                 raw = self._tree.get(slots)
                 if self.decay:
-                    raw = raw * np.exp(-self.decay * (self._time[slots] - self._base))
+                    x = self.decay * (self._time[slots] - self._base)
+                    if x.size and x.min() < -700.0:
+                        raw = _undecayed(raw, x, self._max_p)
+                    else:
+                        raw = raw * np.exp(-x)
             else:
                 raw = np.full(slots.size, self._max_p)
             origins = self._origin[slots]
@@ -607,6 +616,18 @@ def _as_indices(indices: Any) -> np.ndarray:
     if a.size and a.dtype.kind not in "iu":
         raise ReplayError(f"indices must be integers, got {a.dtype}")
     return a.astype(np.int64, copy=False)
+
+
+def _undecayed(leaf: np.ndarray, x: np.ndarray, max_p: float) -> np.ndarray:
+    """Raw priorities ``leaf · e^-x`` where some items are ~700/decay s older than the base.
+
+    Their leaves underflowed to 0 (or a subnormal) and ``e^-x`` overflows: the
+    product would be NaN or Inf, and one such priority makes a receiver drop the
+    whole message. In the log domain a 0 leaf stays 0; no raw priority exceeds
+    the buffer's max.
+    """
+    with np.errstate(over="ignore", divide="ignore"):
+        return np.minimum(np.exp(np.log(leaf) - x), max_p)
 
 
 def _committed(shape: Any, dtype: Any) -> np.ndarray:

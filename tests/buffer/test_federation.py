@@ -352,3 +352,102 @@ def test_riding_without_a_relay_keeps_a_bounded_backlog():
     body, arrays = fed.ride()                          # the newest 16
     assert arrays[-3].tolist() == list(range(84, 100))   # seqs
     assert fed.ride() is None
+
+
+def test_share_is_the_fraction_of_new_items_however_few_each_flush_has():
+    """share=0.1 with one item per flush sent every item (the count was rounded up to 1 each time)."""
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"], share=0.1)
+        b, _ = peer(hub, "b", ["a"])
+        for k in range(50):
+            a.add(items(1, k))
+            await fa.flush()
+        for k in range(10):                    # and three at a time
+            a.add(items(3, 50 + 3 * k))
+            await fa.flush()
+        await hub.settle()
+        await hub.close()
+        assert len(b) == 8 and fa.stats.pushed == 8
+        assert sorted(s for _, s in b.ids())[:5] == [9, 19, 29, 39, 49]   # every tenth
+    run(main())
+
+
+def test_share_splits_a_large_flush_into_messages_of_max_items():
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"], share=1.0, max_items=16)
+        b, _ = peer(hub, "b", ["a"])
+        link, sizes = hub.links["a"], []
+        send = link.send
+
+        async def counting(dst, t, body=None, arrays=(), **kw):
+            if t == "buf.push":
+                sizes.append(len(arrays[-1]))
+            return await send(dst, t, body, arrays, **kw)
+
+        link.send = counting
+        a.add(items(100))
+        assert await fa.flush() == 100
+        await hub.settle()
+        await hub.close()
+        assert sizes == [16] * 6 + [4]
+        assert sorted(b.ids()) == [("a", s) for s in range(100)]
+    run(main())
+
+
+def test_an_item_decayed_to_nothing_does_not_sink_the_push_it_goes_in():
+    """Its priority left as NaN (0·inf) and b dropped the whole message, the fresh items with it."""
+    async def main():
+        clock = [1e6]
+        hub = Hub()
+        a = ReplayBuffer(SCHEMA, 100, decay=0.01, clock=lambda: clock[0], peer_id="a")
+        b = ReplayBuffer(SCHEMA, 100, decay=0.01, clock=lambda: clock[0], peer_id="b")
+        fa = Federation(a, hub.link("a", ["b"]), share=1.0)
+        fb = Federation(b, hub.link("b", ["a"]))
+        a.add(items(1), times=clock[0] - 1e5)          # 1000/decay old: its leaf is 0
+        a.add(items(5, 1))
+        await fa.flush()
+        await hub.settle()
+        await hub.close()
+        assert fb.stats.dropped_messages == 0, fb.stats.errors
+        assert sorted(b.ids()) == [("a", s) for s in range(6)]
+        assert np.isfinite(b.sample(8).weights).all()
+    run(main())
+
+
+def test_a_holder_without_replicas_of_its_own_resyncs_after_a_restart():
+    """Only a federation with replicas > 0 said buf.resync: a plain receiver that restarted empty
+    never got back what it had acknowledged."""
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b", "c"], share=0.0, replicas=1)
+        b, _ = peer(hub, "b", ["a"], cap=10_000, share=0.0)
+        a.add(items(20))
+        await fa.flush()
+        await hub.settle()
+        acked = fa.take_acknowledged()
+        assert len(acked) == 20 and len(b) == 20
+        b2, fb2 = peer(hub, "b", ["a"], cap=10_000, share=0.0)   # b restarted from nothing
+        await fb2.flush()
+        await hub.settle()
+        await fa.flush()
+        await hub.settle()
+        await hub.close()
+        assert set(acked) <= set(b2.ids()) and fa.stats.rereplicated == 20
+    run(main())
+
+
+def test_a_malformed_answer_to_a_pull_ends_it_with_nothing_stored():
+    """A neighbour of another schema answers: the pull returns 0 at once instead of a PeerTimeout."""
+    async def main():
+        hub = Hub()
+        other = ReplayBuffer({"obs": ("float32", (5,))}, 100, peer_id="a")
+        other.add({"obs": np.zeros((10, 5), np.float32)})
+        Federation(other, hub.link("a", ["b"]), share=0.0)
+        b, fb = peer(hub, "b", ["a"], share=0.0)
+        got = await fb.pull("a", 5, timeout=5.0)
+        await hub.close()
+        assert got == 0 and len(b) == 0
+        assert fb.stats.dropped_messages == 1 and "schema" in fb.stats.errors[0]
+    run(main())

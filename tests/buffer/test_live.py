@@ -136,3 +136,48 @@ def test_acknowledged_items_survive_a_sigkilled_peer(tmp_path):
                     await p.close()
 
     asyncio.run(asyncio.wait_for(main(), 90))
+
+
+def test_a_restarted_holder_without_replicas_of_its_own_gets_its_copies_back():
+    """b holds a's replicas (b itself replicates nothing), closes and comes back empty under the
+    same id before a flushes again: b's first flush says buf.resync, and a replicates again."""
+    async def main():
+        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+            a = Peer(coordinators=[coord.address], id="a", rank=0, topology="ring")
+            b = Peer(coordinators=[coord.address], id="b", rank=1, topology="ring")
+            b2 = None
+            for p in (a, b):
+                await p.start()
+            try:
+                for p in (a, b):
+                    await p.wait_view(lambda v: len(v.members) == 2, timeout=10.0)
+                    await p.wait_linked(10.0)
+                ba = ReplayBuffer(SCHEMA, 1000, peer_id="a", seed=0)
+                fa = Federation(ba, a, share=0.0, replicas=1)
+                bb = ReplayBuffer(SCHEMA, 1000, peer_id="b", seed=1)
+                Federation(bb, b, share=0.0)
+                ba.add(batch(0, 30))
+                await fa.flush()
+                acked = []
+                await until(lambda: acked.extend(fa.take_acknowledged()) or len(acked) == 30, 10.0,
+                            "b's acks of a's 30 items")
+                assert len(bb) == 30
+                await b.close()                # b's process ends; a does not flush meanwhile
+                b2 = Peer(coordinators=[coord.address], id="b", rank=1, topology="ring")
+                await b2.start()
+                await b2.wait_view(lambda v: len(v.members) == 2, timeout=10.0)
+                await b2.wait_linked(10.0)
+                assert a.neighbours() == ["b"]  # to a, b never left
+                bb2 = ReplayBuffer(SCHEMA, 1000, peer_id="b", seed=2)
+                fb2 = Federation(bb2, b2, share=0.0)
+                await fb2.flush()
+                await until(lambda: fa.stats.rereplicated == 30, 10.0, "b's buf.resync at a")
+                await fa.flush()
+                await until(lambda: len(bb2) == 30, 10.0, "a's items on the restarted b")
+                assert set(acked) <= set(bb2.ids())
+            finally:
+                for p in (a, b, b2):
+                    if p is not None:
+                        await p.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -148,3 +148,46 @@ def test_a_damaged_snapshot_is_refused_and_the_base_buffer_left_alone(tmp_path, 
         load_incremental(base, tmp_path / "inc")
     assert digest(base) == before
     assert np.isfinite(base.sample(4).weights).all()
+
+
+def test_an_explicit_rebase_while_a_snapshot_is_written_is_deferred(tmp_path):
+    """rebase() rescaled the rows not yet copied while meta.json kept the old base: the restored
+    priorities were off by the rebase factor, and new items outweighed the old ones."""
+    from swarm.buffer.persist import Snapshot
+    clock = Clock(1000.0)
+    buf = ReplayBuffer(SCHEMA, 64, decay=0.1, seed=0, clock=clock)
+    idx = buf.add(items(64), times=np.linspace(900.0, 1000.0, 64))
+    buf.update_priorities(idx, np.linspace(0.0, 3.0, 64))
+    snap = Snapshot(buf, tmp_path / "s")
+    clock.t = 1010.0
+    buf.rebase()
+    snap.run().wait()
+    back = ReplayBuffer.load(tmp_path / "s", clock=clock)
+    np.testing.assert_allclose(back.priorities(idx), buf.priorities(idx), rtol=1e-12)
+    buf.add(items(1, 100))
+    back.add(items(1, 100))
+    np.testing.assert_allclose(back.probabilities(), buf.probabilities(), rtol=1e-12)
+    buf.rebase()                               # once the snapshot is written, it goes ahead
+    assert buf._base == 1010.0
+
+
+def test_save_refuses_a_path_that_is_not_a_snapshot_and_leaves_it_alone(tmp_path):
+    """save() renamed whatever was at the path aside and deleted it: a results directory lost its files."""
+    buf = ReplayBuffer(SCHEMA, 8, seed=0)
+    buf.add(items(2))
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "model.pt").write_text("weights")
+    (tmp_path / "notes.txt").write_text("notes")
+    for path in (tmp_path / "results", tmp_path / "notes.txt"):
+        with pytest.raises(ReplayError, match="not a replay snapshot"):
+            buf.save(path)
+        with pytest.raises(ReplayError, match="not a replay snapshot"):
+            save_incremental(buf, path, since=0)
+    assert (tmp_path / "results" / "model.pt").read_text() == "weights"
+    assert (tmp_path / "notes.txt").read_text() == "notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "results"]
+    (tmp_path / "empty").mkdir()                # an empty directory, or an older snapshot, is replaced
+    buf.save(tmp_path / "empty")
+    buf.add(items(1, 2))
+    buf.save(tmp_path / "empty", background=True).wait(10)
+    assert len(ReplayBuffer.load(tmp_path / "empty")) == 3

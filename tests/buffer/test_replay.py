@@ -395,3 +395,35 @@ def test_rate_limiter_refuses_infinite_or_non_numeric_settings():
             RateLimiter(**kw)
     lim = RateLimiter(samples_per_insert=np.float32(2.0), tolerance=np.int64(3))   # numpy numbers are fine
     assert lim.insert_room() == 2
+
+
+def test_fifo_can_sample_follows_min_size_and_the_ratio_like_sample():
+    """can_sample() told a FIFO learner yes below min_size (sample() then raised) and past the ratio."""
+    lim = RateLimiter(min_size=4, samples_per_insert=1.0, tolerance=0)
+    buf = ReplayBuffer(SCHEMA, 64, sampler="fifo", limiter=lim)
+    buf.add(items(3))
+    assert not buf.can_sample(1)
+    with pytest.raises(ReplayError, match="min_size"):
+        buf.sample(1)
+    buf.add(items(3, 3))                     # 6 inserted, 2 above min_size: they pay for 2 samples
+    assert buf.can_sample(2) and not buf.can_sample(3)
+    assert len(buf.sample(2)) == 2
+    assert not buf.can_sample(1)             # 4 unread, but the ratio is spent
+    buf.add(items(1, 6))
+    assert buf.can_sample(1) and not buf.can_sample(6)   # 5 unread
+
+
+def test_items_decayed_to_nothing_leave_with_a_finite_priority():
+    """An item far older than the decay base has a leaf of 0 (or subnormal): leaf·e^{+x} was NaN or
+    Inf, and a receiver drops a message holding one such priority whole."""
+    clock = Clock(1e6)
+    buf = ReplayBuffer(SCHEMA, 8, alpha=1.0, decay=0.01, seed=0, clock=clock)
+    gone = buf.add(items(2), times=clock.t - 1e5)          # e^-1000: the leaves are exactly 0
+    faint = buf.add(items(1, 2), times=clock.t - 71_500)    # e^-715: a subnormal leaf, e^+715 overflows
+    fresh = buf.add(items(2, 3))
+    it = buf.items(np.concatenate([gone, faint, fresh]))
+    assert np.isfinite(it.priorities).all()
+    assert it.priorities[:2].tolist() == [0.0, 0.0]
+    np.testing.assert_allclose(it.priorities[2:], 1.0, rtol=1e-6)
+    other = ReplayBuffer(SCHEMA, 8, alpha=1.0, decay=0.01, seed=0, clock=clock, peer_id="other")
+    assert other.insert(it).size == 5
