@@ -81,6 +81,14 @@ def env_rank(environ: dict[str, str] | None = None) -> int:
     return -1
 
 
+def _spec_rank(peer_id: str, flag: str) -> int:
+    """The rank in an experiment peer's id ``peer{RANK}``."""
+    digits = peer_id[4:] if peer_id.startswith("peer") else ""
+    if not (digits.isascii() and digits.isdigit()) or digits != str(int(digits)):
+        raise SwarmError(f"{flag} {peer_id}: with --spec peer ids are peer{{RANK}} (peer0, peer1, ...)")
+    return int(digits)
+
+
 def _config(args: argparse.Namespace, *later: str) -> SwarmConfig:
     """The config file with ``--set`` overrides, then ``later`` ones (from flags) on top."""
     return load_config(getattr(args, "config", None), [*(getattr(args, "set", None) or []), *later])
@@ -142,8 +150,18 @@ def cmd_peer(args: argparse.Namespace) -> int:
         from .experiment.spec import load_spec
 
         spec = load_spec(args.spec)
+        # A peer of an experiment is peer{RANK}: its id and its rank say the same thing,
+        # so `--replace peer3` is enough to take over rank 3.
+        named = _spec_rank(args.replace, "--replace") if args.replace else None
+        if named is not None:
+            if args.rank is not None and args.rank != named:
+                raise SwarmError(f"--replace {args.replace} and --rank {args.rank} disagree; drop --rank")
+            cfg.rank = named
         if cfg.rank < 0:
             raise SwarmError("--spec needs a rank: pass --rank N (or set SWARM_RANK)")
+        if args.id and args.id != f"peer{cfg.rank}":
+            raise SwarmError(f"--id {args.id}: with --spec a peer's id is peer{{RANK}} (here peer{cfg.rank}); "
+                             "drop --id")
         if args.topology and args.topology != spec.gossip.topology:
             raise SwarmError(f"--topology {args.topology} disagrees with the spec's gossip.topology = "
                              f"{spec.gossip.topology}; drop --topology")
@@ -159,7 +177,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
               f"{run_dir} (pid {os.getpid()})", flush=True)
         # cfg carries --bind, --keys and --set peer.*: a peer on another host must
         # bind an address its neighbours can reach, not the loopback default.
-        summary = run_peer(spec, cfg.rank, coords[0], run_dir, stop=stop, loop_factory=factory,
+        summary = run_peer(spec, cfg.rank, coords, run_dir, stop=stop, loop_factory=factory,
                            parent_pid=int(parent) if parent else None, peer_config=cfg,
                            resume_from=args.resume_from)
         print(f"swarm peer peer{cfg.rank} done ({summary['reason']}): {summary['env_steps']} env steps, "
@@ -215,7 +233,7 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
         if not await s.poll(int(timeout * 1000)):
             # with CURVE, a coordinator that does not know our key does not answer either
             hint = (f"; with keys, also when it runs without them or does not list the key {key_name!r}"
-                    if keys_dir else "")
+                    if keys_dir else "; a coordinator started with --keys answers only a client with --keys")
             raise SwarmError(f"no coordinator answered at {address} within {timeout} s{hint}")
         msg = wire.decode(await s.recv_multipart(), wire.Limits(max_header_bytes=64 * 1024 * 1024))
         return msg.body

@@ -98,7 +98,7 @@ class MemberTable:
                 raise MembershipError(f"peer id {peer_id!r} is held by a newer process at {old.addr}")
             raise MembershipError(
                 f"peer id {peer_id!r} is already alive at {old.addr}; "
-                f"choose another --id, or stop the other process first"
+                f"choose another --id (with --spec: another --rank), or stop the other process first"
                 + (" (a replacement waits until the coordinator has declared it dead)" if replace else ""))
         if replace and old is None:
             raise MembershipError(f"--replace {peer_id}: no such member to take over")

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -52,7 +53,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -184,34 +185,90 @@ def _finite(x: float) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _should_bootstrap(coordinator: str, peer_config: Any, me: str, own_steps: int, margin: int,
-                      fallback: bool) -> bool:
-    """Whether another member is more than ``margin`` env steps ahead (see the module doc)."""
+def _others(coordinators: list[str], peer_config: Any, me: str) -> list[dict[str, Any]] | None:
+    """The live members other than ``me`` in the table of the coordinator that holds
+    ``me`` (rows as `swarm status --json` shows them); None when none answers."""
     from ..cli import query_status  # noqa: PLC0415 - the status client; cli imports us lazily too
 
     keys = getattr(peer_config, "keys_dir", "") or ""
     key_name = getattr(peer_config, "key_name", "peer") or "peer"
-    try:
-        st = asyncio.run(query_status(coordinator, timeout=2.0, keys_dir=keys, key_name=key_name))
-    except SwarmError:
+    for coordinator in coordinators:
+        try:
+            st = asyncio.run(query_status(coordinator, timeout=2.0, keys_dir=keys, key_name=key_name))
+        except SwarmError:
+            continue
+        members = st.get("members", [])
+        if not any(m.get("id") == me for m in members):
+            continue   # a standby answers too, with a table that does not hold us
+        return [m for m in members if m.get("id") != me and m.get("state", "alive") != "dead"]
+    return None
+
+
+def _should_bootstrap(coordinators: list[str], peer_config: Any, me: str, own_steps: int, margin: int,
+                      fallback: bool) -> bool:
+    """Whether another member is more than ``margin`` env steps ahead (see the module doc)."""
+    others = _others(coordinators, peer_config, me)
+    if others is None:
         return fallback
-    ahead = [int((m.get("stats") or {}).get("env_steps") or 0) for m in st.get("members", [])
-             if m.get("id") != me and m.get("state", "alive") != "dead"]
-    return any(s > own_steps + margin for s in ahead)
+    return any(int((m.get("stats") or {}).get("env_steps") or 0) > own_steps + margin for m in others)
 
 
-def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
+#: while waiting for the others to join, seconds between looks at their spec digests
+SPEC_POLL_S = 2.0
+
+#: spec keys that may differ between the peers of one run: how long each trains,
+#: evaluates and checkpoints (a resumed peer may be given a larger budget)
+PER_PEER_KEYS = ("name", "budget", "eval", "checkpoint", "restart_dead")
+
+
+def spec_tag(spec: Spec) -> dict[str, str]:
+    """A short digest of each spec key that all peers must share (heartbeats carry it)."""
+    return {k: hashlib.blake2b(json.dumps(v, sort_keys=True).encode(), digest_size=4).hexdigest()
+            for k, v in to_dict(spec).items() if k not in PER_PEER_KEYS}
+
+
+def _check_same_spec(coordinators: list[str], peer_config: Any, me: str, tag: dict[str, str],
+                     timeout: float) -> None:
+    """Raise ConfigError when another member trains another spec: their gossip and
+    replay would be refused in silence (other sizes), or mix unlike models.
+
+    Waits up to ``timeout`` seconds for every member's tag to reach the coordinator;
+    a member that sends none (a plain `swarm peer`) is not compared. One status
+    query per heartbeat that carries figures: a thousand peers starting together
+    ask the coordinator for its table a few times each, not in a tight loop.
+    """
+    from ..peer.peer import HEARTBEAT_STATS_S  # noqa: PLC0415 - the peer package loads zmq
+    deadline = time.monotonic() + timeout
+    while True:
+        others = _others(coordinators, peer_config, me)
+        if others is None:
+            return   # no coordinator to ask: the view was there a moment ago, so rarely
+        if all("spec" in (m.get("stats") or {}) for m in others) or time.monotonic() > deadline:
+            break
+        time.sleep(HEARTBEAT_STATS_S)   # a member's next figures come with its next such beat
+    differ: dict[str, list[str]] = {}
+    for m in others:
+        theirs = (m.get("stats") or {}).get("spec")
+        if isinstance(theirs, dict) and theirs != tag:
+            differ[str(m.get("id"))] = sorted(k for k in tag.keys() | theirs.keys() if tag.get(k) != theirs.get(k))
+    if differ:
+        where = ", ".join(f"{pid} ({', '.join(keys)})" for pid, keys in sorted(differ.items()))
+        raise ConfigError(f"{me}: the spec differs at {where}; every peer needs the same --spec")
+
+
+def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: str | Path, *,
              stop: threading.Event | None = None,
              loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
              parent_pid: int | None = None, join_timeout: float = 60.0,
              tensorboard: bool = True, peer_config: Any = None,
-             resume_from: str | Path | None = None) -> dict[str, Any]:
+             resume_from: str | Path | None = None, spec_check_timeout: float = 5.0) -> dict[str, Any]:
     """Train one peer of ``spec`` until its budget is spent; return its summary.
 
     Args:
         spec: the resolved experiment spec (the same on every peer).
         rank: this peer's rank (0 .. spec.peers - 1); it is also its id ``peer{rank}``.
-        coordinator: the coordinator's address.
+        coordinator: the coordinator's address, or several (primary first, then
+            standbys): the peer fails over to the next when the one it uses dies.
         run_dir: the run folder; this peer writes into ``run_dir/peer{rank}/``.
         stop: when set, the run ends after the current step (see :func:`stop_on_signals`).
         loop_factory: event loop of the peer's network thread (the CLI passes uvloop's).
@@ -224,6 +281,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             optimizer, replay buffer, counters, RNGs) and trains for what is left of
             the budget; an older run with only ``peer{rank}/checkpoint.pt`` gives the
             agent's state with an empty buffer.
+        spec_check_timeout: once joined, how long to wait for the other members' spec
+            digests (heartbeats carry them) before comparing them with this one's; a
+            peer whose spec differs is refused (ConfigError), one that sent none is
+            not compared.
         peer_config: a :class:`swarm.config.PeerConfig` with this host's peer settings
             (bind and advertised address, keys, timeouts); its coordinators, id, rank
             and topology are replaced by the arguments above. None: the defaults,
@@ -248,8 +309,14 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
     cpu0 = time.process_time()
     state = _State()
     summary: dict[str, Any] = {"rank": rank, "id": f"peer{rank}", "reason": "error"}
+    try:   # before joining: a folder it cannot write would otherwise fail only at the end
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"run folder {run_dir}: cannot create {out} ({e.strerror or e}); "
+                          "pass a --run-dir this process can write") from None
 
-    sp = SyncPeer(peer_config, coordinators=[coordinator], id=f"peer{rank}", rank=rank, topology=g.topology,
+    coordinators = [coordinator] if isinstance(coordinator, str) else list(coordinator)
+    sp = SyncPeer(peer_config, coordinators=coordinators, id=f"peer{rank}", rank=rank, topology=g.topology,
                   edges=g.edges, loop_factory=loop_factory)
     sp.start()
     logs: _Logs | None = None
@@ -259,6 +326,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
     try:
         peer = sp.peer
         assert peer is not None
+        tag = spec_tag(spec)
+        peer.stats = lambda: {"spec": tag}   # until training starts and stats() takes over
         # A peer restarted into a running swarm (swarm run's restart_dead) trains as soon as
         # it is in: the others may be restarting too, and waiting for all of them could
         # outlast join_timeout and crash it again.
@@ -266,9 +335,25 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             resume_from is not None and Path(resume_from).resolve() == Path(run_dir).resolve())
         need = 1 if rejoin else spec.peers
         log.info("peer%d joined; waiting for %d peers", rank, need)
-        sp.call(peer.wait_view(lambda v: len(v.members) >= need, timeout=join_timeout),
-                timeout=join_timeout + 5.0)
+        deadline = time.monotonic() + join_timeout
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                sp.call(peer.wait_view(lambda v: len(v.members) >= need, timeout=min(SPEC_POLL_S, left)),
+                        timeout=min(SPEC_POLL_S, left) + 5.0)
+                break
+            except PeerTimeout:
+                # one that joined with another spec (its own `peers`, say) is named now,
+                # not after join_timeout
+                _check_same_spec(coordinators, peer_config, peer.id, tag, 0.0)
+                if time.monotonic() < deadline:
+                    continue
+                here = sorted(m.id for m in peer.view.members)
+                raise PeerTimeout(f"peer{rank}: {len(here)} of the spec's {spec.peers} peers joined within "
+                                  f"{join_timeout:.0f} s ({', '.join(here)}); start the others, ranks 0.."
+                                  f"{spec.peers - 1}, with the same --spec and --coordinator") from None
         sp.wait_linked(timeout=10.0)
+        _check_same_spec(coordinators, peer_config, peer.id, tag, spec_check_timeout)
 
         env = make_env(spec.env)
         n_actions = getattr(env.action_space, "n", None)
@@ -366,7 +451,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
             agent.publish = publish
             agent.phase = rank % spec.dqn.train_every   # peers take turns at computing gradients
         replacing = bool(getattr(peer_config, "replace", False))
-        if _should_bootstrap(coordinator, peer_config, peer.id, done_steps, g.interval,
+        if _should_bootstrap(coordinators, peer_config, peer.id, done_steps, g.interval,
                              fallback=replacing or resume_from is not None):
             try:
                 donors = sp.call(gossip.bootstrap(), timeout=15.0)
@@ -399,7 +484,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str, run_dir: str | Path, *,
                     "buffer_size": state.buffer_size, "budget": spec.budget.env_steps, "done": state.done,
                     "codec_ratio": (state.gossip_bytes_out / state.dense_bytes_out
                                     if state.dense_bytes_out else None),
-                    "staleness": state.staleness, "last_error": state.last_error}
+                    "staleness": state.staleness, "last_error": state.last_error, "spec": tag}
 
         peer.stats = stats
         logs = _Logs(out, tensorboard, append=resume_from is not None

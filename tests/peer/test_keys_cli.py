@@ -4,14 +4,16 @@ overwritten, and new names can be added to an existing key folder."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from pathlib import Path
 
 import pytest
 import zmq.auth
+from swarmtest import free_port, wait_for
 
-from swarm.cli import main
+from swarm.cli import main, query_status
 from swarm.errors import ConfigError
 from swarm.transport import Curve, generate_keys
 
@@ -155,3 +157,18 @@ def test_the_secret_is_private_while_it_is_written(tmp_path, monkeypatch):
     finally:
         os.umask(old)
     assert modes == [0o600]
+
+
+def test_a_client_without_keys_is_told_the_coordinator_may_want_them(procs, tmp_path):
+    # a coordinator with keys drops a client without them in silence: the error
+    # asked only whether a coordinator was running there (it was)
+    kd = tmp_path / "keys"
+    generate_keys(str(kd), ["coordinator", "peer"])
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--keys", str(kd), "--bind", addr, name="coordinator")
+    wait_for(lambda: asyncio.run(query_status(addr, 0.5, str(kd))), 15, what="coordinator")
+    p = procs.start("peer", "--coordinator", addr, "--set", "peer.join_timeout_s=1.0", name="nokeys")
+    s = procs.start("status", "--coordinator", addr, "--timeout", "0.5", name="status")
+    assert p.wait(20) == 2 and s.wait(20) == 2
+    assert "one started with --keys ignores a peer without them" in procs.log(p)
+    assert "a coordinator started with --keys answers only a client with --keys" in procs.log(s)
