@@ -140,6 +140,27 @@ class TopK(_Sparse):
         idx = self.select(x, k)
         return self._payload(n, idx, x[idx])
 
+    def ratio(self, n: int) -> float:
+        """The compression ratio when the kept elements fall at random places, as the
+        largest magnitudes of unstructured data do (standard normal data: within
+        0.5% at n ≥ 10⁵, k ≥ 20).
+
+        The index codes depend on where the kept elements are, from k bytes (every
+        gap under 255) to ``k + (n − 1) // 255``: each gap g costs ``1 + g // 255``.
+        For k places drawn at random each gap has the law of the first index,
+        ``P(g ≥ m) = C(n − m, k) / C(n, k)``, so the codes take
+        ``k (1 + Σ_j P(g ≥ 255 j))`` bytes on average: 1.08 per index at 1%, but
+        4.4 at 0.1% (a ratio of 474 where k bytes would say 800)."""
+        k = self.k_for(n)
+        if k == 0:
+            return 4.0 * n
+        # P(g ≥ m) < e^(−km/n): terms past km/n = 50 add nothing
+        m = 255.0 * np.arange(1, min((n - k) // 255, 50 * n // (255 * k) + 1) + 1)
+        # Π_{i<k} (1 − m/(n − i)), to within a part in 10⁶ for the k and m that matter
+        extra = k * float(np.exp(k * np.log1p(-m / (n - (k - 1) / 2))).sum())
+        codes = k + min(round(extra), (n - 1) // 255)
+        return 4.0 * n / (codes + {"fp32": 4, "fp16": 2, "fp8": 1}[self.values] * k)
+
     def _encode_sparse(self, x: np.ndarray) -> tuple[Encoded, np.ndarray, np.ndarray]:
         n = x.size
         idx = self.select(x, self.k_for(n))

@@ -61,7 +61,7 @@ from ..errors import ConfigError, GossipError
 from ..link import Link, View
 from ..wire import Message
 from . import topology as topo
-from ._codecs import Encoded, make_codec, suggested_gamma
+from ._codecs import Encoded, copy_scale, make_codec, suggested_gamma
 
 __all__ = ["Gossip", "RoundResult", "GossipStats", "SYNC_MODES", "MODES"]
 
@@ -534,15 +534,19 @@ class Gossip:
                 continue
             new_array = zero and not copy.zeroed
             copy.zeroed = False   # from here on the copy may hold anything
+            scale = copy_scale(meta)   # 1 but for QSGD that is no contraction
             try:
                 # straight into the copy: the codec checks everything before it writes
                 with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked below
-                    if new_array:
+                    if new_array and scale == 1.0:
                         # the copy is the decoded delta itself: one pass into a new
                         # array, not zero-fill then add (two passes over d)
                         copy.hat = copy.codec.decode(Encoded(meta, list(msg.arrays)), self.d)
                     else:
-                        copy.codec.decode_into(Encoded(meta, list(msg.arrays)), copy.hat)
+                        # (a scaled delta goes into zeros, as the sender's does: same floats)
+                        hat = np.zeros(self.d, np.float32) if new_array else copy.hat
+                        copy.codec.decode_into(Encoded(meta, list(msg.arrays)), hat, scale)
+                        copy.hat = hat
             except Exception as e:  # a codec may raise anything on hostile meta
                 self._reject(src, "rejected_malformed", f"codec could not decode: {e}")
                 copy.ver = -1
@@ -601,8 +605,14 @@ class Gossip:
         is replaced and the public copies are reset, so every receiver gets a
         full state next round. Returns the donors that served, in slice order;
         raises :class:`GossipError` (and leaves ``x`` alone) if a slice could not
-        be fetched within ``timeout`` seconds.
+        be fetched within ``timeout`` seconds. ``donors`` must be an integer >= 1 and
+        ``timeout`` a finite number of seconds > 0 (a NaN one never ended), else
+        :class:`ConfigError` before anything is asked.
         """
+        if isinstance(donors, bool) or not isinstance(donors, numbers.Integral) or donors < 1:
+            raise ConfigError(f"bootstrap: donors must be an integer >= 1, got {donors!r}")
+        if not (_real(timeout) and timeout > 0):
+            raise ConfigError(f"bootstrap: timeout must be a finite number of seconds > 0, got {timeout!r}")
         me, snd, rcv, _ = self._positions(self.t)
         if me < 0:
             raise GossipError("bootstrap: this peer is not in the current view")
@@ -611,7 +621,7 @@ class Gossip:
         candidates = near + others
         if not candidates:
             return []
-        k = max(1, min(donors, len(candidates), self.d))
+        k = min(int(donors), len(candidates), self.d)
         bounds = np.linspace(0, self.d, k + 1).astype(int)
         deadline = time.monotonic() + timeout
         loop = asyncio.get_running_loop()
@@ -739,11 +749,14 @@ class Gossip:
             if not finite and not _finite(self.x):   # else x̂ overflowed: left to the codec, as before
                 raise self._nonfinite()
             enc = s.codec.encode(delta)
-            if first and not s.zeroed:
+            scale = copy_scale(enc.meta)   # 1 but for QSGD that is no contraction
+            if first and not s.zeroed and scale == 1.0:
                 # x̂ was zero: it becomes the decoded delta, one pass into a new array
                 s.hat = s.codec.decode(enc, self.d)
             else:
-                s.codec.decode_into(enc, s.hat)
+                if first and not s.zeroed:
+                    s.hat = np.zeros(self.d, np.float32)
+                s.codec.decode_into(enc, s.hat, scale)
                 s.zeroed = False
             s.ver += 1
             meta = dict(enc.meta)

@@ -11,7 +11,7 @@ import pytest
 import zmq.asyncio
 
 from swarm.coordinator import Coordinator
-from swarm.errors import GossipError
+from swarm.errors import ConfigError, GossipError
 from swarm.gossip import Gossip
 from swarm.gossip.sim import consensus_error
 from swarm.peer import Peer
@@ -115,6 +115,29 @@ def test_bootstrap_alone_and_bad_replies():
                     with pytest.raises(GossipError, match="no neighbour sent"):
                         await ga.bootstrap(donors=1, timeout=0.6)
                     assert x[5] == 5 and ga.stats.rejected_malformed >= 1   # nothing written
+        ctx.term()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kw", [{"timeout": float("nan")}, {"timeout": None}, {"timeout": 0},
+                                {"timeout": float("inf")}, {"donors": 0}, {"donors": 2.5},
+                                {"donors": "3"}, {"donors": True}])
+def test_bad_bootstrap_arguments_raise_at_once_and_change_nothing(kw):
+    """A NaN timeout never ended (its deadline compares false forever) while the only
+    neighbour stayed silent; None, a float or a string count raised TypeError."""
+    async def main() -> None:
+        ctx = zmq.asyncio.Context(io_threads=1)
+        async with Coordinator(bind="tcp://127.0.0.1:*", context=ctx) as coord:
+            a = Peer(id="a", coordinators=[coord.address], context=ctx)
+            b = Peer(id="b", coordinators=[coord.address], context=ctx)   # no engine: never answers
+            x = np.arange(100, dtype=np.float32)
+            ga = Gossip(a, x, codec="identity")
+            async with a, b:
+                await settle([a, b], 2)
+                with pytest.raises(ConfigError, match="donors|timeout"):
+                    await asyncio.wait_for(ga.bootstrap(**kw), 5.0)
+                assert np.array_equal(x, np.arange(100, dtype=np.float32)) and ga.t == 0
         ctx.term()
 
     asyncio.run(main())

@@ -120,6 +120,29 @@ def test_overflowing_delta_spoils_only_the_copy():
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("codec,topology", [("qsgd:8", "ring"), ("qsgd:4", "ring"), ("qsgd:2", "torus")])
+def test_coarse_qsgd_is_rescaled_and_converges(codec, topology):
+    """QSGD with few levels is no contraction (ω = min(B/4s², √B/s) ≥ 1): unscaled,
+    CHOCO's public copies grew to Inf and the round raised. Rescaled by 1/(1 + ω)
+    on both ends, with γ = 'auto', it converges, keeps the mean, and the copies agree."""
+    async def main():
+        hub, _, xs, engines = make(8 if topology == "ring" else 16, d=2000, topology=topology,
+                                   codec=codec, gamma="auto")
+        m0 = np.mean(np.stack(xs).astype(np.float64), 0)
+        e0 = consensus_error(xs)
+        await run_rounds(engines, 1500, until=lambda: consensus_error(xs, e0) < 1e-3)
+        assert consensus_error(xs, e0) < 1e-3
+        m = np.mean(np.stack(xs).astype(np.float64), 0)
+        assert np.linalg.norm(m - m0) / np.linalg.norm(m0) < 1e-5
+        # both ends of every stream hold the same public copy, bit for bit
+        for e in engines:
+            for src, copy in e._in.items():
+                sender = next(s for s in engines if s.link.id == src)
+                np.testing.assert_array_equal(copy.hat, sender._out[""].hat)
+        assert not hub.errors
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("codec,gamma", [("identity", 1.0), ("fp16", 1.0), ("int8", 0.6), ("sign", 1.0),
                                          ("topk:0.01", 0.02), ("ef+topk:0.1", 0.2), ("randomk:0.1", 0.1),
                                          ("ef+topk:0.01:values=fp16", 0.02), ("randomk:0.1:seed=3", 0.1)])

@@ -129,6 +129,29 @@ def test_live_compressed_codec_keeps_mean_and_converges():
     asyncio.run(main())
 
 
+def test_live_coarse_qsgd_converges_with_auto_gamma():
+    """qsgd:4 (ω = 5.7 with buckets of 512) is no contraction; unscaled, the public
+    copies grew to Inf and rounds raised. Rescaled, over real peers it converges."""
+    n, d = 6, 2000
+
+    async def main():
+        async with LiveSwarm(n, "ring") as sw:
+            xs = initial(n, d, seed=2)
+            m0 = np.stack(xs).astype(np.float64).mean(0)
+            e0 = consensus_error(xs)
+            engines = [Gossip(p, x, topology="ring", codec="qsgd:4", gamma="auto", round_timeout=10.0)
+                       for p, x in zip(sw.peers, xs)]
+            for _ in range(600):
+                res = await asyncio.gather(*(g.round() for g in engines))
+                assert all(r.ok for r in res)
+                if consensus_error(xs, e0) < 1e-3:
+                    break
+            m = np.stack(xs).astype(np.float64).mean(0)
+            assert np.linalg.norm(m - m0) / np.linalg.norm(m0) < 1e-5
+            assert consensus_error(xs, e0) < 1e-3
+    asyncio.run(main())
+
+
 def test_live_peer_leaves_mid_run_survivors_converge():
     n, d = 7, 500
 
