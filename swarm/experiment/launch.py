@@ -21,12 +21,11 @@ Run folder::
 With ``restart_dead = true`` in the spec, a peer that crashes is started again
 (once per crash) as soon as the coordinator has declared it dead: with
 ``--replace peer{r}`` it takes its old rank, resumes from its newest checkpoint
-in this run folder and bootstraps its parameters from its neighbours; its
-``budget.max_seconds`` is what is left of the run's (the launcher passes the
-run's deadline in ``SWARM_RUN_DEADLINE``), and no peer is restarted once the
-run's time is up. A
-coordinator that dies is started again on the same address; the peers
-re-register with it.
+in this run folder and bootstraps its parameters from its neighbours.
+``budget.max_seconds`` limits the whole run: the launcher passes every peer the
+run's deadline in ``SWARM_RUN_DEADLINE`` (a restarted one gets what is left of
+it), and no peer is restarted once the run's time is up. A coordinator that dies
+is started again on the same address; the peers re-register with it.
 """
 
 from __future__ import annotations
@@ -297,7 +296,9 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
             again = ["--resume-from", str(prev)] if prev is not None else []
             if spec.budget.max_seconds:
                 launch.deadline = time.time() + spec.budget.max_seconds
-            peers = [launch.start(f"peer{r}", _peer_args(config, r, addr, run_dir) + again)
+            # The peers stop at the run's deadline, not max_seconds after their own start
+            # (importing torch and joining take seconds of the run's time).
+            peers = [launch.start(f"peer{r}", _peer_args(config, r, addr, run_dir) + again, env=_deadline_env(launch))
                      for r in range(spec.peers)]
             code = _supervise(launch, spec, coord, peers, addr, progress, intr, out)
         finally:
@@ -323,6 +324,11 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
     if any(r.get("best_eval_return") is not None for r in rows):
         print(f"replay the best policies: swarm eval {run_dir}", file=out, flush=True)
     return code
+
+
+def _deadline_env(launch: Launch) -> dict[str, str] | None:
+    """A peer's environment for budget.max_seconds: the run's deadline (epoch seconds)."""
+    return {"SWARM_RUN_DEADLINE": repr(launch.deadline)} if launch.deadline is not None else None
 
 
 def _peer_args(config: Path, rank: int, addr: str, run_dir: Path) -> list[str]:
@@ -378,8 +384,7 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
             extra += ["--resume-from", str(launch.run_dir)]   # else it died before its first checkpoint
         config = launch.run_dir / "config.json"
         # budget.max_seconds limits the whole run: the new process gets what is left of it.
-        env = {"SWARM_RUN_DEADLINE": repr(launch.deadline)} if launch.deadline is not None else None
-        peers[r] = launch.start(name, _peer_args(config, r, addr, launch.run_dir) + extra, env=env)
+        peers[r] = launch.start(name, _peer_args(config, r, addr, launch.run_dir) + extra, env=_deadline_env(launch))
     return coord
 
 

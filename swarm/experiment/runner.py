@@ -31,11 +31,18 @@ the swarm cleanly. SIGKILL loses the env steps since the last checkpoint.
 A peer that joins a swarm already training bootstraps its parameters from its
 neighbours (:meth:`swarm.gossip.Gossip.bootstrap`) before its first step: when
 the coordinator's member table shows another member more than
-``gossip.interval`` env steps ahead of this peer (a late joiner, a restarted
-peer, a resume from a checkpoint older than the neighbours'), or, when the table
-cannot be read, when this peer replaces a dead member or resumes. A fresh run
-whose peers all start together does not bootstrap, nor does a whole swarm
-resumed from one set of checkpoints.
+``gossip.interval`` env steps ahead of this peer and past ``dqn.learning_starts``
+(a late joiner, a restarted peer, a resume from a checkpoint older than the
+neighbours'), or, when the table cannot be read, when this peer replaces a dead
+member or resumes. A fresh run whose peers all start together does not
+bootstrap (the first to start is a few steps ahead, but has not learned yet),
+nor does a whole swarm resumed from one set of checkpoints.
+
+A peer that continues its own folder (restarted with ``--replace`` or resumed from
+its own run folder) appends to its CSV files; a resumed or restarted peer starts
+from the counters of its checkpoint (env steps, episodes, rounds, bytes) and from
+the best evaluation of the process or run it continues (``best.pt``, copied into
+a new run folder).
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ import json
 import logging
 import math
 import os
+import pickle
+import shutil
 import signal
 import threading
 import time
@@ -75,6 +84,8 @@ EPISODE_FIELDS = ["wall_s", "env_steps", "episode", "episode_return", "mean_retu
 ROUND_FIELDS = ["round", "env_steps", "wall_s", "participants", "missing", "bytes_out", "bytes_in",
                 "waited_s", "disagreement", "shared_items"]
 EVAL_FIELDS = ["wall_s", "cpu_s", "env_steps", "eval_return"]
+#: the byte counters that a checkpoint carries over to the process that resumes from it
+TRAFFIC_KEYS = ("gossip_bytes_out", "gossip_bytes_in", "bytes_out", "bytes_in")
 #: with gossip.exchange = gradients, summary.json keeps a digest of the parameters every this many updates
 DIGEST_EVERY = 100
 
@@ -166,6 +177,16 @@ class _State:
         self.staleness = 0          # rounds the stalest neighbour lagged in the last round
         self.last_error = ""        # the last thing that went wrong (a round alone, a timeout ...)
         self.done = False
+        # Traffic of the processes before this one (restored from a checkpoint): the
+        # counters above are this process's, the figures logged are the run's.
+        self.carried = dict.fromkeys(TRAFFIC_KEYS, 0)
+
+    def traffic(self, sent: int, received: int) -> dict[str, int]:
+        """The run's traffic so far: this process's (``sent``, ``received`` and the gossip
+        counters) on top of what the checkpoint it resumed from had counted."""
+        now = {"gossip_bytes_out": self.gossip_bytes_out, "gossip_bytes_in": self.gossip_bytes_in,
+               "bytes_out": sent, "bytes_in": received}
+        return {k: self.carried[k] + now[k] for k in TRAFFIC_KEYS}
 
     @property
     def mean_return(self) -> float:
@@ -205,12 +226,16 @@ def _others(coordinators: list[str], peer_config: Any, me: str) -> list[dict[str
 
 
 def _should_bootstrap(coordinators: list[str], peer_config: Any, me: str, own_steps: int, margin: int,
-                      fallback: bool) -> bool:
-    """Whether another member is more than ``margin`` env steps ahead (see the module doc)."""
+                      fallback: bool, learning_starts: int = 0) -> bool:
+    """Whether another member is more than ``margin`` env steps ahead (see the module doc)
+    and past ``learning_starts``: before that its network is still the initial one that
+    every peer of the run builds, so the few steps by which the first of a fresh run's
+    peers start ahead of the others are no reason to bootstrap."""
     others = _others(coordinators, peer_config, me)
     if others is None:
         return fallback
-    return any(int((m.get("stats") or {}).get("env_steps") or 0) > own_steps + margin for m in others)
+    ahead = max(own_steps + margin, learning_starts)
+    return any(int((m.get("stats") or {}).get("env_steps") or 0) > ahead for m in others)
 
 
 #: while waiting for the others to join, seconds between looks at their spec digests
@@ -254,6 +279,27 @@ def _check_same_spec(coordinators: list[str], peer_config: Any, me: str, tag: di
     if differ:
         where = ", ".join(f"{pid} ({', '.join(keys)})" for pid, keys in sorted(differ.items()))
         raise ConfigError(f"{me}: the spec differs at {where}; every peer needs the same --spec")
+
+
+def _carry_best(src: Path, out: Path, summary: dict[str, Any]) -> None:
+    """Start from the best evaluation of the process (or run) this one continues:
+    its ``src/best.pt``, copied into ``out`` when that is another folder. Otherwise
+    the first evaluation after a restart or resume, however poor, would replace it."""
+    import torch  # noqa: PLC0415
+
+    path = src / "best.pt"
+    if not path.is_file():
+        return
+    try:
+        best = torch.load(path, weights_only=True, map_location="cpu")   # runs no code, as `swarm eval`
+        ret, at = float(best["eval_return"]), int(best["env_steps"])
+    except (OSError, EOFError, KeyError, TypeError, ValueError, RuntimeError, pickle.UnpicklingError) as e:
+        # a torn or foreign file: the next evaluation writes a new one
+        log.warning("%s: cannot read its best evaluation (%s); a new best.pt starts from the next one", path, e)
+        return
+    if path.resolve() != (out / "best.pt").resolve():
+        shutil.copyfile(path, out / "best.pt")
+    summary.update(best_eval_return=ret, best_eval_at=at)
 
 
 def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: str | Path, *,
@@ -391,6 +437,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             cnt = restored.counters
             done_steps = int(cnt["env_steps"])
             state.episodes, state.rounds = int(cnt.get("episodes", 0)), int(cnt.get("rounds", 0))
+            state.rounds_ok = int(cnt.get("rounds_ok", 0))
+            state.carried = {k: int(cnt.get(k, 0)) for k in TRAFFIC_KEYS}
             state.returns.extend(cnt.get("returns", []))
             summary["resumed_from"] = str(restored.path)
             out.mkdir(parents=True, exist_ok=True)
@@ -411,6 +459,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             done_steps = int(ck.get("env_steps", 0))
             summary["resumed_from"] = str(ck_path)
         state.env_steps = done_steps
+        if rejoin or resume_from is not None:
+            _carry_best(peer_dir(resume_from, rank) if resume_from is not None else out, out, summary)
         x = agent.parameters()
 
         async def build() -> tuple[Any, Any]:
@@ -452,7 +502,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             agent.phase = rank % spec.dqn.train_every   # peers take turns at computing gradients
         replacing = bool(getattr(peer_config, "replace", False))
         if _should_bootstrap(coordinators, peer_config, peer.id, done_steps, g.interval,
-                             fallback=replacing or resume_from is not None):
+                             fallback=replacing or resume_from is not None, learning_starts=spec.dqn.learning_starts):
             try:
                 donors = sp.call(gossip.bootstrap(), timeout=15.0)
             except (GossipError, PeerTimeout) as e:
@@ -475,11 +525,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
 
         def stats() -> dict[str, Any]:
             # Runs on the peer's thread at each heartbeat: plain reads, no locks needed.
-            sent, received = _traffic(peer.counters, relay)
-            return {"bytes_out": sent, "bytes_in": received,
+            return {**state.traffic(*_traffic(peer.counters, relay)),
                     "env_steps": state.env_steps, "episodes": state.episodes,
                     "mean_return": _finite(state.mean_return), "rounds": state.rounds,
-                    "gossip_bytes_out": state.gossip_bytes_out, "gossip_bytes_in": state.gossip_bytes_in,
                     "disagreement": _finite(state.disagreement), "eval_return": _finite(state.eval_return),
                     "buffer_size": state.buffer_size, "budget": spec.budget.env_steps, "done": state.done,
                     "codec_ratio": (state.gossip_bytes_out / state.dense_bytes_out
@@ -487,12 +535,14 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     "staleness": state.staleness, "last_error": state.last_error, "spec": tag}
 
         peer.stats = stats
-        logs = _Logs(out, tensorboard, append=resume_from is not None
-                     and Path(resume_from).resolve() == Path(run_dir).resolve())
+        # A peer restarted into its own folder continues its files, with or without a checkpoint.
+        logs = _Logs(out, tensorboard, append=rejoin)
         c = spec.checkpoint
         ckpt = Checkpointer(out / "ckpt", agent, buf,
                             lambda: {"env_steps": state.env_steps, "episodes": state.episodes,
-                                     "rounds": state.rounds, "returns": list(state.returns)},
+                                     "rounds": state.rounds, "rounds_ok": state.rounds_ok,
+                                     "returns": list(state.returns),
+                                     **state.traffic(*_traffic(peer.counters, relay))},
                             full_every_s=c.full_every_s, full_every_steps=c.full_every_steps,
                             incremental_every_steps=c.incremental_every_steps)
         last_loss: list[float] = [float("nan")]
@@ -596,12 +646,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 m = agent.metrics()
                 if "loss" in m:
                     last_loss[0] = m["loss"]
-                sent, received = _traffic(peer.counters, relay)
                 logs.episodes.writerow({
                     "wall_s": round(time.monotonic() - t0, 3), "env_steps": step, "episode": state.episodes,
                     "episode_return": info.episode_return, "mean_return": f"{state.mean_return:.4g}",
-                    "rounds": state.rounds, "gossip_bytes_out": state.gossip_bytes_out,
-                    "gossip_bytes_in": state.gossip_bytes_in, "bytes_out": sent, "bytes_in": received,
+                    "rounds": state.rounds, **state.traffic(*_traffic(peer.counters, relay)),
                     "loss": f"{m['loss']:.6g}" if "loss" in m else "", "epsilon": f"{m['epsilon']:.4f}",
                     "buffer_size": state.buffer_size})
                 logs.scalars(step, {"episode/return": info.episode_return, "episode/mean_return": state.mean_return,
@@ -632,24 +680,25 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             if stop.is_set():
                 reason[0] = "stopped"
                 return True
+            # every step (two clock reads): a check every 200 steps overshot the limit by seconds
+            if spec.budget.max_seconds and (time.monotonic() - t0 > spec.budget.max_seconds
+                                            or time.time() > run_deadline):
+                reason[0] = "time limit"
+                return True
             if step % 200 == 0:
                 logs.flush()
-                if spec.budget.max_seconds and (time.monotonic() - t0 > spec.budget.max_seconds
-                                                or time.time() > run_deadline):
-                    reason[0] = "time limit"
-                    return True
                 if parent_pid is not None and os.getppid() != parent_pid:
                     reason[0] = "launcher gone"
                     return True
             return False
 
-        # A peer that `swarm run` restarted gets the run's deadline (epoch seconds):
-        # budget.max_seconds limits the whole run, not each process.
+        # `swarm run` gives its peers the run's deadline (epoch seconds): budget.max_seconds
+        # limits the whole run, not each process (a restarted one gets what is left).
         try:
             run_deadline = float(os.environ.get("SWARM_RUN_DEADLINE") or "inf")
         except ValueError:
             raise ConfigError(f"SWARM_RUN_DEADLINE = {os.environ['SWARM_RUN_DEADLINE']!r}: expected "
-                              "seconds since the epoch (set by `swarm run` for a restarted peer)") from None
+                              "seconds since the epoch (set by `swarm run` for its peers)") from None
         log.info("peer%d training: %d env steps, gossip every %d", rank, spec.budget.env_steps, g.interval)
         # CPU time counts from here: joining, imports and TensorBoard set-up are not training.
         summary["setup_cpu_s"] = time.process_time() - cpu0
@@ -660,12 +709,11 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                        final_mean_return=_finite(result.mean_return(10)), train_seconds=result.seconds)
     finally:
         state.done = True
-        sent, received = _traffic(sp.peer.counters if sp.peer is not None else None, relay)
+        traffic = state.traffic(*_traffic(sp.peer.counters if sp.peer is not None else None, relay))
         summary.update(
             env_steps=state.env_steps, episodes=state.episodes, rounds=state.rounds, rounds_ok=state.rounds_ok,
             final_mean_return=_finite(state.mean_return), eval_return=_finite(state.eval_return),
-            gossip_bytes_out=state.gossip_bytes_out, gossip_bytes_in=state.gossip_bytes_in,
-            bytes_out=sent, bytes_in=received, buffer_size=state.buffer_size, wall_s=time.monotonic() - t0,
+            **traffic, buffer_size=state.buffer_size, wall_s=time.monotonic() - t0,
             cpu_s=time.process_time() - cpu0)
         if relay is not None:
             summary["relay"] = dict(dataclasses.asdict(relay.stats), applied=state.relay_applied,

@@ -333,3 +333,102 @@ def test_no_peer_restart_once_the_runs_time_is_up(tmp_path):
     out = io.StringIO()
     assert _restart_crashed(launch, spec, coord, peers, "tcp://127.0.0.1:9", pending, out) is coord
     assert pending == {} and launch.restarts == {} and launch.children == []
+
+
+def _summaries(run_dir: Path, peers: int) -> list[dict]:
+    return [json.loads((run_dir / f"peer{r}" / "summary.json").read_text()) for r in range(peers)]
+
+
+def test_resume_continues_the_counters_and_the_best_evaluation(tmp_path):
+    """`swarm run --resume`: the new folder's peers go on from the old run's counters
+    (rounds, rounds that averaged, bytes) and keep its best evaluation and best.pt."""
+    import torch
+
+    p = swarm_run(tmp_path, TINY)
+    out = finish(p, 75)
+    assert p.returncode == 0, out
+    first = run_dir_of(tmp_path)
+    before = _summaries(first, 2)
+    for r in range(2):   # a best no later evaluation can beat: the resumed run must keep it
+        f = first / f"peer{r}" / "best.pt"
+        best = torch.load(f, weights_only=False)
+        torch.save(dict(best, eval_return=1000.0, env_steps=300), f)
+    (first.parent / "old").mkdir()
+    first = first.rename(first.parent / "old" / first.name)   # run_dir_of finds the new one
+
+    args = [sys.executable, "-m", "swarm.cli", "run", "--resume", str(first), "--set", "budget.env_steps=900"]
+    q = subprocess.Popen(args, cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = finish(q, 75)
+    assert q.returncode == 0, out
+    d = run_dir_of(tmp_path)
+    for r, (old, new) in enumerate(zip(before, _summaries(d, 2))):
+        assert new["env_steps"] == 900 and new["rounds"] == 90 and new["episodes"] > old["episodes"], new
+        assert new["rounds_ok"] > old["rounds_ok"], (old["rounds_ok"], new["rounds_ok"])
+        for k in ("gossip_bytes_out", "gossip_bytes_in", "bytes_out", "bytes_in"):
+            assert new[k] > old[k], (k, old[k], new[k])
+        assert (new["best_eval_return"], new["best_eval_at"]) == (1000.0, 300), new
+        assert torch.load(d / f"peer{r}" / "best.pt", weights_only=False)["eval_return"] == 1000.0
+        with open(d / f"peer{r}" / "evals.csv") as f:
+            assert [int(e["env_steps"]) for e in csv.DictReader(f)] == [900]
+        with open(d / f"peer{r}" / "metrics.csv") as f:
+            rows = list(csv.DictReader(f))
+        # the byte columns go on from the old run's too, as the episode numbers do
+        assert int(rows[0]["episode"]) == old["episodes"] + 1 and int(rows[0]["bytes_out"]) > old["bytes_out"]
+    assert "1000.0 @ 300" in out, out
+
+
+def test_a_restarted_peer_appends_to_its_files_and_keeps_its_best(tmp_path):
+    """restart_dead: a peer killed with SIGKILL before its first checkpoint is reported,
+    started again from step 0 with --replace, and continues its own CSV files (the dead
+    process's rows stay); its best evaluation is the best of both processes."""
+    import torch
+
+    sets = TINY + ["restart_dead=true", "budget.env_steps=900", "checkpoint.full_every_s=0"]
+    p = swarm_run(tmp_path, sets)
+    try:
+        def evaluated() -> Path | None:
+            d = training(tmp_path, 2)
+            return d if d is not None and len((d / "peer1" / "evals.csv").read_text().splitlines()) >= 2 else None
+
+        d = wait_for(evaluated, timeout=60, what="peer1's first evaluation")
+        pid = recorded_pids(d)["peer1"]
+        with open(d / "peer1" / "evals.csv") as f:
+            dead_evals = list(csv.DictReader(f))
+        dead_episodes = len((d / "peer1" / "metrics.csv").read_text().splitlines()) - 1
+        os.kill(pid, signal.SIGKILL)
+        out = finish(p, 90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, out
+    assert f"peer1 exited with -{signal.SIGKILL}; restarting it" in out, out
+    assert json.loads((d / "restarts.json").read_text()) == {"peer1": 1}
+    for name, pid in recorded_pids(d).items():
+        assert not alive(pid), f"{name} (pid {pid}) outlived swarm run"
+    s = _summaries(d, 2)[1]
+    assert s["reason"] == "budget" and s["env_steps"] == 900, s
+    assert json.loads((d / "summary.json").read_text())[1]["restarts"] == 1
+    with open(d / "peer1" / "evals.csv") as f:
+        evals = list(csv.DictReader(f))
+    assert evals[:len(dead_evals)] == dead_evals and len(evals) >= len(dead_evals) + 3, evals
+    with open(d / "peer1" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) >= dead_episodes + s["episodes"], (len(rows), dead_episodes, s["episodes"])
+    top = max(float(e["eval_return"]) for e in evals)
+    at = min(int(e["env_steps"]) for e in evals if float(e["eval_return"]) == top)
+    assert (s["best_eval_return"], s["best_eval_at"]) == (top, at), (s, evals)
+    assert torch.load(d / "peer1" / "best.pt", weights_only=False)["eval_return"] == top
+    assert (d / "logs" / "peer1.log").read_text().count("swarm peer peer1:") == 2
+
+
+def test_peers_stop_at_the_runs_deadline(tmp_path):
+    """budget.max_seconds limits the whole run: each peer stops at the run's deadline,
+    which its start-up (imports, joining) has already used part of."""
+    limit = 8
+    p = swarm_run(tmp_path, LONG + [f"budget.max_seconds={limit}"])
+    out = finish(p, 60)
+    assert p.returncode == 0, out
+    for s in _summaries(run_dir_of(tmp_path), 2):
+        assert s["reason"] == "time limit" and s["wall_s"] < limit, s

@@ -96,3 +96,19 @@ def test_heartbeat_figures_include_codec_ratio_staleness_and_last_error(coordina
         assert 0.1 <= s["codec_ratio"] < 0.5, s
         assert s["staleness"] >= 0 and isinstance(s["last_error"], str)
     assert {out[0]["reason"], out[1]["reason"]} == {"stopped"}
+
+
+@pytest.mark.parametrize("their_steps,own_steps,expected", [
+    (240, 0, False),      # the first peer of a fresh run, ahead but not yet learning: same network
+    (260, 0, True),       # a late joiner, or a restart before the first checkpoint
+    (1505, 1500, False),  # within one gossip interval
+    (1520, 1500, True),   # a restart from a checkpoint behind its neighbours
+])
+def test_bootstrap_only_from_a_member_that_has_learned(monkeypatch, their_steps, own_steps, expected):
+    """A member ahead by more than the gossip interval but not past dqn.learning_starts
+    still holds the run's initial network: a fresh run's peers start a little apart."""
+    from swarm.experiment import runner
+
+    monkeypatch.setattr(runner, "_others", lambda *a: [{"id": "peer1", "stats": {"env_steps": their_steps}}])
+    assert runner._should_bootstrap(["tcp://127.0.0.1:9"], None, "peer0", own_steps, 10, fallback=False,
+                                    learning_starts=250) is expected
