@@ -15,8 +15,9 @@ never stall it or bring it down: a request head must arrive within
 ``header_timeout_s`` (slowloris), may not exceed ``max_header_bytes``
 (huge headers get 431), at most ``max_connections`` are served at once (503
 beyond), a response must drain within ``write_timeout_s``, and the document
-is built at most every ``cache_s`` however many requests come. Every failure
-of a connection ends that connection only.
+and each of its renderings are built at most every ``cache_s`` (less often
+when building them takes longer than a fifth of that) however many requests
+come. Every failure of a connection ends that connection only.
 
 >>> server = StatusServer(coordinator, "127.0.0.1:0")
 >>> await server.start(); print(server.url)       # http://127.0.0.1:PORT/
@@ -47,6 +48,9 @@ __all__ = ["StatusServer", "parse_bind"]
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
             503: "Service Unavailable", 505: "HTTP Version Not Supported"}
+
+
+_PAGES = {"/": "html", "/index.html": "html", "/status.json": "json", "/metrics": "metrics"}
 
 
 class _Reject(Exception):
@@ -97,6 +101,8 @@ class StatusServer:
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task[Any]] = set()
         self._doc: tuple[float, dict[str, Any]] | None = None
+        self._bodies: dict[str, tuple[str, bytes]] = {}   # the renderings of _doc, by page
+        self._cost = 0.0    # seconds spent building _doc and its renderings
 
     # ------------------------------------------------------------ lifecycle
 
@@ -145,22 +151,38 @@ class StatusServer:
     # ------------------------------------------------------------ documents
 
     def document(self) -> dict[str, Any]:
-        """The status document, rebuilt at most every ``cache_s``."""
+        """The status document, rebuilt at most every ``cache_s``.
+
+        At 1,000 members building it and rendering the page take tens of ms of
+        the coordinator's loop, so a large swarm's document is kept longer: for
+        at least 4 times what it cost, which leaves the loop 4/5 of its time
+        however many clients ask.
+        """
         now = time.monotonic()
-        if self._doc is None or now - self._doc[0] >= self.cache_s:
+        if self._doc is None or now - self._doc[0] >= max(self.cache_s, 4 * self._cost):
+            t0 = time.perf_counter()
             self.sample()
             doc = status_document(self.coordinator.status(), self.rates, run=self.run_name, http=self.url)
-            self._doc = (now, doc)
+            self._doc, self._bodies = (now, doc), {}
+            self._cost = time.perf_counter() - t0
         return self._doc[1]
 
     def _route(self, path: str) -> tuple[str, bytes]:
-        if path in ("/", "/index.html"):
-            return "text/html; charset=utf-8", render_page(self.document()).encode()
-        if path == "/status.json":
-            return "application/json", json.dumps(self.document(), allow_nan=False).encode()
-        if path == "/metrics":
-            return "text/plain; version=0.0.4; charset=utf-8", prometheus(self.document()).encode()
-        raise _Reject(404, f"no page at {path[:100]}")
+        """(content type, body) of a page, rendered once per document."""
+        page = _PAGES.get(path)
+        if page is None:
+            raise _Reject(404, f"no page at {path[:100]}")
+        doc = self.document()
+        if page not in self._bodies:
+            t0 = time.perf_counter()
+            if page == "html":
+                self._bodies[page] = ("text/html; charset=utf-8", render_page(doc).encode())
+            elif page == "json":
+                self._bodies[page] = ("application/json", json.dumps(doc, allow_nan=False).encode())
+            else:
+                self._bodies[page] = ("text/plain; version=0.0.4; charset=utf-8", prometheus(doc).encode())
+            self._cost += time.perf_counter() - t0
+        return self._bodies[page]
 
     # ------------------------------------------------------------ connections
 
@@ -175,23 +197,27 @@ class StatusServer:
                 await self._respond(writer, 503, "text/plain", b"too many connections\n", head_only=False)
                 await self._linger(reader, writer)
                 return
+            method = "GET"   # until the request line is read: a refused head gets a body
             try:
                 async with asyncio.timeout(self.header_timeout_s):
                     method, path = await self._read_head(reader)
                 ctype, body = self._route(path)
                 code = 200
             except TimeoutError:
-                code, ctype, body, method = 408, "text/plain", b"request head too slow\n", "GET"
+                code, ctype, body = 408, "text/plain", b"request head too slow\n"
             except _Reject as e:
-                code, ctype, body, method = e.code, "text/plain", f"{e}\n".encode(), "GET"
+                # HEAD /nope: a 404 without a body, as for any answer to HEAD
+                code, ctype, body = e.code, "text/plain", f"{e}\n".encode()
             if code != 200:
                 self.rejected += 1
             else:
                 self.served += 1
             await self._respond(writer, code, ctype, body, head_only=method == "HEAD")
             await self._linger(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            writer.transport.abort()   # the client went away; nothing to answer
+        except (OSError, asyncio.IncompleteReadError):
+            # the client went away (a reset shows as ECONNRESET, EPIPE or, on
+            # shutdown, ENOTCONN: any OSError); nothing to answer
+            writer.transport.abort()
         except asyncio.CancelledError:
             # Only close() cancels a connection. Ending the task normally instead of
             # re-raising keeps Python 3.11's stream callback from logging the
@@ -265,7 +291,7 @@ class StatusServer:
             async with asyncio.timeout(self.linger_s):
                 while await reader.read(65536):
                     pass
-        except (TimeoutError, ConnectionError):
+        except OSError:   # TimeoutError is one; so is a reset (ENOTCONN on write_eof)
             pass
         if reader.at_eof():
             writer.close()

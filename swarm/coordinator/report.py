@@ -1,12 +1,13 @@
 """What the status surfaces show: per-peer rows with rates, Prometheus text, a terminal table.
 
-Peers put their figures in the ``stats`` map of every heartbeat (the peer's
-message and byte counters, its neighbours; the experiment runner adds env
-steps, rounds, buffer size ...). Rates are not sent: the coordinator derives
-them from successive heartbeats with :class:`PeerRates`, so a peer that
+Peers put their figures in the ``stats`` map of one heartbeat a second (the
+peer's message and byte counters, its neighbours; the experiment runner adds
+env steps, rounds, buffer size ...). Rates are not sent: the coordinator
+derives them from successive figures with :class:`PeerRates`, so a peer that
 restarts or a counter that goes backwards only resets its own history.
 
 Everything in ``stats`` comes off the wire, so it is treated as untrusted:
+what ``status`` replies carry is reduced to what JSON can hold (:func:`plain`),
 numbers are used only when they are real finite numbers, strings are cut
 short, and the HTML page and the Prometheus labels escape what they show.
 
@@ -24,7 +25,7 @@ import time
 from collections import deque
 from typing import Any, Iterable
 
-__all__ = ["PeerRates", "peer_rows", "status_document", "prometheus", "format_table", "RATE_KEYS"]
+__all__ = ["PeerRates", "peer_rows", "status_document", "prometheus", "format_table", "plain", "RATE_KEYS"]
 
 #: counters whose per-second rate the coordinator derives from heartbeats
 RATE_KEYS = ("env_steps", "rounds", "bytes_in", "bytes_out")
@@ -43,6 +44,22 @@ def num(v: Any) -> float | int | None:
 
 def _text(v: Any) -> str:
     return v[:_MAX_TEXT] if isinstance(v, str) else ""
+
+
+def plain(v: Any, depth: int = 0) -> Any:
+    """``v`` reduced to what JSON holds: maps with string keys, lists, strings, finite
+    numbers, booleans and None. Bytes, non-finite floats, other keys and anything
+    nested deeper than 4 levels become None or are left out, so that a peer's stats
+    can be printed by ``swarm status --json`` whatever the peer sent."""
+    if v is None or isinstance(v, (str, bool, int)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if depth < 4 and isinstance(v, list):
+        return [plain(x, depth + 1) for x in v]
+    if depth < 4 and isinstance(v, dict):
+        return {k: plain(x, depth + 1) for k, x in v.items() if isinstance(k, str)}
+    return None
 
 
 class PeerRates:
@@ -99,15 +116,18 @@ class PeerRates:
             del self._hist[pid]
 
     def observe_rows(self, rows: Iterable[dict[str, Any]], now: float | None = None) -> None:
-        """Feed ``status`` rows (time stamps from their heartbeat ages), e.g. in a client."""
+        """Feed ``status`` rows, e.g. in a client: each row's figures are stamped with
+        when they arrived (``stats_age_s``), not with its last heartbeat, which is
+        most often a bare beat that came up to a second later."""
         now = time.monotonic() if now is None else now
         seen = []
         for r in rows:
             seen.append(r["id"])
-            age = num(r.get("heartbeat_age_s"))
+            # a coordinator from before stats_age_s: the heartbeat age is the best there is
+            age = num(r.get("stats_age_s", r.get("heartbeat_age_s")))
             if age is not None and isinstance(r.get("stats"), dict):
-                # ages are rounded to 1 ms; round the stamp too so a repeated
-                # heartbeat is recognised as the same one
+                # ages are rounded to 1 ms; round the stamp too so figures seen
+                # again in the next reply are recognised as the same ones
                 self.observe(r["id"], r.get("incarnation", 0), round(now - age, 2), r["stats"])
         self.forget_except(seen)
 

@@ -568,7 +568,7 @@ class Coordinator:
 
     def status(self) -> dict[str, Any]:
         """The member table and the current view, as `swarm status` shows them."""
-        rows = self.table.rows({m.id: list(m.stats.get("nbrs", [])) for m in self.table.members.values()})
+        rows = self.table.rows()
         return {
             "coordinator": self.address, "mode": self.mode, "http": self.http_url, "pid": os.getpid(), "epoch": self.table.epoch,
             "uptime_s": round(time.monotonic() - self.started, 3),

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import MembershipError
 from ..link import Member, View
+from .report import plain
 
 __all__ = ["MemberRecord", "MemberTable", "ALIVE", "SUSPECT", "DEAD"]
 
@@ -145,17 +146,22 @@ class MemberTable:
         for pid in [p for p, m in self.members.items() if m.state == DEAD and m.died_at < cutoff]:
             del self.members[pid]
 
-    def rows(self, neighbours: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
-        """The table as plain rows for `swarm status`."""
+    def rows(self) -> list[dict[str, Any]]:
+        """The table as plain rows for `swarm status`: what a peer sent in its stats is
+        reduced to what JSON holds, and its neighbours (``stats["nbrs"]``) to a list of ids."""
         now = time.monotonic()
         out = []
         for m in sorted(self.members.values(), key=lambda m: (m.state == DEAD, m.rank)):
+            stats = plain(m.stats)
+            nbrs = stats.get("nbrs")
             out.append({
                 "id": m.id, "addr": m.addr, "rank": m.rank, "state": m.state,
                 "incarnation": m.incarnation,
                 "heartbeat_age_s": round(now - m.last_heartbeat, 3) if m.state != DEAD else None,
+                # when the figures in stats arrived (most heartbeats are bare), for rates
+                "stats_age_s": round(now - m.stats_at, 3) if m.stats_at else None,
                 "linked_epoch": m.linked_epoch, "linked_at": m.linked_at,
-                "neighbours": (neighbours or {}).get(m.id, []),
-                "cause": m.cause, "stats": m.stats,
+                "neighbours": [n for n in nbrs if isinstance(n, str)][:64] if isinstance(nbrs, list) else [],
+                "cause": m.cause, "stats": stats,
             })
         return out

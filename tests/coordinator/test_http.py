@@ -8,6 +8,8 @@ import json
 import re
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import time
 
@@ -218,6 +220,93 @@ def test_bad_requests_are_answered_and_never_hurt_the_coordinator():
 
 async def _ok(port: int) -> bool:
     return (await get(port, "/"))[0] == 200
+
+
+def test_head_of_a_missing_page_has_no_body(procs):
+    """HEAD of a missing page: a 404 without a body (a client would read the body
+    as the start of the next response)."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    coord = procs.start("coordinator", "--bind", addr, name="coord")
+    url = wait_for(lambda: re.search(r"status page (http://\S+)", procs.log(coord)), 15,
+                   what="the coordinator's status URL").group(1)
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+
+    async def main():
+        code, headers, body = await http(port, b"HEAD /nope HTTP/1.1\r\n\r\n")
+        assert code == 404 and body == b"" and int(headers["content-length"]) > 0
+        code, _, body = await http(port, b"GET /nope HTTP/1.1\r\n\r\n")
+        assert code == 404 and body.startswith(b"no page at /nope")
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_clients_that_reset_cost_no_traceback(caplog):
+    """A client that sends a request and resets at once: the answer meets a dead
+    socket (ENOTCONN when the server half-closes). On asyncio's own loop, where a
+    library user runs the coordinator, that logged a traceback per request."""
+    async def main():
+        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+            port = coord._http.port
+
+            def resets() -> None:
+                for _ in range(100):
+                    with socket.create_connection(("127.0.0.1", port)) as s:
+                        s.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+                        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+            await asyncio.to_thread(resets)
+            await asyncio.sleep(1.0)   # past the linger of the last ones
+            assert await until(lambda: _ok(port), 5.0, "the page served again")
+            assert coord._runner is not None and not coord._runner.done()
+
+    with caplog.at_level("WARNING", logger="swarm.coordinator"):
+        asyncio.run(asyncio.wait_for(main(), 60))
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text[-3000:]
+
+
+def test_a_flood_of_requests_renders_each_document_once(monkeypatch):
+    """At 1,000 members rendering /metrics takes tens of ms of the coordinator's loop,
+    the loop membership runs on. Rendered once per request, 16 clients asking in a
+    loop held each membership message for ~0.4 s; each document's renderings are now
+    built once however many ask (counted here, not timed)."""
+    import swarm.coordinator.http as status_http
+
+    built = {"doc": 0, "metrics": 0}
+
+    def counting(name, f):
+        def wrapper(*a, **kw):
+            built[name] += 1
+            return f(*a, **kw)
+        return wrapper
+
+    monkeypatch.setattr(status_http, "status_document", counting("doc", status_http.status_document))
+    monkeypatch.setattr(status_http, "prometheus", counting("metrics", status_http.prometheus))
+
+    async def main():
+        async with Coordinator(bind="tcp://127.0.0.1:*", heartbeat_timeout_s=600.0, rejoin_grace_s=0.0) as coord:
+            for i in range(1000):   # members whose routes lead nowhere: the table is what is rendered
+                rec = coord.table.join(f"peer-{i}", f"tcp://127.0.0.1:{10000 + i}", i, 1, b"\0nowhere%d" % i)
+                rec.stats = {"env_steps": 1000 * i, "rounds": i, "bytes_in": 10**6, "bytes_out": 10**6,
+                             "codec_ratio": 0.12, "staleness": 1, "buffer_size": 5000, "mean_return": 20.5,
+                             "last_error": "round 3: no neighbour's state arrived", "nbrs": [f"peer-{i + 1}"]}
+                rec.stats_at = time.monotonic()
+            coord.table.publish()
+            port = coord._http.port
+
+            async def client() -> int:
+                ok, end = 0, time.monotonic() + 1.5
+                while time.monotonic() < end:
+                    code, _, body = await get(port, "/metrics")
+                    assert code == 200 and b"swarm_peer_up" in body
+                    ok += 1
+                return ok
+
+            served = sum(await asyncio.gather(*(client() for _ in range(16))))
+            assert served > 16, served
+            # one rendering per document built, however many requests it served
+            assert 1 <= built["metrics"] <= built["doc"] < served, (built, served)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def test_http_bind_setting_is_checked_and_can_disable():
