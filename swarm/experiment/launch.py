@@ -291,7 +291,7 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
     with _Interrupt() as intr:
         try:
             addr = f"tcp://127.0.0.1:{_free_port()}"
-            coord = launch.start("coordinator", ["coordinator", "--bind", addr])
+            coord = launch.start("coordinator", _coordinator_args(spec, addr))
             _wait_coordinator(launch, coord, addr)
             again = ["--resume-from", str(prev)] if prev is not None else []
             if spec.budget.max_seconds:
@@ -331,6 +331,12 @@ def _deadline_env(launch: Launch) -> dict[str, str] | None:
     return {"SWARM_RUN_DEADLINE": repr(launch.deadline)} if launch.deadline is not None else None
 
 
+def _coordinator_args(spec: Spec, addr: str) -> list[str]:
+    # the status page's title and the `run` label of /metrics name the experiment
+    # quoted: a name such as 123 or 1e5 is a string, not a TOML number
+    return ["coordinator", "--bind", addr, "--set", f"coordinator.run_name={json.dumps(spec.name)}"]
+
+
 def _peer_args(config: Path, rank: int, addr: str, run_dir: Path) -> list[str]:
     return ["peer", "--spec", str(config), "--rank", str(rank), "--coordinator", addr, "--run-dir", str(run_dir)]
 
@@ -350,7 +356,7 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
         launch.restarts["coordinator"] = launch.restarts.get("coordinator", 0) + 1
         print(f"swarm run: coordinator exited with {coord.proc.returncode}; starting it again on {addr}",
               file=out, flush=True)
-        coord = launch.start("coordinator", ["coordinator", "--bind", addr])
+        coord = launch.start("coordinator", _coordinator_args(spec, addr))
     # No restart once the run's time is up: the other peers are ending too.
     late = launch.deadline is not None and time.time() >= launch.deadline
     if late:

@@ -432,3 +432,14 @@ def test_peers_stop_at_the_runs_deadline(tmp_path):
     assert p.returncode == 0, out
     for s in _summaries(run_dir_of(tmp_path), 2):
         assert s["reason"] == "time limit" and s["wall_s"] < limit, s
+
+
+@pytest.mark.parametrize("name", ["cartpole-ring", "123", "1e5", "true"])
+def test_the_coordinator_is_given_the_runs_name(name):
+    """The status page's title and the `run` label of /metrics name the experiment."""
+    from swarm.config import load_config
+    from swarm.experiment.launch import _coordinator_args
+
+    args = _coordinator_args(load_spec(None, [f'name="{name}"']), "tcp://127.0.0.1:9")
+    assert args[:3] == ["coordinator", "--bind", "tcp://127.0.0.1:9"] and args[3] == "--set"
+    assert load_config(None, [args[4]]).coordinator.run_name == name
