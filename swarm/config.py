@@ -191,7 +191,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
+            # `--set name=123` reads 123 as a TOML number: quoting makes it text
+            hint = (f"; quote it to give it as text (--set '{key}=\"...\"', or {key} = \"...\" in a file)"
+                    if isinstance(value, (int, float)) else "")
+            raise ConfigError(f"{key}: expected a string, got {value!r}{hint}")
         return value
     raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
 

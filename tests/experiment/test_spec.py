@@ -49,6 +49,13 @@ def test_overrides_reach_nested_sections_with_types():
     assert spec.peer_seed(3) == spec.seed + 3
 
 
+def test_a_number_for_a_text_setting_says_how_to_quote_it():
+    # `--set name=2024` reads a TOML number; the error says how to give it as text
+    with pytest.raises(ConfigError, match=r"name: expected a string, got 2024; quote it to give it as text"):
+        load_spec(None, ID + ["name=2024"])
+    assert load_spec(None, ID + ['name="2024"']).name == "2024"
+
+
 def test_file_then_overrides(tmp_path):
     f = tmp_path / "exp.toml"
     f.write_text('name = "from-file"\npeers = 6\n[gossip]\ncodec = "identity"\ninterval = 10\n')
