@@ -98,7 +98,8 @@ DEFAULT_LIMITS = Limits()
 
 @dataclass
 class Message:
-    """A decoded message. ``arrays`` are read-only views over the received frames."""
+    """A decoded message. ``arrays`` are views over the received frames (no copy; the
+    receiver owns them, and they are writable when the frames are libzmq's buffers)."""
 
     t: str
     src: str
@@ -323,6 +324,10 @@ def _array(desc: Any, buf: memoryview, i: int, limits: Limits) -> np.ndarray:
     if expect != buf.nbytes:
         raise WireError(f"array {i}: shape {shape} of {name} needs {expect} bytes, frame has {buf.nbytes}")
     if expect == 0:
-        return np.empty(shape, dtype)
+        # an empty array may still name huge dimensions ([0, 2**63]), which numpy refuses
+        try:
+            return np.empty(shape, dtype)
+        except (ValueError, OverflowError) as e:
+            raise WireError(f"array {i}: bad shape {shape!r}: {e}") from None
     a = np.frombuffer(buf, dtype=dtype)
     return a if len(shape) == 1 else a.reshape(shape)

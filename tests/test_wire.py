@@ -52,6 +52,10 @@ def test_non_contiguous_is_sent_contiguous():
     ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": []}), b"x"], "describes 0 arrays"),
     ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": [["uint8", [1, True]]]}), b"x"], "bad shape"),
     ([msgpack.packb({"v": 1, "t": ["ping"], "src": "x"})], "unknown message type"),   # not hashable
+    # empty arrays whose other dimensions numpy cannot make (this raised ValueError)
+    ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": [["uint8", [0, 2**63]]]}), b""], "bad shape"),
+    ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": [["float64", [0, 2**62, 2**62]]]}), b""],
+     "bad shape"),
 ])
 def test_decode_rejects(frames, match):
     with pytest.raises(WireError, match=match):

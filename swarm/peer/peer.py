@@ -739,6 +739,12 @@ class Peer:
                 err = MembershipError(f"peer {self.id}: coordinator refused the join: {body.get('reason')}")
                 if self._welcome is not None and not self._welcome.done():
                     self._welcome.set_exception(err)
+                elif i == self._active and self.state is PeerState.RUNNING:
+                    # A rejoin refused: another process took this peer's id or rank while it
+                    # was frozen or cut off. Retrying cannot succeed, and going on would feed
+                    # its neighbours under an id that is no longer its own: the peer fails.
+                    raise MembershipError(f"{err}; another process holds this peer's place in the swarm "
+                                          f"now, so this one stops")
                 else:
                     log.error("%s", err)
             elif t == "view":

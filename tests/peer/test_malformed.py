@@ -30,6 +30,7 @@ def garbage_messages() -> list[list[bytes]]:
         [head(arrays=[["object", [1]]]), b"\x00" * 8],                   # dtype not allowed
         [head(arrays=[["float32", [2]]])],                               # described frame missing
         [head(arrays=[["float32", [-1]]]), b""],                         # negative shape
+        [head(arrays=[["uint8", [0, 2**63]]]), b""],                     # empty, but numpy cannot make it
         [head(body=[1, 2])],                                             # body not a map
         [head(), b"extra frame"],                                        # undeclared frame
         [head(epoch="seven")],                                           # epoch not an int
@@ -91,5 +92,41 @@ def test_garbage_to_peer_and_coordinator(procs):
         finally:
             await a.close()
             await b.close()
+
+    asyncio.run(main())
+
+
+def test_limit_over_several_frames_is_dropped_by_the_check_not_the_connection():
+    """MAXMSGSIZE applies to each frame: a message over the limit in frames that are
+    each under it reaches the check, which drops and counts it; the connection stays.
+    Received arrays are writable views that the receiver owns (docs/wire.md, 2-3)."""
+    from swarm.coordinator import Coordinator
+
+    async def main() -> None:
+        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+            b = Peer(id="b", coordinators=[coord.address], max_message_mb=2)
+            got: list = []
+            b.on("data", lambda m: got.append(m))
+            async with b:
+                ctx = zmq.asyncio.Context()
+                s = ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.LINGER, 0)
+                s.connect(b.address)
+                try:
+                    half = np.zeros(1536 * 1024, np.uint8)           # 1.5 MiB a frame, 3 MiB in all
+                    head = wire.encode("data", "raw", arrays=[half, half])[0]
+                    await s.send_multipart([head, half, half])
+                    await s.send_multipart(wire.encode("data", "raw", arrays=[np.arange(4, dtype=np.int32)]))
+                    async with asyncio.timeout(5.0):
+                        while not got:
+                            await asyncio.sleep(0.01)
+                finally:
+                    s.close(0)
+                    ctx.term()
+                assert b.counters.malformed == 1
+                total = len(head) + 2 * half.nbytes
+                assert list(b._bad.by_reason) == [f"message of {total} bytes exceeds the limit 2097152"]
+                assert [m.arrays[0].tolist() for m in got] == [[0, 1, 2, 3]]   # same connection, after
+                assert got[0].arrays[0].flags.writeable
 
     asyncio.run(main())
