@@ -204,7 +204,14 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
             peer.on_view(show)
             show(peer.view)
-            await _until_signal()
+            # until Ctrl-C/SIGTERM, or until the peer fails (e.g. another process took its id)
+            signalled = asyncio.ensure_future(_until_signal())
+            stopped = asyncio.ensure_future(peer.wait_stopped())
+            await asyncio.wait([signalled, stopped], return_when=asyncio.FIRST_COMPLETED)
+            signalled.cancel()
+            if stopped.done():
+                stopped.result()    # the failure: `swarm: error: ...`, exit 2
+            stopped.cancel()
             print(f"swarm peer {peer.id} leaving", flush=True)
         finally:
             await peer.close()

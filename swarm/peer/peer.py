@@ -430,6 +430,13 @@ class Peer:
             await self._sleep_or_fail(0.005)
         return self._view
 
+    async def wait_stopped(self) -> None:
+        """Return when the peer stops running: after :meth:`close`, or when it fails
+        (a refused rejoin, a broken socket), whose error it then raises."""
+        if self._runner is not None:
+            await asyncio.shield(self._runner)
+        self._raise_failure()
+
     # ---------------------------------------------------------------- internals
 
     async def _sleep_or_fail(self, s: float) -> None:

@@ -38,7 +38,11 @@ def test_frozen_peer_replaced_under_its_id_stops_when_it_wakes(procs):
                         await asyncio.sleep(1.0)           # 4 rejoins' worth: none comes
                         out = procs.log(old)
                         assert "another process holds this peer's place" in out, out
-                        assert out.count("coordinator refused the join") == 1, out
+                        logged = [ln for ln in out.splitlines() if " swarm.peer " in ln]
+                        assert sum("coordinator refused the join" in ln for ln in logged) == 1, out
+                        # and `swarm peer` exits with the error instead of waiting for a signal
+                        assert await asyncio.to_thread(old.wait, 10) == 2
+                        assert "swarm: error: peer B: coordinator refused the join" in procs.log(old)
                         # the swarm goes on with the new holder of B
                         assert a.view.member("B").addr == new.address
                         assert {m.id: m.addr for m in coord.table.alive()} == {"A": a.address, "B": new.address}
