@@ -3,7 +3,8 @@
 Each process heats a simulated room: the agent switches a heater (off, low,
 high) to hold 21 °C while the outside temperature drifts. Several processes
 learn together: every few steps they average their Q-networks with their ring
-neighbours through the gossip engine, on the peer's own background thread.
+neighbours through the gossip engine and send a share of their new transitions
+to the neighbours' replay buffers, on the peer's own background thread.
 
     swarm coordinator --bind tcp://127.0.0.1:5555 &
     python examples/custom_simulator.py --rank 0 &
@@ -21,7 +22,7 @@ import math
 import numpy as np
 import torch
 
-from swarm.buffer import ReplayBuffer
+from swarm.buffer import Federation, ReplayBuffer
 from swarm.gossip import Gossip
 from swarm.peer import SyncPeer
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
@@ -69,14 +70,17 @@ def main() -> None:
     agent = DQNAgent((3,), 3, buffer, DQNConfig(learning_starts=200, eps_steps=2_000), seed=args.rank)
 
     with SyncPeer(coordinators=[args.coordinator], id=f"room{args.rank}", rank=args.rank) as peer:
-        async def build() -> Gossip:
-            # Built on the peer's thread, where its message handlers run. The engine
-            # averages agent.parameters() in place: that array IS the Q-network.
-            await peer.peer.wait_view(lambda view: len(view.members) >= args.peers, timeout=60)
-            return Gossip(peer.peer, agent.parameters(), topology="ring", codec="ef+topk:0.05",
-                          gamma=0.5, sync="bounded", max_staleness=2, round_timeout=2.0)
+        peer.wait_view(lambda view: len(view.members) >= args.peers, timeout=60)
 
-        gossip = peer.call(build(), timeout=70)
+        async def build() -> tuple[Gossip, Federation]:
+            # Built on the peer's thread, where its message handlers run. The engine
+            # averages agent.parameters() in place: that array IS the Q-network. The
+            # federation puts a quarter of the new transitions in the neighbours' buffers.
+            return (Gossip(peer.peer, agent.parameters(), topology="ring", codec="ef+topk:0.05",
+                           gamma="auto", sync="bounded", max_staleness=2, round_timeout=2.0),
+                    Federation(buffer, peer.peer, share=0.25))
+
+        gossip, federation = peer.call(build())
         rounds = joined = 0
         rewards: list[float] = []
         obs, episode_reward = room.reset(), 0.0
@@ -91,12 +95,14 @@ def main() -> None:
             if step % args.gossip_every == 0:
                 result = peer.call(gossip.round(), timeout=30)   # on the peer's thread
                 agent.on_parameters_changed()
+                peer.call(federation.flush(), timeout=30)
                 rounds += 1
                 joined += bool(result.participants)
         print(f"room{args.rank}: {args.steps} steps, {len(rewards)} episodes, "
               f"mean reward of the last 5 {np.mean(rewards[-5:]):.1f} (first 5 {np.mean(rewards[:5]):.1f}), "
               f"{rounds} gossip rounds, {joined} with neighbours, "
-              f"{gossip.stats.bytes_out} bytes sent", flush=True)
+              f"{gossip.stats.bytes_out} bytes sent, "
+              f"{federation.stats.stored} transitions from neighbours", flush=True)
 
 
 if __name__ == "__main__":

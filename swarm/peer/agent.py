@@ -1,14 +1,18 @@
 """The agent interface: what a peer drives, and what it gossips.
 
-A peer does not know which algorithm runs on it. It drives an agent through
-three calls per environment step and, between steps, reads and writes the
-agent's parameters as one flat float32 vector (the gossip engine averages it in
-place) and saves or restores the agent through ``state_dict``.
+A peer does not know which algorithm runs on it. Whatever drives the agent
+(``swarm peer`` and ``swarm run``, or your own loop beside a
+:class:`~swarm.peer.SyncPeer`, as in ``examples/custom_simulator.py``) makes three
+calls per environment step and, between steps, lets the gossip engine average the
+agent's parameters in place, as one flat float32 vector; ``state_dict`` saves and
+restores the agent.
 
     agent.perceive(obs)              # what the agent sees now
     action = agent.deliberate()      # what it does (explores, may learn)
     obs, reward, done = sim.step(action)
     agent.reflect(reward, done)      # what came of it
+    # every few steps, between agent calls:
+    peer.call(gossip.round()); agent.on_parameters_changed()
 
 This module stays free of torch so that a peer, a coordinator or a custom
 simulator can import it cheaply; agents built on torch live in :mod:`swarm.rl`.
@@ -35,9 +39,10 @@ class BaseAgent(abc.ABC):
     (checkpoints) and usually :meth:`act` (greedy evaluation) and
     :meth:`metrics` (what the peer logs).
 
-    Threading: the peer writes into :meth:`parameters` only *between* agent
-    calls, never while :meth:`deliberate` or :meth:`reflect` runs, so agents
-    need no lock of their own.
+    Threading: gossip writes into :meth:`parameters` only inside
+    :meth:`swarm.gossip.Gossip.round`, which the driver runs *between* agent calls
+    (``SyncPeer.call`` blocks until the round is done), never while
+    :meth:`deliberate` or :meth:`reflect` runs, so agents need no lock of their own.
 
     Example, a hand-written agent with nothing to gossip::
 
@@ -86,12 +91,14 @@ class BaseAgent(abc.ABC):
         The returned array must *share memory* with the model: the gossip engine
         writes averaged values into it in place and the model must see them at
         its next step. The same array object is returned on every call. An agent
-        with nothing to learn returns an empty vector, and the peer skips gossip.
+        with nothing to learn returns an empty vector (the default): there is
+        nothing to gossip, and :class:`~swarm.gossip.Gossip` refuses it
+        (:class:`ConfigError`), so build no engine for it.
         """
         return _EMPTY
 
     def on_parameters_changed(self) -> None:
-        """Called by the peer after gossip wrote into :meth:`parameters`.
+        """Called by the driver after gossip wrote into :meth:`parameters`.
 
         The default does nothing; an agent that caches anything derived from its
         parameters (a compiled policy, a target copy it wants in step) refreshes

@@ -3,10 +3,18 @@
 For simulators and training loops that are not async. The peer's sockets and
 event loop live on their own thread, so a long training step on the caller's
 thread (torch releases the GIL in its kernels) does not delay heartbeats or
-replies.
+replies. With a coordinator running (``swarm coordinator``)::
 
->>> with SyncPeer(coordinators=["tcp://127.0.0.1:5555"]) as peer:
-...     peer.send(peer.neighbours()[0], "hi", {"x": 1})
+    with SyncPeer(coordinators=["tcp://127.0.0.1:5555"]) as peer:
+        peer.on("hi", lambda msg: print(msg.src, msg.body))   # runs on the peer's thread
+        peer.wait_view(lambda view: len(view.members) >= 2, timeout=30)
+        for n in peer.neighbours():
+            peer.send(n, "hi", {"x": 1})
+        result = peer.call(gossip.round())   # any coroutine, on the peer's loop
+
+Ctrl-C (or any exception) in the caller's thread, inside a blocking call or not,
+leaves the ``with`` block through :meth:`close`: the coroutine in flight is
+cancelled, the peer leaves the swarm and the thread ends.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Awaitable, Callable, Coroutine, Sequence, TypeVar
+from typing import Any, Callable, Coroutine, Sequence, TypeVar
 
 import numpy as np
 
@@ -32,7 +40,9 @@ class SyncPeer:
     """Blocking facade over :class:`Peer`; arguments are those of ``Peer``.
 
     ``loop_factory`` picks the background loop (e.g. ``uvloop.new_event_loop``);
-    the library itself never installs one.
+    the library itself never installs one. ``start_timeout``: seconds :meth:`start`
+    waits for the join (default: the peer's ``join_timeout_s`` twice, plus 5).
+    :attr:`peer` is the :class:`Peer` itself, for coroutines given to :meth:`call`.
 
     After :meth:`close` (or a failed :meth:`start`) the loop is gone: calls raise
     :class:`SwarmError` ("SyncPeer is closed"), :meth:`neighbours` is [] and it
@@ -52,6 +62,9 @@ class SyncPeer:
     # -- lifecycle
 
     def start(self) -> "SyncPeer":
+        """Start the loop thread, join through the coordinator and wait for the first
+        view; returns self. Raises what :meth:`Peer.start` raises (e.g.
+        :class:`MembershipError` when no coordinator answers) with the thread ended."""
         if self._closed:
             raise SwarmError("SyncPeer is closed and cannot be restarted; make a new SyncPeer")
         if self._thread is not None:
@@ -66,6 +79,10 @@ class SyncPeer:
             try:
                 loop.run_forever()
             finally:
+                # What is still running (a start or a call that Ctrl-C interrupted)
+                # is cancelled and awaited, as asyncio.run does: a Peer.start
+                # cancelled so closes its sockets.
+                _cancel_all(loop)
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.close()
 
@@ -74,14 +91,14 @@ class SyncPeer:
         ready.wait()
 
         async def make() -> Peer:
-            p = Peer(*self._args, **self._kwargs)
-            self.peer = p
-            await p.start()
-            return p
+            return Peer(*self._args, **self._kwargs)
 
-        timeout = self._start_timeout or (self._kwargs.get("join_timeout_s") or 5.0) + 5.0
         try:
-            self.call(make(), timeout=timeout)
+            self.peer = self.call(make())
+            # the join ends by the peer's own deadlines (welcome, then view); this one
+            # only guards against a loop that stopped answering
+            timeout = self._start_timeout or 2 * self.peer.config.join_timeout_s + 5.0
+            self.call(self.peer.start(), timeout=timeout)
         except BaseException:
             self._closed = True
             self._stop_loop()
@@ -89,7 +106,12 @@ class SyncPeer:
         return self
 
     def close(self, timeout: float = 5.0) -> None:
+        """Leave the swarm, close the peer and end its thread (idempotent).
+
+        ``timeout``: seconds to wait for the peer to close. Re-raises a failure of
+        the peer's background loops."""
         seconds(timeout, none_ok=True)
+        self._refuse_on_own_thread("close()")
         self._closed = True
         if self._loop is None:
             return
@@ -113,8 +135,21 @@ class SyncPeer:
 
     # -- calls
 
-    def call(self, coro: Coroutine[Any, Any, T] | Awaitable[T], timeout: float | None = 30.0) -> T:
-        """Run a coroutine on the peer's loop and wait for its result."""
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = 30.0) -> T:
+        """Run a coroutine on the peer's loop and wait for its result.
+
+        ``timeout``: seconds (None: no deadline); past it the coroutine is cancelled
+        and :class:`PeerTimeout` raised. An exception in the caller's thread while it
+        waits (Ctrl-C) cancels the coroutine too.
+        """
+        if not asyncio.iscoroutine(coro):
+            raise SwarmError(f"call() takes a coroutine, e.g. peer.call(gossip.round()); "
+                             f"got {coro!r:.80}")
+        try:
+            self._refuse_on_own_thread("call()")
+        except SwarmError:
+            _discard(coro)
+            raise
         if self._loop is None:
             _discard(coro)
             raise SwarmError(self._not_running())
@@ -126,7 +161,12 @@ class SyncPeer:
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
         # waited apart from the result: a PeerTimeout the coroutine raises is a
         # TimeoutError too, and it is the one to report
-        if not concurrent.futures.wait([fut], timeout).done:
+        try:
+            done = concurrent.futures.wait([fut], timeout).done
+        except BaseException:
+            fut.cancel()
+            raise
+        if not done:
             fut.cancel()
             raise PeerTimeout(f"call did not finish within {timeout} s")
         return fut.result()
@@ -139,14 +179,17 @@ class SyncPeer:
 
     @property
     def id(self) -> str:
+        """This peer's id (the ``id`` option, or host-pid)."""
         return self._peer().id
 
     @property
     def view(self) -> View:
+        """The membership view installed last."""
         return self._peer().view
 
     @property
     def address(self) -> str:
+        """The address this peer advertises to its neighbours."""
         return self._peer().address
 
     def neighbours(self) -> list[str]:
@@ -157,21 +200,46 @@ class SyncPeer:
 
     def send(self, dst: str, t: str, body: dict[str, Any] | None = None,
              arrays: Sequence[np.ndarray] = (), *, timeout: float | None = None) -> bool:
-        """:meth:`Peer.send` from the caller's thread."""
+        """:meth:`Peer.send` from the caller's thread.
+
+        From a handler (on the peer's own thread, which cannot wait for itself) it
+        does not wait: it is :meth:`Peer.send_nowait`, False when the queue is full.
+        """
         seconds(timeout, none_ok=True)
+        if self._on_own_thread():
+            return self._peer().send_nowait(dst, t, body, arrays)
         return self.call(self._peer().send(dst, t, body, arrays, timeout=timeout),
                          timeout=(timeout or 0) + 10.0)
 
     def on(self, t: str, handler: Callable[..., Any]) -> None:
-        """Register a handler; it runs on the peer's thread."""
+        """Register a handler, ``handler(msg)``, sync or async; it runs on the peer's
+        thread, where :meth:`send` does not wait and the other blocking calls are refused."""
         self._peer().on(t, handler)
 
     def on_view(self, callback: Callable[[View], None]) -> None:
+        """Call ``callback(view)`` on the peer's thread each time a new view is installed."""
         self._peer().on_view(callback)
 
     def wait_linked(self, timeout: float | None = 5.0) -> None:
+        """:meth:`Peer.wait_linked` from the caller's thread."""
         seconds(timeout, none_ok=True)
         self.call(self._peer().wait_linked(timeout), timeout=None if timeout is None else timeout + 5.0)
+
+    def wait_view(self, predicate: Callable[[View], bool], timeout: float | None = 5.0) -> View:
+        """:meth:`Peer.wait_view` from the caller's thread: wait until the view satisfies
+        ``predicate`` (e.g. ``lambda view: len(view.members) >= 3``) and return it."""
+        seconds(timeout, none_ok=True)
+        return self.call(self._peer().wait_view(predicate, timeout),
+                         timeout=None if timeout is None else timeout + 5.0)
+
+    def _on_own_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def _refuse_on_own_thread(self, what: str) -> None:
+        if self._on_own_thread():
+            raise SwarmError(f"SyncPeer.{what} from a handler or view callback, on the peer's own "
+                             f"thread, would wait for itself; make the handler async and await "
+                             f"the coroutine there (e.g. await peer.peer.wait_linked())")
 
     def _peer(self) -> Peer:
         if self.peer is None:
@@ -180,6 +248,16 @@ class SyncPeer:
 
     def _not_running(self) -> str:
         return "SyncPeer is closed" if self._closed else "SyncPeer is not started"
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel every task left on ``loop`` (stopped, not closed) and wait for them."""
+    tasks = asyncio.all_tasks(loop)
+    if not tasks:
+        return
+    for t in tasks:
+        t.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
 def _discard(coro: Any) -> None:

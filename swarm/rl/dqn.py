@@ -12,6 +12,7 @@ numpy view that the gossip engine averages in place. Transitions go into the
 replay buffer given to the constructor, which a peer may federate with its
 neighbours; the agent only adds, samples and updates priorities.
 
+    >>> from swarm.buffer import ReplayBuffer
     >>> buf = ReplayBuffer(schema=dqn_schema((4,)), capacity=50_000, alpha=0.6,
     ...                    eps=1e-6, decay=0.0, prioritized=True, seed=0)
     >>> agent = DQNAgent((4,), 2, buf, DQNConfig(), seed=0)

@@ -4,8 +4,13 @@ This is the isolated learner: no peer, no gossip. The peer-side runner drives
 an agent the same way (perceive → deliberate → step → reflect) and gossips
 between steps; comparing the two is what the experiments measure.
 
-    >>> result = run_agent("CartPole-v1", agent, steps=20_000, seed=0)
-    >>> result.returns[-10:]
+    >>> from swarm.buffer import ReplayBuffer
+    >>> from swarm.rl import DQNAgent, DQNConfig, dqn_schema
+    >>> agent = DQNAgent((4,), 2, ReplayBuffer(dqn_schema((4,)), capacity=10_000, seed=0), DQNConfig())
+    >>> result = run_agent("CartPole-v1", agent, steps=2_000, seed=0)
+    >>> result.steps, len(result.returns) == len(result.episode_ends)
+    (2000, True)
+    >>> scores = evaluate("CartPole-v1", agent, episodes=5)   # greedy returns, no learning
 """
 
 from __future__ import annotations

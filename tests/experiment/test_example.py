@@ -29,8 +29,9 @@ def test_custom_simulator_example_learns_together(procs, tmp_path):
                 p.wait()
     for r, (p, out) in enumerate(zip(rooms, outs)):
         assert p.returncode == 0, out
+        assert "expect divergence" not in out, out   # the example's gossip step suits its codec
         m = re.search(rf"room{r}: 600 steps, 6 episodes, .* (\d+) gossip rounds, (\d+) with neighbours, "
-                      r"(\d+) bytes sent", out)
+                      r"(\d+) bytes sent, (\d+) transitions from neighbours", out)
         assert m, out
-        rounds, joined, sent = map(int, m.groups())
-        assert rounds == 12 and joined >= 1 and sent > 0
+        rounds, joined, sent, received = map(int, m.groups())
+        assert rounds == 12 and joined >= 1 and sent > 0 and received > 0
