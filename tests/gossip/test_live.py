@@ -106,19 +106,7 @@ def test_live_compressed_codec_keeps_mean_and_converges():
 
     async def main():
         async with LiveSwarm(n, "ring") as sw:
-            xs = initial(n, d, seed=1)
-            m0 = np.stack(xs).astype(np.float64).mean(0)
-            e0 = consensus_error(xs)
-            engines = [Gossip(p, x, topology="ring", codec="ef+topk:0.1", gamma=0.2, round_timeout=10.0)
-                       for p, x in zip(sw.peers, xs)]
-            for _ in range(200):
-                res = await asyncio.gather(*(g.round() for g in engines))
-                assert all(r.ok for r in res)
-                if consensus_error(xs, e0) < 1e-3:
-                    break
-            m = np.stack(xs).astype(np.float64).mean(0)
-            assert np.linalg.norm(m - m0) / np.linalg.norm(m0) < 1e-6
-            assert consensus_error(xs, e0) < 1e-3
+            engines = await _to_consensus(sw, d, 1, "ef+topk:0.1", 0.2, max_rounds=200, mean_tol=1e-6)
             # only compressed deltas travel, the first one too (taken against an
             # all-zero copy): a tenth of the values plus their indices, under half
             # the dense 4·d bytes
@@ -129,6 +117,26 @@ def test_live_compressed_codec_keeps_mean_and_converges():
     asyncio.run(main())
 
 
+async def _to_consensus(sw, d: int, seed: int, codec: str, gamma, *, max_rounds: int,
+                        mean_tol: float) -> list[Gossip]:
+    """Gossip on a ring of ``sw``'s peers until the consensus error is 1e-3 of the
+    start; asserts that it got there and that the mean moved less than ``mean_tol``."""
+    xs = initial(len(sw.peers), d, seed=seed)
+    m0 = np.stack(xs).astype(np.float64).mean(0)
+    e0 = consensus_error(xs)
+    engines = [Gossip(p, x, topology="ring", codec=codec, gamma=gamma, round_timeout=10.0)
+               for p, x in zip(sw.peers, xs)]
+    for _ in range(max_rounds):
+        res = await asyncio.gather(*(g.round() for g in engines))
+        assert all(r.ok for r in res)
+        if consensus_error(xs, e0) < 1e-3:
+            break
+    m = np.stack(xs).astype(np.float64).mean(0)
+    assert np.linalg.norm(m - m0) / np.linalg.norm(m0) < mean_tol
+    assert consensus_error(xs, e0) < 1e-3
+    return engines
+
+
 def test_live_coarse_qsgd_converges_with_auto_gamma():
     """qsgd:4 (ω = 5.7 with buckets of 512) is no contraction; unscaled, the public
     copies grew to Inf and rounds raised. Rescaled, over real peers it converges."""
@@ -136,19 +144,7 @@ def test_live_coarse_qsgd_converges_with_auto_gamma():
 
     async def main():
         async with LiveSwarm(n, "ring") as sw:
-            xs = initial(n, d, seed=2)
-            m0 = np.stack(xs).astype(np.float64).mean(0)
-            e0 = consensus_error(xs)
-            engines = [Gossip(p, x, topology="ring", codec="qsgd:4", gamma="auto", round_timeout=10.0)
-                       for p, x in zip(sw.peers, xs)]
-            for _ in range(600):
-                res = await asyncio.gather(*(g.round() for g in engines))
-                assert all(r.ok for r in res)
-                if consensus_error(xs, e0) < 1e-3:
-                    break
-            m = np.stack(xs).astype(np.float64).mean(0)
-            assert np.linalg.norm(m - m0) / np.linalg.norm(m0) < 1e-5
-            assert consensus_error(xs, e0) < 1e-3
+            await _to_consensus(sw, d, 2, "qsgd:4", "auto", max_rounds=600, mean_tol=1e-5)
     asyncio.run(main())
 
 
