@@ -90,6 +90,15 @@ class _Link:
     hello_sent: float = 0.0
 
 
+def check_handler_type(t: str, who: str) -> None:
+    """Refuse a handler for one of swarm's own protocol types (WireError); register ``t``."""
+    if type(t) is str and t in RESERVED_TYPES:
+        raise WireError(f"{who}: {t!r} is a swarm protocol type that the peer handles "
+                        f"itself; no handler can be registered for {sorted(RESERVED_TYPES)} "
+                        f"(on_view is called for each new view)")
+    wire.register_type(t)
+
+
 class Peer:
     """A swarm peer: joins through a coordinator, links to its neighbours.
 
@@ -179,11 +188,7 @@ class Peer:
         and the membership types: :data:`RESERVED_TYPES`) are refused with a
         :class:`WireError`; ``pong``, the answer to a ping, may be handled.
         """
-        if type(t) is str and t in RESERVED_TYPES:
-            raise WireError(f"peer {self.id}: {t!r} is a swarm protocol type that the peer handles "
-                            f"itself; no handler can be registered for {sorted(RESERVED_TYPES)} "
-                            f"(on_view is called for each new view)")
-        wire.register_type(t)
+        check_handler_type(t, f"peer {self.id}")
         self._handlers.setdefault(t, []).append(handler)
 
     def on_view(self, callback: Callable[[View], None]) -> None:

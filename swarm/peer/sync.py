@@ -29,7 +29,7 @@ import numpy as np
 from ..checks import seconds
 from ..errors import ConfigError, PeerTimeout, SwarmError
 from ..link import View
-from .peer import Peer
+from .peer import Peer, check_handler_type
 
 __all__ = ["SyncPeer"]
 
@@ -58,6 +58,10 @@ class SyncPeer:
         self.peer: Peer | None = None
         self._start_timeout = start_timeout
         self._closed = False
+        # handlers and view callbacks given before start(): registered before the peer joins,
+        # so that no message arrives before its handler
+        self._early_handlers: list[tuple[str, Callable[..., Any]]] = []
+        self._early_view_callbacks: list[Callable[[View], None]] = []
 
     # -- lifecycle
 
@@ -91,7 +95,12 @@ class SyncPeer:
         ready.wait()
 
         async def make() -> Peer:
-            return Peer(*self._args, **self._kwargs)
+            p = Peer(*self._args, **self._kwargs)
+            for t, handler in self._early_handlers:
+                p.on(t, handler)
+            for callback in self._early_view_callbacks:
+                p.on_view(callback)
+            return p
 
         try:
             self.peer = self.call(make())
@@ -213,11 +222,20 @@ class SyncPeer:
 
     def on(self, t: str, handler: Callable[..., Any]) -> None:
         """Register a handler, ``handler(msg)``, sync or async; it runs on the peer's
-        thread, where :meth:`send` does not wait and the other blocking calls are refused."""
+        thread, where :meth:`send` does not wait and the other blocking calls are refused.
+        Given before :meth:`start`, it is in place before the peer joins."""
+        if self._unstarted():
+            check_handler_type(t, "SyncPeer")
+            self._early_handlers.append((t, handler))
+            return
         self._peer().on(t, handler)
 
     def on_view(self, callback: Callable[[View], None]) -> None:
-        """Call ``callback(view)`` on the peer's thread each time a new view is installed."""
+        """Call ``callback(view)`` on the peer's thread each time a new view is installed
+        (given before :meth:`start`, from the first view on)."""
+        if self._unstarted():
+            self._early_view_callbacks.append(callback)
+            return
         self._peer().on_view(callback)
 
     def wait_linked(self, timeout: float | None = 5.0) -> None:
@@ -240,6 +258,9 @@ class SyncPeer:
             raise SwarmError(f"SyncPeer.{what} from a handler or view callback, on the peer's own "
                              f"thread, would wait for itself; make the handler async and await "
                              f"the coroutine there (e.g. await peer.peer.wait_linked())")
+
+    def _unstarted(self) -> bool:
+        return self._thread is None and not self._closed
 
     def _peer(self) -> Peer:
         if self.peer is None:

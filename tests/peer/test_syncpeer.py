@@ -140,3 +140,25 @@ def test_a_handler_replies_with_send_and_is_refused_a_blocking_call(coordinator)
         assert replies == [{"n": 1}] and time.monotonic() - t0 < 3
         assert len(refused) == 1 and "on the peer's own thread, would wait for itself" in refused[0]
         assert b.peer.counters.malformed == 0
+
+
+def test_handlers_given_before_start_are_in_place_when_it_joins(coordinator):
+    # SyncPeer.on() before start() raised "not started"; after start() a message that
+    # a neighbour sent at once could arrive before the handler and be dropped
+    from swarm.errors import WireError
+
+    b = SyncPeer(coordinators=[coordinator], id="b")
+    got: list[dict] = []
+    views: list[int] = []
+    b.on("hi", lambda msg: got.append(msg.body))
+    b.on_view(lambda view: views.append(len(view.members)))
+    with pytest.raises(WireError, match="'hello' is a swarm protocol type"):
+        b.on("hello", print)                   # checked at once, as Peer.on does
+    with SyncPeer(coordinators=[coordinator], id="a") as a, b:
+        assert views and views[0] >= 1         # called from the first view on
+        a.wait_view(lambda v: len(v.members) == 2, timeout=10)
+        a.wait_linked()
+        assert a.send("b", "hi", {"x": 1}, timeout=2.0)
+        wait_for(lambda: got, 5, what="the message at b's early handler")
+        assert got == [{"x": 1}]
+    assert [t.name for t in threading.enumerate()] == ["MainThread"]
