@@ -422,6 +422,14 @@ def hm_python() -> Path:
     return HM_VENV / "bin" / "python"
 
 
+def last_error(output: str) -> str:
+    """The line of a failed command's output that says why: pip's last ``ERROR:`` line
+    (its retry warnings come before it), else the last line (a traceback's exception)."""
+    lines = [s.strip() for s in output.splitlines() if s.strip()]
+    errors = [s for s in lines if s.startswith("ERROR")]
+    return (errors or lines or ["(no output)"])[-1]
+
+
 def ensure_hivemind(log) -> tuple[bool, str]:
     """Create build/hivemind-venv with torch 2.13.0 then hivemind (numpy < 2.4).
     Returns (ok, what failed or the version)."""
@@ -431,7 +439,8 @@ def ensure_hivemind(log) -> tuple[bool, str]:
         log(f"hivemind setup: {what}: {' '.join(cmd)}")
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if r.returncode:
-            raise RuntimeError(f"{what} failed (exit {r.returncode}): {(r.stderr or r.stdout)[-2000:]}")
+            log((r.stderr or r.stdout)[-2000:])   # in full on stderr; the status keeps one line
+            raise RuntimeError(f"{what} failed (exit {r.returncode}): {last_error(r.stderr or r.stdout)}")
 
     check = [str(py), "-c", "import hivemind, torch, numpy, os, sys; "
              "from hivemind.averaging import DecentralizedAverager; "
@@ -453,7 +462,8 @@ def ensure_hivemind(log) -> tuple[bool, str]:
         sh([str(py), "-m", "pip", "install", "hivemind", "numpy<2.4"], "pip install hivemind numpy<2.4")
         r = subprocess.run(check, capture_output=True, text=True, timeout=300)
         if r.returncode:
-            return False, f"hivemind installed but does not import/run: {r.stderr[-2000:]}"
+            log(r.stderr[-2000:])
+            return False, f"hivemind installed but does not import/run: {last_error(r.stderr)}"
         return True, "hivemind %s, torch %s, numpy %s" % tuple(r.stdout.split())
     except Exception as e:
         return False, f"{type(e).__name__}: {e}"
