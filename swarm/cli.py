@@ -67,9 +67,16 @@ def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
 
 
 def env_rank(environ: dict[str, str] | None = None) -> int:
-    """Requested rank from SWARM_RANK, else SLURM_PROCID, else torchrun's RANK; -1 if none."""
+    """Requested rank from SWARM_RANK, else SLURM_PROCID, else torchrun's RANK; -1 if none.
+
+    In a torchrun worker (TORCHELASTIC_RUN_ID set) RANK comes before SLURM_PROCID:
+    under ``srun torchrun ...`` every worker on a node inherits its srun task's
+    SLURM_PROCID, and only RANK tells them apart.
+    """
     env = os.environ if environ is None else environ
-    for key in ("SWARM_RANK", "SLURM_PROCID", "RANK"):
+    keys = (("SWARM_RANK", "RANK", "SLURM_PROCID") if "TORCHELASTIC_RUN_ID" in env
+            else ("SWARM_RANK", "SLURM_PROCID", "RANK"))
+    for key in keys:
         if env.get(key, "") != "":
             try:
                 r = int(env[key])

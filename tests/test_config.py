@@ -69,6 +69,17 @@ def test_launcher_environment():
         env_rank({"SWARM_RANK": "x"})
 
 
+def test_a_torchrun_worker_under_srun_takes_rank_not_slurm_procid():
+    # `srun torchrun ...`: every worker of a node inherits its srun task's SLURM_PROCID;
+    # all of them asked for rank 0 and all but one were refused
+    worker = {"SLURM_PROCID": "0", "RANK": "3", "LOCAL_RANK": "3", "TORCHELASTIC_RUN_ID": "none"}
+    assert env_rank(worker) == 3
+    assert env_rank({**worker, "SWARM_RANK": "5"}) == 5           # SWARM_RANK still first
+    assert env_rank({"SLURM_PROCID": "1", "RANK": "3"}) == 1      # not a torchrun worker: Slurm's
+    with pytest.raises(SwarmError, match="RANK=-1 must be >= 0"):
+        env_rank({**worker, "RANK": "-1"})
+
+
 def test_peer_config_is_a_dataclass_with_help():
     import dataclasses
     for f in dataclasses.fields(PeerConfig):
