@@ -19,8 +19,9 @@ the learning benchmark's parameter-averaging swarm (``SWARM_PARAMS`` in
 topology and codec, with a greedy evaluation of 5 episodes every 500 env steps
 (so ``--steps`` must be at least that). ``--set`` overrides them, except the keys
 the experiment varies and ``seed`` and ``name``, which it refuses: each run sets
-those itself. A figure a run does not have (no evaluation, no finished episode)
-is left empty in the CSV, ``-`` in the table and null in the JSON.
+those itself; "isolated" also refuses ``gossip.exchange = gradients`` (the relay
+would share gradients). A figure a run does not have (no evaluation, no finished
+episode) is left empty in the CSV, ``-`` in the table and null in the JSON.
 """
 
 from __future__ import annotations
@@ -198,6 +199,11 @@ def main() -> None:
                 spec = load_spec(None, run_sets)
             except ConfigError as e:
                 ap.error(f"{name}, seed {seed}: {e}")
+            if name == "isolated" and spec.gossip.exchange != "params":
+                # the relay sends gradients every turn whatever gossip.interval, and counts
+                # them outside the gossip bytes: "isolated" would share and read 0 MB
+                ap.error(f"isolated: gossip.exchange = {spec.gossip.exchange}: its peers would still share "
+                         "gradients; the topology experiment needs gossip.exchange = params")
             if spec.eval.every == 0:
                 ap.error("eval.every = 0: the comparison reports each run's greedy evaluations")
             if args.steps < spec.eval.every:
@@ -239,13 +245,14 @@ def main() -> None:
         row = {"final_mean_return": mean(runs, "final_mean_return"),
                "final_eval_return": mean(runs, "final_eval_return"),
                "first_solve_steps": float(np.mean(solves)) if solves else None,
-               "solved_runs": len(solves), "gossip_mb_per_peer": mean(runs, "gossip_mb_per_peer"),
+               "solved_runs": len(solves), "peers_solved": mean(runs, "peers_solved"),
+               "gossip_mb_per_peer": mean(runs, "gossip_mb_per_peer"),
                "max_cpu_s": mean(runs, "max_cpu_s")}
         summary[name] = row
         first = (f"{row['first_solve_steps']:.0f} ({len(solves)}/{len(runs)} runs)" if solves
                  else f"- (0/{len(runs)} runs)")
         lines.append(f"| {name} | {_fmt(row['final_mean_return'])} | {_fmt(row['final_eval_return'])} | {first} | "
-                     f"{mean(runs, 'peers_solved'):.1f} | {row['gossip_mb_per_peer']:.2f} | {row['max_cpu_s']:.1f} |")
+                     f"{row['peers_solved']:.1f} | {row['gossip_mb_per_peer']:.2f} | {row['max_cpu_s']:.1f} |")
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
     print("\n" + table)
