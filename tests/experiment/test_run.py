@@ -6,6 +6,7 @@ handle; the children it started are checked (by the pids it records) to be gone.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -37,6 +38,17 @@ def swarm_run(cwd: Path, sets: list[str]) -> subprocess.Popen:
         args += ["--set", s]
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
     return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@contextlib.contextmanager
+def ended(p: subprocess.Popen):
+    """``p`` for the block; killed on the way out if the block failed before it finished."""
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def finish(p: subprocess.Popen, timeout: float) -> str:
@@ -267,18 +279,13 @@ def test_only_the_solver_rank_ends_a_run_when_solved(tmp_path):
 
 
 def test_ctrl_c_leaves_no_child(tmp_path):
-    p = swarm_run(tmp_path, LONG)
-    try:
+    with ended(swarm_run(tmp_path, LONG)) as p:
         d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
         pids = recorded_pids(d)
         assert set(pids) == {"coordinator", "peer0", "peer1"}
         assert sorted(children_of(p.pid)) == sorted(pids.values())
         p.send_signal(signal.SIGINT)
         out = finish(p, 40)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     assert p.returncode == 130, out
     assert "interrupted" in out
     for name, pid in pids.items():
@@ -292,16 +299,11 @@ def test_ctrl_c_leaves_no_child(tmp_path):
 
 def test_child_crash_is_reported(tmp_path):
     # One peer is enough to crash; the launcher must still end the coordinator.
-    p = swarm_run(tmp_path, ["peers=1"] + LONG[1:])
-    try:
+    with ended(swarm_run(tmp_path, ["peers=1"] + LONG[1:])) as p:
         d = wait_for(lambda: training(tmp_path, 1), timeout=45, what="the peer training")
         pids = recorded_pids(d)
         os.kill(pids["peer0"], signal.SIGKILL)   # as the OOM killer would
         out = finish(p, 40)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     assert p.returncode == 1, out
     assert f"peer0 (pid {pids['peer0']}) exited with signal 9" in out
     assert "last lines of" in out
@@ -385,8 +387,7 @@ def test_a_restarted_peer_appends_to_its_files_and_keeps_its_best(tmp_path):
     import torch
 
     sets = TINY + ["restart_dead=true", "budget.env_steps=900", "checkpoint.full_every_s=0"]
-    p = swarm_run(tmp_path, sets)
-    try:
+    with ended(swarm_run(tmp_path, sets)) as p:
         def evaluated() -> Path | None:
             d = training(tmp_path, 2)
             return d if d is not None and len((d / "peer1" / "evals.csv").read_text().splitlines()) >= 2 else None
@@ -398,10 +399,6 @@ def test_a_restarted_peer_appends_to_its_files_and_keeps_its_best(tmp_path):
         dead_episodes = len((d / "peer1" / "metrics.csv").read_text().splitlines()) - 1
         os.kill(pid, signal.SIGKILL)
         out = finish(p, 90)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     assert p.returncode == 0, out
     assert f"peer1 exited with -{signal.SIGKILL}; restarting it" in out, out
     assert json.loads((d / "restarts.json").read_text()) == {"peer1": 1}
