@@ -680,9 +680,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             if stop.is_set():
                 reason[0] = "stopped"
                 return True
-            # every step (two clock reads): a check every 200 steps overshot the limit by seconds
-            if spec.budget.max_seconds and (time.monotonic() - t0 > spec.budget.max_seconds
-                                            or time.time() > run_deadline):
+            # every step (one clock read): a check every 200 steps overshot the limit by seconds
+            if time.monotonic() > stop_at:
                 reason[0] = "time limit"
                 return True
             if step % 200 == 0:
@@ -699,6 +698,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         except ValueError:
             raise ConfigError(f"SWARM_RUN_DEADLINE = {os.environ['SWARM_RUN_DEADLINE']!r}: expected "
                               "seconds since the epoch (set by `swarm run` for its peers)") from None
+        # the earlier of this process's limit and the run's, on the monotonic clock
+        stop_at = (min(t0 + spec.budget.max_seconds, time.monotonic() + (run_deadline - time.time()))
+                   if spec.budget.max_seconds else math.inf)
         log.info("peer%d training: %d env steps, gossip every %d", rank, spec.budget.env_steps, g.interval)
         # CPU time counts from here: joining, imports and TensorBoard set-up are not training.
         summary["setup_cpu_s"] = time.process_time() - cpu0
