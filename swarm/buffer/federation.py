@@ -400,18 +400,15 @@ class Federation:
     def _store(self, msg: Message, items: Items, limit: bool) -> np.ndarray | None:
         n = len(items)
         self.stats.received += n
-        if limit:
-            room = self.buffer.limiter.insert_room()
-            if room < n:
-                self.stats.throttled += n - room
-                items = _slice(items, slice(n - room, None))
         try:
-            idx = self.buffer.insert(items, priority_clip=self.priority_clip)
+            # Duplicates are dropped before the limiter's room is counted: they take none of it.
+            idx, over = self.buffer._insert(items, self.priority_clip, limit)
         except ReplayError as e:
             self._drop(msg, str(e))
             return None
         self.stats.stored += idx.size
-        self.stats.duplicates += len(items) - idx.size
+        self.stats.throttled += over
+        self.stats.duplicates += n - over - idx.size
         return idx
 
     async def _on_push(self, msg: Message) -> None:

@@ -217,14 +217,21 @@ class ReplayBuffer:
         """Add a single item given as keyword fields (each shaped like the schema field)."""
         return int(self.add({k: np.asarray(v)[None] for k, v in fields.items()})[0])
 
-    def insert(self, items: Items, *, priority_clip: float | None = None) -> np.ndarray:
+    def insert(self, items: Items, *, priority_clip: float | None = None, limit: bool = False) -> np.ndarray:
         """Store items received from other peers, keeping their ids, origin times and priorities.
 
         Items already present (same id) or originating here are dropped;
         priorities are clipped to ``priority_clip`` (default: this buffer's max
         priority) so a neighbour cannot flood the sampler; origin times in the
-        future are clipped to now. Returns the indices of the items stored.
+        future are clipped to now. With ``limit``, only as many of the remaining
+        (new) items as the rate limiter's ``insert_room()`` allows are stored, the
+        last ones in ``items``: duplicates take no room. Returns the indices of the
+        items stored.
         """
+        return self._insert(items, priority_clip, limit)[0]
+
+    def _insert(self, items: Items, priority_clip: float | None, limit: bool) -> tuple[np.ndarray, int]:
+        """:meth:`insert`, and how many new items were left out for lack of room."""
         if priority_clip is not None and not (is_real(priority_clip) and priority_clip > 0):
             raise ReplayError(f"priority_clip must be a number > 0 or None, got {priority_clip!r}")
         arrays, n = self.schema.check(items.fields)
@@ -264,9 +271,11 @@ class ReplayBuffer:
             once = np.zeros(n, dtype=bool)
             once[order[first]] = True
             keep &= once
-            if not keep.any():
-                return np.zeros(0, dtype=np.int64)
             sel = np.flatnonzero(keep)
+            over = max(0, sel.size - self.limiter.insert_room()) if limit else 0
+            sel = sel[over:]
+            if not sel.size:
+                return np.zeros(0, dtype=np.int64), over
             for o in sorted(set(origins[sel].tolist())):
                 if known[o] < 0:
                     known[o] = self._peer_index[items.peers[o]] = len(self._peers)
@@ -279,7 +288,7 @@ class ReplayBuffer:
             idx = self._write({k: v[sel] for k, v in arrays.items()}, sel.size, lo, sseq[sel], t, raw)
             # Only the newest `capacity` of a huge batch were written.
             self._foreign.add(idx % self.capacity)
-        return idx
+        return idx, over
 
     def _times(self, times: Any, n: int) -> np.ndarray:
         if times is None:

@@ -137,6 +137,44 @@ def test_rate_limits_bound_sharing_traffic():
     run(main())
 
 
+def test_duplicates_take_no_room_from_fresh_items_in_the_same_message():
+    # The limiter's room was counted before duplicates were dropped: a message holding
+    # 2 fresh items then 2 that b had was trimmed to its last 2 (the duplicates), and
+    # b stored nothing though it had room for both fresh ones.
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"])
+        b, fb = peer(hub, "b", ["a"], limiter=RateLimiter(min_size=1, samples_per_insert=1.0, tolerance=3))
+        idx = a.add(items(4))
+        await fa._send_items("b", "buf.push", a.items(idx[:2]), {"rid": 0, "ack": False})
+        await hub.settle()
+        assert len(b) == 2 and b.limiter.insert_room() == 2
+        mixed = a.items(idx[[2, 3, 0, 1]])                  # fresh 2, 3, then duplicates 0, 1
+        await fa._send_items("b", "buf.push", mixed, {"rid": 0, "ack": False})
+        await hub.settle()
+        await hub.close()
+        assert sorted(s for _, s in b.ids()) == [0, 1, 2, 3]
+        assert (fb.stats.stored, fb.stats.duplicates, fb.stats.throttled) == (4, 2, 0)
+    run(main())
+
+
+def test_past_its_room_a_message_keeps_its_last_fresh_items():
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"])
+        b, fb = peer(hub, "b", ["a"], limiter=RateLimiter(min_size=1, samples_per_insert=1.0, tolerance=1))
+        idx = a.add(items(5))
+        await fa._send_items("b", "buf.push", a.items(idx[:1]), {"rid": 0, "ack": False})
+        await hub.settle()
+        assert b.limiter.insert_room() == 1
+        await fa._send_items("b", "buf.push", a.items(idx[[1, 0, 2, 0, 3]]), {"rid": 0, "ack": False})
+        await hub.settle()
+        await hub.close()
+        assert sorted(s for _, s in b.ids()) == [0, 3]
+        assert (fb.stats.stored, fb.stats.duplicates, fb.stats.throttled) == (2, 2, 2)
+    run(main())
+
+
 def test_malformed_items_are_dropped_and_counted():
     async def main():
         hub = Hub()

@@ -332,6 +332,21 @@ def test_insert_refuses_a_bad_priority_clip_and_changes_nothing():
     assert np.isfinite(buf._tree.total)
 
 
+def test_insert_within_the_limiter_room_counts_only_new_items():
+    # room 2: the items held already (seqs 0, 1) take none of it; the last new ones are kept
+    buf = ReplayBuffer(SCHEMA, 16, seed=0, limiter=RateLimiter(min_size=1, samples_per_insert=1.0, tolerance=3))
+
+    def got(seqs):
+        n = len(seqs)
+        return Items(items(n), ["b"], np.zeros(n, np.int32), np.array(seqs), np.zeros(n), np.ones(n))
+
+    assert buf.insert(got([0, 1]), limit=True).size == 2
+    assert buf.insert(got([2, 0, 3, 1, 4]), limit=True).size == 2
+    assert sorted(s for _, s in buf.ids()) == [0, 1, 3, 4]
+    assert buf.limiter.insert_room() == 0 and buf.insert(got([5]), limit=True).size == 0
+    assert buf.insert(got([5])).size == 1                              # without limit: no room needed
+
+
 def test_sampling_when_every_priority_decayed_to_zero_is_refused_not_nan():
     clock = Clock(1e6)
     buf = ReplayBuffer(SCHEMA, 8, decay=0.1, seed=0, clock=clock)
