@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Coroutine
+from typing import Any, Callable, Coroutine, Mapping
 
 from .config import PeerConfig, SwarmConfig, load_config
 from .errors import SwarmError, TransportError
@@ -56,14 +57,35 @@ async def _until_signal() -> None:
 
 
 def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
-    """Coordinator addresses from SWARM_COORDINATOR (comma-separated) or MASTER_ADDR."""
+    """Coordinator addresses from SWARM_COORDINATOR (comma-separated) or MASTER_ADDR.
+
+    MASTER_ADDR must be a host name or an IPv4 address: the transport does not
+    enable IPv6, so an IPv6 address is refused rather than tried in vain.
+    """
     env = os.environ if environ is None else environ
     if env.get("SWARM_COORDINATOR"):
         return [a.strip() for a in env["SWARM_COORDINATOR"].split(",") if a.strip()]
-    if env.get("MASTER_ADDR"):
-        port = env.get("SWARM_COORDINATOR_PORT", str(DEFAULT_PORT))
-        return [f"tcp://{env['MASTER_ADDR']}:{port}"]
-    return []
+    host = env.get("MASTER_ADDR", "").strip()
+    if not host:
+        return []
+    if ":" in host or "[" in host:
+        what = "is an IPv6 address" if _is_ipv6(host.strip("[]")) else "is not a host name or IPv4 address"
+        raise SwarmError(f"MASTER_ADDR={env['MASTER_ADDR']!r} {what}: swarm connects over IPv4 only; "
+                         "give a host name or an IPv4 address (the port goes in SWARM_COORDINATOR_PORT), "
+                         "or set SWARM_COORDINATOR=tcp://HOST:PORT")
+    port = env.get("SWARM_COORDINATOR_PORT", "").strip() or str(DEFAULT_PORT)
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise SwarmError(f"SWARM_COORDINATOR_PORT={env['SWARM_COORDINATOR_PORT']!r} is not a port: "
+                         "expected a number in 1..65535")
+    return [f"tcp://{host}:{int(port)}"]
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def env_rank(environ: dict[str, str] | None = None) -> int:
@@ -73,19 +95,26 @@ def env_rank(environ: dict[str, str] | None = None) -> int:
     under ``srun torchrun ...`` every worker on a node inherits its srun task's
     SLURM_PROCID, and only RANK tells them apart.
     """
-    env = os.environ if environ is None else environ
+    found = _env_rank(os.environ if environ is None else environ)
+    return -1 if found is None else found[1]
+
+
+def _env_rank(env: Mapping[str, str]) -> tuple[str, int] | None:
+    """``(KEY='VALUE', rank)`` for the variable :func:`env_rank` takes the rank from."""
     keys = (("SWARM_RANK", "RANK", "SLURM_PROCID") if "TORCHELASTIC_RUN_ID" in env
             else ("SWARM_RANK", "SLURM_PROCID", "RANK"))
     for key in keys:
-        if env.get(key, "") != "":
-            try:
-                r = int(env[key])
-            except ValueError:
-                raise SwarmError(f"{key}={env[key]!r} is not an integer rank") from None
-            if r < 0:
-                raise SwarmError(f"{key}={r} must be >= 0")
-            return r
-    return -1
+        value = env.get(key, "")
+        if value == "":
+            continue
+        digits = value.strip().removeprefix("-")
+        if not (digits.isascii() and digits.isdigit()):    # int() also takes "1_0" and "+1"
+            raise SwarmError(f"{key}={value!r} is not an integer rank")
+        r = int(value)
+        if r < 0:
+            raise SwarmError(f"{key}={r} must be >= 0")
+        return f"{key}={value!r}", r
+    return None
 
 
 def _spec_rank(peer_id: str, flag: str) -> int:
@@ -142,7 +171,11 @@ def cmd_peer(args: argparse.Namespace) -> int:
         cfg.bind = args.bind
     if args.id:
         cfg.id = args.id
-    cfg.rank = args.rank if args.rank is not None else (cfg.rank if cfg.rank >= 0 else env_rank())
+    from_env = None
+    if args.rank is not None:
+        cfg.rank = args.rank
+    elif cfg.rank < 0:
+        from_env, cfg.rank = _env_rank(os.environ) or (None, -1)
     if args.replace:
         if args.id and args.id != args.replace:
             raise SwarmError(f"--replace {args.replace} and --id {args.id} disagree; --replace sets the id")
@@ -166,6 +199,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
             cfg.rank = named
         if cfg.rank < 0:
             raise SwarmError("--spec needs a rank: pass --rank N (or set SWARM_RANK)")
+        if named is None and from_env and cfg.rank >= spec.peers:
+            raise SwarmError(f"{from_env} gives rank = {cfg.rank}: the spec has peers = {spec.peers}, "
+                             f"so ranks are 0..{spec.peers - 1}")
         if args.id and args.id != f"peer{cfg.rank}":
             raise SwarmError(f"--id {args.id}: with --spec a peer's id is peer{{RANK}} (here peer{cfg.rank}); "
                              "drop --id")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from swarmtest import ROOT, free_port, status, wait_for
 
+from swarm import cli
 from swarm.experiment import load_spec
 from swarm.experiment.spec import save_resolved
 
@@ -99,8 +100,11 @@ def test_swarm_variables_come_before_the_launchers(procs, tmp_path):
 @pytest.mark.parametrize("env, message", [
     ({"SLURM_PROCID": "x"}, "SLURM_PROCID='x' is not an integer rank"),
     ({"RANK": "-1"}, "RANK=-1 must be >= 0"),
-    ({"SWARM_RANK": "", "SLURM_PROCID": "2"}, "rank = 2: the spec has peers = 2, so ranks are 0..1"),
-    ({"TORCHELASTIC_RUN_ID": "none", "SLURM_PROCID": "0", "RANK": "2"}, "rank = 2: the spec has peers = 2"),
+    ({"SWARM_RANK": "", "SLURM_PROCID": "2"},
+     "SLURM_PROCID='2' gives rank = 2: the spec has peers = 2, so ranks are 0..1"),
+    ({"TORCHELASTIC_RUN_ID": "none", "SLURM_PROCID": "0", "RANK": "2"},
+     "RANK='2' gives rank = 2: the spec has peers = 2"),
+    ({"SWARM_RANK": "1_0"}, "SWARM_RANK='1_0' is not an integer rank"),     # int() read it as 10
 ])
 def test_a_bad_rank_from_the_environment_is_one_line(procs, tmp_path, env, message):
     p = procs.start("peer", "--spec", spec_file(tmp_path), "--coordinator", f"tcp://127.0.0.1:{free_port()}",
@@ -109,6 +113,35 @@ def test_a_bad_rank_from_the_environment_is_one_line(procs, tmp_path, env, messa
     errors = [line for line in procs.log(p).splitlines() if line.startswith("swarm: error:")]
     assert len(errors) == 1 and message in errors[0], procs.log(p)
     assert "Traceback" not in procs.log(p)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"MASTER_ADDR": "::1"}, "MASTER_ADDR='::1' is an IPv6 address: swarm connects over IPv4 only"),
+    ({"MASTER_ADDR": "fe80::1"}, "MASTER_ADDR='fe80::1' is an IPv6 address"),
+    ({"MASTER_ADDR": "[::1]"}, "MASTER_ADDR='[::1]' is an IPv6 address"),
+    ({"MASTER_ADDR": "head:29500"}, "MASTER_ADDR='head:29500' is not a host name or IPv4 address"),
+    ({"MASTER_ADDR": "127.0.0.1", "SWARM_COORDINATOR_PORT": "abc"}, "SWARM_COORDINATOR_PORT='abc' is not a port"),
+    ({"MASTER_ADDR": "127.0.0.1", "SWARM_COORDINATOR_PORT": "99999"}, "SWARM_COORDINATOR_PORT='99999' is not a port"),
+    ({"MASTER_ADDR": "127.0.0.1", "SWARM_COORDINATOR_PORT": "0"}, "SWARM_COORDINATOR_PORT='0' is not a port"),
+])
+def test_a_bad_coordinator_address_from_the_environment_names_its_variable(monkeypatch, capsys, env, message):
+    # `tcp://::1:5555` was tried in vain (the transport does not enable IPv6), and a bad
+    # port was reported as `cannot connect to tcp://127.0.0.1:abc`, naming no variable
+    for key in ("SWARM_COORDINATOR", "MASTER_ADDR", "SWARM_COORDINATOR_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert cli.main(["status", "--timeout", "0.1"]) == 2
+    assert message in capsys.readouterr().err
+    assert cli.main(["peer", "--id", "a"]) == 2          # refused before anything starts
+    assert message in capsys.readouterr().err
+
+
+def test_the_coordinator_port_from_the_environment():
+    assert cli.env_coordinator({"MASTER_ADDR": " head ", "SWARM_COORDINATOR_PORT": ""}) == ["tcp://head:5555"]
+    assert cli.env_coordinator({"MASTER_ADDR": "10.0.0.1", "SWARM_COORDINATOR_PORT": "6000"}) == ["tcp://10.0.0.1:6000"]
+    # MASTER_ADDR is not read when SWARM_COORDINATOR is set: a bad one does not matter then
+    assert cli.env_coordinator({"SWARM_COORDINATOR": "tcp://a:1", "MASTER_ADDR": "::1"}) == ["tcp://a:1"]
 
 
 def launcher_lines() -> list[str]:
