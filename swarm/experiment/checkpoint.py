@@ -294,8 +294,9 @@ def load_checkpoint(path: str | Path) -> Restored:
     try:
         manifest = json.loads((path / "manifest.json").read_text())
         st = torch.load(path / "state.pt", weights_only=False)  # our own file: RNG states, not just tensors
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"checkpoint {path} cannot be read: {e}") from None
+    except Exception as e:   # a torn or foreign file: RuntimeError, EOFError, UnpicklingError ...
+        why = _unreadable(path / "state.pt", e)
+        raise ConfigError(f"checkpoint {path} cannot be read (damaged?): {why}") from None
     try:
         if st["kind"] == "full":
             buf = ReplayBuffer.load(path / "buffer")
@@ -304,13 +305,16 @@ def load_checkpoint(path: str | Path) -> Restored:
             base = path.parent / st["base"]
             try:
                 full = torch.load(base / "state.pt", weights_only=False)
-            except OSError as e:
-                raise ConfigError(f"checkpoint {path}: its full checkpoint {base} cannot be read: {e}") from None
+            except Exception as e:
+                raise ConfigError(f"checkpoint {path}: its full checkpoint {base} cannot be read (damaged?): "
+                                  f"{_unreadable(base / 'state.pt', e)}") from None
             buf = load_incremental(ReplayBuffer.load(base / "buffer"), path / "buffer")
             bits = np.bitwise_xor(full["params"].numpy().view(np.uint32), st["params_xor"].numpy().view(np.uint32))
             params = bits.view(np.float32).copy()
     except ReplayError as e:
         raise ConfigError(f"checkpoint {path}: replay buffer: {e}") from None
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"checkpoint {path}: not a peer's checkpoint ({type(e).__name__}: {e})") from None
     return Restored(path, manifest, buf, params, st["agent"], dict(st["counters"]), st.get("torch_rng"))
 
 

@@ -21,7 +21,8 @@ Run folder::
 With ``restart_dead = true`` in the spec, a peer that crashes is started again
 (once per crash) as soon as the coordinator has declared it dead: with
 ``--replace peer{r}`` it takes its old rank, resumes from its newest checkpoint
-in this run folder and bootstraps its parameters from its neighbours.
+in this run folder (in a resumed run, before its first one here, from the old
+run's) and bootstraps its parameters from its neighbours.
 ``budget.max_seconds`` limits the whole run: the launcher passes every peer the
 run's deadline in ``SWARM_RUN_DEADLINE`` (a restarted one gets what is left of
 it), and no peer is restarted once the run's time is up. A coordinator that dies
@@ -101,6 +102,8 @@ class Launch:
     restarts: dict[str, int] = field(default_factory=dict)
     #: time.time() at which budget.max_seconds runs out for the run (None: no limit)
     deadline: float | None = None
+    #: the run folder this run resumes (swarm run --resume), else None
+    resumed: Path | None = None
     _logs: list[TextIO] = field(default_factory=list)
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> _Child:
@@ -285,7 +288,7 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
     print(f"swarm run: {spec.name}: {peers} on a {spec.gossip.topology.replace('_', ' ')} graph, {spec.env}, "
           f"codec {spec.gossip.codec}, {spec.budget.env_steps} env steps each -> {run_dir}", file=out, flush=True)
 
-    launch = Launch(run_dir)
+    launch = Launch(run_dir, resumed=prev)
     code = 0
     progress = _Progress(spec, out)
     with _Interrupt() as intr:
@@ -387,7 +390,9 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
         from .checkpoint import latest  # noqa: PLC0415
 
         if latest(peer_dir(launch.run_dir, r) / "ckpt") is not None:
-            extra += ["--resume-from", str(launch.run_dir)]   # else it died before its first checkpoint
+            extra += ["--resume-from", str(launch.run_dir)]
+        elif launch.resumed is not None:   # died before its first checkpoint here: back to the old run's
+            extra += ["--resume-from", str(launch.resumed)]
         config = launch.run_dir / "config.json"
         # budget.max_seconds limits the whole run: the new process gets what is left of it.
         peers[r] = launch.start(name, _peer_args(config, r, addr, launch.run_dir) + extra, env=_deadline_env(launch))

@@ -39,7 +39,9 @@ bootstrap (the first to start is a few steps ahead, but has not learned yet),
 nor does a whole swarm resumed from one set of checkpoints.
 
 A peer that continues its own folder (restarted with ``--replace`` or resumed from
-its own run folder) appends to its CSV files; a resumed or restarted peer starts
+its own run folder) appends to its CSV files, after rewriting them without the rows
+past the env steps it continues from (:func:`_keep_rows_upto`), which it trains and
+logs again; a resumed or restarted peer starts
 from the counters of its checkpoint (env steps, episodes, rounds, bytes) and from
 the best evaluation of the process or run it continues (``best.pt``, copied into
 a new run folder).
@@ -111,12 +113,59 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-class _Logs:
-    """The peer's CSV files and (optionally) TensorBoard writer."""
+def _keep_rows_upto(path: Path, env_steps: int) -> int:
+    """Rewrite the CSV file ``path`` without its rows past ``env_steps``; returns how many went.
 
-    def __init__(self, out: Path, tensorboard: bool = True, append: bool = False) -> None:
+    A peer restarted or resumed into its own folder trains again the env steps since
+    the checkpoint it continues from: the rows its predecessor logged for them would
+    appear twice. A last line without its newline (the writer was killed mid-row)
+    goes too. The rows kept are written to a temporary file that is then renamed over
+    ``path``, so a crash in between leaves the old file whole.
+    """
+    try:
+        with open(path, newline="") as f:
+            lines = list(f)
+    except FileNotFoundError:
+        return 0
+    header = next(csv.reader(lines[:1]), [])
+    if "env_steps" not in header:
+        return 0   # empty, or not one of ours: nothing to go by
+    col = header.index("env_steps")
+    keep = [lines[0]]
+    for line in lines[1:]:
+        row = next(csv.reader([line]), [])
+        try:
+            ok = line.endswith("\n") and int(row[col]) <= env_steps
+        except (IndexError, ValueError):
+            ok = False
+        if ok:
+            keep.append(line)
+    if len(keep) == len(lines):
+        return 0
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", newline="") as f:
+            f.writelines(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return len(lines) - len(keep)
+
+
+class _Logs:
+    """The peer's CSV files and (optionally) TensorBoard writer.
+
+    With ``append``, existing files are continued; ``upto`` (env steps) then first drops
+    their rows past it, which the peer is about to train and log again.
+    """
+
+    def __init__(self, out: Path, tensorboard: bool = True, append: bool = False,
+                 upto: int | None = None) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self._append = append   # a peer resumed into its own folder continues its files
+        self._upto = upto
         self._files = []
         self.episodes = self._csv(out / "metrics.csv", EPISODE_FIELDS)
         self.rounds = self._csv(out / "rounds.csv", ROUND_FIELDS)
@@ -131,6 +180,10 @@ class _Logs:
                 self.tb = SummaryWriter(str(out / "tb"), flush_secs=10)
 
     def _csv(self, path: Path, fields: list[str]) -> csv.DictWriter:
+        if self._append and self._upto is not None:
+            dropped = _keep_rows_upto(path, self._upto)
+            if dropped:
+                log.info("%s: dropped %d rows past env step %d (trained again now)", path, dropped, self._upto)
         fresh = not (self._append and path.is_file() and path.stat().st_size > 0)
         f = open(path, "w" if fresh else "a", newline="")
         self._files.append(f)
@@ -535,8 +588,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     "staleness": state.staleness, "last_error": state.last_error, "spec": tag}
 
         peer.stats = stats
-        # A peer restarted into its own folder continues its files, with or without a checkpoint.
-        logs = _Logs(out, tensorboard, append=rejoin)
+        # A peer restarted into its own folder continues its files, with or without a
+        # checkpoint, less the rows past the env steps it continues from.
+        logs = _Logs(out, tensorboard, append=rejoin, upto=done_steps)
         c = spec.checkpoint
         ckpt = Checkpointer(out / "ckpt", agent, buf,
                             lambda: {"env_steps": state.env_steps, "episodes": state.episodes,

@@ -98,6 +98,28 @@ def test_a_half_written_checkpoint_is_never_picked(tmp_path):
         load_checkpoint(tmp_path / "ckpt" / "full-000009")
 
 
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "foreign", "base truncated"])
+def test_a_damaged_checkpoint_is_a_clear_error(tmp_path, damage):
+    """A state.pt torn or replaced after its commit (a disk, a hand) is a ConfigError
+    that names the checkpoint, never a raw RuntimeError from torch."""
+    import torch
+
+    agent = _agent()
+    ck = Checkpointer(tmp_path / "ckpt", agent, agent.buffer, lambda: {"env_steps": agent.steps})
+    _train(agent, 30)
+    full = tmp_path / "ckpt" / ck.full(background=False)
+    inc = tmp_path / "ckpt" / ck.incremental()
+    target = full / "state.pt" if damage == "base truncated" else inc / "state.pt"
+    data = target.read_bytes()
+    if damage == "foreign":
+        torch.save({"what": "else"}, target)
+    else:
+        target.write_bytes({"empty": b"", "garbage": b"not a checkpoint" * 10}.get(damage, data[:len(data) // 2]))
+    with pytest.raises(ConfigError, match=f"checkpoint {inc}"):
+        load_checkpoint(inc)
+
+
 KILL = ["peers=1", "budget.env_steps=1000000", "dqn.learning_starts=50", "dqn.batch_size=16", "dqn.hidden=[32]",
         "eval.every=0", "gossip.codec=identity", "gossip.step_size=1.0", "buffer.capacity=3000",
         "checkpoint.full_every_s=0", "checkpoint.full_every_steps=600", "checkpoint.incremental_every_steps=150"]

@@ -337,6 +337,35 @@ def test_no_peer_restart_once_the_runs_time_is_up(tmp_path):
     assert pending == {} and launch.restarts == {} and launch.children == []
 
 
+@pytest.mark.parametrize("own_checkpoint", [False, True])
+def test_a_resumed_runs_peer_restarts_from_the_newest_checkpoint(tmp_path, monkeypatch, own_checkpoint):
+    """In a run resumed from an old one, a peer that crashed before its first checkpoint
+    in the new folder restarts from the old run's checkpoint, not from step 0."""
+    import io
+
+    from swarm.experiment import launch as launch_mod
+    from swarm.experiment.launch import Launch, _Child, _restart_crashed
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    (old / "peer1" / "ckpt" / "full-000002").mkdir(parents=True)
+    (old / "peer1" / "ckpt" / "full-000002" / "manifest.json").write_text("{}")
+    if own_checkpoint:
+        (new / "peer1" / "ckpt" / "full-000003").mkdir(parents=True)
+        (new / "peer1" / "ckpt" / "full-000003" / "manifest.json").write_text("{}")
+    spec = load_spec(None, ["peers=2", "restart_dead=true"])
+    launch = Launch(new, resumed=old)
+    started = []
+    monkeypatch.setattr(launch_mod, "_status", lambda addr: {"members": [{"id": "peer1", "state": "dead"}]})
+    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None: started.append((name, args)) or "new")
+    coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)
+    peers = [_Child("peer0", _Exited(), tmp_path / "p0.log", ended_by_us=True),   # only peer1 crashed
+             _Child("peer1", _Exited(), tmp_path / "p1.log")]
+    _restart_crashed(launch, spec, coord, peers, "tcp://127.0.0.1:9", {1: time.monotonic()}, io.StringIO())
+    [(name, args)] = started
+    assert name == "peer1" and args[args.index("--replace") + 1] == "peer1", args
+    assert args[args.index("--resume-from") + 1] == str(new if own_checkpoint else old), args
+
+
 def _summaries(run_dir: Path, peers: int) -> list[dict]:
     return [json.loads((run_dir / f"peer{r}" / "summary.json").read_text()) for r in range(peers)]
 
@@ -382,21 +411,32 @@ def test_resume_continues_the_counters_and_the_best_evaluation(tmp_path):
 
 def test_a_restarted_peer_appends_to_its_files_and_keeps_its_best(tmp_path):
     """restart_dead: a peer killed with SIGKILL before its first checkpoint is reported,
-    started again from step 0 with --replace, and continues its own CSV files (the dead
-    process's rows stay); its best evaluation is the best of both processes."""
+    started again from step 0 with --replace, and continues its own CSV files without
+    the dead process's rows (it trains those steps again); its best evaluation is the
+    best of both processes."""
     import torch
 
     sets = TINY + ["restart_dead=true", "budget.env_steps=900", "checkpoint.full_every_s=0"]
     with ended(swarm_run(tmp_path, sets)) as p:
-        def evaluated() -> Path | None:
+        def evaluated() -> tuple[Path, int, list[dict]] | None:
+            """peer1 stopped (SIGSTOP) once its evaluations so far are in evals.csv and best.pt."""
             d = training(tmp_path, 2)
-            return d if d is not None and len((d / "peer1" / "evals.csv").read_text().splitlines()) >= 2 else None
+            if d is None or len((d / "peer1" / "evals.csv").read_text().splitlines()) < 2:
+                return None
+            pid = recorded_pids(d)["peer1"]
+            os.kill(pid, signal.SIGSTOP)
+            with open(d / "peer1" / "evals.csv") as f:
+                rows = list(csv.DictReader(f))
+            try:   # written just after the row: it may be missing or half written
+                best = torch.load(d / "peer1" / "best.pt", weights_only=False)["eval_return"]
+            except Exception:
+                best = None
+            if best == max(float(e["eval_return"]) for e in rows):
+                return d, pid, rows
+            os.kill(pid, signal.SIGCONT)
+            return None
 
-        d = wait_for(evaluated, timeout=60, what="peer1's first evaluation")
-        pid = recorded_pids(d)["peer1"]
-        with open(d / "peer1" / "evals.csv") as f:
-            dead_evals = list(csv.DictReader(f))
-        dead_episodes = len((d / "peer1" / "metrics.csv").read_text().splitlines()) - 1
+        d, pid, dead_evals = wait_for(evaluated, timeout=60, what="peer1's first evaluation")
         os.kill(pid, signal.SIGKILL)
         out = finish(p, 90)
     assert p.returncode == 0, out
@@ -409,12 +449,14 @@ def test_a_restarted_peer_appends_to_its_files_and_keeps_its_best(tmp_path):
     assert json.loads((d / "summary.json").read_text())[1]["restarts"] == 1
     with open(d / "peer1" / "evals.csv") as f:
         evals = list(csv.DictReader(f))
-    assert evals[:len(dead_evals)] == dead_evals and len(evals) >= len(dead_evals) + 3, evals
+    # each env step once: the dead process's rows went, the new one logged from step 0
+    assert [int(e["env_steps"]) for e in evals] == [300, 600, 900], evals
     with open(d / "peer1" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) >= dead_episodes + s["episodes"], (len(rows), dead_episodes, s["episodes"])
-    top = max(float(e["eval_return"]) for e in evals)
-    at = min(int(e["env_steps"]) for e in evals if float(e["eval_return"]) == top)
+    assert [int(r["episode"]) for r in rows] == list(range(1, s["episodes"] + 1)), rows
+    # the first of the best in time: a later evaluation replaces it only by doing better
+    top = max(float(e["eval_return"]) for e in dead_evals + evals)
+    at = next(int(e["env_steps"]) for e in dead_evals + evals if float(e["eval_return"]) == top)
     assert (s["best_eval_return"], s["best_eval_at"]) == (top, at), (s, evals)
     assert torch.load(d / "peer1" / "best.pt", weights_only=False)["eval_return"] == top
     assert (d / "logs" / "peer1.log").read_text().count("swarm peer peer1:") == 2

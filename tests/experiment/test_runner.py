@@ -112,3 +112,57 @@ def test_bootstrap_only_from_a_member_that_has_learned(monkeypatch, their_steps,
     monkeypatch.setattr(runner, "_others", lambda *a: [{"id": "peer1", "stats": {"env_steps": their_steps}}])
     assert runner._should_bootstrap(["tcp://127.0.0.1:9"], None, "peer0", own_steps, 10, fallback=False,
                                     learning_starts=250) is expected
+
+
+def test_a_peer_resumed_into_its_folder_drops_the_rows_it_trains_again(coordinator, tmp_path):
+    """The rows a dead process logged past its checkpoint (and a row torn by the kill)
+    are dropped before the resumed peer logs those env steps again: once each."""
+    spec = load_spec(None, ONE + ["eval.every=100", "eval.episodes=1"])
+    run_peer(spec, 0, coordinator, tmp_path, tensorboard=False, join_timeout=10)   # final checkpoint at 200
+    peer = tmp_path / "peer0"
+    before = {}
+    for name in ("metrics.csv", "rounds.csv", "evals.csv"):
+        before[name] = (peer / name).read_bytes()
+        with open(peer / name, newline="") as f:
+            last = list(csv.DictReader(f))[-1]
+        # what a process killed after that checkpoint had logged: two rows past it, then half a row
+        with open(peer / name, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(last))
+            w.writerows([dict(last, env_steps=210), dict(last, env_steps=250)])
+            f.write("1.5,26")
+
+    more = load_spec(None, ONE + ["eval.every=100", "eval.episodes=1", "budget.env_steps=300"])
+    s = run_peer(more, 0, coordinator, tmp_path, tensorboard=False, join_timeout=10, resume_from=tmp_path)
+    assert s["env_steps"] == 300 and s["resumed_from"].endswith("full-000001")
+    for name in ("metrics.csv", "rounds.csv", "evals.csv"):
+        assert (peer / name).read_bytes().startswith(before[name]), name
+        with open(peer / name, newline="") as f:
+            steps = [int(r["env_steps"]) for r in csv.DictReader(f)]
+        assert steps == sorted(set(steps)) and 200 < steps[-1] <= 300, (name, steps)
+    rows = list(csv.DictReader(open(peer / "metrics.csv")))
+    assert [int(r["episode"]) for r in rows] == list(range(1, len(rows) + 1))
+    assert not list(peer.glob(".*.tmp"))
+
+
+def test_dropping_rows_never_loses_those_kept(tmp_path, monkeypatch):
+    """The rows are rewritten into a temporary file renamed over the old one: a crash
+    before the rename leaves the old file as it was, and no temporary file behind."""
+    import os
+
+    from swarm.experiment import runner
+
+    f = tmp_path / "metrics.csv"
+    old = b"wall_s,env_steps,episode\r\n1.0,10,1\r\n2.0,20,2\r\n3.0,30,3\r\n"
+    f.write_bytes(old)
+
+    def crash(src, dst):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        runner._keep_rows_upto(f, 20)
+    assert f.read_bytes() == old and [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]
+    monkeypatch.undo()
+    assert runner._keep_rows_upto(f, 20) == 1
+    assert f.read_bytes() == b"wall_s,env_steps,episode\r\n1.0,10,1\r\n2.0,20,2\r\n"
+    assert runner._keep_rows_upto(tmp_path / "none.csv", 20) == 0
