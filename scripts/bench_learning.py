@@ -59,7 +59,6 @@ from swarm.buffer import ReplayBuffer
 from swarm.config import apply_overrides, from_dict, to_dict
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
-from swarm.experiment.launch import summarize
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
 from swarm.rl.train import evaluate, make_env, run_agent
 
@@ -346,11 +345,10 @@ def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int
     """
     sets = swarm_sets(seed, extra, max_steps, every, episodes, until_solved, base, solver)
     log = io.StringIO()
-    code = run_experiment(None, sets, runs_root=root, stream=log)
-    run_dir = sorted(root.iterdir(), key=lambda p: p.stat().st_mtime)[-1]
-    rows = summarize(run_dir, load_spec(run_dir / "config.json"))
-    if code != 0:
-        raise SystemExit(f"swarm run failed ({code}):\n{log.getvalue()}")
+    result = run_experiment(None, sets, runs_root=root, stream=log)
+    run_dir, rows = result.run_dir, result.summary
+    if result.exit_code != 0:
+        raise SystemExit(f"swarm run failed ({result.exit_code}):\n{log.getvalue()}")
     steps = [int(r.get("env_steps", 0)) for r in rows]
     evals = [run_dir / f"peer{r}" / "evals.csv" for r in range(len(rows))]
     # From the peers' evaluations, not from how the run ended: a run without

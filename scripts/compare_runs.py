@@ -41,7 +41,7 @@ import numpy as np
 from bench_learning import SOLVE, SWARM_PARAMS
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
-from swarm.experiment.launch import read_csv, summarize
+from swarm.experiment.launch import read_csv
 
 VARIANTS: dict[str, dict[str, list[str]]] = {
     "topology": {
@@ -86,12 +86,11 @@ def one_run(sets: list[str], root: Path) -> dict:
     """Run ``swarm run`` with ``sets``; the run's figures, averaged over its peers."""
     root.mkdir(parents=True, exist_ok=True)
     log = io.StringIO()
-    code = run_experiment(None, sets, runs_root=root, stream=log)
-    run_dir = max(root.iterdir(), key=lambda p: p.stat().st_mtime)
-    if code != 0:
-        raise SystemExit(f"swarm run failed ({code}) in {run_dir}:\n{log.getvalue()[-3000:]}")
+    result = run_experiment(None, sets, runs_root=root, stream=log)
+    run_dir, rows = result.run_dir, result.summary
+    if result.exit_code != 0:
+        raise SystemExit(f"swarm run failed ({result.exit_code}) in {run_dir}:\n{log.getvalue()[-3000:]}")
     spec = load_spec(run_dir / "config.json")
-    rows = summarize(run_dir, spec)
     curves, solved = [], []
     for r in range(spec.peers):
         eps = read_csv(run_dir / f"peer{r}" / "metrics.csv")

@@ -87,9 +87,10 @@ def swarm_evals(seed: int, every: int, steps: int, episodes: int) -> list[tuple[
     with tempfile.TemporaryDirectory(prefix="eval_schedules-") as tmp:
         sets = swarm_sets(seed, every, steps, episodes)
         log = io.StringIO()
-        if run_experiment(None, sets, runs_root=Path(tmp), stream=log) != 0:
+        result = run_experiment(None, sets, runs_root=Path(tmp), stream=log)
+        if result.exit_code != 0:
             raise SystemExit(f"swarm run failed:\n{log.getvalue()}")
-        run_dir = next(Path(tmp).iterdir())
+        run_dir = result.run_dir
         with open(run_dir / "peer0" / "evals.csv") as f:
             return [(int(r["env_steps"]), float(r["eval_return"])) for r in csv.DictReader(f)]
 

@@ -382,7 +382,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     from .experiment.launch import run_experiment
 
-    return run_experiment(args.spec, list(args.set or []), resume=getattr(args, "resume", None))
+    return run_experiment(args.spec, list(args.set or []), resume=getattr(args, "resume", None)).exit_code
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ is started again on the same address; the peers re-register with it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import csv
 import json
 import math
@@ -40,6 +41,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +51,7 @@ from ..errors import ConfigError, SwarmError
 from .runner import peer_dir
 from .spec import Spec, load_spec, save_resolved
 
-__all__ = ["run_experiment", "Launch", "write_plots", "summarize"]
+__all__ = ["run_experiment", "RunResult", "Launch", "write_plots", "summarize"]
 
 #: seconds a child gets to leave after SIGTERM before it is killed
 TERM_GRACE_S = 15.0
@@ -159,8 +161,11 @@ class _Interrupt:
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> "_Interrupt":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._handler)
+        # Python lets only the main thread set handlers; signals reach only that thread too,
+        # so a run started from another thread has nothing to catch.
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
         return self
 
     def _handler(self, signum: int, frame: Any) -> None:
@@ -174,10 +179,20 @@ class _Interrupt:
 def _status(addr: str) -> dict[str, Any] | None:
     from ..cli import query_status  # noqa: PLC0415 - cli imports this module lazily too
 
+    def query() -> dict[str, Any] | None:
+        try:
+            return asyncio.run(query_status(addr, timeout=1.0))
+        except SwarmError:
+            return None
+
     try:
-        return asyncio.run(query_status(addr, timeout=1.0))
-    except SwarmError:
-        return None
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return query()
+    # Called from a running event loop (a notebook cell, async code), where asyncio.run
+    # refuses to start another: the query gets a thread and a loop of its own.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(query).result()
 
 
 class _Progress:
@@ -250,17 +265,44 @@ def _wait_coordinator(launch: Launch, coord: _Child, addr: str, timeout: float =
     raise SwarmError(f"the coordinator did not answer at {addr} within {timeout:.0f} s; log {coord.log}")
 
 
-def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = None,
-                   resume: str | Path | None = None, *, runs_root: str | Path = "runs",
-                   stream: TextIO | None = None) -> int:
-    """Run a whole experiment on this host; returns the process exit code.
+@dataclass
+class RunResult:
+    """What :func:`run_experiment` returns: how the run ended and where its results are."""
 
-    0: every peer spent its budget (or solved the task); 1: a child crashed
-    (reported with the tail of its log); 130: interrupted (Ctrl-C). Bad specs
-    raise :class:`~swarm.errors.ConfigError` before anything starts.
+    #: 0: every peer spent its budget (or the task was solved); 1: a process crashed
+    #: (the stream has the tail of its log, ``run_dir/logs/`` all of it)
+    exit_code: int
+    #: the run folder, ``runs_root/<name>-<YYYYmmdd-HHMMSS>/``
+    run_dir: Path
+    #: one dict per peer, as in ``run_dir/summary.json``: ``rank``, ``id``, ``reason`` (budget,
+    #: solved, stopped, ...), ``env_steps``, ``final_mean_return``, ``eval_return``,
+    #: ``best_eval_return``, ``rounds``, ``bytes_out``, ``cpu_s``, ``restarts``, ...
+    summary: list[dict[str, Any]]
+
+
+def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | None = None,
+                   resume: str | Path | None = None, *, runs_root: str | Path = "runs",
+                   stream: TextIO | None = None) -> RunResult:
+    """Run a whole experiment on this host and return its :class:`RunResult`.
+
+    ``spec_path`` is a spec file, a :class:`Spec` (changed in code, e.g. with
+    ``dataclasses.replace``; it is checked as a file is) or None for the default;
+    ``overrides`` (``"a.b=v"`` strings) apply on top. A bad spec raises
+    :class:`~swarm.errors.ConfigError` before anything starts. A crashed peer or
+    coordinator is no exception: the others are ended and ``exit_code`` is 1.
+    Ctrl-C (SIGINT, or SIGTERM) ends every process, writes the results, then
+    raises :class:`KeyboardInterrupt` (``swarm run`` exits with 130).
+
+    The progress line and the summary table go to ``stream`` (default stderr);
+    ``io.StringIO()`` keeps them out of the terminal. It blocks until the run ends,
+    from any thread, in or out of a running event loop.
 
     ``resume`` is a previous run folder: its ``config.json`` is the spec (overrides
-    apply on top) and each peer starts from its ``peer{r}/checkpoint.pt``.
+    apply on top) and each peer starts from its newest checkpoint there
+    (``peer{r}/ckpt/``, or ``peer{r}/checkpoint.pt``).
+
+        >>> r = run_experiment(None, ["peers=2", "budget.env_steps=2000"], stream=io.StringIO())
+        >>> r.exit_code, r.run_dir, [p["final_mean_return"] for p in r.summary]
     """
     out = stream or sys.stderr
     prev: Path | None = None
@@ -326,7 +368,9 @@ def run_experiment(spec_path: str | Path | None, overrides: list[str] | None = N
     print(f"run folder: {run_dir}", file=out, flush=True)
     if any(r.get("best_eval_return") is not None for r in rows):
         print(f"replay the best policies: swarm eval {run_dir}", file=out, flush=True)
-    return code
+    if code == 130:
+        raise KeyboardInterrupt   # a script's loop over runs stops here too
+    return RunResult(code, run_dir, rows)
 
 
 def _deadline_env(launch: Launch) -> dict[str, str] | None:
@@ -518,10 +562,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
 def write_plots(run_dir: str | Path) -> list[Path]:
     """PNG plots of a run folder: return per peer against env steps, gossip bytes per
     round, and the disagreement proxy per round. Returns the files written."""
-    import matplotlib  # noqa: PLC0415 - optional dependency (the `plots` extra)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    # Figures without pyplot: no backend to choose, so a notebook's or a script's own
+    # matplotlib settings stay as they were.
+    from matplotlib.figure import Figure  # noqa: PLC0415 - optional dependency (the `plots` extra)
 
     run_dir = Path(run_dir)
     out = run_dir / "plots"
@@ -529,7 +572,8 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     peers = sorted((p for p in run_dir.glob("peer*") if p.is_dir()), key=lambda p: int(p.name[4:] or 0))
     written = []
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     for p in peers:
         rows = read_csv(p / "metrics.csv")
         if rows:
@@ -543,7 +587,8 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     _legend(ax)
     written.append(_save(fig, out / "returns.png"))
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     for p in peers:
         rows = read_csv(p / "rounds.csv")
         if rows:
@@ -555,7 +600,8 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     _legend(ax)
     written.append(_save(fig, out / "bytes_per_round.png"))
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     plotted = False
     for p in peers:
         rows = [r for r in read_csv(p / "rounds.csv") if r.get("disagreement")]
@@ -583,9 +629,6 @@ def _legend(ax: Any) -> None:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path

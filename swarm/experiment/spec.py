@@ -333,12 +333,21 @@ def _check_codec(codec: str) -> None:
 
 
 #: The built-in experiment: CartPole-v1, 4 peers on a ring, error-feedback top-k, sharing on.
+#: One shared instance: change a copy (``load_spec()`` or ``dataclasses.replace``), not it.
 DEFAULT_SPEC = Spec()
 
 
-def load_spec(path: str | Path | None = None, overrides: list[str] | None = None) -> Spec:
-    """Load a spec file (or the built-in default when ``path`` is None), apply overrides, check it."""
-    data = read_file(path) if path else {}
+def load_spec(path: str | Path | Spec | None = None, overrides: list[str] | None = None) -> Spec:
+    """Load a spec file (or the built-in default when ``path`` is None), apply overrides, check it.
+
+    ``path`` may also be a :class:`Spec` made or changed in code: the result is a
+    new, checked spec (the one given is left as it is), so a key set out of range
+    with ``dataclasses.replace`` or an assignment fails here as it would in a file.
+
+        >>> spec = load_spec(None, ["peers=2", "budget.env_steps=2000"])
+        >>> spec = load_spec(dataclasses.replace(spec, seed=1))
+    """
+    data = to_dict(path) if isinstance(path, Spec) else read_file(path) if path else {}
     apply_overrides(data, list(overrides or []))
     return from_dict(Spec, data)
 
