@@ -50,7 +50,8 @@ from ..errors import ConfigError, ReplayError, SwarmError
 
 log = logging.getLogger("swarm.experiment")
 
-__all__ = ["Checkpointer", "Restored", "latest", "load_checkpoint", "load_policy", "state_digest"]
+__all__ = ["Checkpointer", "Restored", "committed", "latest", "load_checkpoint", "load_newest", "load_policy",
+           "state_digest"]
 
 _FULL = re.compile(r"^full-(\d{6})$")
 _INC = re.compile(r"^full-(\d{6})-inc-(\d{4})$")
@@ -236,21 +237,41 @@ def _fsync_dir(path: Path) -> None:
 
 # ------------------------------------------------------------- restoring
 
-def latest(root: str | Path) -> Path | None:
-    """The newest committed checkpoint under ``root`` (a ``ckpt`` folder), or None."""
+def committed(root: str | Path) -> list[Path]:
+    """The committed checkpoints under ``root`` (a ``ckpt`` folder), newest first."""
     root = Path(root)
     if not root.is_dir():
-        return None
-    best: tuple[int, int] | None = None
-    found = None
+        return []
+    found = []
     for p in root.iterdir():
         m = _FULL.match(p.name) or _INC.match(p.name)
-        if not m or not (p / "manifest.json").is_file():
-            continue
-        key = (int(m.group(1)), int(m.group(2)) if m.re is _INC else 0)
-        if best is None or key > best:
-            best, found = key, p
-    return found
+        if m and (p / "manifest.json").is_file():
+            found.append(((int(m.group(1)), int(m.group(2)) if m.re is _INC else 0), p))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def latest(root: str | Path) -> Path | None:
+    """The newest committed checkpoint under ``root`` (a ``ckpt`` folder), or None."""
+    return next(iter(committed(root)), None)
+
+
+def load_newest(root: str | Path) -> tuple[Restored | None, list[str]]:
+    """The newest checkpoint under ``root`` that can be read, and why each newer one could not.
+
+    A checkpoint damaged after its commit (a torn ``state.pt``, a truncated buffer
+    column, a lost full base) is skipped with a warning and the next older one is
+    tried: an incremental one's earlier siblings, then its full one, then any older
+    full one still kept. The damaged ones stay where they are, for inspection.
+    None when no checkpoint loads (or there is none).
+    """
+    skipped: list[str] = []
+    for path in committed(root):
+        try:
+            return load_checkpoint(path), skipped
+        except ConfigError as e:
+            log.warning("%s; trying the next older checkpoint", e)
+            skipped.append(str(e))
+    return None, skipped
 
 
 @dataclass

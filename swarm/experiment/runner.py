@@ -70,7 +70,7 @@ import numpy as np
 
 from ..config import to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
-from .checkpoint import Checkpointer, array_digest, latest, load_checkpoint, state_digest
+from .checkpoint import Checkpointer, _unreadable, array_digest, load_newest, state_digest
 from .spec import Spec
 
 if TYPE_CHECKING:
@@ -111,6 +111,25 @@ def stop_on_signals() -> threading.Event:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
     return stop
+
+
+def _read_checkpoint_pt(path: Path, skipped: list[str]) -> dict[str, Any] | None:
+    """A peer's ``checkpoint.pt`` (agent state and env steps, no buffer), or None when
+    there is none or it cannot be read (then why is logged and added to ``skipped``)."""
+    import torch  # noqa: PLC0415
+
+    if not path.is_file():
+        return None
+    try:
+        ck = torch.load(path, weights_only=False)  # our own file: it holds RNG states, not just tensors
+        if not isinstance(ck, dict) or not isinstance(ck.get("agent"), dict):
+            raise ConfigError("not a peer's checkpoint.pt (no agent state in it)")
+    except Exception as e:   # a torn or foreign file: RuntimeError, EOFError, UnpicklingError ...
+        why = f"{path} cannot be read (damaged?): {_unreadable(path, e)}"
+        log.warning("%s", why)
+        skipped.append(why)
+        return None
+    return ck
 
 
 def _keep_rows_upto(path: Path, env_steps: int) -> int:
@@ -379,7 +398,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             starts from the newest checkpoint in its ``peer{rank}/ckpt/`` (parameters,
             optimizer, replay buffer, counters, RNGs) and trains for what is left of
             the budget; an older run with only ``peer{rank}/checkpoint.pt`` gives the
-            agent's state with an empty buffer.
+            agent's state with an empty buffer. A checkpoint that cannot be read is
+            skipped with a warning for the next older one, then ``checkpoint.pt``; with
+            none left, resuming into ``run_dir`` itself starts from step 0 (with a
+            warning) and resuming from another folder raises ConfigError.
         spec_check_timeout: once joined, how long to wait for the other members' spec
             digests (heartbeats carry them) before comparing them with this one's; a
             peer whose spec differs is refused (ConfigError), one that sent none is
@@ -430,8 +452,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         # A peer restarted into a running swarm (swarm run's restart_dead) trains as soon as
         # it is in: the others may be restarting too, and waiting for all of them could
         # outlast join_timeout and crash it again.
-        rejoin = bool(getattr(peer_config, "replace", False)) or (
-            resume_from is not None and Path(resume_from).resolve() == Path(run_dir).resolve())
+        own = resume_from is not None and Path(resume_from).resolve() == Path(run_dir).resolve()
+        rejoin = bool(getattr(peer_config, "replace", False)) or own
         need = 1 if rejoin else spec.peers
         log.info("peer%d joined; waiting for %d peers", rank, need)
         deadline = time.monotonic() + join_timeout
@@ -461,11 +483,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         if n_actions is None:
             raise ConfigError(f"env = {spec.env!r}: its action space is not Discrete; DQN needs discrete actions")
         b = spec.buffer
-        restored = None
+        # A peer resumed into its own folder (restart_dead restarts it so) continues its
+        # own run: when none of its checkpoints loads it starts again from step 0, as one
+        # that died before its first checkpoint does. From another run folder it is an error.
+        restored, skipped = None, []   # skipped: why each newer checkpoint could not be read
         if resume_from is not None:
-            ref = latest(peer_dir(resume_from, rank) / "ckpt")
-            if ref is not None:
-                restored = load_checkpoint(ref)
+            restored, skipped = load_newest(peer_dir(resume_from, rank) / "ckpt")
         if restored is not None:
             buf = restored.buffer
             if buf.peer_id != peer.id or buf.capacity != b.capacity:
@@ -504,13 +527,24 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             resume_sequence(buf, (time.time_ns() // 1_000_000) << 16)
         elif resume_from is not None:
             ck_path = peer_dir(resume_from, rank) / "checkpoint.pt"
-            if not ck_path.is_file():
+            ck = _read_checkpoint_pt(ck_path, skipped)
+            if ck is not None:
+                if skipped:
+                    log.warning("peer%d: resuming from %s, which holds no replay buffer", rank, ck_path)
+                agent.load_state_dict(ck["agent"])
+                done_steps = int(ck.get("env_steps", 0))
+                summary["resumed_from"] = str(ck_path)
+            elif own:
+                log.warning("peer%d: no checkpoint in %s can be read; starting again from step 0",
+                            rank, peer_dir(resume_from, rank))
+            elif skipped:
+                raise ConfigError(f"resume: no checkpoint of peer{rank} in {peer_dir(resume_from, rank)} can be "
+                                  f"read: {'; '.join(skipped)}")
+            else:
                 raise ConfigError(f"resume: {peer_dir(resume_from, rank)} has no checkpoint (ckpt/ or "
                                   f"checkpoint.pt); was peer{rank} part of that run?")
-            ck = torch.load(ck_path, weights_only=False)  # our own file: it holds RNG states, not just tensors
-            agent.load_state_dict(ck["agent"])
-            done_steps = int(ck.get("env_steps", 0))
-            summary["resumed_from"] = str(ck_path)
+        if skipped:
+            summary["resume_skipped"] = skipped
         state.env_steps = done_steps
         if rejoin or resume_from is not None:
             _carry_best(peer_dir(resume_from, rank) if resume_from is not None else out, out, summary)

@@ -120,6 +120,47 @@ def test_a_damaged_checkpoint_is_a_clear_error(tmp_path, damage):
         load_checkpoint(inc)
 
 
+def test_a_damaged_checkpoint_is_skipped_for_the_next_older_one(tmp_path, caplog):
+    """load_newest: a checkpoint damaged after its commit is skipped with a warning that
+    names it, for its earlier increments, its full one, then an older full one still
+    there (a crash cut the pruning short); damaged ones stay, and a later full
+    checkpoint is numbered past them and prunes them as usual."""
+    import shutil
+
+    from swarm.experiment.checkpoint import load_newest
+
+    agent = _agent()
+    root = tmp_path / "ckpt"
+    ck = Checkpointer(root, agent, agent.buffer, lambda: {"env_steps": agent.steps})
+    _train(agent, 30)
+    shutil.copytree(root / ck.full(background=False), tmp_path / "older")   # full-000001 at 30 steps
+    _train(agent, 20)
+    full = root / ck.full(background=False)                                   # full-000002, prunes 000001
+    incs = [root / ck.incremental() for _ in range(2)]
+    shutil.copytree(tmp_path / "older", root / "full-000001")                 # the pruning never happened
+
+    def tear(f):
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+    tear(incs[1] / "state.pt")
+    caplog.set_level("WARNING", logger="swarm.experiment")
+    r, skipped = load_newest(root)
+    assert r.path == incs[0] and len(skipped) == 1 and str(incs[1]) in skipped[0]
+    assert f"checkpoint {incs[1]} cannot be read" in caplog.text
+    tear(full / "state.pt")           # its increments need it too: back to the older full one
+    r, skipped = load_newest(root)
+    assert r.path == root / "full-000001" and r.counters["env_steps"] == 30
+    assert [s.split(" cannot")[0].split(":")[0] for s in skipped] == [f"checkpoint {p}" for p in [*incs[::-1], full]]
+    (root / "full-000001" / "buffer" / "meta.json").write_text("{")
+    r, more = load_newest(root)
+    assert r is None and more[:3] == skipped and more[3].startswith(f"checkpoint {root / 'full-000001'}: replay")
+    assert sorted(p.name for p in root.iterdir()) == ["full-000001", "full-000002", "full-000002-inc-0001",
+                                                       "full-000002-inc-0002"]   # left for inspection
+    again = Checkpointer(root, agent, agent.buffer, lambda: {"env_steps": agent.steps})
+    assert again.full(background=False) == "full-000003"
+    assert [p.name for p in root.iterdir()] == ["full-000003"] and load_newest(root)[0].path == root / "full-000003"
+
+
 KILL = ["peers=1", "budget.env_steps=1000000", "dqn.learning_starts=50", "dqn.batch_size=16", "dqn.hidden=[32]",
         "eval.every=0", "gossip.codec=identity", "gossip.step_size=1.0", "buffer.capacity=3000",
         "checkpoint.full_every_s=0", "checkpoint.full_every_steps=600", "checkpoint.incremental_every_steps=150"]

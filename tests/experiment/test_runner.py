@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import threading
+from pathlib import Path
 
 import pytest
 from swarmtest import free_port, status, wait_for
@@ -166,3 +167,60 @@ def test_dropping_rows_never_loses_those_kept(tmp_path, monkeypatch):
     assert runner._keep_rows_upto(f, 20) == 1
     assert f.read_bytes() == b"wall_s,env_steps,episode\r\n1.0,10,1\r\n2.0,20,2\r\n"
     assert runner._keep_rows_upto(tmp_path / "none.csv", 20) == 0
+
+
+def test_a_damaged_checkpoint_falls_back_to_an_older_one(coordinator, tmp_path, monkeypatch, caplog):
+    """A checkpoint damaged after its commit is skipped with a warning naming it: the
+    peer resumes from the next older one that loads (then from checkpoint.pt). Into
+    its own folder (a restart) with none that loads it starts again from step 0;
+    from another run folder that is an error naming each one."""
+    import shutil
+
+    from swarm.experiment.checkpoint import Checkpointer, load_newest
+
+    sets = ONE + ["checkpoint.full_every_s=0", "checkpoint.incremental_every_steps=50"]
+    with monkeypatch.context() as m:   # killed: no final checkpoint, only the periodic ones
+        m.setattr(Checkpointer, "close", lambda self: None)
+        run_peer(load_spec(None, sets + ["budget.env_steps=210"]), 0, coordinator, tmp_path / "dead",
+                 tensorboard=False, join_timeout=10)
+    ckpt = tmp_path / "dead" / "peer0" / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["full-000001", "full-000001-inc-0001",
+                                                       "full-000001-inc-0002", "full-000001-inc-0003"]
+
+    def copy(name: str, damage: list[str], keep_pt: bool = True) -> Path:
+        d = shutil.copytree(tmp_path / "dead", tmp_path / name)
+        for rel in damage:   # torn after the commit
+            f = d / "peer0" / rel
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+        if not keep_pt:      # SIGKILLed: no checkpoint.pt either
+            (d / "peer0" / "checkpoint.pt").unlink()
+        return d
+
+    more = load_spec(None, sets + ["budget.env_steps=300"])
+    # the newest increment torn, the one before it with a truncated buffer column: the one before that
+    a = copy("a", ["ckpt/full-000001-inc-0003/state.pt", "ckpt/full-000001-inc-0002/buffer/obs.npy"])
+    caplog.set_level("WARNING", logger="swarm.experiment")
+    s = run_peer(more, 0, coordinator, a, tensorboard=False, join_timeout=10, resume_from=a)
+    assert s["resumed_from"].endswith("full-000001-inc-0001") and s["env_steps"] == 300, s
+    assert json.loads((a / "peer0" / "resumed.json").read_text())["env_steps"] == 101
+    assert [k.split(" cannot")[0].split(": ")[0] for k in s["resume_skipped"]] == [
+        f"checkpoint {a / 'peer0' / 'ckpt' / n}" for n in ("full-000001-inc-0003", "full-000001-inc-0002")]
+    assert "full-000001-inc-0003 cannot be read" in caplog.text and "obs" in caplog.text
+    # numbering goes on past the damaged ones, which the next full checkpoint prunes as usual
+    assert [p.name for p in (a / "peer0" / "ckpt").iterdir()] == ["full-000003"]
+    assert load_newest(a / "peer0" / "ckpt")[0].counters["env_steps"] == 300
+
+    # every checkpoint lost with its full one: checkpoint.pt (no buffer) is the last resort ...
+    b = copy("b", ["ckpt/full-000001/state.pt"])
+    s = run_peer(more, 0, coordinator, tmp_path / "b2", tensorboard=False, join_timeout=10, resume_from=b)
+    assert s["resumed_from"] == str(b / "peer0" / "checkpoint.pt") and len(s["resume_skipped"]) == 4, s
+    # ... and without it: into its own folder, from step 0 like a peer that had no checkpoint yet
+    c = copy("c", ["ckpt/full-000001/state.pt"], keep_pt=False)
+    s = run_peer(more, 0, coordinator, c, tensorboard=False, join_timeout=10, resume_from=c)
+    assert "resumed_from" not in s and s["env_steps"] == 300 and len(s["resume_skipped"]) == 4, s
+    assert "starting again from step 0" in caplog.text
+    # from another run folder, nothing that loads is an error that says why for each
+    d = copy("d", ["ckpt/full-000001/state.pt", "checkpoint.pt"])
+    with pytest.raises(ConfigError, match="no checkpoint of peer0 .* can be read") as e:
+        run_peer(more, 0, coordinator, tmp_path / "d2", tensorboard=False, join_timeout=10, resume_from=d)
+    assert str(e.value).count("cannot be read") == 5, e.value
