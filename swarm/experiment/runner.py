@@ -521,10 +521,6 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             (out / "resumed.json").write_text(json.dumps(
                 {"checkpoint": str(restored.path), "env_steps": done_steps,
                  "digest": state_digest(agent.parameters(), buf)}, indent=1) + "\n")
-            # Ids issued between that checkpoint and the crash may live at neighbours:
-            # new local items take numbers above any the dead process could have used.
-            from ..buffer.persist import resume_sequence  # noqa: PLC0415
-            resume_sequence(buf, (time.time_ns() // 1_000_000) << 16)
         elif resume_from is not None:
             ck_path = peer_dir(resume_from, rank) / "checkpoint.pt"
             ck = _read_checkpoint_pt(ck_path, skipped)
@@ -545,6 +541,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                   f"checkpoint.pt); was peer{rank} part of that run?")
         if skipped:
             summary["resume_skipped"] = skipped
+        if rejoin or resume_from is not None:
+            # Ids the process it continues issued after its checkpoint (all of them, when it
+            # starts again from step 0 or from checkpoint.pt) may live at neighbours: new
+            # local items take numbers above any that process could have used.
+            from ..buffer.persist import resume_sequence  # noqa: PLC0415
+            resume_sequence(buf, (time.time_ns() // 1_000_000) << 16)
         state.env_steps = done_steps
         if rejoin or resume_from is not None:
             _carry_best(peer_dir(resume_from, rank) if resume_from is not None else out, out, summary)
@@ -661,9 +663,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             if res is not None:
                 agent.on_parameters_changed()
                 state.rounds_ok += int(res.ok)
-            # Cumulative engine counters: a round's own bytes_in misses what arrived
-            # while we were training between rounds.
-            # Relayed gradients are gossip traffic too (gossip.exchange = gradients).
+            # From cumulative counters, the engine's and the relay's: relayed gradients
+            # are gossip traffic too (gossip.exchange = gradients).
             r = relay.stats if relay is not None else None
             total_in = gossip.stats.bytes_in + (r.bytes_in if r else 0)
             bytes_in = total_in - state.gossip_bytes_in

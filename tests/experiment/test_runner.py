@@ -219,6 +219,11 @@ def test_a_damaged_checkpoint_falls_back_to_an_older_one(coordinator, tmp_path, 
     s = run_peer(more, 0, coordinator, c, tensorboard=False, join_timeout=10, resume_from=c)
     assert "resumed_from" not in s and s["env_steps"] == 300 and len(s["resume_skipped"]) == 4, s
     assert "starting again from step 0" in caplog.text
+    # ... numbering its new replay items past every id the dead process gave out (its
+    # neighbours may hold those, and would drop new items that reuse them as duplicates)
+    given = [q for p, q in load_newest(ckpt)[0].buffer.ids() if p == "peer0"]
+    new = [q for p, q in load_newest(c / "peer0" / "ckpt")[0].buffer.ids() if p == "peer0"]
+    assert given and new and min(new) > max(given), (max(given), min(new))
     # from another run folder, nothing that loads is an error that says why for each
     d = copy("d", ["ckpt/full-000001/state.pt", "checkpoint.pt"])
     with pytest.raises(ConfigError, match="no checkpoint of peer0 .* can be read") as e:
