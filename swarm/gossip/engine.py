@@ -8,8 +8,9 @@ One round for peer i, with senders N(i) and mixing weights w (see
     x_i  += γ · Σ_j w_ij (x̂_j − x̂_i)
 
 With the identity codec and γ = 1 this is exact gossip ``x ← W x``; for every
-codec the sum over peers is unchanged in lockstep (each pair's terms cancel
-because both ends hold the same copies).
+codec the sum over peers is unchanged by a lockstep round that leaves nobody
+out (each pair's terms cancel because both ends hold the same copies); a pair
+mixed at one end only (a timeout, a late neighbour) moves it.
 
 Streams and copies
     On static topologies a peer has one outgoing stream (one x̂_i, broadcast to
@@ -39,7 +40,10 @@ Sync modes
     rounds behind; ``async`` never waits and uses whatever has arrived. Messages
     from a sender's *future* rounds are held back in lockstep and bounded so
     both ends mix the same copies. A sender waited for until the deadline in
-    vain is not waited for again until a message from it arrives.
+    vain is not waited for again until a message from it arrives. On a static
+    graph, a peer that gets a message from more than ``max_staleness`` rounds
+    ahead (lockstep: any) was left behind, and takes that round less
+    ``max_staleness`` (see :meth:`Gossip.round`).
 """
 
 from __future__ import annotations
@@ -87,7 +91,11 @@ class RoundResult:
 
     ``ok`` is true only if the peer actually averaged with somebody; a round
     with no participants (alone in the view, everyone timed out) is reported
-    with ``ok = False`` and ``reason``.
+    with ``ok = False`` and ``reason``. ``participants`` were mixed, ``missing``
+    left out; ``staleness`` is this round less the round of each participant's
+    state. ``sent``, ``full_sent``, ``bytes_out`` and ``dropped`` (sends refused)
+    are this round's; ``bytes_in`` and ``rejected`` count what arrived since the
+    previous round ended, so their sums over rounds match :class:`GossipStats`.
     """
 
     round: int
@@ -695,6 +703,7 @@ class Gossip:
         anything is sent or changed: neighbours would refuse such a state, or (top-k
         never picks a NaN) average towards a stale copy of it.
         """
+        t = self.t   # self.t moves when the round ends: one that raises leaves it as it was
         if not self._has_averaged:
             # A peer joining a running swarm adopts its neighbours' round number,
             # which time-varying topologies and lockstep both rely on. It does so
@@ -705,10 +714,20 @@ class Gossip:
             # and the full state that would repair its copy as well, until the
             # neighbour had finished (tests/experiment/test_run.py, 2 peers).
             seen = [m.body.get("r") for c in self._in.values() for m in c.pending]
-            self.t = max([self.t] + [r for r in seen if isinstance(r, int) and not isinstance(r, bool)])
-        t = self.t
+            t = max([t] + [r for r in seen if isinstance(r, int) and not isinstance(r, bool)])
+        elif self.sync != "async" and not self._per_edge:
+            # On a static graph a neighbour is also a receiver, and waits for this
+            # peer's state before it gets more than max_staleness rounds ahead
+            # (lockstep: none). A message from further ahead means it went on without
+            # this peer (which was slow, frozen, or away from its view), so the rounds
+            # this peer would wait for are never coming: it catches up. Without this
+            # it held back every newer message (growing without bound while the
+            # neighbour ran on), and it and its neighbours waited out round_timeout
+            # every round until it had crept forward one round at a time.
+            slack = self.max_staleness if self.sync == "bounded" else 0
+            newest = [c.pending[-1].body.get("r") for c in self._in.values() if c.pending]
+            t = max([t] + [r - slack for r in newest if isinstance(r, int) and not isinstance(r, bool)])
         res = RoundResult(round=t)
-        self._bytes_in, self._rejected = 0, 0
         me, senders, receivers, w = self._positions(t)
         if me < 0:
             res.reason = "not a member of the current view"
@@ -791,6 +810,9 @@ class Gossip:
         deadline = t0 + self.round_timeout
         broken: set[str] = set()
         while True:
+            # cleared before looking, not after: a nack sent while looking may yield,
+            # and a message that arrives then must end the wait below
+            self._arrived.clear()
             # a sender whose copy broke this round (gap, bad delta) is repaired by a
             # full state next round; waiting for it now would only burn the timeout
             broken |= await self._drain(upto)
@@ -806,7 +828,6 @@ class Gossip:
                     # peers that start together also train together
                     self._late.update(waiting)
                 break
-            self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), left)
             except TimeoutError:
@@ -838,11 +859,14 @@ class Gossip:
             if not res.reason:
                 res.reason = ("alone in the view" if not senders
                               else "no neighbour's state arrived in time")
+        # what arrived since the last round, not only during this one: neighbours'
+        # messages mostly land while this peer trains between rounds
         res.bytes_in, res.rejected = self._bytes_in, self._rejected
+        self._bytes_in, self._rejected = 0, 0
         self.stats.bytes_out += res.bytes_out
         self.stats.dropped_sends += res.dropped
         self.stats.rounds += 1
-        self.t += 1
+        self.t = t + 1
         return res
 
     def _nonfinite(self) -> GossipError:

@@ -332,6 +332,71 @@ def test_bounded_waits_only_past_max_staleness():
     assert r.waited_s >= 0.25 and r.missing == ["p001"]
 
 
+def test_a_message_arriving_while_a_nack_is_sent_ends_the_wait():
+    # A nack goes out from inside the round's wait loop, and Peer.send yields when
+    # the neighbour's queue is full. A message that arrived meanwhile from a sender
+    # already looked at used to be forgotten (the arrival flag was cleared after the
+    # nack), so the round waited out round_timeout with every state it needed in hand.
+    async def main():
+        hub, links, xs, engines = make(3, d=16, topology="ring", codec="fp16", round_timeout=60.0)
+        await run_rounds(engines, 2)
+        first, nacked = list(engines[0]._in)       # the order p000 looks at its senders in
+        late, gap = (engines[int(p[1:])] for p in (first, nacked))
+        gap._out[""].ver += 1                      # p000 will see a gap and nack
+        go = asyncio.Event()
+        send = links[0].send
+
+        async def slow_nack(dst, t, body=None, arrays=(), *, timeout=None):
+            if t == "gsp_nack":
+                go.set()                           # the other state arrives now ...
+                for _ in range(100):
+                    if engines[0]._in[first].pending:
+                        break
+                    await asyncio.sleep(0)
+            return await send(dst, t, body, arrays, timeout=timeout)
+        links[0].send = slow_nack
+
+        async def later():
+            await go.wait()
+            return await late.round()
+        other = asyncio.create_task(later())
+        # ... and p000's round ends with it (the 30 s guard only stops a hung test)
+        r0, _ = await asyncio.wait_for(asyncio.gather(engines[0].round(), gap.round()), 30)
+        await asyncio.wait_for(other, 30)
+        return r0, first, nacked
+    r0, first, nacked = asyncio.run(main())
+    assert r0.participants == [first] and r0.missing == [nacked]
+
+
+def test_round_results_count_every_byte_and_rejection_once():
+    # Neighbours' messages mostly arrive while a peer trains between its rounds.
+    # Each round counted only what arrived during it (the counters were reset when
+    # a round began), so the rounds' bytes_in summed to less than the engine's
+    # stats, and a bootstrap request refused between rounds was in no round's
+    # `rejected`. Now a round counts what arrived since the previous one.
+    async def main():
+        hub, links, xs, engines = make(2, d=64, topology="ring", sync="async")
+        res = {e: [] for e in engines}
+        for _ in range(4):
+            for e in engines:                      # each message lands between rounds
+                res[e].append(await e.round())
+                await asyncio.sleep(0)
+        await links[0].send("p001", "gsp_boot_req", {"lo": 5, "hi": 1, "nonce": 1})
+        for _ in range(100):                       # refused by p001's handler task
+            if engines[1].stats.rejected_malformed:
+                break
+            await asyncio.sleep(0)
+        for e in reversed(engines):
+            res[e].append(await e.round())
+            await asyncio.sleep(0)
+        return engines, res
+    (a, b), res = asyncio.run(main())
+    assert sum(r.bytes_in for r in res[a]) == a.stats.bytes_in > 0
+    # (a's last message reached b after b's last round)
+    assert sum(r.bytes_in for r in res[b]) + res[a][-1].bytes_out == b.stats.bytes_in
+    assert [r.rejected for r in res[b]] == [0, 0, 0, 0, 1] and b.stats.rejected_malformed == 1
+
+
 def test_a_stalled_neighbour_costs_one_timeout_not_one_per_round():
     async def main():
         hub, links, xs, engines = make(3, d=8, topology="ring", sync="lockstep", round_timeout=0.3)
@@ -349,6 +414,70 @@ def test_a_stalled_neighbour_costs_one_timeout_not_one_per_round():
     assert first.waited_s >= 0.25 and first.missing == ["p001"]
     assert all(r.waited_s < 0.25 and r.missing == ["p001"] for r in later)
     assert back.waited_s >= 0.25 and back.missing == ["p001"]
+
+
+@pytest.mark.parametrize("sync,slack", [("lockstep", 0), ("bounded", 2)])
+@pytest.mark.parametrize("codec", ["identity", "fp16"])
+def test_a_peer_left_behind_catches_up_instead_of_holding_every_newer_message(sync, slack, codec):
+    # p001 stalls (slow, or frozen) while its neighbours go on without it. Before,
+    # when it came back it held back every message from their later rounds (a
+    # backlog that grew as long as they ran ahead: memory without bound), mixed
+    # their oldest states, and waited for round numbers its neighbours had long
+    # passed (which never come: a neighbour's messages arrive in order), so that
+    # it and its neighbours each waited out round_timeout every round until it had
+    # crept forward one round at a time (55 s of 1 s rounds after a 3 s SIGSTOP on
+    # a live 4-ring). Now it takes their round, less the staleness its mode allows.
+    ahead = 8
+
+    async def main():
+        hub, links, xs, engines = make(3, d=16, topology="ring", codec=codec, sync=sync,
+                                       max_staleness=2, round_timeout=0.2)
+        await run_rounds(engines, 2)
+        await run_rounds([engines[0], engines[2]], ahead)   # at round 10; p001 is at 2
+        await asyncio.sleep(0)                              # the hub delivers
+        held = sum(len(c.pending) for c in engines[1]._in.values())
+        keep, xs[1][0] = xs[1][0], np.nan          # a round that raises moves no round number
+        with pytest.raises(GossipError):
+            await engines[1].round()
+        assert engines[1].t == 2
+        xs[1][0] = keep
+        back = await engines[1].round()
+        left = sum(len(c.pending) for c in engines[1]._in.values())
+        together = await run_rounds(engines, 3)
+        return held, back, left, together
+    held, back, left, together = asyncio.run(main())
+    assert held >= 2 * ahead                     # every message of their rounds without it
+    newest = 2 + ahead - 1                       # the round of the neighbours' last message
+    assert back.round == newest - slack and sorted(back.participants) == ["p000", "p002"]
+    assert left == 2 * slack                     # at most the rounds the mode lets them lead
+    # from then on the three average together again, each round with both neighbours
+    assert all(len(r.participants) == 2 for rnd in together[1:] for r in rnd), together
+
+
+def test_a_peer_left_behind_keeps_its_round_in_async_and_on_time_varying_graphs():
+    async def main():
+        hub, links, xs, engines = make(3, d=16, topology="ring", sync="async", round_timeout=0.2)
+        await run_rounds(engines, 2)
+        await run_rounds([engines[0], engines[2]], 5)
+        await asyncio.sleep(0)
+        return await engines[1].round()
+    r = asyncio.run(main())
+    # async waits for nobody and holds nothing back: its round number is its own
+    assert r.round == 2 and r.ok
+
+    async def one_peer():
+        # one-peer exponential, n = 4: round t even, i sends to i+1; odd, to i+2. A
+        # sender of a later round does not wait for this peer, so a message from
+        # round 3 is no sign of having been left behind at round 2.
+        hub, links, xs, engines = make(4, d=16, topology="one_peer_exponential", round_timeout=0.1)
+        await run_rounds(engines, 2)
+        await asyncio.gather(engines[2].round(), engines[3].round())   # round 2
+        await engines[3].round()                  # round 3: sends to p001
+        await asyncio.sleep(0)
+        assert [m.body["r"] for m in engines[1]._in["p003"].pending] == [3]
+        return await engines[1].round()
+    r = asyncio.run(one_peer())
+    assert r.round == 2
 
 
 def test_lockstep_with_latency_keeps_exactness():
