@@ -364,7 +364,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         names.insert(0, "coordinator")
     for public in tp.generate_keys(args.dir, names):
         print(f"{public}  (secret: {public}_secret)")
-    print(f"authorized public keys: {args.dir}/authorized/ — copy a host's NAME.key there to admit it")
+    print(f"authorized public keys: {Path(args.dir) / 'authorized'}/ — copy a host's NAME.key there to admit it")
     return 0
 
 

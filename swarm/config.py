@@ -62,13 +62,21 @@ def _host_port(x: Any) -> bool:
     return x == "" or (bool(sep and host) and port.isdigit() and int(port) <= 65535)
 
 
+def _advertisable(x: Any) -> bool:
+    # neighbours connect to it: a typo here would fail in every one of them, not in this peer
+    host_port = str(x).removeprefix("tcp://")
+    return x == "" or (str(x).startswith("tcp://") and _host_port(host_port) and host_port != ""
+                       and int(host_port.rpartition(":")[2]) > 0)
+
+
 @dataclass
 class PeerConfig:
     """How a peer joins, heartbeats and links to its neighbours."""
 
     id: str = opt("", "peer id; empty means HOSTNAME-PID")
     bind: str = opt("tcp://127.0.0.1:*", "ROUTER address to bind; a * port picks a free one")
-    advertise: str = opt("", "address other peers connect to; empty means the bound address")
+    advertise: str = opt("", "address other peers connect to (behind NAT); empty means the bound address",
+                         _advertisable, "must be tcp://HOST:PORT with a fixed port (the one bind binds), or empty")
     coordinators: list[str] = opt([], "coordinator addresses, primary first")
     rank: int = opt(-1, "requested rank; -1 lets the coordinator pick", lambda r: r >= -1, "must be >= -1")
     replace: bool = opt(False, "take over the role (rank) of the dead member whose id this peer uses")

@@ -94,13 +94,24 @@ def connect(s: zmq.Socket, addr: str) -> None:
 
 
 def advertised(endpoint: str) -> str:
-    """The address other hosts should use for a bound endpoint."""
+    """The address other hosts should use for a bound endpoint.
+
+    For a wildcard bind, the address the host name resolves to. Where that is a
+    loopback address (Debian's /etc/hosts maps the host name to 127.0.1.1) other
+    hosts cannot reach it; the endpoint is still advertised, for a swarm on one
+    host, with a warning that says what to pass instead.
+    """
     if endpoint.startswith("tcp://0.0.0.0:") or endpoint.startswith("tcp://*:"):
         port = endpoint.rsplit(":", 1)[1]
         try:
             host = _socket.gethostbyname(_socket.gethostname())
         except OSError:
             host = "127.0.0.1"
+        if host.startswith("127."):
+            log.warning("bound to %s, advertised as tcp://%s:%s: this host's name resolves to a loopback "
+                        "address, which peers on other hosts cannot reach; for a swarm over several hosts "
+                        "bind this host's own address (--bind \"tcp://IP:*\") or set peer.advertise",
+                        endpoint, host, port)
         return f"tcp://{host}:{port}"
     return endpoint
 

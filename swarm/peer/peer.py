@@ -288,7 +288,8 @@ class Peer:
                 self._curve = tp.Curve(cfg.keys_dir, cfg.key_name)
                 self._curve.start(self._ctx)
                 self._curve.server(self._router)
-            self.address = cfg.advertise or tp.advertised(tp.bind(self._router, cfg.bind))
+            bound = tp.bind(self._router, cfg.bind)    # also with peer.advertise, which only names it
+            self.address = cfg.advertise or tp.advertised(bound)
             for addr in cfg.coordinators:
                 c = tp.dealer(self._ctx, limits=self.limits, hwm=64, immediate=True,
                               heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s)

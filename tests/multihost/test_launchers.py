@@ -161,3 +161,14 @@ def test_launcher_examples_bind_an_address_other_hosts_reach():
     assert len(lines) >= 3, lines
     for line in lines:
         assert '--bind "tcp://0.0.0.0:*"' in line, line
+
+
+def test_readme_peers_on_other_hosts_bind_an_address_those_hosts_reach():
+    # the README's key and failover examples started `swarm peer` for HOST_A's
+    # coordinator without --bind: loopback, which no other host reaches
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "README.md").read_text())
+    lines = [line.strip() for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.S | re.M)
+             for line in block.splitlines() if re.match(r"\s*swarm peer\b.*tcp://HOST_", line)]
+    assert len(lines) >= 3, lines
+    for line in lines:
+        assert '--bind "tcp://0.0.0.0:*"' in line, line

@@ -41,6 +41,16 @@ def test_new_folder_gets_coordinator_and_peer(tmp_path, capsys):
     Curve(str(kd), "peer")                       # a usable key folder
 
 
+def test_the_printed_paths_are_clean_for_a_folder_with_a_slash(tmp_path, capsys, monkeypatch):
+    # the README's command, `swarm keys generate keys/`, printed `keys//authorized/`
+    monkeypatch.chdir(tmp_path)
+    assert main(["keys", "generate", "keys/"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["keys/coordinator.key  (secret: keys/coordinator.key_secret)",
+                   "keys/peer.key  (secret: keys/peer.key_secret)",
+                   "authorized public keys: keys/authorized/ — copy a host's NAME.key there to admit it"]
+
+
 @pytest.mark.parametrize("target", ["afile", "afile/sub"])
 def test_a_file_as_target_is_refused(tmp_path, capsys, target):
     (tmp_path / "afile").write_text("not a folder")

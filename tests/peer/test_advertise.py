@@ -1,0 +1,54 @@
+"""`peer.advertise`: the address neighbours connect to, for NAT (README, "Start peers
+on several hosts"). The peer still binds `peer.bind`; only the name it gives differs,
+and a name its neighbours could not connect to is refused before it joins."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from swarmtest import free_port
+
+from swarm import cli
+from swarm.coordinator import Coordinator
+from swarm.errors import ConfigError
+from swarm.peer import Peer
+
+
+def test_a_peer_with_an_advertised_address_still_binds_and_links():
+    # peer.advertise once replaced the bind: the peer advertised an address nothing
+    # listened on, and its neighbours' hellos went nowhere
+    port = free_port()
+
+    async def main() -> None:
+        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+            a = Peer(id="a", coordinators=[coord.address], bind=f"tcp://127.0.0.1:{port}",
+                     advertise=f"tcp://127.0.0.1:{port}")
+            b = Peer(id="b", coordinators=[coord.address])
+            got: list[dict] = []
+            a.on("data", lambda m: got.append(m.body))
+            async with a, b:
+                assert a.address == f"tcp://127.0.0.1:{port}"
+                await b.wait_view(lambda v: len(v.members) == 2)
+                await a.wait_linked()
+                await b.wait_linked()
+                assert await b.send("a", "data", {"x": 1}, timeout=2.0)
+                async with asyncio.timeout(2.0):
+                    while not got:
+                        await asyncio.sleep(0.01)
+                assert got == [{"x": 1}]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("bad", ["nonsense", "10.0.0.5:7000", "tcp://10.0.0.5", "tcp://10.0.0.5:*",
+                                 "tcp://10.0.0.5:0", "tcp://:7000", "tcp://10.0.0.5:70000"])
+def test_an_address_neighbours_could_not_connect_to_is_refused(bad):
+    # it was taken as given, and every neighbour died connecting to it
+    with pytest.raises(ConfigError, match="peer.advertise"):
+        Peer(id="a", coordinators=["tcp://127.0.0.1:1"], advertise=bad)
+
+
+def test_the_cli_refuses_a_bad_advertised_address_before_joining(capsys):
+    assert cli.main(["peer", "--coordinator", "tcp://127.0.0.1:1", "--set", "peer.advertise=nonsense"]) == 2
+    assert "peer.advertise = 'nonsense': must be tcp://HOST:PORT" in capsys.readouterr().err
