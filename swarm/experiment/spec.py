@@ -181,8 +181,9 @@ def swarm_dqn() -> DQNConfig:
 class Spec:
     """A decentralized RL experiment: N peers training one algorithm on one env."""
 
-    name: str = opt("cartpole-ring", "run name; the run folder is runs/<name>-<time>/",
-                    lambda s: bool(_NAME.match(s)), "must be letters, digits, '.', '_' or '-'")
+    name: str = opt("", "run name; the run folder is runs/<name>-<time>/; empty: ENV-TOPOLOGY "
+                        "(cartpole-ring for the default)",
+                    lambda s: s == "" or bool(_NAME.match(s)), "must be letters, digits, '.', '_' or '-'")
     env: str = opt("CartPole-v1", "Gymnasium environment id")
     algorithm: str = opt("dqn", "agent algorithm: " + ", ".join(ALGORITHMS))
     peers: int = opt(4, f"number of peer processes, at most {MAX_PEERS} (swarm run starts them all on this "
@@ -334,7 +335,7 @@ def _check_codec(codec: str) -> None:
 
 #: The built-in experiment: CartPole-v1, 4 peers on a ring, error-feedback top-k, sharing on.
 #: One shared instance: change a copy (``load_spec()`` or ``dataclasses.replace``), not it.
-DEFAULT_SPEC = Spec()
+DEFAULT_SPEC = Spec(name="cartpole-ring")   # the name load_spec() gives it (default_name)
 
 
 def load_spec(path: str | Path | Spec | None = None, overrides: list[str] | None = None) -> Spec:
@@ -349,7 +350,17 @@ def load_spec(path: str | Path | Spec | None = None, overrides: list[str] | None
     """
     data = to_dict(path) if isinstance(path, Spec) else read_file(path) if path else {}
     apply_overrides(data, list(overrides or []))
-    return from_dict(Spec, data)
+    spec = from_dict(Spec, data)
+    if not spec.name:   # named after what it runs, so `--set gossip.topology=grid` is not filed as a ring
+        spec.name = default_name(spec)
+    return spec
+
+
+def default_name(spec: Spec) -> str:
+    """``ENV-TOPOLOGY`` in lower case, without the env's version: ``cartpole-ring``."""
+    env = re.sub(r"-v\d+$", "", spec.env.rsplit("/", 1)[-1]).lower()
+    env = re.sub(r"[^a-z0-9._-]+", "-", env).strip("-._") or "run"
+    return f"{env}-{spec.gossip.topology}"
 
 
 def save_resolved(spec: Spec, path: str | Path) -> Path:
