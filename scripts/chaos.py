@@ -6,7 +6,10 @@ The run uses ``restart_dead = true`` (the launcher restarts a crashed peer with
 ``--replace``: it resumes from its checkpoint and bootstraps from its
 neighbours; a dead coordinator is started again on the same address), buffer
 replication to one neighbour (``buffer.replicas = 1``) and frequent
-checkpoints. Faults, one every ``--every`` seconds after a warm-up:
+checkpoints. Faults, one every ``--every`` seconds, from ``--warmup`` seconds
+into the run until 25 s before its end, so that the last fault's survival check
+(15 s) and the restart it causes finish within the run; a ``--duration`` that
+leaves no time between the two (at most ``--warmup`` + 25 s) is refused:
 
 ``kill``         SIGKILL a random peer (the launcher restarts it)
 ``freeze``       SIGSTOP a random peer for ``--freeze`` seconds, then SIGCONT
@@ -58,6 +61,8 @@ from swarm.errors import ConfigError
 from swarm.experiment import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
+#: seconds at the end of the run without faults: the last one's survival check (15 s) and restart fit in
+QUIET_S = 25.0
 
 
 def spec_overrides(peers: int, seed: int, seconds: float) -> list[str]:
@@ -253,7 +258,7 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
         kills: list[tuple[str, int, float]] = []                # (peer, steps done at the kill, when)
         rss = RssLog(run, t0, window=min(60.0, args.duration / 3))
         next_fault = t0 + args.warmup
-        end_faults = t0 + args.duration - 25
+        end_faults = t0 + args.duration - QUIET_S
         last_steps: dict[str, int] = {}
         pending_checks: list = []
         survived = 0
@@ -345,28 +350,41 @@ def nan_params(run: Path) -> int:
     return bad
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: a bad value exits with a usage error before any run starts."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--duration", type=float, default=180.0, help="seconds of each run (default 180)")
+    ap.add_argument("--duration", type=float, default=180.0,
+                    help=f"seconds of each run (default 180); no fault in its last {QUIET_S:.0f} s")
     ap.add_argument("--peers", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--every", type=float, default=15.0, help="seconds between faults")
-    ap.add_argument("--warmup", type=float, default=25.0, help="seconds before the first fault")
+    ap.add_argument("--warmup", type=float, default=25.0,
+                    help=f"seconds before the first fault (default 25); faults stop {QUIET_S:.0f} s before "
+                         "the end, so --duration must exceed --warmup + that")
     ap.add_argument("--freeze", type=float, default=3.0, help="seconds a frozen peer stays stopped")
     ap.add_argument("--no-clean", action="store_true", help="skip the fault-free run")
     ap.add_argument("--root", help="folder for the runs (default: a temporary one)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.duration <= 0:
         ap.error("--duration must be > 0 (each run's budget.max_seconds; 0 there would mean no limit)")
     for name in ("every", "warmup", "freeze"):
         if getattr(args, name) < 0:
             ap.error(f"--{name} must be >= 0")
+    if args.duration - QUIET_S <= args.warmup:
+        ap.error(f"--duration {args.duration:g} leaves no time for faults: they come after --warmup "
+                 f"{args.warmup:g} s and stop {QUIET_S:.0f} s before the end; give --duration > "
+                 f"{args.warmup + QUIET_S:g} or a shorter --warmup")
     try:
         load_spec(None, spec_overrides(args.peers, args.seed, args.duration))
     except ConfigError as e:
         ap.error(str(e))
     if args.root and Path(args.root).exists() and not Path(args.root).is_dir():
         ap.error(f"--root {args.root} is a file, not a folder")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     root = Path(args.root or tempfile.mkdtemp(prefix="swarm-chaos-"))
     root.mkdir(parents=True, exist_ok=True)
 

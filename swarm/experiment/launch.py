@@ -22,7 +22,10 @@ With ``restart_dead = true`` in the spec, a peer that crashes is started again
 (once per crash) as soon as the coordinator has declared it dead: with
 ``--replace peer{r}`` it takes its old rank, resumes from its newest checkpoint
 in this run folder (in a resumed run, before its first one here, from the old
-run's) and bootstraps its parameters from its neighbours.
+run's) and bootstraps its parameters from its neighbours. A peer that crashes
+again after ``MAX_RESTARTS`` restarts, or that failed to resume from the old run
+(an error another start would meet again), is left down with a line that says
+so; the others go on, and the run's exit code is 1.
 ``budget.max_seconds`` limits the whole run: the launcher passes every peer the
 run's deadline in ``SWARM_RUN_DEADLINE`` (a restarted one gets what is left of
 it), and no peer is restarted once the run's time is up. A coordinator that dies
@@ -102,6 +105,8 @@ class Launch:
     run_dir: Path
     children: list[_Child] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)
+    #: peers that restart_dead no longer restarts -> why (their summary row's ``reason``)
+    given_up: dict[str, str] = field(default_factory=dict)
     #: time.time() at which budget.max_seconds runs out for the run (None: no limit)
     deadline: float | None = None
     #: the run folder this run resumes (swarm run --resume), else None
@@ -270,7 +275,8 @@ class RunResult:
     """What :func:`run_experiment` returns: how the run ended and where its results are."""
 
     #: 0: every peer spent its budget (or the task was solved); 1: a process crashed
-    #: (the stream has the tail of its log, ``run_dir/logs/`` all of it)
+    #: (with ``restart_dead``: a peer was left down, see :data:`MAX_RESTARTS`; the stream
+    #: has the tail of its log, ``run_dir/logs/`` all of it)
     exit_code: int
     #: the run folder, ``runs_root/<name>-<YYYYmmdd-HHMMSS>/``
     run_dir: Path
@@ -355,6 +361,8 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     rows = summarize(run_dir, spec)
     for row in rows:
         row["restarts"] = launch.restarts.get(row.get("id", ""), 0)
+        if row.get("id") in launch.given_up:
+            row["reason"] = launch.given_up[row["id"]]
     if spec.restart_dead:
         (run_dir / "restarts.json").write_text(json.dumps(launch.restarts, indent=1) + "\n")
     (run_dir / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
@@ -390,6 +398,11 @@ def _peer_args(config: Path, rank: int, addr: str, run_dir: Path) -> list[str]:
 
 #: restarts per peer before `swarm run` lets it stay dead (a peer that crashes at once would loop)
 MAX_RESTARTS = 20
+#: How `swarm peer` reports a resume that cannot be done (a ConfigError: no checkpoint of the
+#: old run loads, or one that does not fit the spec); the files do not change between starts,
+#: so a restart fails the same way. Its exit code, 2, says no more than "a SwarmError", which a
+#: restart may well cure (a refused takeover, a join that timed out, a failed gossip round).
+_LASTING_ERROR = "swarm: error: resume: "
 #: how long a crashed peer's restart waits for the coordinator to declare it dead
 RESTART_WAIT_S = 30.0
 
@@ -409,9 +422,20 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
     if late:
         pending.clear()
     for r, c in enumerate(peers):
-        if (r not in pending and c.proc.poll() not in (None, 0) and not c.ended_by_us and not late
-                and launch.restarts.get(f"peer{r}", 0) < MAX_RESTARTS):
-            print(f"swarm run: peer{r} exited with {c.proc.returncode}; restarting it once the coordinator "
+        name = f"peer{r}"
+        if r in pending or c.proc.poll() in (None, 0) or c.ended_by_us or late or name in launch.given_up:
+            continue
+        rc = c.proc.returncode
+        if rc == 2 and _LASTING_ERROR in _tail(c.log, 3):
+            launch.given_up[name] = "error; not restarted"
+            print(f"swarm run: {name} exited with {rc} on an error that a restart would meet again; not "
+                  f"restarting it; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)
+        elif launch.restarts.get(name, 0) >= MAX_RESTARTS:
+            launch.given_up[name] = f"crashed; not restarted after {MAX_RESTARTS} restarts"
+            print(f"swarm run: {name} exited with {rc} after {MAX_RESTARTS} restarts (the limit); not restarting "
+                  f"it again; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)
+        else:
+            print(f"swarm run: {name} exited with {rc}; restarting it once the coordinator "
                   "has declared it dead", file=out, flush=True)
             pending[r] = now
     if not pending:
@@ -477,7 +501,7 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
             continue
         if alive == 0:
             progress.final(launch.run_dir)
-            return 0
+            return 1 if launch.given_up else 0   # a peer left down is a crash, as without restart_dead
         if coord.proc.poll() is not None:
             continue  # reported above unless we ended it; peers go on without it
         if limit and not stopping and time.monotonic() - t0 > limit + 30.0:

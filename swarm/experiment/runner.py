@@ -57,7 +57,6 @@ import json
 import logging
 import math
 import os
-import pickle
 import shutil
 import signal
 import threading
@@ -353,25 +352,40 @@ def _check_same_spec(coordinators: list[str], peer_config: Any, me: str, tag: di
         raise ConfigError(f"{me}: the spec differs at {where}; every peer needs the same --spec")
 
 
+def _read_best(path: Path) -> tuple[float, int] | None:
+    """The evaluation return and env step recorded in a ``best.pt``; None when there is
+    none, or it cannot be read (a torn or foreign file: logged)."""
+    import torch  # noqa: PLC0415
+
+    if not path.is_file():
+        return None
+    try:
+        best = torch.load(path, weights_only=True, map_location="cpu")   # runs no code, as `swarm eval`
+        return float(best["eval_return"]), int(best["env_steps"])
+    except Exception as e:   # torn or foreign: torch's unpickler raises IndexError, EOFError, RuntimeError ...
+        log.warning("%s: cannot read its best evaluation (%s: %s); it does not count", path, type(e).__name__, e)
+        return None
+
+
 def _carry_best(src: Path, out: Path, summary: dict[str, Any]) -> None:
     """Start from the best evaluation of the process (or run) this one continues:
     its ``src/best.pt``, copied into ``out`` when that is another folder. Otherwise
-    the first evaluation after a restart or resume, however poor, would replace it."""
-    import torch  # noqa: PLC0415
+    the first evaluation after a restart or resume, however poor, would replace it.
 
-    path = src / "best.pt"
-    if not path.is_file():
-        return
-    try:
-        best = torch.load(path, weights_only=True, map_location="cpu")   # runs no code, as `swarm eval`
-        ret, at = float(best["eval_return"]), int(best["env_steps"])
-    except (OSError, EOFError, KeyError, TypeError, ValueError, RuntimeError, pickle.UnpicklingError) as e:
-        # a torn or foreign file: the next evaluation writes a new one
-        log.warning("%s: cannot read its best evaluation (%s); a new best.pt starts from the next one", path, e)
-        return
-    if path.resolve() != (out / "best.pt").resolve():
-        shutil.copyfile(path, out / "best.pt")
-    summary.update(best_eval_return=ret, best_eval_at=at)
+    ``out`` may hold a ``best.pt`` already: a crashed process of this run, restarted
+    from another run's checkpoint, wrote it. That one did better than ``src``'s (it
+    replaced the copy only by doing better) and stays; one that cannot be read does not.
+    With neither readable, the next evaluation writes a new ``best.pt``."""
+    best = _read_best(src / "best.pt")
+    here = out / "best.pt"
+    if (src / "best.pt").resolve() != here.resolve():
+        mine = _read_best(here)
+        if mine is not None and (best is None or mine[0] > best[0]):
+            best = mine
+        elif best is not None:
+            shutil.copyfile(src / "best.pt", here)
+    if best is not None:
+        summary.update(best_eval_return=best[0], best_eval_at=best[1])
 
 
 def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: str | Path, *,

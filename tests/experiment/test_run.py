@@ -312,13 +312,15 @@ def test_child_crash_is_reported(tmp_path):
 
 
 class _Exited:
-    """A stand-in for a Popen whose process was killed."""
+    """A stand-in for a Popen whose process has exited (killed, unless told otherwise)."""
 
     pid = 0
-    returncode = -9
+
+    def __init__(self, returncode: int = -9) -> None:
+        self.returncode = returncode
 
     def poll(self):
-        return -9
+        return self.returncode
 
 
 def test_no_peer_restart_once_the_runs_time_is_up(tmp_path):
@@ -364,6 +366,108 @@ def test_a_resumed_runs_peer_restarts_from_the_newest_checkpoint(tmp_path, monke
     [(name, args)] = started
     assert name == "peer1" and args[args.index("--replace") + 1] == "peer1", args
     assert args[args.index("--resume-from") + 1] == str(new if own_checkpoint else old), args
+
+
+def test_a_peer_that_keeps_crashing_is_left_down_and_the_run_fails(tmp_path, monkeypatch):
+    """restart_dead: a peer that crashes again after MAX_RESTARTS restarts is not restarted;
+    the launcher says so once, with its log's last lines, and the run's exit code is 1."""
+    import io
+
+    from swarm.experiment.launch import MAX_RESTARTS, Launch, _Child, _Interrupt, _Progress, _supervise
+
+    spec = load_spec(None, ["peers=2", "restart_dead=true"])
+    launch = Launch(tmp_path, restarts={"peer1": MAX_RESTARTS})
+    monkeypatch.setattr(Launch, "start", lambda *a, **k: pytest.fail("a peer was restarted"))
+    (tmp_path / "p1.log").write_text("Traceback (most recent call last):\nRuntimeError: out of luck\n")
+    coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)
+    peers = [_Child("peer0", _Exited(0), tmp_path / "p0.log"),      # spent its budget
+             _Child("peer1", _Exited(), tmp_path / "p1.log")]
+    out = io.StringIO()
+    code = _supervise(launch, spec, coord, peers, "tcp://127.0.0.1:9", _Progress(spec, io.StringIO()),
+                      _Interrupt(), out)
+    assert code == 1, out.getvalue()
+    said = out.getvalue()
+    assert said.count(f"peer1 exited with -9 after {MAX_RESTARTS} restarts (the limit); not restarting it "
+                      "again") == 1, said
+    assert "RuntimeError: out of luck" in said and "peer0" not in said
+    assert launch.given_up == {"peer1": f"crashed; not restarted after {MAX_RESTARTS} restarts"}
+    assert launch.restarts == {"peer1": MAX_RESTARTS}
+
+
+def test_a_peer_whose_start_fails_for_good_is_not_restarted(tmp_path, monkeypatch):
+    """Exit code 2 is every `swarm: error:`: a refused takeover is worth a restart, a resume
+    from checkpoints that cannot be read is not (each start would fail the same way)."""
+    import io
+
+    from swarm.experiment import launch as launch_mod
+    from swarm.experiment.launch import Launch, _Child, _restart_crashed
+
+    spec = load_spec(None, ["peers=2", "restart_dead=true"])
+    launch = Launch(tmp_path / "new", resumed=tmp_path / "old")
+    started = []
+    monkeypatch.setattr(launch_mod, "_status", lambda addr: {"members": [{"id": "peer0", "state": "dead"}]})
+    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None: started.append(name) or "new")
+    (tmp_path / "p0.log").write_text("swarm: error: peer0: no such member to take over\n")
+    (tmp_path / "p1.log").write_text("swarm: error: resume: no checkpoint of peer1 in old/peer1 can be read: "
+                                     "old/peer1/checkpoint.pt cannot be read (damaged?)\n")
+    coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)
+    peers = [_Child(f"peer{r}", _Exited(2), tmp_path / f"p{r}.log") for r in range(2)]
+    out = io.StringIO()
+    pending: dict[int, float] = {}
+    _restart_crashed(launch, spec, coord, peers, "tcp://127.0.0.1:9", pending, out)
+    assert started == ["peer0"] and pending == {}
+    assert launch.given_up == {"peer1": "error; not restarted"} and launch.restarts == {"peer0": 1}
+    said = out.getvalue()
+    assert "peer1 exited with 2 on an error that a restart would meet again; not restarting it" in said, said
+    assert "resume: no checkpoint of peer1" in said
+
+
+def test_a_peer_that_cannot_resume_is_left_down_at_once(tmp_path):
+    """`swarm run --resume` with restart_dead from a run whose checkpoints do not load: each
+    peer fails at its start and is not started again; the run ends with exit code 1 and the
+    summary says why each peer ended."""
+    from swarm.experiment.spec import save_resolved
+
+    old = tmp_path / "old"
+    save_resolved(load_spec(None, TINY), old)
+    for r in range(2):
+        (old / f"peer{r}").mkdir()
+        (old / f"peer{r}" / "checkpoint.pt").write_bytes(b"torn")
+    args = [sys.executable, "-m", "swarm.cli", "run", "--resume", str(old), "--set", "restart_dead=true"]
+    with ended(subprocess.Popen(args, cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)) as p:
+        out = finish(p, 60)
+    assert p.returncode == 1, out
+    d = run_dir_of(tmp_path)
+    for r in range(2):
+        assert f"peer{r} exited with 2 on an error that a restart would meet again" in out, out
+        assert f"swarm: error: resume: no checkpoint of peer{r} in" in out
+    assert "restarting it once" not in out
+    assert json.loads((d / "restarts.json").read_text()) == {}
+    rows = json.loads((d / "summary.json").read_text())
+    assert [(row["reason"], row["restarts"]) for row in rows] == [("error; not restarted", 0)] * 2, rows
+    for name, pid in recorded_pids(d).items():
+        assert not alive(pid), f"{name} (pid {pid}) outlived swarm run"
+
+
+def test_chaos_refuses_a_duration_that_leaves_no_time_for_faults(tmp_path, capsys):
+    """scripts/chaos.py injects no fault in a run's last 25 s (--help says so): a --duration
+    that leaves none after --warmup is refused before anything starts."""
+    import importlib.util
+
+    found = importlib.util.spec_from_file_location("chaos", ROOT / "scripts" / "chaos.py")
+    chaos = importlib.util.module_from_spec(found)
+    found.loader.exec_module(chaos)
+    root = ["--root", str(tmp_path / "runs")]
+    with pytest.raises(SystemExit) as e:
+        chaos.parse_args(["--duration", "45"] + root)
+    assert e.value.code == 2
+    assert "--duration 45 leaves no time for faults" in capsys.readouterr().err
+    assert chaos.parse_args(["--duration", "45", "--warmup", "10"] + root).duration == 45
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit):
+        chaos.parse_args(["--help"])
+    assert "no fault in its last 25 s" in " ".join(capsys.readouterr().out.split())
 
 
 def _summaries(run_dir: Path, peers: int) -> list[dict]:

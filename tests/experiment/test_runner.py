@@ -70,6 +70,43 @@ def test_bad_rank_and_missing_checkpoint_are_clear_errors(coordinator, tmp_path)
                  resume_from=tmp_path / "nothing-here")
 
 
+def test_a_restart_from_another_run_keeps_a_better_best_written_here(tmp_path):
+    """A peer of a `swarm run --resume` run that died before its first checkpoint there
+    restarts from the old run's checkpoint: that run's best.pt replaces the one its dead
+    predecessor wrote in the new folder only when it is better (or that one cannot be read)."""
+    import torch
+
+    from swarm.experiment.runner import _carry_best
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    torch.save({"eval_return": 50.0, "env_steps": 300}, old / "best.pt")
+    for there, kept in [(120.0, (120.0, 700)), (30.0, (50.0, 300)), (None, (50.0, 300)), (b"torn", (50.0, 300))]:
+        if isinstance(there, bytes):
+            (new / "best.pt").write_bytes(there)
+        elif there is None:
+            (new / "best.pt").unlink(missing_ok=True)
+        else:
+            torch.save({"eval_return": there, "env_steps": 700}, new / "best.pt")
+        summary: dict = {}
+        _carry_best(old, new, summary)
+        assert (summary["best_eval_return"], summary["best_eval_at"]) == kept, (there, summary)
+        best = torch.load(new / "best.pt", weights_only=True)
+        assert (best["eval_return"], best["env_steps"]) == kept, there
+    # with no best.pt in the old run, the one written here counts
+    (old / "best.pt").unlink()
+    torch.save({"eval_return": 20.0, "env_steps": 800}, new / "best.pt")
+    summary = {}
+    _carry_best(old, new, summary)
+    assert (summary["best_eval_return"], summary["best_eval_at"]) == (20.0, 800)
+    # a foreign file in its own folder (a restart into it) is skipped, not a crash
+    (new / "best.pt").write_bytes(b"torn")
+    summary = {}
+    _carry_best(new, new, summary)
+    assert summary == {}
+
+
 def test_heartbeat_figures_include_codec_ratio_staleness_and_last_error(coordinator, tmp_path):
     # Two peers in this process on a ring with top-10% deltas: the coordinator's
     # status must show each peer's codec ratio (wire bytes / dense bytes) and staleness.
