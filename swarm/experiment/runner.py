@@ -352,6 +352,20 @@ def _check_same_spec(coordinators: list[str], peer_config: Any, me: str, tag: di
         raise ConfigError(f"{me}: the spec differs at {where}; every peer needs the same --spec")
 
 
+def _save_whole(obj: dict[str, Any], path: Path) -> Path:
+    """``torch.save`` to a temporary file renamed over ``path``: a peer killed while it
+    writes ``best.pt`` or ``checkpoint.pt`` leaves the previous file whole, not a torn one."""
+    import torch  # noqa: PLC0415
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def _read_best(path: Path) -> tuple[float, int] | None:
     """The evaluation return and env step recorded in a ``best.pt``; None when there is
     none, or it cannot be read (a torn or foreign file: logged)."""
@@ -383,7 +397,9 @@ def _carry_best(src: Path, out: Path, summary: dict[str, Any]) -> None:
         if mine is not None and (best is None or mine[0] > best[0]):
             best = mine
         elif best is not None:
-            shutil.copyfile(src / "best.pt", here)
+            tmp = here.with_name(".best.pt.tmp")
+            shutil.copyfile(src / "best.pt", tmp)
+            os.replace(tmp, here)
     if best is not None:
         summary.update(best_eval_return=best[0], best_eval_at=best[1])
 
@@ -517,9 +533,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
 
         def save_params(path: Path, env_steps: int, **extra: Any) -> Path:
             out.mkdir(parents=True, exist_ok=True)
-            torch.save({"agent": agent.state_dict(), "params": torch.from_numpy(agent.parameters().copy()),
-                        "rank": rank, "env_steps": env_steps, "spec": to_dict(spec), **extra}, path)
-            return path
+            return _save_whole({"agent": agent.state_dict(), "params": torch.from_numpy(agent.parameters().copy()),
+                                "rank": rank, "env_steps": env_steps, "spec": to_dict(spec), **extra}, path)
 
         done_steps = 0
         if restored is not None:

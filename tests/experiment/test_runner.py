@@ -266,3 +266,25 @@ def test_a_damaged_checkpoint_falls_back_to_an_older_one(coordinator, tmp_path, 
     with pytest.raises(ConfigError, match="no checkpoint of peer0 .* can be read") as e:
         run_peer(more, 0, coordinator, tmp_path / "d2", tensorboard=False, join_timeout=10, resume_from=d)
     assert str(e.value).count("cannot be read") == 5, e.value
+
+
+def test_best_pt_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    # best.pt was written in place: a peer killed mid-write left a torn file, and with
+    # it the best evaluation of the run
+    import torch
+
+    from swarm.experiment.runner import _read_best, _save_whole
+
+    path = tmp_path / "best.pt"
+    _save_whole({"eval_return": 500.0, "env_steps": 3000}, path)
+    assert _read_best(path) == (500.0, 3000)
+
+    def killed(obj, f):   # writes half a file, then the process "dies"
+        Path(f).write_bytes(path.read_bytes()[:100])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _save_whole({"eval_return": 20.0, "env_steps": 4000}, path)
+    assert _read_best(path) == (500.0, 3000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
