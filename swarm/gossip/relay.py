@@ -210,7 +210,10 @@ class GradientRelay:
         self._decoder = get_codec(split_ef(codec)[1])
         self._loop = loop
         self._loop_thread = threading.get_ident()
-        self._seq = itertools.count(1)
+        # Numbered from the time in microseconds: a peer restarted under the same id numbers
+        # its gradients above any its earlier process sent, which the others remember and
+        # would drop as copies (no process sends more than one a microsecond).
+        self._seq = itertools.count(time.time_ns() // 1000)
         self._seen: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()
         # (clock, origin, gradient, sent at); a gradient without a clock counts as clock -1
         self._inbox: collections.deque[tuple[int, str, np.ndarray, float]] = collections.deque()
@@ -358,7 +361,10 @@ class GradientRelay:
         it applied, as one learner would. On a busy host a gradient takes
         milliseconds to arrive, several steps; waiting is wall time, not CPU spent
         here (though on a host that peers share, a peer that sleeps wakes to cold
-        caches). A peer that left the view is not waited for.
+        caches). A peer that left the view is not waited for, nor one out of step:
+        more than a round behind (a wait gave up on it; frozen, restarted), or
+        already at or past ``clock`` (it went on without this peer), until it is
+        back within a round; its gradients then come late, and the copies differ.
 
         Without ``first``, a peer's phase is read from its latest gradient, and a
         peer that has not published yet is not waited for. With it, every peer
@@ -414,6 +420,9 @@ class GradientRelay:
             phase = m.rank * span + span - 1 if first is not None else c   # its turn's last clock
             last = clock - 1 - (clock - 1 - phase) % every     # its latest turn before `clock`
             need = last - (rounds - 1) * every
+            if self._out_of_step(c, clock, need, every, rounds, first):
+                self._complete[m.id] = need   # its turns until now count as passed
+                continue
             if first is None:
                 if c is None or c < need:
                     behind.append(m.id)
@@ -435,6 +444,19 @@ class GradientRelay:
                     t = need + every
             self._complete[m.id] = t - every
         return behind
+
+    @staticmethod
+    def _out_of_step(c: int | None, clock: int, need: int, every: int, rounds: int, first: int | None) -> bool:
+        """Whether a peer whose newest clock here is ``c`` is out of step with this one, and
+        not waited for: more than a round behind the turn ``need`` waited for (a peer that
+        waits at each turn has waited for its previous turn, so only a wait that gave up on
+        it, or a peer frozen or restarted, leaves it so), or already at or past this peer's
+        ``clock`` (it takes its turns after this one's only when it gave up on this peer:
+        this one was frozen, restarted or away, and what it missed is not coming). Waiting
+        would hold up every turn for a whole timeout, and bring neither back in step."""
+        if c is None:   # never heard from: behind only once its second turn is due
+            return first is not None and need - every >= first
+        return c < need - every or c >= clock + (rounds - 1) * every
 
     def poll(self) -> int:
         """Direct mode: take in the gradients waiting on this peer's inbox (and pass on

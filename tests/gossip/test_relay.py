@@ -337,6 +337,74 @@ def test_a_later_turn_overtaking_an_earlier_one_does_not_end_the_wait():
     asyncio.run(main())
 
 
+def test_a_peer_more_than_a_round_behind_is_not_waited_for():
+    """every = 4, first = 0: the peer of rank 1 takes turns at clocks 1, 5, 9, ... and
+    stops after 5 (frozen, say, but still in the view). The wait at 12 times out for its
+    turn at 9; from then on it is more than a round behind, and waiting for it would cost
+    a whole timeout at every turn (the swarm crawled so after a 6 s SIGSTOP): it is not
+    waited for until it is back within a round."""
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(2)
+        a, b = [GradientRelay(link, 4) for link in links]   # ranks 0, 1
+        grad = {"o": links[1].id, "h": 1, "meta": {"codec": "identity", "n": 4}}
+
+        async def turn(seq, clock):
+            await links[1].send(a.link.id, GRAD, dict(grad, s=seq, c=clock), [np.ones(4, np.float32)])
+            await settle(hub, [a, b])
+        await turn(1, 1)
+        await turn(2, 5)
+        assert await asyncio.to_thread(a.wait, 8, 0.2, every=4, first=0)
+        assert not await asyncio.to_thread(a.wait, 12, 0.2, every=4, first=0)   # its turn at 9
+        assert await asyncio.to_thread(a.wait, 16, 5.0, every=4, first=0)       # newest 5 < 13 - 4
+        assert await asyncio.to_thread(a.wait, 20, 5.0, every=4, first=0)
+        assert a.stats.wait_timeouts == 1
+        await turn(3, 17)                                                    # back within a round
+        assert not await asyncio.to_thread(a.wait, 24, 0.2, every=4, first=0)  # its turn at 21
+        await turn(4, 21)
+        assert await asyncio.to_thread(a.wait, 24, 5.0, every=4, first=0)
+        assert a.stats.wait_timeouts == 2
+    asyncio.run(main())
+
+
+def test_a_peer_that_missed_the_others_turns_does_not_wait_for_them():
+    """A peer that was frozen, away or restarted (clock 8 here) while the peer of rank 1
+    went on without it (its newest turn, 13, is past 8: it gave up on this one) will not
+    get that peer's turn at 5: it goes on at once, instead of a timeout at every turn."""
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(2)
+        a, b = [GradientRelay(link, 4) for link in links]   # ranks 0, 1
+        grad = {"o": links[1].id, "h": 1, "meta": {"codec": "identity", "n": 4}}
+        for seq, clock in ((1, 1), (3, 13)):                # 5 and 9 were sent while `a` was away
+            await links[1].send(a.link.id, GRAD, dict(grad, s=seq, c=clock), [np.full(4, clock, np.float32)])
+        await settle(hub, [a, b])
+        assert await asyncio.to_thread(a.wait, 8, 5.0, every=4, first=0)
+        assert a.stats.wait_timeouts == 0
+        assert [g.tolist() for g in a.take(before=8)] == [[1.0] * 4] and a.pending == 1   # 13 stays
+    asyncio.run(main())
+
+
+def test_a_peer_restarted_under_its_id_is_not_taken_for_copies():
+    """A restarted peer (swarm run's restart_dead: the same id) numbers its gradients
+    afresh; numbered from 1 again, its first ones matched those its dead process had
+    sent, and every peer dropped them as copies that came round another way."""
+    async def main():
+        hub = SimHub(topology="ring")
+        la, lb = hub.add_many(2)
+        a, b = GradientRelay(la, 4), GradientRelay(lb, 4)
+        for _ in range(3):
+            b.publish(np.ones(4))
+        await settle(hub, [a, b])
+        assert len(a.take()) == 3
+        hub.remove(lb.id)
+        b2 = GradientRelay(hub.add(lb.id), 4)
+        g = b2.publish(np.full(4, 2.0))
+        await settle(hub, [a, b2])
+        assert [x.tolist() for x in a.take()] == [g.tolist()] and a.stats.duplicates == 0
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("span", [1, 2])
 def test_turns_in_clock_order_keep_the_copies_the_same(span):
     """Four peers take turns (a turn per clock tick, by rank) and apply the others'
