@@ -256,7 +256,7 @@ class Curve:
 
         self._auth = ThreadAuthenticator(zmq.Context.shadow(ctx.underlying))
         self._auth.start()
-        self._auth.configure_curve(domain="*", location=str(self.authorized))
+        self._auth.configure_curve_callback(domain="*", credentials_provider=_AuthorizedKeys(self.authorized))
 
     def stop(self) -> None:
         if self._auth is not None:
@@ -272,6 +272,33 @@ class Curve:
         s.curve_secretkey = self.secret
         s.curve_publickey = self.public
         s.curve_serverkey = server_public.encode() if isinstance(server_public, str) else server_public
+
+
+class _AuthorizedKeys:
+    """The public keys in an ``authorized/`` folder, for the ZAP handler.
+
+    Read again whenever the folder changes, at the next connection: a key copied in
+    admits its host without restarting the swarm, and a key removed admits no new
+    connection (one already open stays until it closes).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._stamp: tuple[int, tuple[str, ...]] | None = None
+        self._keys: set[bytes] = set()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        import zmq.auth
+
+        try:
+            # the names too: a key copied in within the mtime's resolution of the last read
+            stamp = (self.folder.stat().st_mtime_ns, tuple(sorted(os.listdir(self.folder))))
+            if stamp != self._stamp:
+                self._keys = set(zmq.auth.load_certificates(str(self.folder)))
+                self._stamp = stamp
+        except (OSError, ValueError) as e:   # a folder being edited: keep what was read last
+            log.warning("keys: cannot read %s (%s); admitting the keys read before", self.folder, e)
+        return key in self._keys
 
 
 def generate_keys(keys_dir: str, names: list[str]) -> list[Path]:

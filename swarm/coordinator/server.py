@@ -48,11 +48,14 @@ from ..errors import MembershipError, SwarmError, WireError
 from ..wire import Limits
 from ..tasks import supervise
 from .http import StatusServer
-from .table import ALIVE, DEAD, SUSPECT, MemberTable
+from .table import ALIVE, DEAD, SUSPECT, MemberRecord, MemberTable
 
 log = logging.getLogger("swarm.coordinator")
 
 _NOBLOCK = int(zmq.NOBLOCK)
+#: the highest ``last_epoch`` a join may report: a view a microsecond for 146,000
+#: years, and far enough below the wire's 64-bit limit that later epochs still fit
+MAX_LAST_EPOCH = 2**62
 
 __all__ = ["Coordinator"]
 
@@ -390,9 +393,19 @@ class Coordinator:
             self.malformed += 1
             self._bad(route, e)
 
+    def _from_member(self, rec: MemberRecord, frame: zmq.Frame) -> bool:
+        """Whether a message about live member ``rec`` came from the CURVE key it joined
+        with (always true without keys). Its incarnation cannot serve: status shows it."""
+        return self._curve is None or tp.user_id(frame) == rec.key
+
     def _heartbeat(self, route: bytes, src: str, epoch: int, inc: int, stats: Any, frame: zmq.Frame,
                    now: float) -> None:
         rec = self.table.get(src)
+        if rec is not None and rec.state != DEAD and not self._from_member(rec, frame):
+            # the fast path calls this outside _on_message: count and log it here
+            self.malformed += 1
+            self._bad(route, WireError(f"heartbeat for {src!r} from a CURVE key that is not the member's"))
+            return
         if rec is None or rec.state == DEAD or rec.incarnation != inc:
             self._send(route, "rejoin", {})
             return
@@ -427,6 +440,9 @@ class Coordinator:
         if t == "join":
             addr, rank = _str(body, "addr"), _int(body, "rank", -1)
             inc, last = _int(body, "inc"), _int(body, "last_epoch", 0)
+            if last > MAX_LAST_EPOCH:
+                # taken as the table's epoch: one more, over 64 bits, could not be sent
+                raise WireError(f"last_epoch {last} is over {MAX_LAST_EPOCH}")
             try:
                 # with CURVE, the key a peer is known by is the one it authenticated with
                 rec = self.table.join(src, addr, rank, inc, route, last_epoch=last, now=now, key=self._key,
@@ -451,6 +467,8 @@ class Coordinator:
             elif t == "leave":
                 self._send(route, "bye", {})
             return
+        if not self._from_member(rec, frame):
+            raise WireError(f"{t} for {src!r} from a CURVE key that is not the member's")
         if t in ("suspect", "linked") and route != rec.route:
             # only the member's own connection may speak for it (a spoofed src cannot)
             raise WireError(f"{t} for {src!r} from a connection that is not the member's")

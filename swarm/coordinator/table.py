@@ -84,12 +84,18 @@ class MemberTable:
         A peer that comes back under the id of a dead member takes over its role:
         its rank (and so its place in the ring, its env seeds, its agent ids).
         With ``replace`` the id must be one the table knows, and dead: only one
-        holder of an identity exists at a time.
+        holder of an identity exists at a time. ``key`` is the CURVE key the join
+        came with (empty without keys): a live id belongs to the key it joined with.
         """
         now = time.monotonic() if now is None else now
+        old = self.members.get(peer_id)
+        if old is not None and old.state != DEAD and old.key != key:
+            # the incarnation is no secret (status shows it): without this, any listed key
+            # could re-point a live member's address and key at itself
+            raise MembershipError(f"peer id {peer_id!r} is alive and holds another CURVE key; "
+                                  "choose another --id (with --spec: another --rank)")
         if last_epoch > self.epoch:
             self.epoch = last_epoch  # a restarted coordinator continues above what peers saw
-        old = self.members.get(peer_id)
         if old is not None and old.state != DEAD:
             if old.incarnation == incarnation:
                 # a retried or repeated join of the same process: refresh, keep its rank

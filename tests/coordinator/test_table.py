@@ -54,3 +54,17 @@ def test_returning_id_gets_its_rank_back_and_replace_rules():
         t.join("ghost", "tcp://h:6", -1, 1, b"r", replace=True)
     with pytest.raises(MembershipError, match="replacement waits"):
         t.join("p0", "tcp://h:7", -1, 9, b"r", replace=True)
+
+
+def test_a_live_id_belongs_to_the_key_it_joined_with():
+    t = MemberTable()
+    t.join("b", "tcp://h:1", -1, 10, b"r", key="KEY-B")
+    # the same incarnation (status shows it) from another key: refused, nothing changes
+    with pytest.raises(MembershipError, match="another CURVE key"):
+        t.join("b", "tcp://evil:1", -1, 10, b"x", key="KEY-A", last_epoch=99)
+    rec = t.get("b")
+    assert (rec.addr, rec.route, rec.key, t.epoch) == ("tcp://h:1", b"r", "KEY-B", 0)
+    assert t.join("b", "tcp://h:1", -1, 10, b"r2", key="KEY-B").route == b"r2"   # its own retry
+    # a dead member's id may be taken by another key (a replacement on another host)
+    t.mark_dead("b", "crash")
+    assert t.join("b", "tcp://h2:1", -1, 11, b"y", key="KEY-A", replace=True).key == "KEY-A"
