@@ -367,6 +367,13 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         (run_dir / "restarts.json").write_text(json.dumps(launch.restarts, indent=1) + "\n")
     (run_dir / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(_table(rows), file=out)
+    split = _first_divergence(rows) if spec.gossip.exchange == "gradients" else None
+    if split is not None:
+        print(f"swarm run: the peers' parameters differ from update {split} on (summary.json, relay digests): "
+              "a peer fell out of step with the relay's turns (frozen, restarted or timed out) and its "
+              "gradients were applied late"
+              + ("; with gossip.average = false nothing brings the copies back together" if not spec.gossip.average
+                 else ""), file=out)
     try:
         plots = write_plots(run_dir)
     except ImportError:
@@ -562,6 +569,20 @@ def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, A
                  "bytes_out": int(_num(last.get("bytes_out", 0)) or 0) if last else 0}
         rows.append(s)
     return rows
+
+
+def _first_divergence(rows: list[dict[str, Any]]) -> int | None:
+    """With relayed gradients: the first update count at which the peers' parameter
+    digests (``relay.digests`` in their summaries) differ, None if they agree.
+
+    The last two counts all peers reached are left out: a peer that stopped first may
+    have taken its last gradients with it, which is no fault of the relay.
+    """
+    digests = [(r.get("relay") or {}).get("digests") for r in rows]
+    if len(digests) < 2 or not all(isinstance(g, dict) and g for g in digests):
+        return None
+    common = sorted(int(u) for u in digests[0] if all(u in g for g in digests))[:-2]
+    return next((u for u in common if len({g[str(u)] for g in digests}) > 1), None)
 
 
 def _table(rows: list[dict[str, Any]]) -> str:

@@ -261,6 +261,24 @@ def test_gradient_exchange_relays_every_gradient(tmp_path, per_turn, ride):
     assert len(common) >= 3, (finals, [sorted(g) for g in digests])
     for u in common:
         assert len({g[u] for g in digests}) == 1, (u, [g[u] for g in digests])
+    assert "parameters differ" not in out
+
+
+def test_copies_that_differ_are_reported():
+    # a peer out of step with the relay's turns has its gradients applied late, and the
+    # copies then differ for good without averaging: summary.json showed it, nothing said it
+    from swarm.experiment.launch import _first_divergence
+
+    def rows(*per_peer: dict[str, str]) -> list[dict]:
+        return [{"relay": {"digests": d}} for d in per_peer]
+
+    same = {"100": "a", "200": "b", "300": "c", "400": "d"}
+    assert _first_divergence(rows(same, dict(same), dict(same))) is None
+    assert _first_divergence(rows(same, {**same, "200": "x", "300": "y"}, dict(same))) == 200
+    # the last two counts they share may differ at the end (a peer took its last gradients with it)
+    assert _first_divergence(rows(same, {**same, "300": "y", "400": "z"})) is None
+    assert _first_divergence(rows(same, {"100": "a", "200": "b"})) is None      # nothing before the end
+    assert _first_divergence(rows(same, {})) is None and _first_divergence([{"reason": "crashed"}, {}]) is None
 
 
 def test_only_the_solver_rank_ends_a_run_when_solved(tmp_path):
