@@ -93,6 +93,26 @@ def connect(s: zmq.Socket, addr: str) -> None:
         raise TransportError(f"cannot connect to {addr}: {e.strerror}") from None
 
 
+#: a member's address: a host name or an IPv4 address (sockets do not enable IPv6), and a port
+_MEMBER_ADDR = re.compile(r"tcp://[A-Za-z0-9._-]{1,253}:([0-9]{1,5})", re.ASCII)
+
+
+def member_address_error(addr: Any) -> str:
+    """Why ``addr`` cannot be a member's address, or "" when it can.
+
+    Neighbours dial it, so it must be ``tcp://HOST:PORT`` with a port in 1..65535.
+    libzmq's connect() refuses some junk (the caller then fails) and takes other
+    junk (port 0, ``ipc://``) without complaint, then retries it for ever.
+    """
+    m = _MEMBER_ADDR.fullmatch(addr) if isinstance(addr, str) else None
+    if m is not None and 1 <= int(m.group(1)) <= 65535:
+        return ""
+    shown = repr(addr)
+    if len(shown) > 80:
+        shown = f"{shown[:60]}... ({len(shown)} characters)"
+    return f"{shown} is not tcp://HOST:PORT with a port in 1..65535"
+
+
 def advertised(endpoint: str) -> str:
     """The address other hosts should use for a bound endpoint.
 

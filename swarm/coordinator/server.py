@@ -438,11 +438,19 @@ class Coordinator:
             self._send(route, "standby", {"epoch": self.table.epoch})
             return
         if t == "join":
-            addr, rank = _str(body, "addr"), _int(body, "rank", -1)
-            inc, last = _int(body, "inc"), _int(body, "last_epoch", 0)
+            rank, inc, last = _int(body, "rank", -1), _int(body, "inc"), _int(body, "last_epoch", 0)
             if last > MAX_LAST_EPOCH:
                 # taken as the table's epoch: one more, over 64 bits, could not be sent
                 raise WireError(f"last_epoch {last} is over {MAX_LAST_EPOCH}")
+            addr = body.get("addr")
+            why = tp.member_address_error(addr)
+            if why:
+                # neighbours dial it: in the view, a junk address fails the link in each of them
+                self.malformed += 1
+                self._bad(route, WireError(f"join of {src!r}: addr {why}"))
+                self._send(route, "refuse", {"reason": f"addr {why}; a peer must advertise an address "
+                                                       "its neighbours can connect to (peer.advertise)"})
+                return
             try:
                 # with CURVE, the key a peer is known by is the one it authenticated with
                 rec = self.table.join(src, addr, rank, inc, route, last_epoch=last, now=now, key=self._key,

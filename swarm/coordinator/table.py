@@ -79,7 +79,8 @@ class MemberTable:
     def join(self, peer_id: str, addr: str, rank: int, incarnation: int, route: bytes,
              last_epoch: int = 0, now: float | None = None, key: str = "",
              replace: bool = False) -> MemberRecord:
-        """Admit a peer, or raise MembershipError (duplicate live id, rank taken).
+        """Admit a peer, or raise MembershipError (duplicate live id, rank taken) and
+        change nothing.
 
         A peer that comes back under the id of a dead member takes over its role:
         its rank (and so its place in the ring, its env seeds, its agent ids).
@@ -94,11 +95,10 @@ class MemberTable:
             # could re-point a live member's address and key at itself
             raise MembershipError(f"peer id {peer_id!r} is alive and holds another CURVE key; "
                                   "choose another --id (with --spec: another --rank)")
-        if last_epoch > self.epoch:
-            self.epoch = last_epoch  # a restarted coordinator continues above what peers saw
         if old is not None and old.state != DEAD:
             if old.incarnation == incarnation:
                 # a retried or repeated join of the same process: refresh, keep its rank
+                self._continue_above(last_epoch)
                 old.route, old.addr, old.last_heartbeat, old.state, old.key = route, addr, now, ALIVE, key
                 return old
             if old.incarnation > incarnation:
@@ -117,10 +117,17 @@ class MemberTable:
                            if m.rank == rank and m.state != DEAD and m.id != peer_id), None)
             if holder is not None:
                 raise MembershipError(f"rank {rank} is held by peer {holder.id!r}")
+        self._continue_above(last_epoch)
         rec = MemberRecord(peer_id, addr, self._free_rank(rank), incarnation, route, last_heartbeat=now, key=key)
         self.members[peer_id] = rec
         self._log("join", peer_id)
         return rec
+
+    def _continue_above(self, last_epoch: int) -> None:
+        # a restarted coordinator continues above what peers saw; only an admitted join
+        # moves the epoch, as a refused one changes nothing
+        if last_epoch > self.epoch:
+            self.epoch = last_epoch
 
     def mark_dead(self, peer_id: str, cause: str) -> bool:
         m = self.members.get(peer_id)

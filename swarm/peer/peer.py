@@ -73,7 +73,7 @@ class PeerCounters:
     bytes_in: int = 0
     bytes_out: int = 0
     dropped_out: int = 0        # sends dropped: queue full past the deadline
-    unknown_dst: int = 0        # sends to a peer that is not in the view
+    unknown_dst: int = 0        # sends to a peer that is not in the view (or cannot be linked)
     malformed: int = 0          # inbound messages that failed a wire check
     handler_errors: int = 0     # handlers that raised
     unhandled: int = 0          # valid messages of a type nobody handles
@@ -155,6 +155,7 @@ class Peer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._readers: dict[int, Any] = {}   # fd -> socket registered with the loop
         self._last_suspect: dict[str, float] = {}
+        self._bad_addrs: set[tuple[str, str]] = set()   # (member, address) that cannot be dialled
         self._join_sent = 0.0
         self._rejoining = False
         self._bad = tp.BadInput(f"peer {self.id}")
@@ -234,14 +235,17 @@ class Peer:
     def open_outbox(self, pid: str, endpoint: str) -> zmq.Socket | None:
         """A PUSH socket to member ``pid``'s inbox at ``endpoint``, secured as links are
         (with keys: only the holder of ``pid``'s key in the view can take the
-        connection). None when ``pid`` is not in the view or has no key, or this peer
-        is closed. The caller's thread owns it, as for :meth:`open_inbox`.
+        connection). None when ``pid`` is not in the view or has no key, this peer
+        is closed, or ``endpoint`` (which ``pid`` sent) is not ``tcp://HOST:PORT``: that
+        is logged once. The caller's thread owns it, as for :meth:`open_inbox`.
         """
         m = self._view.member(pid) if self.state is not PeerState.CLOSED else None
         if m is None or (self._curve is not None and not m.key):
             return None
-        if not endpoint.startswith("tcp://"):
-            raise ConfigError(f"inbox endpoint {endpoint!r} of {pid}: not a tcp address")
+        why = tp.member_address_error(endpoint)
+        if why:
+            self._unlinkable(pid, endpoint, f"inbox endpoint {why}")
+            return None
         s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, self.config.data_hwm)
@@ -250,9 +254,10 @@ class Peer:
         self._side.append(s)
         try:
             tp.connect(s, endpoint)
-        except TransportError:
+        except TransportError as e:   # what the check lets through and libzmq still refuses
             self.close_side(s)
-            raise
+            self._unlinkable(pid, endpoint, str(e))
+            return None
         return s
 
     def close_side(self, s: zmq.Socket) -> None:
@@ -841,6 +846,9 @@ class Peer:
             if link is not None:
                 link.hello_sent = now
                 tp.try_send(link.plain, wire.encode("hello", self.id, epoch=view.epoch, body={"e": view.epoch}))
+            elif (pid, view.member(pid).addr) in self._bad_addrs:
+                # it can never answer: waiting for it would stall wait_linked for ever
+                self._pending_hello.discard(pid)
         self._check_linked()
         for cb in self._view_callbacks:
             try:
@@ -866,16 +874,35 @@ class Peer:
         if self._curve is not None and not m.key:
             log.warning("peer %s: %s has no CURVE key in the view; not linking", self.id, pid)
             return None
+        why = tp.member_address_error(m.addr)
+        if why:
+            self._unlinkable(pid, m.addr, why)
+            return None
         s = tp.dealer(self._ctx, limits=self.limits, hwm=cfg.data_hwm,
                       heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s)
         if self._curve is not None:
             self._curve.client(s, m.key)
         mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        tp.connect(s, m.addr)
+        try:
+            tp.connect(s, m.addr)
+        except TransportError as e:   # what the check lets through and libzmq still refuses
+            self._close_link(_Link(s, tp.shadow(s), mon, m.addr))
+            self._unlinkable(pid, m.addr, str(e))
+            return None
         link = _Link(s, tp.shadow(s), mon, m.addr)
         self._links[pid] = link
         self._sockets_changed()
         return link
+
+    def _unlinkable(self, pid: str, addr: str, why: str) -> None:
+        """A neighbour whose address cannot be dialled (a view from an old coordinator, which
+        admitted any): logged once per address; it stays unlinked, and sends to it are
+        dropped as to a peer outside the view."""
+        if (pid, addr) not in self._bad_addrs:
+            if len(self._bad_addrs) > 4096:    # bounded under a flood of ids
+                self._bad_addrs.clear()
+            self._bad_addrs.add((pid, addr))
+            log.warning("peer %s: not linking to %s: %s", self.id, pid, why)
 
     # -- timers
 

@@ -7,8 +7,10 @@ import signal
 import time
 
 import pytest
+import zmq
 from swarmtest import free_port, status, wait_for
 
+from swarm import wire
 from swarm.gossip.topology import neighbours as topo_neighbours
 from swarm.gossip.topology import within
 
@@ -133,6 +135,45 @@ def test_duplicate_id_refused(procs):
     st = settled(addr, 2)
     assert {m[0] for m in st["view"]["members"]} == {"p0", "p1"}
     assert peers["p0"].poll() is None
+
+
+JUNK_ADDRS = ["nonsense", "tcp://h:abc", "tcp://h:0", "tcp://h:70000", "tcp://:5", "tcp://*:5",
+              "ipc:///tmp/swarm-junk", "tcp://" + "a" * 10_000 + ":5", 5, None]
+
+
+def test_a_join_with_a_junk_addr_is_refused(procs):
+    # a client that skips the peer.advertise check: its neighbours died of the address
+    addr, _, peers = start_swarm(procs, 1)
+    st0 = status(addr)
+    d = zmq.Context.instance().socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 0)
+    d.setsockopt(zmq.RCVTIMEO, 10_000)
+    d.connect(addr)
+
+    def join(pid: str, member_addr) -> wire.Message:
+        body = {"rank": -1, "inc": 7, "last_epoch": 50, **({} if member_addr is None else {"addr": member_addr})}
+        d.send_multipart(wire.encode("join", pid, body=body))
+        while (msg := wire.decode(d.recv_multipart())).t == "view":
+            pass
+        return msg
+
+    try:
+        for i, junk in enumerate(JUNK_ADDRS):
+            msg = join(f"junk{i}", junk)
+            assert msg.t == "refuse", (junk, msg)
+            assert "is not tcp://HOST:PORT with a port in 1..65535" in msg.body["reason"]
+            assert len(msg.body["reason"]) < 300
+        # refused before the table: no member, no epoch taken from last_epoch, and counted
+        st = status(addr)
+        assert [m[0] for m in st["view"]["members"]] == ["p0"]
+        assert {r["id"] for r in st["members"]} == {"p0"}
+        assert st["epoch"] == st0["epoch"] and st["malformed"] == len(JUNK_ADDRS)
+        assert join("good", "tcp://127.0.0.1:9").t == "welcome"    # the coordinator still serves
+        wait_for(lambda: len(status(addr)["view"]["members"]) == 2, 10, what="good in the view")
+    finally:
+        d.close(0)
+    time.sleep(0.5)     # p0 goes on, with good (which does not answer) as its neighbour
+    assert peers["p0"].poll() is None, procs.log(peers["p0"])
 
 
 def test_no_coordinator_clear_error(procs):

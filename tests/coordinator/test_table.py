@@ -68,3 +68,27 @@ def test_a_live_id_belongs_to_the_key_it_joined_with():
     # a dead member's id may be taken by another key (a replacement on another host)
     t.mark_dead("b", "crash")
     assert t.join("b", "tcp://h2:1", -1, 11, b"y", key="KEY-A", replace=True).key == "KEY-A"
+
+
+def test_a_refused_join_changes_nothing():
+    # the epoch was raised from a join's last_epoch before some refusals
+    t = MemberTable()
+    t.join("a", "tcp://h:1", 0, 10, b"r")
+    t.join("b", "tcp://h:2", 1, 10, b"r")
+    t.mark_dead("b", "crash")
+    before = [(m.id, m.addr, m.rank, m.incarnation, m.route, m.state) for m in t.members.values()]
+    for args, match in [
+        (("a", "tcp://h:9", -1, 11), "already alive"),
+        (("a", "tcp://h:9", -1, 9), "held by a newer process"),
+        (("c", "tcp://h:9", 0, 1), "rank 0 is held"),
+        (("ghost", "tcp://h:9", -1, 1), "no such member"),
+    ]:
+        with pytest.raises(MembershipError, match=match):
+            t.join(*args, b"x", last_epoch=99, replace=args[0] == "ghost")
+        assert t.epoch == 0
+    assert [(m.id, m.addr, m.rank, m.incarnation, m.route, m.state) for m in t.members.values()] == before
+    # an admitted join still continues above what it saw: a retry of the same process ...
+    assert t.join("a", "tcp://h:1", 0, 10, b"r2", last_epoch=7).route == b"r2" and t.epoch == 7
+    # ... and one that takes a dead member's id (a rejoin after a coordinator restart)
+    t.join("b", "tcp://h:2", 1, 11, b"r", last_epoch=12)
+    assert t.publish().epoch == 13

@@ -18,8 +18,10 @@ import zmq
 import zmq.asyncio
 from swarmtest import free_port, status, wait_for
 
+from swarm import wire
 from swarm.coordinator import Coordinator
 from swarm.errors import ConfigError, PeerTimeout, SwarmError, WireError
+from swarm.link import Member, View
 from swarm.peer import Peer, PeerState, SyncPeer
 
 
@@ -238,3 +240,76 @@ def test_sync_peer_after_close(sync_pair):
     assert not [w for w in caught if "never awaited" in str(w.message)]
     assert t.call(t.peer.wait_view(lambda v: v.ids == ["t"], timeout=10), timeout=15)
     assert got == []
+
+
+JUNK_ADDRS = ["nonsense", "tcp://h:abc", "tcp://h:0", "ipc:///tmp/swarm-junk", "tcp://" + "a" * 10_000 + ":5"]
+
+
+def test_a_junk_address_in_the_view_leaves_that_neighbour_unlinked(caplog):
+    # an old coordinator admitted any addr: each neighbour of that member died of
+    # "cannot connect to nonsense"; here one plays it (joins welcomed, views sent by hand)
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.bind("tcp://127.0.0.1:*")
+        coord = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        routes: dict[str, bytes] = {}
+
+        async def serve() -> None:
+            while True:
+                route, *frames = await router.recv_multipart()
+                msg = wire.decode(frames)
+                if msg.t == "join":
+                    routes[msg.src] = route
+                    await router.send_multipart([route, *wire.encode("welcome", "coord", body={"rank": 0,
+                                                                                            "epoch": 0})])
+
+        async def publish(epoch: int, members: list[Member]) -> None:
+            body = View(epoch, tuple(members)).to_wire()
+            for route in routes.values():
+                await router.send_multipart([route, *wire.encode("view", "coord", epoch=epoch, body=body)])
+
+        server = asyncio.create_task(serve())
+        # one context for all: closing it cannot hang on a socket a failed peer leaked
+        a = Peer(id="a", coordinators=[coord], topology="full", context=ctx)
+        b = Peer(id="b", coordinators=[coord], topology="full", context=ctx)
+        got: list[dict] = []
+        b.on("data", lambda m: got.append(m.body))
+        starting = asyncio.gather(a.start(), b.start())
+        try:
+            async with asyncio.timeout(10):
+                while len(routes) < 2:
+                    await asyncio.sleep(0.01)
+            members = [Member("a", a.address, 0), Member("b", b.address, 1)]
+            members += [Member(f"j{i}", junk, 2 + i) for i, junk in enumerate(JUNK_ADDRS)]
+            await publish(1, members)
+            await starting
+            for p in (a, b):
+                await p.wait_linked()      # the junk neighbours are not waited for
+                assert p.state is PeerState.RUNNING and set(p.neighbours()) >= {"j0", "j4"}
+            assert await a.send("b", "data", {"ok": 1}, timeout=1.0)
+            for i in range(len(JUNK_ADDRS)):
+                assert await a.send(f"j{i}", "data", {"x": 1}, timeout=0.5) is False
+            # the next view: the same junk is not logged again
+            await publish(2, members)
+            await a.wait_view(lambda v: v.epoch == 2)
+            await a.wait_linked()
+            assert await a.send("j0", "data", {"x": 1}) is False
+            # a gradient relay's inbox endpoint comes from the neighbour, too
+            for junk in JUNK_ADDRS:
+                assert a.open_outbox("b", junk) is None
+            assert await received(got, 1) == [{"ok": 1}]
+            assert a.state is PeerState.RUNNING and b.state is PeerState.RUNNING
+        finally:
+            await asyncio.gather(a.close(), b.close(), return_exceptions=True)
+            server.cancel()
+            ctx.destroy(0)
+
+    with caplog.at_level(logging.WARNING, logger="swarm.peer"):
+        asyncio.run(main())
+    for pid in ("a", "b"):
+        for i in range(len(JUNK_ADDRS)):
+            assert caplog.text.count(f"peer {pid}: not linking to j{i}:") == 1, caplog.text
+    assert caplog.text.count("peer a: not linking to b:") == len(JUNK_ADDRS)   # each endpoint once
+    assert "is not tcp://HOST:PORT" in caplog.text and "a" * 100 not in caplog.text
