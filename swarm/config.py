@@ -59,14 +59,14 @@ def _nonneg(x: Any) -> bool:
 
 def _host_port(x: Any) -> bool:
     host, sep, port = str(x).rpartition(":")
-    return x == "" or (bool(sep and host) and port.isdigit() and int(port) <= 65535)
+    return x == "" or (bool(sep and host) and port.isascii() and port.isdigit() and int(port) <= 65535)
 
 
 def _advertisable(x: Any) -> bool:
     # neighbours connect to it: a typo here would fail in every one of them, not in this peer
-    host_port = str(x).removeprefix("tcp://")
-    return x == "" or (str(x).startswith("tcp://") and _host_port(host_port) and host_port != ""
-                       and int(host_port.rpartition(":")[2]) > 0)
+    from .transport import member_address_error  # noqa: PLC0415 - the coordinator's own rule
+
+    return x == "" or not member_address_error(x)
 
 
 @dataclass

@@ -708,8 +708,8 @@ class GradientRelay:
 
     def _on_hello(self, msg: Message) -> None:
         ep = msg.body.get("ep")
-        if not (isinstance(ep, str) and ep.startswith("tcp://") and len(ep) <= _MAX_ENDPOINT):
-            raise WireError(f"grad_hello from {msg.src}: ep must be a tcp endpoint")
+        if not isinstance(ep, str) or len(ep) > _MAX_ENDPOINT or tp.member_address_error(ep):
+            raise WireError(f"grad_hello from {msg.src}: ep must be tcp://HOST:PORT with a port in 1..65535")
         self._endpoints[msg.src] = ep
         if not msg.body.get("r") and self._endpoint:
             self.link.send_nowait(msg.src, GRAD_HELLO, {"ep": self._endpoint, "r": True})

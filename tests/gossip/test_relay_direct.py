@@ -201,3 +201,16 @@ def test_direct_relay_carries_a_pass_round_the_ring(ring):
     assert [r.stats.passes_in for r in relays] == [1, 0, 1, 1]
     assert relays[1].stats.passed == 1 and all(r.take() == [] for r in relays)
     assert all(r.stats.rejected == 0 for r in relays)
+
+
+def test_a_hello_naming_an_inbox_nobody_can_dial_is_refused(ring):
+    # grad_hello took any "tcp://..." string: a neighbour's `tcp://h:abc` made the
+    # consumer thread's outbox raise, and `tcp://h:0` was dialled for ever
+    peers, relays = ring
+    good = relays[1]._endpoints["p0"]
+    before = peers[1].peer.counters.malformed
+    bad = ["tcp://h:abc", "tcp://h:0", "tcp://[::1]:5000", "tcp://h:²", "tcp://a b:5"]
+    for ep in bad:
+        assert peers[0].send("p1", "grad_hello", {"ep": ep, "r": True})
+    wait_for(lambda: peers[1].peer.counters.malformed >= before + len(bad), what="the hellos refused")
+    assert relays[1]._endpoints["p0"] == good
