@@ -87,30 +87,33 @@ class IdIndex:
     def _place(self, slots: np.ndarray) -> None:
         pos = self._home(self._origin[slots], self._seq[slots])
         while slots.size:
-            free = self._table[pos] < 0
-            # Several keys may want one free cell: the first of each takes it, the others probe on.
-            cells, first = np.unique(pos[free], return_index=True)
-            take = np.flatnonzero(free)[first]
-            self._deleted -= int((self._table[cells] == _DELETED).sum())
-            self._table[cells] = slots[take]
-            self.count += take.size
-            rest = np.ones(slots.size, dtype=bool)
-            rest[take] = False
-            slots, pos = slots[rest], pos[rest]
-            pos = (pos + 1) & self._mask     # every free cell wanted this round is taken now
+            cell = self._table[pos]
+            free = cell < 0
+            # Several keys may want one free cell: all are written, the one whose slot
+            # reads back holds it and the others probe on (cheaper than np.unique on
+            # the few keys of a message; the slots are distinct, so no two read back).
+            self._table[pos[free]] = slots[free]
+            took = free & (self._table[pos] == slots)
+            self._deleted -= int(np.count_nonzero(cell[took] == _DELETED))
+            self.count += int(np.count_nonzero(took))
+            rest = ~took
+            slots, pos = slots[rest], (pos[rest] + 1) & self._mask   # every free cell wanted is taken now
 
     def remove(self, slots: np.ndarray) -> None:
         """Drop the entries of ``slots`` (call before their columns change); absent ones are ignored."""
-        slots = np.unique(np.asarray(slots, dtype=np.int64))
+        slots = np.asarray(slots, dtype=np.int64)
         if slots.size == 0 or self.count == 0:
             return
+        if slots.size > 1 and not (slots[1:] > slots[:-1]).all():
+            slots = np.unique(slots)   # a repeat would be counted twice; increasing slots have none
         pos = self._home(self._origin[slots], self._seq[slots])
         while slots.size:
             e = self._table[pos]
             hit = e == slots
             self._table[pos[hit]] = _DELETED
-            self.count -= int(hit.sum())
-            self._deleted += int(hit.sum())
+            k = int(np.count_nonzero(hit))
+            self.count -= k
+            self._deleted += k
             go = ~hit & (e != _EMPTY)
             slots, pos = slots[go], (pos[go] + 1) & self._mask
         if 4 * self._deleted > self._table.size:

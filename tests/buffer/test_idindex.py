@@ -109,3 +109,66 @@ def test_filling_the_ring_with_foreign_items_does_not_grow_the_process():
     grown = (_rss_kb() - before) * 1024
     # A dict index plus lazily mapped columns grew this by about 1.3 x `fixed` here.
     assert grown < 0.1 * fixed, (grown, fixed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 31), max_size=40)), max_size=12))
+def test_batches_of_adds_and_removes_agree_with_a_dict(ops):
+    """Whole batches at once, every key homed on one of two cells (several keys want one
+    free cell), removes with repeated and unordered slots: find() and count agree with a dict."""
+    cap = 32
+    origin = np.ones(cap, np.int32)
+    seq = np.zeros(cap, np.int64)
+    index = IdIndex(cap, origin, seq)
+    cand = np.arange(1, 40_000, dtype=np.int64)
+    pool = cand[index._home(np.ones(cand.size, np.int32), cand) < 2].tolist()   # ids homed on cell 0 or 1
+    live: dict[int, int] = {}   # slot -> seq (origin 1)
+    for is_add, slots in ops:
+        if not is_add:
+            index.remove(np.array(slots, dtype=np.int64))   # repeats, any order, absent ones
+            for s in slots:
+                live.pop(s, None)
+        else:
+            new = np.array(sorted(set(slots) - set(live)), dtype=np.int64)[::-1]   # distinct, descending
+            for s in new.tolist():
+                seq[s] = live[s] = pool.pop()
+            index.add(new)
+        assert index.count == len(live)
+    for s, q in live.items():
+        assert index.find(np.array([1]), np.array([q]))[0] == s
+    gone = np.array(pool[-40:], dtype=np.int64)   # never added
+    assert (index.find(np.ones(gone.size, np.int32), gone) == -1).all()
+
+
+_ID = st.tuples(st.integers(0, 3), st.integers(0, 9))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(st.lists(_ID, max_size=32), st.lists(_ID, min_size=33, max_size=80)),
+       st.sets(st.tuples(st.sampled_from(["x", "y"]), st.integers(0, 9)), max_size=6))
+def test_insert_keeps_first_copies_of_new_ids_small_and_large_messages(ids, held):
+    """The items stored are exactly the first copy of each id neither from here nor held
+    already, in message order, whatever the message size (a set of ids finds repeats in
+    small messages, a sort in large ones); a name listed twice is one origin."""
+    peers = ["me", "x", "y", "x"]
+    buf = ReplayBuffer(SCHEMA, 256, seed=0, peer_id="me")
+    for p, s in sorted(held):
+        buf.insert(foreign(p, [s]) if p == "x" else Items(
+            {"obs": np.zeros((1, 3), np.float32), "action": np.array([-1])}, [p],
+            np.zeros(1, np.int32), np.array([s]), np.zeros(1), np.ones(1)))
+    before = buf.ids()
+    n = len(ids)
+    msg = Items({"obs": np.zeros((n, 3), np.float32), "action": np.arange(n, dtype=np.int64)}, peers,
+                np.array([o for o, _ in ids], np.int32), np.array([s for _, s in ids], np.int64),
+                np.zeros(n), np.ones(n))
+    want, seen = [], set(held)
+    for k, (o, s) in enumerate(ids):
+        key = (peers[o], s)
+        if peers[o] != "me" and key not in seen:
+            seen.add(key)
+            want.append((k, key))
+    idx = buf.insert(msg)
+    assert idx.size == len(want)
+    assert buf.ids() == before + [key for _, key in want]
+    s = buf.items(idx)
+    assert s.fields["action"].tolist() == [k for k, _ in want]
