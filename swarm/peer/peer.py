@@ -51,6 +51,12 @@ __all__ = ["Peer", "PeerState", "PeerCounters"]
 #: coordinator keeps the last ones, and its rates span seconds anyway
 HEARTBEAT_STATS_S = 1.0
 
+#: a link to a member that is not a neighbour (any more) is closed once nothing was
+#: sent on it, nor waits to be, for this long, or for twice the links' ZMTP heartbeat
+#: interval plus timeout if that is longer: by then what was queued on it has
+#: normally left, or the link has broken (and dropped it) anyway
+SPARE_LINK_IDLE_S = 5.0
+
 #: types the peer answers itself (hello, ping) or that only come from the
 #: coordinator: a handler registered for one would never be called
 RESERVED_TYPES: frozenset[str] = wire.PROTOCOL_TYPES - {"pong"}
@@ -88,6 +94,8 @@ class _Link:
     monitor: zmq.asyncio.Socket | None
     addr: str
     hello_sent: float = 0.0
+    used: float = 0.0     # when a message was last sent on it (monotonic)
+    waiting: int = 0      # sends waiting for room in its queue
 
 
 def check_handler_type(t: str, who: str) -> None:
@@ -377,20 +385,25 @@ class Peer:
             return sent
         if timeout:
             deadline = time.monotonic() + timeout
-            while (left := deadline - time.monotonic()) > 0:
-                try:
-                    await link.sock.poll(int(left * 1000) + 1, zmq.POLLOUT)
-                except (asyncio.CancelledError, zmq.ZMQError):
-                    # Closing a socket cancels the polls waiting on it: dst left the view
-                    # while its queue was full, and the message is dropped like any other.
-                    # A cancellation of this task itself goes on up.
-                    task = asyncio.current_task()
-                    if not link.sock.closed or (task is not None and task.cancelling()):
-                        raise
-                    break
-                if tp.try_send(link.plain, frames):
-                    self._count_out(frames)
-                    return True
+            link.waiting += 1    # a link in use, neighbour or not
+            try:
+                while (left := deadline - time.monotonic()) > 0:
+                    try:
+                        await link.sock.poll(int(left * 1000) + 1, zmq.POLLOUT)
+                    except (asyncio.CancelledError, zmq.ZMQError):
+                        # Closing a socket cancels the polls waiting on it: dst left the view
+                        # while its queue was full, and the message is dropped like any other.
+                        # A cancellation of this task itself goes on up.
+                        task = asyncio.current_task()
+                        if not link.sock.closed or (task is not None and task.cancelling()):
+                            raise
+                        break
+                    if tp.try_send(link.plain, frames):
+                        self._count_out(frames)
+                        return True
+            finally:
+                link.waiting -= 1
+                link.used = time.monotonic()
         self.counters.dropped_out += 1
         return False
 
@@ -414,6 +427,7 @@ class Peer:
         if link is None:
             self.counters.unknown_dst += 1
             return False, None, []
+        link.used = time.monotonic()
         if tp.try_send(link.plain, frames):
             self._count_out(frames)
             return True, link, frames
@@ -889,7 +903,7 @@ class Peer:
             self._close_link(_Link(s, tp.shadow(s), mon, m.addr))
             self._unlinkable(pid, m.addr, str(e))
             return None
-        link = _Link(s, tp.shadow(s), mon, m.addr)
+        link = _Link(s, tp.shadow(s), mon, m.addr, used=time.monotonic())
         self._links[pid] = link
         self._sockets_changed()
         return link
@@ -929,6 +943,7 @@ class Peer:
             if now - last_hb < cfg.heartbeat_s:
                 continue
             last_hb = now
+            self._close_spare_links(now)
             body: dict[str, Any] = {"inc": self.incarnation, "linked": self._linked_epoch}
             if now - last_stats >= HEARTBEAT_STATS_S:
                 # the figures ride on one heartbeat a second; the others are bare
@@ -950,6 +965,18 @@ class Peer:
                 log.error("peer %s: heartbeat stats dropped: %s", self.id, e)
                 body.pop("stats", None)
                 self._send_coord("heartbeat", body)
+
+    def _close_spare_links(self, now: float) -> None:
+        """Close the links to members that are no longer neighbours (the view changed,
+        or a reply or a time-varying topology opened them) once they fall idle: a
+        peer keeps about as many links as it has neighbours, however often the view
+        changes."""
+        cfg = self.config
+        idle = max(SPARE_LINK_IDLE_S, 2 * (cfg.link_heartbeat_s + cfg.link_timeout_s))
+        keep = set(self._neighbours)
+        for pid in [p for p, link in self._links.items()
+                    if p not in keep and not link.waiting and now - link.used > idle]:
+            self._close_link(self._links.pop(pid))
 
     def _resend_hellos(self, now: float) -> None:
         """Neighbours that have not answered hello yet: say it again."""
