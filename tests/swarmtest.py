@@ -59,6 +59,19 @@ class Procs:
                 p.wait()
 
 
+async def until(pred, timeout: float = 5.0, what: str = "condition"):
+    """Await ``pred()`` becoming true without blocking the loop the peers (or the
+    coordinator) run on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
 def status(addr: str, timeout: float = 2.0) -> dict:
     from swarm.cli import query_status
 

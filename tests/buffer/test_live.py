@@ -12,10 +12,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+from swarmtest import until
 
 from swarm.buffer import Federation, ReplayBuffer
 from swarm.coordinator import Coordinator
@@ -28,18 +28,6 @@ SCHEMA = {"obs": ("float32", (4,)), "action": ("int64", ())}
 def batch(start: int, n: int) -> dict[str, np.ndarray]:
     a = np.arange(start, start + n)
     return {"obs": np.tile(a[:, None], (1, 4)).astype(np.float32), "action": a}
-
-
-async def until(pred, timeout: float, what: str):
-    """Await ``pred()`` becoming true without blocking the loop the peers run on."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def test_share_and_pull_between_live_peers():

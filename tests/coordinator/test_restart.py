@@ -8,7 +8,7 @@ import time
 
 import zmq
 import zmq.asyncio
-from swarmtest import free_port, start_ticking_peers, status, tick_neighbours, wait_for
+from swarmtest import free_port, start_ticking_peers, status, tick_neighbours, until, wait_for
 
 from swarm import Coordinator, wire
 from swarm.coordinator.server import MAX_LAST_EPOCH
@@ -60,13 +60,6 @@ def test_coordinator_restart_keeps_data_path(procs):
 def test_a_join_with_an_epoch_near_the_wire_limit_changes_nothing():
     # a restarted coordinator continues above the epochs joins report; one at 2**64 - 1
     # made its next view unsendable and the coordinator died of it
-    async def until(pred) -> None:      # in the loop: the coordinator runs in it too
-        for _ in range(500):
-            if pred():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("timed out")
-
     async def main() -> None:
         ctx = zmq.asyncio.Context()
         async with Coordinator(bind="tcp://127.0.0.1:0", http_bind="", rejoin_grace_s=0.0) as coord:
@@ -77,14 +70,14 @@ def test_a_join_with_an_epoch_near_the_wire_limit_changes_nothing():
                 for i, last in enumerate((2**64 - 1, MAX_LAST_EPOCH + 1)):
                     await d.send_multipart(wire.encode("join", f"x{i}", body={
                         "addr": "tcp://127.0.0.1:9", "rank": -1, "inc": 1, "last_epoch": last}))
-                await until(lambda: coord.malformed == 2)
+                await until(lambda: coord.malformed == 2, what="both joins refused")
                 await asyncio.sleep(0.2)
                 assert coord.table.epoch == 0 and not coord.table.members
                 # the coordinator still serves: the highest allowed epoch is taken as it is
                 await d.send_multipart(wire.encode("join", "ok", body={
                     "addr": "tcp://127.0.0.1:9", "rank": -1, "inc": 1, "last_epoch": MAX_LAST_EPOCH}))
                 assert wire.decode(await asyncio.wait_for(d.recv_multipart(), 5)).t == "welcome"
-                await until(lambda: coord.table.view.member("ok") is not None)
+                await until(lambda: coord.table.view.member("ok") is not None, what="ok in the view")
                 assert coord.table.epoch == MAX_LAST_EPOCH + 1
             finally:
                 d.close(0)

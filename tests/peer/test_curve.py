@@ -8,6 +8,7 @@ import asyncio
 import pytest
 import zmq
 import zmq.asyncio
+from swarmtest import until
 
 from swarm import wire
 from swarm.cli import query_status
@@ -103,13 +104,6 @@ def test_a_listed_key_cannot_speak_for_another_member(tmp_path):
     kd = str(tmp_path / "keys")
     generate_keys(kd, ["coordinator", "hostA", "hostB", "hostC"])
 
-    async def until(pred) -> None:
-        for _ in range(300):
-            if pred():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("timed out")
-
     async def main() -> None:
         async with Coordinator(bind="tcp://127.0.0.1:*", keys_dir=kd, http_bind="") as coord:
             b = Peer(id="B", coordinators=[coord.address], keys_dir=kd, key_name="hostB")
@@ -138,14 +132,14 @@ def test_a_listed_key_cannot_speak_for_another_member(tmp_path):
                     for t, body in (("heartbeat", {"inc": inc, "linked": 0}), ("leave", {"inc": inc}),
                                     ("linked", {"e": epoch + 5}), ("probe_ack", {"nonce": 1, "inc": inc})):
                         await a.send_multipart(wire.encode(t, "B", epoch=epoch, body=body))
-                    await until(lambda: coord.malformed == bad + 4)
+                    await until(lambda: coord.malformed == bad + 4, what="the four spoofed messages dropped")
 
                     # a message to C whose src says B, sent with A's (listed) key
                     me.client(d, c.view.member("C").key)
                     d.connect(c.address)
                     await d.send_multipart(wire.encode("note", "B", body={"x": "forged"}))
                     assert await b.send("C", "note", {"x": "real"}, timeout=1)
-                    await until(lambda: "real" in got)
+                    await until(lambda: "real" in got, what="B's own message")
                     await asyncio.sleep(0.3)
                 finally:
                     a.close(0)
