@@ -4,7 +4,6 @@ restart it with no saved state, peers re-register and epochs keep increasing."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import zmq
 import zmq.asyncio
