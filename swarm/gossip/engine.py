@@ -40,7 +40,8 @@ Sync modes
     rounds behind; ``async`` never waits and uses whatever has arrived. Messages
     from a sender's *future* rounds are held back in lockstep and bounded so
     both ends mix the same copies. A sender waited for until the deadline in
-    vain is not waited for again until a message from it arrives. On a static
+    vain is not waited for again until a message from it arrives, nor is one
+    that has sent a later round (messages arrive in order). On a static
     graph, a peer that gets a message from more than ``max_staleness`` rounds
     ahead (lockstep: any) was left behind, and takes that round less
     ``max_staleness`` (see :meth:`Gossip.round`).
@@ -82,6 +83,7 @@ MODES = ("params", "pseudo_gradient")
 
 # Random pairing meets many partners over time; past this many per-receiver
 # streams the least recently used is forgotten (its next meeting starts full).
+# The one-peer exponential graph keeps its τ = ceil(log2 n) receivers' streams.
 _MAX_EDGE_STREAMS = 8
 
 
@@ -338,6 +340,7 @@ class Gossip:
         self._per_edge = topology in topo.TIME_VARYING
         self._sends_state = probe.name == "identity"   # see round()
         self._out: OrderedDict[str, _OutStream] = OrderedDict()  # key "" = broadcast stream
+        self._forgotten: set[str] = set()   # keys of streams dropped mid-run (see _stream_for)
         self._in: dict[str, _InCopy] = {}
         self._arrived = asyncio.Event()
         # Senders a round waited for until its deadline, in vain: later rounds do not
@@ -451,6 +454,7 @@ class Gossip:
             del self._in[src]
         for key in [k for k in self._out if k and k not in present]:
             del self._out[key]
+        self._forgotten = {k for k in self._forgotten if not k or k in present}
         for s in self._out.values():
             s.synced &= present
         self._arrived.set()
@@ -662,7 +666,8 @@ class Gossip:
         got = await asyncio.gather(*(fetch(i) for i in range(k)))
         for i, (_, a) in enumerate(got):
             self.x[bounds[i]:bounds[i + 1]] = a
-        self._out.clear()      # our old public copies are void: receivers get full states
+        self._forgotten.update(self._out)   # our old public copies are void:
+        self._out.clear()                   # receivers get full states
         self.reset_anchor()
         self.t = max(self.t, self._boot_round)   # and we join the swarm's round, not round 0
         return [d for d, _ in got]
@@ -672,12 +677,27 @@ class Gossip:
     def _stream_for(self, dst: str, written: bool = False) -> _OutStream:
         key = dst if self._per_edge else ""
         s = self._out.get(key)
-        if s is None:
-            s = self._out[key] = _OutStream(self.d, make_codec(self.codec_spec), self._shared_delta, written)
-            if self._per_edge and len(self._out) > _MAX_EDGE_STREAMS:
-                self._out.popitem(last=False)
-        else:
+        if s is not None:
             self._out.move_to_end(key)
+            return s
+        s = _OutStream(self.d, make_codec(self.codec_spec), self._shared_delta, written)
+        if key in self._forgotten and not self._sends_state:
+            # A forgotten stream (random pairing past _MAX_EDGE_STREAMS partners, or
+            # after bootstrap()) restarts from x itself, sent full. From zero, its
+            # first deltas (top-k of x) left both ends' copies sparse and pulled x
+            # towards them at every restart: top-10% over 16 live peers stayed at
+            # 0.25 of the starting consensus error after 800 rounds (8 peers: 2e-5).
+            if not _fill_finite(s.hat, self.x):
+                raise self._nonfinite()
+            s.ver, s.zeroed = 1, False   # a version the receiver never had: sent full
+            self._forgotten.discard(key)
+        self._out[key] = s
+        # the one-peer exponential graph cycles through τ = ceil(log2 n) receivers:
+        # past 256 peers a cap of 8 forgot each stream before its next use
+        cap = max(_MAX_EDGE_STREAMS, (len(self._view.members) - 1).bit_length()
+                  if self.topology == "one_peer_exponential" else 0)
+        if self._per_edge and len(self._out) > cap:
+            self._forgotten.add(self._out.popitem(last=False)[0])
         return s
 
     def _wire_size(self, t: str, body: dict, arrays: list) -> int:
@@ -794,6 +814,12 @@ class Gossip:
                         body, arrays = {"r": t, "ver": s.ver}, [s.hat.copy()]
                         full = (T_FULL, body, arrays, self._wire_size(T_FULL, body, arrays))
                     sends.append((s, dst, full))
+        # Our copy to mix against, taken before anything yields: a view without the
+        # receiver drops its per-edge stream, and looking it up after the wait
+        # raised KeyError (a live one-peer exponential peer died so, when a frozen
+        # receiver left the view during the round).
+        own = (self._out[receivers[0] if self._per_edge else ""].hat if receivers
+               else self._out[""].hat if "" in self._out else self.x)
         for s, dst, (typ, body, arrays, nbytes) in sends:
             if await self._send(dst, typ, body, arrays, nbytes, res):
                 if typ == T_FULL and not self._sends_state:
@@ -817,7 +843,8 @@ class Gossip:
             # full state next round; waiting for it now would only burn the timeout
             broken |= await self._drain(upto)
             waiting = [] if need is None else [j for j in senders if self._copy_round(j) < need
-                                               and j not in broken and j not in self._late]
+                                               and j not in broken and j not in self._late
+                                               and not self._went_past(j, t)]
             if not waiting:
                 break
             left = deadline - time.monotonic()
@@ -843,8 +870,6 @@ class Gossip:
         res.participants = usable
         res.staleness = {j: max(0, t - self._in[j].round) for j in usable}
         if usable:
-            own = (self._out[receivers[0] if self._per_edge else ""].hat if receivers
-                   else self._out[""].hat if "" in self._out else self.x)
             # Neighbours with the same weight (all of them on regular graphs) are
             # summed first and scaled once: fewer operations than scaling each.
             groups: dict[float, list[np.ndarray]] = {}
@@ -877,6 +902,16 @@ class Gossip:
     def _has_averaged(self) -> bool:
         """Whether any round so far mixed with a neighbour."""
         return self.stats.rounds > self.stats.rounds_alone
+
+    def _went_past(self, j: str, t: int) -> bool:
+        """Whether ``j`` has sent a message of a round after ``t``: its messages arrive
+        in order, so a round-``t`` one that has not come yet never will. (A peer left
+        behind on a time-varying graph, after a freeze that took it out of the view,
+        waited ``round_timeout`` for a different partner every round and never caught
+        up: a 3 s SIGSTOP of one of 5 live peers cost each of them 40 s of waiting.)"""
+        c = self._in.get(j)
+        r = c.pending[-1].body.get("r") if c is not None and c.pending else None
+        return isinstance(r, int) and not isinstance(r, bool) and r > t
 
     def _copy_round(self, j: str) -> int:
         c = self._in.get(j)
