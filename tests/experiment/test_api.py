@@ -7,7 +7,6 @@ be left and the caller's signal handlers must be back.
 from __future__ import annotations
 
 import asyncio
-import csv
 import dataclasses
 import io
 import json
@@ -23,7 +22,7 @@ from swarmtest import ROOT, wait_for
 
 from swarm.errors import ConfigError
 from swarm.experiment import RunResult, load_spec, run_experiment
-from swarm.experiment.launch import write_plots
+from swarm.experiment.launch import read_csv, write_plots
 
 TINY = ["peers=2", "budget.env_steps=300", "dqn.learning_starts=100", "dqn.batch_size=32",
         "eval.every=0", "buffer.capacity=2000"]
@@ -41,14 +40,6 @@ def children_of(pid: int) -> list[int]:
             if int(fields[1]) == pid and fields[0] != "Z":
                 found.append(int(d.name))
     return found
-
-
-def csv_rows(path: Path) -> list[dict[str, str]]:
-    try:
-        with open(path, newline="") as f:
-            return list(csv.DictReader(f))
-    except OSError:
-        return []
 
 
 def alive(pid: int) -> bool:
@@ -140,7 +131,7 @@ def test_ctrl_c_stops_a_scripts_sweep(tmp_path):
     try:
         def training() -> Path | None:
             for d in runs.glob("*"):
-                if all(len(csv_rows(d / f"peer{r}" / "metrics.csv")) > 0 for r in range(2)):
+                if all(len(read_csv(d / f"peer{r}" / "metrics.csv")) > 0 for r in range(2)):
                     return d
             return None
 
