@@ -90,7 +90,8 @@ def connect(s: zmq.Socket, addr: str) -> None:
     try:
         s.connect(addr)
     except zmq.ZMQError as e:
-        raise TransportError(f"cannot connect to {addr}: {e.strerror}") from None
+        hint = "; expected tcp://HOST:PORT" if member_address_error(addr) else ""
+        raise TransportError(f"cannot connect to {addr}: {e.strerror}{hint}") from None
 
 
 #: a member's address: a host name or an IPv4 address (sockets do not enable IPv6), and a port

@@ -213,7 +213,8 @@ def test_status_json_lists_members(procs):
     (("--timeout", "nan"), "--timeout must be > 0"),
     (("--watch", "--interval", "0"), "--interval must be > 0"),
     (("--coordinator", "tcp://127.0.0.1:99999"), "port 99999 is out of range"),
-    (("--watch", "--coordinator", "foo"), "cannot connect to foo"),
+    (("--watch", "--coordinator", "foo"), "expected tcp://HOST:PORT"),
+    (("--coordinator", "tcp://127.0.0.1:abc"), "expected tcp://HOST:PORT"),
 ])
 def test_bad_status_arguments_are_refused(args, message):
     import subprocess
