@@ -440,6 +440,10 @@ class Peer:
         try:
             await asyncio.wait_for(self._linked.wait(), timeout)
         except asyncio.TimeoutError:
+            if self.id not in self._view.ids:   # no neighbours to wait for: it is not a member
+                raise PeerTimeout(f"peer {self.id}: not in the current view (epoch {self._view.epoch}) "
+                                  f"within {timeout} s: not joined yet, or declared dead and rejoining"
+                                  ) from None
             raise PeerTimeout(f"peer {self.id}: neighbours {sorted(self._pending_hello)} "
                               f"did not answer within {timeout} s") from None
 

@@ -313,3 +313,13 @@ def test_a_junk_address_in_the_view_leaves_that_neighbour_unlinked(caplog):
             assert caplog.text.count(f"peer {pid}: not linking to j{i}:") == 1, caplog.text
     assert caplog.text.count("peer a: not linking to b:") == len(JUNK_ADDRS)   # each endpoint once
     assert "is not tcp://HOST:PORT" in caplog.text and "a" * 100 not in caplog.text
+
+
+def test_wait_linked_says_when_the_peer_is_not_a_member():
+    # a peer outside the view (not joined yet, or declared dead) has no neighbours to
+    # wait for, and the timeout read "neighbours [] did not answer"
+    async def main():
+        p = Peer(id="lonely", coordinators=["tcp://127.0.0.1:1"])
+        with pytest.raises(PeerTimeout, match=r"lonely: not in the current view \(epoch"):
+            await p.wait_linked(timeout=0.05)
+    asyncio.run(main())
