@@ -262,6 +262,10 @@ class Curve:
                 how = (f"swarm keys generate {base} --names {name}" if base.is_dir() and p == secret
                        else f"swarm keys generate {base}")
                 raise ConfigError(f"keys: {p} does not exist; create keys with `{how}`")
+        mode = secret.stat().st_mode & 0o077
+        if mode:   # ssh refuses such a key; a running swarm is not stopped for it, but told
+            log.warning("keys: %s is readable or writable by others (mode %o); anyone who can read "
+                        "it can join as %s: chmod 600 it", secret, secret.stat().st_mode & 0o777, name)
         try:
             self.public, self.secret = zmq.auth.load_certificate(str(secret))
             self.coordinator_public = zmq.auth.load_certificate(str(coord))[0]

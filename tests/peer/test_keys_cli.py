@@ -182,3 +182,15 @@ def test_a_client_without_keys_is_told_the_coordinator_may_want_them(procs, tmp_
     assert p.wait(20) == 2 and s.wait(20) == 2
     assert "one started with --keys ignores a peer without them" in procs.log(p)
     assert "a coordinator started with --keys answers only a client with --keys" in procs.log(s)
+
+
+def test_a_secret_others_can_read_is_warned_about(tmp_path, caplog):
+    # a key folder copied with a loose umask (scp, a shared drive) was used in silence
+    kd = tmp_path / "keys"
+    assert main(["keys", "generate", str(kd)]) == 0
+    caplog.set_level("WARNING", logger="swarm.transport")
+    Curve(str(kd), "peer")
+    assert "chmod 600" not in caplog.text
+    (kd / "peer.key_secret").chmod(0o644)
+    Curve(str(kd), "peer")
+    assert "peer.key_secret is readable or writable by others (mode 644)" in caplog.text
