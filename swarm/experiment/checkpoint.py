@@ -51,7 +51,7 @@ from ..errors import ConfigError, ReplayError, SwarmError
 log = logging.getLogger("swarm.experiment")
 
 __all__ = ["Checkpointer", "Restored", "committed", "latest", "load_checkpoint", "load_newest", "load_policy",
-           "state_digest"]
+           "read_checkpoint_pt", "state_digest"]
 
 _FULL = re.compile(r"^full-(\d{6})$")
 _INC = re.compile(r"^full-(\d{6})-inc-(\d{4})$")
@@ -337,6 +337,21 @@ def load_checkpoint(path: str | Path) -> Restored:
     except (KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"checkpoint {path}: not a peer's checkpoint ({type(e).__name__}: {e})") from None
     return Restored(path, manifest, buf, params, st["agent"], dict(st["counters"]), st.get("torch_rng"))
+
+
+def read_checkpoint_pt(path: str | Path) -> dict[str, Any]:
+    """A peer's ``checkpoint.pt`` as saved (agent state, env steps; no buffer), or
+    ConfigError saying why it cannot be read (torn, empty, foreign)."""
+    import torch  # noqa: PLC0415
+
+    path = Path(path)
+    try:
+        ck = torch.load(path, weights_only=False)  # our own file: it holds RNG states, not just tensors
+    except Exception as e:   # a torn or foreign file: RuntimeError, EOFError, UnpicklingError ...
+        raise ConfigError(f"{path} cannot be read (damaged?): {_unreadable(path, e)}") from None
+    if not isinstance(ck, dict) or not isinstance(ck.get("agent"), dict):
+        raise ConfigError(f"{path} cannot be read (damaged?): not a peer's checkpoint.pt (no agent state in it)")
+    return ck
 
 
 def load_policy(path: str | Path) -> tuple[Any, Any, dict[str, Any]]:

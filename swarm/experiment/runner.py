@@ -69,7 +69,7 @@ import numpy as np
 
 from ..config import to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
-from .checkpoint import Checkpointer, _unreadable, array_digest, load_newest, state_digest
+from .checkpoint import Checkpointer, array_digest, load_newest, read_checkpoint_pt, state_digest
 from .spec import Spec
 
 if TYPE_CHECKING:
@@ -115,20 +115,25 @@ def stop_on_signals() -> threading.Event:
 def _read_checkpoint_pt(path: Path, skipped: list[str]) -> dict[str, Any] | None:
     """A peer's ``checkpoint.pt`` (agent state and env steps, no buffer), or None when
     there is none or it cannot be read (then why is logged and added to ``skipped``)."""
-    import torch  # noqa: PLC0415
-
     if not path.is_file():
         return None
     try:
-        ck = torch.load(path, weights_only=False)  # our own file: it holds RNG states, not just tensors
-        if not isinstance(ck, dict) or not isinstance(ck.get("agent"), dict):
-            raise ConfigError("not a peer's checkpoint.pt (no agent state in it)")
-    except Exception as e:   # a torn or foreign file: RuntimeError, EOFError, UnpicklingError ...
-        why = f"{path} cannot be read (damaged?): {_unreadable(path, e)}"
-        log.warning("%s", why)
-        skipped.append(why)
+        return read_checkpoint_pt(path)
+    except ConfigError as e:
+        log.warning("%s", e)
+        skipped.append(str(e))
         return None
-    return ck
+
+
+def _write_whole(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write`` a temporary file, then rename it over ``path``: a process killed
+    meanwhile leaves the previous file whole, not a torn one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _keep_rows_upto(path: Path, env_steps: int) -> int:
@@ -137,8 +142,7 @@ def _keep_rows_upto(path: Path, env_steps: int) -> int:
     A peer restarted or resumed into its own folder trains again the env steps since
     the checkpoint it continues from: the rows its predecessor logged for them would
     appear twice. A last line without its newline (the writer was killed mid-row)
-    goes too. The rows kept are written to a temporary file that is then renamed over
-    ``path``, so a crash in between leaves the old file whole.
+    goes too. The rows kept replace the file whole (:func:`_write_whole`).
     """
     try:
         with open(path, newline="") as f:
@@ -160,15 +164,14 @@ def _keep_rows_upto(path: Path, env_steps: int) -> int:
             keep.append(line)
     if len(keep) == len(lines):
         return 0
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
+
+    def write(tmp: Path) -> None:
         with open(tmp, "w", newline="") as f:
             f.writelines(keep)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    _write_whole(path, write)
     return len(lines) - len(keep)
 
 
@@ -357,12 +360,7 @@ def _save_whole(obj: dict[str, Any], path: Path) -> Path:
     writes ``best.pt`` or ``checkpoint.pt`` leaves the previous file whole, not a torn one."""
     import torch  # noqa: PLC0415
 
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    _write_whole(path, lambda tmp: torch.save(obj, tmp))
     return path
 
 
@@ -397,9 +395,7 @@ def _carry_best(src: Path, out: Path, summary: dict[str, Any]) -> None:
         if mine is not None and (best is None or mine[0] > best[0]):
             best = mine
         elif best is not None:
-            tmp = here.with_name(".best.pt.tmp")
-            shutil.copyfile(src / "best.pt", tmp)
-            os.replace(tmp, here)
+            _write_whole(here, lambda tmp: shutil.copyfile(src / "best.pt", tmp))
     if best is not None:
         summary.update(best_eval_return=best[0], best_eval_at=best[1])
 
@@ -570,14 +566,13 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                   f"checkpoint.pt); was peer{rank} part of that run?")
         if skipped:
             summary["resume_skipped"] = skipped
+        state.env_steps = done_steps
         if rejoin or resume_from is not None:
             # Ids the process it continues issued after its checkpoint (all of them, when it
             # starts again from step 0 or from checkpoint.pt) may live at neighbours: new
             # local items take numbers above any that process could have used.
             from ..buffer.persist import resume_sequence  # noqa: PLC0415
             resume_sequence(buf, (time.time_ns() // 1_000_000) << 16)
-        state.env_steps = done_steps
-        if rejoin or resume_from is not None:
             _carry_best(peer_dir(resume_from, rank) if resume_from is not None else out, out, summary)
         x = agent.parameters()
 
