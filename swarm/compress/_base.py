@@ -200,6 +200,13 @@ class Codec:
         """Encode a tensor on its accelerator, or return None to move it to the CPU first."""
         return None
 
+    def _encode_contracting(self, x: np.ndarray) -> Encoded:
+        """``encode(x)`` for error feedback, whose residual stays bounded only when the
+        codec is a contraction, ``E‖C(x) − x‖² < ‖x‖²``. Every codec but a coarse QSGD
+        is one, so this is ``encode``; QSGD scales its payload (see there), and a
+        receiver decodes the result as any other payload of the family."""
+        return self.encode(x)
+
     def _frame_specs(self, meta: dict[str, Any], n: int) -> list[tuple[str, Any, int]]:  # pragma: no cover
         """``(label, allowed dtypes, length)`` of each frame this meta implies."""
         raise NotImplementedError

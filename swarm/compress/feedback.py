@@ -4,6 +4,9 @@
 over any number of rounds ``sum(decoded) + e == sum(inputs)`` (up to float32
 rounding). This turns biased contractions (top-k, random-k, sign) into codecs
 whose error does not accumulate (Stich et al. 2018; Karimireddy et al. 2019).
+The residual stays bounded only when the codec is a contraction,
+``E||C(p) - p||^2 < ||p||^2``; a coarse QSGD is not one, so it is sent scaled
+(:meth:`Codec._encode_contracting`, :meth:`QSGD._encode_contracting`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ class ErrorFeedback(Codec):
     any error the inner codec raises. Non-finite input that the inner codec does not
     reject (topk, randomk, fp16, identity) would stay in the residual: call
     :meth:`reset` after such a round, or check deltas first, as gossip does.
+
+    The residual stays bounded for every inner codec: a QSGD with ``omega >= 1``
+    sends its output scaled by ``1 / (1 + omega)``, inside its payload, so the
+    receiver's plain decoder applies the scale and nothing is scaled twice.
 
     Example::
 
@@ -100,7 +107,7 @@ class ErrorFeedback(Codec):
             got = self.inner._encode_sparse(q)
             if got is not None:
                 return p, got[0], (got[1], got[2])
-        return p, self.inner.encode(q), None
+        return p, self.inner._encode_contracting(q), None
 
     def decode(self, enc: Encoded, n: int | None = None) -> np.ndarray:
         """Decode with the inner codec (the residual is a sender-side matter)."""

@@ -429,7 +429,7 @@ def test_error_feedback_conserves_the_sum(inner, xs):
 
 
 @pytest.mark.parametrize("inner", ["topk:0.05", "topk:0.15:values=fp16", "topk:0.3:values=fp8", "sign",
-                                   "sign:block=8", "int8", "fp16", "identity"])
+                                   "sign:block=8", "int8", "fp16", "identity", "qsgd:2:seed=1"])
 def test_error_feedback_encode_decoded_is_encode_and_decode(inner):
     """encode_decoded gives the payload encode gives, what a receiver decodes from it,
     and leaves the same residual, bit for bit (the relay's copies depend on it)."""
@@ -440,6 +440,52 @@ def test_error_feedback_encode_decoded_is_encode_and_decode(inner):
     with pytest.raises(GossipError, match="length 301"):
         b.encode_decoded(np.ones(301, np.float32))
     assert np.array_equal(b.residual, a.residual)
+
+
+# Every family, with the coarse QSGDs (omega >= 1: qsgd:11 and coarser with buckets of
+# 512) that error feedback has to send scaled; plain, ef+qsgd:8 reached ||e|| = 1e5 ||x||
+# within 300 calls and ef+qsgd:1 overflowed.
+EF_EVERY = ["identity", "fp16", "int8", "int8:stochastic:block=65536:seed=1", "qsgd:256:seed=1",
+            "qsgd:16:seed=1", "qsgd:11:seed=1", "qsgd:8:seed=1", "qsgd:4:seed=1", "qsgd:2:seed=1",
+            "qsgd:1:seed=1", "topk:0.05", "topk:0.15:values=fp16", "topk:0.05:values=fp8",
+            "randomk:0.05:seed=1", "sign", "sign:block=0"]
+
+
+@pytest.mark.parametrize("inner", EF_EVERY)
+@pytest.mark.parametrize("fixed", [False, True], ids=["fresh", "fixed"])
+def test_error_feedback_residual_stays_bounded(inner, fixed):
+    """300 calls with standard-normal inputs of 2000, fresh each call or one repeated:
+    ||e|| / ||x|| levels off (at most 4.5 fresh and 30 repeated, for qsgd:1, whose
+    scaled form contracts by 1/(1 + omega) = 1/23.6) instead of growing without bound."""
+    ef = get_codec(f"ef+{inner}")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(2000).astype(np.float32)
+    worst = 0.0
+    for _ in range(300):
+        if not fixed:
+            x = rng.standard_normal(2000).astype(np.float32)
+        ef.encode(x)
+        worst = max(worst, float(np.linalg.norm(ef.residual) / np.linalg.norm(x)))
+    assert worst < (50.0 if fixed else 10.0), f"ef+{inner}: ||e|| reached {worst:.3g} ||x||"
+
+
+@pytest.mark.parametrize("spec,n,scale", [("qsgd:8:seed=1", 1000, 1 / 3),    # omega = 2
+                                          ("qsgd:1:seed=1", 1000, 1 / (1 + 512 ** 0.5)),
+                                          ("qsgd:16:seed=1", 1000, 1.0),  # omega = 0.5: as it was
+                                          ("qsgd:8:seed=1", 100, 1.0)])   # one bucket of 100: omega = 0.39
+def test_error_feedback_scales_a_coarse_qsgd_inside_its_payload(spec, n, scale):
+    """ef+qsgd sends y / (1 + omega) when omega >= 1, in the block multipliers: the meta
+    and levels are a plain qsgd payload's, a plain receiver decodes the scaled vector
+    (nothing is scaled twice), and the residual is what that receiver did not get."""
+    x = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    plain = get_codec(spec).encode(x)
+    ef = get_codec(f"ef+{spec}")
+    enc, dec = ef.encode_decoded(x)
+    assert enc.meta == plain.meta and np.array_equal(enc.frames[0], plain.frames[0])
+    assert np.array_equal(enc.frames[1], plain.frames[1] * np.float32(scale))
+    got = get_codec(spec.split(":seed")[0]).decode(through_wire(enc), n)
+    assert np.array_equal(got, dec)
+    assert np.array_equal(ef.residual, x - got)
 
 
 def test_error_feedback_topk_sends_everything_eventually():
