@@ -24,7 +24,12 @@ next flush, so it holds however few items a flush has. Replication: with
 ``ack`` set; an item counts as safe once k neighbours acknowledged it
 (:meth:`Federation.take_acknowledged` hands out newly safe ids). A push
 not acknowledged within ``ack_timeout`` (or whose target left the view) is
-sent again on the next flush, to whichever neighbours are first then.
+sent again on the next flush, to whichever neighbours are first then. While
+a peer has fewer than k neighbours (they have not joined yet, or died), its
+items wait in a table of which neighbours hold them
+(:class:`~swarm.buffer.replicas.ReplicaTable`, at most one row per local item
+in the ring) and go to each neighbour that becomes one of the first k;
+``stats.under_replicated`` counts the local items fewer than k hold.
 
 With ``ride=True`` the shared items go with the gradient relay's messages
 instead (give the federation to :class:`~swarm.gossip.GradientRelay` as its
@@ -68,6 +73,7 @@ from ..link import Link
 from ..wire import Message, register_type
 from .limiter import TokenBucket
 from .replay import Items, ReplayBuffer
+from .replicas import ReplicaTable
 
 __all__ = ["Federation", "FederationStats", "PUSH", "PULL", "ITEMS", "ACK", "RESYNC"]
 
@@ -92,6 +98,8 @@ class FederationStats:
     throttled: int = 0       # items not sent or not taken because of a rate limit
     served: int = 0          # items sent in answer to pulls
     acked: int = 0           # local items acknowledged by `replicas` neighbours
+    under_replicated: int = 0   # now: local items in the ring that fewer than `replicas` neighbours hold
+    unreplicated: int = 0    # local items the ring overwrote before `replicas` neighbours held them
     resent: int = 0          # replication pushes sent again after a timeout or view change
     rereplicated: int = 0    # acknowledged items replicated again: their holder left or restarted
     dropped_messages: int = 0
@@ -107,7 +115,8 @@ class Federation:
         link: anything with the :class:`~swarm.link.Link` shape.
         share: fraction of new local items pushed to each neighbour per flush.
         share_by: ``"newest"`` or ``"priority"`` (highest current priority first).
-        replicas: k; each local item is pushed to k neighbours until they ack it.
+        replicas: k; each local item is pushed to the first k neighbours until k ack it
+            (with fewer neighbours it waits for more: ``stats.under_replicated``).
         priority_clip: bound on a received item's raw priority (default: the
             receiving buffer's max priority, so a neighbour cannot out-rank local data).
         rate, burst: items per second (and burst) this peer sends for sharing and
@@ -160,17 +169,13 @@ class Federation:
         self._new: list[np.ndarray] = []          # indices added locally since the last flush
         self._unridden: list[np.ndarray] = []     # ... since the last ride (ride=True)
         self._new_lock = threading.Lock()         # add() may run on the learner's thread
-        self._to_replicate: list[np.ndarray] = []  # seqs still needing replication
         self._inflight: dict[int, tuple[str, np.ndarray, float]] = {}  # rid -> (dst, seqs, deadline)
-        # Ack bookkeeping covers only seqs that may still be (re)sent: those of pending
-        # pushes and later ones (local seqs only grow). Older entries are pruned after
-        # each flush, so memory stays bounded however long the run.
-        self._ackers: dict[int, set[str]] = {}     # local seq -> neighbours holding it
-        self._safe: set[int] = set()               # local seqs acked by `replicas` neighbours
+        # Local items that fewer than `replicas` neighbours hold, and which do: a row per
+        # item, gone once it is safe or overwritten, so at most one per local item in the ring.
+        self._table = ReplicaTable(replicas)
         self._newly_safe: deque[int] = deque(maxlen=buffer.capacity)   # for take_acknowledged()
         # holder -> (when, seqs) it acknowledged within rereplicate_s: replicated again if it goes
         self._recent: dict[str, deque[tuple[float, np.ndarray]]] = {}
-        self._again: set[int] = set()              # seqs being replicated again (reported once already)
         self._resync_sent = False
         self._credit = 0.0                         # share of new items owed but not yet sent (< 1)
         self._pulls: dict[int, asyncio.Future] = {}
@@ -215,10 +220,9 @@ class Federation:
             sent += await self._share(idx, nbrs)
         if self.replicas:
             if idx.size:
-                items = self.buffer.items(idx)
-                self._to_replicate.append(items.seqs)
+                self._table.add(*self._live(idx))
             sent += await self._replicate(nbrs)
-            self._prune_acks()
+            self.stats.under_replicated = len(self._table)
         return sent
 
     def ride(self) -> tuple[dict[str, Any], list[np.ndarray]] | None:
@@ -311,8 +315,13 @@ class Federation:
         return sent
 
     async def _replicate(self, nbrs: list[str]) -> int:
+        """Push each item not yet safe to those of the first k neighbours that neither
+        hold it nor have a push of it on the way; an item that every one of them
+        holds while they are fewer than k waits for the next neighbour."""
         now = time.monotonic()
         targets = nbrs[:self.replicas]
+        table = self._table
+        table.retarget(targets)                # copies held by a peer that left the first k count no longer
         for holder, dq in list(self._recent.items()):
             while dq and dq[0][0] < now - self.rereplicate_s:
                 dq.popleft()
@@ -324,51 +333,39 @@ class Federation:
         for rid, (dst, seqs, deadline) in list(self._inflight.items()):
             if now > deadline or dst not in nbrs:
                 del self._inflight[rid]
-                self._to_replicate.append(seqs)
+                table.mark(dst, seqs, sent=False)
                 self.stats.resent += len(seqs)
-        if not self._to_replicate or not nbrs:
-            return 0
-        seqs = np.unique(np.concatenate(self._to_replicate))
-        self._to_replicate = []
+        with self.buffer._lock:                # items overwritten locally can be sent no more
+            self.stats.unreplicated += table.drop_overwritten(self.buffer._ticket)
         sent = 0
-        idx = self._local_indices(seqs)
-        items = self.buffer.items(idx)         # items overwritten locally before replication are gone
         for dst in targets:
-            need = np.array([s not in self._safe and dst not in self._ackers.get(int(s), ())
-                             for s in items.seqs], dtype=bool)
-            part = _slice(items, need)
+            part = self.buffer.items(table.to_send(dst))
             for a in range(0, len(part), self.max_items):
                 chunk = _slice(part, slice(a, a + self.max_items))
                 rid = next(self._rid)
                 self._inflight[rid] = (dst, chunk.seqs.copy(), time.monotonic() + self.ack_timeout)
+                table.mark(dst, chunk.seqs, sent=True)
                 if await self._send_items(dst, PUSH, chunk, {"rid": rid, "ack": True}):
                     sent += len(chunk)
                     self.stats.pushed += len(chunk)
                 # On failure the in-flight entry times out and is resent.
         return sent
 
-    def _prune_acks(self) -> None:
-        """Forget ack state of seqs below every pending push: they are never sent again."""
-        pending = [seqs for _, seqs, _ in self._inflight.values()] + self._to_replicate
-        floor = min((int(a.min()) for a in pending if a.size), default=None)
-        if floor is None:
-            self._safe.clear()
-            self._ackers.clear()
-            self._again.clear()
-            return
-        if self._again and min(self._again) < floor:
-            self._again = {s for s in self._again if s >= floor}
-        if self._safe and min(self._safe) < floor:
-            self._safe = {s for s in self._safe if s >= floor}
-        if self._ackers and min(self._ackers) < floor:
-            self._ackers = {s: h for s, h in self._ackers.items() if s >= floor}
+    def _live(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Seqs and indices of the local items ``idx`` that the ring still holds."""
+        buf = self.buffer
+        with buf._lock:
+            slots = idx % buf.capacity
+            live = buf._ticket[slots] == idx
+            return buf._seq[slots[live]], idx[live]
 
-    def _local_indices(self, seqs: np.ndarray) -> np.ndarray:
+    def _local_items(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Seqs and indices of the local items with these seqs that the ring still holds."""
         buf = self.buffer
         with buf._lock:
             n = len(buf)
             mine = (buf._origin[:n] == 0) & np.isin(buf._seq[:n], seqs)
-            return buf._ticket[:n][mine]
+            return buf._seq[:n][mine], buf._ticket[:n][mine]
 
     def _arrays(self, items: Items) -> list[np.ndarray]:
         """The wire layout: the schema's fields, then origins, seqs, times, priorities."""
@@ -428,22 +425,18 @@ class Federation:
         if not isinstance(rid, int):
             self._drop(msg, f"bad ack {msg.body!r:.200}")
             return
-        entry = self._inflight.pop(rid, None)
+        entry = self._inflight.get(rid)
         if entry is None or entry[0] != msg.src:
-            return
-        if self.rereplicate_s > 0:
-            self._recent.setdefault(msg.src, deque()).append((time.monotonic(), entry[1]))
-        for s in entry[1].tolist():
-            holders = self._ackers.setdefault(s, set())
-            holders.add(msg.src)
-            if len(holders) >= self.replicas and s not in self._safe:
-                self._safe.add(s)
-                if s in self._again:
-                    self._again.discard(s)       # handed out by take_acknowledged() before
-                else:
-                    self._newly_safe.append(s)
-                    self.stats.acked += 1
-                del self._ackers[s]
+            return                               # late, or not the push's target: it changes nothing
+        del self._inflight[rid]
+        seqs = entry[1]
+        if self.rereplicate_s > 0 and msg.src in self._table.slots:
+            self._recent.setdefault(msg.src, deque()).append((time.monotonic(), seqs))
+        safe, told = self._table.ack(msg.src, seqs)
+        fresh = safe[~told].tolist()             # the others were handed out before a holder left
+        self._newly_safe.extend(fresh)
+        self.stats.acked += len(fresh)
+        self.stats.under_replicated = len(self._table)
 
     async def _on_resync(self, msg: Message) -> None:
         self._again_from(msg.src)
@@ -454,12 +447,9 @@ class Federation:
         if not dq:
             return
         seqs = np.unique(np.concatenate([a for _, a in dq]))
-        self._safe.difference_update(seqs.tolist())
-        for s in seqs.tolist():
-            if s in self._ackers:
-                self._ackers[s].discard(holder)
-        self._again.update(seqs.tolist())
-        self._to_replicate.append(seqs)
+        self._table.forget(holder, seqs)
+        seqs, idx = self._local_items(seqs)       # what the ring overwrote since cannot go again
+        self._table.add(seqs, idx, told=True)     # a safe item's other holders are not known: all targets
         self.stats.rereplicated += int(seqs.size)
 
     async def _on_pull(self, msg: Message) -> None:

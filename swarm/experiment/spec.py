@@ -112,7 +112,8 @@ class BufferSpec:
                        lambda s: 0.0 <= s <= 1.0, "must be in [0, 1]")
     share_by: str = opt("newest", "which new transitions are shared: newest or priority",
                         lambda s: s in ("newest", "priority"), "must be 'newest' or 'priority'")
-    replicas: int = opt(0, "neighbours that must acknowledge each local transition (0: no replication)",
+    replicas: int = opt(0, "neighbours that must acknowledge each local transition (0: no replication); "
+                           "at most the fewest neighbours any peer has in gossip.topology",
                         _nonneg, "must be >= 0")
     rate: float = opt(0.0, "transitions per second a peer sends for sharing and pulls; 0 is unbounded",
                       _nonneg, "must be >= 0")
@@ -241,9 +242,17 @@ class Spec:
         if self.dqn.learning_starts >= self.budget.env_steps:
             raise ConfigError(f"dqn.learning_starts = {self.dqn.learning_starts} is not below "
                               f"budget.env_steps = {self.budget.env_steps}; the agent would never learn")
-        if self.buffer.sharing and self.buffer.replicas >= self.peers:
-            raise ConfigError(f"buffer.replicas = {self.buffer.replicas}: with peers = {self.peers} "
-                              f"there are only {self.peers - 1} other peers to hold copies")
+        if self.buffer.sharing and self.buffer.replicas:
+            # A peer replicates to its own neighbours: one with fewer than `replicas` would
+            # never see a transition acknowledged (they would wait for a neighbour for ever).
+            rank, degree = _fewest_neighbours(g.topology, self.peers, g.edges)
+            if degree < self.buffer.replicas:
+                raise ConfigError(
+                    f"buffer.replicas = {self.buffer.replicas}: with gossip.topology = {g.topology!r} and "
+                    f"peers = {self.peers}, the peer of rank {rank} has {degree} neighbour{'s' * (degree != 1)} "
+                    "to hold copies of its transitions, so they could never count as replicated; set "
+                    f"buffer.replicas {f'<= {degree}' if degree else '= 0'} or choose a topology with more "
+                    "neighbours")
         c = self.checkpoint
         if c.incremental_every_steps and c.full_every_steps and c.incremental_every_steps >= c.full_every_steps:
             raise ConfigError(f"checkpoint.incremental_every_steps = {c.incremental_every_steps} is not below "
@@ -315,6 +324,24 @@ def _check_topology(topology: str, peers: int, edges: list[list[int]]) -> None:
             raise ConfigError(f"gossip.edges: the graph is not connected: no path joins peer 0 to peers "
                               f"{', '.join(map(str, cut[:8]))}{' ...' if len(cut) > 8 else ''}, so their "
                               "models would never be averaged together")
+
+
+def _fewest_neighbours(topology: str, peers: int, edges: list[list[int]]) -> tuple[int, int]:
+    """The rank with the fewest neighbours in the graph peers pick them from (round 0, as
+    :class:`swarm.peer.Peer` does), and how many it has. The topology is checked already."""
+    if topology == "full":
+        return 0, peers - 1
+    if topology == "custom":   # from the edge list: neighbours() would read it once per peer
+        links: list[set[int]] = [set() for _ in range(peers)]
+        for a, b in edges:
+            links[a].add(b)
+            links[b].add(a)
+        degrees = [len(s) for s in links]
+    else:
+        from ..gossip.topology import neighbours  # noqa: PLC0415
+        degrees = [len(neighbours(topology, peers, i)) for i in range(peers)]
+    rank = min(range(peers), key=degrees.__getitem__)
+    return rank, degrees[rank]
 
 
 def _check_codec(codec: str) -> None:

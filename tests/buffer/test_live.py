@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -169,3 +170,122 @@ def test_a_restarted_holder_without_replicas_of_its_own_gets_its_copies_back():
                         await p.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+async def flush_until(fed: Federation, acked: list, pred, what: str, timeout: float = 20.0) -> None:
+    """Flush ``fed`` (collecting what it acknowledged into ``acked``) until ``pred()``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        await fed.flush()
+        acked.extend(fed.take_acknowledged())
+        if pred():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}: {fed.stats}")
+        await asyncio.sleep(0.05)
+
+
+async def settle_acks(fed: Federation, acked: list) -> None:
+    """A few flushes, apart: acks in flight land, nothing waiting for a neighbour goes."""
+    for _ in range(3):
+        await asyncio.sleep(0.2)
+        await fed.flush()
+        acked.extend(fed.take_acknowledged())
+
+
+def test_replicas_wait_for_a_neighbour_that_joins_later():
+    """replicas=2 on a ring of two: p0's items are held by its one neighbour and wait,
+    counted as under-replicated; when p2 joins they go to it and count as acknowledged.
+    Before, they were never acknowledged and never sent to p2."""
+    async def main():
+        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+            peers = [Peer(coordinators=[coord.address], id=f"p{i}", rank=i, topology="ring") for i in range(3)]
+            started = []
+            try:
+                for p in peers[:2]:
+                    await p.start()
+                    started.append(p)
+                for p in peers[:2]:
+                    await p.wait_view(lambda v: len(v.members) == 2, timeout=10.0)
+                    await p.wait_linked(10.0)
+                bufs = [ReplayBuffer(SCHEMA, 1000, peer_id=p.id, seed=i) for i, p in enumerate(peers)]
+                fed = Federation(bufs[0], peers[0], share=0.0, replicas=2, ack_timeout=0.5)
+                Federation(bufs[1], peers[1], share=0.0)
+                acked: list = []
+                bufs[0].add(batch(0, 50))
+                await flush_until(fed, acked, lambda: len(bufs[1]) == 50, "p0's items on p1")
+                await settle_acks(fed, acked)
+                assert acked == [] and fed.stats.under_replicated == 50 and fed.stats.pushed == 50
+
+                await peers[2].start()
+                started.append(peers[2])
+                Federation(bufs[2], peers[2], share=0.0)
+                await until(lambda: peers[0].neighbours() == ["p1", "p2"], 10.0, "p2 in p0's view")
+                await flush_until(fed, acked, lambda: len(acked) == 50, "p0's 50 items acknowledged")
+                assert sorted(acked) == [("p0", s) for s in range(50)]
+                assert sorted(bufs[2].ids()) == [("p0", s) for s in range(50)]
+                assert fed.stats.under_replicated == 0
+            finally:
+                for p in started:
+                    await p.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_replicas_wait_while_a_neighbour_is_killed_and_go_to_its_successor(tmp_path):
+    """replicas=2 on a ring of three, the third peer a process: after kill -9 it leaves the
+    view and p0's items wait on one holder (counted); a new process under the same id
+    joins and they reach it and count as acknowledged. Before, items added while it was
+    gone were never acknowledged nor sent to the new one."""
+    async def main():
+        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+            peers = [Peer(coordinators=[coord.address], id=f"p{i}", rank=i, topology="ring") for i in range(2)]
+            procs: list[subprocess.Popen] = []
+            logs = []
+
+            def holder() -> subprocess.Popen:
+                log = open(tmp_path / f"holder{len(procs)}.log", "w")
+                logs.append(log)
+                procs.append(subprocess.Popen([sys.executable, str(HERE / "live_holder.py"), coord.address, "h"],
+                                              stdout=log, stderr=subprocess.STDOUT,
+                                              env=dict(os.environ, PYTHONUNBUFFERED="1")))
+                return procs[-1]
+
+            try:
+                for p in peers:
+                    await p.start()
+                victim = holder()
+                for p in peers:
+                    await p.wait_view(lambda v: len(v.members) == 3, timeout=20.0)
+                bufs = [ReplayBuffer(SCHEMA, 1000, peer_id=p.id, seed=i) for i, p in enumerate(peers)]
+                fed = Federation(bufs[0], peers[0], share=0.0, replicas=2, ack_timeout=0.5)
+                Federation(bufs[1], peers[1], share=0.0)
+                acked: list = []
+                bufs[0].add(batch(0, 20))
+                await flush_until(fed, acked, lambda: len(acked) == 20, "20 items acknowledged by p1 and h")
+
+                os.kill(victim.pid, signal.SIGKILL)
+                await asyncio.get_running_loop().run_in_executor(None, victim.wait, 5)
+                await peers[0].wait_view(lambda v: "h" not in v.ids, timeout=20.0)
+                bufs[0].add(batch(20, 30))
+                await flush_until(fed, acked, lambda: len(bufs[1]) == 50, "the new items on p1")
+                await settle_acks(fed, acked)
+                # h's copies of the first 20 may have died with it: they wait again too
+                assert len(acked) == 20 and fed.stats.rereplicated == 20 and fed.stats.under_replicated == 50
+
+                holder()                       # the same id again, empty
+                await peers[0].wait_view(lambda v: "h" in v.ids, timeout=20.0)
+                await flush_until(fed, acked, lambda: len(acked) == 50, "all 50 acknowledged, by the new h too")
+                assert sorted(acked) == [("p0", s) for s in range(50)]
+                assert fed.stats.under_replicated == 0
+            finally:
+                for proc in procs:
+                    if proc.poll() is None:
+                        proc.kill()
+                    proc.wait(5)
+                for log in logs:
+                    log.close()
+                for p in peers:
+                    await p.close()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
