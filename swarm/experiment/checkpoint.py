@@ -7,7 +7,7 @@ A peer's checkpoints live in ``peer{r}/ckpt/``::
                                counters, its numpy RNG), the flat float32 parameters,
                                run counters (env steps, episodes, rounds, returns), torch RNG
         buffer/                the replay buffer (swarm.buffer.persist snapshot)
-        manifest.json          what it holds and the digests of parameters and buffer
+        manifest.json          what it holds, the digests of parameters and buffer, and of state.pt
     full-000003-inc-0002/      an incremental checkpoint against full-000003
         state.pt               agent state without the Q-net (rebuilt from the parameters),
                                ``params_xor``: the parameters' float32 bit patterns XOR those
@@ -21,6 +21,12 @@ The parameter delta is a bitwise XOR rather than a float difference because
 ``a + (b - a)`` is not always ``b`` in float32; the XOR restores the values bit
 for bit, and its mostly-zero high bits compress well.
 
+Loading checks the state restored against the manifest's digests (parameters,
+every buffer column and the buffer's counters; an incremental one's are those
+of its full one with the increment applied) and ``state.pt`` against its own
+digest, so a byte changed after the commit in a file that still parses (a
+``.npy`` column, a tensor) makes the checkpoint damaged, as a torn file does.
+
 Everything is written into ``ckpt/.tmp-NAME`` and renamed to ``ckpt/NAME`` once
 complete (the manifest is written last), so a crash never leaves half a
 checkpoint under a name that :func:`latest` picks. A full checkpoint's buffer
@@ -32,6 +38,7 @@ older full checkpoints and their incremental ones deleted.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -50,8 +57,8 @@ from ..errors import ConfigError, ReplayError, SwarmError
 
 log = logging.getLogger("swarm.experiment")
 
-__all__ = ["Checkpointer", "Restored", "committed", "latest", "load_checkpoint", "load_newest", "load_policy",
-           "read_checkpoint_pt", "state_digest"]
+__all__ = ["Checkpointer", "Restored", "committed", "continued_folder", "latest", "load_checkpoint", "load_newest",
+           "load_policy", "read_checkpoint_pt", "state_digest"]
 
 _FULL = re.compile(r"^full-(\d{6})$")
 _INC = re.compile(r"^full-(\d{6})-inc-(\d{4})$")
@@ -212,14 +219,20 @@ class Checkpointer:
         return name
 
     def _commit(self, name: str, tmp: Path, info: dict[str, Any]) -> None:
+        # state.pt's own digest covers what the state digest does not: nets, optimizer, RNGs
         manifest = {"name": name, "kind": "incremental" if info.get("base") else "full",
-                    "written_at": time.time(), **info}
+                    "written_at": time.time(), **info,
+                    "files": {"state.pt": _bytes_digest((tmp / "state.pt").read_bytes())}}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         _fsync_dir(tmp)
         os.replace(tmp, self.root / name)
         _fsync_dir(self.root)
         self.written.append(name)
         log.info("checkpoint %s at %s env steps", name, info["counters"].get("env_steps"))
+
+
+def _bytes_digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -259,9 +272,9 @@ def load_newest(root: str | Path) -> tuple[Restored | None, list[str]]:
     """The newest checkpoint under ``root`` that can be read, and why each newer one could not.
 
     A checkpoint damaged after its commit (a torn ``state.pt``, a truncated buffer
-    column, a lost full base) is skipped with a warning and the next older one is
-    tried: an incremental one's earlier siblings, then its full one, then any older
-    full one still kept. The damaged ones stay where they are, for inspection.
+    column, a lost full base, a changed byte that its digests catch) is skipped with
+    a warning and the next older one is tried: an incremental one's earlier siblings,
+    then its full one, then any older full one still kept. The damaged ones stay where they are, for inspection.
     None when no checkpoint loads (or there is none).
     """
     skipped: list[str] = []
@@ -305,7 +318,11 @@ class Restored:
 
 
 def load_checkpoint(path: str | Path) -> Restored:
-    """Read a checkpoint folder (full, or incremental with its full one beside it)."""
+    """Read a checkpoint folder (full, or incremental with its full one beside it).
+
+    Raises ConfigError naming the checkpoint when a file is missing, torn or foreign,
+    or when what it restores does not match the digests in its ``manifest.json``.
+    """
     import torch  # noqa: PLC0415
 
     from ..buffer import ReplayBuffer  # noqa: PLC0415
@@ -314,10 +331,14 @@ def load_checkpoint(path: str | Path) -> Restored:
     path = Path(path)
     try:
         manifest = json.loads((path / "manifest.json").read_text())
-        st = torch.load(path / "state.pt", weights_only=False)  # our own file: RNG states, not just tensors
+        data = (path / "state.pt").read_bytes()
+        st = torch.load(io.BytesIO(data), weights_only=False)  # our own file: RNG states, not just tensors
+        want = (manifest.get("files") or {}).get("state.pt")   # manifests from before this digest have none
     except Exception as e:   # a torn or foreign file: RuntimeError, EOFError, UnpicklingError ...
         why = _unreadable(path / "state.pt", e)
         raise ConfigError(f"checkpoint {path} cannot be read (damaged?): {why}") from None
+    if want is not None and want != _bytes_digest(data):   # a changed byte that still loads
+        raise ConfigError(f"checkpoint {path} is damaged: state.pt does not match the digest in its manifest.json")
     try:
         if st["kind"] == "full":
             buf = ReplayBuffer.load(path / "buffer")
@@ -336,7 +357,43 @@ def load_checkpoint(path: str | Path) -> Restored:
         raise ConfigError(f"checkpoint {path}: replay buffer: {e}") from None
     except (KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"checkpoint {path}: not a peer's checkpoint ({type(e).__name__}: {e})") from None
+    _check_digest(path, manifest, params, buf)
     return Restored(path, manifest, buf, params, st["agent"], dict(st["counters"]), st.get("torch_rng"))
+
+
+def _check_digest(path: Path, manifest: dict[str, Any], params: np.ndarray, buf: Any) -> None:
+    """Raise ConfigError unless ``params`` and ``buf`` are the state whose digests the
+    manifest holds (taken from the live state when the checkpoint was written)."""
+    want = manifest.get("digest")
+    if not (isinstance(want, dict) and isinstance(want.get("buffer"), dict)):
+        raise ConfigError(f"checkpoint {path}: not a peer's checkpoint (its manifest.json holds no digests)")
+    got = state_digest(params, buf)
+    differ = ["the parameters"] if got["params"] != want.get("params") else []
+    for k in sorted(got["buffer"].keys() | want["buffer"].keys()):
+        if got["buffer"].get(k) != want["buffer"].get(k):
+            differ.append("the buffer's counters" if k == "_counters" else f"buffer column {k!r}")
+    if differ:
+        base = manifest.get("base")
+        how = f" (restored from {base} with this increment applied)" if base else ""
+        raise ConfigError(f"checkpoint {path} is damaged: the digests in its manifest.json do not match "
+                          f"{', '.join(differ)}{how}")
+
+
+def continued_folder(peer_folder: str | Path) -> Path | None:
+    """The peer folder of the old run that ``peer_folder`` continues (``swarm run --resume``,
+    ``swarm peer --resume OLD``), as its ``resumed.json`` records it: the resume that started
+    this run there wrote it and every restart into the folder keeps it. None when it
+    continues no other run, or the record cannot be read (logged)."""
+    path = Path(peer_folder) / "resumed.json"
+    if not path.is_file():
+        return None
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        log.warning("%s cannot be read (%s); the run it continues is not known", path, e)
+        return None
+    old = rec.get("continues") if isinstance(rec, dict) else None
+    return Path(old) if isinstance(old, str) and old else None
 
 
 def read_checkpoint_pt(path: str | Path) -> dict[str, Any]:

@@ -69,7 +69,8 @@ import numpy as np
 
 from ..config import to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
-from .checkpoint import Checkpointer, array_digest, load_newest, read_checkpoint_pt, state_digest
+from .checkpoint import (Checkpointer, array_digest, continued_folder, load_newest, read_checkpoint_pt,
+                         state_digest)
 from .spec import Spec
 
 if TYPE_CHECKING:
@@ -379,19 +380,23 @@ def _read_best(path: Path) -> tuple[float, int] | None:
         return None
 
 
-def _carry_best(src: Path, out: Path, summary: dict[str, Any]) -> None:
+def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path | None = None) -> None:
     """Start from the best evaluation of the process (or run) this one continues:
     its ``src/best.pt``, copied into ``out`` when that is another folder. Otherwise
     the first evaluation after a restart or resume, however poor, would replace it.
 
-    ``out`` may hold a ``best.pt`` already: a crashed process of this run, restarted
-    from another run's checkpoint, wrote it. That one did better than ``src``'s (it
-    replaced the copy only by doing better) and stays; one that cannot be read does not.
+    ``out`` may hold a ``best.pt`` already. When ``continued`` (the old run's peer folder
+    that ``out`` continued before this process, from its ``resumed.json``) is ``src``, a
+    crashed process of this run, restarted from ``src``'s checkpoint, wrote it: that one
+    did better than ``src``'s (it replaced the copy only by doing better) and stays; one
+    that cannot be read does not. Any other was left by another run that used the folder
+    and does not count: ``src``'s replaces it, or with none the next evaluation does.
     With neither readable, the next evaluation writes a new ``best.pt``."""
     best = _read_best(src / "best.pt")
     here = out / "best.pt"
     if (src / "best.pt").resolve() != here.resolve():
-        mine = _read_best(here)
+        ours = continued is not None and continued.resolve() == src.resolve()
+        mine = _read_best(here) if ours else None
         if mine is not None and (best is None or mine[0] > best[0]):
             best = mine
         elif best is not None:
@@ -509,12 +514,28 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         if n_actions is None:
             raise ConfigError(f"env = {spec.env!r}: its action space is not Discrete; DQN needs discrete actions")
         b = spec.buffer
-        # A peer resumed into its own folder (restart_dead restarts it so) continues its
-        # own run: when none of its checkpoints loads it starts again from step 0, as one
-        # that died before its first checkpoint does. From another run folder it is an error.
-        restored, skipped = None, []   # skipped: why each newer checkpoint could not be read
-        if resume_from is not None:
-            restored, skipped = load_newest(peer_dir(resume_from, rank) / "ckpt")
+        # It resumes from the newest checkpoint that loads in the folder it resumes from
+        # (ckpt/, then checkpoint.pt). A peer resumed into its own folder (restart_dead
+        # restarts it so) then tries the old run that folder continues (swarm run --resume),
+        # which resumed.json records; with none that loads, one that continues no other run
+        # starts again from step 0, as one that died before its first checkpoint does.
+        # Otherwise that is an error.
+        continued = continued_folder(out)   # that record, as an earlier process here left it
+        folders = [] if resume_from is None else [peer_dir(resume_from, rank)]
+        if own and continued is not None:
+            folders.append(continued)
+        restored, ck, ck_path, skipped = None, None, None, []   # skipped: why each newer one could not be read
+        for src in folders:
+            restored, why = load_newest(src / "ckpt")
+            skipped += why
+            if restored is None:
+                ck_path = src / "checkpoint.pt"
+                ck = _read_checkpoint_pt(ck_path, skipped)
+            if restored is not None or ck is not None:
+                if src is not folders[0]:
+                    log.warning("peer%d: no checkpoint in %s can be read; resuming from the run it continues, %s",
+                                rank, folders[0], src)
+                break
         if restored is not None:
             buf = restored.buffer
             if buf.peer_id != peer.id or buf.capacity != b.capacity:
@@ -542,28 +563,32 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             state.carried = {k: int(cnt.get(k, 0)) for k in TRAFFIC_KEYS}
             state.returns.extend(cnt.get("returns", []))
             summary["resumed_from"] = str(restored.path)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "resumed.json").write_text(json.dumps(
-                {"checkpoint": str(restored.path), "env_steps": done_steps,
-                 "digest": state_digest(agent.parameters(), buf)}, indent=1) + "\n")
-        elif resume_from is not None:
-            ck_path = peer_dir(resume_from, rank) / "checkpoint.pt"
-            ck = _read_checkpoint_pt(ck_path, skipped)
-            if ck is not None:
-                if skipped:
-                    log.warning("peer%d: resuming from %s, which holds no replay buffer", rank, ck_path)
-                agent.load_state_dict(ck["agent"])
-                done_steps = int(ck.get("env_steps", 0))
-                summary["resumed_from"] = str(ck_path)
-            elif own:
-                log.warning("peer%d: no checkpoint in %s can be read; starting again from step 0",
-                            rank, peer_dir(resume_from, rank))
-            elif skipped:
-                raise ConfigError(f"resume: no checkpoint of peer{rank} in {peer_dir(resume_from, rank)} can be "
-                                  f"read: {'; '.join(skipped)}")
-            else:
-                raise ConfigError(f"resume: {peer_dir(resume_from, rank)} has no checkpoint (ckpt/ or "
-                                  f"checkpoint.pt); was peer{rank} part of that run?")
+        elif ck is not None:
+            if skipped:
+                log.warning("peer%d: resuming from %s, which holds no replay buffer", rank, ck_path)
+            agent.load_state_dict(ck["agent"])
+            done_steps = int(ck.get("env_steps", 0))
+            summary["resumed_from"] = str(ck_path)
+        elif own and continued is None:
+            log.warning("peer%d: no checkpoint in %s can be read; starting again from step 0", rank, folders[0])
+        elif skipped:
+            where = f"{folders[0]} nor in {folders[1]} (the run it continues)" if len(folders) > 1 else folders[0]
+            raise ConfigError(f"resume: no checkpoint of peer{rank} in {where} can be read: {'; '.join(skipped)}")
+        elif len(folders) > 1:
+            raise ConfigError(f"resume: neither {folders[0]} nor {folders[1]} (the run it continues) has a "
+                              "checkpoint (ckpt/ or checkpoint.pt)")
+        elif folders:
+            raise ConfigError(f"resume: {folders[0]} has no checkpoint (ckpt/ or "
+                              f"checkpoint.pt); was peer{rank} part of that run?")
+        if "resumed_from" in summary:
+            # the run this peer's folder continues goes on with every restart into it
+            goes_on = continued if own else peer_dir(resume_from, rank).resolve()
+            rec = {"checkpoint": summary["resumed_from"], "env_steps": done_steps,
+                   "digest": state_digest(agent.parameters(), buf),
+                   "continues": str(goes_on) if goes_on is not None else None}
+            _write_whole(out / "resumed.json", lambda tmp: tmp.write_text(json.dumps(rec, indent=1) + "\n"))
+        elif resume_from is None and not rejoin:   # a fresh start: another run's record, if any, goes
+            (out / "resumed.json").unlink(missing_ok=True)
         if skipped:
             summary["resume_skipped"] = skipped
         state.env_steps = done_steps
@@ -573,7 +598,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             # local items take numbers above any that process could have used.
             from ..buffer.persist import resume_sequence  # noqa: PLC0415
             resume_sequence(buf, (time.time_ns() // 1_000_000) << 16)
-            _carry_best(peer_dir(resume_from, rank) if resume_from is not None else out, out, summary)
+            _carry_best(peer_dir(resume_from, rank) if resume_from is not None else out, out, summary,
+                        continued=continued)
         x = agent.parameters()
 
         async def build() -> tuple[Any, Any]:

@@ -207,3 +207,81 @@ def test_sigkill_then_resume_restores_parameters_and_buffer_bit_for_bit(procs, t
     assert resumed["env_steps"] == steps
     assert resumed["digest"] == manifest["digest"]            # parameters and every buffer column, exactly
     assert "bootstrap" not in s                                 # alone: nobody to take parameters from
+
+
+def _flip(f, needle: bytes, times: int = 1) -> None:
+    """Change one bit in the middle of the last of the ``times`` copies of ``needle`` in ``f``:
+    the file still parses."""
+    data = bytearray(f.read_bytes())
+    assert data.count(needle) == times, f"{f}: the bytes to change are there {data.count(needle)} times"
+    at = data.rfind(needle)
+    data[at + len(needle) // 2] ^= 0x10
+    f.write_bytes(bytes(data))
+
+
+def test_a_changed_byte_that_still_parses_is_a_damaged_checkpoint(tmp_path, caplog):
+    """A byte changed after the commit inside a file that still loads (a .npy column, a
+    tensor in state.pt) does not match the manifest's digests: the checkpoint is damaged,
+    with an error that names it and what did not match, and load_newest skips it for the
+    next older one. An increment's digests are those of the state restored: its full
+    one's rows as well as its own."""
+    import torch
+
+    from swarm.experiment.checkpoint import load_newest
+
+    agent = _agent()
+    root = tmp_path / "ckpt"
+    ck = Checkpointer(root, agent, agent.buffer, lambda: {"env_steps": agent.steps})
+    _train(agent, 60)
+    full = root / ck.full(background=False)
+    _train(agent, 20, seed=1)
+    older = root / ck.incremental()
+    _train(agent, 20, seed=2)
+    newest = root / ck.incremental()
+    caplog.set_level("WARNING", logger="swarm.experiment")
+
+    # a row the newest increment wrote, in its obs column
+    obs = np.load(newest / "buffer" / "obs.npy")
+    _flip(newest / "buffer" / "obs.npy", obs[len(obs) // 2].tobytes())
+    r, skipped = load_newest(root)
+    assert r.path == older and skipped == [f"checkpoint {newest} is damaged: the digests in its manifest.json do "
+                                           f"not match buffer column 'obs' (restored from {full.name} with this "
+                                           "increment applied)"]
+    assert skipped[0] in caplog.text
+
+    # the optimizer's moments in the older increment's state.pt: only state.pt's own digest sees them
+    moments = torch.load(older / "state.pt", weights_only=False)["agent"]["optimizer"]["exp_avg"]
+    _flip(older / "state.pt", moments.numpy().tobytes())
+    with pytest.raises(ConfigError, match=f"checkpoint {older} is damaged: state.pt does not match"):
+        load_checkpoint(older)
+
+    # the full one's parameters, with a manifest from before state.pt had a digest: the parameters' digest
+    manifest = json.loads((full / "manifest.json").read_text())
+    del manifest["files"]
+    (full / "manifest.json").write_text(json.dumps(manifest))
+    load_checkpoint(full)                 # whole, it still loads
+    # twice: the Q-net's weights (a view of the flat vector) and, saved after them, the parameters
+    _flip(full / "state.pt", torch.load(full / "state.pt", weights_only=False)["params"].numpy().tobytes(), times=2)
+    with pytest.raises(ConfigError, match=f"checkpoint {full} is damaged: the digests in its manifest.json do not "
+                                          "match the parameters$"):
+        load_checkpoint(full)
+
+
+def test_a_changed_row_of_the_full_checkpoint_damages_its_increments_too(tmp_path):
+    """A row of the full checkpoint's buffer that no increment rewrites is part of every
+    state restored from it: the full one and each increment are damaged."""
+    from swarm.experiment.checkpoint import load_newest
+
+    agent = _agent()
+    root = tmp_path / "ckpt"
+    ck = Checkpointer(root, agent, agent.buffer, lambda: {"env_steps": agent.steps})
+    _train(agent, 60)
+    full = root / ck.full(background=False)
+    _train(agent, 20, seed=1)
+    inc = root / ck.incremental()
+    assert load_checkpoint(inc).manifest["rows"] == 20
+    rows = np.load(full / "buffer" / "obs.npy")[:60]                  # rows 0..59: the increment wrote 60..79
+    _flip(full / "buffer" / "obs.npy", rows[10:13].tobytes())
+    r, skipped = load_newest(root)
+    assert r is None and [s.split(" is damaged")[0] for s in skipped] == [f"checkpoint {inc}", f"checkpoint {full}"]
+    assert all("buffer column 'obs'" in s for s in skipped), skipped

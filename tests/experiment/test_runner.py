@@ -90,7 +90,7 @@ def test_a_restart_from_another_run_keeps_a_better_best_written_here(tmp_path):
         else:
             torch.save({"eval_return": there, "env_steps": 700}, new / "best.pt")
         summary: dict = {}
-        _carry_best(old, new, summary)
+        _carry_best(old, new, summary, continued=old)   # the new folder continues the old run
         assert (summary["best_eval_return"], summary["best_eval_at"]) == kept, (there, summary)
         best = torch.load(new / "best.pt", weights_only=True)
         assert (best["eval_return"], best["env_steps"]) == kept, there
@@ -98,7 +98,7 @@ def test_a_restart_from_another_run_keeps_a_better_best_written_here(tmp_path):
     (old / "best.pt").unlink()
     torch.save({"eval_return": 20.0, "env_steps": 800}, new / "best.pt")
     summary = {}
-    _carry_best(old, new, summary)
+    _carry_best(old, new, summary, continued=old)
     assert (summary["best_eval_return"], summary["best_eval_at"]) == (20.0, 800)
     # a foreign file in its own folder (a restart into it) is skipped, not a crash
     (new / "best.pt").write_bytes(b"torn")
