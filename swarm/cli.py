@@ -56,6 +56,23 @@ async def _until_signal() -> None:
     await stop.wait()
 
 
+def _parent_pid() -> int | None:
+    """The pid of the `swarm run` that started this process (SWARM_PARENT_PID), else None."""
+    value = os.environ.get("SWARM_PARENT_PID", "")
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit()):
+        raise SwarmError(f"SWARM_PARENT_PID={value!r} is not a pid (`swarm run` sets it for its children; "
+                         "unset it)")
+    return int(value)
+
+
+async def _until_orphaned(parent: int, every: float = 1.0) -> None:
+    """Return once this process's parent is no longer ``parent`` (it died, even by SIGKILL)."""
+    while os.getppid() == parent:
+        await asyncio.sleep(every)
+
+
 def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
     """Coordinator addresses from SWARM_COORDINATOR (comma-separated) or MASTER_ADDR.
 
@@ -143,16 +160,25 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if args.others:
         cfg.others = [a.strip() for a in args.others.split(",") if a.strip()]
 
+    parent = _parent_pid()
+
     async def main() -> int:
         async with Coordinator(cfg) as coord:
             print(f"swarm coordinator on {coord.address} (pid {os.getpid()})"
                   + (f", status page {coord.http_url}" if coord.http_url else ""), flush=True)
-            stop = asyncio.create_task(_until_signal())
             done = asyncio.create_task(coord.closed())
-            await asyncio.wait([stop, done], return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
+            ends = [done, asyncio.create_task(_until_signal())]
+            # a coordinator of `swarm run` ends with it, even a killed one (one whose parent is
+            # some other process, e.g. started by hand with the variable set, does not watch)
+            if parent is not None and os.getppid() == parent:
+                ends.append(asyncio.create_task(_until_orphaned(parent)))
+            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+            for t in ends[1:]:
+                t.cancel()
             if done.done():
                 done.result()
+            elif len(ends) > 2 and ends[2].done():
+                print(f"swarm coordinator: its swarm run (pid {parent}) is gone; stopping", flush=True)
         return 0
 
     return _runner(main)
@@ -215,13 +241,13 @@ def cmd_peer(args: argparse.Namespace) -> int:
             factory = uvloop.new_event_loop
         except ImportError:
             factory = None
-        parent = os.environ.get("SWARM_PARENT_PID")
+        parent = _parent_pid()
         print(f"swarm peer peer{cfg.rank}: {spec.name}, {spec.budget.env_steps} env steps, writing to "
               f"{run_dir} (pid {os.getpid()})", flush=True)
         # cfg carries --bind, --keys and --set peer.*: a peer on another host must
         # bind an address its neighbours can reach, not the loopback default.
         summary = run_peer(spec, cfg.rank, coords, run_dir, stop=stop, loop_factory=factory,
-                           parent_pid=int(parent) if parent else None, peer_config=cfg,
+                           parent_pid=parent, peer_config=cfg,
                            resume_from=args.resume_from)
         print(f"swarm peer peer{cfg.rank} done ({summary['reason']}): {summary['env_steps']} env steps, "
               f"{summary['rounds']} rounds, mean return {summary['final_mean_return']}", flush=True)
@@ -237,10 +263,12 @@ def cmd_peer(args: argparse.Namespace) -> int:
             print(f"swarm peer {peer.id} on {peer.address}, rank {peer.rank}, "
                   f"coordinator {coords[0]} (pid {os.getpid()})", flush=True)
             last = -1
+            leaving = False
 
             def show(view: Any) -> None:
                 nonlocal last
-                if view.epoch != last:
+                # views that arrive while it leaves (the others' leaves) are no news to the user
+                if view.epoch != last and not leaving:
                     last = view.epoch
                     print(f"epoch {view.epoch}: {len(view.members)} members, "
                           f"neighbours {peer.neighbours()}", flush=True)
@@ -255,6 +283,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
             if stopped.done():
                 stopped.result()    # the failure: `swarm: error: ...`, exit 2
             stopped.cancel()
+            leaving = True
             print(f"swarm peer {peer.id} leaving", flush=True)
         finally:
             await peer.close()
@@ -329,6 +358,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         st = _status_of_any(addrs, args)
         print(json.dumps(st, indent=2) if args.json else format_status(st))
         return 0
+    if args.json:
+        raise SwarmError("--json prints one reply and --watch redraws a table: choose one "
+                         "(for JSON over time, run `swarm status --json` in a loop)")
     if not 0 < args.interval <= 3600:
         raise SwarmError(f"--interval must be > 0 and at most 3600 seconds, got {args.interval}")
     from .coordinator.report import PeerRates, format_table, status_document
@@ -352,7 +384,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             time.sleep(args.interval)
     except KeyboardInterrupt:
-        return 0
+        return 0   # also main()'s answer to a Ctrl-C before the first redraw
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -522,16 +554,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = None
     try:
+        args = build_parser().parse_args(argv)
+        level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         return args.func(args) or 0
     except SwarmError as e:
         print(f"swarm: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        return 130
+        # `swarm status --watch` runs until Ctrl-C: that is its normal end, however early it comes
+        return 0 if getattr(args, "watch", False) else 130
     except BrokenPipeError:
         # `swarm run --show | head`: the reader left; say nothing more, not even at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

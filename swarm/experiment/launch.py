@@ -30,6 +30,19 @@ so; the others go on, and the run's exit code is 1.
 run's deadline in ``SWARM_RUN_DEADLINE`` (a restarted one gets what is left of
 it), and no peer is restarted once the run's time is up. A coordinator that dies
 is started again on the same address; the peers re-register with it.
+
+A crash is any end of a process that the launcher did not cause, whenever it
+comes (a peer that exits 0 has spent its budget; the coordinator never ends by
+itself, so its exit 0 is someone's SIGTERM). Each is reported with the process,
+its exit code or signal and its log, and each that no restart makes good makes
+the run's exit code 1. A peer that crashed after it wrote its final
+``summary.json`` (while it closed its sockets, or at exit) has whole results: it
+is not restarted, the others go on, and its row's ``reason`` reads e.g.
+``budget, then exited with signal 11``. Any other crash ends the run without
+``restart_dead``; with it, a peer is restarted as above unless the run's time is
+up or the run is ending (a peer solved the task), and then its row reads
+``crashed; not restarted (...)``. A second Ctrl-C gives the children
+:data:`HURRY_S` more seconds, not :data:`TERM_GRACE_S`.
 """
 
 from __future__ import annotations
@@ -48,7 +61,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from ..errors import ConfigError, SwarmError
 from .runner import peer_dir
@@ -58,6 +71,8 @@ __all__ = ["run_experiment", "RunResult", "Launch", "write_plots", "summarize"]
 
 #: seconds a child gets to leave after SIGTERM before it is killed
 TERM_GRACE_S = 15.0
+#: after a second Ctrl-C: seconds the children still get before they are killed
+HURRY_S = 2.0
 #: seconds between polls of the children and the coordinator
 POLL_S = 0.5
 
@@ -96,6 +111,20 @@ class _Child:
     proc: subprocess.Popen
     log: Path
     ended_by_us: bool = False
+    #: time.time() when it was started: a summary.json older than that is a predecessor's
+    started: float = field(default_factory=time.time)
+
+    def how(self) -> str:
+        """How it ended: ``signal 9`` or ``code 2``."""
+        rc = self.proc.returncode
+        return f"signal {-rc}" if rc < 0 else f"code {rc}"
+
+    def exited(self) -> str:
+        """``peer1 (pid 123) exited with signal 9``."""
+        said = f"{self.name} (pid {self.proc.pid}) exited with {self.how()}"
+        if self.name == "coordinator" and self.proc.returncode == 0:
+            said += " (it never ends by itself: a SIGTERM from outside swarm run?)"
+        return said
 
 
 @dataclass
@@ -105,7 +134,8 @@ class Launch:
     run_dir: Path
     children: list[_Child] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)
-    #: peers that restart_dead no longer restarts -> why (their summary row's ``reason``)
+    #: peers that crashed and were not restarted, or crashed after their final summary -> why
+    #: (their summary row's ``reason``); any makes the run's exit code 1
     given_up: dict[str, str] = field(default_factory=dict)
     #: time.time() at which budget.max_seconds runs out for the run (None: no limit)
     deadline: float | None = None
@@ -133,8 +163,10 @@ class Launch:
         pids = {c.name: c.proc.pid for c in self.children}
         (self.run_dir / "pids.json").write_text(json.dumps({"launcher": os.getpid(), "children": pids}) + "\n")
 
-    def end(self, children: list[_Child] | None = None, grace: float = TERM_GRACE_S) -> None:
-        """SIGTERM each running child, wait up to ``grace`` s, then SIGKILL what is left."""
+    def end(self, children: list[_Child] | None = None, grace: float = TERM_GRACE_S,
+            hurry: Callable[[], bool] | None = None) -> None:
+        """SIGTERM each running child, wait up to ``grace`` s, then SIGKILL what is left.
+        Once ``hurry()`` is true (a second Ctrl-C) they get at most :data:`HURRY_S` more."""
         todo = [c for c in (self.children if children is None else children) if c.proc.poll() is None]
         for c in todo:
             c.ended_by_us = True
@@ -144,11 +176,18 @@ class Launch:
                 pass
         deadline = time.monotonic() + grace
         for c in todo:
-            try:
-                c.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                c.proc.kill()
-                c.proc.wait()
+            while c.proc.poll() is None:
+                now = time.monotonic()
+                if hurry is not None and deadline > now + HURRY_S and hurry():
+                    deadline = now + HURRY_S
+                if now >= deadline:
+                    c.proc.kill()
+                    break
+                try:
+                    c.proc.wait(min(POLL_S, deadline - now))
+                except subprocess.TimeoutExpired:
+                    pass
+            c.proc.wait()
 
     def close(self) -> None:
         """End every child (immediately) and close the log files."""
@@ -161,9 +200,19 @@ class Launch:
 class _Interrupt:
     """SIGINT/SIGTERM to `swarm run`: the first asks for a clean stop, a second hurries it."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: TextIO | None = None) -> None:
         self.count = 0
         self._old: dict[int, Any] = {}
+        self._out = out
+        self._said = False
+
+    def hurry(self) -> bool:
+        """True after a second signal: the children get :data:`HURRY_S` more (said once)."""
+        if self.count > 1 and not self._said and self._out is not None:
+            self._said = True
+            print(f"swarm run: interrupted again; killing what has not ended within {HURRY_S:.0f} s",
+                  file=self._out, flush=True)
+        return self.count > 1
 
     def __enter__(self) -> "_Interrupt":
         # Python lets only the main thread set handlers; signals reach only that thread too,
@@ -274,9 +323,10 @@ def _wait_coordinator(launch: Launch, coord: _Child, addr: str, timeout: float =
 class RunResult:
     """What :func:`run_experiment` returns: how the run ended and where its results are."""
 
-    #: 0: every peer spent its budget (or the task was solved); 1: a process crashed
-    #: (with ``restart_dead``: a peer was left down, see :data:`MAX_RESTARTS`; the stream
-    #: has the tail of its log, ``run_dir/logs/`` all of it)
+    #: 0: every peer spent its budget (or the task was solved); 1: a process crashed, at any
+    #: time (with ``restart_dead``: a peer was left down, see :data:`MAX_RESTARTS`, or crashed
+    #: after the run's time was up or after its final summary; the stream has the tail of its
+    #: log, ``run_dir/logs/`` all of it, and its summary row's ``reason`` says so)
     exit_code: int
     #: the run folder, ``runs_root/<name>-<YYYYmmdd-HHMMSS>/``
     run_dir: Path
@@ -339,7 +389,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     launch = Launch(run_dir, resumed=prev)
     code = 0
     progress = _Progress(spec, out)
-    with _Interrupt() as intr:
+    with _Interrupt(out) as intr:
         try:
             addr = f"tcp://127.0.0.1:{_free_port()}"
             coord = launch.start("coordinator", _coordinator_args(spec, addr))
@@ -355,7 +405,8 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         finally:
             progress.done()
             # Peers first (they leave through the coordinator), then the coordinator.
-            launch.end([c for c in launch.children if c.name != "coordinator"], grace=TERM_GRACE_S)
+            launch.end([c for c in launch.children if c.name != "coordinator"], grace=TERM_GRACE_S,
+                       hurry=intr.hurry)
             launch.close()
 
     rows = summarize(run_dir, spec)
@@ -414,36 +465,80 @@ _LASTING_ERROR = "swarm: error: resume: "
 RESTART_WAIT_S = 30.0
 
 
+def _finished(run_dir: Path, rank: int, c: _Child) -> str | None:
+    """The ``reason`` of the summary.json that process ``c`` wrote on its way out (budget,
+    time limit, ...), or None: it wrote none (or the one of a failure, reason ``error``)."""
+    path = peer_dir(run_dir, rank) / "summary.json"
+    try:
+        if path.stat().st_mtime < c.started:
+            return None     # a predecessor's
+        reason = json.loads(path.read_text()).get("reason")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return None if reason in (None, "error") else str(reason)
+
+
+def _crashed_after_summary(launch: Launch, r: int, c: _Child, out: TextIO) -> bool:
+    """A peer that crashed after it wrote its final summary (while it closed its sockets, or
+    at exit): its results are whole, so it is not restarted nor are the others ended, but it
+    is a crash all the same and the run's exit code is 1. Returns whether ``c`` is one."""
+    done = _finished(launch.run_dir, r, c)
+    if done is None:
+        return False
+    launch.given_up[c.name] = f"{done}, then exited with {c.how()}"
+    print(f"swarm run: {c.exited()} after it wrote its summary ({done}): its results are complete and it "
+          f"is not restarted, but the run counts it as a crash; last lines of {c.log}:\n{_tail(c.log)}",
+          file=out, flush=True)
+    return True
+
+
 def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], addr: str,
-                     pending: dict[int, float], out: TextIO) -> _Child:
+                     pending: dict[int, float], out: TextIO, ending: bool = False) -> _Child:
     """restart_dead: start a dead coordinator again at once, and each crashed peer once the
-    coordinator lets its id be taken over. Returns the (possibly new) coordinator."""
+    coordinator lets its id be taken over. Returns the (possibly new) coordinator.
+
+    Not restarted, each with a line and a ``given_up`` reason (the run's exit code is 1): a
+    peer that crashed after its final summary (see :func:`_crashed_after_summary`), and any
+    peer that crashed once the run's time is up or while ``ending`` (the others are ending).
+    """
     now = time.monotonic()
-    if coord.proc.poll() not in (None, 0) and not coord.ended_by_us:
+    # The coordinator never ends by itself: an exit 0 is a SIGTERM from someone else.
+    if coord.proc.poll() is not None and not coord.ended_by_us:
         launch.restarts["coordinator"] = launch.restarts.get("coordinator", 0) + 1
-        print(f"swarm run: coordinator exited with {coord.proc.returncode}; starting it again on {addr}",
-              file=out, flush=True)
+        print(f"swarm run: {coord.exited()}; starting it again on {addr}", file=out, flush=True)
         coord = launch.start("coordinator", _coordinator_args(spec, addr))
-    # No restart once the run's time is up: the other peers are ending too.
     late = launch.deadline is not None and time.time() >= launch.deadline
-    if late:
+    why = "the run's time is up" if late else "the run is ending" if ending else ""
+    if why:
+        # No restart once the run's time is up or it is ending: the other peers are ending too.
+        for r in sorted(pending):
+            c = peers[r]
+            launch.given_up[c.name] = f"crashed; not restarted ({why})"
+            print(f"swarm run: {c.name} is not restarted after all: {why}; last lines of {c.log}:\n"
+                  f"{_tail(c.log)}", file=out, flush=True)
         pending.clear()
     for r, c in enumerate(peers):
         name = f"peer{r}"
-        if r in pending or c.proc.poll() in (None, 0) or c.ended_by_us or late or name in launch.given_up:
+        if r in pending or c.proc.poll() in (None, 0) or c.ended_by_us or name in launch.given_up:
             continue
         rc = c.proc.returncode
-        if rc == 2 and _LASTING_ERROR in _tail(c.log, 3):
+        if _crashed_after_summary(launch, r, c, out):
+            continue
+        if why:
+            launch.given_up[name] = f"crashed; not restarted ({why})"
+            print(f"swarm run: {c.exited()}; not restarting it: {why}; last lines of {c.log}:\n{_tail(c.log)}",
+                  file=out, flush=True)
+        elif rc == 2 and _LASTING_ERROR in _tail(c.log, 3):
             launch.given_up[name] = "error; not restarted"
-            print(f"swarm run: {name} exited with {rc} on an error that a restart would meet again; not "
+            print(f"swarm run: {c.exited()} on an error that a restart would meet again; not "
                   f"restarting it; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)
         elif launch.restarts.get(name, 0) >= MAX_RESTARTS:
             launch.given_up[name] = f"crashed; not restarted after {MAX_RESTARTS} restarts"
-            print(f"swarm run: {name} exited with {rc} after {MAX_RESTARTS} restarts (the limit); not restarting "
+            print(f"swarm run: {c.exited()} after {MAX_RESTARTS} restarts (the limit); not restarting "
                   f"it again; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)
         else:
-            print(f"swarm run: {name} exited with {rc}; restarting it once the coordinator "
-                  "has declared it dead", file=out, flush=True)
+            print(f"swarm run: {c.exited()}; restarting it once the coordinator has declared it dead "
+                  f"(its log: {c.log})", file=out, flush=True)
             pending[r] = now
     if not pending:
         return coord
@@ -484,20 +579,24 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
         if intr.count:
             progress.done()
             print("swarm run: interrupted; ending the peers (they write their metrics first)", file=out, flush=True)
-            launch.end([c for c in peers], grace=2.0 if intr.count > 1 else TERM_GRACE_S)
+            launch.end([c for c in peers], hurry=intr.hurry)
             return 130
-        if spec.restart_dead and not stopping:
-            coord = _restart_crashed(launch, spec, coord, peers, addr, pending, out)
-        for c in [coord, *peers]:
+        if spec.restart_dead:
+            coord = _restart_crashed(launch, spec, coord, peers, addr, pending, out, ending=stopping)
+        # Without restart_dead a crash ends the run, whenever it comes (the coordinator never
+        # ends by itself: an exit 0 is a SIGTERM from someone else; a peer's 0 is its budget spent).
+        for r, c in [(-1, coord), *enumerate(peers)]:
             rc = c.proc.poll()
-            if rc is not None and rc != 0 and not c.ended_by_us and not spec.restart_dead:
-                progress.done()
-                how = f"signal {-rc}" if rc < 0 else f"code {rc}"
-                print(f"swarm run: {c.name} (pid {c.proc.pid}) exited with {how}; last lines of {c.log}:\n"
-                      f"{_tail(c.log)}", file=out, flush=True)
-                print("swarm run: ending the other processes", file=out, flush=True)
-                launch.end([p for p in peers if p is not c], grace=5.0)
-                return 1
+            if (spec.restart_dead or rc is None or (rc == 0 and c is not coord) or c.ended_by_us
+                    or c.name in launch.given_up):
+                continue
+            progress.done()
+            if c is not coord and _crashed_after_summary(launch, r, c, out):
+                continue    # its results are whole: the others go on
+            print(f"swarm run: {c.exited()}; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)
+            print("swarm run: ending the other processes (they write their results first)", file=out, flush=True)
+            launch.end([p for p in peers if p is not c], hurry=intr.hurry)
+            return 1
         alive = sum(p.proc.poll() is None for p in peers) + len(pending)
         if spec.budget.stop_when_solved and not stopping and alive < len(peers) and _solved(launch.run_dir, peers):
             # One peer's greedy policy solved the task: the swarm has its model.
@@ -509,14 +608,13 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
         if alive == 0:
             progress.final(launch.run_dir)
             return 1 if launch.given_up else 0   # a peer left down is a crash, as without restart_dead
-        if coord.proc.poll() is not None:
-            continue  # reported above unless we ended it; peers go on without it
         if limit and not stopping and time.monotonic() - t0 > limit + 30.0:
             # Peers stop themselves at the limit; this is the backstop for one that does not.
             stopping = True
             print(f"\nswarm run: budget.max_seconds = {limit} passed; ending the peers", file=out, flush=True)
             launch.end(peers)
-        progress.update(_status(addr), alive)
+        # a coordinator that is down (being restarted) shows nothing new: the last figures stand
+        progress.update(_status(addr) if coord.proc.poll() is None else None, alive)
         time.sleep(POLL_S)
 
 

@@ -1,0 +1,220 @@
+"""How `swarm run` (swarm/experiment/launch.py) ends, watches and restarts its children.
+
+A crash is reported whenever it comes, and makes the exit code 1; a second Ctrl-C
+hurries the end; a coordinator ended from outside is a crash (restarted under
+restart_dead). Real `swarm run` processes where the timing allows it, stand-in
+processes (as in test_run.py) where it does not.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from swarmtest import ROOT, wait_for
+# the helpers of the other `swarm run` tests (tests/ is on the path; experiment/ is a namespace package)
+from experiment.test_run import LONG, _Exited, alive, ended, finish, recorded_pids, run_dir_of, training
+
+from swarm.experiment import load_spec
+from swarm.experiment import launch as launch_mod
+from swarm.experiment.launch import Launch, _Child, _Interrupt, _Progress, _restart_crashed, _supervise
+
+
+def swarm_run_logged(cwd: Path, sets: list[str]) -> tuple[subprocess.Popen, Path]:
+    """`swarm run` with its output in a file, to be read while it runs."""
+    log = cwd / "swarm-run.out"
+    args = [sys.executable, "-m", "swarm.cli", "run"] + [x for s in sets for x in ("--set", s)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    with open(log, "w") as f:
+        p = subprocess.Popen(args, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)
+    return p, log
+
+
+def end_all(pids: dict[str, int]) -> None:
+    """Whatever a failed test left of a run's children (SIGCONT first: one may be stopped)."""
+    for pid in pids.values():
+        if alive(pid):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_crash_after_the_runs_deadline_is_reported(tmp_path):
+    """restart_dead: peer0 frozen before the deadline and killed after it (it never wrote its
+    summary) is not restarted, but reported with its pid, signal and log, and the exit code is 1."""
+    pids: dict[str, int] = {}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "swarm.cli", "run"]
+        + [x for s in LONG + ["restart_dead=true", "budget.max_seconds=12"] for x in ("--set", s)],
+        cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with ended(p):
+            d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
+            pids = recorded_pids(d)
+            os.kill(pids["peer0"], signal.SIGSTOP)
+            # peer1 stops at the run's deadline and writes its summary: the time is up
+            wait_for(lambda: (d / "peer1" / "summary.json").exists(), timeout=45, what="peer1's summary")
+            os.kill(pids["peer0"], signal.SIGKILL)
+            out = finish(p, 60)
+    finally:
+        end_all(pids)
+    assert p.returncode == 1, out
+    log = d / "logs" / "peer0.log"
+    assert (f"peer0 (pid {pids['peer0']}) exited with signal 9; not restarting it: the run's time is up; "
+            f"last lines of {log.relative_to(tmp_path)}") in out, out
+    assert "restarting it once" not in out
+    rows = {r["id"]: r for r in json.loads((d / "summary.json").read_text())}
+    assert rows["peer0"]["reason"] == "crashed; not restarted (the run's time is up)", rows
+    assert rows["peer1"]["reason"] == "time limit", rows
+    assert recorded_pids(d)["peer0"] == pids["peer0"]     # no new process for it
+
+
+def _spec(*sets: str):
+    return load_spec(None, ["peers=2", *sets])
+
+
+def _summary(run_dir: Path, r: int, reason: str) -> None:
+    (run_dir / f"peer{r}").mkdir(parents=True, exist_ok=True)
+    (run_dir / f"peer{r}" / "summary.json").write_text(json.dumps({"rank": r, "id": f"peer{r}", "reason": reason}))
+
+
+class _Polled(_Exited):
+    """An exited process that fails the test when the launcher's loop over it does not end."""
+
+    polls = 0
+
+    def poll(self):
+        self.polls += 1
+        if self.polls > 1000:
+            pytest.fail("swarm run's supervision loop does not end")
+        return self.returncode
+
+
+@pytest.mark.parametrize("restart_dead", [False, True])
+def test_a_crash_after_the_final_summary_is_reported_and_not_restarted(tmp_path, monkeypatch, restart_dead):
+    """A peer that crashed after it wrote its summary (closing, at exit) has whole results: it
+    is not restarted and the others are not ended, but the line says so and the exit code is 1."""
+    spec = _spec(f"restart_dead={str(restart_dead).lower()}")
+    monkeypatch.setattr(Launch, "start", lambda *a, **k: pytest.fail("a process was started"))
+    monkeypatch.setattr(Launch, "end", lambda *a, **k: pytest.fail("the others were ended"))
+    monkeypatch.setattr(launch_mod, "_status", lambda addr: None)
+    launch = Launch(tmp_path)
+    (tmp_path / "p0.log").write_text("swarm peer peer0: ...\nSegmentation fault\n")
+    coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)
+    peers = [_Child(f"peer{r}", _Polled(rc), tmp_path / f"p{r}.log") for r, rc in ((0, -11), (1, 0))]
+    for r in range(2):
+        _summary(tmp_path, r, "budget")
+    out = io.StringIO()
+    code = _supervise(launch, spec, coord, peers, "tcp://127.0.0.1:9", _Progress(spec, io.StringIO()),
+                      _Interrupt(), out)
+    said = out.getvalue()
+    assert code == 1, said
+    assert ("peer0 (pid 0) exited with signal 11 after it wrote its summary (budget): its results are "
+            "complete and it is not restarted") in said, said
+    assert "Segmentation fault" in said and "peer1" not in said
+    assert launch.given_up == {"peer0": "budget, then exited with signal 11"} and launch.restarts == {}
+
+
+def test_a_predecessors_summary_does_not_count(tmp_path, monkeypatch):
+    """A summary older than the process (a predecessor's), or one with reason error (written
+    on the way out of a failure), does not make a crash one after the final summary: each
+    such peer is restarted as any crash before the deadline."""
+    started = []
+    monkeypatch.setattr(launch_mod, "_status", lambda addr: {"members": [{"id": "peer0", "state": "dead"}]})
+    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None: started.append(name) or "new")
+    _summary(tmp_path, 0, "budget")
+    _summary(tmp_path, 1, "error")
+    coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)
+    peers = [_Child("peer0", _Exited(), tmp_path / "p0.log", started=time.time() + 5),   # started after it
+             _Child("peer1", _Exited(), tmp_path / "p1.log", started=time.time() - 5)]
+    launch = Launch(tmp_path)
+    _restart_crashed(launch, _spec("restart_dead=true"), coord, peers, "tcp://127.0.0.1:9", {}, io.StringIO())
+    assert started == ["peer0", "peer1"] and launch.given_up == {}
+
+
+def test_a_crash_waiting_for_its_restart_does_not_hold_up_a_solved_run(tmp_path, monkeypatch):
+    """restart_dead and stop_when_solved: peer1 crashed and waits for the coordinator to declare
+    it dead when peer0 solves the task. The run ends (it looped for ever), says that peer1 was
+    not restarted, and exits 1."""
+    spec = _spec("restart_dead=true", "budget.stop_when_solved=true")
+    monkeypatch.setattr(Launch, "start", lambda *a, **k: pytest.fail("a process was started"))
+    # the coordinator still holds peer1 as alive: its restart waits
+    monkeypatch.setattr(launch_mod, "_status", lambda addr: {"members": [{"id": "peer1", "state": "alive"}]})
+    _summary(tmp_path, 0, "solved")
+    coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)
+    peers = [_Child("peer0", _Polled(0), tmp_path / "p0.log"), _Child("peer1", _Polled(), tmp_path / "p1.log")]
+    out = io.StringIO()
+    code = _supervise(Launch(tmp_path), spec, coord, peers, "tcp://127.0.0.1:9", _Progress(spec, io.StringIO()),
+                      _Interrupt(), out)
+    said = out.getvalue()
+    assert code == 1, said
+    assert "peer1 is not restarted after all: the run is ending" in said, said
+
+
+def test_a_coordinator_that_exits_0_is_restarted(tmp_path, monkeypatch):
+    """restart_dead: the coordinator never ends by itself; an exit 0 (someone's SIGTERM) is
+    restarted as a crash is (it was left down, and the run polled it in a busy loop)."""
+    started = []
+    monkeypatch.setattr(launch_mod, "_status", lambda addr: None)
+    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None: started.append(name) or "new")
+    coord = _Child("coordinator", _Exited(0), tmp_path / "c.log")
+    peers = [_Child(f"peer{r}", _Exited(0), tmp_path / f"p{r}.log") for r in range(2)]
+    out = io.StringIO()
+    launch = Launch(tmp_path)
+    assert _restart_crashed(launch, _spec("restart_dead=true"), coord, peers, "tcp://127.0.0.1:9", {}, out) == "new"
+    assert started == ["coordinator"] and launch.restarts == {"coordinator": 1}
+    assert "coordinator (pid 0) exited with code 0 (it never ends by itself" in out.getvalue()
+
+
+def test_a_coordinator_ended_from_outside_ends_the_run(tmp_path):
+    """Without restart_dead, a coordinator SIGTERMed by someone (exit 0) is a crash: reported,
+    the peers ended (they write their results), exit code 1. It was not reported, and `swarm
+    run` polled in a busy loop without a progress line until the peers' budgets ran out."""
+    pids: dict[str, int] = {}
+    p, log = swarm_run_logged(tmp_path, LONG)
+    try:
+        with ended(p):
+            d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
+            pids = recorded_pids(d)
+            os.kill(pids["coordinator"], signal.SIGTERM)
+            p.wait(60)
+    finally:
+        end_all(pids)
+    out = log.read_text()
+    assert p.returncode == 1, out
+    assert f"coordinator (pid {pids['coordinator']}) exited with code 0 (it never ends by itself" in out, out
+    assert "ending the other processes" in out
+    for r in range(2):
+        assert json.loads((d / f"peer{r}" / "summary.json").read_text())["reason"] == "stopped"
+    assert not any(alive(pid) for pid in pids.values())
+
+
+def test_a_second_ctrl_c_hurries_the_end(tmp_path):
+    """A peer that does not end on SIGTERM (stopped here): the second Ctrl-C says that what is
+    left is killed soon, and it is (it waited TERM_GRACE_S whatever the user pressed)."""
+    pids: dict[str, int] = {}
+    p, log = swarm_run_logged(tmp_path, LONG)
+    try:
+        with ended(p):
+            d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
+            pids = recorded_pids(d)
+            os.kill(pids["peer0"], signal.SIGSTOP)
+            p.send_signal(signal.SIGINT)
+            wait_for(lambda: "interrupted;" in log.read_text(), timeout=20, what="the first Ctrl-C's line")
+            p.send_signal(signal.SIGINT)
+            p.wait(60)
+    finally:
+        end_all(pids)
+    out = log.read_text()
+    assert p.returncode == 130, out
+    assert "swarm run: interrupted again; killing what has not ended within 2 s" in out, out
+    assert not any(alive(pid) for pid in pids.values())
+    assert json.loads((d / "peer1" / "summary.json").read_text())["reason"] == "stopped"
+    assert run_dir_of(tmp_path) == d

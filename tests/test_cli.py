@@ -1,0 +1,137 @@
+"""How `swarm` commands end (swarm/cli.py): their last lines and exit codes, and a
+coordinator that ends with the `swarm run` that started it. Real processes on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import zmq
+from swarmtest import ROOT, SWARM, free_port, status, wait_for
+
+from swarm import wire
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_peer_prints_no_epoch_after_leaving(procs):
+    """A view installed while the peer leaves (here one the coordinator sends right after the
+    peer's leave, as happens when others leave at the same time) printed `epoch N` after
+    `leaving`. A hand-made coordinator on a ROUTER socket makes the order certain."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        peer = procs.start("peer", "--coordinator", f"tcp://127.0.0.1:{port}", "--id", "p0", name="p0")
+        view = None
+        signalled = sent_late_view = False
+        deadline = time.monotonic() + 30
+        while peer.poll() is None and time.monotonic() < deadline:
+            if view is not None and not signalled and "epoch 1:" in procs.log(peer):
+                peer.send_signal(signal.SIGTERM)
+                signalled = True
+            if not router.poll(50):
+                continue
+            route, *frames = router.recv_multipart()
+            msg = wire.decode(frames)
+            if msg.t == "join":
+                view = {"epoch": 1, "members": [["p0", msg.body["addr"], 0, ""]]}
+                router.send_multipart([route, *wire.encode("welcome", "coord", epoch=1, body={"rank": 0, "epoch": 1})])
+                router.send_multipart([route, *wire.encode("view", "coord", epoch=1, body=view)])
+            elif msg.t == "leave":
+                late = dict(view, epoch=2)     # a newer view, then the confirmation of the leave
+                router.send_multipart([route, *wire.encode("view", "coord", epoch=2, body=late)])
+                router.send_multipart([route, *wire.encode("bye", "coord", epoch=2, body={})])
+                sent_late_view = True
+        assert peer.wait(10) == 0, procs.log(peer)
+    finally:
+        router.close(0)
+        ctx.term()
+    assert sent_late_view, procs.log(peer)
+    lines = procs.log(peer).splitlines()
+    assert lines[-1] == "swarm peer p0 leaving", lines
+    assert any(line.startswith("epoch 1:") for line in lines), lines
+
+
+def test_status_watch_interrupted_before_its_first_redraw_exits_0(procs):
+    """Ctrl-C ends `swarm status --watch` with 0 (docs/observability.md); one that came before
+    the first redraw (importing the table code) exited 130. The command sends itself SIGINT
+    as it starts, to land in that window every time."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, name="coord")
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        from swarm import cli
+        real = cli.cmd_status
+        def cmd_status(args):
+            os.kill(os.getpid(), signal.SIGINT)    # Ctrl-C before the watch draws anything
+            return real(args)
+        cli.cmd_status = cmd_status
+        sys.exit(cli.main(["status", "--coordinator", "{addr}", "--watch"]))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "" and p.stderr == ""
+    # and without --watch, Ctrl-C is still 130
+    p = subprocess.run([sys.executable, "-c", code.replace(', "--watch"', "")], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 130, p.stderr
+
+
+def test_status_json_with_watch_is_refused():
+    """--watch redraws a table: with --json too, it silently drew the table, not JSON."""
+    p = subprocess.run([*SWARM, "status", "--coordinator", f"tcp://127.0.0.1:{free_port()}", "--json", "--watch"],
+                       capture_output=True, text=True, timeout=20, cwd=ROOT)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.startswith("swarm: error: --json prints one reply and --watch redraws a table: choose one")
+
+
+def test_a_coordinator_ends_with_its_killed_swarm_run(tmp_path):
+    """The coordinator `swarm run` starts (SWARM_PARENT_PID set) ends when its swarm run is
+    SIGKILLed, as the peers do; it ran on for good. A stand-in for swarm run starts it."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    launcher = textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        env = dict(os.environ, SWARM_PARENT_PID=str(os.getpid()), PYTHONUNBUFFERED="1")
+        with open({str(tmp_path / "coord.log")!r}, "w") as log:
+            c = subprocess.Popen([sys.executable, "-m", "swarm.cli", "coordinator", "--bind", "{addr}"], env=env,
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        print(c.pid, flush=True)
+        time.sleep(600)
+    """)
+    lp = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    coord = 0
+    try:
+        coord = int(lp.stdout.readline())
+        wait_for(lambda: status(addr, timeout=0.5), timeout=30, what="the coordinator answering")
+        lp.kill()
+        lp.wait()
+        wait_for(lambda: not _alive(coord), timeout=30, what="the coordinator ending after its swarm run")
+    finally:
+        if lp.poll() is None:
+            lp.kill()
+            lp.wait()
+        lp.stdout.close()
+        if coord and _alive(coord):
+            os.kill(coord, signal.SIGKILL)
+    assert f"its swarm run (pid {lp.pid}) is gone; stopping" in (tmp_path / "coord.log").read_text()
+
+
+def test_a_bad_swarm_parent_pid_is_an_error():
+    p = subprocess.run([*SWARM, "coordinator", "--bind", f"tcp://127.0.0.1:{free_port()}"], capture_output=True,
+                       text=True, timeout=20, cwd=ROOT, env=dict(os.environ, SWARM_PARENT_PID="x"))
+    assert p.returncode == 2
+    assert p.stderr.startswith("swarm: error: SWARM_PARENT_PID='x' is not a pid"), p.stderr
