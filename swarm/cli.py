@@ -81,7 +81,13 @@ def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
     """
     env = os.environ if environ is None else environ
     if env.get("SWARM_COORDINATOR"):
-        return [a.strip() for a in env["SWARM_COORDINATOR"].split(",") if a.strip()]
+        from .transport import member_address_error  # noqa: PLC0415 - zmq only when needed
+        addrs = [a.strip() for a in env["SWARM_COORDINATOR"].split(",") if a.strip()]
+        for a in addrs:
+            if why := member_address_error(a):
+                raise SwarmError(f"SWARM_COORDINATOR={env['SWARM_COORDINATOR']!r}: {why} "
+                                 "(a comma-separated list of coordinator addresses)")
+        return addrs
     host = env.get("MASTER_ADDR", "").strip()
     if not host:
         return []

@@ -123,6 +123,9 @@ def test_a_bad_rank_from_the_environment_is_one_line(procs, tmp_path, env, messa
     ({"MASTER_ADDR": "127.0.0.1", "SWARM_COORDINATOR_PORT": "abc"}, "SWARM_COORDINATOR_PORT='abc' is not a port"),
     ({"MASTER_ADDR": "127.0.0.1", "SWARM_COORDINATOR_PORT": "99999"}, "SWARM_COORDINATOR_PORT='99999' is not a port"),
     ({"MASTER_ADDR": "127.0.0.1", "SWARM_COORDINATOR_PORT": "0"}, "SWARM_COORDINATOR_PORT='0' is not a port"),
+    ({"SWARM_COORDINATOR": "tcp://127.0.0.1:5555,nonsense"},
+     "SWARM_COORDINATOR='tcp://127.0.0.1:5555,nonsense': 'nonsense' is not tcp://HOST:PORT"),
+    ({"SWARM_COORDINATOR": "tcp://127.0.0.1:0"}, "SWARM_COORDINATOR='tcp://127.0.0.1:0': 'tcp://127.0.0.1:0' is not"),
 ])
 def test_a_bad_coordinator_address_from_the_environment_names_its_variable(monkeypatch, capsys, env, message):
     # `tcp://::1:5555` was tried in vain (the transport does not enable IPv6), and a bad
