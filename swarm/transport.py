@@ -147,6 +147,9 @@ _MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _RCVMORE = int(zmq.RCVMORE)
 #: frames smaller than this are copied: a zero-copy frame costs more than a small memcpy
 ZERO_COPY_MIN = 64 * 1024
+#: entries of :attr:`BadInput.by_reason` at most: later reasons are counted under OTHER_REASONS
+MAX_REASONS = 64
+OTHER_REASONS = "(other reasons)"
 
 
 def drain(s: zmq.Socket, batch: int = DRAIN_BATCH) -> Iterator[list[zmq.Frame]]:
@@ -196,7 +199,13 @@ def try_send(s: zmq.Socket, frames: list[Any]) -> bool:
 
 
 class BadInput:
-    """Counts malformed messages and logs them at most once per source per interval."""
+    """Counts malformed messages and logs them at most once per source per interval.
+
+    ``by_reason`` counts them by the start of their error message, which often holds
+    what was sent (a type name, a size): it holds at most :data:`MAX_REASONS`
+    entries, the reasons seen first and :data:`OTHER_REASONS` for the rest, so that
+    a sender of junk that varies cannot grow it without bound.
+    """
 
     def __init__(self, where: str, interval_s: float = 10.0) -> None:
         self.where = where
@@ -208,6 +217,8 @@ class BadInput:
     def __call__(self, source: Any, err: Exception) -> None:
         self.count += 1
         reason = str(err).split(":", 1)[0][:60]
+        if reason not in self.by_reason and len(self.by_reason) >= MAX_REASONS - 1:
+            reason = OTHER_REASONS
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
         now = time.monotonic()
         if now - self._last.get(source, -1e9) >= self.interval_s:

@@ -86,6 +86,13 @@ MODES = ("params", "pseudo_gradient")
 # The one-peer exponential graph keeps its τ = ceil(log2 n) receivers' streams.
 _MAX_EDGE_STREAMS = 8
 
+# Messages held per sender until a round applies them, past max_staleness. A peer
+# normally holds one or two (async: one per round the sender ran since ours); one
+# that runs no round for a while (an evaluation, a checkpoint) held every message
+# of every neighbour meanwhile: 300 MB after 400 of its neighbours' rounds at d = 1e5.
+# Past this the oldest is dropped, as if lost (a delta's gap costs a full state).
+_MAX_PENDING = 32
+
 
 @dataclass
 class RoundResult:
@@ -135,6 +142,7 @@ class GossipStats:
     full_sent: int = 0
     ignored_strangers: int = 0
     boot_served: int = 0        # parameter slices sent to bootstrapping neighbours
+    backlog_dropped: int = 0    # held messages dropped, oldest first, past a sender's _MAX_PENDING
 
 
 # Elements per block of the blockwise passes below: two float32 blocks stay in L2.
@@ -455,6 +463,7 @@ class Gossip:
         for key in [k for k in self._out if k and k not in present]:
             del self._out[key]
         self._forgotten = {k for k in self._forgotten if not k or k in present}
+        self._late &= present   # a member that comes back under its id is waited for again
         for s in self._out.values():
             s.synced &= present
         self._arrived.set()
@@ -472,6 +481,9 @@ class Gossip:
         self._bytes_in += n
         self.stats.bytes_in += n
         copy.pending.append(msg)
+        if len(copy.pending) > _MAX_PENDING + self.max_staleness:
+            copy.pending.popleft()
+            self.stats.backlog_dropped += 1
         self._late.discard(msg.src)
         self._arrived.set()
 

@@ -856,6 +856,8 @@ class Peer:
         ids = set(view.ids)
         for pid in [p for p in self._links if p not in ids or view.member(p).addr != self._links[p].addr]:
             self._close_link(self._links.pop(pid))
+        # only members are suspected: one bookkeeping entry per member, not per id ever seen
+        self._last_suspect = {p: t for p, t in self._last_suspect.items() if p in ids}
         self._pending_hello = set(self._neighbours)
         self._linked.clear()
         now = time.monotonic()
