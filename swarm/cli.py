@@ -255,8 +255,10 @@ def cmd_peer(args: argparse.Namespace) -> int:
         summary = run_peer(spec, cfg.rank, coords, run_dir, stop=stop, loop_factory=factory,
                            parent_pid=parent, peer_config=cfg,
                            resume_from=args.resume_from)
+        ret = summary["final_mean_return"]    # None: no episode ended (a budget shorter than one)
+        said = f"mean return {ret:.1f}" if ret is not None else "no episode finished"
         print(f"swarm peer peer{cfg.rank} done ({summary['reason']}): {summary['env_steps']} env steps, "
-              f"{summary['rounds']} rounds, mean return {summary['final_mean_return']}", flush=True)
+              f"{summary['rounds']} rounds, {said}", flush=True)
         return 0
     if args.run_dir or args.resume_from:
         flag = "--run-dir" if args.run_dir else "--resume"

@@ -135,3 +135,20 @@ def test_a_bad_swarm_parent_pid_is_an_error():
                        text=True, timeout=20, cwd=ROOT, env=dict(os.environ, SWARM_PARENT_PID="x"))
     assert p.returncode == 2
     assert p.stderr.startswith("swarm: error: SWARM_PARENT_PID='x' is not a pid"), p.stderr
+
+
+def test_a_peer_that_finished_no_episode_says_so(procs, tmp_path):
+    """`swarm peer --spec` with a budget shorter than any CartPole episode: its last line
+    said `mean return None`."""
+    from swarm.experiment import load_spec
+    from swarm.experiment.spec import save_resolved
+
+    config = save_resolved(load_spec(None, ["peers=1", "budget.env_steps=5", "dqn.learning_starts=1",
+                                            "dqn.batch_size=1"]), tmp_path)
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, name="coord")
+    peer = procs.start("peer", "--spec", str(config), "--rank", "0", "--coordinator", addr,
+                       "--run-dir", str(tmp_path / "run"), name="peer0")
+    assert peer.wait(60) == 0, procs.log(peer)
+    assert procs.log(peer).splitlines()[-1] == ("swarm peer peer0 done (budget): 5 env steps, 0 rounds, "
+                                                "no episode finished")

@@ -41,8 +41,15 @@ is not restarted, the others go on, and its row's ``reason`` reads e.g.
 ``budget, then exited with signal 11``. Any other crash ends the run without
 ``restart_dead``; with it, a peer is restarted as above unless the run's time is
 up or the run is ending (a peer solved the task), and then its row reads
-``crashed; not restarted (...)``. A second Ctrl-C gives the children
-:data:`HURRY_S` more seconds, not :data:`TERM_GRACE_S`.
+``crashed; not restarted (...)``.
+
+Ctrl-C, SIGTERM and SIGHUP (its terminal closed; not when started with it ignored, as
+by ``nohup``) end the run cleanly: the peers write their results, then the summary,
+and the exit code is 130. A second Ctrl-C or SIGTERM gives the children
+:data:`HURRY_S` more seconds, not :data:`TERM_GRACE_S`. On a terminal the progress line
+is drawn in place, cut to the terminal's width, and each message clears it first, so
+that it starts a line of its own; output that cannot be written (a closed terminal) is
+dropped, and the run ends as it would.
 """
 
 from __future__ import annotations
@@ -198,10 +205,21 @@ class Launch:
 
 
 class _Interrupt:
-    """SIGINT/SIGTERM to `swarm run`: the first asks for a clean stop, a second hurries it."""
+    """SIGINT/SIGTERM/SIGHUP to `swarm run`: the first asks for a clean stop, a second
+    SIGINT or SIGTERM hurries it.
+
+    SIGHUP (the terminal closed) never hurries: a closing terminal may send it twice (the
+    kernel to the foreground job, the shell to each of its jobs), which says nothing about
+    how long the user will wait. A SIGHUP ignored when `swarm run` started (``nohup swarm
+    run``) stays ignored.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, out: TextIO | None = None) -> None:
         self.count = 0
+        #: the first signal's name, e.g. ``SIGHUP``; None before any
+        self.first: str | None = None
         self._old: dict[int, Any] = {}
         self._out = out
         self._said = False
@@ -214,15 +232,27 @@ class _Interrupt:
                   file=self._out, flush=True)
         return self.count > 1
 
+    def what(self) -> str:
+        """``interrupted`` (Ctrl-C), or e.g. ``interrupted by SIGHUP (the terminal closed?)``."""
+        if self.first in (None, "SIGINT"):
+            return "interrupted"
+        return f"interrupted by {self.first}" + (" (the terminal closed?)" if self.first == "SIGHUP" else "")
+
     def __enter__(self) -> "_Interrupt":
         # Python lets only the main thread set handlers; signals reach only that thread too,
         # so a run started from another thread has nothing to catch.
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in self.SIGNALS:
+                if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                    continue
                 self._old[sig] = signal.signal(sig, self._handler)
         return self
 
     def _handler(self, signum: int, frame: Any) -> None:
+        if self.count == 0:
+            self.first = signal.Signals(signum).name
+        elif signum == signal.SIGHUP:
+            return
         self.count += 1
 
     def __exit__(self, *exc: Any) -> None:
@@ -249,16 +279,87 @@ def _status(addr: str) -> dict[str, Any] | None:
         return pool.submit(query).result()
 
 
+class _Output:
+    """Where `swarm run` writes: its progress line and its message lines (``print(...,
+    file=out)``).
+
+    On a terminal the progress line is drawn again in place (``\\r``) and left without a
+    newline; a message first clears it, so that each message starts on a line of its own,
+    and the next update draws the progress line below it. Once writing fails (the terminal
+    closed: EIO; the reader of a pipe left: EPIPE) nothing more is written: the run goes on
+    or ends as it would, and its results are in the run folder all the same.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        #: the width of the progress line the terminal shows now (0: none)
+        self.drawn = 0
+        #: why writing stopped (None: it has not)
+        self.failed: OSError | None = None
+
+    def write(self, text: str) -> int:
+        """A message (or part of one), below the progress line's last figures."""
+        if text:
+            self._clear()
+            self._put(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.failed is None:
+            try:
+                self.stream.flush()
+            except OSError as e:
+                self.failed = e
+
+    def draw(self, line: str) -> None:
+        """The progress line: in place on a terminal, else as a line of its own."""
+        if self.tty:
+            # A line that wraps cannot be drawn again in place (\r goes back to the start of
+            # its last row only): each update would add a row. It is cut to the width instead.
+            line = line[:max(1, self._columns() - 1)]
+            self._put("\r" + line.ljust(self.drawn))
+            self.drawn = len(line)
+        else:
+            self._put(line + "\n")
+        self.flush()
+
+    def end_line(self) -> None:
+        """Leave the progress line on the terminal as it is, and go on below it."""
+        if self.drawn:
+            self._put("\n")
+            self.drawn = 0
+            self.flush()
+
+    def _columns(self) -> int:
+        """The terminal's width; a large number when it is not known."""
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns or 10_000
+        except (AttributeError, OSError, ValueError):   # no file behind the stream
+            return 10_000
+
+    def _clear(self) -> None:
+        if self.drawn:
+            self._put("\r" + " " * self.drawn + "\r")
+            self.drawn = 0
+
+    def _put(self, text: str) -> None:
+        if self.failed is None:
+            try:
+                self.stream.write(text)
+            except OSError as e:
+                self.failed = e
+
+
 class _Progress:
     """One line on stderr: env steps / budget, mean return, rounds, bytes."""
 
     def __init__(self, spec: Spec, stream: TextIO = sys.stderr) -> None:
         self.spec = spec
-        self.stream = stream
-        self.tty = stream.isatty()
+        #: messages go here too (print(..., file=progress.out)): each on a line of its own
+        self.out = stream if isinstance(stream, _Output) else _Output(stream)
         self.last: dict[str, dict[str, Any]] = {}   # peer id -> last stats seen (kept after it leaves)
         self._printed = 0.0
-        self._width = 0
         self.t0 = time.monotonic()
 
     def update(self, st: dict[str, Any] | None, alive: int) -> None:
@@ -278,14 +379,10 @@ class _Progress:
         line = (f"[{bar}] {frac:4.0%}  steps {steps}/{budget}  return {ret}  rounds {rounds}  "
                 f"sent {mb:.2f} MB  peers {alive}/{self.spec.peers}  {time.monotonic() - self.t0:4.0f} s")
         now = time.monotonic()
-        if self.tty:
-            self.stream.write("\r" + line.ljust(self._width))
-            self._width = len(line)
-            self.stream.flush()
-        elif now - self._printed >= 5.0:  # a log file gets a line now and then, not a \r stream
+        # a log file gets a line now and then, not a \r stream
+        if self.out.tty or now - self._printed >= 5.0:
             self._printed = now
-            self.stream.write(line + "\n")
-            self.stream.flush()
+            self.out.draw(line)
 
     def final(self, run_dir: Path) -> None:
         """Draw the line once more from the peers' summary.json files: their last
@@ -302,9 +399,8 @@ class _Progress:
         self.update(None, 0)
 
     def done(self) -> None:
-        if self.tty and self._width:
-            self.stream.write("\n")
-            self.stream.flush()
+        """Keep the last progress line; what follows goes below it."""
+        self.out.end_line()
 
 
 def _wait_coordinator(launch: Launch, coord: _Child, addr: str, timeout: float = 20.0) -> None:
@@ -346,8 +442,9 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     ``overrides`` (``"a.b=v"`` strings) apply on top. A bad spec raises
     :class:`~swarm.errors.ConfigError` before anything starts. A crashed peer or
     coordinator is no exception: the others are ended and ``exit_code`` is 1.
-    Ctrl-C (SIGINT, or SIGTERM) ends every process, writes the results, then
-    raises :class:`KeyboardInterrupt` (``swarm run`` exits with 130).
+    Ctrl-C (SIGINT, or SIGTERM, or SIGHUP unless it is ignored) ends every process,
+    writes the results, then raises :class:`KeyboardInterrupt` (``swarm run`` exits
+    with 130).
 
     The progress line and the summary table go to ``stream`` (default stderr);
     ``io.StringIO()`` keeps them out of the terminal. It blocks until the run ends,
@@ -360,7 +457,8 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         >>> r = run_experiment(None, ["peers=2", "budget.env_steps=2000"], stream=io.StringIO())
         >>> r.exit_code, r.run_dir, [p["final_mean_return"] for p in r.summary]
     """
-    out = stream or sys.stderr
+    # messages start on a line of their own; a stream that fails (a closed terminal) is left alone
+    out = _Output(stream or sys.stderr)
     prev: Path | None = None
     if resume is not None:
         prev = Path(resume)
@@ -578,7 +676,8 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
     while True:
         if intr.count:
             progress.done()
-            print("swarm run: interrupted; ending the peers (they write their metrics first)", file=out, flush=True)
+            print(f"swarm run: {intr.what()}; ending the peers (they write their metrics first)", file=out,
+                  flush=True)
             launch.end([c for c in peers], hurry=intr.hurry)
             return 130
         if spec.restart_dead:
@@ -611,7 +710,7 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
         if limit and not stopping and time.monotonic() - t0 > limit + 30.0:
             # Peers stop themselves at the limit; this is the backstop for one that does not.
             stopping = True
-            print(f"\nswarm run: budget.max_seconds = {limit} passed; ending the peers", file=out, flush=True)
+            print(f"swarm run: budget.max_seconds = {limit} passed; ending the peers", file=out, flush=True)
             launch.end(peers)
         # a coordinator that is down (being restarted) shows nothing new: the last figures stand
         progress.update(_status(addr) if coord.proc.poll() is None else None, alive)

@@ -2,18 +2,25 @@
 
 A crash is reported whenever it comes, and makes the exit code 1; a second Ctrl-C
 hurries the end; a coordinator ended from outside is a crash (restarted under
-restart_dead). Real `swarm run` processes where the timing allows it, stand-in
-processes (as in test_run.py) where it does not.
+restart_dead); SIGHUP (the terminal closed) ends the run as Ctrl-C does, unless
+ignored (nohup); on a terminal each message starts a line of its own and the
+progress line fits the width. Real `swarm run` processes where the timing allows
+it, stand-in processes (as in test_run.py) where it does not.
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
+import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +31,8 @@ from experiment.test_run import LONG, _Exited, alive, ended, finish, recorded_pi
 
 from swarm.experiment import load_spec
 from swarm.experiment import launch as launch_mod
-from swarm.experiment.launch import Launch, _Child, _Interrupt, _Progress, _restart_crashed, _supervise
+from swarm.experiment.launch import (Launch, _Child, _Interrupt, _Progress, _restart_crashed, _supervise,
+                                     run_experiment)
 
 
 def swarm_run_logged(cwd: Path, sets: list[str]) -> tuple[subprocess.Popen, Path]:
@@ -218,3 +226,142 @@ def test_a_second_ctrl_c_hurries_the_end(tmp_path):
     assert not any(alive(pid) for pid in pids.values())
     assert json.loads((d / "peer1" / "summary.json").read_text())["reason"] == "stopped"
     assert run_dir_of(tmp_path) == d
+
+
+class _Terminal(io.StringIO):
+    """A stream that says it is a terminal, as stderr in one does."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def screen(text: str) -> list[str]:
+    """The lines a terminal shows for ``text``: each as its last ``\\r`` redraws left it."""
+    rows = []
+    for row in text.split("\n"):
+        shown: list[str] = []
+        for part in row.split("\r"):
+            shown[:len(part)] = part    # from column 0 again
+        rows.append("".join(shown).rstrip())
+    return rows
+
+
+def test_a_message_starts_a_line_of_its_own_on_a_terminal(tmp_path):
+    """restart_dead, peer1 SIGKILLed while the progress line is on a terminal: the line that
+    reports it was glued to the end of the progress line. It starts a line of its own, and the
+    progress line is drawn again below it. (The run's time limit leaves room for a slow start
+    before the kill.)"""
+    term = _Terminal()
+    pids: dict[str, int] = {}
+
+    def kill_peer1() -> None:
+        d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
+        pids.update(recorded_pids(d))
+        os.kill(pids["peer1"], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_peer1)
+    killer.start()
+    try:
+        run_experiment(None, [*LONG, "restart_dead=true", "budget.max_seconds=20"], runs_root=tmp_path / "runs",
+                       stream=term)
+    finally:
+        killer.join()
+        end_all(pids)
+    said = f"swarm run: peer1 (pid {pids['peer1']}) exited with signal 9"
+    assert said in term.getvalue(), term.getvalue()
+    rows = screen(term.getvalue())
+    at = next((i for i, row in enumerate(rows) if row.startswith(said)), None)
+    assert at is not None, [row for row in rows if said in row]     # glued to the end of a progress line
+    assert all(row.startswith("swarm run:") for row in rows if "swarm run:" in row), rows
+    assert any(row.startswith("[") for row in rows[at + 1:]), rows   # drawn again below it
+
+
+@pytest.mark.parametrize("output", ["file", "closed terminal"])
+def test_sighup_ends_the_run_as_ctrl_c_does(tmp_path, output):
+    """SIGHUP (its terminal closed) killed `swarm run` at once: no summary, and its peers
+    ended by themselves later. It ends the run as Ctrl-C does: the peers write their results,
+    summary.json and the table are written, exit code 130; also when the terminal is gone
+    (every write to it fails)."""
+    pids: dict[str, int] = {}
+    master = -1
+    if output == "file":
+        p, log = swarm_run_logged(tmp_path, LONG)
+    else:
+        master, slave = os.openpty()
+        p = subprocess.Popen([sys.executable, "-m", "swarm.cli", "run", *[x for s in LONG for x in ("--set", s)]],
+                             cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
+                             stdout=slave, stderr=slave)
+        os.close(slave)
+
+    def drained_and_training() -> Path | None:
+        while master >= 0 and select.select([master], [], [], 0)[0]:
+            os.read(master, 65536)  # a full terminal would block swarm run
+        return training(tmp_path, 2)
+
+    try:
+        with ended(p):
+            d = wait_for(drained_and_training, timeout=45, what="both peers training")
+            pids = recorded_pids(d)
+            if master >= 0:
+                os.close(master)    # the terminal window closes
+                master = -1
+            os.kill(p.pid, signal.SIGHUP)
+            p.wait(60)
+    finally:
+        if master >= 0:
+            os.close(master)
+        end_all(pids)
+    assert p.returncode == 130
+    if output == "file":
+        out = log.read_text()
+        assert "swarm run: interrupted by SIGHUP (the terminal closed?); ending the peers" in out, out
+        assert "mean return" in out and f"run folder: {d.relative_to(tmp_path)}" in out, out   # the table
+    for r in range(2):
+        assert json.loads((d / f"peer{r}" / "summary.json").read_text())["reason"] == "stopped"
+    assert [row["reason"] for row in json.loads((d / "summary.json").read_text())] == ["stopped"] * 2
+    assert not any(alive(pid) for pid in pids.values())
+
+
+def test_the_progress_line_fits_a_narrow_terminal():
+    """On a terminal narrower than the progress line (~100 columns), the line wrapped, and
+    each redraw (\\r goes back to the start of its last row only) added a row. It is cut to
+    the terminal's width. A real terminal (a pty) 60 columns wide."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
+    term = open(slave, "w")
+    try:
+        progress = _Progress(_spec(), term)
+        for _ in range(3):
+            progress.update(None, 2)
+        term.flush()
+        got = b""
+        while select.select([master], [], [], 0.5)[0]:
+            got += os.read(master, 65536)
+        drawn = got.decode().split("\r")
+    finally:
+        term.close()
+        os.close(master)
+    assert drawn[0] == "" and len(drawn) == 4 and drawn[1].startswith("[....................]   0%  steps 0/"), drawn
+    assert all(len(line) < 60 for line in drawn), drawn
+
+
+def test_a_run_started_with_nohup_goes_on_after_sighup(tmp_path):
+    """`nohup swarm run`: SIGHUP stays ignored (only one not ignored ends the run)."""
+    pids: dict[str, int] = {}
+    log = tmp_path / "swarm-run.out"
+    with open(log, "w") as f:
+        p = subprocess.Popen(["nohup", sys.executable, "-m", "swarm.cli", "run",
+                              *[x for s in [*LONG, "budget.max_seconds=10"] for x in ("--set", s)]],
+                             cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
+                             stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        with ended(p):
+            d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
+            pids = recorded_pids(d)
+            os.kill(p.pid, signal.SIGHUP)
+            p.wait(60)
+    finally:
+        end_all(pids)
+    out = log.read_text()
+    assert p.returncode == 0 and "interrupted" not in out, out
+    assert [row["reason"] for row in json.loads((d / "summary.json").read_text())] == ["time limit"] * 2
