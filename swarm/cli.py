@@ -48,11 +48,13 @@ def _runner(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 
 async def _until_signal() -> None:
-    """Return on SIGINT or SIGTERM (Ctrl-C leaves cleanly)."""
+    """Return on SIGINT, SIGTERM or SIGHUP (Ctrl-C, or the terminal closing, leaves
+    cleanly); a SIGHUP ignored at start (``nohup``) stays ignored."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
+            loop.add_signal_handler(sig, stop.set)
     await stop.wait()
 
 

@@ -152,3 +152,20 @@ def test_a_peer_that_finished_no_episode_says_so(procs, tmp_path):
     assert peer.wait(60) == 0, procs.log(peer)
     assert procs.log(peer).splitlines()[-1] == ("swarm peer peer0 done (budget): 5 env steps, 0 rounds, "
                                                 "no episode finished")
+
+
+def test_a_closing_terminal_ends_a_peer_and_a_coordinator_cleanly(procs):
+    """SIGHUP (the terminal of `swarm peer` or `swarm coordinator` closed) killed them on the
+    spot: the peer did not leave, so its neighbours waited for the coordinator to declare it
+    dead. Now it leaves as on Ctrl-C, and the coordinator closes; both exit 0."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    coord = procs.start("coordinator", "--bind", addr, name="coord")
+    peer = procs.start("peer", "--id", "p0", "--coordinator", addr, name="p0")
+    wait_for(lambda: "epoch" in procs.log(peer), timeout=30, what="the peer to join")
+    peer.send_signal(signal.SIGHUP)
+    assert peer.wait(30) == 0, procs.log(peer)
+    assert procs.log(peer).splitlines()[-1] == "swarm peer p0 leaving", procs.log(peer)
+    # it left (a peer killed on the spot stays alive in the table until its heartbeats are missed)
+    assert [(m["id"], m["state"], m["cause"]) for m in status(addr)["members"]] == [("p0", "dead", "left")]
+    coord.send_signal(signal.SIGHUP)
+    assert coord.wait(30) == 0, procs.log(coord)
