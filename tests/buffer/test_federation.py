@@ -1,11 +1,13 @@
 """Federation over an in-memory link: share, pull, dedupe, clip, replication that loses nothing."""
 
 import asyncio
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from fakelink import Hub
+from swarm.buffer import federation
 from swarm.buffer import Federation, Items, RateLimiter, ReplayBuffer
 from swarm.errors import PeerTimeout, ReplayError
 
@@ -324,6 +326,50 @@ def test_rereplication_forgets_acks_older_than_its_window():
         assert fa.stats.rereplicated == 0 and not c.ids()
     run(main())
 
+
+
+def _flush_one_item_per_quarter_second(monkeypatch, cap, flushes):
+    """a adds one item per flush, b acks each; the federation's clock gains 0.25 s a
+    flush (rereplicate_s 300: buckets of 4.6875 s, 19 flushes each). Then b restarts."""
+    now = [0.0]
+    monkeypatch.setattr(federation, "time", SimpleNamespace(monotonic=lambda: now[0]))
+
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"], cap=cap, share=0.0, replicas=1)
+        b, _ = peer(hub, "b", ["a"], cap=10_000)
+        for i in range(flushes):
+            a.add(items(1, i))
+            await fa.flush()
+            await hub.settle()
+            now[0] += 0.25
+        assert fa.stats.acked == flushes
+        recent = list(fa._recent["b"])
+        b2, fb2 = peer(hub, "b", ["a"], cap=10_000)      # b restarted: empty
+        await fb2.flush()                                # says buf.resync
+        await hub.settle()
+        await fa.flush()
+        await hub.settle()
+        await hub.close()
+        return a, b2, fa, recent
+
+    return run(main())
+
+
+def test_rereplication_remembers_acks_in_time_buckets_not_one_entry_per_ack(monkeypatch):
+    # An entry per ack was one per flush for 300 s: 20,000 (~9 MB) after 150 s of a fast run.
+    a, b2, fa, recent = _flush_one_item_per_quarter_second(monkeypatch, 10_000, 1000)
+    assert len(recent) <= 65 < 1000                          # 250 s in buckets of 300/64 s
+    assert sum(s.size for _, s in recent) == 1000
+    assert fa.stats.rereplicated == 1000 and set(a.ids()) <= set(b2.ids())
+
+
+def test_rereplication_forgets_seqs_the_ring_has_overwritten(monkeypatch):
+    # Only items still in the local ring can be sent again: a ring of 100 needs no
+    # more than its 100 newest local seqs (and the open bucket's 19 acks).
+    a, b2, fa, recent = _flush_one_item_per_quarter_second(monkeypatch, 100, 1000)
+    assert sum(s.size for _, s in recent) <= 100 + 19
+    assert fa.stats.rereplicated == 100 and set(a.ids()) <= set(b2.ids())
 
 def test_riding_on_the_relay_shares_new_items_with_the_neighbours_only():
     """Federation(ride=True) as a GradientRelay's rider: each message of a peer's own
