@@ -602,6 +602,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                         continued=continued)
         x = agent.parameters()
 
+        repair = g.exchange == "gradients" and not g.average and g.relay_staleness == 1
+
         async def build() -> tuple[Any, Any]:
             # Handlers are registered from the peer's own thread, where messages are dispatched.
             gossip = Gossip(peer, x, topology=g.topology, codec=g.codec, gamma=g.step_size, sync=g.sync,
@@ -614,9 +616,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             relay = None
             if g.exchange == "gradients":
                 # direct: this (training) thread sends and takes the gradients itself, and
-                # with buffer.ride the shared transitions with them
+                # with buffer.ride the shared transitions with them. Without averaging the
+                # copies stay the same only by the turns: a copy that falls out of step is
+                # replaced by a neighbour's (state; docs/gossip.md, "Out of step").
                 relay = GradientRelay(peer, x.size, codec=g.codec, topology=g.topology, edges=g.edges or None,
-                                      direct=True, rider=fed if fed is not None and fed.riding else None)
+                                      direct=True, rider=fed if fed is not None and fed.riding else None,
+                                      state=agent.replica if repair else None, resync_timeout=g.round_timeout_s)
             return gossip, fed, relay
 
         gossip, fed, relay = sp.call(build())
@@ -632,6 +637,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             turn = [-1, 0]   # (env steps of the current turn, updates published in it)
 
             def publish(grad: np.ndarray | None) -> np.ndarray | None:
+                note_digest()   # after the turn's previous update: a turn of several would skip counts
                 if turn[0] != agent.steps:
                     turn[0], turn[1] = agent.steps, 0
                 turn[1] += 1
@@ -758,6 +764,26 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             u = agent.updates
             if u and u % DIGEST_EVERY == 0 and u not in digests:
                 digests[u] = array_digest(x)
+                relay.note_digest(u, digests[u])   # others compare theirs with it (repair)
+
+        def adopt(snap: Any) -> bool:
+            """Load the copy a neighbour sent when this peer fell out of step; whether it did."""
+            if snap is None:
+                return False
+            try:
+                agent.load_replica(snap.body, snap.arrays)   # checks all of it first
+            except SwarmError as e:
+                relay.refuse(snap, str(e))
+                return False
+            relay.adopt(snap)
+            if snap.next is not None:   # the others' turns went past this peer's: it starts again there
+                agent.steps = snap.next // per_turn
+            digests.clear()   # those of the copy it replaced
+            log.warning("peer%d: out of step (%s); took %s's copy (update %d, clock %d)%s", rank, snap.why,
+                        snap.src, agent.updates, snap.clock,
+                        f", turns again from env step {agent.steps}" if snap.next is not None else "")
+            note_digest()
+            return True
 
         def on_step(info: Any) -> bool:
             step = info.step + done_steps
@@ -772,8 +798,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 # applies the others' gradients at its turns, in (clock, origin) order, and
                 # then its own: one order everywhere, so the copies stay the same.
                 a = agent.steps * per_turn
-                relay.wait(a, g.round_timeout_s, every=spec.dqn.train_every * per_turn,
-                           rounds=g.relay_staleness, first=spec.dqn.learning_starts * per_turn, span=per_turn)
+                # A wait that ends with a copy from a neighbour (this peer was out of step):
+                # load it, and wait again at the turn's clock, which may have moved with it.
+                while not relay.wait(a, g.round_timeout_s, every=spec.dqn.train_every * per_turn,
+                                     rounds=g.relay_staleness, first=spec.dqn.learning_starts * per_turn,
+                                     span=per_turn) and adopt(relay.snapshot()):
+                    a = agent.steps * per_turn
                 for grad in relay.take(before=a):
                     agent.apply_gradient(grad)
                     state.relay_applied += 1
@@ -859,7 +889,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         if relay is not None:
             summary["relay"] = dict(dataclasses.asdict(relay.stats), applied=state.relay_applied,
                                     mean_lag_s=_finite(relay.stats.mean_lag_s),
-                                    digests={str(u): h for u, h in digests.items()})
+                                    digests={str(u): h for u, h in digests.items()}, resynced=relay.resynced)
         if fed is not None:
             summary["replay_sharing"] = dataclasses.asdict(fed.stats)
         try:

@@ -60,6 +60,34 @@ peer's event loop, and calls :meth:`poll` between its steps to take them in:
     relay.poll()                         # training thread, every step
     ...
     relay.close()                        # training thread, before the peer closes
+
+Peers that take turns stay the same only while each waits for every other. One
+that falls out of step (frozen, restarted, or slower than a wait's timeout) is
+no longer waited for, and its gradients reach the others after their turns went
+past them. Given ``state`` (a function that returns this peer's copy: parameters,
+optimizer and target network, as a body and arrays), the relay repairs that:
+
+* a gradient or pass that comes after this peer's turn went past its clock is
+  dropped (applying it late would put it in another place in each peer's order),
+  and its origin is told so (``grad_late``, at most once a second per origin); the
+  origin is out of step when the teller's turns are past its own last message (not
+  when the teller itself fell behind and took old messages in late);
+* every copy's parameter digests (:meth:`note_digest`) ride on its own messages,
+  and a peer whose digest at some update count differs from the reference's (the
+  lowest-ranked member it keeps step with) is out of step too;
+* a peer out of step asks (``grad_sync``) the peer that told it, or the reference,
+  for its copy; that peer sends it (``grad_state``) at one of its turn boundaries,
+  with the clock up to which the copy holds every update and the gradients it has
+  for later clocks. The asking peer waits for it before its next turn, adopts it
+  (:meth:`snapshot`, :meth:`adopt`), keeps only what comes after that clock, and,
+  when the sender's turns had gone past its own, starts its turns again a round
+  after the copy's clock: the sender's next message tells the others, who then
+  wait for it again. From then on it applies the same updates in the same order.
+
+    snap = relay.snapshot()          # training thread, between turns
+    if snap is not None:
+        agent.load_replica(snap.body, snap.arrays)   # the caller's copy; raises on a bad one
+        relay.adopt(snap)                              # or relay.refuse(snap, why)
 """
 
 from __future__ import annotations
@@ -67,10 +95,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import logging
+import math
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import zmq
@@ -84,16 +114,31 @@ from ..link import Link
 from ..wire import Message
 from . import topology as topo
 
-__all__ = ["GradientRelay", "RelayStats", "Rider", "GRAD", "GRAD_HELLO"]
+__all__ = ["GradientRelay", "RelayStats", "Rider", "Snapshot", "GRAD", "GRAD_HELLO", "GRAD_LATE",
+           "GRAD_SYNC", "GRAD_STATE"]
+
+log = logging.getLogger("swarm.gossip.relay")
 
 GRAD = wire.register_type("grad")
 #: direct mode: "my inbox is at this endpoint" (body: ep, and r for a reply)
 GRAD_HELLO = wire.register_type("grad_hello")
+#: "your message at clock c came after my turn went past it; my turns are at clock at"
+GRAD_LATE = wire.register_type("grad_late")
+#: "send me your copy" (body: r, a request number; b, the clock of the asker's last message, or -1)
+GRAD_SYNC = wire.register_type("grad_sync")
+#: a copy at a turn boundary, or a refusal (see Snapshot and GradientRelay._serve)
+GRAD_STATE = wire.register_type("grad_state")
 _MAX_ENDPOINT = 256
 #: Clocks remembered per origin for waits on turns of several updates (span > 1).
 _RECENT_CLOCKS = 256
 #: Updates in one message at most (publish(hold=True) sends when it has this many).
 _MAX_BUNDLE = 16
+#: Digest points remembered per peer, its own and each origin's (with state).
+_DIGESTS = 64
+#: Gradients that may go with a copy (those it does not hold yet); a peer with more refuses.
+_MAX_COPY_PENDING = 256
+#: Seconds between two grad_late notices to one origin, and after a request that failed.
+_QUIET_S = 1.0
 
 
 @dataclass
@@ -121,11 +166,33 @@ class RelayStats:
     riders_in: int = 0         # riders handed to this peer's rider
     direct_bytes_out: int = 0  # wire bytes sent on the consumer's own sockets (the peer's counters miss them)
     direct_bytes_in: int = 0   # wire bytes received on this peer's inbox (direct)
+    late: int = 0              # with state: others' gradients and passes that came after this peer's turn passed them (dropped)
+    resyncs: int = 0           # with state: copies adopted from another peer
+    served: int = 0            # with state: copies sent to peers out of step
+    resync_failed: int = 0     # with state: requests that timed out or were declined, copies refused
 
     @property
     def mean_lag_s(self) -> float:
         """Mean seconds from a gradient's publication to its take(); NaN before any."""
         return self.lag_s / self.taken if self.taken else float("nan")
+
+
+@dataclass
+class Snapshot:
+    """A copy that another peer sent at one of its turn boundaries (see the module doc).
+
+    ``body`` and ``arrays`` are what the sender's ``state()`` returned: the caller
+    checks and loads them (the relay checked only the frames' count and kinds).
+    """
+
+    src: str               # the peer that sent it
+    clock: int             # the copy holds every update up to this clock, and none after
+    next: int | None       # this peer's turns start again at this clock; None: they go on as they were
+    why: str               # why this peer asked
+    body: dict[str, Any]
+    arrays: list[np.ndarray]
+    _pending: list[tuple[int, str, np.ndarray]] = field(repr=False, default_factory=list)
+    _clocks: dict[str, list[int]] = field(repr=False, default_factory=dict)
 
 
 class Rider(Protocol):
@@ -179,11 +246,21 @@ class GradientRelay:
         rider: sends what its ``ride()`` gives with each message of this peer's own
             (gradients or a pass) to the neighbours, and gets theirs through its
             ``arrive()`` (:class:`Rider`). Counted apart from the gradients' bytes.
+        state: this peer's copy as ``(body, arrays)``, for a peer out of step to adopt
+            (see the module doc); called on the consumer thread, between turns. With it
+            the relay drops gradients that come after their turn, tells their origin,
+            compares copies by their digests and brings a copy that fell out of step
+            back in step. Only for peers that take turns (:meth:`wait` with ``first``
+            and ``rounds = 1``) and change their copies by the relay's gradients alone.
+        resync_timeout: seconds a peer out of step waits for the copy it asked for,
+            before its turn goes on without it.
     """
 
     def __init__(self, link: Link, d: int, codec: str = "identity", *, topology: str | None = None,
                  edges: Any = None, max_pending: int = 1024, hops: int | None = None,
-                 direct: bool = False, rider: Rider | None = None) -> None:
+                 direct: bool = False, rider: Rider | None = None,
+                 state: Callable[[], tuple[dict[str, Any], list[np.ndarray]]] | None = None,
+                 resync_timeout: float = 5.0) -> None:
         if not isinstance(d, int) or d < 1:
             raise ConfigError(f"d = {d!r}: the gradient length must be an int >= 1")
         if not isinstance(max_pending, int) or max_pending < 1:
@@ -197,6 +274,9 @@ class GradientRelay:
             raise ConfigError(f"codec = {codec!r}: must be a codec spec such as 'ef+topk:0.15'")
         if rider is not None and not all(callable(getattr(rider, m, None)) for m in ("ride", "arrive")):
             raise ConfigError(f"rider = {rider!r}: needs ride() and arrive() methods (see Rider)")
+        if state is not None and not callable(state):
+            raise ConfigError(f"state = {state!r}: must be a function returning (body, arrays)")
+        resync_timeout = seconds(resync_timeout, "resync_timeout")
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -234,7 +314,34 @@ class GradientRelay:
         self._greeted: dict[str, str] = {}                 # loop: neighbour -> its address when greeted
         self._regreet_at = 0.0
         self._wire_seq = itertools.count()
+        # with state: out-of-step repair (see the module doc)
+        self._state, self._resync_timeout = state, resync_timeout
+        self._taken_to = -1                   # take(before) went up to here: what comes below it is late
+        self._boundary: int | None = None     # clock of this peer's last own message (its copy's, after adopt)
+        self._sched: tuple[int, int, int] | None = None   # (every, first, span) of the last wait with first
+        self._astray: set[str] = set()        # members the last wait did not keep step with
+        self._side: collections.deque[Message] = collections.deque()   # notices, requests, copies (loop -> consumer)
+        self._want: tuple[str, str] | None = None         # (peer, why): ask it for its copy at the next wait
+        self._asked: tuple[str, int, float, str] | None = None   # (peer, request number, deadline, why)
+        self._arrived: Snapshot | None = None
+        self._deferred: list[tuple[str, int, int, float]] = []   # requests to serve at a later boundary
+        self._quiet_until = 0.0               # no new request before this (monotonic)
+        self._floor = -1                      # own clocks up to here belong to a copy already replaced
+        self._noticed: dict[str, float] = {}  # origin -> when it was last told it is late
+        self._announce: list[list[Any]] = []  # [peer, clock]: its turns up to there passed (next own message)
+        self._unsent = 0                      # request number whose grad_sync could not be sent (set on the loop)
+        self._digest_out: list[Any] | None = None
+        self._own_digests: dict[int, str] = {}
+        self._digests_in: dict[str, dict[int, str]] = {}
+        self._digests_new = False
+        self._checked = -1                    # digest points compared up to here
+        self._rids = itertools.count(1)
+        #: one entry per adopted copy: {src, clock, next, why}
+        self.resynced: list[dict[str, Any]] = []
         link.on(GRAD, self._on_grad)
+        if state is not None:
+            for t in (GRAD_LATE, GRAD_SYNC, GRAD_STATE):
+                link.on(t, self._on_side)
         if direct:
             if not all(hasattr(link, n) for n in ("open_inbox", "open_outbox", "close_side", "sender_ok")):
                 raise ConfigError(f"direct: {type(link).__name__} has no side channels; direct needs a Peer")
@@ -278,6 +385,12 @@ class GradientRelay:
         body = self._body(c, {} if meta is None else meta)
         if meta is None:
             body["p"] = 1
+        if self._state is not None:
+            self._boundary = c
+            if self._digest_out is not None:   # the newest digest point, once
+                body["d"], self._digest_out = self._digest_out, None
+            if self._announce:                 # peers whose turns start again later (see _serve)
+                body["j"], self._announce = self._announce, []
         if held:   # earlier updates of the turn go first: [clock, meta (None: a pass), frame count]
             body["b"] = [[hc, hm, len(hf)] for hc, hm, hf in held]
             frames = [f for _, _, hf in held for f in hf] + frames
@@ -337,6 +450,7 @@ class GradientRelay:
                 items = list(self._inbox)
                 self._inbox.clear()
             else:
+                self._taken_to = max(self._taken_to, before)
                 items = sorted((x for x in self._inbox if x[0] < before), key=lambda x: (x[0], x[1]))
                 if len(items) < len(self._inbox):
                     keep = [x for x in self._inbox if x[0] >= before]
@@ -378,8 +492,15 @@ class GradientRelay:
         span (modulo ``every``): a peer that takes several updates in its turn numbers
         them so, and is waited for until the last of them is here.
 
+        With ``state``, a peer out of step sends its request for a copy here, before
+        its turn, and waits for the copy (up to ``resync_timeout``) instead of the
+        others' gradients: False then means a copy came, to adopt before the turn
+        (:meth:`snapshot`); the turn's clock may change with it.
+
         A clock that is not an int >= 0, a timeout that is not a finite number of
-        seconds >= 0, or parameters that are not ints raise ConfigError at once.
+        seconds >= 0, or parameters that are not ints raise ConfigError at once, as
+        does, with ``state``, a wait without ``first`` or with ``rounds > 1`` (gradients
+        then come after their turn by design, and the copies differ anyway).
         """
         clock, timeout = _clock(clock), seconds(timeout)
         if not (is_int(every) and is_int(rounds) and is_int(span) and (first is None or is_int(first))):
@@ -388,17 +509,29 @@ class GradientRelay:
         if every < 1 or rounds < 1 or span < 1 or span > every or (span > 1 and first is None):
             raise ConfigError(f"every = {every}, rounds = {rounds}, span = {span}, first = {first}: need "
                               f"every, rounds >= 1 and 1 <= span <= every; a span > 1 needs first (the schedule)")
+        if self._state is not None:
+            if first is None or rounds != 1:
+                raise ConfigError(f"first = {first}, rounds = {rounds}: a relay with state needs turns on a "
+                                  f"schedule (first) and rounds = 1")
+            self._sched = (every, first, span)
         deadline = time.monotonic() + timeout
         while True:
             self.poll()
+            if self._want is not None and self._asked is None:
+                self._ask()
+            if self._arrived is not None:
+                return False   # a copy to adopt before this turn
             with self._cond:
-                if not self._behind(clock, every, rounds, first, span):
+                if self._asked is not None:
+                    left = 0.05   # waiting for the copy: poll() keeps the request's deadline
+                elif not self._behind(clock, every, rounds, first, span):
                     return True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self.stats.wait_timeouts += 1
-                    self._behind(clock, every, rounds, first, span, give_up=True)
-                    return False
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self.stats.wait_timeouts += 1
+                        self._behind(clock, every, rounds, first, span, give_up=True)
+                        return False
                 t0 = time.monotonic()
                 if self._inbox_sock is None:
                     self._cond.wait(min(left, 0.05))   # also notices view changes
@@ -412,7 +545,8 @@ class GradientRelay:
         """The peers whose gradients from before ``clock`` (see :meth:`wait`) are not all here;
         ``give_up``: count their missing turns as passed from now on."""
         me = self.link.id
-        behind = []
+        behind: list[str] = []
+        astray: list[str] = []
         for m in self.link.view.members:
             c = self._clocks.get(m.id)
             if m.id == me or (c is None and first is None):
@@ -422,6 +556,7 @@ class GradientRelay:
             need = last - (rounds - 1) * every
             if self._out_of_step(c, clock, need, every, rounds, first):
                 self._complete[m.id] = need   # its turns until now count as passed
+                astray.append(m.id)
                 continue
             if first is None:
                 if c is None or c < need:
@@ -443,6 +578,7 @@ class GradientRelay:
                 if give_up:   # a lost turn holds up one wait, not every later one
                     t = need + every
             self._complete[m.id] = t - every
+        self._astray = set(astray)
         return behind
 
     @staticmethod
@@ -463,8 +599,12 @@ class GradientRelay:
         those that travel further); returns how many messages came. A no-op without
         ``direct``. Call it from the consumer thread about every step: :meth:`take`
         and :meth:`wait` call it too, but a neighbour farther on waits for what this
-        peer passes on.
+        peer passes on. With ``state`` it also answers the other peers' requests for
+        this peer's copy, and takes in the notices and copies for this one (with or
+        without ``direct``): call it between turns, where the copy is whole.
         """
+        if self._side or self._deferred or self._asked is not None or self._digests_new:
+            self._tend()
         s = self._inbox_sock
         if s is None:
             return 0
@@ -541,6 +681,80 @@ class GradientRelay:
     @property
     def pending(self) -> int:
         return len(self._inbox)
+
+    # ------------------------------------------------------------ out-of-step repair (with state)
+
+    def note_digest(self, updates: int, digest: str) -> None:
+        """Consumer thread: this peer's copy has ``digest`` after ``updates`` updates. It
+        goes with this peer's next message; peers whose copy differs at the same count
+        from their reference's ask for a copy (see the module doc). No-op without state."""
+        if self._state is None:
+            return
+        if not (_int(updates, 0) and isinstance(digest, str) and 0 < len(digest) <= 64):
+            raise ConfigError(f"note_digest({updates!r}, {digest!r}): needs an update count (int >= 0) "
+                              f"and a digest (str of 1 to 64 characters)")
+        self._own_digests[updates] = digest
+        if len(self._own_digests) > _DIGESTS:
+            del self._own_digests[min(self._own_digests)]
+        self._digest_out = [updates, digest]
+        self._digests_new = True
+
+    @property
+    def resyncing(self) -> bool:
+        """Whether this peer asked for a copy and has not adopted or given it up yet."""
+        return self._asked is not None or self._arrived is not None
+
+    def snapshot(self) -> Snapshot | None:
+        """Consumer thread: the copy this peer asked for, once it came (checked: the
+        frames' kinds, and that this peer's turns fit it); None otherwise. Load its
+        ``body`` and ``arrays`` and call :meth:`adopt`, or :meth:`refuse` it."""
+        return self._arrived
+
+    def adopt(self, snap: Snapshot) -> None:
+        """Consumer thread, after loading ``snap``'s copy: keep only the gradients after
+        its clock, add those it came with, and take turns from its clock on (from
+        ``snap.next`` when that is set: the caller's turns then start there)."""
+        if snap is not self._arrived or self._sched is None:
+            raise ConfigError("adopt: not the copy that snapshot() returned, or adopted already")
+        every, _, span = self._sched
+        me, clock = self.link.id, snap.clock
+        with self._cond:
+            keep = [x for x in self._inbox if x[0] > clock]
+            have = {(c, o) for c, o, _, _ in keep}
+            now = time.time()
+            for c, o, g in snap._pending:
+                # before a jump, this peer's own turns count as passed
+                if (c, o) not in have and not (snap.next is not None and o == me):
+                    keep.append((c, o, g, now))
+                    have.add((c, o))
+            self._inbox.clear()
+            self._inbox.extend(keep)
+            for o, cs in snap._clocks.items():
+                if cs:
+                    self._got.setdefault(o, set()).update(cs)
+                    self._clocks[o] = max(self._clocks.get(o, -1), max(cs))
+            for m in self.link.view.members:   # every turn up to the copy's clock is in it
+                if m.id != me:
+                    last = clock - (clock - (m.rank * span + span - 1)) % every
+                    self._complete[m.id] = max(self._complete.get(m.id, last), last)
+            self._taken_to = clock + 1
+        self._floor = snap.next - 1 if snap.next is not None else max(clock, self._boundary or -1)
+        self._boundary = clock
+        self._own_digests.clear()
+        self._digest_out, self._checked = None, -1
+        self._asked = self._arrived = self._want = None
+        self.stats.resyncs += 1
+        self.resynced.append({"from": snap.src, "clock": clock, "next": snap.next, "why": snap.why})
+        log.info("relay %s: adopted %s's copy at clock %d (%d gradients after it)%s", me, snap.src, clock,
+                 len(keep), f"; its turns start again at clock {snap.next}" if snap.next is not None else "")
+
+    def refuse(self, snap: Snapshot, why: str) -> None:
+        """Consumer thread: give up ``snap`` (the caller could not load it); nothing
+        changes, and this peer may ask again a second later."""
+        if snap is not self._arrived:
+            return
+        log.warning("relay %s: refused %s's copy: %s; nothing changed", self.link.id, snap.src, why)
+        self._fail()
 
     # ------------------------------------------------------------ plumbing
 
@@ -641,6 +855,15 @@ class GradientRelay:
             parts.append((c, None, []))
         else:
             parts.append((c, meta, arrays))
+        dg, ann = b.get("d"), b.get("j")
+        if dg is not None and not (isinstance(dg, list) and len(dg) == 2 and _int(dg[0], 0)
+                                   and isinstance(dg[1], str) and 0 < len(dg[1]) <= 64):
+            self.stats.rejected += 1
+            raise WireError(f"grad {origin}#{seq} from {msg.src}: d must be [update count, digest (str)]")
+        if ann is not None and not (isinstance(ann, list) and len(ann) <= 64 and all(
+                isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and _int(e[1], 0) for e in ann)):
+            self.stats.rejected += 1
+            raise WireError(f"grad {origin}#{seq} from {msg.src}: j must list up to 64 [peer id, clock]")
         items: list[tuple[Any, np.ndarray | None]] = []   # everything is checked before anything is queued
         for pc, pm, frames in parts:
             if pm is None:
@@ -663,8 +886,14 @@ class GradientRelay:
             self._seen[key] = None
             if len(self._seen) > 64 * self._max_pending:
                 self._seen.popitem(last=False)
+            late = -1
             for pc, g in items:
-                if g is None:
+                if self._state is not None and isinstance(pc, int) and pc < self._taken_to:
+                    # this peer's turn went past it: applied now, it would take another place
+                    # in this peer's order than in the others'
+                    self.stats.late += 1
+                    late = max(late, pc)
+                elif g is None:
                     self.stats.passes_in += 1
                 else:
                     if len(self._inbox) >= self._max_pending:
@@ -679,7 +908,22 @@ class GradientRelay:
                     got.add(pc)
                     if len(got) > 2 * _RECENT_CLOCKS:   # keep the newest
                         self._got[origin] = set(sorted(got)[-_RECENT_CLOCKS:])
+            if self._state is not None:
+                for pid, c in ann or ():   # a peer that adopted a copy: its turns up to c passed
+                    if pid != self.link.id:
+                        # set, not raised: a wait meanwhile may have counted its next turn as
+                        # passed too (it was out of step), and that turn is coming
+                        self._clocks[pid] = max(self._clocks.get(pid, -1), c)
+                        self._complete[pid] = c
+                if dg is not None:
+                    ds = self._digests_in.setdefault(origin, {})
+                    ds[dg[0]] = dg[1]
+                    if len(ds) > _DIGESTS:
+                        del ds[min(ds)]
+                    self._digests_new = True
             self._cond.notify_all()
+        if late >= 0:
+            self._notice(origin, late)
         if ride is not None and msg.src == origin and self.rider is not None:   # only the origin's copy
             self.stats.rider_bytes_in += _nbytes(ride_arrays)
             self.stats.riders_in += 1
@@ -690,6 +934,235 @@ class GradientRelay:
             for dst in self.link.neighbours():
                 if dst != msg.src and dst != origin:
                     send(dst, fwd, forward, nbytes, forwarding=True)
+
+    def _on_side(self, msg: Message) -> None:
+        """On the loop: check a notice, request or copy and queue it for the consumer."""
+        b, src = msg.body, msg.src
+        if msg.t == GRAD_LATE:
+            if not (_int(b.get("c"), 0) and _int(b.get("at"), 0)):
+                raise WireError(f"grad_late from {src}: c and at must be clocks (int >= 0)")
+        elif msg.t == GRAD_SYNC:
+            if not (_int(b.get("r"), 1) and _int(b.get("b"), -1)):
+                raise WireError(f"grad_sync from {src}: needs r (int >= 1) and b (int >= -1)")
+        else:
+            self._check_copy(msg)
+        self._side.append(msg)
+        with self._cond:
+            self._cond.notify_all()
+
+    def _check_copy(self, msg: Message) -> None:
+        """A grad_state's frames: a refusal {r, no}, or {r, c, n, app, na, po, g} with the
+        copy's ``na`` arrays and, when ``po`` lists pending gradients, a (len(po), d)
+        float32 array of them. Raises WireError saying what is wrong."""
+        b, src, arrays = msg.body, msg.src, msg.arrays
+        if not _int(b.get("r"), 1):
+            raise WireError(f"grad_state from {src}: r must be a request number (int >= 1)")
+        if "no" in b:
+            if not isinstance(b["no"], str):
+                raise WireError(f"grad_state from {src}: no must say why (str)")
+            return
+        c, n, app, na, po, g = (b.get(k) for k in ("c", "n", "app", "na", "po", "g"))
+        if not _int(c, -1) or not (n is None or (_int(n, 0) and n > c)):
+            raise WireError(f"grad_state from {src}: c must be a clock (int >= -1) and n None or a clock after c")
+        if not isinstance(app, dict) or not _int(na, 0) or na > len(arrays):
+            raise WireError(f"grad_state from {src}: app must be a map and na the count of its arrays "
+                            f"(at most the {len(arrays)} sent)")
+        if not (isinstance(po, list) and len(po) <= _MAX_COPY_PENDING
+                and all(isinstance(e, list) and len(e) == 2 and _int(e[0], c + 1) and isinstance(e[1], str)
+                        for e in po)):
+            raise WireError(f"grad_state from {src}: po must list up to {_MAX_COPY_PENDING} [clock after c, origin]")
+        if len(arrays) != na + (1 if po else 0):
+            raise WireError(f"grad_state from {src}: {len(arrays)} arrays for na = {na} and {len(po)} pending")
+        if po:
+            a = arrays[na]
+            if a.dtype != np.float32 or a.shape != (len(po), self.d) or not np.isfinite(a).all():
+                raise WireError(f"grad_state from {src}: pending gradients must be {len(po)} x {self.d} finite "
+                                f"float32, got {a.dtype} {a.shape}")
+        if not (isinstance(g, dict) and all(isinstance(k, str) and isinstance(v, list) and len(v) <= 4 * _RECENT_CLOCKS
+                                            and all(_int(x, 0) for x in v) for k, v in g.items())):
+            raise WireError(f"grad_state from {src}: g must map origins to lists of clocks")
+
+    def _tend(self) -> None:
+        """Consumer thread: notices, requests and copies that came; a request's deadline;
+        the digests compared."""
+        while self._side:
+            msg = self._side.popleft()
+            b = msg.body
+            if msg.t == GRAD_LATE:
+                # about this copy (not one replaced since), from a peer whose turns went past
+                # this one's last message (one that fell behind itself takes old ones in late)
+                if b["c"] > self._floor and b["at"] > (-1 if self._boundary is None else self._boundary):
+                    self._wish(msg.src, f"its message at clock {b['c']} came after {msg.src}'s turn went past it")
+            elif msg.t == GRAD_SYNC:
+                self._deferred.append((msg.src, b["r"], b["b"], time.monotonic() + self._resync_timeout))
+            else:
+                self._took_copy(msg)
+        if self._deferred:
+            self._serve_due()
+        if self._asked is not None and self._arrived is None:
+            if self._unsent == self._asked[1]:
+                log.warning("relay %s: could not ask %s for its copy (no link to it now); its turns go on "
+                            "out of step", self.link.id, self._asked[0])
+                self._fail()
+            elif time.monotonic() > self._asked[2]:
+                log.warning("relay %s: %s sent no copy within %.1f s; its turns go on out of step",
+                            self.link.id, self._asked[0], self._resync_timeout)
+                self._fail()
+        if self._digests_new:
+            self._digests_new = False
+            self._compare()
+
+    def _fail(self) -> None:
+        self.stats.resync_failed += 1
+        self._asked = self._arrived = None
+        self._quiet_until = time.monotonic() + _QUIET_S
+
+    def _wish(self, dst: str, why: str) -> None:
+        """Ask ``dst`` for its copy at the next wait (once at a time, not right after a failure)."""
+        if (self._want is None and not self.resyncing and dst != self.link.id
+                and time.monotonic() >= self._quiet_until):
+            self._want = (dst, why)
+
+    def _ask(self) -> None:
+        assert self._want is not None
+        (dst, why), self._want = self._want, None
+        rid = next(self._rids)
+        self._side_send(dst, GRAD_SYNC, {"r": rid, "b": -1 if self._boundary is None else self._boundary})
+        self._asked = (dst, rid, time.monotonic() + self._resync_timeout, why)
+        log.info("relay %s: out of step (%s); asking %s for its copy", self.link.id, why, dst)
+
+    def _serve_due(self) -> None:
+        """Answer the requests whose asker's last message this peer's copy covers: a copy
+        taken at a turn boundary at or after it (a peer in step gets there within a round)."""
+        now, keep = time.monotonic(), []
+        for src, rid, b, until in self._deferred:
+            why = None
+            if self.resyncing:
+                why = "it is out of step itself"
+            elif self._sched is None or self._boundary is None:
+                why = "it has taken no turn yet"
+            elif self.link.view.member(src) is None:
+                why = "the asker is not in its view"
+            elif self._boundary < b:
+                if now < until:
+                    keep.append((src, rid, b, until))
+                    continue
+                why = f"its turns did not reach clock {b} within {self._resync_timeout:.1f} s"
+            if why is None:
+                why = self._serve(src, rid, b)
+            if why is not None:
+                self._side_send(src, GRAD_STATE, {"r": rid, "no": why})
+        self._deferred = keep
+
+    def _serve(self, src: str, rid: int, b: int) -> str | None:
+        """Send ``src`` this peer's copy; returns why not, or None. When this peer's turns
+        went past the asker's next one, its turns start again a round after the copy's
+        clock, and this peer's next message tells the others (``j``): whoever goes past
+        that clock has that message first, so waits for its turn there."""
+        assert self._sched is not None and self._boundary is not None and self._state is not None
+        every, first, span = self._sched
+        clock = self._boundary
+        m = self.link.view.member(src)
+        assert m is not None
+        with self._cond:
+            pending = [(c, o, g) for c, o, g, _ in self._inbox if c > clock]
+            clocks = {o: sorted(k for k in got if k > clock) for o, got in self._got.items() if o != src}
+        if len(pending) > _MAX_COPY_PENDING:
+            return f"it holds {len(pending)} gradients past its copy, more than {_MAX_COPY_PENDING}"
+        body, arrays = self._state()
+        nxt = None
+        if _turn_start(b, m.rank, every, first, span) <= clock:
+            nxt = _turn_start(clock + every, m.rank, every, first, span)
+            upto = nxt - every + span - 1   # the last clock of its last turn that passed
+            with self._cond:
+                self._clocks[src] = max(self._clocks.get(src, -1), upto)
+                self._complete[src] = upto
+            self._announce.append([src, upto])
+        frames = [np.ascontiguousarray(a) for a in arrays]
+        if pending:
+            frames.append(np.stack([g for _, _, g in pending]))
+        self._side_send(src, GRAD_STATE, {"r": rid, "c": clock, "n": nxt, "app": body, "na": len(arrays),
+                                          "po": [[c, o] for c, o, _ in pending], "g": clocks}, frames)
+        self.stats.served += 1
+        log.info("relay %s: sent %s its copy at clock %d%s", self.link.id, src, clock,
+                 f"; its turns start again at clock {nxt}" if nxt is not None else "")
+        return None
+
+    def _took_copy(self, msg: Message) -> None:
+        """A copy (or a refusal) that came: kept for snapshot() when it answers this
+        peer's request and its clocks fit this peer's turns."""
+        b, asked = msg.body, self._asked
+        if asked is None or self._arrived is not None or msg.src != asked[0] or b["r"] != asked[1]:
+            return   # an answer to a request given up
+        if "no" in b:
+            log.info("relay %s: %s sent no copy: %s", self.link.id, msg.src, b["no"])
+            self._fail()
+            return
+        me = self.link.view.member(self.link.id)
+        if me is None or self._sched is None:
+            log.warning("relay %s: a copy from %s, but this peer is not in its view", self.link.id, msg.src)
+            self._fail()
+            return
+        every, first, span = self._sched
+        n = _turn_start(-1 if self._boundary is None else self._boundary, me.rank, every, first, span)
+        c, nxt = b["c"], b["n"]
+        if (n <= c) if nxt is None else (n > nxt):
+            log.warning("relay %s: %s's copy at clock %d does not fit this peer's next turn at clock %d; "
+                        "refused", self.link.id, msg.src, c, n)
+            self._fail()
+            return
+        na, arrays = b["na"], list(msg.arrays)
+        pending = [(pc, o, arrays[na][i]) for i, (pc, o) in enumerate(b["po"])]
+        self._arrived = Snapshot(msg.src, c, nxt, asked[3], b["app"], arrays[:na], _pending=pending, _clocks=b["g"])
+
+    def _reference(self) -> str | None:
+        """The lowest-ranked member that this peer's last wait kept step with (maybe itself)."""
+        members = [m for m in self.link.view.members if m.id not in self._astray]
+        return min(members, key=lambda m: m.rank).id if members else None
+
+    def _compare(self) -> None:
+        """Compare this peer's digests with its reference's at the update counts both hold."""
+        ref = self._reference()
+        if ref is None or ref == self.link.id:
+            return
+        with self._cond:   # written where messages are taken in
+            theirs = dict(self._digests_in.get(ref, {}))
+        for u in sorted(u for u in theirs if u > self._checked and u in self._own_digests):
+            self._checked = u
+            if theirs[u] != self._own_digests[u]:
+                self._wish(ref, f"its copy after {u} updates differs from {ref}'s")
+                return
+
+    def _notice(self, origin: str, clock: int) -> None:
+        """Tell ``origin`` that its message at ``clock`` came late (at most once a second)."""
+        now = time.monotonic()
+        if now - self._noticed.get(origin, -math.inf) >= _QUIET_S:
+            self._noticed[origin] = now
+            self._side_send(origin, GRAD_LATE, {"c": clock, "at": self._taken_to})
+
+    def _side_send(self, dst: str, t: str, body: dict[str, Any], arrays: list[np.ndarray] | None = None) -> None:
+        """Send a notice, request or copy through the peer's loop, from any thread."""
+        if threading.get_ident() == self._loop_thread:
+            self._side_now(dst, t, body, arrays or [])
+        else:
+            self._loop.call_soon_threadsafe(self._side_now, dst, t, body, arrays or [])
+
+    def _side_now(self, dst: str, t: str, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        try:
+            sent = self.link.send_nowait(dst, t, body, arrays)
+        except WireError as e:   # a copy over the wire's limits
+            log.warning("relay %s: cannot send %s to %s: %s", self.link.id, t, dst, e)
+            sent = False
+        if sent:
+            return
+        # no link to it now (one frozen a moment ago comes back with a new one)
+        log.info("relay %s: %s to %s was not sent (unknown or full link)", self.link.id, t, dst)
+        if t == GRAD_LATE:
+            self._noticed.pop(dst, None)   # tell it at its next late message, not a second later
+        elif t == GRAD_SYNC:
+            self._unsent = body["r"]       # the asker gives up now, not at its deadline
+            with self._cond:
+                self._cond.notify_all()
 
     # ------------------------------------------------------------ direct mode
 
@@ -761,6 +1234,19 @@ class GradientRelay:
                       forwarding: bool) -> None:
         if not self._push(dst, body, arrays, nbytes, forwarding):
             self._loop.call_soon_threadsafe(self._send, dst, body, arrays, nbytes, forwarding)
+
+
+def _int(x: Any, lo: int) -> bool:
+    """Whether ``x`` is an int (not a bool) >= ``lo``."""
+    return type(x) is int and x >= lo
+
+
+def _turn_start(after: int, rank: int, every: int, first: int, span: int) -> int:
+    """The first clock after ``after`` at which the member of ``rank`` starts a turn: turns
+    start at the clocks >= ``first`` equal to rank · span modulo ``every``."""
+    phase = rank * span % every
+    start = after + 1 + (phase - after - 1) % every
+    return start if start >= first else first + (phase - first) % every
 
 
 def _nbytes(arrays: list[np.ndarray]) -> int:

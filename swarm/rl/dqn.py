@@ -389,6 +389,45 @@ class DQNAgent(BaseAgent):
         self.updates = int(state["updates"])
         self.rng.bit_generator.state = state["rng"]
 
+    def replica(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+        """What makes another agent's network take the same updates as this one from here:
+        ``({"updates", "adam_t"}, [parameters, Adam's two moments, target parameters])``,
+        copies (a :class:`~swarm.gossip.GradientRelay`'s ``state``). Parameters alone
+        are not enough: the next Adam step depends on the moments, and the target
+        network on what it followed."""
+        opt = self.optimizer
+        return ({"updates": self.updates, "adam_t": opt.t},
+                [self._vec.copy(), opt.exp_avg.numpy().copy(), opt.exp_avg_sq.numpy().copy(),
+                 self.target_flat.numpy().copy()])
+
+    def load_replica(self, body: Any, arrays: Any) -> None:
+        """Load what another agent's :meth:`replica` returned. Everything is checked
+        first: a copy that does not fit raises :class:`SwarmError` and changes nothing."""
+        if not (isinstance(body, Mapping) and isinstance(arrays, (list, tuple))):
+            raise SwarmError(f"replica: expected a map and a list of arrays, got {type(body).__name__} "
+                             f"and {type(arrays).__name__}")
+        updates, t = body.get("updates"), body.get("adam_t")
+        if not (is_int(updates) and updates >= 0 and is_int(t) and t >= 0):
+            raise SwarmError(f"replica: updates = {updates!r} and adam_t = {t!r} must be counts >= 0")
+        names = ("parameters", "exp_avg", "exp_avg_sq", "target")
+        if len(arrays) != len(names):
+            raise SwarmError(f"replica: {len(arrays)} arrays; expected {len(names)} ({', '.join(names)})")
+        for name, a in zip(names, arrays):
+            if not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == self._vec.shape):
+                shape = (a.dtype, a.shape) if isinstance(a, np.ndarray) else type(a).__name__
+                raise SwarmError(f"replica: {name} is {shape}; this network needs float32 {self._vec.shape}")
+            if not np.isfinite(a).all():
+                raise SwarmError(f"replica: {name} has NaN or infinite entries")
+        if (arrays[2] < 0).any():
+            raise SwarmError("replica: exp_avg_sq has negative entries (it is a mean of squares)")
+        p, m, v, target = arrays
+        np.copyto(self._vec, p)   # in place: the parameters stay inside the flat vector
+        np.copyto(self.optimizer.exp_avg.numpy(), m)
+        np.copyto(self.optimizer.exp_avg_sq.numpy(), v)
+        np.copyto(self.target_flat.numpy(), target)
+        self.optimizer.t = int(t)
+        self.updates = int(updates)
+
     def metrics(self) -> dict[str, float]:
         """Means since the last call (loss, |TD|, Q) plus epsilon and counters."""
         out = {"epsilon": self.epsilon, "updates": float(self.updates), "steps": float(self.steps),
