@@ -3,6 +3,7 @@ coordinator that ends with the `swarm run` that started it. Real processes on lo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -169,3 +170,22 @@ def test_a_closing_terminal_ends_a_peer_and_a_coordinator_cleanly(procs):
     assert [(m["id"], m["state"], m["cause"]) for m in status(addr)["members"]] == [("p0", "dead", "left")]
     coord.send_signal(signal.SIGHUP)
     assert coord.wait(30) == 0, procs.log(coord)
+
+
+def test_a_closing_terminal_ends_a_training_peer_cleanly(procs, tmp_path):
+    """`swarm peer --spec` on SIGHUP: it was killed mid-run (no summary, no final checkpoint);
+    now it stops after the current step as on Ctrl-C and writes its results."""
+    from swarm.experiment import load_spec
+    from swarm.experiment.spec import save_resolved
+
+    config = save_resolved(load_spec(None, ["peers=1", "budget.env_steps=1000000", "eval.every=0"]), tmp_path)
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, name="coord")
+    peer = procs.start("peer", "--spec", str(config), "--rank", "0", "--coordinator", addr,
+                       "--run-dir", str(tmp_path / "run"), name="peer0")
+    csv = tmp_path / "run" / "peer0" / "rounds.csv"
+    wait_for(lambda: csv.is_file() and len(csv.read_text().splitlines()) > 2, timeout=60, what="training")
+    peer.send_signal(signal.SIGHUP)
+    assert peer.wait(30) == 0, procs.log(peer)
+    assert "done (stopped)" in procs.log(peer).splitlines()[-1], procs.log(peer)
+    assert json.loads((tmp_path / "run" / "peer0" / "summary.json").read_text())["reason"] == "stopped"

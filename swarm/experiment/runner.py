@@ -18,7 +18,8 @@ It writes into ``DIR/peer{R}/``:
 ``ckpt/``         full and incremental checkpoints (see :mod:`swarm.experiment.checkpoint`)
 ``checkpoint.pt`` ``{"agent": state_dict, "params": flat float32 tensor, ...}`` at the end
 ``best.pt``       the same at the best greedy evaluation so far (with its ``eval_return``)
-``resumed.json``  on a resume: the checkpoint used and the digest of the state restored
+``resumed.json``  on a resume: the checkpoint used, the digest of the state restored and
+                  the old run's peer folder this one continues (kept by every restart)
 ``acked.bin``     with ``buffer.replicas`` > 0: int64 sequence numbers of this peer's items
                   that neighbours acknowledged (appended each round; a restarted process
                   may append an id its predecessor did)
@@ -98,7 +99,8 @@ def peer_dir(run_dir: str | Path, rank: int) -> Path:
 
 
 def stop_on_signals() -> threading.Event:
-    """An event that SIGTERM and SIGINT set (main thread only).
+    """An event that SIGTERM, SIGINT and SIGHUP (the terminal closed; not when it is
+    ignored, as under ``nohup``) set (main thread only).
 
     The training loop checks it between env steps, so a signal ends the run
     after the current step instead of in the middle of a write.
@@ -108,8 +110,9 @@ def stop_on_signals() -> threading.Event:
     def handler(signum: int, frame: Any) -> None:
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, handler)
     return stop
 
 
@@ -431,8 +434,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             the budget; an older run with only ``peer{rank}/checkpoint.pt`` gives the
             agent's state with an empty buffer. A checkpoint that cannot be read is
             skipped with a warning for the next older one, then ``checkpoint.pt``; with
-            none left, resuming into ``run_dir`` itself starts from step 0 (with a
-            warning) and resuming from another folder raises ConfigError.
+            none left, resuming into ``run_dir`` itself tries the old run its folder
+            continues (``resumed.json``'s ``continues``), and starts from step 0 (with a
+            warning) only when it continues none; otherwise it raises ConfigError.
         spec_check_timeout: once joined, how long to wait for the other members' spec
             digests (heartbeats carry them) before comparing them with this one's; a
             peer whose spec differs is refused (ConfigError), one that sent none is
@@ -495,6 +499,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                         timeout=min(SPEC_POLL_S, left) + 5.0)
                 break
             except PeerTimeout:
+                if parent_pid is not None and os.getppid() != parent_pid:
+                    raise SwarmError(f"peer{rank}: its launcher (pid {parent_pid}) is gone; not waiting "
+                                     "for the others to join") from None
                 # one that joined with another spec (its own `peers`, say) is named now,
                 # not after join_timeout
                 _check_same_spec(coordinators, peer_config, peer.id, tag, 0.0)
@@ -785,6 +792,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             note_digest()
             return True
 
+        parent_check = [0.0]   # when the launcher is next looked for (monotonic)
+
         def on_step(info: Any) -> bool:
             step = info.step + done_steps
             state.env_steps = step
@@ -850,12 +859,17 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 reason[0] = "stopped"
                 return True
             # every step (one clock read): a check every 200 steps overshot the limit by seconds
-            if time.monotonic() > stop_at:
+            now = time.monotonic()
+            if now > stop_at:
                 reason[0] = "time limit"
                 return True
             if step % 200 == 0:
                 logs.flush()
-                if parent_pid is not None and os.getppid() != parent_pid:
+            # once a second: every 200 steps took 40 s once the launcher's coordinator was gone
+            # too (each gossip round waited out its timeout)
+            if parent_pid is not None and now >= parent_check[0]:
+                parent_check[0] = now + 1.0
+                if os.getppid() != parent_pid:
                     reason[0] = "launcher gone"
                     return True
             return False

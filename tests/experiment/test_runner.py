@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from swarmtest import free_port, status, wait_for
 
-from swarm.errors import ConfigError
+from swarm.errors import ConfigError, SwarmError
 from swarm.experiment import load_spec
 from swarm.experiment.runner import run_peer
 
@@ -288,3 +288,24 @@ def test_best_pt_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
         _save_whole({"eval_return": 20.0, "env_steps": 4000}, path)
     assert _read_best(path) == (500.0, 3000)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
+
+
+def test_a_peer_whose_launcher_is_gone_stops_before_200_steps(coordinator, tmp_path):
+    """The launcher was looked for every 200 env steps only: a peer whose neighbours and
+    coordinator went with its `swarm run` waited out a gossip round's timeout every 10 steps,
+    so it ran on for 40 s. Now it is looked for once a second, the first time at the first
+    step: a peer whose parent is not the launcher named stops at once."""
+    import os
+    not_my_parent = os.getpid()   # this test's process runs run_peer: its parent is pytest's parent
+    spec = load_spec(None, ONE + ["budget.env_steps=150"])
+    s = run_peer(spec, 0, coordinator, tmp_path, tensorboard=False, join_timeout=10, parent_pid=not_my_parent)
+    assert s["reason"] == "launcher gone" and s["env_steps"] < 150, s
+
+
+def test_a_peer_whose_launcher_is_gone_does_not_wait_for_the_others_to_join(coordinator, tmp_path):
+    """While it waited for the spec's other peers to join, a peer never looked for its
+    launcher: it waited out join_timeout (60 s by default) and failed with a PeerTimeout."""
+    import os
+    spec = load_spec(None, ONE + ["peers=2"])
+    with pytest.raises(SwarmError, match="its launcher .* is gone; not waiting for the others to join"):
+        run_peer(spec, 0, coordinator, tmp_path, tensorboard=False, join_timeout=30, parent_pid=os.getpid())
