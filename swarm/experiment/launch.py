@@ -516,13 +516,23 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         (run_dir / "restarts.json").write_text(json.dumps(launch.restarts, indent=1) + "\n")
     (run_dir / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(_table(rows), file=out)
-    split = _first_divergence(rows) if spec.gossip.exchange == "gradients" else None
+    g = spec.gossip
+    split = _first_divergence(rows) if g.exchange == "gradients" else None
     if split is not None:
+        repair = not g.average and g.relay_staleness == 1   # a copy out of step takes another's (docs/gossip.md)
         print(f"swarm run: the peers' parameters differ from update {split} on (summary.json, relay digests): "
               "a peer fell out of step with the relay's turns (frozen, restarted or timed out) and its "
               "gradients were applied late"
-              + ("; with gossip.average = false nothing brings the copies back together" if not spec.gossip.average
-                 else ""), file=out)
+              + ("" if g.average else "; it did not take another peer's copy before the run ended" if repair
+                 else "; with gossip.relay_staleness > 1 nothing brings the copies back together"), file=out)
+    elif g.exchange == "gradients":
+        for row in rows:
+            took = (row.get("relay") or {}).get("resynced") or []
+            if took:
+                print(f"swarm run: {row.get('id')} fell out of step with the relay's turns and took another "
+                      f"peer's copy {len(took)} time{'s' * (len(took) != 1)} (from "
+                      f"{', '.join(sorted({str(t.get('from')) for t in took}))}); the copies agree from then on",
+                      file=out)
     try:
         plots = write_plots(run_dir)
     except ImportError:

@@ -11,11 +11,11 @@ torch is imported only by :func:`flat_parameters`, on first use.
 from ._codecs import suggested_gamma
 from .engine import MODES, SYNC_MODES, Gossip, GossipStats, RoundResult
 from .flat import flat_parameters
-from .relay import GradientRelay, RelayStats
+from .relay import GradientRelay, RelayStats, Snapshot
 from .topology import TOPOLOGIES, Spectrum, mixing_matrix, neighbours, spectrum, weights
 
 __all__ = [
     "Gossip", "GossipStats", "RoundResult", "SYNC_MODES", "MODES", "flat_parameters", "suggested_gamma",
-    "GradientRelay", "RelayStats",
+    "GradientRelay", "RelayStats", "Snapshot",
     "TOPOLOGIES", "Spectrum", "mixing_matrix", "neighbours", "spectrum", "weights",
 ]

@@ -75,6 +75,10 @@ def assert_same_copies(summaries: list[dict], out: str, after: int) -> None:
     for u in common:
         assert len({g[str(u)] for g in digests}) == 1, (u, [g[str(u)] for g in digests])
     assert "parameters differ" not in out, out
+    # and the end of the run says who took a copy
+    took = [s["id"] for s in summaries if s["relay"]["resynced"]]
+    assert took and all(f"swarm run: {i} fell out of step with the relay's turns and took another peer's copy"
+                        in out for i in took), out
 
 
 def test_a_frozen_peer_takes_a_copy_and_the_copies_agree_again(tmp_path):
