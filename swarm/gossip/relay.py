@@ -139,6 +139,10 @@ _DIGESTS = 64
 _MAX_COPY_PENDING = 256
 #: Seconds between two grad_late notices to one origin, and after a request that failed.
 _QUIET_S = 1.0
+#: Message numbers remembered per origin below its highest (a copy that comes later counts as seen).
+_SEQ_WINDOW = 4096
+#: Ids that left the view whose entries stay (copies of their messages may still come round).
+_GONE = 16
 
 
 @dataclass
@@ -294,7 +298,7 @@ class GradientRelay:
         # its gradients above any its earlier process sent, which the others remember and
         # would drop as copies (no process sends more than one a microsecond).
         self._seq = itertools.count(time.time_ns() // 1000)
-        self._seen: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()
+        self._seen: dict[str, _Seqs] = {}   # origin -> the numbers of its messages that came
         # (clock, origin, gradient, sent at); a gradient without a clock counts as clock -1
         self._inbox: collections.deque[tuple[int, str, np.ndarray, float]] = collections.deque()
         self._max_pending = max_pending
@@ -338,7 +342,9 @@ class GradientRelay:
         self._rids = itertools.count(1)
         #: one entry per adopted copy: {src, clock, next, why}
         self.resynced: list[dict[str, Any]] = []
+        self._gone: collections.OrderedDict[str, None] = collections.OrderedDict()   # ids that left, oldest first
         link.on(GRAD, self._on_grad)
+        link.on_view(self._forget)
         if state is not None:
             for t in (GRAD_LATE, GRAD_SYNC, GRAD_STATE):
                 link.on(t, self._on_side)
@@ -806,6 +812,23 @@ class GradientRelay:
     def _on_grad(self, msg: Message) -> None:
         self._accept(msg, self._send)   # on the loop: through the peer's ROUTER
 
+    def _forget(self, view: Any) -> None:
+        """On the loop, at a new view: drop what is kept per id for the ids that left it
+        (a crashed peer comes back under a new id), all but the last ``_GONE`` to leave,
+        whose gradients, copies and announcements may still be on their way."""
+        present = {m.id for m in view.members}
+        keyed: tuple[dict[str, Any], ...] = (self._seen, self._clocks, self._got, self._complete,
+                                             self._digests_in, self._noticed, self._endpoints, self._greeted)
+        with self._cond:   # the consumer iterates some of them under it
+            for pid in present:
+                self._gone.pop(pid, None)
+            for pid in {k for d in keyed for k in d} - present:
+                self._gone.setdefault(pid)
+            while len(self._gone) > _GONE:
+                pid, _ = self._gone.popitem(last=False)
+                for d in keyed:
+                    d.pop(pid, None)
+
     def _accept(self, msg: Message, send: Any) -> None:
         """Check, decode and queue a received gradient (or note a pass), hand what rode
         on it to the rider, and pass it on with ``send``."""
@@ -821,12 +844,11 @@ class GradientRelay:
         nbytes = _nbytes(arrays)
         self.stats.bytes_in += nbytes
         origin, seq, hops, meta = b.get("o"), b.get("s"), b.get("h"), b.get("meta")
-        if not (isinstance(origin, str) and isinstance(seq, int) and isinstance(hops, int)
-                and isinstance(meta, dict)):
+        if not (isinstance(origin, str) and _int(seq, 0) and isinstance(hops, int) and isinstance(meta, dict)):
             self.stats.rejected += 1
-            raise WireError(f"grad from {msg.src}: body needs o (str), s, h (int) and meta (dict)")
-        key = (origin, seq)
-        if origin == self.link.id or key in self._seen:
+            raise WireError(f"grad from {msg.src}: body needs o (str), s (int >= 0), h (int) and meta (dict)")
+        seen = self._seen.get(origin)   # checked again under the lock, before anything is queued
+        if origin == self.link.id or (seen is not None and seen.has(seq)):
             self.stats.duplicates += 1
             return
         t, c = b.get("t"), b.get("c")
@@ -880,12 +902,12 @@ class GradientRelay:
             items.append((pc, g))
         sent_at = float(t) if isinstance(t, (int, float)) else time.time()
         with self._cond:   # with direct, the loop and the consumer thread both take gradients in
-            if key in self._seen:
+            seen = self._seen.get(origin)
+            if seen is None:
+                self._seen[origin] = _Seqs(seq)
+            elif not seen.add(seq):
                 self.stats.duplicates += 1
                 return
-            self._seen[key] = None
-            if len(self._seen) > 64 * self._max_pending:
-                self._seen.popitem(last=False)
             late = -1
             for pc, g in items:
                 if self._state is not None and isinstance(pc, int) and pc < self._taken_to:
@@ -1234,6 +1256,47 @@ class GradientRelay:
                       forwarding: bool) -> None:
         if not self._push(dst, body, arrays, nbytes, forwarding):
             self._loop.call_soon_threadsafe(self._send, dst, body, arrays, nbytes, forwarding)
+
+
+class _Seqs:
+    """The numbers of one origin's messages that came: its highest, and which of the
+    ``_SEQ_WINDOW`` numbers below it (a flag per number, in a ring). An origin numbers
+    its messages one after another (from the time, so a restarted process jumps
+    ahead); a copy that comes round another way, possibly after later ones, is
+    recognised while it is within the window, and one older than that counts as seen:
+    it is dropped, never applied twice."""
+
+    __slots__ = ("top", "flags")
+
+    def __init__(self, seq: int) -> None:
+        self.top, self.flags = seq, bytearray(_SEQ_WINDOW)
+        self.flags[seq % _SEQ_WINDOW] = 1
+
+    def has(self, seq: int) -> bool:
+        if seq > self.top:
+            return False
+        return seq <= self.top - _SEQ_WINDOW or self.flags[seq % _SEQ_WINDOW] == 1
+
+    def add(self, seq: int) -> bool:
+        """Note ``seq``; False if it was seen already."""
+        w, flags, top = _SEQ_WINDOW, self.flags, self.top
+        if seq > top:
+            # clear the flags of the numbers the window moves over (before top moves:
+            # a reader on another thread may look without the lock)
+            if seq - top > w:
+                flags[:] = bytes(w)
+            elif seq - top > 1:
+                lo, hi = (top + 1) % w, seq % w
+                if lo <= hi:
+                    flags[lo:hi] = bytes(hi - lo)
+                else:
+                    flags[lo:] = bytes(w - lo)
+                    flags[:hi] = bytes(hi)
+            self.top = seq
+        elif seq <= top - w or flags[seq % w]:
+            return False
+        flags[seq % w] = 1
+        return True
 
 
 def _int(x: Any, lo: int) -> bool:
