@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from swarmtest import ROOT, free_port, status, wait_for
+from swarmtest import ROOT, wait_for
+# a coordinator process for in-process peers (tests/ is on the path)
+from experiment.test_runner import coordinator  # noqa: F401 - a fixture
 
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec
@@ -19,14 +21,6 @@ from swarm.experiment.runner import run_peer
 
 ONE = ["peers=1", "dqn.learning_starts=50", "dqn.batch_size=16", "eval.every=0", "gossip.codec=identity",
        "gossip.step_size=1.0", "checkpoint.full_every_s=0", "checkpoint.incremental_every_steps=50"]
-
-
-@pytest.fixture
-def coordinator(procs):
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coordinator")
-    wait_for(lambda: status(addr, 0.5), timeout=15, what="coordinator")
-    return addr
 
 
 def _peer(addr: str, run_dir: Path, steps: int, resume_from: Path | None = None) -> dict:

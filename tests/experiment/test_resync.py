@@ -11,11 +11,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from swarmtest import ROOT, wait_for
+from swarmtest import wait_for
+# the other `swarm run` tests' helper (tests/ is on the path; experiment/ is a namespace package)
+from experiment.test_run import swarm_run
 
 # Three peers taking turns (a turn every 3 steps by rank, two updates each: 100
 # updates every ~50 env steps), no averaging, a short turn timeout; a budget that the
@@ -23,14 +24,6 @@ from swarmtest import ROOT, wait_for
 RELAY = ["peers=3", "budget.env_steps=200000", "dqn.learning_starts=100", "dqn.batch_size=32", "eval.every=0",
          "buffer.capacity=2000", "gossip.exchange=gradients", "gossip.sync=async", "gossip.average=false",
          "dqn.train_every=3", "dqn.updates_per_train=2", "gossip.round_timeout_s=1"]
-
-
-def swarm_run(cwd: Path, sets: list[str]) -> subprocess.Popen:
-    args = [sys.executable, "-m", "swarm.cli", "run"]
-    for s in sets:
-        args += ["--set", s]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def run_dir(cwd: Path) -> Path | None:
