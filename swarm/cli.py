@@ -323,7 +323,8 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
             # with CURVE, a coordinator that does not know our key does not answer either
             hint = (f"; with keys, also when it runs without them or does not list the key {key_name!r}"
                     if keys_dir else "; a coordinator started with --keys answers only a client with --keys")
-            raise SwarmError(f"no coordinator answered at {address} within {timeout} s{hint}")
+            raise SwarmError(f"no coordinator answered at {address} within {timeout} s"
+                             f"{tp.unresolved_hint([address]) or hint}")
         msg = wire.decode(await s.recv_multipart(), wire.Limits(max_header_bytes=64 * 1024 * 1024))
         return msg.body
     finally:

@@ -114,6 +114,28 @@ def member_address_error(addr: Any) -> str:
     return f"{shown} is not tcp://HOST:PORT with a port in 1..65535"
 
 
+def unresolved_hint(addrs: list[str]) -> str:
+    """``"; HOST does not resolve to an IPv4 address ..."`` for the hosts among ``addrs``
+    (``tcp://HOST:PORT``) that do not, else "". For an error message after nobody
+    answered: libzmq retries a name it cannot resolve in silence, as it does a host
+    that is down, and a name that resolves to IPv6 only is one too (sockets do not
+    enable IPv6). Looks names up, so call it only once something failed."""
+    bad = []
+    for addr in addrs:
+        m = _MEMBER_ADDR.fullmatch(addr) if isinstance(addr, str) else None
+        if m is None:
+            continue
+        host = addr[len("tcp://"):addr.rindex(":")]
+        try:
+            _socket.getaddrinfo(host, None, _socket.AF_INET)
+        except (OSError, UnicodeError):
+            bad.append(host)
+    if not bad:
+        return ""
+    return (f"; {', '.join(bad)} {'does' if len(bad) == 1 else 'do'} not resolve to an IPv4 address "
+            "(swarm connects over IPv4 only: check the name, or give the address)")
+
+
 def advertised(endpoint: str) -> str:
     """The address other hosts should use for a bound endpoint.
 

@@ -189,3 +189,22 @@ def test_a_closing_terminal_ends_a_training_peer_cleanly(procs, tmp_path):
     assert peer.wait(30) == 0, procs.log(peer)
     assert "done (stopped)" in procs.log(peer).splitlines()[-1], procs.log(peer)
     assert json.loads((tmp_path / "run" / "peer0" / "summary.json").read_text())["reason"] == "stopped"
+
+
+def test_a_coordinator_name_that_does_not_resolve_is_said_so(capsys):
+    """libzmq retries a host name it cannot resolve in silence, so a typo in --coordinator
+    read as 'no coordinator answered ... is `swarm coordinator` running there?'. The
+    error now names the host that does not resolve (`.invalid` never does, RFC 6761)."""
+    from swarm import cli
+    from swarm.transport import unresolved_hint
+
+    bad = "tcp://no-such-host.invalid:5555"
+    assert unresolved_hint(["tcp://127.0.0.1:5555", "tcp://localhost:5555"]) == ""
+    assert unresolved_hint(["tcp://127.0.0.1:5555", bad]).startswith(
+        "; no-such-host.invalid does not resolve to an IPv4 address")
+    said = "no-such-host.invalid does not resolve to an IPv4 address"
+    assert cli.main(["status", "--coordinator", bad, "--timeout", "0.2"]) == 2
+    assert said in capsys.readouterr().err
+    assert cli.main(["peer", "--id", "a", "--coordinator", bad, "--set", "peer.join_timeout_s=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "is `swarm coordinator` running there" not in err, err

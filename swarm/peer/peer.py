@@ -330,10 +330,11 @@ class Peer:
             await self._abort()
             raise MembershipError(
                 f"peer {self.id}: no coordinator answered at {', '.join(cfg.coordinators)} within "
-                f"{cfg.join_timeout_s} s; is `swarm coordinator` running there"
-                # a coordinator with keys drops a client without them in silence
-                + (", with keys that list this peer's?" if cfg.keys_dir
-                   else "? (one started with --keys ignores a peer without them)")) from None
+                f"{cfg.join_timeout_s} s" + (tp.unresolved_hint(cfg.coordinators) or (
+                    "; is `swarm coordinator` running there"
+                    # a coordinator with keys drops a client without them in silence
+                    + (", with keys that list this peer's?" if cfg.keys_dir
+                       else "? (one started with --keys ignores a peer without them)")))) from None
         except BaseException:
             await self._abort()
             raise
