@@ -77,6 +77,9 @@ class PeerConfig:
     bind: str = opt("tcp://127.0.0.1:*", "ROUTER address to bind; a * port picks a free one")
     advertise: str = opt("", "address other peers connect to (behind NAT); empty means the bound address",
                          _advertisable, "must be tcp://HOST:PORT with a fixed port (the one bind binds), or empty")
+    inbox_port: int = opt(0, "port of the direct gradient relay's inbox (gossip.exchange = gradients), bound "
+                             "on the bind host and advertised with the advertised host: fix it to forward it "
+                             "behind NAT; 0 picks a free one", lambda p: 0 <= p <= 65535, "must be in 0..65535")
     coordinators: list[str] = opt([], "coordinator addresses, primary first")
     rank: int = opt(-1, "requested rank; -1 lets the coordinator pick", lambda r: r >= -1, "must be >= -1")
     replace: bool = opt(False, "take over the role (rank) of the dead member whose id this peer uses")

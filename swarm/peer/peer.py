@@ -234,7 +234,7 @@ class Peer:
             self._curve.server(s)
         self._side.append(s)
         try:
-            port = tp.bind(s, f"tcp://{bind_host}:*").rsplit(":", 1)[1]
+            port = tp.bind(s, f"tcp://{bind_host}:{cfg.inbox_port or '*'}").rsplit(":", 1)[1]
         except TransportError:
             self.close_side(s)
             raise

@@ -60,3 +60,37 @@ def test_the_advertised_address_follows_the_coordinators_rule(bad):
     # others passed it and were refused only at the coordinator, after the peer started
     with pytest.raises(ConfigError, match="peer.advertise"):
         Peer(id="a", coordinators=["tcp://127.0.0.1:1"], advertise=bad)
+
+
+def test_the_relay_inbox_binds_a_fixed_port_and_is_advertised_with_the_advertised_host():
+    """With gossip.exchange = gradients a peer binds an inbox for relayed gradients. It took
+    a free port, which port forwarding behind NAT cannot reach; `peer.inbox_port` fixes it,
+    and the inbox is advertised under the advertised host, as the peer's own address is."""
+    import zmq
+
+    port, inbox = free_port(), free_port()
+
+    async def main() -> None:
+        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+            a = Peer(id="a", coordinators=[coord.address], bind=f"tcp://127.0.0.1:{port}",
+                     advertise=f"tcp://localhost:{port}", inbox_port=inbox)
+            async with a:
+                s, endpoint = a.open_inbox()
+                assert endpoint == f"tcp://localhost:{inbox}"
+                assert s.getsockopt(zmq.LAST_ENDPOINT).decode() == f"tcp://127.0.0.1:{inbox}"
+                push = zmq.Context.instance().socket(zmq.PUSH)
+                try:
+                    push.setsockopt(zmq.LINGER, 0)
+                    push.connect(endpoint)   # what a neighbour does with the endpoint it is given
+                    push.send(b"hello")
+                    assert s.poll(5000) and s.recv() == b"hello"
+                finally:
+                    push.close(0)
+                    a.close_side(s)
+
+    asyncio.run(main())
+
+
+def test_a_bad_inbox_port_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="inbox_port"):
+        Peer(id="a", coordinators=["tcp://127.0.0.1:1"], inbox_port=70000)
