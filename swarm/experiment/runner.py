@@ -331,9 +331,13 @@ def spec_tag(spec: Spec) -> dict[str, str]:
 
 
 def _check_same_spec(coordinators: list[str], peer_config: Any, me: str, tag: dict[str, str],
-                     timeout: float) -> None:
-    """Raise ConfigError when another member trains another spec: their gossip and
-    replay would be refused in silence (other sizes), or mix unlike models.
+                     timeout: float, rank: int = -1) -> None:
+    """Raise ConfigError when another member trains another spec, and this peer's is not
+    the one that stays: their gossip and replay would be refused in silence (other
+    sizes), or mix unlike models. The spec that the most members (this one included)
+    train stays, and of as many, the lowest rank's: its peers go on (with a warning
+    naming the others), so that peers started together with one odd spec do not all
+    exit, only the odd one.
 
     Waits up to ``timeout`` seconds for every member's tag to reach the coordinator;
     a member that sends none (a plain `swarm peer`) is not compared. One status
@@ -350,12 +354,22 @@ def _check_same_spec(coordinators: list[str], peer_config: Any, me: str, tag: di
             break
         time.sleep(HEARTBEAT_STATS_S)   # a member's next figures come with its next such beat
     differ: dict[str, list[str]] = {}
+    groups: dict[str, list[int]] = {json.dumps(tag, sort_keys=True): [rank]}   # spec -> ranks that train it
     for m in others:
         theirs = (m.get("stats") or {}).get("spec")
-        if isinstance(theirs, dict) and theirs != tag:
+        if not isinstance(theirs, dict):
+            continue
+        r = m.get("rank")
+        groups.setdefault(json.dumps(theirs, sort_keys=True), []).append(r if isinstance(r, int) else 1 << 30)
+        if theirs != tag:
             differ[str(m.get("id"))] = sorted(k for k in tag.keys() | theirs.keys() if tag.get(k) != theirs.get(k))
     if differ:
         where = ", ".join(f"{pid} ({', '.join(keys)})" for pid, keys in sorted(differ.items()))
+        stays = max(groups, key=lambda g: (len(groups[g]), -min(groups[g])))
+        if stays == json.dumps(tag, sort_keys=True):
+            log.warning("%s: the spec differs at %s; this peer's is the one the most peers (of as many, the "
+                        "lowest rank) train, so it goes on and they are refused", me, where)
+            return
         raise ConfigError(f"{me}: the spec differs at {where}; every peer needs the same --spec")
 
 
@@ -504,7 +518,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                      "for the others to join") from None
                 # one that joined with another spec (its own `peers`, say) is named now,
                 # not after join_timeout
-                _check_same_spec(coordinators, peer_config, peer.id, tag, 0.0)
+                _check_same_spec(coordinators, peer_config, peer.id, tag, 0.0, rank)
                 if time.monotonic() < deadline:
                     continue
                 here = sorted(m.id for m in peer.view.members)
@@ -512,7 +526,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                   f"{join_timeout:.0f} s ({', '.join(here)}); start the others, ranks 0.."
                                   f"{spec.peers - 1}, with the same --spec and --coordinator") from None
         sp.wait_linked(timeout=10.0)
-        _check_same_spec(coordinators, peer_config, peer.id, tag, spec_check_timeout)
+        _check_same_spec(coordinators, peer_config, peer.id, tag, spec_check_timeout, rank)
 
         env = make_env(spec.env)
         n_actions = getattr(env.action_space, "n", None)

@@ -309,3 +309,35 @@ def test_a_peer_whose_launcher_is_gone_does_not_wait_for_the_others_to_join(coor
     spec = load_spec(None, ONE + ["peers=2"])
     with pytest.raises(SwarmError, match="its launcher .* is gone; not waiting for the others to join"):
         run_peer(spec, 0, coordinator, tmp_path, tensorboard=False, join_timeout=30, parent_pid=os.getpid())
+
+
+def test_peers_started_with_one_odd_spec_refuse_only_the_odd_one(monkeypatch, caplog):
+    """Each peer compares its spec with the others' once they joined. Started together,
+    three with one spec and one with another, every one saw a spec that differs and all
+    four exited. The spec that the most peers train stays (of as many, the lowest
+    rank's): its peers go on with a warning, and only the odd one is refused."""
+    from swarm.experiment import runner
+
+    same, odd = {"dqn": "aaaa", "env": "bbbb"}, {"dqn": "cccc", "env": "bbbb"}
+
+    def others_of(specs: dict[int, dict[str, str]], me: int) -> list[dict]:
+        return [{"id": f"peer{r}", "rank": r, "stats": {"spec": s}} for r, s in specs.items() if r != me]
+
+    def check(specs: dict[int, dict[str, str]], me: int) -> None:
+        monkeypatch.setattr(runner, "_others", lambda *a: others_of(specs, me))
+        runner._check_same_spec(["tcp://127.0.0.1:1"], None, f"peer{me}", specs[me], 0.0, me)
+
+    three_and_one = {0: same, 1: odd, 2: same, 3: same}
+    caplog.set_level("WARNING", logger="swarm.experiment")
+    for me in (0, 2, 3):
+        check(three_and_one, me)      # goes on
+    assert "the spec differs at peer1 (dqn); this peer's is the one the most peers" in caplog.text
+    with pytest.raises(ConfigError, match="peer1: the spec differs at peer0 \\(dqn\\), peer2 \\(dqn\\), peer3"):
+        check(three_and_one, 1)
+    # two against two: the lowest rank's spec stays
+    two_and_two = {0: odd, 1: same, 2: same, 3: odd}
+    check(two_and_two, 0)
+    check(two_and_two, 3)
+    for me in (1, 2):
+        with pytest.raises(ConfigError, match=f"peer{me}: the spec differs at peer0 \\(dqn\\), peer3 \\(dqn\\)"):
+            check(two_and_two, me)
