@@ -151,7 +151,7 @@ def peer_rows(status: dict[str, Any], rates: PeerRates) -> list[dict[str, Any]]:
             "gossip_bytes_in": num(s.get("gossip_bytes_in")), "gossip_bytes_out": num(s.get("gossip_bytes_out")),
             "codec_ratio": num(s.get("codec_ratio")), "staleness": num(s.get("staleness")),
             "buffer_size": num(s.get("buffer_size")), "mean_return": num(s.get("mean_return")),
-            "last_error": last_error,
+            "under_replicated": num(s.get("under_replicated")), "last_error": last_error,
         })
     return out
 
@@ -195,6 +195,8 @@ _PEER_METRICS = [
     ("swarm_peer_codec_ratio", "gauge", "compressed size / dense size of gossip deltas", "codec_ratio"),
     ("swarm_peer_staleness_rounds", "gauge", "rounds the peer's freshest neighbour data lags", "staleness"),
     ("swarm_peer_buffer_items", "gauge", "items in the peer's replay buffer", "buffer_size"),
+    ("swarm_peer_under_replicated_items", "gauge",
+     "local replay items that fewer than buffer.replicas neighbours hold", "under_replicated"),
     ("swarm_peer_mean_return", "gauge", "mean episode return", "mean_return"),
 ]
 

@@ -698,7 +698,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     "buffer_size": state.buffer_size, "budget": spec.budget.env_steps, "done": state.done,
                     "codec_ratio": (state.gossip_bytes_out / state.dense_bytes_out
                                     if state.dense_bytes_out else None),
-                    "staleness": state.staleness, "last_error": state.last_error, "spec": tag}
+                    "staleness": state.staleness, "last_error": state.last_error, "spec": tag,
+                    # with buffer.replicas: local items fewer than k neighbours hold (docs/buffer.md)
+                    **({"under_replicated": fed.stats.under_replicated} if fed is not None and b.replicas else {})}
 
         peer.stats = stats
         # A peer restarted into its own folder continues its files, with or without a

@@ -92,7 +92,7 @@ def test_status_json_and_metrics_with_live_peers():
     async def main():
         async with Coordinator(bind="tcp://127.0.0.1:*", run_name="obs-test") as coord:
             port = int(coord.http_url.rsplit(":", 1)[1].strip("/"))
-            extras = [{"codec_ratio": 0.25, "staleness": 1, "buffer_size": 1000},
+            extras = [{"codec_ratio": 0.25, "staleness": 1, "buffer_size": 1000, "under_replicated": 7},
                       {"codec_ratio": 0.5, "staleness": 0, "buffer_size": 2000, "last_error": "round timed out"},
                       {"buffer_size": "lots", "env_steps": float("nan")}]   # junk must not break anything
             peers = []
@@ -139,6 +139,8 @@ def test_status_json_and_metrics_with_live_peers():
                 assert m[("swarm_peer_buffer_items", lab("p1", 1))] == 2000
                 assert m[("swarm_peer_env_steps_per_second", lab("p0", 0))] > 50
                 assert ("swarm_peer_buffer_items", lab("p2", 2)) not in m   # junk is left out, not zero
+                assert m[("swarm_peer_under_replicated_items", lab("p0", 0))] == 7   # a peer that replicates
+                assert ("swarm_peer_under_replicated_items", lab("p1", 1)) not in m   # one that does not
 
                 # a peer leaves: the log says so, the row and the metrics show it dead
                 await peers[2].close()

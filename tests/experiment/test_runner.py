@@ -111,7 +111,7 @@ def test_heartbeat_figures_include_codec_ratio_staleness_and_last_error(coordina
     # Two peers in this process on a ring with top-10% deltas: the coordinator's
     # status must show each peer's codec ratio (wire bytes / dense bytes) and staleness.
     spec = load_spec(None, ONE + ["peers=2", "budget.env_steps=1000000", "gossip.codec=topk:0.1",
-                                  "gossip.step_size=0.2", "gossip.interval=20"])
+                                  "gossip.step_size=0.2", "gossip.interval=20", "buffer.replicas=1"])
     stop = threading.Event()
     out: dict[int, dict] = {}
     threads = [threading.Thread(target=lambda r=r: out.update({r: run_peer(
@@ -133,6 +133,8 @@ def test_heartbeat_figures_include_codec_ratio_staleness_and_last_error(coordina
         # top-10% sends values and compact indices: well under dense, above the values alone
         assert 0.1 <= s["codec_ratio"] < 0.5, s
         assert s["staleness"] >= 0 and isinstance(s["last_error"], str)
+        # buffer.replicas = 1: how many local items no neighbour has acknowledged yet
+        assert isinstance(s["under_replicated"], int) and s["under_replicated"] >= 0, s
     assert {out[0]["reason"], out[1]["reason"]} == {"stopped"}
 
 
