@@ -133,7 +133,7 @@ class Federation:
             ``rider``) instead of in :meth:`flush`.
 
     Call :meth:`flush` periodically (or run :meth:`run` as a task); call
-    :meth:`pull` to fetch items from a neighbour.
+    :meth:`pull` to fetch items from a neighbour, and :meth:`close` when done.
     """
 
     def __init__(self, buffer: ReplayBuffer, link: Link, *, share: float = 0.1,
@@ -182,11 +182,33 @@ class Federation:
         self._credit = 0.0                         # share of new items owed but not yet sent (< 1)
         self._pulls: dict[int, asyncio.Future] = {}
         buffer.on_add(self._on_add)
-        link.on(PUSH, self._on_push)
-        link.on(PULL, self._on_pull)
-        link.on(ITEMS, self._on_items)
-        link.on(ACK, self._on_ack)
-        link.on(RESYNC, self._on_resync)
+        self._handlers = [(PUSH, self._on_push), (PULL, self._on_pull), (ITEMS, self._on_items),
+                          (ACK, self._on_ack), (RESYNC, self._on_resync)]
+        for t, h in self._handlers:
+            link.on(t, h)
+        self._closed = False
+
+    def close(self) -> None:
+        """Take this federation's handlers off the link and the buffer: it receives and
+        collects nothing more, and once dropped it is freed (they held it until then).
+
+        Call it on the link's loop (and stop the :meth:`run` task) before building
+        another federation on the same peer or buffer, which otherwise both get every
+        message and every added item. Closing twice does nothing; pulls in flight end
+        empty. A link without ``off`` (a :class:`~swarm.gossip.sim.SimLink`) keeps its
+        handlers.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        off = getattr(self.link, "off", None)
+        if off is not None:
+            for t, h in self._handlers:
+                off(t, h)
+        self.buffer.off_add(self._on_add)
+        for fut in self._pulls.values():
+            if not fut.done():
+                fut.set_result(0)   # its answer would no longer reach this federation
 
     # ------------------------------------------------------------------ API
     def take_acknowledged(self) -> list[tuple[str, int]]:

@@ -194,6 +194,16 @@ class ReplayBuffer:
         """Call ``callback(indices)`` after each local :meth:`add` (used by federation)."""
         self._listeners.append(callback)
 
+    def off_add(self, callback: Callable[[np.ndarray], None]) -> bool:
+        """Stop calling ``callback`` after adds (undo one :meth:`on_add`); False if it was
+        not registered. A new list: an :meth:`add` on another thread may be going over
+        the old one."""
+        if callback not in self._listeners:
+            return False
+        i = self._listeners.index(callback)
+        self._listeners = self._listeners[:i] + self._listeners[i + 1:]
+        return True
+
     # -------------------------------------------------------------- inserting
     def add(self, items: Mapping[str, Any], *, times: Any = None) -> np.ndarray:
         """Add a batch of items (each field shaped ``(n, *shape)``); return their indices.

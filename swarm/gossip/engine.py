@@ -262,6 +262,7 @@ class Gossip:
 
     >>> g = Gossip(link, x, topology="ring", codec="identity", gamma=1.0)
     >>> result = await g.round()          # one round; x is updated in place
+    >>> g.close()                         # its handlers off the link (see close)
 
     Parameters
     ----------
@@ -367,11 +368,11 @@ class Gossip:
         self._momentum = np.zeros(self.d, np.float32) if mode == "pseudo_gradient" else None
         self._view: View = link.view
         self._pos_cache: tuple[View, int | None, tuple[int, list[str], list[str], dict[str, float]]] | None = None
-        link.on(T_DELTA, self._on_message)
-        link.on(T_FULL, self._on_message)
-        link.on(T_NACK, self._on_nack)
-        link.on(T_BOOT_REQ, self._on_boot_req)
-        link.on(T_BOOT, self._on_boot)
+        self._handlers = [(T_DELTA, self._on_message), (T_FULL, self._on_message), (T_NACK, self._on_nack),
+                          (T_BOOT_REQ, self._on_boot_req), (T_BOOT, self._on_boot)]
+        for t, h in self._handlers:
+            link.on(t, h)
+        self._closed = False
         self._boot: dict[int, tuple[int, int, asyncio.Future[np.ndarray]]] = {}
         self._boot_nonce = 0
         self._boot_round = 0
@@ -382,6 +383,27 @@ class Gossip:
             self._free_snapshots += [_zeros(self.d, written=True) for _ in range(2)]
         else:
             self._preallocate()
+
+    def close(self) -> None:
+        """Take this engine's handlers off the link: it receives nothing more, and once
+        dropped it is freed with its buffers (the link held it until then).
+
+        Call it on the link's loop before building another engine on the same peer,
+        which otherwise gets every message too (a notebook cell run again). Closing
+        twice does nothing; :meth:`round` on a closed engine raises
+        :class:`~swarm.errors.GossipError`. A link without ``off``/``off_view`` (a
+        :class:`~swarm.gossip.sim.SimLink`, whose ``on`` replaces a type's handler)
+        keeps what it holds.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        off, off_view = getattr(self.link, "off", None), getattr(self.link, "off_view", None)
+        if off is not None:
+            for t, h in self._handlers:
+                off(t, h)
+        if off_view is not None:
+            off_view(self._on_view)
 
     def _snapshot(self) -> tuple[np.ndarray, bool]:
         """A copy of x for an identity round, in a recycled buffer where one is free,
@@ -733,8 +755,10 @@ class Gossip:
 
         Raises :class:`GossipError` when ``x`` itself holds NaN or Inf, before
         anything is sent or changed: neighbours would refuse such a state, or (top-k
-        never picks a NaN) average towards a stale copy of it.
+        never picks a NaN) average towards a stale copy of it, and after :meth:`close`.
         """
+        if self._closed:
+            raise GossipError("this gossip engine is closed (it receives nothing); build a new one")
         t = self.t   # self.t moves when the round ends: one that raises leaves it as it was
         if not self._has_averaged:
             # A peer joining a running swarm adopts its neighbours' round number,

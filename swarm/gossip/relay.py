@@ -343,18 +343,30 @@ class GradientRelay:
         #: one entry per adopted copy: {src, clock, next, why}
         self.resynced: list[dict[str, Any]] = []
         self._gone: collections.OrderedDict[str, None] = collections.OrderedDict()   # ids that left, oldest first
-        link.on(GRAD, self._on_grad)
-        link.on_view(self._forget)
+        # what is registered on the link, for close() to take off
+        self._handlers: list[tuple[str, Callable[[Message], Any]]] = []
+        self._view_callbacks: list[Callable[[Any], None]] = []
+        self._closed = False
+        self._on(GRAD, self._on_grad)
+        self._on_view(self._forget)
         if state is not None:
             for t in (GRAD_LATE, GRAD_SYNC, GRAD_STATE):
-                link.on(t, self._on_side)
+                self._on(t, self._on_side)
         if direct:
             if not all(hasattr(link, n) for n in ("open_inbox", "open_outbox", "close_side", "sender_ok")):
                 raise ConfigError(f"direct: {type(link).__name__} has no side channels; direct needs a Peer")
             self._inbox_sock, self._endpoint = link.open_inbox()
-            link.on(GRAD_HELLO, self._on_hello)
-            link.on_view(lambda _view: self._greet())
+            self._on(GRAD_HELLO, self._on_hello)
+            self._on_view(lambda _view: self._greet())
             self._greet()
+
+    def _on(self, t: str, handler: Callable[[Message], Any]) -> None:
+        self.link.on(t, handler)
+        self._handlers.append((t, handler))
+
+    def _on_view(self, callback: Callable[[Any], None]) -> None:
+        self.link.on_view(callback)
+        self._view_callbacks.append(callback)
 
     # ------------------------------------------------------------ API
 
@@ -675,14 +687,40 @@ class GradientRelay:
                 self._loop.call_soon_threadsafe(self._greet, True)
 
     def close(self) -> None:
-        """Direct mode: close this relay's own sockets (from the consumer thread, before
-        the peer closes). Gradients then go through the peer's loop."""
+        """Stop relaying: take this relay's handlers off the link, so that it receives
+        nothing more and, once dropped, is freed (the link held it until then); in
+        direct mode, also close its own sockets. Call it from the consumer thread (or
+        the loop), before the peer closes and before building another relay on the
+        same peer, which otherwise both get every gradient. Closing twice does nothing.
+
+        Off the loop, the handlers come off at the loop's next pass. A link without
+        ``off``/``off_view`` (a :class:`~swarm.gossip.sim.SimLink`) keeps them.
+        """
         for _, s in self._outboxes.values():
             self.link.close_side(s)
         self._outboxes.clear()
         if self._inbox_sock is not None:
             self.link.close_side(self._inbox_sock)
             self._inbox_sock = None
+        if self._closed:
+            return
+        self._closed = True
+        if threading.get_ident() == self._loop_thread:
+            self._take_off()
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._take_off)
+        except RuntimeError:   # the loop is closed: nothing runs the handlers any more
+            self._take_off()
+
+    def _take_off(self) -> None:
+        off, off_view = getattr(self.link, "off", None), getattr(self.link, "off_view", None)
+        if off is not None:
+            for t, h in self._handlers:
+                off(t, h)
+        if off_view is not None:
+            for cb in self._view_callbacks:
+                off_view(cb)
 
     @property
     def pending(self) -> int:

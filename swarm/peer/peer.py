@@ -9,8 +9,9 @@ State machine::
 Inbound traffic from every neighbour arrives on the ROUTER; replies travel on
 the replier's own DEALER to the sender, so DEALERs only ever send and the
 receive loop polls two sockets (plus link monitors) whatever the degree.
-Handlers registered with :meth:`Peer.on` receive decoded messages; gossip and
-the replay federation plug in that way without touching this file.
+Handlers registered with :meth:`Peer.on` receive decoded messages (until
+:meth:`Peer.off`); gossip and the replay federation plug in that way without
+touching this file, and take theirs off in their ``close()``.
 
 The peer never owns the event loop; run it inside yours, or use
 :class:`swarm.peer.SyncPeer` from blocking code.
@@ -200,9 +201,39 @@ class Peer:
         check_handler_type(t, f"peer {self.id}")
         self._handlers.setdefault(t, []).append(handler)
 
+    def off(self, t: str, handler: Handler) -> bool:
+        """Stop calling ``handler`` for messages of type ``t`` (undo one :meth:`on`);
+        False if it was not registered for ``t``.
+
+        The peer holds what it calls: an object that registered handlers (a
+        :class:`~swarm.gossip.Gossip`, say) stays alive and keeps handling messages
+        until they are taken off, which its ``close()`` does. Call it on the peer's loop.
+        """
+        handlers = self._handlers.get(t, [])
+        if handler not in handlers:
+            return False
+        # a new list: a dispatch running over the old one (a handler that closes its
+        # owner) goes on unchanged
+        i = handlers.index(handler)
+        rest = handlers[:i] + handlers[i + 1:]
+        if rest:
+            self._handlers[t] = rest
+        else:
+            del self._handlers[t]
+        return True
+
     def on_view(self, callback: Callable[[View], None]) -> None:
         """Call ``callback(view)`` each time a new view is installed."""
         self._view_callbacks.append(callback)
+
+    def off_view(self, callback: Callable[[View], None]) -> bool:
+        """Stop calling ``callback`` for new views (undo one :meth:`on_view`); False if
+        it was not registered."""
+        if callback not in self._view_callbacks:
+            return False
+        i = self._view_callbacks.index(callback)
+        self._view_callbacks = self._view_callbacks[:i] + self._view_callbacks[i + 1:]
+        return True
 
     # -- side channels: plain sockets that one thread outside the peer's loop owns
 
