@@ -87,6 +87,22 @@ class SimLink:
         """Call ``callback(view)`` whenever the hub installs a new view."""
         self._view_cbs.append(callback)
 
+    def off(self, t: str, handler: Handler) -> bool:
+        """Undo :meth:`on` (what a closed Gossip, relay or federation calls); False if
+        ``handler`` is not the one registered for ``t``."""
+        if self._handlers.get(t) != handler:
+            return False
+        del self._handlers[t]
+        return True
+
+    def off_view(self, callback: Callable[[View], None]) -> bool:
+        """Undo one :meth:`on_view`; False if ``callback`` was not registered."""
+        if callback not in self._view_cbs:
+            return False
+        i = self._view_cbs.index(callback)
+        self._view_cbs = self._view_cbs[:i] + self._view_cbs[i + 1:]
+        return True
+
 
 class SimHub:
     """An in-memory network of :class:`SimLink` s with one shared membership view.

@@ -143,3 +143,25 @@ def test_closed_federation_is_freed_and_its_successor_gets_the_items():
         del old
         assert freed(ref)                    # though its buffer lives on
     two_peers(test)
+
+
+def test_a_closed_gossip_on_the_in_memory_hub_is_freed_too():
+    """SimLink (swarm.gossip.sim, the in-process network of the scripts and tests) had no
+    off/off_view: a closed engine stayed held by its view callback."""
+    from swarm.gossip.sim import SimHub
+
+    async def main() -> None:
+        hub = SimHub(topology="ring")
+        a, b = hub.add_many(2)
+        old = Gossip(a, np.zeros(16, np.float32))
+        old.close()
+        new = Gossip(a, np.zeros(16, np.float32))
+        other = Gossip(b, np.ones(16, np.float32))
+        res, _ = await asyncio.gather(new.round(), other.round())
+        assert res.ok and res.participants == [b.id]
+        assert old.stats.bytes_in == 0
+        ref = weakref.ref(old)
+        del old
+        assert freed(ref)
+
+    asyncio.run(main())
