@@ -8,7 +8,6 @@ import contextlib
 import os
 import signal
 
-from swarmtest import wait_for
 
 from swarm.coordinator import Coordinator
 from swarm.peer import Peer
@@ -32,17 +31,18 @@ def test_frozen_peer_replaced_under_its_id_stops_when_it_wakes(procs):
                         await a.wait_view(lambda v: v.member("B") is not None, timeout=10)
                         assert a.view.member("B").addr == new.address != old_addr
                         os.kill(old.pid, signal.SIGCONT)
-                        # the old process learns that it lost its id: it fails, once
-                        await asyncio.to_thread(wait_for, lambda: "peer B failed" in procs.log(old), 10,
-                                                what="the replaced peer to stop")
-                        await asyncio.sleep(1.0)           # 4 rejoins' worth: none comes
+                        # the old process learns that it lost its id, and `swarm peer` exits with
+                        # the error instead of waiting for a signal. It learns it from the refusal
+                        # of a heartbeat's rejoin while running ("another process holds this
+                        # peer's place"), or, on a loaded machine, of the rejoin it began when it
+                        # woke and found the coordinator silent ("held by a newer process").
+                        assert await asyncio.to_thread(old.wait, 20) == 2
                         out = procs.log(old)
-                        assert "another process holds this peer's place" in out, out
-                        logged = [ln for ln in out.splitlines() if " swarm.peer " in ln]
-                        assert sum("coordinator refused the join" in ln for ln in logged) == 1, out
-                        # and `swarm peer` exits with the error instead of waiting for a signal
-                        assert await asyncio.to_thread(old.wait, 10) == 2
-                        assert "swarm: error: peer B: coordinator refused the join" in procs.log(old)
+                        assert "swarm: error: peer B: coordinator refused the join" in out, out
+                        assert ("another process holds this peer's place" in out
+                                or "peer id 'B' is held by a newer process" in out), out
+                        # refused once, not retried: the logged failure (if any) and the error line
+                        assert 1 <= sum("coordinator refused the join" in ln for ln in out.splitlines()) <= 2, out
                         # the swarm goes on with the new holder of B
                         assert a.view.member("B").addr == new.address
                         assert {m.id: m.addr for m in coord.table.alive()} == {"A": a.address, "B": new.address}
