@@ -175,9 +175,9 @@ class Federation:
         # item, gone once it is safe or overwritten, so at most one per local item in the ring.
         self._table = ReplicaTable(replicas)
         self._newly_safe: deque[int] = deque(maxlen=buffer.capacity)   # for take_acknowledged()
-        # holder -> (until, seqs): what it acknowledged within rereplicate_s, replicated again if it
-        # goes; acks are merged into buckets of rereplicate_s / _BUCKETS seconds (see _remember)
-        self._recent: dict[str, deque[tuple[float, np.ndarray]]] = {}
+        # holder -> buckets (until, [seqs, ...]): what it acknowledged within rereplicate_s, replicated
+        # again if it goes; acks are merged into buckets of rereplicate_s / _BUCKETS seconds (see _remember)
+        self._recent: dict[str, deque[tuple[float, list[np.ndarray]]]] = {}
         self._resync_sent = False
         self._credit = 0.0                         # share of new items owed but not yet sent (< 1)
         self._pulls: dict[int, asyncio.Future] = {}
@@ -474,17 +474,22 @@ class Federation:
         Those are the seqs more than ``capacity`` below the next local seq (local seqs
         are issued one per local item, and only grow), so what is kept is at most
         ``capacity`` seqs, plus the open bucket's.
+
+        The open bucket collects the acks' arrays in a list, joined into one when it
+        closes: joining on every ack copied the whole bucket each time (quadratic in
+        the acks per bucket).
         """
         now = time.monotonic()
         dq = self._recent.setdefault(holder, deque())
         if dq and now <= dq[-1][0]:
-            dq[-1] = (dq[-1][0], np.concatenate([dq[-1][1], seqs]))
+            dq[-1][1].append(seqs)
             return
         floor = self.buffer._next_seq - self.buffer.capacity
-        kept = [(t, a[a >= floor]) for t, a in dq if t >= now - self.rereplicate_s]
+        kept = [(t, _joined(parts)) for t, parts in dq if t >= now - self.rereplicate_s]
+        kept = [(t, a[a >= floor]) for t, a in kept]
         dq.clear()
-        dq.extend((t, a) for t, a in kept if a.size)
-        dq.append((now + self.rereplicate_s / _BUCKETS, seqs))
+        dq.extend((t, [a]) for t, a in kept if a.size)
+        dq.append((now + self.rereplicate_s / _BUCKETS, [seqs]))
 
     async def _on_resync(self, msg: Message) -> None:
         self._again_from(msg.src)
@@ -494,7 +499,7 @@ class Federation:
         dq = self._recent.pop(holder, None)
         if not dq:
             return
-        seqs = np.unique(np.concatenate([a for _, a in dq]))
+        seqs = np.unique(np.concatenate([a for _, parts in dq for a in parts]))
         self._table.forget(holder, seqs)
         seqs, idx = self._local_items(seqs)       # what the ring overwrote since cannot go again
         self._table.add(seqs, idx, told=True)     # a safe item's other holders are not known: all targets
@@ -556,6 +561,11 @@ class Federation:
                     del self._unridden[:-self.max_items]
             if not self.riding or self.replicas:
                 self._new.append(idx)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """The arrays of a bucket as one (no copy when there is one already)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _slice(items: Items, sel: Any) -> Items:

@@ -206,8 +206,12 @@ def _check_meta(path: Path, meta: dict[str, Any]) -> None:
         raise ReplayError(f"{path}/meta.json is corrupt: peers {peers!r:.200}")
 
 
-def _check_values(path: Path, k: str, a: np.ndarray) -> None:
-    """Stored priorities must be finite and >= 0, times finite: one NaN would poison the sum-tree."""
+def _check_values(path: Path, k: str, a: np.ndarray, meta: dict[str, Any]) -> None:
+    """Stored priorities must be finite and >= 0, times finite: one NaN would poison the sum-tree.
+    Origin numbers must index the snapshot's origin list (compacting it reads them)."""
+    if k == "_origin" and a.size and (a.min() < 0 or a.max() >= len(meta["peers"])):
+        raise ReplayError(f"{path}: column '_origin' holds origin numbers outside the "
+                          f"{len(meta['peers'])} origins in meta.json")
     if k == "_leaf" and not (np.isfinite(a).all() and (a >= 0).all()):
         raise ReplayError(f"{path}: column '_leaf' holds priorities that are negative, NaN or Inf")
     if k == "_time" and not np.isfinite(a).all():
@@ -245,7 +249,7 @@ def load(path: str | os.PathLike, clock: Callable[[], float] = time.time,
             raise ReplayError(f"{path}: column {k!r} is not a .npy array")
         if a.shape != col.shape or a.dtype != col.dtype:
             raise ReplayError(f"{path}: column {k!r} is {a.dtype}{a.shape}, expected {col.dtype}{col.shape}")
-        _check_values(path, k, a)
+        _check_values(path, k, a, meta)
         if k == "_leaf":
             buf._tree.assign(np.asarray(a))
         else:
@@ -342,10 +346,13 @@ def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuf
         want = c.shape if k == "_leaf" else (slots.size,) + c.shape[1:]
         if rows[k].shape != want or rows[k].dtype != c.dtype:
             raise ReplayError(f"{path}: column {k!r} is {rows[k].dtype}{rows[k].shape}, expected {c.dtype}{want}")
-        _check_values(path, k, rows[k])
+        _check_values(path, k, rows[k], meta)
     if slots.size and (slots.min() < 0 or slots.max() >= buf.capacity):
         raise ReplayError(f"{path}: row slots outside the capacity {buf.capacity}")
     with buf._lock:
+        number = _renumbering(path, buf, meta["peers"], slots)
+        if number is not None:
+            buf._origin[...] = number[buf._origin]
         for k, c in cols.items():
             if k == "_leaf":
                 buf._tree.assign(rows[k])
@@ -353,6 +360,31 @@ def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuf
                 c[slots] = rows[k]
         _apply_meta(buf, meta)
     return buf
+
+
+def _renumbering(path: Path, buf: "ReplayBuffer", peers: list[str], slots: np.ndarray) -> np.ndarray | None:
+    """New origin numbers, in the increment's origin list ``peers``, of the base buffer's
+    (None: they stay). Raises ReplayError before anything changes if the increment does
+    not list the origin of a row it leaves in place.
+
+    The rows an increment does not rewrite keep the base's origin numbers, but the
+    buffer may have compacted its origin list since the full snapshot (dropping the
+    ids no stored item referred to and renumbering the others): those rows are
+    renumbered by name. Rows still stored then were stored when it compacted, so
+    their origins are listed.
+    """
+    old = buf._peers
+    if peers[:len(old)] == old:
+        return None                       # the list only grew: every number stays
+    index = {p: i for i, p in enumerate(peers)}
+    number = np.array([index.get(p, -1) for p in old], dtype=np.int32)
+    kept = np.ones(buf.capacity, dtype=bool)
+    kept[slots] = False
+    lost = np.unique(buf._origin[kept & (number[buf._origin] < 0)])
+    if lost.size:
+        raise ReplayError(f"{path}: the base buffer holds items from {[old[o] for o in lost[:5]]} that the "
+                          "increment does not list; it belongs to another full snapshot")
+    return number
 
 
 def digest(buf: "ReplayBuffer") -> dict[str, str]:

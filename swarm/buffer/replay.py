@@ -44,6 +44,9 @@ _REBASE_AFTER = 40.0
 # Up to this many received items a Python set finds repeated ids faster than
 # numpy's sort (5 times at 8 items; slower from about a hundred on).
 _FEW = 32
+# The origin id list is compacted once it is this long, or twice as long as after
+# the last compaction if that is more (see ReplayBuffer._compact_peers).
+_COMPACT_PEERS = 64
 
 
 @dataclass
@@ -162,6 +165,7 @@ class ReplayBuffer:
         self._tree = SumTree(cap)
         self._peers: list[str] = [peer_id]
         self._peer_index: dict[str, int] = {peer_id: 0}
+        self._compact_at = _COMPACT_PEERS   # compact the origin list when it grows past this
         self._foreign = IdIndex(cap, self._origin, self._seq)   # (origin, seq) -> slot, items from others
         self._next = 0            # index of the next item written
         self._next_seq = 0        # next local sequence number
@@ -187,7 +191,9 @@ class ReplayBuffer:
         return self._next
 
     def peers(self) -> list[str]:
-        """Origin peer ids known to this buffer (index 0 is this peer)."""
+        """Origin peer ids known to this buffer (index 0 is this peer): those of the
+        items it holds, and perhaps some whose items are gone (they are dropped, and
+        the others renumbered, each time the list has doubled)."""
         return list(self._peers)
 
     def on_add(self, callback: Callable[[np.ndarray], None]) -> None:
@@ -296,7 +302,37 @@ class ReplayBuffer:
             idx = self._write({k: v[sel] for k, v in arrays.items()}, sel.size, lo, sseq[sel], t, raw)
             # Only the newest `capacity` of a huge batch were written.
             self._foreign.add(idx % self.capacity)
+            if len(self._peers) > self._compact_at:
+                self._compact_peers()
         return idx, over
+
+    def _compact_peers(self) -> None:
+        """Drop the origin ids no stored item refers to and renumber the rest (lock held).
+
+        A restarted neighbour is a new origin id: without this the list grew by one
+        id (~140 B) per restart whose items ever reached the buffer, and never
+        shrank. It runs when the list passes twice its length after the last
+        compaction (at least ``_COMPACT_PEERS``), so its O(capacity) cost (the origin
+        column and the id index, which hashes origin numbers) is spread over at
+        least as many new ids as it kept. This peer stays origin 0. Deferred while
+        a snapshot is being written: its rows not yet copied would be renumbered
+        while its meta.json keeps the old list (the next insert tries again).
+        """
+        if self._saver is not None:
+            return
+        n = len(self)                       # the ring fills slots in order: [0, n) hold items
+        origin = self._origin[:n]           # a view: the id index reads this column
+        used = np.zeros(len(self._peers), dtype=bool)
+        used[origin] = True
+        used[0] = True
+        if not used.all():
+            number = (np.cumsum(used) - 1).astype(np.int32)   # old origin number -> new
+            origin[...] = number[origin]
+            self._peers = [p for p, u in zip(self._peers, used.tolist()) if u]
+            self._peer_index = {p: i for i, p in enumerate(self._peers)}
+            self._foreign.clear()
+            self._foreign.add(np.flatnonzero(origin != 0))
+        self._compact_at = max(_COMPACT_PEERS, 2 * len(self._peers))
 
     def _times(self, times: Any, n: int) -> np.ndarray:
         if times is None:

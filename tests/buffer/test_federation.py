@@ -360,7 +360,7 @@ def test_rereplication_remembers_acks_in_time_buckets_not_one_entry_per_ack(monk
     # An entry per ack was one per flush for 300 s: 20,000 (~9 MB) after 150 s of a fast run.
     a, b2, fa, recent = _flush_one_item_per_quarter_second(monkeypatch, 10_000, 1000)
     assert len(recent) <= 65 < 1000                          # 250 s in buckets of 300/64 s
-    assert sum(s.size for _, s in recent) == 1000
+    assert _held(recent) == 1000
     assert fa.stats.rereplicated == 1000 and set(a.ids()) <= set(b2.ids())
 
 
@@ -368,8 +368,48 @@ def test_rereplication_forgets_seqs_the_ring_has_overwritten(monkeypatch):
     # Only items still in the local ring can be sent again: a ring of 100 needs no
     # more than its 100 newest local seqs (and the open bucket's 19 acks).
     a, b2, fa, recent = _flush_one_item_per_quarter_second(monkeypatch, 100, 1000)
-    assert sum(s.size for _, s in recent) <= 100 + 19
+    assert _held(recent) <= 100 + 19
     assert fa.stats.rereplicated == 100 and set(a.ids()) <= set(b2.ids())
+
+
+def _held(buckets):
+    """Seqs remembered in a holder's buckets (the open one keeps its acks' arrays apart)."""
+    return sum(a.size for _, parts in buckets for a in parts)
+
+
+def test_rereplication_after_a_holder_dies_sends_exactly_the_acks_in_the_window(monkeypatch):
+    """Pins what is replicated again and what is forgotten, with many acks in a bucket.
+
+    rereplicate_s 64: buckets of 1 s. One item acked every 0.25 s for 5 s: buckets
+    opened at 0, 1.25, 2.5 and 3.75 s, each taking the acks until 1 s after it opened
+    (5, 5, 5 and 5 acks; the last one open). b dies at 66.3 s: the buckets that closed
+    before 66.3 - 64 = 2.3 s (items 0-9) are forgotten, the others (items 10-19) go
+    to c, a's first neighbour now.
+    """
+    now = [0.0]
+    monkeypatch.setattr(federation, "time", SimpleNamespace(monotonic=lambda: now[0]))
+
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b", "c"], share=0.0, replicas=1, rereplicate_s=64.0)
+        b, _ = peer(hub, "b", ["a", "c"])
+        c, _ = peer(hub, "c", ["a", "b"])
+        for i in range(20):
+            now[0] = 0.25 * i
+            a.add(items(1, i))
+            await fa.flush()
+            await hub.settle()
+        assert fa.stats.acked == 20 and not c.ids()
+        assert [len(parts) for _, parts in fa._recent["b"]] == [1, 1, 1, 5]   # closed ones joined
+        assert _held(fa._recent["b"]) == 20
+        now[0] = 66.3
+        hub.kill("b")
+        await fa.flush()
+        await hub.settle()
+        await hub.close()
+        assert sorted(s for _, s in c.ids()) == list(range(10, 20))
+        assert fa.stats.rereplicated == 10 and "b" not in fa._recent
+    run(main())
 
 def test_riding_on_the_relay_shares_new_items_with_the_neighbours_only():
     """Federation(ride=True) as a GradientRelay's rider: each message of a peer's own

@@ -130,7 +130,14 @@ def _no_counter(p):
     (p / "meta.json").write_text(json.dumps(meta))
 
 
-@pytest.mark.parametrize("damage, word", [(_truncate, "obs"), (_nan_leaf, "_leaf"), (_no_counter, "meta.json")])
+def _unknown_origin(p):
+    a = np.load(p / "_origin.npy")
+    a[0] = len(json.loads((p / "meta.json").read_text())["peers"])   # one past the origin list
+    np.save(p / "_origin.npy", a)
+
+
+@pytest.mark.parametrize("damage, word", [(_truncate, "obs"), (_nan_leaf, "_leaf"), (_no_counter, "meta.json"),
+                                          (_unknown_origin, "_origin")])
 def test_a_damaged_snapshot_is_refused_and_the_base_buffer_left_alone(tmp_path, damage, word):
     buf = ReplayBuffer(SCHEMA, 16, decay=0.01, seed=0, clock=Clock())
     buf.add(items(5))
@@ -191,3 +198,69 @@ def test_save_refuses_a_path_that_is_not_a_snapshot_and_leaves_it_alone(tmp_path
     buf.add(items(1, 2))
     buf.save(tmp_path / "empty", background=True).wait(10)
     assert len(ReplayBuffer.load(tmp_path / "empty")) == 3
+
+
+def _received(buf, origins, start=0):
+    """One item from each of ``origins`` in turn (seqs from ``start``)."""
+    for k, o in enumerate(origins):
+        buf.insert(Items(items(1, start + k), [o], np.zeros(1, np.int32), np.array([start + k]),
+                         np.full(1, 490.0), np.ones(1)))
+
+
+def test_a_buffer_whose_origin_list_was_compacted_round_trips(tmp_path):
+    clock = Clock()
+    buf = ReplayBuffer(SCHEMA, 16, decay=0.01, seed=0, clock=clock, peer_id="a")
+    buf.add(items(4))
+    _received(buf, [f"r{i}" for i in range(100)])      # a neighbour restarted 100 times
+    buf.add(items(4, 4))
+    assert len(buf.peers()) < 100
+    buf.save(tmp_path / "snap")
+    back = ReplayBuffer.load(tmp_path / "snap", clock=clock)
+    assert back.ids() == buf.ids() and back.peers() == buf.peers() and digest(back) == digest(buf)
+    assert all(back.contains(p, s) for p, s in back.ids())
+
+
+def test_a_snapshot_with_an_uncompacted_origin_list_still_loads(tmp_path, monkeypatch):
+    """Snapshots written before the origin list was compacted list every origin ever stored
+    (the format is the same): they load as they are, and the next insert compacts."""
+    from swarm.buffer import replay
+    monkeypatch.setattr(replay, "_COMPACT_PEERS", 10**9)     # as older code: never compacts
+    buf = ReplayBuffer(SCHEMA, 16, seed=0, peer_id="a")
+    _received(buf, [f"r{i}" for i in range(300)])
+    buf.add(items(3))
+    buf.save(tmp_path / "old")
+    monkeypatch.undo()
+    meta = json.loads((tmp_path / "old" / "meta.json").read_text())
+    assert meta["format"] == 1 and len(meta["peers"]) == 301
+    back = ReplayBuffer.load(tmp_path / "old")
+    assert back.ids() == buf.ids() and back.peers() == buf.peers()
+    ids, slot = buf.ids(), back.total_added % 16
+    _received(back, ["new"], 1000)                          # overwrites the oldest item
+    ids[slot] = ("new", 1000)
+    assert back.ids() == ids and len(back.peers()) < 20
+    assert set(back.peers()) == {p for p, _ in back.ids()} and back.peers()[0] == "a"
+
+
+def test_an_increment_taken_after_the_origin_list_was_compacted_applies_to_its_full_snapshot(tmp_path):
+    """The rows an increment leaves in place keep the full snapshot's origin numbers, which
+    mean other origins once the list is compacted: they are renumbered by name."""
+    clock = Clock()
+    buf = ReplayBuffer(SCHEMA, 32, seed=0, clock=clock, peer_id="a")
+    _received(buf, [f"r{i}" for i in range(60)])       # 61 ids, the ring holds r28..r59
+    buf.save(tmp_path / "full")
+    since = buf.total_added
+    _received(buf, [f"s{i}" for i in range(10)], 100)  # compacts at s3: r32..r59 renumbered
+    assert buf.peers()[:2] == ["a", "r32"]
+    save_incremental(buf, tmp_path / "inc", since=since)   # the rows of s0..s9 only
+    back = load_incremental(ReplayBuffer.load(tmp_path / "full", clock=clock), tmp_path / "inc")
+    assert back.ids() == buf.ids() and back.peers() == buf.peers() and digest(back) == digest(buf)
+    assert all(back.contains(p, s) for p, s in buf.ids())
+    # an increment that does not list the origin of a row it leaves in place is not for this base
+    meta = json.loads((tmp_path / "inc" / "meta.json").read_text())
+    meta["peers"][meta["peers"].index("r50")] = "x"
+    (tmp_path / "inc" / "meta.json").write_text(json.dumps(meta))
+    base = ReplayBuffer.load(tmp_path / "full", clock=clock)
+    before = digest(base)
+    with pytest.raises(ReplayError, match="r50"):
+        load_incremental(base, tmp_path / "inc")
+    assert digest(base) == before

@@ -442,3 +442,61 @@ def test_items_decayed_to_nothing_leave_with_a_finite_priority():
     np.testing.assert_allclose(it.priorities[2:], 1.0, rtol=1e-6)
     other = ReplayBuffer(SCHEMA, 8, alpha=1.0, decay=0.01, seed=0, clock=clock, peer_id="other")
     assert other.insert(it).size == 5
+
+
+def _from(origin, seq, peers=None):
+    """One received item from ``origin`` (its message may list other ``peers`` too)."""
+    peers = peers or [origin]
+    return Items(items(1, seq), peers, np.array([peers.index(origin)], np.int32), np.array([seq]),
+                 np.zeros(1), np.ones(1))
+
+
+def test_origin_ids_no_stored_item_refers_to_are_dropped_and_the_rest_read_back():
+    """Every restarted neighbour is a new origin id: the list grew by one per origin ever
+    stored (10,001 here, ~140 B each) though a ring of 8 holds at most 8 of them."""
+    from swarm.buffer import replay
+    buf = ReplayBuffer(SCHEMA, 8, seed=0, peer_id="me")
+    held = [None] * 8                       # the id each slot should hold
+    longest = 0
+    for i in range(10_000):
+        if i % 7 == 0:
+            idx = buf.add(items(1, i))
+            ids = [("me", int(buf._seq[idx[0] % 8]))]
+        else:   # a few messages list an origin whose item is not in them
+            idx = buf.insert(_from(f"p{i}", i, [f"p{i}", f"q{i}"] if i % 5 == 0 else None))
+            ids = [(f"p{i}", i)]
+        held[int(idx[0]) % 8] = ids[0]
+        longest = max(longest, len(buf.peers()))
+        if i % 97 == 0 or i == 9_999:
+            assert buf.ids() == held[:len(buf)]
+    assert longest <= replay._COMPACT_PEERS + 1          # was 10,001 (every origin ever stored)
+    assert buf.peers()[0] == "me" and set(buf.peers()) >= {p for p, _ in held}
+    # the items read back under their own ids; deduplication still knows them
+    it = buf.items(np.arange(buf.total_added - 8, buf.total_added))
+    assert [(it.peers[o], int(s)) for o, s in zip(it.origins, it.seqs)] == held
+    assert all(buf.contains(p, s) for p, s in held)
+    assert buf._foreign.count == sum(p != "me" for p, _ in held)
+    foreign = [(p, s) for p, s in held if p != "me"]
+    assert all(buf.insert(_from(p, s)).size == 0 for p, s in foreign)
+    assert buf.insert(_from("p1", 1)).size == 1            # an origin dropped long ago comes back
+    assert buf.contains("p1", 1) and not buf.contains("p2", 2)
+
+
+def test_origin_ids_are_not_renumbered_while_a_snapshot_is_written(tmp_path):
+    """Renumbering the origin column under a snapshot would change the rows it has not
+    copied yet while its meta.json keeps the old list: they would load under other ids."""
+    from swarm.buffer.persist import Snapshot
+    buf = ReplayBuffer(SCHEMA, 100, seed=0, peer_id="me")
+    for i in range(50):
+        buf.insert(_from(f"o{i}", i))
+    before = buf.ids()
+    snap = Snapshot(buf, tmp_path / "s")
+    for i in range(70):                        # o0..o19's items are overwritten: 121 ids, 101 in use
+        buf.insert(_from(f"n{i}", i))
+    assert len(buf.peers()) == 121             # deferred
+    snap.run().wait()
+    assert ReplayBuffer.load(tmp_path / "s").ids() == before
+    after = buf.ids()
+    buf.insert(_from("late", 0))               # the snapshot is written: the next insert compacts
+    after[20] = ("late", 0)                    # (it overwrites o20's item)
+    assert len(buf.peers()) == 101 and buf.ids() == after
