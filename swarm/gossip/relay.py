@@ -81,8 +81,9 @@ optimizer and target network, as a body and arrays), the relay repairs that:
   for later clocks. The asking peer waits for it before its next turn, adopts it
   (:meth:`snapshot`, :meth:`adopt`), keeps only what comes after that clock, and,
   when the sender's turns had gone past its own, starts its turns again a round
-  after the copy's clock: the sender's next message tells the others, who then
-  wait for it again. From then on it applies the same updates in the same order.
+  after the copy's clock: it tells the others so itself, and the sender's next
+  message does too; they then wait for it again. From then on it applies the same
+  updates in the same order.
 
     snap = relay.snapshot()          # training thread, between turns
     if snap is not None:
@@ -787,10 +788,22 @@ class GradientRelay:
         self._own_digests.clear()
         self._digest_out, self._checked = None, -1
         self._asked = self._arrived = self._want = None
+        if snap.next is not None:
+            self._announce_back(snap.next - every + span - 1)
         self.stats.resyncs += 1
         self.resynced.append({"from": snap.src, "clock": clock, "next": snap.next, "why": snap.why})
         log.info("relay %s: adopted %s's copy at clock %d (%d gradients after it)%s", me, snap.src, clock,
                  len(keep), f"; its turns start again at clock {snap.next}" if snap.next is not None else "")
+
+    def _announce_back(self, upto: int) -> None:
+        """Tell every peer that this one's turns up to ``upto`` passed and that it takes
+        them again after: a pass at ``upto`` that names this peer in ``j``. The copy's
+        sender says so too, on its next message, which reaches whoever goes past this
+        peer's next turn first; but a sender whose run ends before that message never
+        sends it, and the others would then not wait for this peer's turn."""
+        body = self._body(upto, {})
+        body["p"], body["j"] = 1, [[self.link.id, upto]]
+        self._send_own(body, [], [])
 
     def refuse(self, snap: Snapshot, why: str) -> None:
         """Consumer thread: give up ``snap`` (the caller could not load it); nothing
@@ -924,6 +937,9 @@ class GradientRelay:
                 isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and _int(e[1], 0) for e in ann)):
             self.stats.rejected += 1
             raise WireError(f"grad {origin}#{seq} from {msg.src}: j must list up to 64 [peer id, clock]")
+        back = -1   # the clock of a pass by which its origin says it is back in step (not late)
+        if ann:
+            back = max((c for pid, c in ann if pid == origin), default=-1)
         items: list[tuple[Any, np.ndarray | None]] = []   # everything is checked before anything is queued
         for pc, pm, frames in parts:
             if pm is None:
@@ -948,7 +964,8 @@ class GradientRelay:
                 return
             late = -1
             for pc, g in items:
-                if self._state is not None and isinstance(pc, int) and pc < self._taken_to:
+                if (self._state is not None and isinstance(pc, int) and pc < self._taken_to
+                        and not (g is None and pc == back)):
                     # this peer's turn went past it: applied now, it would take another place
                     # in this peer's order than in the others'
                     self.stats.late += 1
@@ -1118,7 +1135,9 @@ class GradientRelay:
         """Send ``src`` this peer's copy; returns why not, or None. When this peer's turns
         went past the asker's next one, its turns start again a round after the copy's
         clock, and this peer's next message tells the others (``j``): whoever goes past
-        that clock has that message first, so waits for its turn there."""
+        that clock has that message first, so waits for its turn there. The asker says
+        so too when it adopts the copy (:meth:`_announce_back`), for the case that this
+        peer's run ends before its next message."""
         assert self._sched is not None and self._boundary is not None and self._state is not None
         every, first, span = self._sched
         clock = self._boundary

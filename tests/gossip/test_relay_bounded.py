@@ -130,3 +130,28 @@ def test_ids_that_left_the_view_are_forgotten():
     for name in ("_seen", "_clocks", "_got", "_digests_in"):   # the member stays
         assert b in kept[name], name
     assert len(kept["_noticed"]) == _GONE   # the last ones that left are kept
+
+
+def test_neighbours_greeted_that_left_are_forgotten():
+    """With ``direct``, a relay greets each new neighbour (once per address: it keeps the
+    address it greeted): 100 neighbours that join and crash, each under a new id, leave
+    entries for the members and the last few ids that left, not one per id greeted."""
+    async def main():
+        hub = SimHub(topology="full")
+        la, lb = hub.add_many(2)
+        # the side channels direct mode needs from a Peer; greeting sends through the hub
+        la.open_inbox = lambda: (object(), "tcp://127.0.0.1:5555")
+        la.open_outbox = lambda dst, ep: None
+        la.close_side = lambda sock: None
+        la.sender_ok = lambda msg, frame: True
+        a = GradientRelay(la, D, direct=True)
+        for _ in range(100):
+            (lx,) = hub.add_many(1)
+            assert lx.id in a._greeted   # greeted at the view it joined in
+            hub.remove(lx.id)
+        await settle()
+        a.close()
+        assert not hub.errors
+        return a, lb.id
+    a, b = asyncio.run(main())
+    assert b in a._greeted and len(a._greeted) <= 1 + _GONE, len(a._greeted)

@@ -166,6 +166,68 @@ def test_a_copy_that_differs_is_found_by_its_digests_and_replaced():
     assert sum(r.stats.late for r in relays) == 0
 
 
+def test_a_peer_back_in_step_says_so_itself_when_the_copys_sender_stops():
+    """Peer 1 is away while the others take four rounds of turns; its first turn back
+    is late for them, it asks the peer that told it for a copy (S) and its turns start
+    again at clock 16. S's run then ends before its next message, which would have told
+    the third peer (T) so. Peer 1 tells T itself: T waits for its turn at 16 and applies
+    it in order. Before, T did not wait for peer 1 (out of step, as far as it knew), and
+    peer 1's gradient came after T's turn went past it."""
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(N)
+        copies = [Copy() for _ in range(N)]
+        relays = [GradientRelay(link, D, state=c.state, resync_timeout=2.0) for link, c in zip(links, copies)]
+        sent = {}
+
+        def turn(i, clock, timeout=0.0):
+            """Peer i's turn at ``clock``: what its wait returned and what it took."""
+            ok = relays[i].wait(clock, timeout, every=N, first=0)
+            got = relays[i].take(before=clock)
+            sent[clock] = relays[i].publish(np.full(D, clock, np.float32), clock=clock)
+            return ok, got
+
+        for clock in [0, 1, 2, 3] + [5, 6, 8, 9, 11, 12]:   # peer 1 is away after its turn at 1
+            turn(clock % N, clock)
+            await settle(hub)
+        turn(1, 4)   # peer 1 back: late for both others, who tell it so
+        await settle(hub)
+        asking = asyncio.create_task(asyncio.to_thread(relays[1].wait, 7, 2.0, every=N, first=0))
+        for _ in range(50):   # the request went to S
+            await settle(hub)
+            if relays[1].resyncing:
+                break
+        await settle(hub)
+        for r in relays[0], relays[2]:
+            r.poll()   # the one asked answers between its turns
+        assert await asking is False
+        snap = relays[1].snapshot()
+        assert snap.next == 16, snap
+        relays[1].adopt(snap)
+        s = int(snap.src[1:])
+        (t,) = {0, 2} - {s}
+        hub.remove(snap.src)   # S's run ends (it sends nothing more) and it leaves the view
+        await settle(hub)
+        late = relays[t].stats.late
+        before = 13 + (t - 13) % N   # T's turn before 16 (14 or 15)
+        turn(t, before)
+        await settle(hub)
+        # and its turn past peer 1's at 16, taken meanwhile on another thread
+        t_turn = asyncio.create_task(asyncio.to_thread(turn, t, before + N, 2.0))
+        for _ in range(10):
+            if t_turn.done():
+                break
+            await settle(hub)
+        turn(1, 16)
+        await settle(hub)
+        ok, got = await t_turn
+        assert not hub.errors
+        return ok, got, relays[t].stats.late - late, sent
+    ok, got, late, sent = asyncio.run(main())
+    assert ok and late == 0
+    assert any(np.array_equal(g, sent[16]) for g in got), [g[0] for g in got]
+
+
 def _asking(links):
     """Relay ``a`` of rank 0 (with state), and its next turn: a wait at clock 3 that,
     once ``a`` is told its gradient came late, asks for a copy and waits for it (what
@@ -272,6 +334,34 @@ def test_late_gradients_are_dropped_and_their_origin_told_once_a_second():
         await settle(hub)
         assert a.stats.late == 2 and a.stats.received == 1 and a.pending == 1
         assert [m.body for m in notices] == [{"c": 3, "at": 6}]
+    asyncio.run(main())
+
+
+def test_a_pass_that_says_its_origin_is_back_is_not_late():
+    """A peer that adopted a copy and takes turns again from clock 19 says so itself: a
+    pass of its turns up to 16 that names it in j. A peer whose turns went past 16 does
+    not count that pass late nor tell its origin so, and waits for the origin's turn at
+    19 again (it was out of step, and not waited for)."""
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(2)
+        notices = []
+        links[1].on(GRAD_LATE, notices.append)
+        a = GradientRelay(links[0], D, state=Copy().state)
+        msg = {"o": "p001", "h": 1, "meta": {"codec": "identity", "n": D}}
+        await links[1].send("p000", "grad", dict(msg, s=1, c=1), [np.ones(D, np.float32)])
+        await settle(hub)
+        assert a.wait(18, 0.0, every=N, first=0)   # p001 (last heard at 1) is out of step
+        assert len(a.take(before=18)) == 1
+        await links[1].send("p000", "grad", dict(msg, s=2, c=16, p=1, meta={}, j=[["p001", 16]]))
+        await settle(hub)
+        assert a.stats.late == 0 and a.stats.passes_in == 1 and notices == []
+        waiting = asyncio.create_task(asyncio.to_thread(a.wait, 21, 5.0, every=N, first=0))
+        await settle(hub)
+        assert not waiting.done()   # for p001's turn at 19
+        await links[1].send("p000", "grad", dict(msg, s=3, c=19), [np.full(D, 2.0, np.float32)])
+        assert await waiting
+        assert [g[0] for g in a.take(before=21)] == [2.0] and a.stats.late == 0 and not hub.errors
     asyncio.run(main())
 
 
