@@ -9,6 +9,11 @@
     swarm keys generate DIR [--names coordinator,peer]
     swarm launch --ray [ADDRESS] [SPEC] [--per-node N] [--set key=value ...]
 
+Every command takes -v (INFO logging) or -vv (DEBUG), before or after its name;
+`swarm run -v` passes it on to the coordinator and the peers it starts (their
+logs in the run folder's logs/). The `swarm` script's entry point is
+swarm/__main__.py (so `python -m swarm` runs it too).
+
 Peers also read SWARM_COORDINATOR and SWARM_RANK, and fall back to what Slurm
 (SLURM_PROCID) and torchrun (RANK, MASTER_ADDR) set, so existing launchers can
 start them.
@@ -30,11 +35,16 @@ from pathlib import Path
 from typing import Any, Callable, Coroutine, Mapping
 
 from .config import PeerConfig, SwarmConfig, load_config
-from .errors import SwarmError, TransportError
+from .errors import ConfigError, SwarmError, TransportError
 
 log = logging.getLogger("swarm.cli")
 
 DEFAULT_PORT = 5555
+#: The line a process started by `swarm run` (SWARM_PARENT_PID set) writes after the
+#: `swarm: error:` line of a ConfigError. Its exit code, 2, is that of every error, and some
+#: of those a restart cures (a refused takeover, a join that timed out); this one it does
+#: not, so `swarm run` reads the line from the log and does not start the peer again.
+CONFIG_ERROR_NOTE = "swarm: (a configuration error: another start would fail the same way)"
 
 
 def _runner(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
@@ -339,7 +349,8 @@ def format_status(st: dict[str, Any]) -> str:
     lines += [head, "-" * len(head)]
     for r in st["members"]:
         age = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.2f}"
-        lines.append(f"{r['id']:<20} {r['rank']:>4} {r['state']:<8} {age:>7} {r['linked_epoch']:>6}  "
+        linked = "-" if r["linked_epoch"] < 0 else r["linked_epoch"]   # -1: not linked yet
+        lines.append(f"{r['id']:<20} {r['rank']:>4} {r['state']:<8} {age:>7} {linked:>6}  "
                      f"{r['addr']:<24} {','.join(r['neighbours'])}")
     return "\n".join(lines)
 
@@ -425,7 +436,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     from .experiment.launch import run_experiment
 
-    return run_experiment(args.spec, list(args.set or []), resume=getattr(args, "resume", None)).exit_code
+    return run_experiment(args.spec, list(args.set or []), resume=getattr(args, "resume", None),
+                          verbose=args.verbose).exit_code
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -485,9 +497,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="swarm", description="Decentralized RL over ZeroMQ gossip.")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    # -v after the command too (`swarm run -v`); SUPPRESS keeps a -v given before it
+    loud = argparse.ArgumentParser(add_help=False)
+    loud.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                      help="more logging (-vv for debug); `swarm run` passes it on to its coordinator and peers")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    c = sub.add_parser("coordinator", help="run a coordinator (membership and failover only)")
+    c = sub.add_parser("coordinator", help="run a coordinator (membership and failover only)", parents=[loud])
     c.add_argument("--bind", default=None, help=f"address to bind (default tcp://127.0.0.1:{DEFAULT_PORT})")
     c.add_argument("--keys", help="CurveZMQ key folder (from `swarm keys generate`): encrypt and authenticate")
     c.add_argument("--others", help="comma-separated addresses of the other coordinators (primary/standbys)")
@@ -495,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
     c.set_defaults(func=cmd_coordinator)
 
-    q = sub.add_parser("peer", help="run one peer; joins the coordinator and links to its neighbours")
+    q = sub.add_parser("peer", help="run one peer; joins the coordinator and links to its neighbours", parents=[loud])
     q.add_argument("--coordinator", help="coordinator address, or several comma-separated (primary first; "
                    "else SWARM_COORDINATOR or MASTER_ADDR)")
     q.add_argument("--bind", help="address to bind (default tcp://127.0.0.1:*)")
@@ -514,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(parameters, optimizer, buffer, counters) and train what is left of the budget")
     q.set_defaults(func=cmd_peer)
 
-    s = sub.add_parser("status", help="show the member table and current view")
+    s = sub.add_parser("status", help="show the member table and current view", parents=[loud])
     s.add_argument("--coordinator", help="coordinator address(es), comma-separated: the first that answers "
                    "(else SWARM_COORDINATOR)")
     s.add_argument("--json", action="store_true", help="print JSON")
@@ -525,7 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--interval", type=float, default=1.0, help="with --watch: seconds between redraws (default 1)")
     s.set_defaults(func=cmd_status)
 
-    k = sub.add_parser("keys", help="CurveZMQ keys: `swarm keys generate DIR`")
+    k = sub.add_parser("keys", help="CurveZMQ keys: `swarm keys generate DIR`", parents=[loud])
     k.add_argument("action", choices=["generate"], help="what to do")
     k.add_argument("dir", help="key folder to create, or an existing one to add new key pairs to")
     k.add_argument("--names", default="coordinator,peer",
@@ -533,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "when DIR has no coordinator.key); an existing key is never overwritten")
     k.set_defaults(func=cmd_keys)
 
-    r = sub.add_parser("run", help="run an experiment: a coordinator and N peers on this host")
+    r = sub.add_parser("run", help="run an experiment: a coordinator and N peers on this host", parents=[loud])
     r.add_argument("spec", nargs="?", help="spec file (TOML or JSON); none runs the built-in default")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec value")
     r.add_argument("--resume", metavar="RUN_DIR",
@@ -543,7 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(`swarm run --show > my.toml` starts a spec file)")
     r.set_defaults(func=cmd_run)
 
-    e = sub.add_parser("eval", help="greedy episodes of saved policies: best.pt, checkpoint.pt or run folders")
+    e = sub.add_parser("eval", help="greedy episodes of saved policies: best.pt, checkpoint.pt or run folders",
+                       parents=[loud])
     e.add_argument("paths", nargs="+", metavar="PATH",
                    help="a peer's best.pt or checkpoint.pt, or a run folder (each peer's best.pt)")
     e.add_argument("--episodes", type=int, default=10, help="episodes per policy (default 10)")
@@ -551,7 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the first episode (default 20000; training evaluations use 10000 + 100 * rank)")
     e.set_defaults(func=cmd_eval)
 
-    la = sub.add_parser("launch", help="run an experiment on a cluster: `swarm launch --ray [ADDRESS] SPEC`")
+    la = sub.add_parser("launch", help="run an experiment on a cluster: `swarm launch --ray [ADDRESS] SPEC`",
+                        parents=[loud])
     la.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                     help="place the peers on a Ray cluster (auto, HOST:PORT, ray://HOST:10001; none: "
                          "RAY_ADDRESS or a local Ray); needs pip install 'swarm[ray]'")
@@ -573,6 +591,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args) or 0
     except SwarmError as e:
         print(f"swarm: error: {e}", file=sys.stderr)
+        if isinstance(e, ConfigError) and os.environ.get("SWARM_PARENT_PID"):
+            print(CONFIG_ERROR_NOTE, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # `swarm status --watch` runs until Ctrl-C: that is its normal end, however early it comes

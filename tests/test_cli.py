@@ -208,3 +208,36 @@ def test_a_coordinator_name_that_does_not_resolve_is_said_so(capsys):
     assert cli.main(["peer", "--id", "a", "--coordinator", bad, "--set", "peer.join_timeout_s=0.5"]) == 2
     err = capsys.readouterr().err
     assert said in err and "is `swarm coordinator` running there" not in err, err
+
+
+def test_status_shows_a_member_not_linked_yet_as_a_dash():
+    """`swarm status` printed `linked -1` (the table's "never") for a member that has not
+    linked yet; the table shows `-`, and --json keeps -1."""
+    from swarm.cli import format_status
+
+    def row(pid: str, linked: int) -> dict:
+        return {"id": pid, "rank": int(pid[1:]), "state": "alive", "heartbeat_age_s": 0.5, "linked_epoch": linked,
+                "addr": f"tcp://127.0.0.1:700{pid[1:]}", "neighbours": []}
+
+    st = {"coordinator": "tcp://127.0.0.1:5555", "epoch": 3, "uptime_s": 2.0,
+          "view": {"members": [["p0"], ["p1"]]}, "members": [row("p0", 3), row("p1", -1)]}
+    lines = format_status(st).splitlines()
+    linked = lines[1].index("linked") + len("linked")   # the column's right edge
+    assert [line[linked - 6:linked] for line in lines[3:]] == ["     3", "     -"], lines
+
+
+def test_a_config_error_under_swarm_run_says_a_restart_would_not_help(capsys, monkeypatch):
+    """A peer of `swarm run` (SWARM_PARENT_PID set) adds a line after the `swarm: error:` of a
+    ConfigError, for `swarm run` to read from its log: no restart cures it. Any other error, and
+    a ConfigError of a command run by hand, is one line as before."""
+    from swarm import cli
+
+    monkeypatch.delenv("SWARM_PARENT_PID", raising=False)
+    assert cli.main(["run", "--set", "peers=0"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["swarm: error: peers = 0: must be in [1, 1024]"]
+    monkeypatch.setenv("SWARM_PARENT_PID", str(os.getpid()))
+    assert cli.main(["run", "--set", "peers=0"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["swarm: error: peers = 0: must be in [1, 1024]",
+                                                    cli.CONFIG_ERROR_NOTE]
+    assert cli.main(["status", "--coordinator", f"tcp://127.0.0.1:{free_port()}", "--json", "--watch"]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1     # a SwarmError, not a ConfigError

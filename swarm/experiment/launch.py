@@ -12,7 +12,8 @@ Run folder::
 
     config.json         the resolved spec (loads back with load_spec)
     pids.json           the processes this run started
-    logs/               coordinator.log, peer{r}.log (a restarted process appends to its predecessor's)
+    logs/               coordinator.log, peer{r}.log (a restarted process appends to its predecessor's;
+                        warnings and errors, and with `swarm run -v` INFO lines too, -vv DEBUG)
     peer{r}/            metrics.csv, rounds.csv, evals.csv, tb/, ckpt/, checkpoint.pt, best.pt, summary.json
     plots/              returns.png, bytes_per_round.png, consensus.png
     summary.json        the summary table as JSON (each row with ``restarts``)
@@ -23,8 +24,9 @@ With ``restart_dead = true`` in the spec, a peer that crashes is started again
 ``--replace peer{r}`` it takes its old rank, resumes from its newest checkpoint
 in this run folder (in a resumed run, before its first one here, from the old
 run's) and bootstraps its parameters from its neighbours. A peer that crashes
-again after ``MAX_RESTARTS`` restarts, or that failed to resume from the old run
-(an error another start would meet again), is left down with a line that says
+again after ``MAX_RESTARTS`` restarts, or whose start failed on a configuration
+error (another start would meet it again: a resume from the old run that cannot be
+done, a checkpoint that does not fit the spec), is left down with a line that says
 so; the others go on, and the run's exit code is 1.
 ``budget.max_seconds`` limits the whole run: the launcher passes every peer the
 run's deadline in ``SWARM_RUN_DEADLINE`` (a restarted one gets what is left of
@@ -148,6 +150,8 @@ class Launch:
     deadline: float | None = None
     #: the run folder this run resumes (swarm run --resume), else None
     resumed: Path | None = None
+    #: each child gets this many ``-v`` (``swarm run -v``): 1 logs INFO to its log file, 2 DEBUG
+    verbose: int = 0
     _logs: list[TextIO] = field(default_factory=list)
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> _Child:
@@ -159,8 +163,9 @@ class Launch:
         env = dict(os.environ, PYTHONUNBUFFERED="1", SWARM_PARENT_PID=str(os.getpid()), **(env or {}))
         # A session of their own: Ctrl-C in the terminal reaches only `swarm run`,
         # which then ends each child in order (peers first, so they can leave cleanly).
-        p = subprocess.Popen([sys.executable, "-m", "swarm.cli", *args], stdout=f, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        loud = ["-" + "v" * min(self.verbose, 2)] if self.verbose > 0 else []
+        p = subprocess.Popen([sys.executable, "-m", "swarm.cli", *loud, *args], stdout=f,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         c = _Child(name, p, log_path)
         self.children.append(c)
         self._write_pids()
@@ -434,7 +439,7 @@ class RunResult:
 
 def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | None = None,
                    resume: str | Path | None = None, *, runs_root: str | Path = "runs",
-                   stream: TextIO | None = None) -> RunResult:
+                   stream: TextIO | None = None, verbose: int = 0) -> RunResult:
     """Run a whole experiment on this host and return its :class:`RunResult`.
 
     ``spec_path`` is a spec file, a :class:`Spec` (changed in code, e.g. with
@@ -447,7 +452,9 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     with 130).
 
     The progress line and the summary table go to ``stream`` (default stderr);
-    ``io.StringIO()`` keeps them out of the terminal. It blocks until the run ends,
+    ``io.StringIO()`` keeps them out of the terminal. ``verbose`` (``swarm run -v``) goes
+    to the coordinator and the peers as their ``-v``: 1 adds their INFO log lines to their
+    logs in ``logs/``, 2 DEBUG too. It blocks until the run ends,
     from any thread, in or out of a running event loop.
 
     ``resume`` is a previous run folder: its ``config.json`` is the spec (overrides
@@ -484,7 +491,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     print(f"swarm run: {spec.name}: {peers} on a {spec.gossip.topology.replace('_', ' ')} graph, {spec.env}, "
           f"codec {spec.gossip.codec}, {spec.budget.env_steps} env steps each -> {run_dir}", file=out, flush=True)
 
-    launch = Launch(run_dir, resumed=prev)
+    launch = Launch(run_dir, resumed=prev, verbose=verbose)
     code = 0
     progress = _Progress(spec, out)
     with _Interrupt(out) as intr:
@@ -564,13 +571,24 @@ def _peer_args(config: Path, rank: int, addr: str, run_dir: Path) -> list[str]:
 
 #: restarts per peer before `swarm run` lets it stay dead (a peer that crashes at once would loop)
 MAX_RESTARTS = 20
-#: How `swarm peer` reports a resume that cannot be done (a ConfigError: no checkpoint of the
-#: old run loads, or one that does not fit the spec); the files do not change between starts,
-#: so a restart fails the same way. Its exit code, 2, says no more than "a SwarmError", which a
-#: restart may well cure (a refused takeover, a join that timed out, a failed gossip round).
-_LASTING_ERROR = "swarm: error: resume: "
+#: How `swarm peer` reports a resume that cannot be done (no checkpoint of the old run loads,
+#: or one does not fit the spec): a ConfigError, so the note follows it, but this line says
+#: enough by itself (the files do not change between starts).
+_RESUME_ERROR = "swarm: error: resume: "
 #: how long a crashed peer's restart waits for the coordinator to declare it dead
 RESTART_WAIT_S = 30.0
+
+
+def _lasting_error(log: Path) -> bool:
+    """Whether a peer's log ends in an error that every start of it would meet again: a
+    ConfigError (a checkpoint that does not fit the spec, a resume that cannot be done, a
+    config.json changed under the run), which a peer of `swarm run` follows with
+    ``cli.CONFIG_ERROR_NOTE``. Exit code 2 alone says no more than "a SwarmError", which a
+    restart may well cure (a refused takeover, a join that timed out)."""
+    from ..cli import CONFIG_ERROR_NOTE  # noqa: PLC0415 - cli imports this module lazily too
+
+    last = _tail(log, 3)
+    return CONFIG_ERROR_NOTE in last or _RESUME_ERROR in last
 
 
 def _finished(run_dir: Path, rank: int, c: _Child) -> str | None:
@@ -636,7 +654,7 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
             launch.given_up[name] = f"crashed; not restarted ({why})"
             print(f"swarm run: {c.exited()}; not restarting it: {why}; last lines of {c.log}:\n{_tail(c.log)}",
                   file=out, flush=True)
-        elif rc == 2 and _LASTING_ERROR in _tail(c.log, 3):
+        elif rc == 2 and _lasting_error(c.log):
             launch.given_up[name] = "error; not restarted"
             print(f"swarm run: {c.exited()} on an error that a restart would meet again; not "
                   f"restarting it; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)

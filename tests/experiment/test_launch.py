@@ -365,3 +365,63 @@ def test_a_run_started_with_nohup_goes_on_after_sighup(tmp_path):
     out = log.read_text()
     assert p.returncode == 0 and "interrupted" not in out, out
     assert [row["reason"] for row in json.loads((d / "summary.json").read_text())] == ["time limit"] * 2
+
+
+def test_swarm_run_v_passes_its_verbosity_to_its_children(tmp_path):
+    """`swarm run -v` logged INFO itself, but started its coordinator and peers without -v:
+    their INFO lines (the relay's, a peer's checkpoints) never reached logs/. (`swarm run -v`
+    was refused too: -v went only before the command.)"""
+    args = [sys.executable, "-m", "swarm.cli", "run", "-v"]
+    for s in ["peers=1", "budget.env_steps=300", "dqn.learning_starts=100", "dqn.batch_size=32", "eval.every=0"]:
+        args += ["--set", s]
+    with ended(subprocess.Popen(args, cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)) as p:
+        out = finish(p, 120)
+    assert p.returncode == 0, out
+    logs = run_dir_of(tmp_path) / "logs"
+    assert " swarm.experiment INFO peer0 training: 300 env steps" in (logs / "peer0.log").read_text()
+    assert " swarm.coordinator INFO coordinator listening on " in (logs / "coordinator.log").read_text()
+
+
+@pytest.mark.parametrize("verbose, flags", [(0, []), (1, ["-v"]), (2, ["-vv"]), (5, ["-vv"])])
+def test_a_child_gets_the_runs_verbosity(tmp_path, monkeypatch, verbose, flags):
+    started = []
+
+    def popen(argv, **kw):
+        started.append(argv)
+        return _Exited()
+
+    monkeypatch.setattr(launch_mod.subprocess, "Popen", popen)
+    launch = Launch(tmp_path, verbose=verbose)
+    launch.start("peer0", ["peer", "--rank", "0"])
+    launch.close()
+    assert started == [[sys.executable, "-m", "swarm.cli", *flags, "peer", "--rank", "0"]]
+
+
+def test_a_peer_whose_start_fails_on_a_config_error_is_not_restarted(tmp_path, monkeypatch):
+    """`swarm run --resume OLD --set dqn.hidden=[32]` under restart_dead: each peer's start
+    failed on `swarm: error: checkpoint ...: 4610 parameters, the agent has 226` (a
+    ConfigError, not a resume error) and was started again 20 times, a minute of futile
+    restarts. A ConfigError's note in the log leaves it down at once; a peer whose takeover
+    was refused (exit code 2 too) is still restarted."""
+    from swarm.cli import CONFIG_ERROR_NOTE
+
+    spec = _spec("restart_dead=true")
+    launch = Launch(tmp_path / "new", resumed=tmp_path / "old")
+    started = []
+    monkeypatch.setattr(launch_mod, "_status", lambda addr: {"members": [{"id": "peer1", "state": "dead"}]})
+    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None: started.append(name) or "new")
+    (tmp_path / "p0.log").write_text("swarm peer peer0: cartpole-ring, ...\nswarm: error: checkpoint "
+                                     "old/peer0/ckpt/full-000001: 4610 parameters, the agent has 226\n"
+                                     f"{CONFIG_ERROR_NOTE}\n")
+    (tmp_path / "p1.log").write_text("swarm: error: peer1: no such member to take over\n")
+    coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)
+    peers = [_Child(f"peer{r}", _Exited(2), tmp_path / f"p{r}.log") for r in range(2)]
+    out = io.StringIO()
+    _restart_crashed(launch, spec, coord, peers, "tcp://127.0.0.1:9", {}, out)
+    assert started == ["peer1"]
+    assert launch.given_up == {"peer0": "error; not restarted"} and launch.restarts == {"peer1": 1}
+    said = out.getvalue()
+    assert ("peer0 (pid 0) exited with code 2 on an error that a restart would meet again; "
+            "not restarting it") in said, said
+    assert "4610 parameters, the agent has 226" in said

@@ -1,0 +1,26 @@
+"""The entry point of the `swarm` command (pyproject.toml) and of ``python -m swarm``.
+
+It imports :mod:`swarm.cli` inside a ``try``: a Ctrl-C that comes while Python is
+still importing it (the first tenth of a second or so, more from a cold disk)
+ends `swarm` as one that comes later does, with exit status 130 and no
+traceback. (The package ``swarm`` itself is imported before this module runs;
+a Ctrl-C in those few milliseconds is not caught here.)
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> int:
+    """Run the `swarm` command line (:func:`swarm.cli.main`); returns its exit status."""
+    try:
+        from .cli import main as cli_main
+
+        return cli_main()
+    except KeyboardInterrupt:   # before cli.main's own handler was there to catch it
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

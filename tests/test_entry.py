@@ -1,0 +1,55 @@
+"""The `swarm` command's entry point (pyproject.toml's [project.scripts], swarm/__main__.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import tomllib
+
+from swarmtest import ROOT
+
+
+def test_ctrl_c_while_the_command_line_is_imported_exits_130_quietly():
+    """A Ctrl-C in the first tenth of a second of any `swarm` command, while Python imported
+    swarm.cli, ended in a KeyboardInterrupt traceback. The child does what the installed
+    `swarm` script does with the entry point pyproject.toml names, with an import of
+    swarm.cli made slow so that the SIGINT lands in it every time."""
+    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["swarm"]
+    module, func = entry.split(":")
+    code = textwrap.dedent(f"""
+        import sys, time
+
+        class SlowCli:
+            # a meta path finder that sees `import swarm.cli` first: a slow disk, say
+            def find_spec(self, name, path=None, target=None):
+                if name == "swarm.cli":
+                    print("importing swarm.cli", flush=True)
+                    time.sleep(60)
+                return None
+
+        sys.meta_path.insert(0, SlowCli())
+        from {module} import {func}
+        sys.exit({func}())
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code, "status"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert p.stdout.readline() == "importing swarm.cli\n"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and len(err.splitlines()) <= 1, err
+
+
+def test_python_dash_m_swarm_runs_the_command_line():
+    p = subprocess.run([sys.executable, "-m", "swarm", "--help"], capture_output=True, text=True, timeout=30,
+                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("usage: swarm ")
