@@ -5,15 +5,27 @@
 Everything runs as real `swarm coordinator` / `swarm peer` processes on
 loopback, started with the CLI exactly as a user would.
 
-* start-up: from launching a coordinator and 8 peers until every peer has
-  answered hellos from all its ring neighbours (the coordinator records when
-  each peer reports ``linked`` for the current epoch);
+* start-up: from launching a coordinator and 8 peers (``--startup-peers``)
+  until every peer has answered hellos from all its ring neighbours (the
+  coordinator records when each peer reports ``linked`` for the current epoch);
 * crash (SIGKILL) and freeze (SIGSTOP) of a random peer: the time from the
   fault until every survivor has re-linked in the view without it, i.e.
   ``max(linked_at of survivors) − t_fault``; the victim is then replaced by a
   fresh peer so that N stays constant;
 * a quiet run of N peers for ``--quiet-s`` seconds: deaths the coordinator
   declared although nobody was harmed.
+
+Anchors, measured in the same run: what Python and ZeroMQ alone take.
+
+* start-up: as many processes, launched together, that only import what a
+  coordinator and a peer import (``startup_vs_anchor`` = start-up / that);
+* crash and freeze: raw pyzmq noticing the same fault, ``--faults`` times each:
+  a ROUTER with the coordinator's ZMTP heartbeat settings watches a DEALER in a
+  process of its own, from the fault to the ROUTER's disconnect event
+  (``crash_relink_vs_anchor``, ``freeze_relink_vs_anchor``: swarm's p99 / the
+  anchor's p99; swarm adds declaring the death, publishing the view and every
+  survivor linking to its new neighbours; a freeze is noticed 0.3-0.4 s after
+  it, by where it falls between two heartbeats, so that ratio is near 1).
 
 Last line: one JSON object.
 """
@@ -34,8 +46,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import zmq
+from zmq.utils.monitor import recv_monitor_message
 
+from swarm import transport
 from swarm.cli import query_status
+from swarm.config import CoordinatorConfig
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
 
@@ -131,6 +147,58 @@ def fault_relink_ms(sw: Swarm, n: int, kind: str, rng: random.Random) -> float:
     return (linked - t_fault) * 1000
 
 
+#: the anchor's DEALER, in a process of its own: it connects, says hello and waits
+ANCHOR_DEALER = """
+import sys, time, zmq
+s = zmq.Context().socket(zmq.DEALER)
+s.connect(sys.argv[1])
+s.send(b"hello")
+time.sleep(600)
+"""
+
+
+def detect_anchor_ms(kind: str) -> float:
+    """Milliseconds from a crash (SIGKILL) or freeze (SIGSTOP) of a DEALER process until
+    a ROUTER with the coordinator's ZMTP heartbeat settings reports the disconnect:
+    what any coordinator on ZeroMQ waits before it can act."""
+    cfg = CoordinatorConfig()   # the settings `swarm coordinator` runs with here
+    ctx = zmq.Context()
+    router = transport.router(ctx, heartbeat_s=cfg.zmtp_heartbeat_s, heartbeat_timeout_s=cfg.zmtp_timeout_s)
+    monitor = router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    child = None
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        child = subprocess.Popen([sys.executable, "-c", ANCHOR_DEALER, f"tcp://127.0.0.1:{port}"])
+        if not router.poll(30_000):
+            raise RuntimeError("anchor: the DEALER process did not connect within 30 s")
+        router.recv_multipart()
+        t_fault = time.monotonic()
+        os.kill(child.pid, signal.SIGKILL if kind == "crash" else signal.SIGSTOP)
+        if not monitor.poll(30_000):
+            raise RuntimeError(f"anchor: the ROUTER saw no disconnect within 30 s of the {kind}")
+        recv_monitor_message(monitor)
+        return (time.monotonic() - t_fault) * 1000
+    finally:
+        if child is not None:
+            child.kill()   # a stopped process too
+            child.wait()
+        router.disable_monitor()
+        monitor.close(0)
+        router.close(0)
+        ctx.term()
+
+
+def startup_anchor_s(n: int) -> float:
+    """Seconds for n processes launched together that only import what a coordinator and a
+    peer import (Python start-up and imports on these shared cores) until the last exits."""
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-c", "import swarm.cli, swarm.coordinator, swarm.peer"])
+             for _ in range(n)]
+    for p in procs:
+        p.wait()
+    return time.monotonic() - t0
+
+
 def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.array(xs), q)) if xs else float("nan")
 
@@ -141,6 +209,8 @@ def main() -> None:
     ap.add_argument("--faults", type=int, default=10, help="faults of each kind per size")
     ap.add_argument("--quiet-s", type=float, default=60.0, help="length of the quiet run")
     ap.add_argument("--quiet-n", type=int, default=16, help="peers in the quiet run")
+    ap.add_argument("--startup-peers", type=int, default=8, help="peers started with the coordinator "
+                    "for the start-up time (its target, 3 s, is for 8)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     try:
@@ -155,23 +225,34 @@ def main() -> None:
         ap.error("--quiet-s must be > 0")
     if args.quiet_n < 1:
         ap.error("--quiet-n must be >= 1")
+    if args.startup_peers < 1:
+        ap.error("--startup-peers must be >= 1")
     rng = random.Random(args.seed)
     out: dict = {"sizes": sizes, "faults": args.faults}
     with tempfile.TemporaryDirectory(prefix="swarm-failover-") as tmp:
-        # start-up: coordinator + 8 peers launched together with the CLI
+        n0 = args.startup_peers
+        out["startup_peers"] = n0
+        out["startup_anchor_s"] = startup_anchor_s(n0 + 1)
+        # start-up: coordinator + n0 peers launched together with the CLI
         sw = Swarm(Path(tmp))
         try:
             t0 = time.time()
             sw.start_coordinator()
-            for _ in range(8):
+            for _ in range(n0):
                 sw.add_peer()
-            st = sw.wait_settled(8)
+            st = sw.wait_settled(n0)
             out["startup_s"] = max(r["linked_at"] for r in st["members"]) - t0
         finally:
             sw.close()
-        print(f"start-up, coordinator + 8 peers until all linked: {out['startup_s']:.2f} s")
+        print(f"start-up, coordinator + {n0} peers until all linked: {out['startup_s']:.2f} s "
+              f"(anchor: {n0 + 1} processes importing swarm: {out['startup_anchor_s']:.2f} s)")
 
         print(f"{'N':>4} {'fault':<7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+        for kind in ("crash", "freeze"):
+            xs = [detect_anchor_ms(kind) for _ in range(args.faults)]
+            out[f"anchor_{kind}"] = {"p50_ms": pct(xs, 50), "p99_ms": pct(xs, 99), "max_ms": max(xs)}
+            print(f"{'raw':>4} {kind:<7} {pct(xs, 50):>8.1f} {pct(xs, 99):>8.1f} {max(xs):>8.1f}"
+                  "   (anchor: a pyzmq ROUTER notices the fault)", flush=True)
         for n in sizes:
             sw = Swarm(Path(tmp))
             try:
@@ -200,15 +281,21 @@ def main() -> None:
             out["quiet_epochs"] = st["epoch"] - st0["epoch"]
         finally:
             sw.close()
-        print(f"quiet run: {args.quiet_n} peers for {args.quiet_s:.0f} s: "
+        print(f"quiet run: {args.quiet_n} peers for {args.quiet_s:g} s: "
               f"{out['false_deaths']} false deaths, {out['quiet_epochs']} view changes")
 
     key = 16 if 16 in sizes else sizes[0]
     out["crash_relink_p99_ms"] = out[f"crash_{key}"]["p99_ms"]
     out["freeze_relink_p99_ms"] = out[f"freeze_{key}"]["p99_ms"]
+    out["startup_vs_anchor"] = out["startup_s"] / out["startup_anchor_s"]
+    for kind in ("crash", "freeze"):
+        out[f"{kind}_relink_vs_anchor"] = out[f"{kind}_relink_p99_ms"] / out[f"anchor_{kind}"]["p99_ms"]
     out["targets"] = {"crash_relink_p99_ms": 100, "freeze_relink_p99_ms": 500, "false_deaths": 0, "startup_s": 3}
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
+    # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
+    # the processes this script started still run (killed outright, they were left behind)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     main()

@@ -484,6 +484,9 @@ async def main(quick: bool, netns: bool, topk: bool, bytes_d: int) -> dict:
 
 
 if __name__ == "__main__":
+    # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
+    # the processes this script started still run (killed outright, they were left behind)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds and gammas (smoke test)")
     ap.add_argument("--no-netns", action="store_true", help="skip the real-link run in network namespaces")

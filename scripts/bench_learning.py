@@ -46,6 +46,8 @@ import io
 import json
 import multiprocessing as mp
 import queue
+import signal
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -534,4 +536,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
+    # the processes this script started still run (killed outright, they were left behind)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     main()

@@ -30,6 +30,7 @@ import json
 import multiprocessing as mp
 import queue
 import socket
+import signal
 import sys
 import time
 
@@ -185,11 +186,27 @@ def run(kind: str, n: int, d: int, every: float, timeout: float = 180.0) -> dict
         ok = True
         return res
     finally:
-        for p in procs:
-            p.join(timeout=10 if ok else 0)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        stop(procs, grace=10 if ok else 0)
+
+
+def stop(procs: list, grace: float) -> None:
+    """End a leg's processes, each by its handle: the peers get ``grace`` s to finish
+    on their own (a stuck one is killed), then the coordinator, which serves until it
+    is told to stop, gets a SIGTERM (waiting for it to exit cost 10 s a leg)."""
+    peers = [p for p in procs if p.name != "coordinator"]
+    for p in peers:
+        p.join(timeout=grace)
+    for p in procs:
+        if not p.is_alive():
+            continue
+        if p in peers:
+            p.kill()
+        else:
+            p.terminate()
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def main() -> None:
@@ -221,4 +238,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
+    # the processes this script started still run (killed outright, they were left behind)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     main()

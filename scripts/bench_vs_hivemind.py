@@ -63,6 +63,7 @@ import json
 import os
 import queue
 import subprocess
+import signal
 import sys
 import tempfile
 import time
@@ -579,9 +580,12 @@ def fmt_bytes(b) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--d", type=int, default=10_000_000)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--skip-hivemind", action="store_true")
+    ap.add_argument("--d", type=int, default=10_000_000, help="floats per vector (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs of each side; the best is kept")
+    ap.add_argument("--skip-hivemind", action="store_true",
+                    help="do not run hivemind: the JSON line has swarm's figures and the raw pyzmq "
+                         "anchor, and null for hivemind's. Without this flag the script makes "
+                         "build/hivemind-venv and pip-installs torch and hivemind into it (once; a large download)")
     ap.add_argument("--max-rounds", type=int, default=30, help="swarm gives up after this many rounds")
     ap.add_argument("--configs", default="",
                     help="comma list of swarm TOPOLOGY:CODEC, e.g. ring:fp16 (default: full, "
@@ -762,4 +766,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
+    # the processes this script started still run (killed outright, they were left behind)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     main()

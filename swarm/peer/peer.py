@@ -194,6 +194,12 @@ class Peer:
     def on(self, t: str, handler: Handler) -> None:
         """Call ``handler(msg)`` for each message of type ``t`` (sync or async).
 
+        Handlers run one at a time on the peer's receive loop, in the order messages
+        arrive, and an async one is awaited there: until it returns, the peer reads no
+        message, the coordinator's views included. A handler that waits for something
+        only a later message brings (a view that lists the sender, a reply) waits out
+        its timeout; hand such work to a task or a queue instead.
+
         The types of swarm's own protocol that the peer handles itself (hello, ping
         and the membership types: :data:`RESERVED_TYPES`) are refused with a
         :class:`WireError`; ``pong``, the answer to a ping, may be handled.

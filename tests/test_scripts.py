@@ -1,0 +1,232 @@
+"""The benchmarks in scripts/ still run, each as a real process with tiny arguments.
+
+Each benchmark compares against its anchor in the same run and prints, as its
+last line, one JSON object; these tests check that the line parses, that every
+number in it is finite, and that it holds the keys the script's docstring
+promises. Figures are not judged (speed belongs to the benchmarks themselves).
+
+Only the benchmarks that finish in seconds with tiny arguments run here.
+bench_gossip (sections hard-wired to d = 1e5 and 1e6), bench_vs_hivemind (three
+4-peer swarms even at --d 1000), bench_scale's parts (a) and (c) (a simulated
+membership, 16 peer processes) and bench_learning (training) take from ten
+seconds to minutes and are left to be run by hand.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+
+
+def run_script(name: str, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """Run scripts/<name>.py to its end. It gets a process group of its own, so that
+    whatever it started is ended with it if it overruns ``timeout`` or the test fails."""
+    p = subprocess.Popen([sys.executable, str(SCRIPTS / f"{name}.py"), *args], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(p.pid, signal.SIGKILL)   # the group is the script's: its pid is the group id
+        p.communicate()
+        raise
+    try:   # anything of the script's still running (it should have ended all its processes)
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def numbers(obj: object, path: str = "") -> list[tuple[str, float]]:
+    """Every number in a parsed JSON value, with where it sits (``a.b[0]``)."""
+    if isinstance(obj, bool):
+        return []
+    if isinstance(obj, (int, float)):
+        return [(path, obj)]
+    if isinstance(obj, dict):
+        return [n for k, v in obj.items() for n in numbers(v, f"{path}.{k}" if path else k)]
+    if isinstance(obj, list):
+        return [n for i, v in enumerate(obj) for n in numbers(v, f"{path}[{i}]")]
+    return []
+
+
+def last_json(res: subprocess.CompletedProcess) -> dict:
+    """The script's last stdout line as a JSON object whose numbers are all finite."""
+    assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    lines = res.stdout.strip().splitlines()
+    assert lines, f"no output\n{res.stderr[-3000:]}"
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} in the last line: {lines[-1][:500]}")
+
+    obj = json.loads(lines[-1], parse_constant=refuse)   # NaN and Infinity are not JSON
+    assert isinstance(obj, dict), lines[-1][:500]
+    bad = [(p, v) for p, v in numbers(obj) if not math.isfinite(v)]   # 1e999 parses as inf
+    assert not bad, bad
+    return obj
+
+
+def has(obj: dict, *keys: str) -> None:
+    """Each key is in ``obj`` and is a number (the ratios and figures a docstring promises)."""
+    missing = [k for k in keys if k not in obj]
+    assert not missing, f"missing {missing}; the line has {sorted(obj)}"
+    wrong = {k: obj[k] for k in keys if isinstance(obj[k], bool) or not isinstance(obj[k], (int, float))}
+    assert not wrong, f"not numbers: {wrong}"
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------- in-process benchmarks
+
+def test_bench_compress():
+    out = last_json(run_script("bench_compress", "--sizes", "1000", "--reps", "1"))
+    has(out, "n", "memcpy_gbps", "torch_topk_gbps", "topk_vs_torch")
+    assert out["n"] == 1000
+    for spec in ("identity", "fp16", "int8", "topk:0.01", "sign", "ef+topk:0.01"):
+        has(out["codecs"][spec], "encode_gbps", "decode_gbps", "decode_into_gbps", "ratio", "rel_error")
+    assert set(out["targets"]) == {"topk_vs_torch", "fp16_gbps", "int8_gbps", "sign_gbps"}
+
+
+def test_bench_dqn():
+    out = last_json(run_script("bench_dqn", "--batches", "8", "--reps", "1"))
+    [row] = out["rows"]
+    has(row, "update_ms", "anchor_update_ms", "learn_ms", "act_us", "anchor_act_us", "update_speedup", "act_speedup")
+    assert row["batch"] == 8 and out["threads"] == 1
+
+
+def test_bench_scale_in_process_part():
+    out = last_json(run_script("bench_scale", "--quick", "--skip", "a,c"))
+    for topo in ("ring", "torus"):
+        has(out, f"inproc_{topo}_rounds_per_s", f"numpy_{topo}_rounds_per_s", f"inproc_{topo}_vs_numpy",
+            f"inproc_{topo}_mb_per_peer")
+    assert out["inproc_ok"] is True and out["inproc_peers"] == 64
+
+
+def test_bench_buffer_without_cpprb_says_what_is_missing():
+    if importlib.util.find_spec("cpprb") is not None:
+        pytest.skip("cpprb is installed: test_bench_buffer runs it")
+    res = run_script("bench_buffer", "--capacity", "1000", "--rounds", "3", "--burst", "1")
+    assert res.returncode != 0
+    assert "cpprb is needed" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_bench_buffer():
+    pytest.importorskip("cpprb")
+    out = last_json(run_script("bench_buffer", "--capacity", "1000", "--rounds", "3", "--burst", "1"))
+    has(out, "learner_step_vs_cpprb", "add_vs_cpprb", "decay_overhead", "add_one_vs_cpprb",
+        "sample_vs_cpprb", "update_vs_cpprb")
+
+
+# ---------------------------------------------------------------- multi-process benchmarks
+
+def test_bench_transport():
+    out = last_json(run_script("bench_transport", "--mb", "0.1", "--n", "2", "--small", "100", "--repeat", "1"))
+    has(out, "raw_gbps", "swarm_gbps", "curve_gbps", "raw_small_msgs_per_s", "swarm_small_msgs_per_s",
+        "transport_ratio", "curve_ratio", "small_ratio")
+
+
+def test_bench_relay():
+    out = last_json(run_script("bench_relay", "--n", "5"))
+    has(out, "raw_cpu_us_per_msg", "swarm_cpu_us_per_msg", "direct_cpu_us_per_msg",
+        "swarm_over_raw", "direct_over_raw")
+    assert out["received"] == {"raw": 5, "swarm": 5, "direct": 5}
+
+
+def test_bench_relay_stops_its_coordinator_instead_of_waiting_for_it():
+    """A leg's coordinator serves until told to stop: the relay bench used to wait 10 s
+    for it to exit on its own (20 s a run) and then kill it."""
+    relay = load_script("bench_relay")
+    ctx = mp.get_context("spawn")
+    coord = ctx.Process(target=time.sleep, args=(60,), name="coordinator", daemon=True)
+    peer = ctx.Process(target=time.sleep, args=(0.1,), name="receiving peer")
+    procs = [coord, peer]
+    try:
+        for p in procs:
+            p.start()
+        relay.stop(procs, grace=10)
+        assert peer.exitcode == 0             # a peer that ends on its own is left to
+        assert coord.exitcode == -signal.SIGTERM, coord.exitcode
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def test_bench_failover():
+    out = last_json(run_script("bench_failover", "--sizes", "2", "--faults", "1", "--startup-peers", "2",
+                               "--quiet-s", "0.5", "--quiet-n", "1"))
+    assert out["startup_peers"] == 2
+    has(out, "startup_s", "startup_anchor_s", "startup_vs_anchor", "crash_relink_p99_ms", "freeze_relink_p99_ms",
+        "crash_relink_vs_anchor", "freeze_relink_vs_anchor", "false_deaths", "quiet_epochs")
+    for part in ("crash_2", "freeze_2", "anchor_crash", "anchor_freeze"):
+        has(out[part], "p50_ms", "p99_ms", "max_ms")
+
+
+def test_bench_vs_hivemind_help_says_what_a_run_without_skip_installs():
+    res = run_script("bench_vs_hivemind", "--help", timeout=60)
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "--skip-hivemind" in text and "build/hivemind-venv" in text and "pip-installs" in text, text
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (from /proc), children first."""
+    try:
+        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return [d for k in kids for d in (k, *_descendants(k))]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+def test_a_benchmark_ended_by_sigterm_ends_the_processes_it_started():
+    """A `timeout` (SIGTERM) of bench_scale left its coordinator and workers running for
+    good: the signal ended the script before its finally blocks. Every benchmark that
+    starts processes now takes SIGTERM as SystemExit."""
+    p = subprocess.Popen([sys.executable, str(SCRIPTS / "bench_scale.py"), "--quick", "--skip", "b,c"], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(started) < 2 and time.monotonic() < deadline and p.poll() is None:
+            started = _descendants(p.pid)
+            time.sleep(0.1)
+        assert len(started) >= 2, "bench_scale started no coordinator and workers"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 20
+        while any(map(_running, started)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in started if _running(pid)]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for pid in started:   # what the script left behind, by pid
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
