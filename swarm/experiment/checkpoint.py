@@ -27,6 +27,10 @@ of its full one with the increment applied) and ``state.pt`` against its own
 digest, so a byte changed after the commit in a file that still parses (a
 ``.npy`` column, a tensor) makes the checkpoint damaged, as a torn file does.
 
+Each manifest also names the run that wrote it (``run``: see :class:`Lineage`) and
+the runs that one continues, so that a restarted peer resumes only from its own
+run's checkpoints or those of a run it continues, whatever else a reused folder holds.
+
 Everything is written into ``ckpt/.tmp-NAME`` and renamed to ``ckpt/NAME`` once
 complete (the manifest is written last), so a crash never leaves half a
 checkpoint under a name that :func:`latest` picks. A full checkpoint's buffer
@@ -44,6 +48,7 @@ import logging
 import os
 import pickle
 import re
+import secrets
 import shutil
 import time
 from collections import deque
@@ -57,8 +62,9 @@ from ..errors import ConfigError, ReplayError, SwarmError
 
 log = logging.getLogger("swarm.experiment")
 
-__all__ = ["Checkpointer", "Restored", "committed", "continued_folder", "latest", "load_checkpoint", "load_newest",
-           "load_policy", "read_checkpoint_pt", "state_digest"]
+__all__ = ["Checkpointer", "Lineage", "Restored", "committed", "continued_folder", "latest", "load_checkpoint",
+           "load_newest", "load_policy", "newest_lineage", "read_checkpoint_pt", "read_lineage", "state_digest",
+           "write_lineage"]
 
 _FULL = re.compile(r"^full-(\d{6})$")
 _INC = re.compile(r"^full-(\d{6})-inc-(\d{4})$")
@@ -92,12 +98,14 @@ class Checkpointer:
         counters: returns the run counters to save (must include ``env_steps``).
         full_every_s, full_every_steps, incremental_every_steps: the cadence
             (see :class:`~swarm.experiment.spec.CheckpointSpec`).
+        run: the run these checkpoints belong to, recorded in each manifest (None: no record).
     """
 
     def __init__(self, root: str | Path, agent: Any, buf: Any, counters: Callable[[], dict[str, Any]], *,
                  full_every_s: float = 0.0, full_every_steps: int = 0, incremental_every_steps: int = 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, run: Lineage | None = None) -> None:
         self.root = Path(root)
+        self.run = run
         self.root.mkdir(parents=True, exist_ok=True)
         self.agent, self.buf, self.counters = agent, buf, counters
         self.full_every_s, self.full_every_steps = full_every_s, full_every_steps
@@ -221,7 +229,7 @@ class Checkpointer:
     def _commit(self, name: str, tmp: Path, info: dict[str, Any]) -> None:
         # state.pt's own digest covers what the state digest does not: nets, optimizer, RNGs
         manifest = {"name": name, "kind": "incremental" if info.get("base") else "full",
-                    "written_at": time.time(), **info,
+                    "written_at": time.time(), **(self.run.record() if self.run is not None else {}), **info,
                     "files": {"state.pt": _bytes_digest((tmp / "state.pt").read_bytes())}}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         _fsync_dir(tmp)
@@ -268,23 +276,37 @@ def latest(root: str | Path) -> Path | None:
     return next(iter(committed(root)), None)
 
 
-def load_newest(root: str | Path) -> tuple[Restored | None, list[str]]:
+def load_newest(root: str | Path, run: str | None = None) -> tuple[Restored | None, list[str]]:
     """The newest checkpoint under ``root`` that can be read, and why each newer one could not.
 
     A checkpoint damaged after its commit (a torn ``state.pt``, a truncated buffer
     column, a lost full base, a changed byte that its digests catch) is skipped with
     a warning and the next older one is tried: an incremental one's earlier siblings,
     then its full one, then any older full one still kept. The damaged ones stay where they are, for inspection.
+    With ``run`` (a run id), one that another run wrote is skipped too (see :class:`Lineage`).
     None when no checkpoint loads (or there is none).
     """
     skipped: list[str] = []
     for path in committed(root):
         try:
+            if run is not None:
+                _check_run(path, run)
             return load_checkpoint(path), skipped
         except ConfigError as e:
             log.warning("%s; trying the next older checkpoint", e)
             skipped.append(str(e))
     return None, skipped
+
+
+def _check_run(path: Path, run: str) -> None:
+    """ConfigError unless the checkpoint ``path`` was written by the run ``run``."""
+    try:
+        theirs = json.loads((path / "manifest.json").read_text()).get("run")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(f"checkpoint {path} cannot be read (damaged?): manifest.json: {e}") from None
+    if theirs != run:
+        raise ConfigError(f"checkpoint {path} belongs to another run ({theirs or 'one from before run ids'}), "
+                          f"not to run {run}")
 
 
 @dataclass
@@ -394,6 +416,112 @@ def continued_folder(peer_folder: str | Path) -> Path | None:
         return None
     old = rec.get("continues") if isinstance(rec, dict) else None
     return Path(old) if isinstance(old, str) and old else None
+
+
+#: how many runs back a restart looks for a checkpoint that loads (the chain of resumes)
+MAX_LINEAGE = 16
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """The run a peer folder holds (``run.json`` in it), and the runs it continues.
+
+    A run starts in a folder with a fresh start or with a resume from another run's
+    folder; it draws a random ``id`` then, and every restart into the folder keeps
+    it. Every checkpoint (``manifest.json``), ``checkpoint.pt`` and ``best.pt`` it
+    writes records the id, so a restart can tell its own files from those another
+    run left in a reused folder. ``continues`` is the chain of runs it was resumed
+    from, newest first: ``(peer folder, run id)`` of the run whose checkpoint it
+    started from, then the one that run continued, and so on (at most
+    :data:`MAX_LINEAGE`). A run id of None stands for a run from before run ids,
+    known only by its folder: any checkpoint there counts as its own.
+
+    Example::
+
+        lin = Lineage.new((("/runs/old/peer0", "9f3a..."),))
+        write_lineage(folder, lin)
+        assert read_lineage(folder) == lin
+    """
+
+    id: str | None
+    continues: tuple[tuple[str, str | None], ...] = ()
+
+    @classmethod
+    def new(cls, continues: tuple[tuple[str, str | None], ...] = ()) -> Lineage:
+        """A new run (a fresh id) that continues ``continues``."""
+        return cls(secrets.token_hex(8), continues[:MAX_LINEAGE])
+
+    def record(self) -> dict[str, Any]:
+        """What manifests, ``checkpoint.pt`` and ``run.json`` hold: plain JSON types."""
+        return {"run": self.id, "continues": [list(c) for c in self.continues]}
+
+    @classmethod
+    def of(cls, record: Any, folder: str | Path) -> Lineage:
+        """The run that wrote ``record`` (a manifest, a ``checkpoint.pt``'s dict, a ``run.json``)
+        in the peer folder ``folder``. One from before run ids has none: its run is known by
+        its folder only, and what it continued by the folder's ``resumed.json``."""
+        if not isinstance(record, dict) or "run" not in record:
+            old = continued_folder(folder)
+            return cls(None, ((str(old), None),) if old is not None else ())
+        rid = record.get("run")
+        chain = record.get("continues") or []
+        try:
+            continues = tuple((str(f), r if isinstance(r, str) else None) for f, r in chain)
+        except (TypeError, ValueError):   # hand-edited or foreign: not a chain of pairs
+            log.warning("%s: the runs it continues cannot be read (%r); following none", folder, chain)
+            continues = ()
+        return cls(rid if isinstance(rid, str) and rid else None, continues[:MAX_LINEAGE])
+
+    def sources(self, folder: str | Path) -> list[tuple[Path, str | None]]:
+        """Where a restart of this run into ``folder`` may resume from, in order: its own
+        checkpoints there, then each run it continues in its folder. Each (folder, run)
+        once, so a chain that comes round again ends."""
+        out: list[tuple[Path, str | None]] = []
+        seen: set[tuple[Path, str | None]] = set()
+        for f, r in ((str(folder), self.id), *self.continues):
+            if (Path(f).resolve(), r) not in seen:
+                seen.add((Path(f).resolve(), r))
+                out.append((Path(f), r))
+        return out[:MAX_LINEAGE + 1]
+
+
+def read_lineage(peer_folder: str | Path) -> Lineage:
+    """The run that ``peer_folder`` holds, from its ``run.json``. A folder without one (written
+    before run ids, or never used) holds a run of no id: it continues what its ``resumed.json``
+    names, if anything. A ``run.json`` that cannot be read is logged and read the same way."""
+    path = Path(peer_folder) / "run.json"
+    rec = None
+    if path.is_file():
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            log.warning("%s cannot be read (%s); this folder's run is not known", path, e)
+    return Lineage.of(rec, peer_folder)
+
+
+def write_lineage(peer_folder: str | Path, lineage: Lineage) -> None:
+    """Record in ``peer_folder/run.json`` that it holds ``lineage``'s run (replaced whole)."""
+    path = Path(peer_folder) / "run.json"
+    tmp = path.with_name(".run.json.tmp")
+    tmp.write_text(json.dumps(lineage.record(), indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def newest_lineage(peer_folder: str | Path) -> Lineage | None:
+    """The run that wrote the newest checkpoint in ``peer_folder`` (``ckpt/``, else
+    ``checkpoint.pt``), read without loading it; None when there is none that reads."""
+    folder = Path(peer_folder)
+    for p in committed(folder / "ckpt"):
+        try:
+            return Lineage.of(json.loads((p / "manifest.json").read_text()), folder)
+        except (OSError, ValueError):
+            continue   # damaged: load_newest says so when it comes to it
+    if (folder / "checkpoint.pt").is_file():
+        try:
+            return Lineage.of(read_checkpoint_pt(folder / "checkpoint.pt"), folder)
+        except ConfigError:
+            return None
+    return None
 
 
 def read_checkpoint_pt(path: str | Path) -> dict[str, Any]:

@@ -20,6 +20,8 @@ It writes into ``DIR/peer{R}/``:
 ``best.pt``       the same at the best greedy evaluation so far (with its ``eval_return``)
 ``resumed.json``  on a resume: the checkpoint used, the digest of the state restored and
                   the old run's peer folder this one continues (kept by every restart)
+``run.json``      the id of the run this folder holds and the runs it continues
+                  (:class:`~swarm.experiment.checkpoint.Lineage`; kept by every restart)
 ``acked.bin``     with ``buffer.replicas`` > 0: int64 sequence numbers of this peer's items
                   that neighbours acknowledged (appended each round; a restarted process
                   may append an id its predecessor did)
@@ -70,8 +72,8 @@ import numpy as np
 
 from ..config import to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
-from .checkpoint import (Checkpointer, array_digest, continued_folder, load_newest, read_checkpoint_pt,
-                         state_digest)
+from .checkpoint import (Checkpointer, Lineage, array_digest, load_newest, newest_lineage, read_checkpoint_pt,
+                         read_lineage, state_digest, write_lineage)
 from .spec import Spec
 
 if TYPE_CHECKING:
@@ -116,17 +118,44 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-def _read_checkpoint_pt(path: Path, skipped: list[str]) -> dict[str, Any] | None:
+def _read_checkpoint_pt(path: Path, skipped: list[str], run: str | None = None) -> dict[str, Any] | None:
     """A peer's ``checkpoint.pt`` (agent state and env steps, no buffer), or None when
-    there is none or it cannot be read (then why is logged and added to ``skipped``)."""
+    there is none, it cannot be read or, with ``run``, another run wrote it (then why is
+    logged and added to ``skipped``)."""
     if not path.is_file():
         return None
     try:
-        return read_checkpoint_pt(path)
+        ck = read_checkpoint_pt(path)
+        if run is not None and ck.get("run") != run:
+            raise ConfigError(f"{path} belongs to another run ({ck.get('run') or 'one from before run ids'}), "
+                              f"not to run {run}")
+        return ck
     except ConfigError as e:
         log.warning("%s", e)
         skipped.append(str(e))
         return None
+
+
+def _goes_on(out: Path, old: Path | None, rejoin: bool) -> Lineage | None:
+    """The run recorded in ``out`` (its ``run.json``) when this process goes on with it,
+    or None when it starts a run there.
+
+    A restart into ``out`` (``--replace``, a resume from ``out`` itself) goes on with
+    it. So does a resume from another peer folder ``old`` into an ``out`` whose run
+    was itself resumed from the run that wrote ``old``'s newest checkpoint (by run id),
+    as ``swarm run`` restarts a peer that had no checkpoint in ``out`` yet, or as a
+    person runs the same ``swarm peer --resume OLD`` again: the checkpoints it wrote
+    in ``out`` since are newer than ``old``'s and come first. A fresh start, or a
+    resume from a run that ``out``'s does not continue, starts a run."""
+    here = read_lineage(out)
+    if old is None:
+        return here if rejoin and here.id is not None else None
+    if old.resolve() == out.resolve():
+        return here   # of no id when the folder predates run ids: then any checkpoint in it is its own
+    theirs = newest_lineage(old)
+    if theirs is not None and here.continues[:1] == ((str(old.resolve()), theirs.id),):
+        return here
+    return None
 
 
 def _write_whole(path: Path, write: Callable[[Path], Any]) -> None:
@@ -382,22 +411,28 @@ def _save_whole(obj: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _read_best(path: Path) -> tuple[float, int] | None:
+def _read_best(path: Path, run: str | None = None) -> tuple[float, int] | None:
     """The evaluation return and env step recorded in a ``best.pt``; None when there is
-    none, or it cannot be read (a torn or foreign file: logged)."""
+    none, it cannot be read (a torn or foreign file: logged) or, with ``run``, another
+    run wrote it."""
     import torch  # noqa: PLC0415
 
     if not path.is_file():
         return None
     try:
         best = torch.load(path, weights_only=True, map_location="cpu")   # runs no code, as `swarm eval`
-        return float(best["eval_return"]), int(best["env_steps"])
+        got = float(best["eval_return"]), int(best["env_steps"])
     except Exception as e:   # torn or foreign: torch's unpickler raises IndexError, EOFError, RuntimeError ...
         log.warning("%s: cannot read its best evaluation (%s: %s); it does not count", path, type(e).__name__, e)
         return None
+    if run is not None and best.get("run") != run:
+        log.info("%s: another run's best evaluation; it does not count", path)
+        return None
+    return got
 
 
-def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path | None = None) -> None:
+def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path | None = None,
+                run: str | None = None) -> None:
     """Start from the best evaluation of the process (or run) this one continues:
     its ``src/best.pt``, copied into ``out`` when that is another folder. Otherwise
     the first evaluation after a restart or resume, however poor, would replace it.
@@ -408,12 +443,14 @@ def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path |
     did better than ``src``'s (it replaced the copy only by doing better) and stays; one
     that cannot be read does not. Any other was left by another run that used the folder
     and does not count: ``src``'s replaces it, or with none the next evaluation does.
+    With ``run`` (the id of the run this process goes on with), a ``best.pt`` in ``out``
+    counts only when that run wrote it, also when ``src`` is ``out``.
     With neither readable, the next evaluation writes a new ``best.pt``."""
-    best = _read_best(src / "best.pt")
     here = out / "best.pt"
+    best = _read_best(src / "best.pt", run if (src / "best.pt").resolve() == here.resolve() else None)
     if (src / "best.pt").resolve() != here.resolve():
         ours = continued is not None and continued.resolve() == src.resolve()
-        mine = _read_best(here) if ours else None
+        mine = _read_best(here, run) if ours else None
         if mine is not None and (best is None or mine[0] > best[0]):
             best = mine
         elif best is not None:
@@ -448,9 +485,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             the budget; an older run with only ``peer{rank}/checkpoint.pt`` gives the
             agent's state with an empty buffer. A checkpoint that cannot be read is
             skipped with a warning for the next older one, then ``checkpoint.pt``; with
-            none left, resuming into ``run_dir`` itself tries the old run its folder
-            continues (``resumed.json``'s ``continues``), and starts from step 0 (with a
-            warning) only when it continues none; otherwise it raises ConfigError.
+            none left, resuming into ``run_dir`` itself tries the runs its folder's run
+            continues (``run.json``), and starts from step 0 (with a warning) only when it
+            continues none; otherwise it raises ConfigError. Into ``run_dir`` itself, and
+            from a folder whose run ``run_dir``'s continues, only checkpoints of this
+            folder's run (by run id, :class:`~swarm.experiment.checkpoint.Lineage`) and of
+            the runs it continues count.
         spec_check_timeout: once joined, how long to wait for the other members' spec
             digests (heartbeats carry them) before comparing them with this one's; a
             peer whose spec differs is refused (ConfigError), one that sent none is
@@ -484,6 +524,18 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
     except OSError as e:
         raise ConfigError(f"run folder {run_dir}: cannot create {out} ({e.strerror or e}); "
                           "pass a --run-dir this process can write") from None
+    own = resume_from is not None and Path(resume_from).resolve() == Path(run_dir).resolve()
+    rejoin = bool(getattr(peer_config, "replace", False)) or own
+    # The run this process trains (run.json): the one the folder holds when it goes on
+    # with it, else a new one. A fresh run records itself at once, so that a restart
+    # after a crash at any point takes only its own checkpoints for its own; a run
+    # resumed from another folder does once its checkpoint has loaded (a resume that
+    # fails leaves the folder's record as it was).
+    run = _goes_on(out, peer_dir(resume_from, rank) if resume_from is not None else None, rejoin)
+    same_run = run is not None
+    if run is None and resume_from is None:
+        run = Lineage.new()
+        write_lineage(out, run)
 
     coordinators = [coordinator] if isinstance(coordinator, str) else list(coordinator)
     sp = SyncPeer(peer_config, coordinators=coordinators, id=f"peer{rank}", rank=rank, topology=g.topology,
@@ -501,8 +553,6 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         # A peer restarted into a running swarm (swarm run's restart_dead) trains as soon as
         # it is in: the others may be restarting too, and waiting for all of them could
         # outlast join_timeout and crash it again.
-        own = resume_from is not None and Path(resume_from).resolve() == Path(run_dir).resolve()
-        rejoin = bool(getattr(peer_config, "replace", False)) or own
         need = 1 if rejoin else spec.peers
         log.info("peer%d joined; waiting for %d peers", rank, need)
         deadline = time.monotonic() + join_timeout
@@ -536,26 +586,30 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             raise ConfigError(f"env = {spec.env!r}: its action space is not Discrete; DQN needs discrete actions")
         b = spec.buffer
         # It resumes from the newest checkpoint that loads in the folder it resumes from
-        # (ckpt/, then checkpoint.pt). A peer resumed into its own folder (restart_dead
-        # restarts it so) then tries the old run that folder continues (swarm run --resume),
-        # which resumed.json records; with none that loads, one that continues no other run
-        # starts again from step 0, as one that died before its first checkpoint does.
-        # Otherwise that is an error.
-        continued = continued_folder(out)   # that record, as an earlier process here left it
-        folders = [] if resume_from is None else [peer_dir(resume_from, rank)]
-        if own and continued is not None:
-            folders.append(continued)
+        # (ckpt/, then checkpoint.pt). One that goes on with its folder's run (restart_dead
+        # restarts it so) takes only that run's checkpoints there, then tries each run it
+        # continues (swarm run --resume), which run.json records; with none that loads, one
+        # that continues no other run starts again from step 0, as one that died before its
+        # first checkpoint does. Otherwise that is an error.
+        if resume_from is None:
+            sources: list[tuple[Path, str | None]] = []
+        elif same_run:
+            sources = run.sources(out)
+        else:
+            sources = [(peer_dir(resume_from, rank), None)]   # the folder named: whichever run is there
         restored, ck, ck_path, skipped = None, None, None, []   # skipped: why each newer one could not be read
-        for src in folders:
-            restored, why = load_newest(src / "ckpt")
+        folders: list[Path] = []   # those tried
+        for src, of_run in sources:
+            folders.append(src)
+            restored, why = load_newest(src / "ckpt", of_run)
             skipped += why
             if restored is None:
                 ck_path = src / "checkpoint.pt"
-                ck = _read_checkpoint_pt(ck_path, skipped)
+                ck = _read_checkpoint_pt(ck_path, skipped, of_run)
             if restored is not None or ck is not None:
-                if src is not folders[0]:
-                    log.warning("peer%d: no checkpoint in %s can be read; resuming from the run it continues, %s",
-                                rank, folders[0], src)
+                if len(folders) > 1:
+                    log.warning("peer%d: no checkpoint of its run in %s can be read; resuming from the run it "
+                                "continues, %s", rank, ", ".join(map(str, folders[:-1])), src)
                 break
         if restored is not None:
             buf = restored.buffer
@@ -572,7 +626,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         def save_params(path: Path, env_steps: int, **extra: Any) -> Path:
             out.mkdir(parents=True, exist_ok=True)
             return _save_whole({"agent": agent.state_dict(), "params": torch.from_numpy(agent.parameters().copy()),
-                                "rank": rank, "env_steps": env_steps, "spec": to_dict(spec), **extra}, path)
+                                "rank": rank, "env_steps": env_steps, "spec": to_dict(spec), **run.record(),
+                                **extra}, path)
 
         done_steps = 0
         if restored is not None:
@@ -590,23 +645,32 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             agent.load_state_dict(ck["agent"])
             done_steps = int(ck.get("env_steps", 0))
             summary["resumed_from"] = str(ck_path)
-        elif own and continued is None:
-            log.warning("peer%d: no checkpoint in %s can be read; starting again from step 0", rank, folders[0])
-        elif skipped:
-            where = f"{folders[0]} nor in {folders[1]} (the run it continues)" if len(folders) > 1 else folders[0]
-            raise ConfigError(f"resume: no checkpoint of peer{rank} in {where} can be read: {'; '.join(skipped)}")
-        elif len(folders) > 1:
-            raise ConfigError(f"resume: neither {folders[0]} nor {folders[1]} (the run it continues) has a "
-                              "checkpoint (ckpt/ or checkpoint.pt)")
+        elif own and not run.continues:
+            log.warning("peer%d: no checkpoint of its run in %s can be read; starting again from step 0",
+                        rank, folders[0])
         elif folders:
+            rest = ", ".join(map(str, folders[1:]))
+            runs = "runs" if len(folders) > 2 else "run"
+            if skipped:
+                where = f"{folders[0]} nor in {rest} (the {runs} it continues)" if rest else folders[0]
+                raise ConfigError(f"resume: no checkpoint of peer{rank} in {where} can be read: {'; '.join(skipped)}")
+            if rest:
+                raise ConfigError(f"resume: neither {folders[0]} nor {rest} (the {runs} it continues) has a "
+                                  "checkpoint (ckpt/ or checkpoint.pt)")
             raise ConfigError(f"resume: {folders[0]} has no checkpoint (ckpt/ or "
                               f"checkpoint.pt); was peer{rank} part of that run?")
+        if run is None:
+            # a run resumed from another folder starts here: it continues the run that
+            # wrote the checkpoint it starts from, and what that one continued
+            theirs = Lineage.of(restored.manifest if restored is not None else ck, src)
+            run = Lineage.new(((str(src.resolve()), theirs.id), *theirs.continues))
+            write_lineage(out, run)
         if "resumed_from" in summary:
             # the run this peer's folder continues goes on with every restart into it
-            goes_on = continued if own else peer_dir(resume_from, rank).resolve()
             rec = {"checkpoint": summary["resumed_from"], "env_steps": done_steps,
-                   "digest": state_digest(agent.parameters(), buf),
-                   "continues": str(goes_on) if goes_on is not None else None}
+                   "digest": state_digest(agent.parameters(), buf), "run": run.id,
+                   "continues": run.continues[0][0] if run.continues else None,
+                   "continues_run": run.continues[0][1] if run.continues else None}
             _write_whole(out / "resumed.json", lambda tmp: tmp.write_text(json.dumps(rec, indent=1) + "\n"))
         elif resume_from is None and not rejoin:   # a fresh start: another run's record, if any, goes
             (out / "resumed.json").unlink(missing_ok=True)
@@ -619,8 +683,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             # local items take numbers above any that process could have used.
             from ..buffer.persist import resume_sequence  # noqa: PLC0415
             resume_sequence(buf, (time.time_ns() // 1_000_000) << 16)
-            _carry_best(peer_dir(resume_from, rank) if resume_from is not None else out, out, summary,
-                        continued=continued)
+            src = peer_dir(resume_from, rank) if resume_from is not None else out
+            _carry_best(src, out, summary, continued=src if same_run else None, run=run.id)
         x = agent.parameters()
 
         repair = g.exchange == "gradients" and not g.average and g.relay_staleness == 1
@@ -705,7 +769,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         peer.stats = stats
         # A peer restarted into its own folder continues its files, with or without a
         # checkpoint, less the rows past the env steps it continues from.
-        logs = _Logs(out, tensorboard, append=rejoin, upto=done_steps)
+        logs = _Logs(out, tensorboard, append=rejoin or same_run, upto=done_steps)
         c = spec.checkpoint
         ckpt = Checkpointer(out / "ckpt", agent, buf,
                             lambda: {"env_steps": state.env_steps, "episodes": state.episodes,
@@ -713,7 +777,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                      "returns": list(state.returns),
                                      **state.traffic(*_traffic(peer.counters, relay))},
                             full_every_s=c.full_every_s, full_every_steps=c.full_every_steps,
-                            incremental_every_steps=c.incremental_every_steps)
+                            incremental_every_steps=c.incremental_every_steps, run=run)
         last_loss: list[float] = [float("nan")]
         reason = ["budget"]
         call_timeout = g.round_timeout_s + 10.0
@@ -933,7 +997,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 for o, s in agent.buffer.ids():
                     held.setdefault(o, []).append(s)
                 (out / "ids.json").write_text(json.dumps(held) + "\n")
-            if agent is not None:
+            if ckpt is not None:   # not from one that failed before training: a failed resume changes nothing
                 summary["checkpoint"] = str(save_params(out / "checkpoint.pt", state.env_steps))
             if logs is not None:
                 logs.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -285,3 +286,53 @@ def test_a_changed_row_of_the_full_checkpoint_damages_its_increments_too(tmp_pat
     r, skipped = load_newest(root)
     assert r is None and [s.split(" is damaged")[0] for s in skipped] == [f"checkpoint {inc}", f"checkpoint {full}"]
     assert all("buffer column 'obs'" in s for s in skipped), skipped
+
+
+def test_a_run_id_in_the_manifest_picks_the_checkpoints_of_one_run(tmp_path):
+    """Each manifest records the run that wrote it; load_newest with a run id skips another
+    run's checkpoints (and those from before run ids) as it skips damaged ones; without one
+    it takes any, old ones included."""
+    from swarm.experiment.checkpoint import Lineage, load_newest
+
+    agent = _agent()
+    _train(agent, 30)
+    mine = Lineage.new(((str(tmp_path / "old"), "0123abcd"),))
+    ck = Checkpointer(tmp_path / "ckpt", agent, agent.buffer, lambda: {"env_steps": agent.steps}, run=mine)
+    ours = ck.full(background=False)
+    m = json.loads((tmp_path / "ckpt" / ours / "manifest.json").read_text())
+    assert (m["run"], m["continues"]) == (mine.id, [[str(tmp_path / "old"), "0123abcd"]])
+    assert Lineage.of(m, tmp_path) == mine
+    # another run's newer one beside it (a reused folder): the same files, another id
+    other = "full-000002"
+    shutil.copytree(tmp_path / "ckpt" / ours, tmp_path / "ckpt" / other)
+    (tmp_path / "ckpt" / other / "manifest.json").write_text(json.dumps({**m, "name": other, "run": "feed"}))
+
+    r, skipped = load_newest(tmp_path / "ckpt", mine.id)
+    assert r.path.name == ours and len(skipped) == 1 and f"{other} belongs to another run" in skipped[0]
+    assert load_newest(tmp_path / "ckpt")[0].path.name == other
+    # a manifest from before run ids: any run's for load_newest without an id, nobody's with one
+    m = json.loads((tmp_path / "ckpt" / other / "manifest.json").read_text())
+    del m["run"], m["continues"]
+    (tmp_path / "ckpt" / other / "manifest.json").write_text(json.dumps(m))
+    assert load_newest(tmp_path / "ckpt")[0].path.name == other
+    assert load_newest(tmp_path / "ckpt", mine.id)[0].path.name == ours
+
+
+def test_the_chain_of_runs_a_restart_follows_is_bounded_and_ends_where_it_comes_round(tmp_path):
+    """Lineage.sources: the folder's own run, then each run it continues, each once and at most
+    MAX_LINEAGE back; run.json round-trips and a torn or odd one is read as no record."""
+    from swarm.experiment.checkpoint import MAX_LINEAGE, Lineage, read_lineage, write_lineage
+
+    a, b, c = (str(tmp_path / n) for n in "abc")
+    lin = Lineage("r3", ((b, "r2"), (a, "r1"), (b, "r2"), (c, "r3"), (c, "r0")))
+    assert [(str(f), r) for f, r in lin.sources(c)] == [(c, "r3"), (b, "r2"), (a, "r1"), (c, "r0")]
+    long = Lineage.of({"run": "r", "continues": [[f"/f{i}", f"r{i}"] for i in range(100)]}, tmp_path)
+    assert len(long.continues) == MAX_LINEAGE and len(long.sources(tmp_path)) == MAX_LINEAGE + 1
+
+    write_lineage(tmp_path, lin)
+    assert read_lineage(tmp_path) == lin
+    assert read_lineage(tmp_path / "nothing") == Lineage(None, ())
+    (tmp_path / "run.json").write_text('{"run": "r3", "contin')
+    assert read_lineage(tmp_path) == Lineage(None, ())
+    assert Lineage.of({"run": "r", "continues": [1, 2]}, tmp_path) == Lineage("r", ())
+    assert Lineage.of({"run": 7, "continues": None}, tmp_path) == Lineage(None, ())

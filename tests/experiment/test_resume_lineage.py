@@ -23,16 +23,17 @@ ONE = ["peers=1", "dqn.learning_starts=50", "dqn.batch_size=16", "eval.every=0",
        "gossip.step_size=1.0", "checkpoint.full_every_s=0", "checkpoint.incremental_every_steps=50"]
 
 
-def _peer(addr: str, run_dir: Path, steps: int, resume_from: Path | None = None) -> dict:
-    spec = load_spec(None, ONE + [f"budget.env_steps={steps}"])
+def _peer(addr: str, run_dir: Path, steps: int, resume_from: Path | None = None, sets: tuple[str, ...] = ()) -> dict:
+    spec = load_spec(None, ONE + [f"budget.env_steps={steps}", *sets])
     return run_peer(spec, 0, addr, run_dir, tensorboard=False, join_timeout=10, resume_from=resume_from)
 
 
-def _killed(addr: str, run_dir: Path, steps: int, monkeypatch, resume_from: Path | None = None) -> dict:
+def _killed(addr: str, run_dir: Path, steps: int, monkeypatch, resume_from: Path | None = None,
+            sets: tuple[str, ...] = ()) -> dict:
     """A peer SIGKILLed at ``steps``: only its periodic checkpoints, no final one, no checkpoint.pt."""
     with monkeypatch.context() as m:
         m.setattr(Checkpointer, "close", lambda self: None)
-        s = _peer(addr, run_dir, steps, resume_from)
+        s = _peer(addr, run_dir, steps, resume_from, sets)
     (run_dir / "peer0" / "checkpoint.pt").unlink()
     return s
 
@@ -211,3 +212,131 @@ def test_swarm_run_resumed_restarts_a_peer_whose_new_checkpoints_are_damaged_fro
     s = json.loads((new / "peer1" / "summary.json").read_text())
     assert s["resumed_from"] == str(was) and s["resume_skipped"], s
     assert json.loads((new / "peer1" / "resumed.json").read_text())["continues"] == str((old / "peer1").resolve())
+
+
+def test_a_restart_follows_the_chain_of_resumed_runs_past_a_damaged_middle_one(coordinator, tmp_path, monkeypatch):
+    """a, then b resumed from a, then c resumed from b: a restart into c whose checkpoints there
+    and in b all fail to load resumes from a's, the run that b continued, not an error."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    _peer(coordinator, a, 200)
+    was = latest(a / "peer0" / "ckpt")
+    _killed(coordinator, b, 330, monkeypatch, resume_from=a)
+    _killed(coordinator, c, 460, monkeypatch, resume_from=b)
+    for d in (b, c):
+        for p in (d / "peer0" / "ckpt").iterdir():
+            _tear(p / "state.pt")
+    s = _peer(coordinator, c, 500, resume_from=c)
+    assert s["resumed_from"] == str(was) and s["env_steps"] == 500, s
+
+
+def test_a_restart_of_a_fresh_run_never_resumes_another_runs_checkpoints_left_in_the_folder(coordinator, tmp_path,
+                                                                                             monkeypatch):
+    """A fresh run in a folder that another run used (its ckpt/ and best.pt still there), killed
+    before its own first checkpoint and restarted into the folder (--resume-from X, as the
+    launcher does when X has a checkpoint), starts again from step 0: the other run's
+    checkpoints and best evaluation are not its own."""
+    import torch
+
+    x = tmp_path / "x"
+    _peer(coordinator, x, 200)                                     # another run: full-000001 at 200
+    torch.save({"eval_return": 400.0, "env_steps": 150}, x / "peer0" / "best.pt")
+    theirs = latest(x / "peer0" / "ckpt")
+    # a fresh run, killed before its first checkpoint
+    _killed(coordinator, x, 100, monkeypatch, sets=("checkpoint.incremental_every_steps=1000",))
+    assert latest(x / "peer0" / "ckpt") == theirs
+    s = _peer(coordinator, x, 100, resume_from=x)
+    assert "resumed_from" not in s and s["env_steps"] == 100, s
+    assert "best_eval_return" not in s, s
+    assert any("another run" in w for w in s["resume_skipped"]), s
+
+
+def test_a_resume_into_a_folder_with_newer_checkpoints_of_the_same_run_goes_on_from_them(coordinator, tmp_path,
+                                                                                          monkeypatch):
+    """swarm peer --resume OLD --run-dir X run again after it was killed (as the launcher restarts
+    one, or a person reruns the same command): X's newer checkpoints of that run are where it
+    goes on from, not OLD's again, and X's files are continued."""
+    import csv
+
+    old, x = tmp_path / "old", tmp_path / "x"
+    _peer(coordinator, old, 200)
+    _killed(coordinator, x, 330, monkeypatch, resume_from=old)
+    newer = latest(x / "peer0" / "ckpt")
+    at = json.loads((newer / "manifest.json").read_text())["counters"]["env_steps"]
+    assert at > 200
+    s = _peer(coordinator, x, 400, resume_from=old)
+    assert s["resumed_from"] == str(newer) and s["env_steps"] == 400, s
+    rows = list(csv.DictReader(open(x / "peer0" / "metrics.csv")))
+    episodes = [int(r["episode"]) for r in rows]
+    assert min(int(r["env_steps"]) for r in rows) <= at and episodes == sorted(set(episodes)), episodes
+    assert json.loads((x / "peer0" / "resumed.json").read_text())["continues"] == str((old / "peer0").resolve())
+
+
+def test_a_second_run_resumed_into_a_reused_folder_is_not_taken_for_the_first(coordinator, tmp_path, monkeypatch):
+    """Run 1 resumed OLD's run into X and left checkpoints there; OLD was then used by another
+    run, and run 2 resumed that one into X too. Run 2, killed before its first checkpoint and
+    restarted into X, resumes from OLD's run it continues, not from run 1's checkpoints in X:
+    the same folders, but another run."""
+    old, x = tmp_path / "old", tmp_path / "x"
+    _peer(coordinator, old, 200)
+    _killed(coordinator, x, 330, monkeypatch, resume_from=old)     # run 1: checkpoints in X
+    _peer(coordinator, old, 120)                                   # OLD used again by another run
+    now = latest(old / "peer0" / "ckpt")
+    _killed(coordinator, x, 150, monkeypatch, resume_from=old)     # run 2: killed before its first
+    s = _peer(coordinator, x, 200, resume_from=x)
+    assert s["resumed_from"] == str(now) and s["env_steps"] == 200, s
+
+
+def test_a_resume_that_fails_leaves_the_folder_it_writes_into_as_it_was(coordinator, tmp_path):
+    """swarm peer --resume OLD --run-dir X with nothing in OLD that loads is an error that
+    changes none of X's files (summary.json aside, which says why it ended): not its
+    checkpoint.pt, not the record of the run X holds, which a restart into X goes on with."""
+    old, x = tmp_path / "old", tmp_path / "x"
+    _peer(coordinator, x, 120)
+    (old / "peer0").mkdir(parents=True)
+    (old / "peer0" / "checkpoint.pt").write_bytes(b"torn")
+
+    def files() -> dict[str, bytes]:
+        return {str(p.relative_to(x)): p.read_bytes() for p in sorted(x.rglob("*"))
+                if p.is_file() and p.name != "summary.json"}
+
+    before = files()
+    with pytest.raises(ConfigError, match="no checkpoint of peer0 in .*old/peer0 can be read"):
+        _peer(coordinator, x, 200, resume_from=old)
+    assert files() == before
+    was = latest(x / "peer0" / "ckpt")
+    s = _peer(coordinator, x, 160, resume_from=x)
+    assert s["resumed_from"] == str(was) and s["env_steps"] == 160, s
+
+
+def test_checkpoints_from_before_run_ids_still_resume(coordinator, tmp_path, monkeypatch):
+    """A folder written before run ids (no run.json, manifests and checkpoint.pt without a run)
+    is known by its folder, as before: a restart into it resumes from its checkpoints, a run
+    resumed from it continues it, and a restart of that run falls back to it."""
+    import torch
+
+    legacy, new = tmp_path / "legacy", tmp_path / "new"
+    _peer(coordinator, legacy, 200)
+    (legacy / "peer0" / "run.json").unlink()
+    for p in (legacy / "peer0" / "ckpt").iterdir():
+        m = json.loads((p / "manifest.json").read_text())
+        del m["run"], m["continues"]
+        (p / "manifest.json").write_text(json.dumps(m))
+    ck = torch.load(legacy / "peer0" / "checkpoint.pt", weights_only=False)
+    del ck["run"], ck["continues"]
+    torch.save(ck, legacy / "peer0" / "checkpoint.pt")
+    was = latest(legacy / "peer0" / "ckpt")
+
+    s = _peer(coordinator, new, 330, resume_from=legacy)
+    assert s["resumed_from"] == str(was), s
+    rec = json.loads((new / "peer0" / "run.json").read_text())
+    assert rec["continues"] == [[str((legacy / "peer0").resolve()), None]], rec
+    for p in (new / "peer0" / "ckpt").iterdir():
+        _tear(p / "state.pt")
+    _tear(new / "peer0" / "checkpoint.pt")
+    s = _peer(coordinator, new, 360, resume_from=new)
+    assert s["resumed_from"] == str(was) and s["env_steps"] == 360, s
+
+    was = latest(legacy / "peer0" / "ckpt")   # unchanged: the legacy folder was only read
+    s = _peer(coordinator, legacy, 250, resume_from=legacy)
+    assert s["resumed_from"] == str(was) and s["env_steps"] == 250, s
+    assert not (legacy / "peer0" / "run.json").exists()
