@@ -113,3 +113,16 @@ class Link(Protocol):
     def on_view(self, callback: Callable[[View], None]) -> None:
         """Call ``callback(view)`` whenever a new view is installed."""
         ...
+
+    # Optional: a link may lack the two below (a test double, say). Whoever takes
+    # its handlers off on close looks them up with getattr and skips what is missing;
+    # on such a link the handlers then stay until the link itself goes.
+
+    def off(self, t: str, handler: Handler) -> bool:
+        """Undo one :meth:`on` (what a closed Gossip, relay or federation calls);
+        False if ``handler`` was not registered for ``t``."""
+        ...
+
+    def off_view(self, callback: Callable[[View], None]) -> bool:
+        """Undo one :meth:`on_view`; False if ``callback`` was not registered."""
+        ...

@@ -65,7 +65,7 @@ MAX_SRC_LEN = 256
 def register_type(name: str) -> str:
     """Add a message type to the whitelist (for subsystems such as gossip)."""
     if not _type_name_ok(name):
-        raise ValueError(f"message type must be a non-empty str of <= {MAX_TYPE_LEN} chars, got {name!r}")
+        raise WireError(f"message type must be a non-empty str of <= {MAX_TYPE_LEN} chars, got {name!r:.80}")
     _TYPES.add(name)
     return name
 

@@ -21,13 +21,15 @@ simulator can import it cheaply; agents built on torch live in :mod:`swarm.rl`.
 from __future__ import annotations
 
 import abc
+import math
 from typing import Any
 
 import numpy as np
 
+from ..checks import is_real
 from ..errors import SwarmError
 
-__all__ = ["BaseAgent"]
+__all__ = ["BaseAgent", "check_outcome"]
 
 
 class BaseAgent(abc.ABC):
@@ -76,6 +78,9 @@ class BaseAgent(abc.ABC):
         ``truncated``: it was cut off (time limit); the value of
         ``next_observations`` still counts, so pass the final observation then.
         Otherwise the next :meth:`perceive` supplies the next observation.
+
+        Implementations call :func:`check_outcome` before they change anything, so
+        that a reward of NaN or a ``terminal`` of ``"False"`` is refused, not learnt.
         """
 
     def act(self, observations: Any) -> Any:
@@ -111,12 +116,43 @@ class BaseAgent(abc.ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+        if not isinstance(state, dict):
+            raise SwarmError(f"{type(self).__name__}.load_state_dict: got a {type(state).__name__}, "
+                             f"not the dict that state_dict() returns")
         if state:
             raise SwarmError(f"{type(self).__name__} keeps no state but got keys {sorted(state)}")
 
     def metrics(self) -> dict[str, float]:
         """Scalars worth logging now (loss, epsilon, ...); empty by default."""
         return {}
+
+
+def check_outcome(reward: Any, terminal: Any, truncated: Any = False) -> float:
+    """Check the arguments of :meth:`BaseAgent.reflect`; returns ``reward`` as a float.
+
+    ``reward`` must be a finite real number: one NaN in a replay batch makes every
+    parameter NaN, and gossip spreads it to the neighbours. ``terminal`` and
+    ``truncated`` must be bools (numpy's too): a ``"False"`` or a ``None`` would
+    otherwise be read as true or false without a word, and decide whether the
+    agent bootstraps. Raises :class:`SwarmError` naming the argument.
+
+    >>> check_outcome(np.float32(-1.5), False)
+    -1.5
+    """
+    if not is_real(reward):
+        raise SwarmError(f"reflect(reward={reward!r:.80}): the reward must be a real number "
+                         f"(got type {type(reward).__name__})")
+    try:
+        value = float(reward)
+    except OverflowError:   # an int too large for a float
+        value = math.inf
+    if not math.isfinite(value):
+        raise SwarmError(f"reflect(reward={reward!r:.80}): the reward must be finite")
+    for name, flag in (("terminal", terminal), ("truncated", truncated)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise SwarmError(f"reflect({name}={flag!r:.80}): {name} must be True or False "
+                             f"(got type {type(flag).__name__})")
+    return value
 
 
 _EMPTY = np.zeros(0, dtype=np.float32)

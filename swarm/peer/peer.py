@@ -205,6 +205,8 @@ class Peer:
         :class:`WireError`; ``pong``, the answer to a ping, may be handled.
         """
         check_handler_type(t, f"peer {self.id}")
+        if not callable(handler):   # else it fails on each message, on the peer's loop
+            raise ConfigError(f"peer {self.id}: on({t!r}, {handler!r:.80}): the handler must be callable")
         self._handlers.setdefault(t, []).append(handler)
 
     def off(self, t: str, handler: Handler) -> bool:

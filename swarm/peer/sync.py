@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 from typing import Any, Callable, Coroutine, Sequence, TypeVar
 
@@ -34,6 +35,7 @@ from .peer import Peer, check_handler_type
 __all__ = ["SyncPeer"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class SyncPeer:
@@ -47,10 +49,22 @@ class SyncPeer:
     After :meth:`close` (or a failed :meth:`start`) the loop is gone: calls raise
     :class:`SwarmError` ("SyncPeer is closed"), :meth:`neighbours` is [] and it
     cannot be started again.
+
+    Threads: any thread may make calls, and :meth:`close` may come from any thread
+    but the peer's own; a call that another thread's :meth:`close` cuts short raises
+    :class:`SwarmError`. Concurrent :meth:`close` calls all return once it is closed.
+    ``sys.exit()`` (SystemExit) or KeyboardInterrupt in a handler, a view callback or
+    a coroutine given to :meth:`call` closes it: the peer leaves, and calls raise
+    :class:`SwarmError` naming that error (a coroutine's caller gets the error itself).
     """
 
     def __init__(self, *args: Any, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
                  start_timeout: float | None = None, **kwargs: Any) -> None:
+        # checked here, not at start() (a loop_factory that was not callable hung start())
+        seconds(start_timeout, "start_timeout", none_ok=True)
+        if loop_factory is not None and not callable(loop_factory):
+            raise ConfigError(f"loop_factory = {loop_factory!r:.80}: must be a function that returns "
+                              f"an event loop, e.g. uvloop.new_event_loop")
         self._args, self._kwargs = args, kwargs
         self._loop_factory = loop_factory or asyncio.new_event_loop
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -58,6 +72,16 @@ class SyncPeer:
         self.peer: Peer | None = None
         self._start_timeout = start_timeout
         self._closed = False
+        # A SystemExit or KeyboardInterrupt raised on the peer's thread (in a handler,
+        # a view callback or a coroutine given to call()) closes the SyncPeer: every call
+        # then raises SwarmError naming it, and close() does too unless a call did.
+        self._thread_error: BaseException | None = None
+        self._thread_error_told = False
+        # _lock orders start, close and the hand-over of coroutines to the loop: nothing
+        # is handed over once the loop is told to stop, so none is left never to finish.
+        # _close_lock makes a second close() wait for the first.
+        self._lock = threading.Lock()
+        self._close_lock = threading.Lock()
         # handlers and view callbacks given before start(): registered before the peer joins,
         # so that no message arrives before its handler
         self._early_handlers: list[tuple[str, Callable[..., Any]]] = []
@@ -69,30 +93,12 @@ class SyncPeer:
         """Start the loop thread, join through the coordinator and wait for the first
         view; returns self. Raises what :meth:`Peer.start` raises (e.g.
         :class:`MembershipError` when no coordinator answers) with the thread ended."""
-        if self._closed:
-            raise SwarmError("SyncPeer is closed and cannot be restarted; make a new SyncPeer")
-        if self._thread is not None:
-            raise SwarmError("SyncPeer.start() called twice")
-        ready = threading.Event()
-
-        def run() -> None:
-            loop = self._loop_factory()
-            asyncio.set_event_loop(loop)
-            self._loop = loop
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                # What is still running (a start or a call that Ctrl-C interrupted)
-                # is cancelled and awaited, as asyncio.run does: a Peer.start
-                # cancelled so closes its sockets.
-                _cancel_all(loop)
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="swarm-peer", daemon=True)
-        self._thread.start()
-        ready.wait()
+        with self._lock:
+            if self._closed:
+                raise SwarmError("SyncPeer is closed and cannot be restarted; make a new SyncPeer")
+            if self._thread is not None:
+                raise SwarmError("SyncPeer.start() called twice")
+            self._start_thread()
 
         async def make() -> Peer:
             p = Peer(*self._args, **self._kwargs)
@@ -106,7 +112,9 @@ class SyncPeer:
             self.peer = self.call(make())
             # the join ends by the peer's own deadlines (welcome, then view); this one
             # only guards against a loop that stopped answering
-            timeout = self._start_timeout or 2 * self.peer.config.join_timeout_s + 5.0
+            timeout = self._start_timeout
+            if timeout is None:
+                timeout = 2 * self.peer.config.join_timeout_s + 5.0
             self.call(self.peer.start(), timeout=timeout)
         except BaseException:
             self._closed = True
@@ -114,27 +122,78 @@ class SyncPeer:
             raise
         return self
 
+    def _start_thread(self) -> None:
+        """Start the loop thread and wait until its loop exists (with ``_lock`` held)."""
+        ready = threading.Event()
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                loop = self._loop_factory()
+                if not isinstance(loop, asyncio.AbstractEventLoop):
+                    raise TypeError(f"it returned {loop!r:.80}, not an asyncio event loop")
+            except Exception as e:   # reported by start(); the thread ends here
+                failed.append(e)
+                ready.set()
+                return
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            ready.set()
+            try:
+                loop.run_forever()
+            except BaseException as e:   # SystemExit or KeyboardInterrupt in a coroutine given to call()
+                self._fail(e)
+            finally:
+                if self._thread_error is not None and self.peer is not None:
+                    # Closed while its own task still runs, the peer leaves and closes
+                    # its sockets (left open, they hung the process at exit, in zmq's
+                    # context termination).
+                    _ended(loop, self.peer.close())
+                # What is still running (a start or a call that Ctrl-C interrupted)
+                # is cancelled and awaited, as asyncio.run does: a Peer.start
+                # cancelled so closes its sockets.
+                _cancel_all(loop)
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="swarm-peer", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failed:
+            self._thread.join()
+            self._closed = True
+            raise ConfigError(f"loop_factory {self._loop_factory!r:.80} failed: {failed[0]}") from failed[0]
+
     def close(self, timeout: float = 5.0) -> None:
         """Leave the swarm, close the peer and end its thread (idempotent).
 
         ``timeout``: seconds to wait for the peer to close. Re-raises a failure of
-        the peer's background loops."""
+        the peer's background loops. From another thread while calls wait, it cuts
+        them short (they raise :class:`SwarmError`)."""
         seconds(timeout, none_ok=True)
         self._refuse_on_own_thread("close()")
-        self._closed = True
-        if self._loop is None:
-            return
-        try:
-            if self.peer is not None:
-                self.call(self.peer.close(), timeout=timeout)
-        finally:
-            self._stop_loop()
+        with self._close_lock:
+            with self._lock:
+                self._closed = True
+                peer = self.peer if self._loop is not None else None
+            try:
+                if peer is not None:
+                    self.call(peer.close(), timeout=timeout)
+            finally:
+                self._stop_loop()
+            if self._thread_error is not None and not self._thread_error_told:
+                raise self._refusal()
 
     def _stop_loop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        # Under the lock: no call hands the loop a coroutine after its stop, which
+        # would never run and leave that call waiting for ever. Only one caller stops it
+        # (a second stop landed in the thread's final clean-up and broke it).
+        with self._lock:
+            loop, self._loop = self._loop, None
+            if loop is not None:
+                loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
             self._thread.join(timeout=5.0)
-        self._loop = None
 
     def __enter__(self) -> "SyncPeer":
         return self.start()
@@ -156,18 +215,14 @@ class SyncPeer:
                              f"got {coro!r:.80}")
         try:
             self._refuse_on_own_thread("call()")
+            seconds(timeout, none_ok=True)
+            with self._lock:
+                if self._loop is None:
+                    raise self._refusal()
+                fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
         except SwarmError:
             _discard(coro)
             raise
-        if self._loop is None:
-            _discard(coro)
-            raise SwarmError(self._not_running())
-        try:
-            seconds(timeout, none_ok=True)
-        except ConfigError:
-            _discard(coro)
-            raise
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
         # waited apart from the result: a PeerTimeout the coroutine raises is a
         # TimeoutError too, and it is the one to report
         try:
@@ -178,13 +233,23 @@ class SyncPeer:
         if not done:
             fut.cancel()
             raise PeerTimeout(f"call did not finish within {timeout} s")
+        if fut.cancelled():
+            if self._thread_error is not None:
+                raise self._refusal()
+            if self._closed:
+                raise SwarmError("SyncPeer was closed from another thread while this call waited; "
+                                 "the call was cancelled")
+        elif self._thread_error is not None and fut.exception() is self._thread_error:
+            self._thread_error_told = True   # this coroutine raised it: its caller gets it
         return fut.result()
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Schedule a plain function on the peer's loop (fire and forget)."""
-        if self._loop is None:
-            raise SwarmError(self._not_running())
-        self._loop.call_soon_threadsafe(fn, *args)
+        _check_callable(fn, "call_soon(fn)")
+        with self._lock:
+            if self._loop is None:
+                raise self._refusal()
+            self._loop.call_soon_threadsafe(fn, *args)
 
     @property
     def id(self) -> str:
@@ -223,20 +288,40 @@ class SyncPeer:
     def on(self, t: str, handler: Callable[..., Any]) -> None:
         """Register a handler, ``handler(msg)``, sync or async; it runs on the peer's
         thread, where :meth:`send` does not wait and the other blocking calls are refused.
-        Given before :meth:`start`, it is in place before the peer joins."""
+        Given before :meth:`start`, it is in place before the peer joins; :meth:`off`
+        takes it off."""
+        _check_callable(handler, f"on({t!r}, handler)")
         if self._unstarted():
             check_handler_type(t, "SyncPeer")
-            self._early_handlers.append((t, handler))
+            self._early_handlers.append((t, _Guarded(handler, self)))
             return
-        self._peer().on(t, handler)
+        self._refuse_closed()   # the closed peer would take it and never call it
+        self._peer().on(t, _Guarded(handler, self))
+
+    def off(self, t: str, handler: Callable[..., Any]) -> bool:
+        """Stop calling ``handler`` for messages of type ``t`` (undo one :meth:`on`);
+        False if it was not registered for ``t``. After :meth:`close` it still
+        answers (though nothing is called any more)."""
+        if self.peer is None:
+            return _remove(self._early_handlers, (t, _Guarded(handler, self)))
+        return self._on_loop(lambda: self._peer().off(t, _Guarded(handler, self)))
 
     def on_view(self, callback: Callable[[View], None]) -> None:
         """Call ``callback(view)`` on the peer's thread each time a new view is installed
-        (given before :meth:`start`, from the first view on)."""
+        (given before :meth:`start`, from the first view on); :meth:`off_view` takes it off."""
+        _check_callable(callback, "on_view(callback)")
         if self._unstarted():
-            self._early_view_callbacks.append(callback)
+            self._early_view_callbacks.append(_Guarded(callback, self))
             return
-        self._peer().on_view(callback)
+        self._refuse_closed()
+        self._peer().on_view(_Guarded(callback, self))
+
+    def off_view(self, callback: Callable[[View], None]) -> bool:
+        """Stop calling ``callback`` for new views (undo one :meth:`on_view`); False if
+        it was not registered."""
+        if self.peer is None:
+            return _remove(self._early_view_callbacks, _Guarded(callback, self))
+        return self._on_loop(lambda: self._peer().off_view(_Guarded(callback, self)))
 
     def wait_linked(self, timeout: float | None = 5.0) -> None:
         """:meth:`Peer.wait_linked` from the caller's thread."""
@@ -246,6 +331,7 @@ class SyncPeer:
     def wait_view(self, predicate: Callable[[View], bool], timeout: float | None = 5.0) -> View:
         """:meth:`Peer.wait_view` from the caller's thread: wait until the view satisfies
         ``predicate`` (e.g. ``lambda view: len(view.members) >= 3``) and return it."""
+        _check_callable(predicate, "wait_view(predicate)")
         seconds(timeout, none_ok=True)
         return self.call(self._peer().wait_view(predicate, timeout),
                          timeout=None if timeout is None else timeout + 5.0)
@@ -259,6 +345,20 @@ class SyncPeer:
                              f"thread, would wait for itself; make the handler async and await "
                              f"the coroutine there (e.g. await peer.peer.wait_linked())")
 
+    def _on_loop(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the peer's thread, where the peer changes its handler lists
+        (at once when called there, or when the loop is gone)."""
+        if self._on_own_thread() or self._loop is None:
+            return fn()
+
+        async def run() -> T:
+            return fn()
+        return self.call(run())
+
+    def _refuse_closed(self) -> None:
+        if self._closed:
+            raise self._refusal()
+
     def _unstarted(self) -> bool:
         return self._thread is None and not self._closed
 
@@ -268,17 +368,106 @@ class SyncPeer:
         return self.peer
 
     def _not_running(self) -> str:
+        if self._thread_error is not None:
+            return (f"SyncPeer is closed: {self._thread_error!r} was raised on the peer's thread "
+                    f"(in a handler, a view callback or a coroutine given to call())")
         return "SyncPeer is closed" if self._closed else "SyncPeer is not started"
+
+    def _refusal(self) -> SwarmError:
+        """The error for a call that finds the loop gone; it reports what ended the
+        loop thread, if anything did, so that close() need not again."""
+        error = SwarmError(self._not_running())
+        if self._thread_error is not None:
+            self._thread_error_told = True
+            error.__cause__ = self._thread_error
+        return error
+
+    def _fail(self, error: BaseException) -> asyncio.AbstractEventLoop | None:
+        """On the peer's thread: ``error`` ends the SyncPeer. No call hands the loop
+        work from now on; returns the loop if it was still to be stopped."""
+        log.error("SyncPeer: %r raised on the peer's thread; closing the peer", error)
+        with self._lock:
+            if self._thread_error is None:
+                self._thread_error = error
+            self._closed = True
+            loop, self._loop = self._loop, None
+        return loop
 
 
 def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
-    """Cancel every task left on ``loop`` (stopped, not closed) and wait for them."""
+    """Cancel every task left on ``loop`` (stopped, not closed) and wait for them,
+    also those started meanwhile (by calls handed over before the loop stopped)."""
     tasks = asyncio.all_tasks(loop)
-    if not tasks:
-        return
-    for t in tasks:
-        t.cancel()
-    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    while tasks:
+        for t in tasks:
+            t.cancel()
+        _ended(loop, asyncio.gather(*tasks, return_exceptions=True))
+        left = asyncio.all_tasks(loop)
+        if left == tasks:   # they will not end: loop.close() warns of them
+            return
+        tasks = left
+
+
+def _ended(loop: asyncio.AbstractEventLoop, aw: Any) -> None:
+    """Run ``aw`` to its end on ``loop`` (stopped, not closed), whatever it raises.
+
+    For the clean-up at the end of the loop thread, where nobody is left to catch:
+    a task that ended with SystemExit raises it again out of the loop each time it
+    is awaited, and that error is in ``SyncPeer._thread_error`` already."""
+    try:
+        loop.run_until_complete(aw)
+    except BaseException:
+        pass
+
+
+class _Guarded:
+    """A handler or view callback as SyncPeer registers it with the peer.
+
+    The peer catches what a handler raises, but not SystemExit or KeyboardInterrupt
+    (``sys.exit()`` in a handler): those tore the loop down under the peer, left
+    every call waiting for ever and the peer's sockets open. Here they close the
+    SyncPeer instead. Equal to another wrapping the same function, so that
+    :meth:`Peer.off` finds it.
+    """
+
+    def __init__(self, fn: Callable[..., Any], owner: SyncPeer) -> None:
+        self.fn, self.owner = fn, owner
+
+    def __call__(self, *args: Any) -> Any:
+        try:
+            r = self.fn(*args)
+        except (SystemExit, KeyboardInterrupt) as e:
+            self._stop(e)
+            return None
+        return self._awaited(r) if asyncio.iscoroutine(r) else r
+
+    async def _awaited(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        try:
+            return await coro
+        except (SystemExit, KeyboardInterrupt) as e:
+            self._stop(e)
+            return None
+
+    def _stop(self, error: BaseException) -> None:
+        loop = self.owner._fail(error)
+        if loop is not None:
+            loop.stop()   # the loop thread then closes the peer (SyncPeer.start's run())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Guarded) and other.fn == self.fn and other.owner is self.owner
+
+
+def _check_callable(fn: Any, what: str) -> None:
+    if not callable(fn):
+        raise ConfigError(f"{what}: {fn!r:.80} is not callable; pass a function")
+
+
+def _remove(items: list[Any], item: Any) -> bool:
+    """Take the first ``item`` out of ``items``; False if it is not there."""
+    if item not in items:
+        return False
+    items.remove(item)
+    return True
 
 
 def _discard(coro: Any) -> None:

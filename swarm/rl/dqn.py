@@ -315,6 +315,11 @@ class DQNAgent(BaseAgent):
             raise SwarmError(f"reflect(reward={reward!r}): the reward must be a number") from None
         if not math.isfinite(reward):
             raise SwarmError(f"reflect(reward={reward}): the reward must be finite")
+        for name, flag in (("terminal", terminal), ("truncated", truncated)):
+            # a "no" or a 2 would be read as true without a word, and decide the bootstrap
+            if not isinstance(flag, (bool, np.bool_)):
+                raise SwarmError(f"reflect({name}={flag!r:.80}): {name} must be True or False "
+                                 f"(got type {type(flag).__name__})")
         # Everything is checked before anything changes: a refused call can be retried.
         nxt = None if next_observations is None else self._check_obs(next_observations)
         if truncated and not terminal and nxt is None:
@@ -442,6 +447,8 @@ class DQNAgent(BaseAgent):
     # ------------------------------------------------------------ plumbing
 
     def _check_obs(self, observations: Any) -> np.ndarray:
+        if np.iscomplexobj(observations):   # cast to float32, only the real part would be kept
+            raise SwarmError(f"observation {observations!r:.80}: complex numbers; this agent takes real ones")
         try:
             obs = np.asarray(observations, dtype=np.float32)
         except (TypeError, ValueError):
@@ -488,18 +495,19 @@ class DQNAgent(BaseAgent):
 
 
 def _check_module_state(name: str, net: nn.Module, state: Any) -> None:
-    """Raise :class:`SwarmError` unless ``state`` loads into ``net`` whole: torch's own
-    load copies tensor by tensor and stops at the first misfit, half loaded."""
+    """Raise :class:`ConfigError` unless ``state`` fits ``net`` (a checkpoint of another
+    network: every start would meet it again), :class:`SwarmError` if it holds NaN: torch's
+    own load copies tensor by tensor and stops at the first misfit, half loaded."""
     own = net.state_dict()
     if not isinstance(state, Mapping) or set(state) != set(own):
         keys = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
-        raise SwarmError(f"DQN checkpoint does not fit this network: {name} has {keys}, "
-                         f"the network {sorted(own)}")
+        raise ConfigError(f"DQN checkpoint does not fit this network: {name} has {keys}, "
+                          f"the network {sorted(own)}")
     for key, want in own.items():
         have = state[key]
         if not isinstance(have, torch.Tensor) or have.shape != want.shape:
             shape = tuple(have.shape) if isinstance(have, torch.Tensor) else type(have).__name__
-            raise SwarmError(f"DQN checkpoint does not fit this network: {name}.{key} is {shape}, "
-                             f"the network's {tuple(want.shape)}")
+            raise ConfigError(f"DQN checkpoint does not fit this network: {name}.{key} is {shape}, "
+                              f"the network's {tuple(want.shape)}")
         if not bool(torch.isfinite(have).all()):
             raise SwarmError(f"DQN checkpoint {name}.{key} has NaN or infinite entries")

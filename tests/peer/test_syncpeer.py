@@ -16,8 +16,8 @@ import pytest
 from swarmtest import ROOT, free_port, status, wait_for
 
 from swarm.config import PeerConfig
-from swarm.errors import MembershipError, SwarmError
-from swarm.peer import SyncPeer
+from swarm.errors import ConfigError, MembershipError, SwarmError
+from swarm.peer import PeerState, SyncPeer
 
 # What asyncio and the interpreter print when a loop is torn down under running tasks.
 NOISE = ("Task was destroyed", "Event loop is closed", "never awaited", "Exception ignored")
@@ -168,3 +168,224 @@ def test_handlers_given_before_start_are_in_place_when_it_joins(coordinator):
         wait_for(lambda: got, 5, what="the message at b's early handler")
         assert got == [{"x": 1}]
     assert not _peer_threads()
+
+
+# -- misuse: each is refused with an error that names it, and leaves nothing running
+
+
+@pytest.mark.timeout(20)   # a loop_factory that failed hung start() for ever
+def test_bad_constructor_arguments_are_refused_and_leave_no_thread():
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    # checked when it is made (they were taken, and failed or hung only in start())
+    with pytest.raises(ConfigError, match="start_timeout = 'soon'"):
+        SyncPeer(coordinators=[addr], start_timeout="soon")
+    with pytest.raises(ConfigError, match="start_timeout = -1"):
+        SyncPeer(coordinators=[addr], start_timeout=-1)
+    with pytest.raises(ConfigError, match="loop_factory = 'uvloop': must be a function"):
+        SyncPeer(coordinators=[addr], loop_factory="uvloop")
+
+    # a factory that fails, or returns what is not a loop, fails start() and ends the thread
+    def broken():
+        raise OSError("no loop for you")
+    p = SyncPeer(coordinators=[addr], loop_factory=broken)
+    with pytest.raises(ConfigError, match="loop_factory .* failed: no loop for you"):
+        p.start()
+    with pytest.raises(SwarmError, match="SyncPeer is closed and cannot be restarted"):
+        p.start()
+    with pytest.raises(ConfigError, match="failed: it returned 42, not an asyncio event loop"):
+        SyncPeer(coordinators=[addr], loop_factory=lambda: 42).start()
+    assert not _peer_threads()
+
+
+def test_callbacks_that_cannot_be_called_are_refused_and_a_closed_peer_takes_none(coordinator):
+    before = SyncPeer(coordinators=[coordinator], id="early")
+    with pytest.raises(ConfigError, match=r"on\('hi', handler\): 5 is not callable"):
+        before.on("hi", 5)
+    with pytest.raises(ConfigError, match=r"on_view\(callback\): None is not callable"):
+        before.on_view(None)
+    p = SyncPeer(coordinators=[coordinator], id="a").start()
+    try:
+        # taken, they failed only at the first message or view, on the peer's thread
+        with pytest.raises(ConfigError, match=r"on\('hi', handler\): 'print' is not callable"):
+            p.on("hi", "print")
+        with pytest.raises(ConfigError, match=r"on_view\(callback\): \[\] is not callable"):
+            p.on_view([])
+        with pytest.raises(ConfigError, match=r"wait_view\(predicate\): 2 is not callable"):
+            p.wait_view(2)
+        with pytest.raises(ConfigError, match=r"call_soon\(fn\)"):
+            p.call_soon(None)
+        assert p.call(asyncio.sleep(0, "still fine")) == "still fine"
+    finally:
+        p.close()
+    # after close they were registered on the closed peer, never to be called
+    with pytest.raises(SwarmError, match="SyncPeer is closed"):
+        p.on("hi", print)
+    with pytest.raises(SwarmError, match="SyncPeer is closed"):
+        p.on_view(print)
+    p.close()                                  # twice: nothing more happens
+    assert not _peer_threads()
+
+
+def test_close_from_another_thread_cuts_waiting_calls_short_with_a_swarm_error(coordinator):
+    # The call (or start) waiting in the user's thread got a bare CancelledError.
+    p = SyncPeer(coordinators=[coordinator], id="a").start()
+    began = threading.Event()
+
+    async def long_job():
+        began.set()
+        await asyncio.sleep(60)
+
+    closer = threading.Thread(target=lambda: (began.wait(10), p.close()))
+    closer.start()
+    try:
+        with pytest.raises(SwarmError, match="closed from another thread while this call waited"):
+            p.call(long_job(), timeout=None)
+    finally:
+        closer.join()
+    # start() too, while it waits for a coordinator that does not answer
+    q = SyncPeer(coordinators=[f"tcp://127.0.0.1:{free_port()}"], id="b", join_timeout_s=30)
+    closer = threading.Thread(target=lambda: (wait_for(lambda: q.peer is not None, 10), q.close()))
+    closer.start()
+    try:
+        # (or, closed between the two steps of start(), "is closed")
+        with pytest.raises(SwarmError, match="SyncPeer (was closed from another thread|is closed)"):
+            q.start()
+    finally:
+        closer.join()
+    assert not _peer_threads()
+
+
+def test_close_from_several_threads_at_once_closes_once_quietly(coordinator):
+    # Each close() stopped the loop: a second stop broke the thread's final clean-up
+    # ("Event loop stopped before Future completed", "Task was destroyed but it is
+    # pending"), and the other closers got CancelledError or PeerTimeout.
+    failures: list[str] = []
+    hook = threading.excepthook
+    threading.excepthook = lambda a: failures.append(f"{a.thread.name}: {a.exc_value!r}")
+    try:
+        for i in range(4):
+            p = SyncPeer(coordinators=[coordinator], id=f"p{i}").start()
+            together = threading.Barrier(3)
+
+            def close() -> None:
+                together.wait()
+                try:
+                    p.close()
+                except BaseException as e:
+                    failures.append(repr(e))
+
+            closers = [threading.Thread(target=close) for _ in range(3)]
+            for t in closers:
+                t.start()
+            for t in closers:
+                t.join()
+            assert not failures
+            assert not _peer_threads()
+    finally:
+        threading.excepthook = hook
+
+
+def test_off_and_off_view_undo_on_and_on_view(coordinator):
+    # SyncPeer had on/on_view but not their undo: a handler stayed for the peer's life.
+    b = SyncPeer(coordinators=[coordinator], id="b")
+    got: dict[str, list] = {"gone": [], "early": [], "late": [], "kept": []}
+    views: dict[str, list] = {"gone": [], "kept": [], "late": []}
+
+    def handler(name):
+        return lambda msg: got[name].append(msg.body)
+
+    def on_view(name):
+        return lambda view: views[name].append(view.ids)
+
+    gone, early, kept = handler("gone"), handler("early"), handler("kept")
+    view_gone, view_kept, view_late = on_view("gone"), on_view("kept"), on_view("late")
+    b.on("hi", gone)
+    b.on("hi", early)
+    b.on("hi", kept)
+    b.on_view(view_gone)
+    b.on_view(view_kept)
+    assert b.off("hi", gone) and not b.off("hi", gone)      # before start: never registered
+    assert b.off_view(view_gone) and not b.off_view(view_gone)
+    with SyncPeer(coordinators=[coordinator], id="a") as a, b:
+        a.wait_view(lambda v: len(v.members) == 2, timeout=10)
+        a.wait_linked()
+        late = handler("late")
+        b.on("hi", late)
+        assert b.off("hi", early) and b.off("hi", late) and not b.off("hi", late)
+        assert not b.off("other", kept)
+        assert a.send("b", "hi", {"x": 1}, timeout=2.0)
+        wait_for(lambda: got["kept"], 5, what="the message at the handler left on")
+        assert got == {"gone": [], "early": [], "late": [], "kept": [{"x": 1}]}
+        assert views["kept"] and not views["gone"]
+        b.on_view(view_late)
+        assert b.off_view(view_kept)
+        seen = len(views["kept"])
+        a.close()
+        wait_for(lambda: ["b"] in views["late"], 10, what="the view without a")
+        assert len(views["kept"]) == seen
+    assert b.off("hi", kept) and not b.off("hi", kept)      # after close it still answers
+    assert not _peer_threads()
+
+
+@pytest.mark.timeout(60)   # the calls waited for ever
+def test_sys_exit_on_the_peers_thread_closes_the_peer_and_every_call_says_so(coordinator, caplog):
+    # The peer catches what a handler raises, but not SystemExit or KeyboardInterrupt:
+    # they ended the loop thread without a word, every call (and close) then waited
+    # for ever (or to its timeout), and the peer's sockets stayed open, so that the
+    # process hung at exit in zmq's context termination.
+    b = SyncPeer(coordinators=[coordinator], id="b")
+    b.on("stop", lambda msg: sys.exit(3))
+    with SyncPeer(coordinators=[coordinator], id="a") as a, b:
+        a.wait_view(lambda v: len(v.members) == 2, timeout=10)
+        a.wait_linked()
+        began = threading.Event()
+
+        async def wait_long():
+            began.set()
+            await asyncio.sleep(60)
+
+        sender = threading.Thread(target=lambda: (began.wait(10), a.send("b", "stop", {}, timeout=2.0)))
+        sender.start()
+        try:
+            with pytest.raises(SwarmError, match=r"closed: SystemExit\(3\) was raised on the peer's thread") as e:
+                b.call(wait_long(), timeout=None)           # waiting when it happened
+        finally:
+            sender.join()
+        assert isinstance(e.value.__cause__, SystemExit)
+        with pytest.raises(SwarmError, match=r"SystemExit\(3\) was raised"):
+            b.wait_view(lambda v: False, timeout=None)       # and after
+        with pytest.raises(SwarmError, match=r"SystemExit\(3\) was raised"):
+            b.on("hi", print)
+        b.close()                                            # quiet: the calls said it
+        assert b.peer.state is PeerState.CLOSED              # its sockets too
+        a.wait_view(lambda v: v.ids == ["a"], timeout=10)    # it left the swarm
+        # a coroutine given to call() that exits: its caller gets the SystemExit
+        c = SyncPeer(coordinators=[coordinator], id="c").start()
+
+        async def exits():
+            sys.exit(4)
+
+        with pytest.raises(SystemExit):
+            c.call(exits())
+        with pytest.raises(SwarmError, match=r"SystemExit\(4\) was raised"):
+            c.call(asyncio.sleep(0))
+        c.close()
+        assert c.peer.state is PeerState.CLOSED
+        # their threads are gone; a's is the one left, and works
+        assert len(_peer_threads()) == 1 and a.call(asyncio.sleep(0, "ok")) == "ok"
+    assert not _peer_threads()
+    assert "never retrieved" not in caplog.text
+
+
+def test_off_and_off_view_are_in_the_link_protocol_as_its_links_have_them():
+    # Link declared on/on_view only; their undo was found with getattr
+    import inspect
+
+    from swarm.gossip.sim import SimLink
+    from swarm.link import Link
+    from swarm.peer import Peer
+
+    for name in ("on", "off", "on_view", "off_view"):
+        spec = list(inspect.signature(getattr(Link, name)).parameters)
+        for cls in (Peer, SimLink, SyncPeer):
+            assert list(inspect.signature(getattr(cls, name)).parameters) == spec, (cls, name)

@@ -292,6 +292,31 @@ def test_a_non_finite_observation_is_refused_and_nothing_is_stored(replay, bad):
     assert len(replay) == 2 and replay.cols["reward"][-1] == 2.0
 
 
+@pytest.mark.parametrize("kw, match", [
+    ({"terminal": "no"}, "terminal must be True or False"),
+    ({"terminal": None}, "terminal must be True or False"),
+    ({"terminal": 2}, "terminal must be True or False"),
+    ({"terminal": False, "truncated": "no"}, "truncated must be True or False"),
+])
+def test_reflect_refuses_a_terminal_or_truncated_that_is_not_a_bool(replay, kw, match):
+    """reflect(1.0, "no") stored done=1 without a word: the flag decides the bootstrap."""
+    agent = DQNAgent((4,), 2, replay, DQNConfig(learning_starts=10**6), seed=0)
+    obs = np.zeros(4, np.float32)
+    agent.perceive(obs); agent.deliberate()
+    with pytest.raises(SwarmError, match=match):
+        agent.reflect(1.0, next_observations=obs, **kw)
+    assert len(replay) == 0
+    agent.reflect(1.0, np.bool_(True), next_observations=obs)   # numpy's bool is one
+    assert len(replay) == 1 and replay.cols["done"][-1] == 1.0
+
+
+def test_a_complex_observation_is_refused(replay):
+    """Cast to float32, only its real part was kept (numpy's ComplexWarning alone said so)."""
+    agent = DQNAgent((4,), 2, replay, DQNConfig(learning_starts=10**6), seed=0)
+    with pytest.raises(SwarmError, match="complex"):
+        agent.perceive(np.array([1 + 2j, 0, 0, 0]))
+
+
 def test_learn_skips_a_non_finite_batch_counts_it_and_changes_nothing(replay):
     # A NaN that reached the buffer by another way (a neighbour, a restored file):
     # the update would make every parameter NaN, so it is not taken.
@@ -354,7 +379,7 @@ def test_a_checkpoint_with_a_misfit_or_non_finite_tensor_changes_nothing(replay)
     state = a.state_dict()
     state["target"] = dict(state["target"])
     state["target"]["net.4.bias"] = torch.zeros(3)   # q is fine and would load first
-    with pytest.raises(SwarmError, match="target.net.4.bias"):
+    with pytest.raises(ConfigError, match="target.net.4.bias"):   # every start would meet it: swarm run gives up
         b.load_state_dict(state)
     state = a.state_dict()
     state["q"] = {k: v.clone() for k, v in state["q"].items()}
