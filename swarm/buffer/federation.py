@@ -195,8 +195,8 @@ class Federation:
         Call it on the link's loop (and stop the :meth:`run` task) before building
         another federation on the same peer or buffer, which otherwise both get every
         message and every added item. Closing twice does nothing; pulls in flight end
-        empty. A link without ``off`` (a :class:`~swarm.gossip.sim.SimLink`) keeps its
-        handlers.
+        empty, and a :meth:`pull` after it raises ReplayError. A link without ``off``
+        (a test double; a Peer and a SimLink have it) keeps its handlers.
         """
         if self._closed:
             return
@@ -279,11 +279,14 @@ class Federation:
     async def pull(self, peer: str, n: int, timeout: float = 2.0) -> int:
         """Ask ``peer`` for up to ``n`` items and store them; return how many were stored.
 
-        Raises :class:`~swarm.errors.PeerTimeout` if no answer comes within ``timeout``.
+        Raises :class:`~swarm.errors.PeerTimeout` if no answer comes within ``timeout``,
+        :class:`~swarm.errors.ReplayError` once the federation is closed.
         """
         from ..errors import PeerTimeout
         if not isinstance(n, int) or n < 1:
             raise ReplayError(f"pull size must be an int >= 1, got {n!r}")
+        if self._closed:   # its handlers are off: the answer would never arrive (it waited out its timeout)
+            raise ReplayError(f"pull from {peer!r}: this federation is closed")
         rid = next(self._rid)
         fut = asyncio.get_running_loop().create_future()
         self._pulls[rid] = fut

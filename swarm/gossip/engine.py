@@ -391,9 +391,9 @@ class Gossip:
         Call it on the link's loop before building another engine on the same peer,
         which otherwise gets every message too (a notebook cell run again). Closing
         twice does nothing; :meth:`round` on a closed engine raises
-        :class:`~swarm.errors.GossipError`. A link without ``off``/``off_view`` (a
-        :class:`~swarm.gossip.sim.SimLink`, whose ``on`` replaces a type's handler)
-        keeps what it holds.
+        :class:`~swarm.errors.GossipError`. A link without ``off``/``off_view`` (a test
+        double; :class:`~swarm.peer.Peer` and :class:`~swarm.gossip.sim.SimLink` have
+        them) keeps what it holds.
         """
         if self._closed:
             return

@@ -695,7 +695,7 @@ class GradientRelay:
         same peer, which otherwise both get every gradient. Closing twice does nothing.
 
         Off the loop, the handlers come off at the loop's next pass. A link without
-        ``off``/``off_view`` (a :class:`~swarm.gossip.sim.SimLink`) keeps them.
+        ``off``/``off_view`` (a test double; a Peer and a SimLink have them) keeps them.
         """
         for _, s in self._outboxes.values():
             self.link.close_side(s)

@@ -16,7 +16,7 @@ import zmq.asyncio
 from swarm import wire
 from swarm.buffer import Federation, ReplayBuffer
 from swarm.coordinator import Coordinator
-from swarm.errors import GossipError
+from swarm.errors import GossipError, ReplayError
 from swarm.gossip import Gossip, GradientRelay
 from swarm.peer import Peer
 from swarmtest import until
@@ -139,6 +139,8 @@ def test_closed_federation_is_freed_and_its_successor_gets_the_items():
         assert old.stats.received == 0
         buf_a.add(items(3))                  # the buffer no longer feeds the closed one
         assert old._new == [] and len(new._new) == 1
+        with pytest.raises(ReplayError, match="closed"):   # it waited out its timeout for an answer
+            await old.pull(b.id, 4, timeout=30)            # that could not reach it
         ref = weakref.ref(old)
         del old
         assert freed(ref)                    # though its buffer lives on
