@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import textwrap
 import tomllib
 import types
@@ -189,6 +190,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if isinstance(value, int) and abs(value) > sys.float_info.max:   # TOML's integers have no bound
+            raise ConfigError(f"{key}: must be finite, got an integer beyond the largest float (about 1.8e308)")
         if not math.isfinite(value):
             raise ConfigError(f"{key}: must be finite, got {value!r}")
         return float(value)

@@ -46,6 +46,13 @@ MAX_PEERS = 1024
 #: Seeds are 32-bit, so that every seed derived from one (seed + rank, and + the env
 #: steps done on resume) stays far inside the 64 bits torch.manual_seed takes.
 SEED_LIMIT = 2**32
+#: The longest run name: the run folder is NAME-YYYYmmdd-HHMMSS[-N] (`swarm peer`:
+#: NAME-peerRANK), and a file name has at most 255 bytes.
+MAX_NAME = 200
+#: The longest gossip.round_timeout_s. A neighbour silent for an hour is lost, not slow;
+#: and far above it (about 9.2e9 s, threading.TIMEOUT_MAX) every peer's first round
+#: failed with an OverflowError from its wait for the round.
+MAX_ROUND_TIMEOUT_S = 3600.0
 
 
 def _pos(x: Any) -> bool:
@@ -79,8 +86,9 @@ class GossipSpec:
                                 "codec = identity, sparse codecs need about 2x their kept fraction "
                                 "(swarm.gossip suggested_gamma)",
                            lambda g: 0.0 < g <= 1.0, "must be in (0, 1]")
-    round_timeout_s: float = opt(2.0, "deadline for a round's neighbours before it proceeds without them",
-                                 _pos, "must be > 0")
+    round_timeout_s: float = opt(2.0, "deadline for a round's neighbours before it proceeds without them, "
+                                      f"at most {MAX_ROUND_TIMEOUT_S:.0f} s",
+                                 lambda t: 0 < t <= MAX_ROUND_TIMEOUT_S, f"must be in (0, {MAX_ROUND_TIMEOUT_S:.0f}]")
     exchange: str = opt("params", "params: each peer takes its own updates and gossip averages the "
                                   "parameters; gradients: every gradient a peer computes is relayed to "
                                   "every peer (compressed with codec) and applied by all, and parameter "
@@ -183,8 +191,9 @@ class Spec:
     """A decentralized RL experiment: N peers training one algorithm on one env."""
 
     name: str = opt("", "run name; the run folder is runs/<name>-<time>/; empty: ENV-TOPOLOGY "
-                        "(cartpole-ring for the default)",
-                    lambda s: s == "" or bool(_NAME.match(s)), "must be letters, digits, '.', '_' or '-'")
+                        f"(cartpole-ring for the default); at most {MAX_NAME} characters",
+                    lambda s: s == "" or (len(s) <= MAX_NAME and bool(_NAME.match(s))),
+                    f"must be letters, digits, '.', '_' or '-', at most {MAX_NAME} of them")
     env: str = opt("CartPole-v1", "Gymnasium environment id")
     algorithm: str = opt("dqn", "agent algorithm: " + ", ".join(ALGORITHMS))
     peers: int = opt(4, f"number of peer processes, at most {MAX_PEERS} (swarm run starts them all on this "
@@ -239,9 +248,17 @@ class Spec:
         if self.buffer.capacity < self.dqn.batch_size:
             raise ConfigError(f"buffer.capacity = {self.buffer.capacity} is below dqn.batch_size = "
                               f"{self.dqn.batch_size}; a batch could never be sampled")
-        if self.dqn.learning_starts >= self.budget.env_steps:
-            raise ConfigError(f"dqn.learning_starts = {self.dqn.learning_starts} is not below "
-                              f"budget.env_steps = {self.budget.env_steps}; the agent would never learn")
+        d, steps = self.dqn, self.budget.env_steps
+        if d.learning_starts >= steps:
+            raise ConfigError(f"dqn.learning_starts = {d.learning_starts} is not below "
+                              f"budget.env_steps = {steps}; the agent would never learn")
+        # Updates come at the env steps (counted from 0) >= learning_starts that are multiples
+        # of train_every (DQNAgent.learns_at; rank 0's phase is 0, whatever the exchange).
+        first = -(-d.learning_starts // d.train_every) * d.train_every
+        if first >= steps:
+            raise ConfigError(f"dqn.train_every = {d.train_every} with dqn.learning_starts = {d.learning_starts}: "
+                              f"the first update would come at env step {first}, not below budget.env_steps = "
+                              f"{steps}; the agent would never learn")
         if self.buffer.sharing and self.buffer.replicas:
             # A peer replicates to its own neighbours: one with fewer than `replicas` would
             # never see a transition acknowledged (they would wait for a neighbour for ever).
@@ -263,6 +280,10 @@ class Spec:
                               f"with peers = {self.peers}")
         if self.budget.stop_when_solved and self.eval.every == 0:
             raise ConfigError("budget.stop_when_solved = true needs eval.every > 0 to know when it is solved")
+        if self.budget.stop_when_solved and self.eval.every > steps:
+            raise ConfigError(f"budget.stop_when_solved = true with eval.every = {self.eval.every} above "
+                              f"budget.env_steps = {steps}: no evaluation would run to say it is solved; set "
+                              f"eval.every <= {steps}")
 
 
 def _check_env(env_id: str) -> None:
@@ -304,8 +325,9 @@ def _check_topology(topology: str, peers: int, edges: list[list[int]]) -> None:
     try:  # the topology module knows which sizes each graph admits (hypercube: powers of two ...)
         # One row checks the same as the whole n×n matrix, in O(n) instead of O(n²) or worse.
         weights(topology, peers, 0, edges=edges or None)
-    except ConfigError as e:
-        raise ConfigError(f"gossip.topology = {topology!r} with peers = {peers}: {e}") from None
+    except ConfigError as e:   # with custom, what is wrong is an edge
+        key = "gossip.edges" if topology == "custom" else f"gossip.topology = {topology!r}"
+        raise ConfigError(f"{key} with peers = {peers}: {e}") from None
     if topology == "custom":
         # averaging never brings peers that no path joins to one model
         reached, frontier = {0}, [0]

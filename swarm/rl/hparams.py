@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import sys
 import typing
 from dataclasses import dataclass, fields
 
@@ -39,6 +40,8 @@ def _has_type(value: object, tp: object) -> bool:
     if tp is int:
         return isinstance(value, numbers.Integral)
     if tp is float:
+        if isinstance(value, numbers.Integral) and abs(value) > sys.float_info.max:
+            return False   # no float holds it (math.isfinite would raise OverflowError)
         return isinstance(value, numbers.Real) and math.isfinite(value)
     if typing.get_origin(tp) is list:
         (item,) = typing.get_args(tp)

@@ -266,3 +266,62 @@ def test_the_default_name_follows_the_env_and_the_topology():
     assert load_spec(None, ["gossip.topology=grid", "name=mine"]).name == "mine"
     # the resolved name is saved: a resumed run keeps it whatever it overrides
     assert load_spec(load_spec(None, ["gossip.topology=grid"]), ["gossip.topology=ring"]).name == "cartpole-grid"
+
+
+def test_a_round_timeout_is_at_most_an_hour():
+    # 1e12 loaded, and every peer's first gossip round failed with an OverflowError from
+    # the wait for the round (round_timeout_s + 10 s, past threading.TIMEOUT_MAX)
+    with pytest.raises(ConfigError, match=r"gossip.round_timeout_s = 1000000000000.0: must be in"):
+        load_spec(None, ID + ["gossip.round_timeout_s=1e12"])
+    with pytest.raises(ConfigError, match=r"gossip.round_timeout_s = 3601: must be in \(0, 3600\]"):
+        load_spec(None, ID + ["gossip.round_timeout_s=3601"])
+    assert load_spec(None, ID + ["gossip.round_timeout_s=3600"]).gossip.round_timeout_s == 3600.0
+
+
+def test_a_name_too_long_for_a_run_folder_is_refused():
+    # 300 characters loaded, and `swarm run` failed later making runs/NAME-TIME ("File name too long")
+    with pytest.raises(ConfigError, match=r"^name = 'a{201}': .*at most 200"):
+        load_spec(None, ID + ["name=" + "a" * 201])
+    assert load_spec(None, ID + ["name=" + "a" * 200]).name == "a" * 200
+
+
+def test_a_train_every_that_leaves_no_update_within_the_budget_is_refused():
+    # updates come at the steps >= learning_starts that are multiples of train_every:
+    # 300 here, and the steps end at 299; the agent never learnt, without a word
+    never = ["budget.env_steps=300", "dqn.learning_starts=250", "dqn.train_every=100"]
+    with pytest.raises(ConfigError, match=r"dqn.train_every = 100 with dqn.learning_starts = 250: the first update "
+                                          r"would come at env step 300, not below budget.env_steps = 300"):
+        load_spec(None, ID + never)
+    assert load_spec(None, ID + never + ["budget.env_steps=301"]).budget.env_steps == 301
+    with pytest.raises(ConfigError, match="dqn.learning_starts = 300 is not below budget.env_steps = 300"):
+        load_spec(None, ID + ["budget.env_steps=300", "dqn.learning_starts=300"])
+
+
+def test_stop_when_solved_needs_an_evaluation_within_the_budget():
+    # eval.every past the budget: no evaluation ever ran, so the run could not stop when solved
+    with pytest.raises(ConfigError, match=r"budget.stop_when_solved = true with eval.every = 10001 above "
+                                          r"budget.env_steps = 10000"):
+        load_spec(None, ID + ["budget.stop_when_solved=true", "eval.every=10001"])
+    assert load_spec(None, ID + ["budget.stop_when_solved=true", "eval.every=10000"]).eval.every == 10000
+    assert load_spec(None, ID + ["eval.every=10001"]).eval.every == 10001   # without it: only no evaluation
+
+
+@pytest.mark.parametrize("edges, why", [
+    ("[[0, 1], [1, 2], [2, 3], [3, 4]]", r"edge \[3, 4\] has a position outside \[0, 4\)"),
+    ("[[0, 0], [0, 1], [1, 2], [2, 3]]", r"edge \[0, 0\] is a self-loop"),
+    ("[[0, 1, 2]]", r"edge \[0, 1, 2\] is not a pair"),
+])
+def test_a_bad_custom_edge_is_named_as_gossip_edges(edges, why):
+    # the error named gossip.topology (= 'custom', which is right), not the edge list
+    with pytest.raises(ConfigError, match=rf"^gossip.edges with peers = 4: .*{why}"):
+        load_spec(None, ID + ["gossip.topology=custom", f"gossip.edges={edges}"])
+
+
+@pytest.mark.parametrize("override", ["dqn.lr=1" + "0" * 400, "gossip.step_size=1" + "0" * 400,
+                                      "eval.solve_return=-1" + "0" * 400])
+def test_an_integer_too_large_for_a_number_is_a_config_error(override):
+    # TOML integers have no bound: one past the largest float was an OverflowError
+    # (a traceback from `swarm run --show`), not an error naming the key
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{key}: must be finite, got an integer beyond the largest float"):
+        load_spec(None, ID + [override])

@@ -18,6 +18,7 @@ from swarm.rl import DQNConfig
     ({"lr": float("nan")}, "lr = nan: expected a finite number"),
     ({"lr": float("inf")}, "lr = inf: expected a finite number"),
     ({"lr": "0.1"}, "lr = '0.1': expected a finite number"),
+    ({"lr": 10**400}, "lr = 1000.*: expected a finite number"),   # was an OverflowError
     ({"gamma": 1.5}, r"gamma = 1.5: must be in \[0, 1\)"),
     ({"tau": 0}, r"tau = 0: must be in \(0, 1\]"),
     ({"hidden": []}, "hidden = \\[\\]: must be a non-empty list"),
