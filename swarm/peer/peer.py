@@ -27,7 +27,7 @@ import math
 import os
 import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -62,6 +62,19 @@ SPARE_LINK_IDLE_S = 5.0
 #: coordinator: a handler registered for one would never be called
 RESERVED_TYPES: frozenset[str] = wire.PROTOCOL_TYPES - {"pong"}
 
+#: types :meth:`Peer.send` refuses: the membership types, which no peer reads, and
+#: the link check (``hello``/``hello_ack``, which the peer sends itself; a forged ack
+#: would mark a link checked). ``ping`` may be sent: the receiver answers ``pong``.
+UNSENDABLE_TYPES: frozenset[str] = RESERVED_TYPES - {"ping"}
+
+#: bytes of messages held for members that our view does not list yet (see
+#: :meth:`Peer.send`), all destinations together; a send past it is dropped at once
+HELD_MAX_BYTES = 64 * 1024 * 1024
+
+#: senders outside our view that spoke from a newer view, remembered for
+#: :meth:`Peer.send` (forgotten once our view catches up); bounded under a flood of ids
+AHEAD_MAX = 1024
+
 
 class PeerState(enum.Enum):
     NEW = "new"
@@ -81,6 +94,7 @@ class PeerCounters:
     bytes_out: int = 0
     dropped_out: int = 0        # sends dropped: queue full past the deadline
     unknown_dst: int = 0        # sends to a peer that is not in the view (or cannot be linked)
+    held: int = 0               # sends held until the view lists dst (it spoke from a newer view)
     malformed: int = 0          # inbound messages that failed a wire check
     handler_errors: int = 0     # handlers that raised
     unhandled: int = 0          # valid messages of a type nobody handles
@@ -99,6 +113,13 @@ class _Link:
     waiting: int = 0      # sends waiting for room in its queue
 
 
+@dataclass
+class _Held:
+    """Messages for a sender that our view does not list yet, kept until it does."""
+    epoch: int   # the view it spoke from: once ours is that new, it is listed or gone
+    msgs: list[tuple[float, list[Any], int]] = field(default_factory=list)   # (deadline, frames, bytes)
+
+
 def check_handler_type(t: str, who: str) -> None:
     """Refuse a handler for one of swarm's own protocol types (WireError); register ``t``."""
     if type(t) is str and t in RESERVED_TYPES:
@@ -106,6 +127,15 @@ def check_handler_type(t: str, who: str) -> None:
                         f"itself; no handler can be registered for {sorted(RESERVED_TYPES)} "
                         f"(on_view is called for each new view)")
     wire.register_type(t)
+
+
+def _check_sendable(t: Any, peer_id: str) -> None:
+    """Refuse a send of one of swarm's own types that only the peer or the coordinator
+    sends (WireError); the peer's own hello, hello_ack and pong do not come this way."""
+    if type(t) is str and t in UNSENDABLE_TYPES:
+        raise WireError(f"peer {peer_id}: {t!r} is a swarm protocol type that only the peer or the "
+                        f"coordinator sends; user code cannot send {sorted(UNSENDABLE_TYPES)} "
+                        f"('ping' may be sent: the receiver answers 'pong')")
 
 
 class Peer:
@@ -146,6 +176,9 @@ class Peer:
         self._neighbours: list[str] = []
         self._links: dict[str, _Link] = {}
         self._pending_hello: set[str] = set()
+        self._ahead: dict[str, int] = {}       # non-member sender -> the newer epoch it spoke from
+        self._held: dict[str, _Held] = {}      # messages for such senders, until the view lists them
+        self._held_bytes = 0
         self._linked_epoch = -1
         self._linked = asyncio.Event()
         self._handlers: dict[str, list[Handler]] = {}
@@ -406,6 +439,7 @@ class Peer:
                    arrays: Sequence[np.ndarray] = (), *, timeout: float | None = None) -> bool:
         """Send one message to peer ``dst`` (an id in the view).
 
+        Returns True once the message is queued for ``dst``, not when it arrives.
         Returns False, and counts it, when ``dst`` is unknown (``unknown_dst``; so
         is every send once the peer is closed) or its queue stays full past
         ``timeout`` seconds (None: do not wait) or until it leaves the view
@@ -414,13 +448,29 @@ class Peer:
         may be several sends later behind a slow receiver: do not modify them after
         this call. Smaller ones are copied on send.
 
+        A reply to a member that just joined: the coordinator may tell it of the new
+        view before us, so its message can come before the view that lists it. With
+        a ``timeout``, a send to a sender outside our view whose message came from a
+        newer view than ours is held (``held``) and True returned at once: it goes
+        when a view lists ``dst``, and is dropped (``unknown_dst``) if a view as new
+        as the one ``dst`` spoke from does not list it, after ``timeout`` seconds, or
+        at close; if the queue to ``dst`` is full then, as ``dropped_out``. Nothing
+        waits for the view, so a handler can reply (the peer reads views on the
+        loop that runs handlers). At most ``data_hwm`` messages per destination and
+        :data:`HELD_MAX_BYTES` in all are held; past that, False at once
+        (``unknown_dst``). Any other ``dst`` outside the view (a neighbour that just
+        died) is still False at once.
+
         Raises :class:`WireError`, and sends nothing, for a message a receiver would
         drop as malformed (see :func:`swarm.wire.encode`), including one larger than
         this peer's own ``max_message_mb``: the peers of a swarm normally share it,
-        and a receiver drops what exceeds its limit.
+        and a receiver drops what exceeds its limit; and for a type of swarm's own
+        protocol that only the peer or the coordinator sends (:data:`UNSENDABLE_TYPES`;
+        ``ping`` may be sent, and the receiver answers ``pong``).
         """
         seconds(timeout, none_ok=True)
-        sent, link, frames = self._try_send(dst, t, body, arrays)
+        _check_sendable(t, self.id)
+        sent, link, frames = self._try_send(dst, t, body, arrays, hold=timeout)
         if sent or link is None:
             return sent
         if timeout:
@@ -450,21 +500,31 @@ class Peer:
     def send_nowait(self, dst: str, t: str, body: dict[str, Any] | None = None,
                     arrays: Sequence[np.ndarray] = ()) -> bool:
         """:meth:`send` without waiting, for callers on the peer's loop that must not
-        yield (no task per message): False, and counted, when ``dst`` is unknown, the
-        peer is closed or the queue is full; :class:`WireError` as for :meth:`send`."""
+        yield (no task per message): False, and counted, when ``dst`` is unknown (a
+        message is never held for it), the peer is closed or the queue is full;
+        :class:`WireError` as for :meth:`send`."""
+        _check_sendable(t, self.id)
+        return self._send_now(dst, t, body, arrays)
+
+    def _send_now(self, dst: str, t: str, body: dict[str, Any] | None = None,
+                  arrays: Sequence[np.ndarray] = ()) -> bool:
         sent, link, _ = self._try_send(dst, t, body, arrays)
         if not sent and link is not None:
             self.counters.dropped_out += 1
         return sent
 
-    def _try_send(self, dst: str, t: str, body: dict[str, Any] | None,
-                  arrays: Sequence[np.ndarray]) -> tuple[bool, _Link | None, list[Any]]:
+    def _try_send(self, dst: str, t: str, body: dict[str, Any] | None, arrays: Sequence[np.ndarray],
+                  hold: float | None = None) -> tuple[bool, _Link | None, list[Any]]:
+        """Queue the message on ``dst``'s link: (sent, the link, the frames); a ``dst``
+        outside the view is held for up to ``hold`` seconds where :meth:`_hold` can."""
         self._raise_failure()
         frames = wire.encode(t, self.id, epoch=self._view.epoch, seq=next(self._seq), body=body, arrays=arrays,
                              limits=self.limits)
         # closed: the view is stale and the context gone, so no link can be made
         link = self._link(dst) if self.state is not PeerState.CLOSED else None
         if link is None:
+            if hold and self._hold(dst, frames, hold):
+                return True, None, frames
             self.counters.unknown_dst += 1
             return False, None, []
         link.used = time.monotonic()
@@ -472,6 +532,58 @@ class Peer:
             self._count_out(frames)
             return True, link, frames
         return False, link, frames
+
+    def _hold(self, dst: str, frames: list[Any], timeout: float) -> bool:
+        """Keep a message for ``dst``, outside our view, until a view lists it (see
+        :meth:`send`): only if ``dst`` spoke from a newer view than ours, within the
+        bounds. True if held."""
+        since = self._ahead.get(dst)
+        if since is None or since <= self._view.epoch or self.state is not PeerState.RUNNING:
+            return False
+        held = self._held.get(dst)
+        nbytes = tp.frames_nbytes(frames)
+        if (held is not None and len(held.msgs) >= self.config.data_hwm) \
+                or self._held_bytes + nbytes > HELD_MAX_BYTES:
+            return False
+        if held is None:
+            held = self._held[dst] = _Held(since)
+        held.msgs.append((time.monotonic() + timeout, frames, nbytes))
+        self._held_bytes += nbytes
+        self.counters.held += 1
+        return True
+
+    def _release_held(self, view: View) -> None:
+        """A new view: send what was held for the members it lists; drop what was held
+        for those it should list by now and does not."""
+        for dst in list(self._held):
+            held = self._held[dst]
+            listed = view.member(dst) is not None
+            if not listed and view.epoch < held.epoch:
+                continue   # our view still lags the one dst spoke from
+            del self._held[dst]
+            link = self._link(dst) if listed else None
+            for _, frames, nbytes in held.msgs:
+                self._held_bytes -= nbytes
+                if link is None:
+                    self.counters.unknown_dst += 1
+                elif tp.try_send(link.plain, frames):
+                    self._count_out(frames)
+                    link.used = time.monotonic()
+                else:
+                    self.counters.dropped_out += 1
+
+    def _expire_held(self, now: float) -> None:
+        """Drop the held messages whose send timeout passed (all of them at close)."""
+        for dst in list(self._held):
+            held = self._held[dst]
+            keep = [m for m in held.msgs if m[0] > now]
+            for _, _, nbytes in (m for m in held.msgs if m[0] <= now):
+                self._held_bytes -= nbytes
+                self.counters.unknown_dst += 1
+            if keep:
+                held.msgs = keep
+            else:
+                del self._held[dst]
 
     async def wait_linked(self, timeout: float | None = 5.0) -> None:
         """Wait until every neighbour of the current view has answered our hello
@@ -526,6 +638,7 @@ class Peer:
             except (asyncio.TimeoutError, Exception):
                 self._runner.cancel()
         self._close_sockets()
+        self._expire_held(math.inf)   # what was held for a view that never came is dropped
         self._neighbours = []
         self._pending_hello = set()
         self.state = PeerState.CLOSED
@@ -753,10 +866,17 @@ class Peer:
         self.counters.msgs_in += 1
         self.counters.bytes_in += msg.nbytes
         msg.route = route
+        if msg.epoch > self._view.epoch and self._view.member(msg.src) is None:
+            # It holds a newer view than ours, one that lists it (it just joined, and the
+            # coordinator told it first): a reply to it is held until ours does (send).
+            if len(self._ahead) >= AHEAD_MAX:
+                self._ahead.clear()
+            self._ahead[msg.src] = msg.epoch
         t = msg.t
         if t == "hello":
-            # ack on our own DEALER to the sender (it is in the view, or it is not a peer of ours)
-            await self._answer(msg, "hello_ack", {"e": msg.body.get("e")})
+            # ack on our own DEALER to the sender (it is in the view, or it is not a peer of
+            # ours; one that joined before our view lists it says hello again)
+            self._answer(msg, "hello_ack", {"e": msg.body.get("e")})
             return
         if t == "hello_ack":
             if msg.src in self._pending_hello and msg.body.get("e") == self._view.epoch:
@@ -764,7 +884,7 @@ class Peer:
                 self._check_linked()
             return
         if t == "ping":
-            await self._answer(msg, "pong", msg.body)
+            self._answer(msg, "pong", msg.body)
             return
         handlers = self._handlers.get(t)
         if not handlers:
@@ -783,11 +903,11 @@ class Peer:
                 self.counters.handler_errors += 1
                 log.exception("peer %s: handler for %r failed", self.id, t)
 
-    async def _answer(self, msg: Message, t: str, body: dict[str, Any]) -> None:
+    def _answer(self, msg: Message, t: str, body: dict[str, Any]) -> None:
         """Answer a hello or a ping; an echo that no longer fits under our limits
         (the sender's header was near them) is dropped like a malformed message."""
         try:
-            await self.send(msg.src, t, body)
+            self._send_now(msg.src, t, body)   # not send(): user code may not send hello_ack
         except WireError as e:
             self.counters.malformed += 1
             self._bad(msg.src, e)
@@ -898,6 +1018,9 @@ class Peer:
             self._close_link(self._links.pop(pid))
         # only members are suspected: one bookkeeping entry per member, not per id ever seen
         self._last_suspect = {p: t for p, t in self._last_suspect.items() if p in ids}
+        # held replies first, so that up to data_hwm of them fit a new link's queue
+        # (a hello that finds it full is said again 100 ms later)
+        self._release_held(view)
         self._pending_hello = set(self._neighbours)
         self._linked.clear()
         now = time.monotonic()
@@ -910,6 +1033,7 @@ class Peer:
                 # it can never answer: waiting for it would stall wait_linked for ever
                 self._pending_hello.discard(pid)
         self._check_linked()
+        self._ahead = {p: e for p, e in self._ahead.items() if e > view.epoch}
         for cb in self._view_callbacks:
             try:
                 cb(view)
@@ -973,6 +1097,8 @@ class Peer:
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
+            if self._held:
+                self._expire_held(now)
             if self._coord_lost:
                 self._rotate("connection lost")
             waiting = self._welcome is not None and not self._welcome.done()
