@@ -157,10 +157,13 @@ def peer_rows(status: dict[str, Any], rates: PeerRates) -> list[dict[str, Any]]:
 
 
 def status_document(status: dict[str, Any], rates: PeerRates, run: str = "", http: str = "") -> dict[str, Any]:
-    """What ``/status.json`` serves and the page renders: run, epoch, peers, the event log."""
+    """What ``/status.json`` serves and the page renders: run, epoch, peers, the event log,
+    and with standby coordinators this one's mode and how it sees the others."""
     peers = peer_rows(status, rates)
+    others = status.get("others")
     return {
         "run": run, "coordinator": status.get("coordinator"), "http": http, "pid": status.get("pid"),
+        "mode": _text(status.get("mode")), "others": plain(others) if isinstance(others, list) else [],
         "epoch": status.get("epoch"), "uptime_s": status.get("uptime_s"),
         "members": len(status.get("view", {}).get("members", [])),
         "malformed": status.get("malformed", 0),
@@ -263,6 +266,14 @@ def format_table(doc: dict[str, Any], width: int = 160) -> str:
     lines = [f"{run}coordinator {doc.get('coordinator')}  epoch {doc.get('epoch')}  "
              f"uptime {num(doc.get('uptime_s')) or 0:.1f} s  members {doc.get('members')}"
              + (f"  page {doc['http']}" if doc.get("http") else "")]
+    if doc.get("others"):
+        # failover: this one's mode, and each other coordinator as it sees it (and why it cannot tell)
+        seen = []
+        for o in doc["others"]:
+            if isinstance(o, dict):
+                error = _text(o.get("error"))
+                seen.append(f"{_text(o.get('address'))}: {_text(o.get('state'))}" + (f" ({error})" if error else ""))
+        lines.append(f"mode {doc.get('mode')}  " + "  ".join(seen)[:width])
     head = (f"{'id':<16} {'rank':>4} {'state':<7} {'hb age':>6} {'steps/s':>8} {'rounds/s':>8} "
             f"{'in/s':>7} {'out/s':>7} {'ratio':>5} {'stale':>5} {'buffer':>7}  {'neighbours':<20} error")
     lines += [head, "-" * len(head)]

@@ -53,6 +53,9 @@ from .table import ALIVE, DEAD, SUSPECT, MemberRecord, MemberTable
 log = logging.getLogger("swarm.coordinator")
 
 _NOBLOCK = int(zmq.NOBLOCK)
+#: what a watch socket's monitor reports: how the last attempt to reach another coordinator went
+_WATCH_EVENTS = (zmq.EVENT_CLOSED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 #: the highest ``last_epoch`` a join may report: a view a microsecond for 146,000
 #: years, and far enough below the wire's 64-bit limit that later epochs still fit
 MAX_LAST_EPOCH = 2**62
@@ -72,6 +75,23 @@ def _str(body: dict[str, Any], key: str) -> str:
     if not isinstance(v, str) or not v or len(v) > 512:
         raise WireError(f"{key} must be a non-empty string, got {v!r}")
     return v
+
+
+def _handshake_error(event: int, value: int, keyed: bool) -> tuple[str, bool]:
+    """What a failed handshake with another coordinator says, and whether libzmq gave up
+    on the address (after a refused key or a mechanism mismatch it never dials again)."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return f"it refused this coordinator's key (ZAP status {value}): not in its authorized/", True
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            return "one of the two runs with --keys and the other without", True
+        return f"CURVE protocol error {value:#x}: other keys", True
+    # the other side closed the connection in the handshake: it could not decrypt our hello,
+    # sealed for another coordinator key, or it found the other mechanism before we did
+    if keyed:
+        return ("it closed the connection in the CURVE handshake: most likely it runs with another "
+                "coordinator key pair, or without --keys"), False
+    return "it closed the connection in the handshake: most likely it runs with --keys", False
 
 
 class Coordinator:
@@ -122,6 +142,12 @@ class Coordinator:
         self.mode = "standby" if cfg.others else "active"
         self._others: dict[str, dict[str, Any]] = {}
         self._watch: dict[str, zmq.asyncio.Socket] = {}   # a DEALER to each of the others
+        self._watch_monitors: dict[str, zmq.asyncio.Socket] = {}
+        self._held_back = False      # logged that a failed handshake keeps this standby from taking over
+        self._alone_warned: set[str] = set()
+        # ranks coordinators of equal address: hosts that each bind tcp://0.0.0.0:5555 all
+        # report that address, and would each find themselves the lowest
+        self._token = os.urandom(8).hex()
         self._no_active_since = 0.0
         self._last_publish = 0.0
         self._forgot = 0.0
@@ -155,6 +181,7 @@ class Coordinator:
                 self._watch[addr] = d
                 if self._curve is not None:
                     self._curve.client(d, self._curve.coordinator_public)
+                self._watch_monitors[addr] = d.get_monitor_socket(_WATCH_EVENTS)
                 tp.connect(d, addr)
         except Exception:
             self._shutdown()
@@ -194,11 +221,12 @@ class Coordinator:
             raise self._failure
 
     def _shutdown(self) -> None:
-        for s in (self._monitor, self._router, *self._watch.values()):
+        for s in (self._monitor, self._router, *self._watch_monitors.values(), *self._watch.values()):
             if s is not None:
                 s.close(0)
         self._monitor = self._router = None
         self._watch.clear()
+        self._watch_monitors.clear()
         if self._curve is not None:
             self._curve.stop()
             self._curve = None
@@ -432,6 +460,8 @@ class Coordinator:
         t, body, src = msg.t, msg.body, msg.src
         if t == "status":
             brief = body.get("brief") is True
+            if brief and not self.config.others:
+                self._watched_alone(body.get("from"))
             self._send(route, "status_reply", self.brief() if brief else self.status())
             return
         if self.mode != "active":
@@ -539,30 +569,96 @@ class Coordinator:
     # ------------------------------------------------------------- status
 
     def brief(self) -> dict[str, Any]:
-        """What other coordinators need to decide who is active."""
-        return {"coordinator": self.address, "epoch": self.table.epoch, "mode": self.mode}
+        """What other coordinators need to decide who is active. ``watches``: how many
+        other coordinators this one watches; one that watches none never stands by."""
+        return {"coordinator": self.address, "epoch": self.table.epoch, "mode": self.mode,
+                "watches": len(self.config.others), "token": self._token}
+
+    def _watched_alone(self, asker: Any) -> None:
+        """Another coordinator watches this one, which watches none: say so once per asker
+        (at most 16: the address comes off the wire)."""
+        who = asker if isinstance(asker, str) and 0 < len(asker) <= 256 else "another coordinator"
+        if who in self._alone_warned or len(self._alone_warned) >= 16:
+            return
+        self._alone_warned.add(who)
+        log.warning("coordinator %s: %r watches this coordinator, but this one was started without --others, "
+                    "so it never stands by: %r stands by for it instead; for failover both ways give this one "
+                    "--others too", self.address, who, who)
 
     async def _watch_loop(self) -> None:
         """Watch the other coordinators; take over or step down (fenced by epoch)."""
         socks = {addr: tp.shadow(d) for addr, d in self._watch.items()}   # connected by start()
+        monitors = {addr: tp.shadow(m) for addr, m in self._watch_monitors.items()}
         for addr in socks:
-            self._others[addr] = {"seen": 0.0, "epoch": 0, "mode": "?", "name": addr}
+            # handshake: why the last attempt to reach it failed its handshake ("" if it did not)
+            self._others[addr] = {"seen": 0.0, "epoch": 0, "mode": "?", "name": addr, "token": "",
+                                  "watches": 1, "handshake": "", "redial_at": 0.0}
         self._no_active_since = time.monotonic()
         while True:
             for d in socks.values():
-                tp.try_send(d, wire.encode("status", self.name, body={"brief": True}))
+                tp.try_send(d, wire.encode("status", self.name, body={"brief": True, "from": self.address}))
             await asyncio.sleep(0.1)
             now = time.monotonic()
             for addr, d in socks.items():
+                o = self._others[addr]
+                for frames in tp.drain(monitors[addr]):
+                    self._on_watch_event(addr, o, parse_monitor_message([f.bytes for f in frames]), now)
+                if o["redial_at"] and now >= o["redial_at"]:
+                    o["redial_at"] = 0.0
+                    try:
+                        d.disconnect(addr)
+                    except zmq.ZMQError:
+                        pass
+                    tp.connect(d, addr)
                 for frames in tp.drain(d):
                     try:
                         b = wire.decode(frames, self.limits).body
-                        o = self._others[addr]
+                        watches = b.get("watches", 1)   # a coordinator from before the field watches
                         o.update(seen=now, epoch=_int(b, "epoch"), mode=str(b.get("mode")),
-                                 name=str(b.get("coordinator", addr)))
+                                 name=str(b.get("coordinator", addr)), token=str(b.get("token", "")),
+                                 watches=watches if type(watches) is int else 1)
                     except WireError as e:
                         self._bad(addr, e)
+                if o["handshake"] and o["seen"] == now:
+                    self._handshake_cleared(addr, o, "it answers")
             self._decide(now)
+
+    def _on_watch_event(self, addr: str, o: dict[str, Any], ev: dict[str, Any], now: float) -> None:
+        """Follow how the attempts to reach another coordinator end. A handshake that fails
+        means someone is there whom this one cannot talk to: it may be up, and active."""
+        event = ev["event"]
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._handshake_cleared(addr, o, "the handshake succeeds")
+            return
+        if event == zmq.EVENT_CLOSED:
+            # a connect that failed (refused): nobody listens there, so it is down
+            self._handshake_cleared(addr, o, "nothing listens there")
+            return
+        # The rest are failed handshakes. One that a dying process cut short is followed by
+        # a refused connect (EVENT_CLOSED above); a frozen one's times out after 30 s, long
+        # after a standby took over from it.
+        why, gave_up = _handshake_error(event, ev["value"], keyed=self._curve is not None)
+        if gave_up:
+            # libzmq never dials such an address again: dial it every takeover_s, so that a
+            # fixed or stopped other coordinator is seen
+            o["redial_at"] = now + self.config.takeover_s
+        first = not o["handshake"]
+        if first or gave_up:
+            o["handshake"] = why    # the precise reason over a connection closed in the handshake
+        if first:
+            log.error("coordinator %s cannot talk to coordinator %s: the handshake fails (%s). This one cannot "
+                      "tell whether it is up and serving views, so it does not take over while this lasts. "
+                      "Give every coordinator the same coordinator key pair (--keys folders from one `swarm "
+                      "keys generate`, with coordinator.key in authorized/), or --keys to none",
+                      self.address, addr, why)
+
+    def _handshake_cleared(self, addr: str, o: dict[str, Any], how: str) -> None:
+        if o["handshake"]:
+            log.warning("coordinator %s: %s: %s, so its failed handshakes no longer hold this one back",
+                        self.address, addr, how)
+            # it may answer now, and be the active one: give it takeover_s to say so
+            self._no_active_since = time.monotonic()
+        o["handshake"], o["redial_at"] = "", 0.0
 
     def _decide(self, now: float) -> None:
         cfg = self.config
@@ -571,20 +667,40 @@ class Coordinator:
         for o in live:
             self.table.epoch = max(self.table.epoch, o["epoch"])  # follow, so a takeover fences above it
         if self.mode == "active":
-            # two actives (a partition healed, a restart): the newer epoch wins, then the lower address
-            if any((o["epoch"], self.address) > (self.table.epoch, o["name"]) for o in active):
-                log.warning("coordinator %s: another coordinator is active with a newer view; standing by",
-                            self.address)
+            for o in active:
+                if o["watches"] < 1:
+                    why = "watches no other coordinator (started without --others), so it never stands by"
+                elif (o["epoch"], self.address, self._token) > (self.table.epoch, o["name"], o["token"]):
+                    # two actives (a partition healed, a restart): the newer epoch wins, then the
+                    # lower address, then the lower token
+                    why = "has a newer view"
+                else:
+                    continue
+                log.warning("coordinator %s: coordinator %s is active too and %s; standing by",
+                            self.address, o["name"], why)
                 self.mode = "standby"
                 self.table.log_event("standby", self.address)
+                return
             return
         if active:
             self._no_active_since = now
+            self._held_back = False
             return
         if now - self._no_active_since < cfg.takeover_s:
             return
-        # nobody active for takeover_s: the lowest address among the live standbys takes over
-        if min([self.address] + [o["name"] for o in live]) == self.address:
+        unknown = [addr for addr, o in self._others.items() if o["handshake"]]
+        if unknown:
+            # a coordinator we cannot authenticate with may be the active one: a takeover
+            # would make two swarms of one (split brain); staying a standby is loud and safe
+            if not self._held_back:
+                self._held_back = True
+                log.error("coordinator %s: no active coordinator answers, but not taking over: cannot tell "
+                          "whether %s is up (its handshake fails, see above)", self.address, ", ".join(unknown))
+            return
+        self._held_back = False
+        # nobody active for takeover_s: the lowest address (then token) among the live standbys takes over
+        me = (self.address, self._token)
+        if min([me] + [(o["name"], o["token"]) for o in live]) == me:
             self.mode = "active"
             self.table.members.clear()   # peers re-join; a stale table would only hold stale routes
             self._fds.clear()
@@ -593,12 +709,24 @@ class Coordinator:
             self.table.log_event("takeover", self.address)
             log.warning("coordinator %s: taking over at epoch %d", self.address, self.table.epoch + 1)
 
+    def _others_status(self, now: float) -> list[dict[str, Any]]:
+        """Each watched coordinator as this one sees it: ``state`` is its mode while it
+        answers, else ``no answer`` (down or unreachable) or ``handshake failed`` (see ``error``)."""
+        out = []
+        for addr, o in self._others.items():
+            answers = now - o["seen"] < self.config.takeover_s
+            state = o["mode"] if answers else ("handshake failed" if o["handshake"] else "no answer")
+            out.append({"address": addr, "state": state, "epoch": o["epoch"], "error": o["handshake"],
+                        "answered_s_ago": round(now - o["seen"], 3) if o["seen"] else None})
+        return out
+
     def status(self) -> dict[str, Any]:
         """The member table and the current view, as `swarm status` shows them."""
         rows = self.table.rows()
+        now = time.monotonic()
         return {
             "coordinator": self.address, "mode": self.mode, "http": self.http_url, "pid": os.getpid(), "epoch": self.table.epoch,
-            "uptime_s": round(time.monotonic() - self.started, 3),
+            "uptime_s": round(now - self.started, 3), "others": self._others_status(now),
             "view": self.table.view.to_wire(), "members": rows,
             "malformed": self.malformed, "heartbeats": self.heartbeats,
             "log": [list(x) for x in self.table.log[-50:]],

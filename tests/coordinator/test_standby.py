@@ -1,12 +1,21 @@
 """A standby coordinator takes over within 2 s of the primary's death, with a
-higher epoch, while gossip between peers never stops; no split brain."""
+higher epoch, while gossip between peers never stops; no split brain, also
+when the coordinators cannot talk to each other (keys), one of them watches
+none, or they report one address."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 
-from swarmtest import free_port, start_ticking_peers, status, tick_neighbours, wait_for
+import pytest
+from swarmtest import free_port, start_ticking_peers, status, tick_neighbours, until, wait_for
+
+from swarm import Coordinator
+from swarm.cli import query_status
+from swarm.coordinator.report import PeerRates, format_table, status_document
+from swarm.transport import generate_keys
 
 
 
@@ -69,3 +78,110 @@ def test_a_bad_address_of_another_coordinator_ends_the_process(procs):
     log = procs.log(c)
     assert "swarm: error: cannot connect to foo" in log
     assert "swarm coordinator on" not in log and "Traceback" not in log
+
+
+def _status(addr: str, keys: str) -> dict:
+    return asyncio.run(query_status(addr, 2.0, keys))
+
+
+def _key_folders(tmp_path, case: str) -> tuple[str, str]:
+    """--keys of a primary and of a standby that cannot talk to it ("" for none)."""
+    k1 = tmp_path / "k1"
+    generate_keys(str(k1), ["coordinator", "peer"])
+    if case == "other keys":     # another `swarm keys generate`: another coordinator key pair
+        generate_keys(str(tmp_path / "k2"), ["coordinator", "peer"])
+        return str(k1), str(tmp_path / "k2")
+    if case == "no keys":
+        return str(k1), ""
+    # the same pair, but the primary's authorized/ lacks coordinator.key: it refuses the standby
+    shutil.copytree(k1, tmp_path / "k1b")
+    (k1 / "authorized" / "coordinator.key").unlink()
+    return str(k1), str(tmp_path / "k1b")
+
+
+@pytest.mark.parametrize("case", ["other keys", "no keys", "key not authorized"])
+def test_a_standby_that_cannot_talk_to_the_primary_stands_by_and_says_why(procs, tmp_path, case):
+    # it took over at once, as if the primary were down: two active coordinators, each
+    # handing out views to the peers that could reach it (a split brain)
+    primary, standby = sorted(f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    kp, ks = _key_folders(tmp_path, case)
+    cp = procs.start("coordinator", "--bind", primary, "--others", standby, *(["--keys", kp] if kp else []),
+                     name="primary")
+    wait_for(lambda: _status(primary, kp)["mode"] == "active", 15, what="the primary active")
+    cs = procs.start("coordinator", "--bind", standby, "--others", primary, *(["--keys", ks] if ks else []),
+                     name="standby")
+    wait_for(lambda: _status(standby, ks), 15, what="the standby up")
+    for _ in range(12):   # 3 s: three times takeover_s
+        assert _status(standby, ks)["mode"] == "standby", procs.log(cs)
+        assert _status(primary, kp)["mode"] == "active"
+        time.sleep(0.25)
+    # it says why: in `swarm status` and in its log
+    st = _status(standby, ks)
+    (other,) = st["others"]
+    assert other["address"] == primary and other["state"] == "handshake failed" and other["error"], other
+    assert f"mode standby  {primary}: handshake failed (" in format_table(status_document(st, PeerRates()))
+    log = procs.log(cs)
+    assert f"cannot talk to coordinator {primary}: the handshake fails" in log
+    assert "but not taking over: cannot tell whether" in log
+    if case != "key not authorized":   # there only the standby is refused: the primary gets in
+        assert _status(primary, kp)["others"][0]["state"] == "handshake failed"
+
+    # once nothing listens there, the primary is down: the standby takes over (libzmq gives up
+    # on an address after a refused key or a mechanism mismatch; the coordinator dials again)
+    cp.kill()
+    cp.wait()
+    wait_for(lambda: _status(standby, ks)["mode"] == "active", 15, what="the standby taking over")
+    assert _status(standby, ks)["others"][0]["state"] == "no answer"
+    assert "nothing listens there" in procs.log(cs)
+
+
+def test_an_active_coordinator_that_watches_none_is_the_one_left_active(procs):
+    # the standby that had taken over stayed active beside it: two coordinators serving views
+    primary, standby = sorted(f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    cs = procs.start("coordinator", "--bind", standby, "--others", primary, name="standby")
+    wait_for(lambda: status(standby)["mode"] == "active", 15, what="the standby taking over")
+    cp = procs.start("coordinator", "--bind", primary, name="alone")   # no --others: it never stands by
+    wait_for(lambda: status(standby)["mode"] == "standby" and status(primary)["mode"] == "active", 15,
+             what="the standby standing by for the coordinator that watches none")
+    assert "watches no other coordinator (started without --others)" in procs.log(cs)
+    wait_for(lambda: "this one was started without --others" in procs.log(cp), 5, what="its warning")
+    assert cp.poll() is None and cs.poll() is None
+
+
+def test_coordinators_that_report_one_address_elect_one():
+    # hosts that each bind tcp://0.0.0.0:5555 all report that address: each found itself
+    # the lowest, and both took over
+    async def main() -> None:
+        a, b = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+        ca = Coordinator(bind=a, others=[b], http_bind="")
+        cb = Coordinator(bind=b, others=[a], http_bind="")
+        await ca.start()
+        try:
+            await cb.start()
+            ca.address = cb.address = "tcp://0.0.0.0:5555"
+            await until(lambda: "active" in (ca.mode, cb.mode), 10, what="a takeover")
+            for _ in range(20):   # 2 s: twice takeover_s
+                assert (ca.mode, cb.mode).count("active") == 1
+                await asyncio.sleep(0.1)
+        finally:
+            await cb.close()
+            await ca.close()
+
+    asyncio.run(main())
+
+
+def test_a_standby_admitted_later_follows_the_active_primary(procs, tmp_path):
+    # when the primary's authorized/ got the key, the standby took over in the moment between
+    # the first handshake that succeeded and the primary's first answer (then stood down)
+    primary, standby = sorted(f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    kp, ks = _key_folders(tmp_path, "key not authorized")
+    procs.start("coordinator", "--bind", primary, "--others", standby, "--keys", kp, name="primary")
+    wait_for(lambda: _status(primary, kp)["mode"] == "active", 15, what="the primary active")
+    cs = procs.start("coordinator", "--bind", standby, "--others", primary, "--keys", ks, name="standby")
+    wait_for(lambda: _status(standby, ks)["others"][0]["state"] == "handshake failed", 15,
+             what="the standby refused by the primary")
+    shutil.copy(tmp_path / "k1b" / "authorized" / "coordinator.key", tmp_path / "k1" / "authorized")
+    wait_for(lambda: _status(standby, ks)["others"][0]["state"] == "active", 15, what="the primary's answer")
+    log = procs.log(cs)
+    assert "the handshake succeeds, so its failed handshakes no longer hold this one back" in log
+    assert ": taking over at epoch" not in log and _status(standby, ks)["mode"] == "standby"
