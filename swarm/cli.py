@@ -345,6 +345,11 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
 def format_status(st: dict[str, Any]) -> str:
     lines = [f"coordinator {st['coordinator']}  epoch {st['epoch']}  uptime {st['uptime_s']:.1f} s  "
              f"members {len(st['view']['members'])}"]
+    if st.get("others"):
+        # with standby coordinators: this one's mode, and each other as it sees it (and why it cannot tell)
+        seen = [f"{o['address']}: {o['state']}" + (f" ({o['error']})" if o.get("error") else "")
+                for o in st["others"]]
+        lines.append(f"mode {st.get('mode')}  " + "  ".join(seen))
     head = f"{'id':<20} {'rank':>4} {'state':<8} {'hb age':>7} {'linked':>6}  {'address':<24} neighbours"
     lines += [head, "-" * len(head)]
     for r in st["members"]:

@@ -226,6 +226,21 @@ def test_status_shows_a_member_not_linked_yet_as_a_dash():
     assert [line[linked - 6:linked] for line in lines[3:]] == ["     3", "     -"], lines
 
 
+def test_status_shows_the_mode_and_the_other_coordinators():
+    """With standby coordinators, plain `swarm status` showed neither this one's mode nor
+    how it sees the others (only --json and --watch did): a split brain went unseen."""
+    from swarm.cli import format_status
+
+    st = {"coordinator": "tcp://127.0.0.1:5555", "epoch": 3, "uptime_s": 2.0, "mode": "standby",
+          "view": {"members": []}, "members": [],
+          "others": [{"address": "tcp://127.0.0.1:5556", "state": "handshake failed", "epoch": 0,
+                      "error": "it refused this coordinator's key", "answered_s_ago": None}]}
+    assert format_status(st).splitlines()[1] == \
+        "mode standby  tcp://127.0.0.1:5556: handshake failed (it refused this coordinator's key)"
+    st.pop("others")
+    assert format_status(st).splitlines()[1].startswith("id ")   # no line without other coordinators
+
+
 def test_a_config_error_under_swarm_run_says_a_restart_would_not_help(capsys, monkeypatch):
     """A peer of `swarm run` (SWARM_PARENT_PID set) adds a line after the `swarm: error:` of a
     ConfigError, for `swarm run` to read from its log: no restart cures it. Any other error, and
