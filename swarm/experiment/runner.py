@@ -60,7 +60,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import signal
 import threading
 import time
@@ -432,29 +431,36 @@ def _read_best(path: Path, run: str | None = None) -> tuple[float, int] | None:
 
 
 def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path | None = None,
-                run: str | None = None) -> None:
+                run: Lineage | None = None) -> None:
     """Start from the best evaluation of the process (or run) this one continues:
     its ``src/best.pt``, copied into ``out`` when that is another folder. Otherwise
     the first evaluation after a restart or resume, however poor, would replace it.
 
-    ``out`` may hold a ``best.pt`` already. When ``continued`` (the old run's peer folder
-    that ``out`` continued before this process, from its ``resumed.json``) is ``src``, a
+    ``out`` may hold a ``best.pt`` already. When ``continued`` (the peer folder of the
+    run that ``out``'s run continues, passed when this process goes on with it) is ``src``, a
     crashed process of this run, restarted from ``src``'s checkpoint, wrote it: that one
     did better than ``src``'s (it replaced the copy only by doing better) and stays; one
     that cannot be read does not. Any other was left by another run that used the folder
     and does not count: ``src``'s replaces it, or with none the next evaluation does.
-    With ``run`` (the id of the run this process goes on with), a ``best.pt`` in ``out``
-    counts only when that run wrote it, also when ``src`` is ``out``.
+    With ``run`` (the run this process goes on with), a ``best.pt`` in ``out`` counts only
+    when that run wrote it, also when ``src`` is ``out``; the copy of ``src``'s is
+    stamped as that run's (it is its best so far), so that a restart into ``out`` keeps it.
     With neither readable, the next evaluation writes a new ``best.pt``."""
+    import torch  # noqa: PLC0415
+
+    rid = run.id if run is not None else None
     here = out / "best.pt"
-    best = _read_best(src / "best.pt", run if (src / "best.pt").resolve() == here.resolve() else None)
+    best = _read_best(src / "best.pt", rid if (src / "best.pt").resolve() == here.resolve() else None)
     if (src / "best.pt").resolve() != here.resolve():
         ours = continued is not None and continued.resolve() == src.resolve()
-        mine = _read_best(here, run) if ours else None
+        mine = _read_best(here, rid) if ours else None
         if mine is not None and (best is None or mine[0] > best[0]):
             best = mine
         elif best is not None:
-            _write_whole(here, lambda tmp: shutil.copyfile(src / "best.pt", tmp))
+            theirs = torch.load(src / "best.pt", weights_only=True, map_location="cpu")   # read whole just above
+            if run is not None:
+                theirs.update(run.record())
+            _write_whole(here, lambda tmp: torch.save(theirs, tmp))
     if best is not None:
         summary.update(best_eval_return=best[0], best_eval_at=best[1])
 
@@ -684,7 +690,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             from ..buffer.persist import resume_sequence  # noqa: PLC0415
             resume_sequence(buf, (time.time_ns() // 1_000_000) << 16)
             src = peer_dir(resume_from, rank) if resume_from is not None else out
-            _carry_best(src, out, summary, continued=src if same_run else None, run=run.id)
+            _carry_best(src, out, summary, continued=src if same_run else None, run=run)
         x = agent.parameters()
 
         repair = g.exchange == "gradients" and not g.average and g.relay_staleness == 1

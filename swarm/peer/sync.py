@@ -61,7 +61,8 @@ class SyncPeer:
     def __init__(self, *args: Any, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
                  start_timeout: float | None = None, **kwargs: Any) -> None:
         # checked here, not at start() (a loop_factory that was not callable hung start())
-        seconds(start_timeout, "start_timeout", none_ok=True)
+        if seconds(start_timeout, "start_timeout", none_ok=True) == 0:
+            raise ConfigError("start_timeout = 0: must be > 0 seconds, or None (twice the join timeout, plus 5 s)")
         if loop_factory is not None and not callable(loop_factory):
             raise ConfigError(f"loop_factory = {loop_factory!r:.80}: must be a function that returns "
                               f"an event loop, e.g. uvloop.new_event_loop")
@@ -116,6 +117,8 @@ class SyncPeer:
             if timeout is None:
                 timeout = 2 * self.peer.config.join_timeout_s + 5.0
             self.call(self.peer.start(), timeout=timeout)
+            if self._thread_error is not None:   # a view callback's SystemExit closed it meanwhile
+                raise self._refusal()
         except BaseException:
             self._closed = True
             self._stop_loop()
@@ -132,7 +135,7 @@ class SyncPeer:
                 loop = self._loop_factory()
                 if not isinstance(loop, asyncio.AbstractEventLoop):
                     raise TypeError(f"it returned {loop!r:.80}, not an asyncio event loop")
-            except Exception as e:   # reported by start(); the thread ends here
+            except BaseException as e:   # reported by start() (SystemExit too: start() waits on ready)
                 failed.append(e)
                 ready.set()
                 return

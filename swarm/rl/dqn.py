@@ -32,7 +32,7 @@ from torch import nn
 
 from ..checks import is_int
 from ..errors import ConfigError, ReplayError, SwarmError
-from ..peer.agent import BaseAgent
+from ..peer.agent import BaseAgent, check_outcome
 from .flat import FlatAdam, flatten_gradients, flatten_parameters, is_flat
 from .hparams import DQNConfig
 
@@ -309,17 +309,7 @@ class DQNAgent(BaseAgent):
                 next_observations: Any = None) -> None:
         if self._obs is None or self._action is None:
             raise SwarmError("reflect() before deliberate(): there is no action to learn from")
-        try:
-            reward = float(reward)
-        except (TypeError, ValueError):
-            raise SwarmError(f"reflect(reward={reward!r}): the reward must be a number") from None
-        if not math.isfinite(reward):
-            raise SwarmError(f"reflect(reward={reward}): the reward must be finite")
-        for name, flag in (("terminal", terminal), ("truncated", truncated)):
-            # a "no" or a 2 would be read as true without a word, and decide the bootstrap
-            if not isinstance(flag, (bool, np.bool_)):
-                raise SwarmError(f"reflect({name}={flag!r:.80}): {name} must be True or False "
-                                 f"(got type {type(flag).__name__})")
+        reward = check_outcome(reward, terminal, truncated)   # a finite real; bool flags
         # Everything is checked before anything changes: a refused call can be retried.
         nxt = None if next_observations is None else self._check_obs(next_observations)
         if truncated and not terminal and nxt is None:

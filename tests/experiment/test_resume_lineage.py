@@ -141,6 +141,31 @@ def test_carry_best_counts_a_best_pt_here_only_from_the_run_it_continues(tmp_pat
     assert summary == {}
 
 
+def test_the_best_pt_a_resume_copies_still_counts_after_a_restart_of_the_new_run(tmp_path):
+    """The copy of the old run's best.pt in the new folder carried the old run's id, so a
+    restart of the new run into its own folder took it for another run's: the next
+    evaluation, however poor, would replace the old run's best policy. The copy is the
+    new run's best so far, and is stamped so."""
+    import torch
+
+    from swarm.experiment.checkpoint import Lineage
+    from swarm.experiment.runner import _carry_best
+
+    old, new = tmp_path / "old" / "peer0", tmp_path / "new" / "peer0"
+    old.mkdir(parents=True)
+    new.mkdir(parents=True)
+    before = Lineage.new()
+    torch.save({"eval_return": 500.0, "env_steps": 9000, **before.record()}, old / "best.pt")
+    run = Lineage.new(((str(old.resolve()), before.id),))
+    first: dict = {}
+    _carry_best(old, new, first, continued=None, run=run)            # the resume from old
+    assert first == {"best_eval_return": 500.0, "best_eval_at": 9000}
+    assert torch.load(new / "best.pt", weights_only=True)["run"] == run.id
+    again: dict = {}
+    _carry_best(new, new, again, continued=new, run=run)             # swarm run restarts it into new
+    assert again == {"best_eval_return": 500.0, "best_eval_at": 9000}
+
+
 def test_continued_folder_reads_the_record_in_resumed_json(tmp_path):
     """The old run a folder continues is what its resumed.json records; a torn record is none."""
     from swarm.experiment.checkpoint import continued_folder

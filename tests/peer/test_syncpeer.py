@@ -181,6 +181,8 @@ def test_bad_constructor_arguments_are_refused_and_leave_no_thread():
         SyncPeer(coordinators=[addr], start_timeout="soon")
     with pytest.raises(ConfigError, match="start_timeout = -1"):
         SyncPeer(coordinators=[addr], start_timeout=-1)
+    with pytest.raises(ConfigError, match="start_timeout = 0: must be > 0"):   # it meant the default once
+        SyncPeer(coordinators=[addr], start_timeout=0)
     with pytest.raises(ConfigError, match="loop_factory = 'uvloop': must be a function"):
         SyncPeer(coordinators=[addr], loop_factory="uvloop")
 
@@ -194,6 +196,11 @@ def test_bad_constructor_arguments_are_refused_and_leave_no_thread():
         p.start()
     with pytest.raises(ConfigError, match="failed: it returned 42, not an asyncio event loop"):
         SyncPeer(coordinators=[addr], loop_factory=lambda: 42).start()
+
+    def exits():
+        sys.exit(2)
+    with pytest.raises(ConfigError, match="loop_factory .* failed"):   # start() waited for ever
+        SyncPeer(coordinators=[addr], loop_factory=exits).start()
     assert not _peer_threads()
 
 
@@ -328,6 +335,17 @@ def test_off_and_off_view_undo_on_and_on_view(coordinator):
 
 
 @pytest.mark.timeout(60)   # the calls waited for ever
+def test_sys_exit_in_a_view_callback_during_start_fails_start(coordinator):
+    """start() returned normally on a SyncPeer that a view callback's SystemExit had
+    closed meanwhile; the first call then said so."""
+    p = SyncPeer(coordinators=[coordinator], id="v")
+    p.on_view(lambda view: sys.exit(5))
+    with pytest.raises(SwarmError, match=r"SystemExit\(5\) was raised"):
+        p.start()
+    p.close()   # quiet: start() said it
+    assert not _peer_threads()
+
+
 def test_sys_exit_on_the_peers_thread_closes_the_peer_and_every_call_says_so(coordinator, caplog):
     # The peer catches what a handler raises, but not SystemExit or KeyboardInterrupt:
     # they ended the loop thread without a word, every call (and close) then waited

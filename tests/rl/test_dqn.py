@@ -438,10 +438,14 @@ def test_non_numeric_input_is_a_clear_error_and_changes_nothing(replay):
         agent.perceive([1, 2, "x", 4])
     agent.perceive(np.zeros(4))
     agent.deliberate()
-    with pytest.raises(SwarmError, match="must be a number"):
+    with pytest.raises(SwarmError, match="must be a real number"):
         agent.reflect("x", False)
-    with pytest.raises(SwarmError, match="must be a number"):
+    with pytest.raises(SwarmError, match="must be a real number"):
         agent.reflect(None, True)
+    with pytest.raises(SwarmError, match="must be a real number"):   # float("1.5") took it
+        agent.reflect("1.5", False)
+    with pytest.raises(SwarmError, match="must be a real number"):   # and float(True)
+        agent.reflect(True, False)
     with pytest.raises(SwarmError, match="next_observations"):
         agent.reflect(1.0, False, truncated=True)
     agent.reflect(1.0, True)   # the action is still there to reflect on
