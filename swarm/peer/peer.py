@@ -20,6 +20,7 @@ The peer never owns the event loop; run it inside yours, or use
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import itertools
 import logging
@@ -75,6 +76,18 @@ HELD_MAX_BYTES = 64 * 1024 * 1024
 #: :meth:`Peer.send` (forgotten once our view catches up); bounded under a flood of ids
 AHEAD_MAX = 1024
 
+#: With keys, a message whose sender is not in our view but that came from a newer
+#: view (a member that just joined: the coordinator told it first) is held until a
+#: view lists the sender and its key can be checked: for at least this many seconds
+#: (or two heartbeats, after which a peer that missed a view has it again). The
+#: coordinator's views normally reach all members within milliseconds.
+HELD_IN_S = 2.0
+
+#: such messages held at once, all senders together (and HELD_MAX_BYTES of them); a
+#: holder of a listed key who claims new epochs under made-up ids fills this and no
+#: more, and each of them costs O(1) on arrival
+HELD_IN_MAX = 1024
+
 
 class PeerState(enum.Enum):
     NEW = "new"
@@ -95,6 +108,7 @@ class PeerCounters:
     dropped_out: int = 0        # sends dropped: queue full past the deadline
     unknown_dst: int = 0        # sends to a peer that is not in the view (or cannot be linked)
     held: int = 0               # sends held until the view lists dst (it spoke from a newer view)
+    held_in: int = 0            # with keys, inbound messages held until the view lists their sender
     malformed: int = 0          # inbound messages that failed a wire check
     handler_errors: int = 0     # handlers that raised
     unhandled: int = 0          # valid messages of a type nobody handles
@@ -118,6 +132,14 @@ class _Held:
     """Messages for a sender that our view does not list yet, kept until it does."""
     epoch: int   # the view it spoke from: once ours is that new, it is listed or gone
     msgs: list[tuple[float, list[Any], int]] = field(default_factory=list)   # (deadline, frames, bytes)
+
+
+@dataclass
+class _HeldIn:
+    """With keys, a message from a sender that our view does not list yet."""
+    deadline: float
+    msg: Message
+    key: str     # the CURVE key it came with, checked once a view lists msg.src
 
 
 def check_handler_type(t: str, who: str) -> None:
@@ -179,6 +201,12 @@ class Peer:
         self._ahead: dict[str, int] = {}       # non-member sender -> the newer epoch it spoke from
         self._held: dict[str, _Held] = {}      # messages for such senders, until the view lists them
         self._held_bytes = 0
+        # with keys, inbound messages from senders our view does not list yet, in arrival
+        # order, and those a new view listed, for the receive loop to check and dispatch
+        self._held_in: collections.deque[_HeldIn] = collections.deque()
+        self._released: collections.deque[_HeldIn] = collections.deque()
+        self._held_in_bytes = 0     # of both
+        self._held_in_s = max(HELD_IN_S, 2 * cfg.heartbeat_s)
         self._linked_epoch = -1
         self._linked = asyncio.Event()
         self._handlers: dict[str, list[Handler]] = {}
@@ -639,6 +667,7 @@ class Peer:
                 self._runner.cancel()
         self._close_sockets()
         self._expire_held(math.inf)   # what was held for a view that never came is dropped
+        self._expire_held_in(math.inf)
         self._neighbours = []
         self._pending_hello = set()
         self.state = PeerState.CLOSED
@@ -741,6 +770,8 @@ class Peer:
         watched: list[tuple[int, Any, zmq.Socket, Callable[[zmq.Socket], Any]]] = []
         try:
             while True:
+                if self._released:
+                    await self._dispatch_released()
                 if self._poll_dirty:
                     self._poll_dirty = False
                     watched = self._watch()
@@ -823,7 +854,78 @@ class Peer:
 
     async def _drain_router(self, plain: zmq.Socket) -> None:
         for frames in tp.drain(plain):
-            await self._on_router(frames)
+            if self._released:   # a view listed held senders: their messages came first
+                await self._dispatch_released()
+            msg = self._on_router(frames)
+            if msg is not None:
+                await self._dispatch(msg)
+
+    # -- with keys: messages from senders that our view does not list yet
+
+    def _hold_in(self, msg: Message, key: str) -> None:
+        """Keep ``msg``, from a sender outside our view that spoke from a newer view, until
+        a view lists the sender (:meth:`_release_held_in`), within the bounds; past
+        them it is dropped as malformed at once, as it was before holding."""
+        if len(self._held_in) + len(self._released) >= HELD_IN_MAX \
+                or self._held_in_bytes + msg.nbytes > HELD_MAX_BYTES:
+            self._drop_in(msg, f"src {msg.src!r} is not in the view and the hold for such senders is full "
+                               f"({HELD_IN_MAX} messages, {HELD_MAX_BYTES >> 20} MiB)")
+            return
+        # one hold time for all: the deque stays in deadline order
+        self._held_in.append(_HeldIn(time.monotonic() + self._held_in_s, msg, key))
+        self._held_in_bytes += msg.nbytes
+        self.counters.held_in += 1
+
+    def _drop_in(self, msg: Message, why: str | None) -> None:
+        """Count a message from a sender outside the view as malformed (logged with ``why``)."""
+        self.counters.malformed += 1
+        if why is not None:
+            # one reason for all senders (the reason counts are bounded, ids are not)
+            self._bad(msg.src, WireError(f"sender outside the view: {why}"))
+
+    def _release_held_in(self, view: View) -> None:
+        """A new view: pass on, in arrival order, the held messages of the senders it
+        lists (the receive loop checks their keys and dispatches them before it reads
+        anything else); drop those of senders that a view as new as the one they
+        spoke from does not list."""
+        keep: collections.deque[_HeldIn] = collections.deque()
+        for h in self._held_in:
+            if view.member(h.msg.src) is not None:
+                self._released.append(h)
+            elif view.epoch >= h.msg.epoch:
+                self._held_in_bytes -= h.msg.nbytes
+                self._drop_in(h.msg, f"src {h.msg.src!r} is not in view {view.epoch}, "
+                                     f"as new as the one it spoke from ({h.msg.epoch})")
+            else:
+                keep.append(h)
+        self._held_in = keep
+        if self._released:
+            self._wake.set()   # when the view came from elsewhere than the receive loop
+
+    async def _dispatch_released(self) -> None:
+        """Check the key of each message a new view released, and handle it."""
+        while self._released:
+            h = self._released.popleft()
+            self._held_in_bytes -= h.msg.nbytes
+            m = self._view.member(h.msg.src)
+            if m is None or m.key != h.key:
+                self.counters.malformed += 1
+                self._bad(h.msg.src, WireError(f"src {h.msg.src!r} does not match the sender's CURVE key"))
+                continue
+            await self._dispatch(h.msg)
+
+    def _expire_held_in(self, now: float) -> None:
+        """Drop the held inbound messages whose sender no view listed in time (all of
+        them, and those released but not handled yet, at close)."""
+        while self._held_in and self._held_in[0].deadline <= now:
+            h = self._held_in.popleft()
+            self._held_in_bytes -= h.msg.nbytes
+            self._drop_in(h.msg, None if now == math.inf else
+                          f"src {h.msg.src!r} was not in a view within {self._held_in_s} s")
+        if now == math.inf:
+            while self._released:
+                self._held_in_bytes -= self._released.popleft().msg.nbytes
+                self.counters.malformed += 1
 
     def _drain_coord(self, plain: zmq.Socket, i: int) -> None:
         for frames in tp.drain(plain):
@@ -849,23 +951,35 @@ class Peer:
         self._poll_dirty = True
         self._wake.set()   # the receive loop rebuilds its socket set first
 
-    async def _on_router(self, frames: list[zmq.Frame]) -> None:
+    def _on_router(self, frames: list[zmq.Frame]) -> Message | None:
+        """Decode a message from the ROUTER and check its sender: the message to
+        handle, or None (dropped, or held until a view lists its sender)."""
         try:
             route, msg = tp.decode_routed(frames, self.limits)
         except WireError as e:
             self.counters.malformed += 1
             self._bad(frames[0].bytes if frames else b"?", e)
-            return
+            return None
+        msg.route = route
         if self._curve is not None:
             # with keys, a message must come from the key its src holds in the view
             m = self._view.member(msg.src)
-            if m is None or m.key != tp.user_id(frames[-1]):
+            key = tp.user_id(frames[-1])
+            if m is None or m.key != key:
+                # A sender from a newer view than ours may have just joined: keep its
+                # message until a view lists it. Not a hello: it is said again until answered.
+                if m is None and msg.epoch > self._view.epoch and msg.t != "hello":
+                    self._hold_in(msg, key)
+                    return None
                 self.counters.malformed += 1
                 self._bad(msg.src, WireError(f"src {msg.src!r} does not match the sender's CURVE key"))
-                return
+                return None
+        return msg
+
+    async def _dispatch(self, msg: Message) -> None:
+        """Handle a message that passed the wire checks (and, with keys, the key check)."""
         self.counters.msgs_in += 1
         self.counters.bytes_in += msg.nbytes
-        msg.route = route
         if msg.epoch > self._view.epoch and self._view.member(msg.src) is None:
             # It holds a newer view than ours, one that lists it (it just joined, and the
             # coordinator told it first): a reply to it is held until ours does (send).
@@ -1021,6 +1135,8 @@ class Peer:
         # held replies first, so that up to data_hwm of them fit a new link's queue
         # (a hello that finds it full is said again 100 ms later)
         self._release_held(view)
+        if self._held_in:
+            self._release_held_in(view)
         self._pending_hello = set(self._neighbours)
         self._linked.clear()
         now = time.monotonic()
@@ -1099,6 +1215,8 @@ class Peer:
             now = time.monotonic()
             if self._held:
                 self._expire_held(now)
+            if self._held_in:
+                self._expire_held_in(now)
             if self._coord_lost:
                 self._rotate("connection lost")
             waiting = self._welcome is not None and not self._welcome.done()
