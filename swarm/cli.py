@@ -57,15 +57,16 @@ def _runner(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return runner.run(main())
 
 
-async def _until_signal() -> None:
-    """Return on SIGINT, SIGTERM or SIGHUP (Ctrl-C, or the terminal closing, leaves
-    cleanly); a SIGHUP ignored at start (``nohup``) stays ignored."""
+def _stop_event() -> asyncio.Event:
+    """An event set on SIGINT, SIGTERM or SIGHUP (Ctrl-C, or the terminal closing, leaves
+    cleanly), the handlers in place when it returns; a SIGHUP ignored at start (``nohup``)
+    stays ignored. Call it on the running loop."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
             loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
 
 
 def _parent_pid() -> int | None:
@@ -181,11 +182,12 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     parent = _parent_pid()
 
     async def main() -> int:
+        stop = _stop_event()   # before the first line: a SIGTERM right after it stops it cleanly
         async with Coordinator(cfg) as coord:
             print(f"swarm coordinator on {coord.address} (pid {os.getpid()})"
                   + (f", status page {coord.http_url}" if coord.http_url else ""), flush=True)
             done = asyncio.create_task(coord.closed())
-            ends = [done, asyncio.create_task(_until_signal())]
+            ends = [done, asyncio.create_task(stop.wait())]
             # a coordinator of `swarm run` ends with it, even a killed one (one whose parent is
             # some other process, e.g. started by hand with the variable set, does not watch)
             if parent is not None and os.getppid() == parent:
@@ -277,6 +279,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
         raise SwarmError(f"{flag} is used with --spec (a peer without a spec trains nothing)")
 
     async def main() -> int:
+        # the handlers go in first: a SIGTERM that came after the first `epoch` line but
+        # before a task installed them killed the peer without leaving
+        stop = _stop_event()
         peer = Peer(cfg)
         await peer.start()
         try:
@@ -296,7 +301,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
             peer.on_view(show)
             show(peer.view)
             # until Ctrl-C/SIGTERM, or until the peer fails (e.g. another process took its id)
-            signalled = asyncio.ensure_future(_until_signal())
+            signalled = asyncio.ensure_future(stop.wait())
             stopped = asyncio.ensure_future(peer.wait_stopped())
             await asyncio.wait([signalled, stopped], return_when=asyncio.FIRST_COMPLETED)
             signalled.cancel()
