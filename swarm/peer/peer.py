@@ -236,6 +236,7 @@ class Peer:
         self._rotated = 0.0
         self._heard = 0.0            # last message from the coordinator we talk to
         self._standby_since = 0.0    # since when it answers "standby"
+        self._standby_heard: set[str] = set()   # coordinators that answered "standby" (the join's error names them)
         self._curve: tp.Curve | None = None
 
     # ------------------------------------------------------------------ public
@@ -428,6 +429,14 @@ class Peer:
                 await self._sleep_or_fail(0.005)
         except asyncio.TimeoutError:
             await self._abort()
+            if self._standby_heard:
+                # they are up, and none is active: e.g. coordinators that cannot talk to each
+                # other (different keys) stay standbys rather than split the swarm in two
+                raise MembershipError(
+                    f"peer {self.id}: no coordinator at {', '.join(cfg.coordinators)} took the join within "
+                    f"{cfg.join_timeout_s} s: {', '.join(sorted(self._standby_heard))} answered as standby "
+                    "and none is active; `swarm status --coordinator ADDR --json` shows why (its "
+                    "\"others\")") from None
             raise MembershipError(
                 f"peer {self.id}: no coordinator answered at {', '.join(cfg.coordinators)} within "
                 f"{cfg.join_timeout_s} s" + (tp.unresolved_hint(cfg.coordinators) or (
@@ -448,8 +457,13 @@ class Peer:
         without a deadline).
         """
         seconds(timeout, none_ok=True)
-        if self.state in (PeerState.CLOSED, PeerState.NEW):
+        if self.state is PeerState.NEW:
+            # never started: no socket to close, but the context it made has an I/O thread
             self.state = PeerState.CLOSED
+            if self._own_ctx:
+                self._ctx.term()
+            return
+        if self.state is PeerState.CLOSED:
             return
         if self.state is PeerState.RUNNING and self._runner and not self._runner.done():
             self.state = PeerState.LEAVING
@@ -1076,6 +1090,8 @@ class Peer:
             elif t == "standby":
                 # that coordinator is not active (yet: it may be taking over from a dead
                 # primary, so keep asking it for a while before trying the next address)
+                if i < len(self.config.coordinators):
+                    self._standby_heard.add(self.config.coordinators[i])
                 if i == self._active:
                     now = time.monotonic()
                     if not self._standby_since:
