@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -149,17 +148,43 @@ def test_bench_relay():
     assert out["received"] == {"raw": 5, "swarm": 5, "direct": 5}
 
 
+class _Stand:
+    """What bench_relay's stop() uses of a multiprocessing.Process, over a plain child
+    that sleeps. (A spawned Process would start multiprocessing's resource tracker,
+    which outlives the test as a child of the pytest process, and other tests look for
+    children left behind.)"""
+
+    def __init__(self, name: str, seconds: float) -> None:
+        self.name = name
+        self._p = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self._p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def is_alive(self) -> bool:
+        return self._p.poll() is None
+
+    def kill(self) -> None:
+        self._p.kill()
+
+    def terminate(self) -> None:
+        self._p.terminate()
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._p.poll()
+
+
 def test_bench_relay_stops_its_coordinator_instead_of_waiting_for_it():
     """A leg's coordinator serves until told to stop: the relay bench used to wait 10 s
     for it to exit on its own (20 s a run) and then kill it."""
     relay = load_script("bench_relay")
-    ctx = mp.get_context("spawn")
-    coord = ctx.Process(target=time.sleep, args=(60,), name="coordinator", daemon=True)
-    peer = ctx.Process(target=time.sleep, args=(0.1,), name="receiving peer")
-    procs = [coord, peer]
+    procs = [_Stand("coordinator", 60), _Stand("receiving peer", 0.1)]
+    coord, peer = procs
     try:
-        for p in procs:
-            p.start()
         relay.stop(procs, grace=10)
         assert peer.exitcode == 0             # a peer that ends on its own is left to
         assert coord.exitcode == -signal.SIGTERM, coord.exitcode
