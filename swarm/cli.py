@@ -182,8 +182,11 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     parent = _parent_pid()
 
     async def main() -> int:
-        stop = _stop_event()   # before the first line: a SIGTERM right after it stops it cleanly
         async with Coordinator(cfg) as coord:
+            # before the first line: a SIGTERM right after it stops it cleanly. (Installed
+            # before the coordinator started, 1 in 5 runs of test_status's junk test then
+            # got no welcome for its joins; not understood, and not seen this way round.)
+            stop = _stop_event()
             print(f"swarm coordinator on {coord.address} (pid {os.getpid()})"
                   + (f", status page {coord.http_url}" if coord.http_url else ""), flush=True)
             done = asyncio.create_task(coord.closed())
@@ -279,11 +282,12 @@ def cmd_peer(args: argparse.Namespace) -> int:
         raise SwarmError(f"{flag} is used with --spec (a peer without a spec trains nothing)")
 
     async def main() -> int:
-        # the handlers go in first: a SIGTERM that came after the first `epoch` line but
-        # before a task installed them killed the peer without leaving
-        stop = _stop_event()
         peer = Peer(cfg)
         await peer.start()
+        # the handlers go in before the first line: a SIGTERM that came after the first
+        # `epoch` line but before a task installed them killed the peer without leaving
+        # (after the start, as for the coordinator)
+        stop = _stop_event()
         try:
             print(f"swarm peer {peer.id} on {peer.address}, rank {peer.rank}, "
                   f"coordinator {coords[0]} (pid {os.getpid()})", flush=True)
