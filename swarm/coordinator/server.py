@@ -334,6 +334,12 @@ class Coordinator:
                 # pipes non-empty, so its IO thread signals this thread less often.
                 await asyncio.sleep(pause)
                 continue
+            # The FDs are edge-triggered, and a send on the router (a welcome, a view, from
+            # this task or another) can take the edge of a message that came meanwhile:
+            # it would then wait unread until the next message (a join got no welcome, 1
+            # run in 20). So look again before waiting, and wake every 0.1 s in any case.
+            if (router.getsockopt(zmq.EVENTS) | mon.getsockopt(zmq.EVENTS)) & pollin:
+                continue
             fut = loop.create_future()
 
             def ready(fut: asyncio.Future[None] = fut) -> None:
@@ -342,9 +348,11 @@ class Coordinator:
 
             for fd in fds:
                 loop.add_reader(fd, ready)
+            timer = loop.call_later(0.1, ready)
             try:
                 await fut
             finally:
+                timer.cancel()
                 for fd in fds:
                     loop.remove_reader(fd)
 
