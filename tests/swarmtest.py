@@ -117,3 +117,19 @@ async def tick_neighbours(peers) -> None:
     for p in peers:
         for n in p.neighbours():
             await p.send(n, "tick", {"from": p.id}, timeout=0.5)
+
+
+def hold_views(peer):
+    """Make ``peer`` collect the coordinator's views instead of installing them (its view
+    then lags, as a member's does when the coordinator told a joiner first). Returns
+    ``(views, release)``: the views held so far, and ``release(view)``, which installs
+    ``view`` and lets later views through."""
+    views: list = []
+    install = peer._install
+    peer._install = views.append
+
+    def release(view) -> None:
+        peer._install = install
+        install(view)
+
+    return views, release

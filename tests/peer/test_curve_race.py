@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
-from swarmtest import until
+from swarmtest import hold_views, until
 
 from swarm import wire
 from swarm.coordinator import Coordinator
@@ -67,13 +67,7 @@ def lagging(kd: str, test, *, with_c: bool = False):
                 await c.start()
                 await b.wait_view(lambda v: v.member("c") is not None, 10.0)
                 await asyncio.gather(b.wait_linked(10.0), c.wait_linked(10.0))
-            views: list[View] = []
-            install = b._install
-            b._install = views.append
-
-            def release(view: View) -> None:
-                b._install = install
-                install(view)
+            views, release = hold_views(b)
 
             a = peer("a", 2, "joiner")
             await a.start()

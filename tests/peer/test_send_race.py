@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 import zmq.asyncio
-from swarmtest import until
+from swarmtest import hold_views, until
 
 from swarm.coordinator import Coordinator
 from swarm.errors import WireError
@@ -36,13 +36,7 @@ def lagging(test):
             b = Peer(coordinators=[coord.address], id="b", rank=0, context=ctx)
             peers.append(b)
             await b.start()
-            views: list[View] = []
-            install = b._install
-            b._install = views.append
-
-            def release(view: View) -> None:
-                b._install = install
-                install(view)
+            views, release = hold_views(b)
 
             a = Peer(coordinators=[coord.address], id="a", rank=1, context=ctx)
             peers.append(a)
