@@ -981,9 +981,13 @@ class Peer:
             key = tp.user_id(frames[-1])
             if m is None or m.key != key:
                 # A sender from a newer view than ours may have just joined: keep its
-                # message until a view lists it. Not a hello: it is said again until answered.
-                if m is None and msg.epoch > self._view.epoch and msg.t != "hello":
-                    self._hold_in(msg, key)
+                # message until a view lists it. A hello is not kept, nor counted as
+                # malformed: the joiner says it again until it is answered.
+                if m is None and msg.epoch > self._view.epoch:
+                    if msg.t == "hello":
+                        log.debug("peer %s: hello from %r before a view lists it", self.id, msg.src)
+                    else:
+                        self._hold_in(msg, key)
                     return None
                 self.counters.malformed += 1
                 self._bad(msg.src, WireError(f"src {msg.src!r} does not match the sender's CURVE key"))

@@ -200,3 +200,21 @@ def test_a_forged_flood_claiming_new_epochs_is_bounded_and_does_not_hold_up_memb
         await b.close()
         assert not b._held_in and b._held_in_bytes == 0 and b.counters.malformed == bad + 36
     lagging(kd, test, with_c=True)
+
+
+def test_a_joiners_hello_before_the_view_lists_it_is_not_counted_malformed(kd):
+    # The joiner says hello to its neighbour b at once, and again every 100 ms until b
+    # answers; b cannot check a's key until its view lists a. Those hellos are not bad
+    # input (they were counted as malformed), and the first one after b's view lists a
+    # is answered.
+    async def test(a: Peer, b: Peer, c, views: list[View], release) -> None:
+        await until(lambda: "b" in a._pending_hello and a._links["b"].hello_sent > 0, 10.0,
+                    "a's hello to b")
+        sent = a._links["b"].hello_sent
+        await until(lambda: a._links["b"].hello_sent > sent, 10.0, "a's hello said again")
+        assert b.counters.malformed == 0 and not b._bad.by_reason, b._bad.by_reason
+        assert b.counters.held_in == 0
+        release(await view_with_a(views))
+        await a.wait_linked(10.0)
+        assert b.counters.malformed == 0 and not b._bad.by_reason
+    lagging(kd, test)
