@@ -11,6 +11,7 @@ summary table.
 Run folder::
 
     config.json         the resolved spec (loads back with load_spec)
+    warnings.txt        what `swarm run` warned of before it started (Spec.warnings), if anything
     pids.json           the processes this run started
     logs/               coordinator.log, peer{r}.log (a restarted process appends to its predecessor's;
                         warnings and errors, and with `swarm run -v` INFO lines too, -vv DEBUG)
@@ -445,7 +446,10 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     ``spec_path`` is a spec file, a :class:`Spec` (changed in code, e.g. with
     ``dataclasses.replace``; it is checked as a file is) or None for the default;
     ``overrides`` (``"a.b=v"`` strings) apply on top. A bad spec raises
-    :class:`~swarm.errors.ConfigError` before anything starts. A crashed peer or
+    :class:`~swarm.errors.ConfigError` before anything starts, and so do replay buffers
+    (``buffer.capacity`` times ``peers``) that cannot fit in this host's available memory;
+    settings that do nothing in the run (:meth:`Spec.warnings`) are warned of on
+    ``stream`` before anything starts, and kept in ``warnings.txt``. A crashed peer or
     coordinator is no exception: the others are ended and ``exit_code`` is 1.
     Ctrl-C (SIGINT, or SIGTERM, or SIGHUP unless it is ignored) ends every process,
     writes the results, then raises :class:`KeyboardInterrupt` (``swarm run`` exits
@@ -477,6 +481,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
             raise ConfigError(f"resume: {prev} has no config.json; is it a run folder?")
         spec_path = prev / "config.json"
     spec = load_spec(spec_path, overrides)
+    _check_memory(spec)
     if prev is not None:
         from .checkpoint import latest  # noqa: PLC0415 - needs no torch, but keep import cost off `swarm run -h`
 
@@ -490,6 +495,11 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     peers = f"{spec.peers} peer{'s' if spec.peers != 1 else ''}"
     print(f"swarm run: {spec.name}: {peers} on a {spec.gossip.topology.replace('_', ' ')} graph, {spec.env}, "
           f"codec {spec.gossip.codec}, {spec.budget.env_steps} env steps each -> {run_dir}", file=out, flush=True)
+    warned = spec.warnings()
+    for line in warned:
+        print(f"swarm run: warning: {line}", file=out, flush=True)
+    if warned:
+        (run_dir / "warnings.txt").write_text("".join(f"{line}\n" for line in warned))
 
     launch = Launch(run_dir, resumed=prev, verbose=verbose)
     code = 0
@@ -552,6 +562,71 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     if code == 130:
         raise KeyboardInterrupt   # a script's loop over runs stops here too
     return RunResult(code, run_dir, rows)
+
+
+def _replay_bytes(capacity: int, obs_size: int, replicas: int = 0) -> int:
+    """About how many bytes one peer's replay buffer of DQN transitions holds.
+
+    The columns, slot bookkeeping, sum-tree and id index are committed when the buffer is
+    made (docs/buffer.md, "Memory is committed up front"); with ``replicas`` the
+    replication bookkeeping grows to its size as the ring fills.
+
+        >>> _replay_bytes(50_000, 4)   # CartPole-v1's 4 numbers an observation: 5.9 MB
+        5897152
+    """
+    columns = 2 * 4 * obs_size + 8 + 4 + 4      # float32 obs and next_obs, int64 action, reward, done
+    slots = 8 + 4 + 8 + 8                        # ticket, origin, seq, time
+    tree = 8 * 2 * 2 ** max(1, (capacity - 1).bit_length())   # float64 heap over a power of two of leaves
+    index = 4 * 2 ** max(4, (4 * capacity - 1).bit_length())  # int32 table of at least 4x capacity
+    replication = (17 + 2 * replicas + 8) * capacity if replicas else 0
+    return (columns + slots) * capacity + tree + index + replication
+
+
+def _available_memory() -> int | None:
+    """Bytes this host can give new processes (MemAvailable; else all of its memory); None
+    when neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _size(n: float) -> str:
+    """``1.2 GB``: bytes in decimal units."""
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if n < 1000:
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} EB"
+
+
+def _check_memory(spec: Spec) -> None:
+    """Refuse a run whose replay buffers cannot fit in this host's memory, before it starts
+    anything: each peer would fail on its own, after the launch, allocating its buffer."""
+    import gymnasium  # noqa: PLC0415 - load_spec has imported it already
+
+    b = spec.buffer
+    env = gymnasium.make(spec.env)    # load_spec made it once: it can be made
+    try:
+        obs_size = math.prod(env.observation_space.shape)
+    finally:
+        env.close()
+    each = _replay_bytes(b.capacity, obs_size, b.replicas if b.sharing else 0)
+    available = _available_memory()
+    if available is not None and each * spec.peers > available:
+        per = f"{each / b.capacity:.0f} bytes a transition of {spec.env}"
+        what = (f"the replay buffers of the {spec.peers} peers would take about {_size(each * spec.peers)} "
+                f"({_size(each)} each, {per})" if spec.peers > 1 else
+                f"the peer's replay buffer would take about {_size(each)} ({per})")
+        raise ConfigError(f"buffer.capacity = {b.capacity}: {what}, more than the {_size(available)} of memory "
+                          "this host has available; lower buffer.capacity" + (" or peers" if spec.peers > 1 else ""))
 
 
 def _deadline_env(launch: Launch) -> dict[str, str] | None:

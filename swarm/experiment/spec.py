@@ -81,7 +81,8 @@ class GossipSpec:
                                "more than max_staleness rounds behind) or async (never wait)")
     max_staleness: int = opt(4, "rounds a neighbour may lag before a bounded peer waits", _nonneg,
                              "must be >= 0")
-    interval: int = opt(10, "env steps between gossip rounds (local steps H)", _pos, "must be > 0")
+    interval: int = opt(10, "env steps between gossip rounds (local steps H); above budget.env_steps no round "
+                            "runs (swarm run warns: the isolated baseline)", _pos, "must be > 0")
     step_size: float = opt(0.3, "consensus step size gamma of CHOCO gossip; 1.0 is exact averaging with "
                                 "codec = identity, sparse codecs need about 2x their kept fraction "
                                 "(swarm.gossip suggested_gamma)",
@@ -121,7 +122,8 @@ class BufferSpec:
     share_by: str = opt("newest", "which new transitions are shared: newest or priority",
                         lambda s: s in ("newest", "priority"), "must be 'newest' or 'priority'")
     replicas: int = opt(0, "neighbours that must acknowledge each local transition (0: no replication); "
-                           "at most the fewest neighbours any peer has in gossip.topology",
+                           "at most the fewest neighbours any peer has in gossip.topology; needs sharing "
+                           "(without it swarm run warns)",
                         _nonneg, "must be >= 0")
     rate: float = opt(0.0, "transitions per second a peer sends for sharing and pulls; 0 is unbounded",
                       _nonneg, "must be >= 0")
@@ -144,7 +146,8 @@ class BudgetSpec:
 class EvalSpec:
     """Greedy evaluation during training."""
 
-    every: int = opt(1_000, "env steps between evaluations; 0 disables", _nonneg, "must be >= 0")
+    every: int = opt(1_000, "env steps between evaluations; 0 disables; above budget.env_steps none runs "
+                            "and there is no best.pt (swarm run warns)", _nonneg, "must be >= 0")
     episodes: int = opt(5, "episodes per evaluation", _pos, "must be > 0")
     solve_return: float = opt(475.0, "mean greedy return that counts as solved")
     solver: int = opt(-1, "whose evaluation ends a run with budget.stop_when_solved: -1, any peer's "
@@ -284,6 +287,42 @@ class Spec:
             raise ConfigError(f"budget.stop_when_solved = true with eval.every = {self.eval.every} above "
                               f"budget.env_steps = {steps}: no evaluation would run to say it is solved; set "
                               f"eval.every <= {steps}")
+
+    def warnings(self) -> list[str]:
+        """Settings that load, and have their uses, but do nothing in this run: one line
+        each, naming the key, its value and what follows. `swarm run` prints them (and
+        keeps them in the run folder's ``warnings.txt``) before it starts anything.
+
+        They stay allowed: ``gossip.interval`` above the budget makes the isolated
+        baseline of scripts/compare_runs.py, and ``eval.every`` above it a smoke run
+        that spends no time on evaluations.
+
+            >>> load_spec(None, ["budget.env_steps=500"]).warnings()
+            ['eval.every = 1000 is above budget.env_steps = 500: no greedy evaluation runs, ...']
+        """
+        g, b, steps = self.gossip, self.buffer, self.budget.env_steps
+        said: list[str] = []
+        if g.interval > steps and self.peers > 1:
+            # What a round does; relayed gradients (and the transitions riding on them)
+            # go by without rounds.
+            rounds_do = ["average their parameters"] if g.average else []
+            if b.sharing and b.share > 0 and (g.exchange == "params" or not b.ride):
+                rounds_do.append("share transitions")
+            elif b.sharing and b.replicas:
+                rounds_do.append("replicate transitions")
+            if rounds_do:
+                said.append(f"gossip.interval = {g.interval} is above budget.env_steps = {steps}: no gossip round "
+                            f"runs, so the peers never {' or '.join(rounds_do)}"
+                            + ("; each trains alone" if g.exchange == "params" else
+                               " (their gradients are still relayed)"))
+        if b.replicas and not b.sharing:
+            said.append(f"buffer.replicas = {b.replicas} with buffer.sharing = false: nothing is replicated, as "
+                        "no transition leaves its peer; set buffer.sharing = true to replicate")
+        if self.eval.every > steps:   # with budget.stop_when_solved, validate() refuses it
+            said.append(f"eval.every = {self.eval.every} is above budget.env_steps = {steps}: no greedy "
+                        "evaluation runs, so no peer writes best.pt (swarm eval has nothing to play) and the "
+                        "summary's eval columns stay empty")
+        return said
 
 
 def _check_env(env_id: str) -> None:
