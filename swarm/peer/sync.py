@@ -30,7 +30,7 @@ import numpy as np
 from ..checks import seconds
 from ..errors import ConfigError, PeerTimeout, SwarmError
 from ..link import View
-from .peer import Peer, check_handler_type
+from .peer import Peer, PeerState, check_handler_type
 
 __all__ = ["SyncPeer"]
 
@@ -52,7 +52,8 @@ class SyncPeer:
 
     Threads: any thread may make calls, and :meth:`close` may come from any thread
     but the peer's own; a call that another thread's :meth:`close` cuts short raises
-    :class:`SwarmError`. Concurrent :meth:`close` calls all return once it is closed.
+    :class:`SwarmError` (a :meth:`start` too, having closed what it had built).
+    Concurrent :meth:`close` calls all return once it is closed.
     ``sys.exit()`` (SystemExit) or KeyboardInterrupt in a handler, a view callback or
     a coroutine given to :meth:`call` closes it: the peer leaves, and calls raise
     :class:`SwarmError` naming that error (a coroutine's caller gets the error itself).
@@ -102,7 +103,9 @@ class SyncPeer:
             self._start_thread()
 
         async def make() -> Peer:
-            p = Peer(*self._args, **self._kwargs)
+            # Kept at once, on the loop thread: a close() from another thread while the
+            # Peer is built stops the loop, and the loop thread's clean-up closes it.
+            self.peer = p = Peer(*self._args, **self._kwargs)
             for t, handler in self._early_handlers:
                 p.on(t, handler)
             for callback in self._early_view_callbacks:
@@ -110,13 +113,13 @@ class SyncPeer:
             return p
 
         try:
-            self.peer = self.call(make())
+            peer = self.call(make())
             # the join ends by the peer's own deadlines (welcome, then view); this one
             # only guards against a loop that stopped answering
             timeout = self._start_timeout
             if timeout is None:
-                timeout = 2 * self.peer.config.join_timeout_s + 5.0
-            self.call(self.peer.start(), timeout=timeout)
+                timeout = 2 * peer.config.join_timeout_s + 5.0
+            self.call(peer.start(), timeout=timeout)
             if self._thread_error is not None:   # a view callback's SystemExit closed it meanwhile
                 raise self._refusal()
         except BaseException:
@@ -156,6 +159,10 @@ class SyncPeer:
                 # is cancelled and awaited, as asyncio.run does: a Peer.start
                 # cancelled so closes its sockets.
                 _cancel_all(loop)
+                if self.peer is not None and self.peer.state is not PeerState.CLOSED:
+                    # Closed by nobody: a close() from another thread came while start()
+                    # built it (its context has an I/O thread), or cut its leave short.
+                    _ended(loop, self.peer.close())
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.close()
 

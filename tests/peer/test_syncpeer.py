@@ -407,3 +407,62 @@ def test_off_and_off_view_are_in_the_link_protocol_as_its_links_have_them():
         spec = list(inspect.signature(getattr(Link, name)).parameters)
         for cls in (Peer, SimLink, SyncPeer):
             assert list(inspect.signature(getattr(cls, name)).parameters) == spec, (cls, name)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("when", ["while the peer is built", "once it is built"])
+def test_close_from_another_thread_during_start_closes_the_peer_start_built(monkeypatch, when):
+    """close() from another thread while start() was building the Peer (in its constructor)
+    stopped the loop, and the Peer that start() then got was never closed: its zmq context,
+    with its I/O thread, stayed open. The constructor is held on an Event here, so that the
+    close lands in that window every time (or, the other case, just after it)."""
+    from swarm.peer import peer as peer_mod
+
+    built: list[peer_mod.Peer] = []
+    entered, release = threading.Event(), threading.Event()
+    real_init = peer_mod.Peer.__init__
+
+    def slow_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        built.append(self)
+        if when == "while the peer is built":
+            entered.set()
+            release.wait(30)
+
+    monkeypatch.setattr(peer_mod.Peer, "__init__", slow_init)
+    p = SyncPeer(coordinators=[f"tcp://127.0.0.1:{free_port()}"], join_timeout_s=30)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            p.start()
+        except BaseException as e:   # checked below
+            errors.append(e)
+
+    starter = threading.Thread(target=start)
+    closer = threading.Thread(target=p.close)
+    try:
+        starter.start()
+        if when == "while the peer is built":
+            assert entered.wait(30)
+        else:   # start() is in Peer.start, joining (no coordinator answers there)
+            wait_for(lambda: built and built[0].state is PeerState.JOINING, 30, what="the join")
+        closer.start()
+        wait_for(lambda: p._loop is None, 30, what="close() to stop the loop")
+        with p._lock:   # taken by close() until it has told the loop to stop
+            pass
+        release.set()
+        closer.join(30)
+        starter.join(30)
+        assert not closer.is_alive() and not starter.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], SwarmError), errors
+        assert len(built) == 1 and built[0]._ctx.closed
+        assert _peer_threads() == []
+    finally:
+        release.set()
+        if closer.is_alive() or starter.is_alive():
+            closer.join(30)
+            starter.join(30)
+        for peer in built:
+            if not peer._ctx.closed:
+                peer._ctx.destroy(linger=0)
