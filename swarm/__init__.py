@@ -5,10 +5,6 @@ deltas with their neighbours and share replay samples; a lightweight
 coordinator handles membership and failover and is never on the data path.
 """
 
-from .config import CoordinatorConfig, PeerConfig, SwarmConfig, load_config
-from .errors import (ConfigError, GossipError, MembershipError, PeerTimeout, ReplayError,
-                     SwarmError, TransportError, WireError)
-
 __version__ = "0.1.0"
 
 __all__ = [
@@ -18,13 +14,35 @@ __all__ = [
     "PeerTimeout", "GossipError", "ReplayError",
 ]
 
+# The module of each name above, imported when the name is first used. `import swarm`
+# itself then imports nothing: the `swarm` script imports the package before its entry
+# point (swarm/__main__.py) can catch a Ctrl-C, which in those milliseconds ended in a
+# traceback; and `swarm coordinator` starts fast.
+_WHERE = {
+    "Peer": "peer", "SyncPeer": "peer", "Coordinator": "coordinator",
+    "SwarmConfig": "config", "PeerConfig": "config", "CoordinatorConfig": "config", "load_config": "config",
+    **{name: "errors" for name in __all__ if name.endswith("Error") or name == "PeerTimeout"},
+}
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from .config import CoordinatorConfig, PeerConfig, SwarmConfig, load_config
+    from .coordinator import Coordinator
+    from .errors import (ConfigError, GossipError, MembershipError, PeerTimeout, ReplayError,
+                         SwarmError, TransportError, WireError)
+    from .peer import Peer, SyncPeer
+
 
 def __getattr__(name: str):
-    # Imported lazily so that `import swarm` (and the coordinator) start fast.
-    if name in ("Peer", "SyncPeer"):
-        from . import peer
-        return getattr(peer, name)
-    if name == "Coordinator":
-        from .coordinator import Coordinator
-        return Coordinator
-    raise AttributeError(f"module 'swarm' has no attribute {name!r}")
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'swarm' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value   # looked up here from now on
+    return value
+
+
+def __dir__() -> list:
+    return sorted({*globals(), *__all__})

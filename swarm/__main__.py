@@ -3,8 +3,8 @@
 It imports :mod:`swarm.cli` inside a ``try``: a Ctrl-C that comes while Python is
 still importing it (the first tenth of a second or so, more from a cold disk)
 ends `swarm` as one that comes later does, with exit status 130 and no
-traceback. (The package ``swarm`` itself is imported before this module runs;
-a Ctrl-C in those few milliseconds is not caught here.)
+traceback. (The package ``swarm`` is imported before this module runs, out of
+reach of this ``try``: its ``__init__`` imports nothing for that reason.)
 """
 
 from __future__ import annotations
