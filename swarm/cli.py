@@ -9,9 +9,10 @@
     swarm keys generate DIR [--names coordinator,peer]
     swarm launch --ray [ADDRESS] [SPEC] [--per-node N] [--set key=value ...]
 
-Every command takes -v (INFO logging) or -vv (DEBUG), before or after its name;
-`swarm run -v` passes it on to the coordinator and the peers it starts (their
-logs in the run folder's logs/). The `swarm` script's entry point is
+Every command takes -v (INFO logging) or -vv (DEBUG), before or after its name
+(they add up: `swarm -v run -v` is -vv); `swarm run -v` and `swarm launch -v`
+pass it on to the coordinator and the peers they start (their logs in the run
+folder's logs/). The `swarm` script's entry point is
 swarm/__main__.py (so `python -m swarm` runs it too).
 
 Peers also read SWARM_COORDINATOR and SWARM_RANK, and fall back to what Slurm
@@ -503,7 +504,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from .experiment.ray_launch import launch_ray
 
     return launch_ray(spec, list(args.set or []), address or None, per_node=args.per_node,
-                      cpus_per_peer=args.cpus_per_peer, host=args.host)
+                      cpus_per_peer=args.cpus_per_peer, host=args.host, verbose=args.verbose)
 
 
 # ---------------------------------------------------------------- parser
@@ -511,10 +512,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="swarm", description="Decentralized RL over ZeroMQ gossip.")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
-    # -v after the command too (`swarm run -v`); SUPPRESS keeps a -v given before it
+    # -v after the command too (`swarm run -v`). A dest of its own: the command's parser
+    # counts into a namespace of its own, which would replace the count before the command
+    # with the same dest; parse_args adds the two up.
     loud = argparse.ArgumentParser(add_help=False)
-    loud.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
-                      help="more logging (-vv for debug); `swarm run` passes it on to its coordinator and peers")
+    loud.add_argument("-v", "--verbose", dest="verbose_after", action="count", default=0,
+                      help="more logging (-vv for debug); `swarm run` and `swarm launch` pass it on "
+                           "to their coordinator and peers")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     c = sub.add_parser("coordinator", help="run a coordinator (membership and failover only)", parents=[loud])
@@ -596,10 +600,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line parsed; ``verbose`` counts each -v, before and after the
+    command's name (``swarm -v run -v`` is -vv)."""
+    args = build_parser().parse_args(argv)
+    args.verbose += vars(args).pop("verbose_after")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     args = None
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
         level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
         logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         return args.func(args) or 0

@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 from swarmtest import ROOT, SWARM, free_port, status, wait_for
 
@@ -256,3 +257,21 @@ def test_a_config_error_under_swarm_run_says_a_restart_would_not_help(capsys, mo
                                                     cli.CONFIG_ERROR_NOTE]
     assert cli.main(["status", "--coordinator", f"tcp://127.0.0.1:{free_port()}", "--json", "--watch"]) == 2
     assert len(capsys.readouterr().err.splitlines()) == 1     # a SwarmError, not a ConfigError
+
+
+@pytest.mark.parametrize("argv, level", [
+    (["eval", "nowhere"], "WARNING"),
+    (["-v", "eval", "nowhere"], "INFO"),
+    (["eval", "nowhere", "-v"], "INFO"),
+    (["-v", "eval", "nowhere", "-v"], "DEBUG"),    # was INFO: the later -v replaced the earlier
+    (["-vv", "status", "-v", "--coordinator", "tcp://127.0.0.1:1", "--json", "--watch"], "DEBUG"),
+])
+def test_v_before_and_after_the_command_add_up(argv, level):
+    """`swarm -v eval -v` logged at INFO: the command's parser counted its -v in a namespace
+    of its own, which replaced the count of those before the command. The child runs the
+    command line and prints the logging level it set (eval and status then fail at once)."""
+    code = "import logging, sys; from swarm.cli import main; c = main(sys.argv[1:]); " \
+           "print(logging.getLevelName(logging.getLogger().level), c)"
+    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.stdout.split() == [level, "2"], p.stderr

@@ -21,7 +21,9 @@ Ray only *places* the peers; it is not on the data path. The launcher
    coordinator.
 
 Peers on other nodes write ``peer{r}/`` under the same absolute path on their
-own node; with a shared file system the run folder is complete.
+own node; with a shared file system the run folder is complete. With ``-v``
+(``verbose``) the coordinator and each peer log INFO lines (``-vv``: DEBUG) to
+``logs/coordinator.log`` and ``logs/peer{r}.log``, as with ``swarm run -v``.
 
 >>> from swarm.experiment.ray_launch import launch_ray
 >>> launch_ray("spec.toml", ["budget.env_steps=5000"], address="ray://head:10001", per_node=2)
@@ -29,19 +31,21 @@ own node; with a shared file system the run folder is complete.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import socket
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 from ..config import PeerConfig
 from ..errors import ConfigError, SwarmError
-from .launch import POLL_S, Launch, _Interrupt, _new_run_dir, _Progress, _status, _table, _wait_coordinator
-from .launch import summarize, write_plots
+from .launch import POLL_S, Launch, _Interrupt, _new_run_dir, _Output, _Progress, _status, _table
+from .launch import _wait_coordinator, summarize, write_plots
 from .runner import peer_dir
 from .spec import Spec, load_spec, save_resolved
 
@@ -78,9 +82,11 @@ class PeerActor:
         return {"node": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
                 "pid": os.getpid()}
 
-    def run(self, spec: Spec, rank: int, coordinator: str, run_dir: str, host: str | None) -> dict[str, Any]:
+    def run(self, spec: Spec, rank: int, coordinator: str, run_dir: str, host: str | None,
+            verbose: int = 0) -> dict[str, Any]:
         """Train peer ``rank`` of ``spec`` (see :func:`~swarm.experiment.runner.run_peer`),
-        bound to ``host`` (None: this node's address); returns its summary."""
+        bound to ``host`` (None: this node's address); returns its summary. ``verbose``
+        1 logs swarm's INFO lines to ``run_dir/logs/peer{rank}.log``, 2 DEBUG too."""
         import ray  # noqa: PLC0415
 
         from .runner import run_peer  # noqa: PLC0415
@@ -91,11 +97,40 @@ class PeerActor:
         except ImportError:
             factory = None
         cfg = PeerConfig(bind=f"tcp://{host or ray.util.get_node_ip_address()}:*")
-        return run_peer(spec, rank, coordinator, run_dir, stop=self._stop, loop_factory=factory, peer_config=cfg)
+        with _peer_log(run_dir, rank, verbose):
+            return run_peer(spec, rank, coordinator, run_dir, stop=self._stop, loop_factory=factory,
+                            peer_config=cfg)
 
     def stop(self) -> None:
         """End the run after the peer's current step (it writes its files and leaves)."""
         self._stop.set()
+
+
+@contextlib.contextmanager
+def _peer_log(run_dir: str | Path, rank: int, verbose: int) -> Iterator[None]:
+    """Within it, with ``verbose`` >= 1, swarm's log records of INFO and above (2: DEBUG)
+    go to ``run_dir/logs/peer{rank}.log`` and nowhere else, as a `swarm run -v` peer's do
+    (on a terminal they would break into the launcher's progress line). ``verbose`` 0
+    changes nothing."""
+    if verbose <= 0:
+        yield
+        return
+    path = Path(run_dir) / "logs" / f"peer{rank}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger("swarm")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))   # the CLI's
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.INFO if verbose == 1 else logging.DEBUG)
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def cluster_nodes(ray: Any) -> list[dict[str, Any]]:
@@ -118,7 +153,7 @@ def _free_port(host: str) -> int:
 def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None, address: str | None = None,
                *, per_node: int = 1, cpus_per_peer: float = 1.0, host: str | None = None,
                runs_root: str | Path = "runs", stream: TextIO | None = None,
-               init_kwargs: dict[str, Any] | None = None) -> int:
+               init_kwargs: dict[str, Any] | None = None, verbose: int = 0) -> int:
     """Run the experiment ``spec_path`` with ``per_node`` peers on every Ray node.
 
     Args:
@@ -132,6 +167,8 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
             address (right on a cluster; ``127.0.0.1`` keeps a one-machine test on loopback).
         runs_root: where the run folder is made.
         init_kwargs: extra arguments for ``ray.init`` (e.g. ``num_cpus`` of a local instance).
+        verbose: ``swarm launch -v``: 1 adds the coordinator's and the peers' INFO log
+            lines to their logs in ``logs/``, 2 DEBUG too (as ``swarm run -v``).
 
     Returns the exit code: 0 when every peer finished, 1 when one failed (the
     others went on: the coordinator routes around it), 130 when interrupted.
@@ -142,7 +179,8 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
         raise ConfigError(f"--cpus-per-peer must be > 0, got {cpus_per_peer}")
     load_spec(spec_path, overrides)  # a bad spec fails before Ray is imported or a cluster touched
     ray = _ray()
-    out = stream or sys.stderr
+    # messages start on a line of their own, not at the end of the progress line
+    out = _Output(stream or sys.stderr)
     owns_ray = not ray.is_initialized()
     if owns_ray:
         ray.init(address=address, **(init_kwargs or {}))
@@ -164,7 +202,7 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
         print(f"swarm launch: {spec.name}: {n_peers} peers ({len(nodes)} Ray node(s) × {per_node}) on a "
               f"{spec.gossip.topology}, {spec.env}, codec {spec.gossip.codec} -> {run_dir}", file=out, flush=True)
 
-        launch = Launch(run_dir)
+        launch = Launch(run_dir, verbose=verbose)
         coord_host = host or ray.util.get_node_ip_address()
         addr = f"tcp://{coord_host}:{_free_port(coord_host)}"
         coord = launch.start("coordinator", ["coordinator", "--bind", addr, "--set",
@@ -182,7 +220,7 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node["id"], soft=False),
             ).remote()
             actors.append(a)
-            refs[a.run.remote(spec, r, addr, str(run_dir), host)] = r
+            refs[a.run.remote(spec, r, addr, str(run_dir), host, verbose)] = r
         try:
             where = ray.get([a.where.remote() for a in actors], timeout=START_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
@@ -222,6 +260,7 @@ def _supervise(ray: Any, spec: Spec, actors: list[Any], refs: dict[Any, int], co
                out: TextIO) -> tuple[int, dict[int, dict[str, Any]]]:
     """Wait for the peers, drawing progress; a failed peer is reported, not fatal."""
     progress = _Progress(spec, out)
+    out = progress.out   # each message clears the progress line first
     summaries: dict[int, dict[str, Any]] = {}
     failed: list[int] = []
     pending = list(refs)

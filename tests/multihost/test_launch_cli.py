@@ -27,7 +27,7 @@ def test_ray_address_and_spec(calls, tmp_path):
     assert cli.main(["launch", "--ray", "ray://head:10001", "s.toml", "--per-node", "3",
                      "--set", "budget.env_steps=10"]) == 0
     assert calls == [("s.toml", ["budget.env_steps=10"], "ray://head:10001",
-                      {"per_node": 3, "cpus_per_peer": 1.0, "host": None})]
+                      {"per_node": 3, "cpus_per_peer": 1.0, "host": None, "verbose": 0})]
 
 
 def test_ray_without_address_takes_the_spec_as_spec(calls, tmp_path):
