@@ -495,11 +495,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     peers = f"{spec.peers} peer{'s' if spec.peers != 1 else ''}"
     print(f"swarm run: {spec.name}: {peers} on a {spec.gossip.topology.replace('_', ' ')} graph, {spec.env}, "
           f"codec {spec.gossip.codec}, {spec.budget.env_steps} env steps each -> {run_dir}", file=out, flush=True)
-    warned = spec.warnings()
-    for line in warned:
-        print(f"swarm run: warning: {line}", file=out, flush=True)
-    if warned:
-        (run_dir / "warnings.txt").write_text("".join(f"{line}\n" for line in warned))
+    _warn(spec, run_dir, out, "swarm run")
 
     launch = Launch(run_dir, resumed=prev, verbose=verbose)
     code = 0
@@ -562,6 +558,16 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     if code == 130:
         raise KeyboardInterrupt   # a script's loop over runs stops here too
     return RunResult(code, run_dir, rows)
+
+
+def _warn(spec: Spec, run_dir: Path, out: Any, who: str) -> None:
+    """Say the settings that do nothing in this run (:meth:`Spec.warnings`) on ``out``,
+    and keep them in ``run_dir/warnings.txt``."""
+    warned = spec.warnings()
+    for line in warned:
+        print(f"{who}: warning: {line}", file=out, flush=True)
+    if warned:
+        (run_dir / "warnings.txt").write_text("".join(f"{line}\n" for line in warned))
 
 
 def _replay_bytes(capacity: int, obs_size: int, replicas: int = 0) -> int:

@@ -44,7 +44,7 @@ from typing import Any, Iterator, TextIO
 
 from ..config import PeerConfig
 from ..errors import ConfigError, SwarmError
-from .launch import POLL_S, Launch, _Interrupt, _new_run_dir, _Output, _Progress, _status, _table
+from .launch import POLL_S, Launch, _Interrupt, _new_run_dir, _Output, _Progress, _status, _table, _warn
 from .launch import _wait_coordinator, summarize, write_plots
 from .runner import peer_dir
 from .spec import Spec, load_spec, save_resolved
@@ -201,6 +201,7 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
         save_resolved(spec, run_dir)
         print(f"swarm launch: {spec.name}: {n_peers} peers ({len(nodes)} Ray node(s) × {per_node}) on a "
               f"{spec.gossip.topology}, {spec.env}, codec {spec.gossip.codec} -> {run_dir}", file=out, flush=True)
+        _warn(spec, run_dir, out, "swarm launch")
 
         launch = Launch(run_dir, verbose=verbose)
         coord_host = host or ray.util.get_node_ip_address()

@@ -105,6 +105,22 @@ def test_launch_ray_gives_v_to_its_coordinator_and_its_peers(fake_ray, tmp_path)
     assert (rank, run_dir, host, verbose) == (0, str(run), "127.0.0.1", 1)
 
 
+def test_launch_ray_warns_of_settings_that_do_nothing_as_swarm_run_does(fake_ray, tmp_path):
+    out = io.StringIO()
+    with pytest.raises(SwarmError, match="did not start"):
+        ray_launch.launch_ray(None, ["budget.env_steps=500"], host="127.0.0.1", runs_root=tmp_path / "runs",
+                              stream=out)
+    (run,) = (tmp_path / "runs").iterdir()
+    coordinator = json.loads((run / "pids.json").read_text())["children"]["coordinator"]
+    if Path(f"/proc/{coordinator}").exists():
+        os.kill(coordinator, signal.SIGKILL)
+    said = [line for line in out.getvalue().splitlines() if "warning" in line]
+    assert said == ["swarm launch: warning: eval.every = 1000 is above budget.env_steps = 500: no greedy "
+                    "evaluation runs, so no peer writes best.pt (swarm eval has nothing to play) and the "
+                    "summary's eval columns stay empty"]
+    assert (run / "warnings.txt").read_text() == said[0].removeprefix("swarm launch: warning: ") + "\n"
+
+
 @pytest.mark.parametrize("verbose, lines", [(0, None), (1, ["INFO one"]), (2, ["INFO one", "DEBUG two"])])
 def test_a_peer_actor_logs_to_its_log_file_with_v(tmp_path, verbose, lines):
     logger = logging.getLogger("swarm")
