@@ -144,6 +144,13 @@ _QUIET_S = 1.0
 _SEQ_WINDOW = 4096
 #: Ids that left the view whose entries stay (copies of their messages may still come round).
 _GONE = 16
+#: Direct, with keys: gradients held on the inbox until the view lists their sender (see
+#: _hold), at most this many and _HOLD_BYTES of them, each for at least _HOLD_S seconds (or
+#: two heartbeats: a peer that missed a view has it again by then), as the peer's loop holds
+#: its own messages (swarm.peer.peer.HELD_IN_S).
+_HOLD_MAX = 256
+_HOLD_BYTES = 64 * 1024 * 1024
+_HOLD_S = 2.0
 
 
 @dataclass
@@ -152,7 +159,7 @@ class RelayStats:
     sent: int = 0           # messages sent, own and forwarded
     received: int = 0       # others' gradients taken in (first copies)
     forwarded: int = 0      # sends that passed a gradient on
-    duplicates: int = 0     # copies that came round another way
+    duplicates: int = 0     # copies that came round another way (and the stale ones)
     dropped: int = 0        # sends refused (unknown neighbour, full queue)
     overflow: int = 0       # received gradients dropped because take() lagged
     rejected: int = 0       # malformed or non-finite gradients
@@ -175,6 +182,9 @@ class RelayStats:
     resyncs: int = 0           # with state: copies adopted from another peer
     served: int = 0            # with state: copies sent to peers out of step
     resync_failed: int = 0     # with state: requests that timed out or were declined, copies refused
+    held_in: int = 0           # direct, with keys: gradients held until the view listed their sender
+    held_dropped: int = 0      # direct, with keys: such gradients dropped (hold full, waited too long, sender gone)
+    stale: int = 0             # of the duplicates, those over _SEQ_WINDOW behind their origin's newest (see _Seqs)
 
     @property
     def mean_lag_s(self) -> float:
@@ -247,7 +257,12 @@ class GradientRelay:
             until every neighbour's is, before the first gradient). Only with a
             :class:`~swarm.peer.Peer` on tcp; call :meth:`poll` every step or so (a
             gradient is passed on to the next neighbour only then) and :meth:`close`
-            before the peer closes.
+            before the peer closes. With keys, a gradient on the inbox from a sender
+            that this peer's view does not list yet, sent from a newer view (a member
+            that rejoined: the coordinator tells it first), waits until the view lists
+            the sender, as the peer holds its own messages (``stats.held_in``; past
+            256 of them or 64 MiB, after ``max(2 s, 2 heartbeats)``, or when a view as
+            new does not list the sender it is dropped, and counted in ``held_dropped``).
         rider: sends what its ``ride()`` gives with each message of this peer's own
             (gradients or a pass) to the neighbours, and gets theirs through its
             ``arrive()`` (:class:`Rider`). Counted apart from the gradients' bytes.
@@ -319,6 +334,13 @@ class GradientRelay:
         self._greeted: dict[str, str] = {}                 # loop: neighbour -> its address when greeted
         self._regreet_at = 0.0
         self._wire_seq = itertools.count()
+        # direct, with keys: (until, message, its last frame, bytes) from senders the view
+        # does not list yet, in arrival order (see _hold)
+        self._held_in: collections.deque[tuple[float, Message, Any, int]] = collections.deque()
+        self._held_bytes = 0
+        self._held_epoch = -1                # the view's epoch when they were last looked at
+        heartbeat_s = getattr(getattr(link, "config", None), "heartbeat_s", 0.0)
+        self._hold_s = max(_HOLD_S, 2 * heartbeat_s)
         # with state: out-of-step repair (see the module doc)
         self._state, self._resync_timeout = state, resync_timeout
         self._taken_to = -1                   # take(before) went up to here: what comes below it is late
@@ -629,6 +651,8 @@ class GradientRelay:
             return 0
         if self.link.view.epoch != self._outbox_epoch:
             self._prune_outboxes()
+        if self._held_in and (self.link.view.epoch != self._held_epoch or self._held_in[0][0] <= time.monotonic()):
+            self._look_at_held(time.monotonic())
         n = 0
         limits = getattr(self.link, "limits", wire.DEFAULT_LIMITS)
         # ZMQ_EVENTS first: an empty receive would raise (an exception per step costs
@@ -636,26 +660,87 @@ class GradientRelay:
         while n < tp.DRAIN_BATCH and s.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             frames = s.recv_multipart(copy=False)
             n += 1
-            self.stats.direct_bytes_in += tp.frames_nbytes(frames)
+            nbytes = tp.frames_nbytes(frames)
+            self.stats.direct_bytes_in += nbytes
             src: Any = "?"
             try:
                 msg = wire.decode(frames, limits)
                 src = msg.src
                 if msg.t != GRAD:
                     raise WireError(f"{msg.t!r} message on the gradient inbox")
+                # read before the key check: should a newer view come meanwhile, the
+                # epochs differ and a message held on this one is looked at again at once
+                view = self.link.view
                 if not self.link.sender_ok(msg, frames[-1]):
+                    if view.member(msg.src) is None and msg.epoch > view.epoch:
+                        self._hold(msg, frames[-1], nbytes)
+                        continue
                     raise WireError(f"src {msg.src!r} does not match the sender's CURVE key")
             except WireError as e:
                 self.stats.rejected += 1
                 self._bad(src, e)
                 continue
-            try:
-                self._accept(msg, self._push_or_hand)
-                self.stats.direct_in += 1
-            except WireError as e:   # counted by _accept
-                self._bad(src, e)
+            if self._held_in and self.link.view.epoch != self._held_epoch:
+                self._look_at_held(time.monotonic())   # the held ones came first
+            self._take_in(msg)
         self._regreet()
         return n
+
+    def _take_in(self, msg: Message) -> None:
+        """Consumer thread: take in a gradient that came on the inbox, from its key's holder."""
+        try:
+            self._accept(msg, self._push_or_hand)
+            self.stats.direct_in += 1
+        except WireError as e:   # counted by _accept
+            self._bad(msg.src, e)
+
+    def _hold(self, msg: Message, frame: Any, nbytes: int) -> None:
+        """Consumer thread, with keys: keep a gradient whose sender this peer's view does not
+        list, though the sender's does (a newer view: the coordinator tells a member that
+        joins or rejoins first), until the view lists it (:meth:`_look_at_held`). The peer's
+        loop holds such messages that come through it; these came on the inbox, which it
+        never sees. A member that was declared dead and came back (frozen a while; the
+        same process, under its id) still knows the others' inboxes, and its first
+        gradients come here so. Bounded: past the bounds it is dropped at once."""
+        if len(self._held_in) >= _HOLD_MAX or self._held_bytes + nbytes > _HOLD_BYTES:
+            self._unhold(msg, f"the hold for such senders is full ({_HOLD_MAX} messages, "
+                              f"{_HOLD_BYTES >> 20} MiB)")
+            return
+        self._held_in.append((time.monotonic() + self._hold_s, msg, frame, nbytes))
+        self._held_bytes += nbytes
+        self.stats.held_in += 1
+
+    def _look_at_held(self, now: float) -> None:
+        """Consumer thread: take in, in arrival order, the held gradients whose sender the
+        view lists now (once its key is checked); drop those whose sender a view as new as
+        the one they were sent from does not list (it left, or was declared dead again),
+        and those that waited longer than the hold time."""
+        view = self.link.view
+        self._held_epoch = view.epoch
+        keep: collections.deque[tuple[float, Message, Any, int]] = collections.deque()
+        for h in self._held_in:
+            until, msg, frame, nbytes = h
+            if view.member(msg.src) is not None:
+                self._held_bytes -= nbytes
+                if self.link.sender_ok(msg, frame):
+                    self._take_in(msg)
+                else:
+                    self.stats.rejected += 1
+                    self._bad(msg.src, WireError(f"src {msg.src!r} does not match the sender's CURVE key"))
+            elif view.epoch >= msg.epoch:
+                self._held_bytes -= nbytes
+                self._unhold(msg, f"src {msg.src!r} is not in view {view.epoch}, as new as the one it "
+                                  f"sent from ({msg.epoch})")
+            elif until <= now:
+                self._held_bytes -= nbytes
+                self._unhold(msg, f"src {msg.src!r} was not in a view within {self._hold_s:.1f} s")
+            else:
+                keep.append(h)
+        self._held_in = keep
+
+    def _unhold(self, msg: Message, why: str) -> None:
+        self.stats.held_dropped += 1
+        self._bad(msg.src, WireError(f"gradient from a sender outside the view: {why}"))
 
     def ready(self, timeout: float) -> bool:
         """Direct mode, consumer thread: block until this peer knows every neighbour's
@@ -703,6 +788,8 @@ class GradientRelay:
         if self._inbox_sock is not None:
             self.link.close_side(self._inbox_sock)
             self._inbox_sock = None
+        self._held_in.clear()
+        self._held_bytes = 0
         if self._closed:
             return
         self._closed = True
@@ -900,7 +987,7 @@ class GradientRelay:
             raise WireError(f"grad from {msg.src}: body needs o (str), s (int >= 0), h (int) and meta (dict)")
         seen = self._seen.get(origin)   # checked again under the lock, before anything is queued
         if origin == self.link.id or (seen is not None and seen.has(seq)):
-            self.stats.duplicates += 1
+            self._seen_before(seen, seq)
             return
         t, c = b.get("t"), b.get("c")
         forward = arrays   # what goes on: the gradients, without the rider
@@ -960,7 +1047,7 @@ class GradientRelay:
             if seen is None:
                 self._seen[origin] = _Seqs(seq)
             elif not seen.add(seq):
-                self.stats.duplicates += 1
+                self._seen_before(seen, seq)
                 return
             late = -1
             for pc, g in items:
@@ -1011,6 +1098,13 @@ class GradientRelay:
             for dst in self.link.neighbours():
                 if dst != msg.src and dst != origin:
                     send(dst, fwd, forward, nbytes, forwarding=True)
+
+    def _seen_before(self, seen: _Seqs | None, seq: int) -> None:
+        """Count a message dropped as seen. One too old for its origin's window may have
+        been a first copy, held up on the way (see _Seqs): ``stale`` shows how often."""
+        self.stats.duplicates += 1
+        if seen is not None and seen.too_old(seq):
+            self.stats.stale += 1
 
     def _on_side(self, msg: Message) -> None:
         """On the loop: check a notice, request or copy and queue it for the consumer."""
@@ -1321,7 +1415,15 @@ class _Seqs:
     its messages one after another (from the time, so a restarted process jumps
     ahead); a copy that comes round another way, possibly after later ones, is
     recognised while it is within the window, and one older than that counts as seen:
-    it is dropped, never applied twice."""
+    it is dropped, never applied twice.
+
+    Such a message need not be a copy, though: a first copy can be that late when the
+    only way it had to this peer stalled while the origin's later messages came another
+    way, e.g. on a forwarder frozen until after it was declared dead (the routes then go
+    round it) that passes on what it held once it wakes; or on a graph of several
+    paths, when the fast one dropped it on a full queue. Its gradient is then lost
+    here: ``RelayStats.stale`` counts them (a gradient that late would be out of place
+    if applied anyway, and with state it is dropped as late)."""
 
     __slots__ = ("top", "flags")
 
@@ -1332,7 +1434,11 @@ class _Seqs:
     def has(self, seq: int) -> bool:
         if seq > self.top:
             return False
-        return seq <= self.top - _SEQ_WINDOW or self.flags[seq % _SEQ_WINDOW] == 1
+        return self.too_old(seq) or self.flags[seq % _SEQ_WINDOW] == 1
+
+    def too_old(self, seq: int) -> bool:
+        """Whether ``seq`` is below the window, where copies cannot be told from first copies."""
+        return seq <= self.top - _SEQ_WINDOW
 
     def add(self, seq: int) -> bool:
         """Note ``seq``; False if it was seen already."""
