@@ -322,17 +322,29 @@ class Restored:
     torch_rng: Any
 
     def apply(self, agent: Any) -> None:
-        """Load parameters, nets, optimizer, step counters and RNGs into ``agent`` (built over ``buffer``)."""
+        """Load parameters, nets, optimizer, step counters and RNGs into ``agent`` (built over ``buffer``).
+
+        A state that does not fit the agent, or holds NaN, is a ConfigError naming the
+        checkpoint (every start that loads it would fail the same way), and ``agent`` is left as it was.
+        """
         import torch  # noqa: PLC0415
 
         x = agent.parameters()
         if x.shape != self.params.shape:
             raise ConfigError(f"checkpoint {self.path}: {self.params.size} parameters, the agent has {x.size}")
+        if not np.isfinite(self.params).all():
+            raise ConfigError(f"checkpoint {self.path}: its parameters have "
+                              f"{np.count_nonzero(~np.isfinite(self.params))} NaN or infinite entries")
         state = dict(self.agent_state)
-        if "q" not in state:
-            np.copyto(x, self.params)
-            state["q"] = agent.q.state_dict()   # the Q-net lives in x: copy it onto itself
-        agent.load_state_dict(state)
+        was = x.copy()
+        try:
+            if "q" not in state:
+                np.copyto(x, self.params)
+                state["q"] = agent.q.state_dict()   # the Q-net lives in x: copy it onto itself
+            agent.load_state_dict(state)
+        except SwarmError as e:
+            np.copyto(x, was)
+            raise ConfigError(f"checkpoint {self.path}: {e}") from None
         np.copyto(x, self.params)
         agent.on_parameters_changed()
         if self.torch_rng is not None:

@@ -26,7 +26,8 @@ It writes into ``DIR/peer{R}/``:
                   that neighbours acknowledged (appended each round; a restarted process
                   may append an id its predecessor did)
 ``ids.json``      with ``buffer.replicas`` > 0, at the end: ids of every item held
-``summary.json``  final figures, read by the launcher's summary table
+``summary.json``  final figures, read by the launcher's summary table (a resume or restart
+                  that fails before it trains leaves the one there, and ids.json, as they were)
 
 SIGTERM or SIGINT ends the current step, writes all of the above and leaves
 the swarm cleanly. SIGKILL loses the env steps since the last checkpoint.
@@ -533,15 +534,18 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
     own = resume_from is not None and Path(resume_from).resolve() == Path(run_dir).resolve()
     rejoin = bool(getattr(peer_config, "replace", False)) or own
     # The run this process trains (run.json): the one the folder holds when it goes on
-    # with it, else a new one. A fresh run records itself at once, so that a restart
-    # after a crash at any point takes only its own checkpoints for its own; a run
-    # resumed from another folder does once its checkpoint has loaded (a resume that
-    # fails leaves the folder's record as it was).
+    # with it, else a new one. A fresh run records itself at once (and drops the record
+    # of another run's resume, resumed.json), so that a restart after a crash at any
+    # point takes only its own checkpoints for its own; a run resumed from another
+    # folder does once its checkpoint has loaded (a resume that fails leaves the
+    # folder's record as it was). A process killed before that wrote nothing here: the
+    # folder still holds the run it held, which is what a restart then reads.
     run = _goes_on(out, peer_dir(resume_from, rank) if resume_from is not None else None, rejoin)
     same_run = run is not None
     if run is None and resume_from is None:
         run = Lineage.new()
         write_lineage(out, run)
+        (out / "resumed.json").unlink(missing_ok=True)
 
     coordinators = [coordinator] if isinstance(coordinator, str) else list(coordinator)
     sp = SyncPeer(peer_config, coordinators=coordinators, id=f"peer{rank}", rank=rank, topology=g.topology,
@@ -648,7 +652,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         elif ck is not None:
             if skipped:
                 log.warning("peer%d: resuming from %s, which holds no replay buffer", rank, ck_path)
-            agent.load_state_dict(ck["agent"])
+            try:
+                agent.load_state_dict(ck["agent"])
+            except SwarmError as e:   # another network's, or NaN: every start would meet it
+                raise ConfigError(f"resume: {ck_path}: {e}") from None
             done_steps = int(ck.get("env_steps", 0))
             summary["resumed_from"] = str(ck_path)
         elif own and not run.continues:
@@ -678,8 +685,6 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                    "continues": run.continues[0][0] if run.continues else None,
                    "continues_run": run.continues[0][1] if run.continues else None}
             _write_whole(out / "resumed.json", lambda tmp: tmp.write_text(json.dumps(rec, indent=1) + "\n"))
-        elif resume_from is None and not rejoin:   # a fresh start: another run's record, if any, goes
-            (out / "resumed.json").unlink(missing_ok=True)
         if skipped:
             summary["resume_skipped"] = skipped
         state.env_steps = done_steps
@@ -992,23 +997,28 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                     digests={str(u): h for u, h in digests.items()}, resynced=relay.resynced)
         if fed is not None:
             summary["replay_sharing"] = dataclasses.asdict(fed.stats)
+        # A resume or restart that fails before it trains (no checkpoint loads, or one does not
+        # fit the spec) changes none of the folder's results: its checkpoint.pt, ids.json and
+        # summary.json stay those of the process that wrote them (with none, one says why it ended).
+        keep = ckpt is None and (resume_from is not None or rejoin)
         try:
             if ckpt is not None:
                 try:
                     summary["last_checkpoint"] = ckpt.close()
                 except (SwarmError, OSError) as e:
                     log.error("peer%d: final checkpoint failed: %s", rank, e)
-            if agent is not None and agent.buffer is not None and spec.buffer.replicas:
+            if agent is not None and agent.buffer is not None and spec.buffer.replicas and not keep:
                 held: dict[str, list[int]] = {}
                 for o, s in agent.buffer.ids():
                     held.setdefault(o, []).append(s)
                 (out / "ids.json").write_text(json.dumps(held) + "\n")
-            if ckpt is not None:   # not from one that failed before training: a failed resume changes nothing
+            if ckpt is not None:
                 summary["checkpoint"] = str(save_params(out / "checkpoint.pt", state.env_steps))
             if logs is not None:
                 logs.close()
             out.mkdir(parents=True, exist_ok=True)
-            (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            if not (keep and (out / "summary.json").is_file()):
+                (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         finally:
             if relay is not None:
                 relay.close()   # its sockets belong to this thread

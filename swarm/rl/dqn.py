@@ -359,22 +359,26 @@ class DQNAgent(BaseAgent):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load a :meth:`state_dict`. Every entry is checked before any is loaded, so a
-        checkpoint that does not fit raises :class:`SwarmError` and changes nothing."""
+        checkpoint that does not fit (another network, a NaN, a torn entry) changes nothing
+        and raises :class:`ConfigError`: every start that loads it would fail the same way."""
         if not isinstance(state, Mapping):
-            raise SwarmError(f"DQN checkpoint is a {type(state).__name__}, not a dict from state_dict()")
+            raise ConfigError(f"DQN checkpoint is a {type(state).__name__}, not a dict from state_dict()")
         missing = {"q", "target", "optimizer", "steps", "updates", "rng"} - set(state)
         if missing:
-            raise SwarmError(f"DQN checkpoint lacks {sorted(missing)}")
+            raise ConfigError(f"DQN checkpoint lacks {sorted(missing)}")
         for name, net in (("q", self.q), ("target", self.target)):
             _check_module_state(name, net, state[name])
-        self.optimizer.check_state_dict(state["optimizer"])
+        try:
+            self.optimizer.check_state_dict(state["optimizer"])
+        except SwarmError as e:
+            raise ConfigError(f"DQN checkpoint: {e}") from None
         for name in ("steps", "updates"):
             if not (is_int(state[name]) and state[name] >= 0):
-                raise SwarmError(f"DQN checkpoint {name} = {state[name]!r}: must be a count >= 0")
+                raise ConfigError(f"DQN checkpoint {name} = {state[name]!r}: must be a count >= 0")
         try:   # on a spare generator of the same kind: the agent's stays as it is
             type(self.rng.bit_generator)().state = state["rng"]
         except (TypeError, ValueError, KeyError):
-            raise SwarmError(f"DQN checkpoint rng is not a {type(self.rng.bit_generator).__name__} state") from None
+            raise ConfigError(f"DQN checkpoint rng is not a {type(self.rng.bit_generator).__name__} state") from None
         # Module.load_state_dict copies into the existing tensors, so the parameters
         # stay inside the flat gossip vector.
         self.q.load_state_dict(state["q"])
@@ -485,9 +489,10 @@ class DQNAgent(BaseAgent):
 
 
 def _check_module_state(name: str, net: nn.Module, state: Any) -> None:
-    """Raise :class:`ConfigError` unless ``state`` fits ``net`` (a checkpoint of another
-    network: every start would meet it again), :class:`SwarmError` if it holds NaN: torch's
-    own load copies tensor by tensor and stops at the first misfit, half loaded."""
+    """Raise :class:`ConfigError` unless ``state`` fits ``net`` and is finite (a checkpoint
+    of another network, or one holding NaN: every start would meet it again). Checked
+    before loading: torch's own load copies tensor by tensor and stops at the first
+    misfit, half loaded."""
     own = net.state_dict()
     if not isinstance(state, Mapping) or set(state) != set(own):
         keys = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
@@ -500,4 +505,4 @@ def _check_module_state(name: str, net: nn.Module, state: Any) -> None:
             raise ConfigError(f"DQN checkpoint does not fit this network: {name}.{key} is {shape}, "
                               f"the network's {tuple(want.shape)}")
         if not bool(torch.isfinite(have).all()):
-            raise SwarmError(f"DQN checkpoint {name}.{key} has NaN or infinite entries")
+            raise ConfigError(f"DQN checkpoint {name}.{key} has NaN or infinite entries")

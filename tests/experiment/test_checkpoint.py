@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -336,3 +337,31 @@ def test_the_chain_of_runs_a_restart_follows_is_bounded_and_ends_where_it_comes_
     assert read_lineage(tmp_path) == Lineage(None, ())
     assert Lineage.of({"run": "r", "continues": [1, 2]}, tmp_path) == Lineage("r", ())
     assert Lineage.of({"run": 7, "continues": None}, tmp_path) == Lineage(None, ())
+
+
+@pytest.mark.parametrize("where", ["q", "target", "optimizer"])
+def test_a_checkpoint_holding_nan_is_a_config_error_naming_it(tmp_path, where):
+    """A checkpoint whose state holds NaN (written so: its digests match) fails the same way
+    at every start, so it is a ConfigError (swarm run does not restart the peer) that names
+    the checkpoint, and the agent it was applied to is left as it was."""
+    import torch
+
+    agent = _agent()
+    ck = Checkpointer(tmp_path / "ckpt", agent, agent.buffer, lambda: {"env_steps": agent.steps})
+    _train(agent, 60)
+    if where == "q":
+        agent.parameters()[3] = np.nan            # the Q-net lives in the flat vector
+    elif where == "target":
+        agent.target_flat[3] = float("nan")
+    else:
+        agent.optimizer.exp_avg[3] = float("inf")
+    paths = [tmp_path / "ckpt" / ck.full(background=False), tmp_path / "ckpt" / ck.incremental()]
+    for path in paths:
+        r = load_checkpoint(path)                 # whole and as written: its digests match
+        fresh = _agent(seed=5)
+        fresh.buffer = r.buffer
+        before = (fresh.parameters().copy(), fresh.target_flat.clone(), fresh.optimizer.exp_avg.clone())
+        with pytest.raises(ConfigError, match=f"^checkpoint {re.escape(str(path))}: .*NaN or infinite"):
+            r.apply(fresh)
+        assert np.array_equal(fresh.parameters(), before[0]), path
+        assert torch.equal(fresh.target_flat, before[1]) and torch.equal(fresh.optimizer.exp_avg, before[2])

@@ -14,7 +14,7 @@ from swarmtest import ROOT, wait_for
 # a coordinator process for in-process peers (tests/ is on the path)
 from experiment.test_runner import coordinator  # noqa: F401 - a fixture
 
-from swarm.errors import ConfigError
+from swarm.errors import ConfigError, PeerTimeout
 from swarm.experiment import load_spec
 from swarm.experiment.checkpoint import Checkpointer, latest
 from swarm.experiment.runner import run_peer
@@ -313,16 +313,15 @@ def test_a_second_run_resumed_into_a_reused_folder_is_not_taken_for_the_first(co
 
 def test_a_resume_that_fails_leaves_the_folder_it_writes_into_as_it_was(coordinator, tmp_path):
     """swarm peer --resume OLD --run-dir X with nothing in OLD that loads is an error that
-    changes none of X's files (summary.json aside, which says why it ended): not its
-    checkpoint.pt, not the record of the run X holds, which a restart into X goes on with."""
+    changes none of X's files: not its checkpoint.pt, not the record of the run X holds,
+    which a restart into X goes on with, not the summary.json of the run that wrote it."""
     old, x = tmp_path / "old", tmp_path / "x"
     _peer(coordinator, x, 120)
     (old / "peer0").mkdir(parents=True)
     (old / "peer0" / "checkpoint.pt").write_bytes(b"torn")
 
     def files() -> dict[str, bytes]:
-        return {str(p.relative_to(x)): p.read_bytes() for p in sorted(x.rglob("*"))
-                if p.is_file() and p.name != "summary.json"}
+        return {str(p.relative_to(x)): p.read_bytes() for p in sorted(x.rglob("*")) if p.is_file()}
 
     before = files()
     with pytest.raises(ConfigError, match="no checkpoint of peer0 in .*old/peer0 can be read"):
@@ -365,3 +364,69 @@ def test_checkpoints_from_before_run_ids_still_resume(coordinator, tmp_path, mon
     s = _peer(coordinator, legacy, 250, resume_from=legacy)
     assert s["resumed_from"] == str(was) and s["env_steps"] == 250, s
     assert not (legacy / "peer0" / "run.json").exists()
+
+
+def test_a_resume_that_fails_once_the_agent_is_built_keeps_the_folders_summary_and_ids(coordinator, tmp_path):
+    """swarm peer --resume OLD --run-dir X whose spec's network does not fit OLD's checkpoint
+    fails after it built its agent over OLD's replay buffer: X's summary.json and ids.json
+    stay those of the run that wrote them (not an error summary of a process that trained
+    nothing, nor the ids of OLD's buffer)."""
+    old, x = tmp_path / "old", tmp_path / "x"
+    rep = ("buffer.sharing=false", "buffer.replicas=1")   # ids.json, with no neighbour to replicate to
+    _peer(coordinator, old, 200, sets=rep)
+    _peer(coordinator, x, 120, sets=rep)
+    peer = x / "peer0"
+    before = {n: (peer / n).read_bytes() for n in ("summary.json", "ids.json", "run.json")}
+    with pytest.raises(ConfigError, match="parameters, the agent has"):
+        _peer(coordinator, x, 300, resume_from=old, sets=(*rep, "dqn.hidden=[16]"))
+    assert {n: (peer / n).read_bytes() for n in before} == before
+    # and into its own folder: the same
+    with pytest.raises(ConfigError, match="parameters, the agent has"):
+        _peer(coordinator, x, 300, resume_from=x, sets=(*rep, "dqn.hidden=[16]"))
+    assert {n: (peer / n).read_bytes() for n in before} == before
+
+
+def test_a_fresh_start_in_a_reused_folder_drops_the_record_of_the_resume_there_with_its_run(coordinator, tmp_path):
+    """A fresh start into a folder where another run was resumed replaces run.json at once;
+    the resumed.json of that other run goes with it, also when the fresh start fails before
+    it trains (its join timed out), so that the folder never records a new run beside
+    another run's resume."""
+    old, x = tmp_path / "old", tmp_path / "x"
+    _peer(coordinator, old, 120)
+    _peer(coordinator, x, 160, resume_from=old)
+    assert json.loads((x / "peer0" / "resumed.json").read_text())["continues"] == str((old / "peer0").resolve())
+    two = load_spec(None, ONE + ["budget.env_steps=200", "peers=2"])   # rank 1 never comes
+    with pytest.raises(PeerTimeout, match="1 of the spec's 2 peers joined"):
+        run_peer(two, 0, coordinator, x, tensorboard=False, join_timeout=1)
+    assert json.loads((x / "peer0" / "run.json").read_text())["continues"] == []
+    assert not (x / "peer0" / "resumed.json").exists()
+
+
+def test_a_checkpoint_pt_holding_nan_is_a_config_error_that_swarm_run_does_not_restart(procs, coordinator, tmp_path):
+    """swarm peer (as swarm run starts one) resumed from a folder whose only checkpoint,
+    checkpoint.pt, holds NaN: every start would fail the same way, so it is a ConfigError
+    naming the file, with the line that tells swarm run not to start it again."""
+    import shutil
+
+    import torch
+
+    from swarm.cli import CONFIG_ERROR_NOTE
+    from swarm.experiment import save_resolved
+    from swarm.experiment.launch import _lasting_error
+
+    old = tmp_path / "old"
+    _peer(coordinator, old, 120)
+    shutil.rmtree(old / "peer0" / "ckpt")
+    ck_path = old / "peer0" / "checkpoint.pt"
+    ck = torch.load(ck_path, weights_only=False)
+    key = next(iter(ck["agent"]["q"]))
+    ck["agent"]["q"][key].view(-1)[0] = float("nan")
+    torch.save(ck, ck_path)
+    config = save_resolved(load_spec(None, ONE + ["budget.env_steps=200"]), tmp_path / "config.json")
+    p = procs.start("peer", "--spec", str(config), "--rank", "0", "--coordinator", coordinator,
+                    "--run-dir", str(tmp_path / "new"), "--resume-from", str(old), name="peer",
+                    env={"SWARM_PARENT_PID": str(os.getpid())})
+    assert p.wait(timeout=120) == 2, procs.log(p)
+    log = procs.log(p)
+    assert f"{ck_path}: DQN checkpoint q.{key} has NaN or infinite entries" in log, log
+    assert CONFIG_ERROR_NOTE in log and _lasting_error(Path(p.log_path)), log

@@ -171,10 +171,10 @@ def test_checkpoint_round_trip(replay):
     assert b.steps == 123 and b.updates == 5 and b.optimizer.t == 5
     assert torch.equal(b.optimizer.exp_avg_sq, a.optimizer.exp_avg_sq)
     assert a.rng.random() == b.rng.random()
-    with pytest.raises(SwarmError, match="lacks"):
+    with pytest.raises(ConfigError, match="lacks"):
         b.load_state_dict({"q": {}})
     small = DQNAgent((4,), 2, replay, DQNConfig(hidden=[8]), seed=0)
-    with pytest.raises(SwarmError, match="does not fit"):
+    with pytest.raises(ConfigError, match="does not fit"):
         small.load_state_dict(a.state_dict())
 
 
@@ -367,7 +367,7 @@ def test_a_failed_checkpoint_load_changes_nothing(replay, key, value, match):
     state = a.state_dict()
     state[key] = value
     before = _snapshot(b)
-    with pytest.raises(SwarmError, match=match):
+    with pytest.raises(ConfigError, match=match):   # every start that loads it would meet it: not restarted
         b.load_state_dict(state)
     assert _same(_snapshot(b), before)
 
@@ -384,9 +384,13 @@ def test_a_checkpoint_with_a_misfit_or_non_finite_tensor_changes_nothing(replay)
     state = a.state_dict()
     state["q"] = {k: v.clone() for k, v in state["q"].items()}
     state["q"]["net.0.weight"][0, 0] = float("nan")
-    with pytest.raises(SwarmError, match="NaN"):
+    with pytest.raises(ConfigError, match="q.net.0.weight has NaN"):   # so does a NaN in the file
         b.load_state_dict(state)
-    with pytest.raises(SwarmError, match="not a dict"):
+    state = a.state_dict()
+    state["optimizer"] = dict(state["optimizer"], exp_avg=torch.full_like(state["optimizer"]["exp_avg"], np.inf))
+    with pytest.raises(ConfigError, match="exp_avg has NaN"):
+        b.load_state_dict(state)
+    with pytest.raises(ConfigError, match="not a dict"):
         b.load_state_dict([1, 2])
     assert _same(_snapshot(b), before)
 
