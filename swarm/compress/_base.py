@@ -290,6 +290,22 @@ def meta_float(meta: dict[str, Any], key: str, codec: str) -> float:
     return float(v)
 
 
+#: the smallest normal float32: a scale below it would lose precision, or be 0, in float32
+_F32_TINY = float(np.finfo(np.float32).tiny)
+
+
+def meta_scale(meta: dict[str, Any], key: str, codec: str) -> float:
+    """``meta[key]`` as a positive float within float32's normal range (a divisor the
+    sender applied, which the receiver multiplies back), or :class:`WireError`."""
+    v = meta.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise WireError(f"{codec}: meta {key}={v!r} is not a number")
+    if not _F32_TINY <= v <= _F32_MAX:   # also False for NaN
+        raise WireError(f"{codec}: meta {key}={v!r} is not in [{_F32_TINY:.4g}, {_F32_MAX:.4g}] "
+                        f"(a positive float32 scale)")
+    return float(v)
+
+
 def scatter(n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
     """A float32 vector of length ``n``: ``vals`` at ``idx``, zero elsewhere (what a
     receiver decodes from a sparse payload, :meth:`Codec._encode_sparse`)."""

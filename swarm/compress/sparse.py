@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import WireError
-from ._base import Codec, Encoded, Scratch, meta_float, meta_int
+from ._base import Codec, Encoded, Scratch, meta_float, meta_int, meta_scale
+from .dense import to_fp16
 
 __all__ = ["TopK", "RandomK", "strata_indices", "pack_gaps", "unpack_gaps"]
 
@@ -107,10 +108,12 @@ class TopK(_Sparse):
     the sorted indices as gap codes (:func:`pack_gaps`): ~1.1 bytes per index
     at 1%, so about 5.1 bytes per kept element instead of 8 with uint32 indices.
 
-    ``values="fp16"`` sends the kept values as float16 (saturated at ±65504):
-    ~3.1 bytes per kept element. The rounding (relative 2⁻¹¹) is one more
-    error that CHOCO's x − x̂ or ``ef+`` carries into the next round; the
-    decoder takes either value dtype.
+    ``values="fp16"`` sends the kept values as float16: ~3.1 bytes per kept
+    element. The rounding (relative 2⁻¹¹) is one more error that CHOCO's x − x̂
+    or ``ef+`` carries into the next round; the decoder takes either value dtype.
+    When the largest kept magnitude is past 65504 or below 2⁻¹⁴, the values are
+    sent divided by a power of two, ``scale`` in the meta (as :class:`FP16` does,
+    :func:`~swarm.compress.dense.fp16_scale`), so nothing saturates short of Inf.
 
     ``values="fp8"`` sends each kept value in one byte: float8 e5m2 (the upper byte
     of a float16: sign, 5 exponent and 2 mantissa bits, round to nearest even) of
@@ -168,6 +171,8 @@ class TopK(_Sparse):
         vals = enc.frames[1]   # as _check_frames and _decode turn them into float32
         if self.values == "fp16":
             vals = vals.astype(np.float32)
+            if "scale" in enc.meta:
+                vals *= np.float32(enc.meta["scale"])
         elif self.values == "fp8":
             vals = from_fp8(vals, float(enc.meta["scale"]), self.name)
         return enc, idx, vals
@@ -175,8 +180,9 @@ class TopK(_Sparse):
     def _payload(self, n: int, idx: np.ndarray, vals: np.ndarray) -> Encoded:
         meta = {"codec": self.name, "n": int(n), "k": int(idx.size)}
         if self.values == "fp16":
-            # clip first: a value past the float16 range would become Inf
-            vals = np.clip(vals, -65504.0, 65504.0).astype(np.float16)
+            vals, scale = to_fp16(vals)
+            if scale != 1.0:
+                meta["scale"] = scale
         elif self.values == "fp8":
             vals, meta["scale"] = to_fp8(vals, self.FP8_TOP)
         codes = pack_gaps(idx)
@@ -289,6 +295,8 @@ class TopK(_Sparse):
         frames[0] = unpack_gaps(frames[0], meta["k"], n, self.name)
         if frames[1].dtype == np.uint8:   # fp8 values: the decoded floats replace the codes
             frames[1] = from_fp8(frames[1], meta_float(meta, "scale", self.name), self.name)
+        elif frames[1].dtype == np.float16 and "scale" in meta:   # scaled fp16 values
+            frames[1] = frames[1].astype(np.float32) * np.float32(meta_scale(meta, "scale", self.name))
 
     def _decode(self, meta, frames, n):
         idx, vals = frames

@@ -38,14 +38,23 @@ def copy_scale(meta: Any) -> float:
     δ = 1/(1 + ω) (Koloskova et al. 2019, the "rescaled" QSGD). Read from the
     payload's meta, so both ends of a stream scale alike; 1 for every other payload.
 
-    >>> copy_scale({"codec": "qsgd", "levels": 8, "block": 512})
+    B is ``min(block, n)`` (as :meth:`~swarm.compress.QSGD.omega` has it): the
+    bound holds bucket by bucket and grows with the bucket's length, and no bucket
+    is longer than the vector, so a vector shorter than ``block`` is one bucket of
+    n with the smaller ω of n. Without ``n`` in the meta, ``block``: never smaller.
+
+    >>> copy_scale({"codec": "qsgd", "levels": 8, "block": 512, "n": 10_000})
     0.3333333333333333
+    >>> copy_scale({"codec": "qsgd", "levels": 8, "block": 512, "n": 200})   # ω = 0.78
+    1.0
     """
     if meta.get("codec") != "qsgd":
         return 1.0
-    s, b = meta.get("levels"), meta.get("block")
+    s, b, n = meta.get("levels"), meta.get("block"), meta.get("n")
     if not (isinstance(s, int) and isinstance(b, int) and s > 0 and b > 0):
         return 1.0   # the codec's own checks refuse such a payload
+    if isinstance(n, int) and not isinstance(n, bool) and 0 < n < b:
+        b = n
     omega = min(b / (4.0 * s * s), math.sqrt(b) / s)
     return 1.0 / (1.0 + omega) if omega >= 1.0 else 1.0
 

@@ -132,16 +132,94 @@ def test_identity_is_exact(x):
     assert np.array_equal(y.view(np.uint32), x.view(np.uint32))
 
 
+@pytest.mark.parametrize("spec", ["fp16", "topk:1:values=fp16"])
+@pytest.mark.parametrize("mul", [1.0, 1e-12, 1e30])
 @FAST
-@given(x=vec(elements=st.floats(-1e5, 1e5, width=32)))
-def test_fp16_error_bound(x):
-    c = get_codec("fp16")
-    y = c.decode(c.encode(x))
+@given(x=vec(elements=st.floats(-1e7, 1e7, width=32)))
+def test_fp16_error_bound(spec, mul, x):
+    """float16's own error at every range: relative 2⁻¹¹, or 2⁻²⁵ absolute below
+    2⁻¹⁴, both times the power-of-two scale sent when the largest value's float16
+    would be Inf or subnormal (1e6 and 1e-11 alike keep 11 bits instead of
+    saturating or flushing to zero)."""
+    x = (x * np.float32(mul)).astype(np.float32)
+    c = get_codec(spec)
+    enc = c.encode(x)
+    s = enc.meta.get("scale", 1.0)
+    y = c.decode(through_wire(enc))
     a = np.abs(x.astype(np.float64))
-    small = a <= 65504
-    bound = np.maximum(a * 2.0 ** -11, 2.0 ** -25)
-    assert np.all(np.abs(y - x.astype(np.float64))[small] <= bound[small])
-    assert np.all(y[~small] == np.sign(x[~small]) * 65504)  # saturates, never Inf
+    bound = np.maximum(a * 2.0 ** -11, 2.0 ** -25 * s)
+    assert np.all(np.abs(y - x.astype(np.float64)) <= bound)
+    amax = float(a.max(initial=0))
+    if amax == 0 or 2.0 ** -14 - 2.0 ** -25 <= amax < 65520:   # its float16 is normal
+        assert "scale" not in enc.meta
+    else:
+        assert s == 2.0 ** round(math.log2(s)) and 2 ** 14 <= amax / s < 2 ** 15
+
+
+@pytest.mark.parametrize("spec", ["fp16", "topk:0.5:values=fp16"])
+@pytest.mark.parametrize("size", [1e6, 1e-9])
+def test_fp16_values_outside_its_range_keep_their_relative_precision(spec, size):
+    """Values around 1e6 used to arrive as 65504, and values around 1e-9 as a few
+    subnormal steps (or 0); sent scaled, every kept value keeps float16's 2⁻¹¹."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(5000) * size).astype(np.float32)
+    c = get_codec(spec)
+    enc = c.encode(x)
+    s = enc.meta["scale"]
+    assert 2 ** 14 <= np.abs(x).max() / s < 2 ** 15
+    assert enc.nbytes == c.encode(x / np.float32(s)).nbytes   # the scale costs no frame bytes
+    y = get_codec(spec.split(":values")[0]).decode(through_wire(enc), x.size)
+    kept = np.ones(x.size, bool) if spec == "fp16" else y != 0
+    assert kept.sum() == (5000 if spec == "fp16" else 2500)
+    err = np.abs(y.astype(np.float64) - x)[kept]
+    # the smallest of 5000 normals may be a float16 subnormal once scaled: 2⁻²⁵ · scale
+    assert np.all(err <= np.maximum(np.abs(x[kept]) * 2.0 ** -11, 2.0 ** -25 * s))
+    assert np.median(err / np.abs(x[kept])) < 2.0 ** -12
+    out = np.ones(x.size, np.float32)
+    c.decode_into(through_wire(enc), out, alpha=-0.5)
+    np.testing.assert_allclose(out, 1.0 - 0.5 * y, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", ["ef+fp16", "ef+topk:1:values=fp16"])
+def test_error_feedback_residual_stays_small_for_values_past_65504(spec):
+    """A delta of 1e6 sent again and again: saturated at 65504, the residual grew by
+    934,496 a call; scaled, it stays within a float16 rounding step (16 · 32)."""
+    ef = get_codec(spec)
+    x = np.full(100, 1e6, np.float32)
+    x[::2] = -3e5
+    for _ in range(50):
+        enc, dec = ef.encode_decoded(x)
+        np.testing.assert_allclose(dec, x, rtol=2.0 ** -10)
+    assert np.abs(ef.residual).max() <= 16 * 32
+
+
+def test_fp16_decoders_accept_payloads_without_a_scale():
+    """A payload as peers sent it before scales existed (and as every in-range one still is)."""
+    h = np.array([1.5, -65504.0, 2.0 ** -20, 0.0], np.float16)
+    want = h.astype(np.float32)
+    assert np.array_equal(get_codec("fp16").decode(Encoded({"codec": "fp16", "n": 4}, [h])), want)
+    codes = pack_gaps(np.array([1, 3, 5, 8]))
+    meta = {"codec": "topk", "n": 9, "k": 4, "ib": int(codes.size)}
+    y = get_codec("topk:0.5").decode(Encoded(meta, [codes, h]))
+    assert np.array_equal(y[[1, 3, 5, 8]], want) and not y[[0, 2, 4, 6, 7]].any()
+
+
+def test_fp16_device_path_leaves_out_of_range_vectors_to_the_cpu_path():
+    # The accelerator path is plain torch code; run it on CPU tensors here.
+    import torch
+
+    c = get_codec("fp16")
+    x = np.random.default_rng(8).standard_normal(3000).astype(np.float32)
+    with_inf = x.copy()
+    with_inf[5] = np.inf
+    for v, in_range in [(x, True), (x * np.float32(1e6), False), (x * np.float32(1e-9), False),
+                        (with_inf, False)]:
+        enc = c._encode_device(torch.from_numpy(v))
+        if in_range:
+            assert enc.meta == c.encode(v).meta and np.array_equal(enc.frames[0], c.encode(v).frames[0])
+        else:   # left to the CPU path, which picks a scale (or saturates Inf)
+            assert enc is None
+        assert np.isfinite(c.decode(c.encode(v))).all()
 
 
 # ---- int8, qsgd -----------------------------------------------------------------------------
@@ -296,18 +374,27 @@ def test_topk_nan_is_not_selected_and_inf_is():
     assert 6 in idx and 5 not in idx and idx.size == 3
 
 
-def test_topk_fp16_values_are_the_kept_values_rounded_and_saturated():
+def test_topk_fp16_values_are_the_kept_values_rounded_and_scaled_past_65504():
     x = np.random.default_rng(5).standard_normal(3000).astype(np.float32)
-    x[[10, 20]] = [1e6, -3e38]
     c = get_codec("topk:0.01:values=fp16")
-    enc = c.encode(x)
-    assert enc.frames[1].dtype == np.float16 and enc.nbytes == enc.meta["ib"] + 2 * 30
-    idx = unpack_gaps(enc.frames[0], 30, x.size)
-    assert np.array_equal(idx, get_codec("topk:0.01").select(x, 30))
-    y = get_codec("topk:0.01").decode(through_wire(enc))  # any topk decoder reads fp16 values
-    expect = np.zeros_like(x)
-    expect[idx] = np.clip(x[idx], -65504, 65504).astype(np.float16)
-    assert np.array_equal(y, expect) and y[10] == 65504 and y[20] == -65504
+    top = np.finfo(np.float32).max
+    for big, scale in [(None, None), ([1e6, -2e6], 64.0), ([1e6, -3e38], 2.0 ** 113),
+                       ([1e6, -top], 2.0 ** 113)]:
+        if big is not None:
+            x[[10, 20]] = big
+        enc = c.encode(x)
+        assert enc.frames[1].dtype == np.float16 and enc.nbytes == enc.meta["ib"] + 2 * 30
+        assert enc.meta.get("scale") == scale
+        idx = unpack_gaps(enc.frames[0], 30, x.size)
+        assert np.array_equal(idx, get_codec("topk:0.01").select(x, 30))
+        y = get_codec("topk:0.01").decode(through_wire(enc))  # any topk decoder reads fp16 values
+        s = np.float32(scale or 1.0)
+        expect = np.zeros_like(x)
+        with np.errstate(over="ignore"):
+            expect[idx] = (x[idx] / s).astype(np.float16).astype(np.float32) * s
+        if x[20] == -top:   # top / 2**113 rounds up to 2**15, which times 2**113 is Inf
+            expect[20] = -32752 * s
+        assert np.array_equal(y, expect) and np.isfinite(y).all()
 
 
 def test_topk_fp8_values_keep_an_eighth_of_each_value_and_refuse_bad_codes():

@@ -67,6 +67,18 @@ def test_frame_lies_are_rejected(spec):
     rejects(codec, Encoded(enc.meta, tuple(enc.frames)[:0]), "frames")
 
 
+@pytest.mark.parametrize("spec", ["fp16", "topk:0.1:values=fp16"])
+def test_fp16_scale_must_be_a_positive_float32(spec):
+    """A scaled float16 payload (largest value past 65504) names its divisor in the
+    meta; one that is not a positive, finite float32 is refused before any write."""
+    codec = get_codec(spec)
+    enc = codec.encode(X * np.float32(1e6))
+    assert enc.meta["scale"] == 2.0 ** 7 and codec.decode(enc, n=1000).size == 1000
+    for bad in [0, 0.0, -2.0, float("nan"), float("inf"), -float("inf"), 1e39, 1e-300, "2", None,
+                True, [2.0]]:
+        rejects(codec, Encoded(dict(enc.meta, scale=bad), enc.frames), "scale")
+
+
 def test_expected_n_and_out_size_are_enforced():
     codec, enc = good("int8")
     with pytest.raises(WireError, match="expected n=999"):

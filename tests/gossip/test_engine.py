@@ -143,6 +143,41 @@ def test_coarse_qsgd_is_rescaled_and_converges(codec, topology):
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("d,scaled", [(100, False), (200, False), (300, True), (2000, True)])
+def test_qsgd_rescaling_takes_omega_from_the_bucket_a_vector_fills(d, scaled):
+    """ω = min(B/4s², √B/s) bounds each bucket's variance and grows with B, and a
+    vector shorter than a bucket is one bucket of d: qsgd:8 (buckets of 512, ω = 2)
+    on d = 200 has ω = 0.78 < 1, a contraction as it is, so neither end rescales
+    (the first rounds' copies were a third of the delta, slowing every round);
+    at d = 300, ω = 1.17, and from 512 on, 2."""
+    from swarm.compress import get_codec
+    from swarm.gossip._codecs import copy_scale
+
+    B = min(512, d)
+    omega = min(B / 256, B ** 0.5 / 8)
+    assert copy_scale({"codec": "qsgd", "levels": 8, "block": 512, "n": d}) == \
+        (1 / (1 + omega) if scaled else 1.0)
+    assert copy_scale({"codec": "qsgd", "levels": 8, "block": 512}) == 1 / 3   # no n: the bucket
+
+    async def main():
+        _, links, xs, engines = make(2, d=d, codec="qsgd:8", gamma=0.5)
+        x0 = [x.copy() for x in xs]
+        res = await run_rounds(engines, 1)
+        assert all(r.ok for rnd in res for r in rnd)
+        return links, engines, x0
+    links, engines, x0 = asyncio.run(main())
+    for e, other, x in zip(engines, reversed(engines), x0):
+        own = e._out[""].hat   # the first delta was x − 0: the copy is its decoded levels
+        assert np.array_equal(other._in[e.link.id].hat, own)
+        mult = get_codec("qsgd:8").encode(x).frames[1]   # the bucket norms / 8 (not random)
+        levels = own / np.repeat(mult, B)[:d]
+        frac = np.abs(levels - np.rint(levels))
+        if scaled:   # levels / (1 + ω): most fall between integers
+            assert frac.max() > 0.1
+        else:        # whole levels: the copy is the decoded delta, unscaled
+            assert frac.max() < 1e-4 and np.abs(levels).max() <= 8
+
+
 @pytest.mark.parametrize("codec,gamma", [("identity", 1.0), ("fp16", 1.0), ("int8", 0.6), ("sign", 1.0),
                                          ("topk:0.01", 0.02), ("ef+topk:0.1", 0.2), ("randomk:0.1", 0.1),
                                          ("ef+topk:0.01:values=fp16", 0.02), ("randomk:0.1:seed=3", 0.1)])
