@@ -44,11 +44,28 @@ def test_a_paused_peer_holds_a_bounded_backlog_and_rejoins_the_rounds(codec):
                 sizes = [len(c.pending) for c in g0._in.values()]
                 assert all(n <= _MAX_PENDING + g0.max_staleness for n in sizes), sizes
                 assert g0.stats.backlog_dropped == 2 * (paused - _MAX_PENDING - g0.max_staleness)
-                # p0 catches up (a dropped delta's gap is repaired by a full state) and
-                # the three of them mix in step again, each running its rounds on its own
-                target = max(g.t for g in gs) + 5
+                # p0 catches up: its first round takes its neighbours' last round, and mixes
+                # their states (identity) or finds each copy's gap, left by the dropped
+                # deltas, and asks for a full state (top-k)
                 for g in gs:
                     g.round_timeout = 5.0
+                first = await g0.round()
+                assert first.round == max(g.t for g in gs[1:]) - 1, first
+                if codec == "identity":
+                    assert sorted(first.participants) == ["p1", "p2"] and g0.stats.nacks_sent == 0, first
+                else:
+                    assert first.participants == [] and g0.stats.nacks_sent == 2, first
+                # p1 and p2 waited for p0 in vain while it ran no round, and (round_timeout is
+                # 0.05 s) maybe for each other: they wait for such a neighbour again only once
+                # a message from it has arrived. Their rounds take under a millisecond, so
+                # without this wait they could run every round below before p0's message
+                # reached them, and rightly leave p0 out.
+                async with asyncio.timeout(10):
+                    while any(g._late for g in gs):
+                        await asyncio.sleep(0.01)
+                # the three of them mix in step again, each running its rounds on its own
+                # (top-k: p0's copies repaired by the full states it asked for)
+                target = max(g.t for g in gs) + 5
 
                 async def run(g: Gossip) -> list:
                     out = []
@@ -60,6 +77,8 @@ def test_a_paused_peer_holds_a_bounded_backlog_and_rejoins_the_rounds(codec):
                 last = [(r[-1].round, sorted(r[-1].participants)) for r in results]
                 assert last == [(target, ["p1", "p2"]), (target, ["p0", "p2"]), (target, ["p0", "p1"])], \
                     [[(x.round, x.participants) for x in r] for r in results]
+                if codec != "identity":
+                    assert all(g.stats.full_sent >= 1 for g in gs[1:]), [g.stats for g in gs[1:]]
                 assert held() <= 2
             finally:
                 for p in peers:
