@@ -865,7 +865,12 @@ class Gossip:
             else:
                 s.synced.discard(dst)
 
-        # 2. wait as the sync mode says, applying arrivals as they come.
+        # 2. wait as the sync mode says, applying arrivals as they come. Yield once
+        # first: the sends above need not have, and a round that waits for nobody
+        # (async mode, or every sender late) would otherwise never let the peer's
+        # receive loop run, so a caller running rounds back to back took in nothing
+        # its neighbours sent until a full send queue made it wait.
+        await asyncio.sleep(0)
         upto = None if self.sync == "async" else t
         need = {"lockstep": t, "bounded": t - self.max_staleness, "async": None}[self.sync]
         t0 = time.monotonic()
