@@ -11,8 +11,13 @@ The snapshot is the buffer's state at the moment ``save`` is called, although
 copying takes a while at 1M items: the rows are copied in chunks, each under
 the buffer's lock for a millisecond or two, and a write that lands on a row not
 yet copied first sets the old row aside (copy-on-write). Sampling therefore
-waits at most one chunk copy. A snapshot is written to a temporary directory
-and renamed into place, so a crash never leaves half a snapshot at ``path``.
+waits at most one chunk copy. A snapshot is written to a temporary directory,
+each file synced to disk, and renamed into place, so a crash never leaves half
+a snapshot at ``path``. The files are written with plain writes, not through a
+memory map: on a full disk a store into a mapped page kills the process with
+SIGBUS, where a write raises ``ENOSPC``. A save that fails (a full disk, a
+folder it may not write) raises :class:`ReplayError`, removes its temporary
+directory and leaves the snapshot already at ``path`` as it was.
 """
 
 from __future__ import annotations
@@ -125,40 +130,102 @@ class Snapshot:
         return self
 
     def _write(self) -> None:
-        buf = self._buf
-        cap = buf.capacity
         tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+        try:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+            self._write_columns(tmp)
+            _write_file(tmp / "meta.json", json.dumps(self._meta).encode())
+            _replace(tmp, self.path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)   # a failed save leaves no half snapshot using the disk
+            raise
+
+    def _write_columns(self, tmp: Path) -> None:
+        """One ``.npy`` file per column, chunk by chunk, each chunk as it was when the save began."""
+        buf = self._buf
         cols = _columns(buf)
-        out = {k: np.lib.format.open_memmap(tmp / f"{k}.npy", mode="w+", dtype=c.dtype, shape=c.shape)
-                for k, c in cols.items()}
-        for a in range(0, cap, _CHUNK):
-            b = min(cap, a + _CHUNK)
-            with buf._lock:
-                t0 = time.perf_counter()
-                part = {k: c[a:b].copy() for k, c in cols.items()}
-                self._cursor = b
-                self.max_stall_s = max(self.max_stall_s, time.perf_counter() - t0)
-            for k, v in part.items():   # disk writes outside the lock
-                out[k][a:b] = v
-        with buf._lock:
-            aside = list(self._aside)
-        for slots, rows in aside:
-            for k, v in rows.items():
-                out[k][slots] = v
-        for m in out.values():
-            m.flush()
-        del out
-        (tmp / "meta.json").write_text(json.dumps(self._meta))
-        if self.path.exists():
-            old = self.path.with_name(self.path.name + f".old-{os.getpid()}")
-            os.replace(self.path, old)
-            os.replace(tmp, self.path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, self.path)
+        files = {}
+        try:
+            for k, c in cols.items():
+                files[k] = f = open(tmp / f"{k}.npy", "wb")
+                np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(c.dtype),
+                                                         "fortran_order": False, "shape": c.shape})
+            # rows changed since the save began, not yet written: their old values (see preserve)
+            held = np.empty(0, dtype=np.int64)
+            old = {k: c[:0].copy() for k, c in cols.items()}
+            for a in range(0, buf.capacity, _CHUNK):
+                b = min(buf.capacity, a + _CHUNK)
+                with buf._lock:
+                    t0 = time.perf_counter()
+                    part = {k: c[a:b].copy() for k, c in cols.items()}
+                    self._cursor = b
+                    new, self._aside = self._aside, []
+                    self.max_stall_s = max(self.max_stall_s, time.perf_counter() - t0)
+                if new:   # preserve() keeps only rows at or past the cursor, so none is below a
+                    held = np.concatenate([held, *(s for s, _ in new)])
+                    old = {k: np.concatenate([old[k], *(r[k] for _, r in new)]) for k in cols}
+                    order = np.argsort(held, kind="stable")
+                    held, old = held[order], {k: v[order] for k, v in old.items()}
+                n = int(np.searchsorted(held, b))
+                for k, v in part.items():   # disk writes outside the lock
+                    v[held[:n] - a] = old[k][:n]
+                    files[k].write(v.reshape(-1).view(np.uint8))
+                held, old = held[n:], {k: v[n:] for k, v in old.items()}
+            for f in files.values():
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            for f in files.values():
+                f.close()
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and sync it to disk (a crash after a rename must not leave it empty)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _save_array(path: Path, a: np.ndarray) -> None:
+    with open(path, "wb") as f:
+        np.save(f, a)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _replace(tmp: Path, path: Path) -> None:
+    """Rename the complete snapshot ``tmp`` to ``path``, replacing an earlier snapshot
+    there; when the rename fails the earlier one is put back."""
+    _fsync_dir(tmp)
+    if os.path.lexists(path):
+        _check_target(path)   # checked again: something else may have been put there meanwhile
+        old = path.with_name(path.name + f".old-{os.getpid()}-{threading.get_ident()}")
+        os.replace(path, old)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            os.replace(old, path)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+    _fsync_dir(path.parent)
 
 
 def _meta(buf: "ReplayBuffer") -> dict[str, Any]:
@@ -280,7 +347,8 @@ def save_incremental(buf: "ReplayBuffer", path: str | os.PathLike, since: int) -
     the lock in one go: it is at most ``capacity`` rows and the leaves. Written
     to a temporary directory and renamed into place. Returns the rows written;
     raises :class:`ReplayError` when more than ``capacity`` items were written
-    since (every row changed: take a full snapshot instead).
+    since (every row changed: take a full snapshot instead), or when the write
+    fails (a full disk: the temporary directory is removed, ``path`` left as it was).
     """
     path = Path(path)
     _check_target(path)
@@ -298,16 +366,19 @@ def save_incremental(buf: "ReplayBuffer", path: str | os.PathLike, since: int) -
         meta = _meta(buf)
     meta["since"] = int(since)
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    for k, v in rows.items():
-        np.save(tmp / f"{k}.npy", v)
-    np.save(tmp / "_slots.npy", slots)
-    (tmp / "meta.json").write_text(json.dumps(meta))
-    if path.exists():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        for k, v in rows.items():
+            _save_array(tmp / f"{k}.npy", v)
+        _save_array(tmp / "_slots.npy", slots)
+        _write_file(tmp / "meta.json", json.dumps(meta).encode())
+        _replace(tmp, path)
+    except OSError as e:
+        raise ReplayError(f"incremental snapshot to {path} failed: {e}") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)   # gone once renamed; what a failed save left
     return int(slots.size)
 
 

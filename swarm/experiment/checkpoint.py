@@ -36,7 +36,15 @@ complete (the manifest is written last), so a crash never leaves half a
 checkpoint under a name that :func:`latest` picks. A full checkpoint's buffer
 is written on a background thread (sampling waits at most one chunk copy); it
 is committed at a later step once the write is done, and only then are the
-older full checkpoints and their incremental ones deleted.
+older full checkpoints and their incremental ones deleted (and what a crashed
+process left half written in ``.tmp-`` folders of older numbers). Every file is
+synced to disk before the rename, so that a power cut after it cannot leave a
+committed checkpoint with empty files while the older ones are already gone.
+
+A checkpoint that cannot be written (a full disk, a ``ckpt`` folder that is read
+only, gone or replaced by a file) removes its temporary folder and leaves the
+committed ones as they were. :meth:`Checkpointer.step` logs it as an error and
+returns: training goes on, and the next checkpoint due tries again.
 """
 
 from __future__ import annotations
@@ -52,9 +60,10 @@ import secrets
 import shutil
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -68,6 +77,7 @@ __all__ = ["Checkpointer", "Lineage", "Restored", "committed", "continued_folder
 
 _FULL = re.compile(r"^full-(\d{6})$")
 _INC = re.compile(r"^full-(\d{6})-inc-(\d{4})$")
+_TMP = re.compile(r"^\.tmp-full-(\d{6})(-inc-\d{4})?$")   # a checkpoint being written, or left by a crash
 
 
 def array_digest(a: np.ndarray) -> str:
@@ -120,10 +130,28 @@ class Checkpointer:
         self._inc = 0
         self._last_full_t = clock()
         self._last_full_step = self._last_inc_step = None
+        self.failures = 0                    # checkpoints that could not be written (see step)
+        self.last_error: str | None = None   # why the latest of them failed
 
     # ------------------------------------------------------------- cadence
     def step(self, env_steps: int) -> str | None:
-        """Commit a finished full checkpoint, or start the one that is due; returns a name committed."""
+        """Commit a finished full checkpoint, or start the one that is due; returns a name committed.
+
+        A checkpoint that cannot be written (a full disk, an unwritable folder) is logged
+        as an error and counted in :attr:`failures`; the committed ones stay, and
+        training goes on: the next one due tries again.
+        """
+        try:
+            return self._step(env_steps)
+        except (OSError, SwarmError) as e:
+            self.failures += 1
+            self.last_error = str(e)
+            kept = self._base[0] if self._base is not None else None
+            log.error("checkpoint failed: %s; training goes on (%s)", e,
+                      f"the newest checkpoint stays {kept}" if kept else "none written by this process yet")
+            return None
+
+    def _step(self, env_steps: int) -> str | None:
         done = self._poll()
         if self._pending is not None:
             return done  # one full checkpoint at a time; no increments against an uncommitted base
@@ -149,17 +177,20 @@ class Checkpointer:
         self._last_full_t, self._last_full_step, self._last_inc_step = self.clock(), c["env_steps"], c["env_steps"]
         self._n += 1
         name = f"full-{self._n:06d}"
-        tmp = self._tmp(name)
-        params = self.agent.parameters().copy()
-        torch.save({"kind": "full", "agent": self.agent.state_dict(), "params": torch.from_numpy(params),
-                    "counters": c, "torch_rng": _torch_rng()}, tmp / "state.pt")
-        # Digest and snapshot start under one hold of the buffer's (reentrant) lock, so
-        # that the digest describes exactly what the snapshot writes.
-        with self.buf._lock:
-            dig = state_digest(params, self.buf)
-            nxt = self.buf.total_added
-            snap = self.buf.save(tmp / "buffer", background=True)
-        self._pending = (name, tmp, snap, params, nxt, {"counters": c, "digest": dig})
+        tmp = self.root / f".tmp-{name}"
+        with _removed_on_error(tmp):
+            _fresh_dir(tmp)
+            params = self.agent.parameters().copy()
+            state = _write_state(tmp / "state.pt", {
+                "kind": "full", "agent": self.agent.state_dict(), "params": torch.from_numpy(params),
+                "counters": c, "torch_rng": _torch_rng()})
+            # Digest and snapshot start under one hold of the buffer's (reentrant) lock, so
+            # that the digest describes exactly what the snapshot writes.
+            with self.buf._lock:
+                dig = state_digest(params, self.buf)
+                nxt = self.buf.total_added
+                snap = self.buf.save(tmp / "buffer", background=True)
+        self._pending = (name, tmp, snap, params, nxt, {"counters": c, "digest": dig, "files": state})
         if not background:
             return self._wait_pending()
         return None
@@ -172,6 +203,10 @@ class Checkpointer:
 
         if self._pending is not None:
             self._wait_pending()
+        if self._base is not None and not (self.root / self._base[0] / "manifest.json").is_file():
+            log.warning("checkpoint %s is gone from %s; taking a full checkpoint, not an increment against it",
+                        self._base[0], self.root)
+            self._base = None
         if self._base is None or self.buf.total_added - self._base[2] > self.buf.capacity:
             return self.full(background=False)  # nothing to take a delta against, or every row changed
         base_name, base_params, since = self._base
@@ -179,18 +214,20 @@ class Checkpointer:
         self._last_inc_step = c["env_steps"]
         self._inc += 1
         name = f"{base_name}-inc-{self._inc:04d}"
-        tmp = self._tmp(name)
-        params = self.agent.parameters().copy()
-        state = self.agent.state_dict()
-        state.pop("q")  # the Q-net's weights are the parameter vector, saved as a delta below
-        xor = np.bitwise_xor(params.view(np.uint32), base_params.view(np.uint32))
-        torch.save({"kind": "incremental", "base": base_name, "agent": state,
-                    "params_xor": torch.from_numpy(xor.view(np.int32)), "counters": c,
-                    "torch_rng": _torch_rng()}, tmp / "state.pt")
-        with self.buf._lock:
-            dig = state_digest(params, self.buf)
-            rows = save_incremental(self.buf, tmp / "buffer", since)
-        self._commit(name, tmp, {"counters": c, "digest": dig, "base": base_name, "rows": rows})
+        tmp = self.root / f".tmp-{name}"
+        with _removed_on_error(tmp):
+            _fresh_dir(tmp)
+            params = self.agent.parameters().copy()
+            state = self.agent.state_dict()
+            state.pop("q")  # the Q-net's weights are the parameter vector, saved as a delta below
+            xor = np.bitwise_xor(params.view(np.uint32), base_params.view(np.uint32))
+            files = _write_state(tmp / "state.pt", {
+                "kind": "incremental", "base": base_name, "agent": state,
+                "params_xor": torch.from_numpy(xor.view(np.int32)), "counters": c, "torch_rng": _torch_rng()})
+            with self.buf._lock:
+                dig = state_digest(params, self.buf)
+                rows = save_incremental(self.buf, tmp / "buffer", since)
+            self._commit(name, tmp, {"counters": c, "digest": dig, "base": base_name, "rows": rows, "files": files})
         return name
 
     def close(self) -> str | None:
@@ -200,13 +237,6 @@ class Checkpointer:
         return self.full(background=False)
 
     # ------------------------------------------------------------- plumbing
-    def _tmp(self, name: str) -> Path:
-        tmp = self.root / f".tmp-{name}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        return tmp
-
     def _poll(self) -> str | None:
         if self._pending is not None and self._pending[2].done:
             return self._wait_pending()
@@ -215,23 +245,25 @@ class Checkpointer:
     def _wait_pending(self) -> str:
         name, tmp, snap, params, nxt, info = self._pending
         self._pending = None
-        snap.wait()
-        self._commit(name, tmp, {**info, "base": None})
+        with _removed_on_error(tmp):
+            snap.wait()
+            self._commit(name, tmp, {**info, "base": None})
         self._base = (name, params, nxt)
         self._inc = 0
-        # Only now is the new full one safe: drop the older ones and their increments.
+        # Only now is the new full one safe: drop the older ones and their increments,
+        # and what a crash left half written.
         for p in self.root.iterdir():
-            m = _FULL.match(p.name) or _INC.match(p.name)
+            m = _FULL.match(p.name) or _INC.match(p.name) or _TMP.match(p.name)
             if m and int(m.group(1)) < self._n:
                 shutil.rmtree(p, ignore_errors=True)
         return name
 
     def _commit(self, name: str, tmp: Path, info: dict[str, Any]) -> None:
-        # state.pt's own digest covers what the state digest does not: nets, optimizer, RNGs
+        # info["files"]: state.pt's own digest, which covers what the state digest does not:
+        # nets, optimizer, RNGs
         manifest = {"name": name, "kind": "incremental" if info.get("base") else "full",
-                    "written_at": time.time(), **(self.run.record() if self.run is not None else {}), **info,
-                    "files": {"state.pt": _bytes_digest((tmp / "state.pt").read_bytes())}}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+                    "written_at": time.time(), **(self.run.record() if self.run is not None else {}), **info}
+        _write_file(tmp / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
         _fsync_dir(tmp)
         os.replace(tmp, self.root / name)
         _fsync_dir(self.root)
@@ -241,6 +273,42 @@ class Checkpointer:
 
 def _bytes_digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+@contextmanager
+def _removed_on_error(tmp: Path) -> Iterator[None]:
+    """Remove the checkpoint folder being written, ``tmp``, when the block fails: a
+    checkpoint that cannot be written leaves no half of it using the disk."""
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fresh_dir(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and sync it to disk. A full disk is an OSError (ENOSPC)
+    here, where ``torch.save`` to a path raises a RuntimeError of torch's."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_state(path: Path, state: dict[str, Any]) -> dict[str, str]:
+    """``torch.save`` ``state`` to ``path``; returns the manifest's ``files`` entry (its digest)."""
+    import torch  # noqa: PLC0415
+
+    out = io.BytesIO()
+    torch.save(state, out)
+    _write_file(path, out.getvalue())
+    return {"state.pt": _bytes_digest(out.getvalue())}
 
 
 def _fsync_dir(path: Path) -> None:
@@ -259,12 +327,21 @@ def _fsync_dir(path: Path) -> None:
 # ------------------------------------------------------------- restoring
 
 def committed(root: str | Path) -> list[Path]:
-    """The committed checkpoints under ``root`` (a ``ckpt`` folder), newest first."""
+    """The committed checkpoints under ``root`` (a ``ckpt`` folder), newest first.
+
+    A ``root`` that is there but cannot be listed (no read permission) is a ConfigError
+    naming it: its checkpoints are not taken for none.
+    """
     root = Path(root)
     if not root.is_dir():
         return []
+    try:
+        names = list(root.iterdir())
+    except OSError as e:
+        raise ConfigError(f"checkpoint folder {root} cannot be listed ({e.strerror or e}); "
+                          "give this process read access to it") from None
     found = []
-    for p in root.iterdir():
+    for p in names:
         m = _FULL.match(p.name) or _INC.match(p.name)
         if m and (p / "manifest.json").is_file():
             found.append(((int(m.group(1)), int(m.group(2)) if m.re is _INC else 0), p))
@@ -365,12 +442,17 @@ def load_checkpoint(path: str | Path) -> Restored:
     path = Path(path)
     try:
         manifest = json.loads((path / "manifest.json").read_text())
+        files = manifest.get("files") or {}
+        want = files.get("state.pt")   # manifests from before this digest have none
+    except Exception as e:   # torn, empty, not JSON, not an object
+        why = _unreadable(path / "manifest.json", e)
+        raise ConfigError(f"checkpoint {path} cannot be read (damaged?): manifest.json: {why}") from None
+    try:
         data = (path / "state.pt").read_bytes()
         st = torch.load(io.BytesIO(data), weights_only=False)  # our own file: RNG states, not just tensors
-        want = (manifest.get("files") or {}).get("state.pt")   # manifests from before this digest have none
     except Exception as e:   # a torn or foreign file: RuntimeError, EOFError, UnpicklingError ...
         why = _unreadable(path / "state.pt", e)
-        raise ConfigError(f"checkpoint {path} cannot be read (damaged?): {why}") from None
+        raise ConfigError(f"checkpoint {path} cannot be read (damaged?): state.pt: {why}") from None
     if want is not None and want != _bytes_digest(data):   # a changed byte that still loads
         raise ConfigError(f"checkpoint {path} is damaged: state.pt does not match the digest in its manifest.json")
     try:

@@ -1,0 +1,160 @@
+"""Snapshots when the disk misbehaves: full part way, a rename that fails, a path taken meanwhile.
+
+The standard: the save fails with a ReplayError, the snapshot already at the path
+stays whole and loadable, no temporary folder is left using the disk, and the
+process lives. A full disk is real where the machine allows it (a small tmpfs in a
+mount namespace of the test's own); a failing rename is made with monkeypatch.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from swarm.buffer import ReplayBuffer
+from swarm.buffer.persist import digest, load_incremental, save_incremental
+from swarm.errors import ReplayError
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = {"obs": ("float32", (8,)), "action": ("int64", ()), "reward": ("float32", ())}
+
+
+def items(n, start=0):
+    k = np.arange(start, start + n)
+    return {"obs": np.tile(k[:, None], (1, 8)).astype(np.float32), "action": k, "reward": k.astype(np.float32)}
+
+
+def _small_disk(tmp_path: Path, script: str, size: str) -> dict:
+    """Run ``script`` with ``sys.argv[1]`` a folder on a tmpfs of ``size`` (a real disk that
+    fills), in a user and mount namespace of its own; returns the JSON it prints last.
+    Skips where the machine does not allow such namespaces."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) to make a small disk")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    src = tmp_path / "child.py"
+    src.write_text(textwrap.dedent(script))
+    mount = 'mount -t tmpfs -o size="$1" tmpfs "$2" || exit 77; shift 2; exec "$@"'
+    cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", mount, "sh", size, str(disk),
+           sys.executable, str(src), str(disk)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    except OSError as e:
+        pytest.skip(f"cannot run unshare: {e}")
+    if p.returncode == 77 or (p.returncode == 1 and p.stderr.startswith("unshare:")):
+        pytest.skip(f"no user and mount namespaces here: {p.stderr.strip()}")
+    # -7 / 135: SIGBUS, what a store into a memory-mapped file on a full disk gets
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_a_disk_that_fills_during_a_save_fails_it_cleanly_and_keeps_the_snapshot_there(tmp_path):
+    """A real full disk: the first snapshot fits, the second (both exist until the
+    rename) does not. The old code wrote through a memory map and died of SIGBUS."""
+    got = _small_disk(tmp_path, """
+        import json, os, sys
+        import numpy as np
+        from swarm.buffer import ReplayBuffer
+        from swarm.buffer.persist import digest
+        disk = sys.argv[1]
+        schema = {"obs": ("float32", (64,)), "action": ("int64", ())}
+        buf = ReplayBuffer(schema, 5000, seed=0)          # ~1.4 MB a snapshot
+        buf.add({"obs": np.ones((5000, 64), np.float32), "action": np.arange(5000)})
+        buf.save(disk + "/snap")
+        first = digest(buf)
+        buf.add({"obs": np.full((100, 64), 2, np.float32), "action": np.arange(100)})
+        out = {}
+        for background in (False, True):
+            try:
+                snap = buf.save(disk + "/snap", background=background)
+                snap.wait(120)
+                out[str(background)] = "saved"
+            except Exception as e:
+                out[str(background)] = f"{type(e).__name__}: {e}"
+        out["left"] = sorted(os.listdir(disk))
+        out["same"] = digest(ReplayBuffer.load(disk + "/snap")) == first
+        print(json.dumps(out))
+    """, size="2m")
+    for background in ("False", "True"):
+        assert got[background].startswith("ReplayError: snapshot to ") and "No space left on device" in got[background]
+    assert got["left"] == ["snap"]          # no temporary folder left using the full disk
+    assert got["same"]                      # the earlier snapshot, whole
+
+
+def _failing_replace(monkeypatch, nth: int):
+    """os.replace fails with ENOSPC at its ``nth`` call (rename(2) may, as a directory grows)."""
+    real, calls = os.replace, [0]
+
+    def replace(src, dst, *a, **k):
+        calls[0] += 1
+        if calls[0] == nth:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+        return real(src, dst, *a, **k)
+    monkeypatch.setattr(os, "replace", replace)
+
+
+def test_a_rename_that_fails_puts_the_earlier_snapshot_back(tmp_path, monkeypatch):
+    buf = ReplayBuffer(SCHEMA, 64, seed=0)
+    buf.add(items(40))
+    buf.save(tmp_path / "snap")
+    first = digest(buf)
+    buf.add(items(10, 100))
+    _failing_replace(monkeypatch, 2)        # the earlier one is moved aside, the new one is not moved in
+    with pytest.raises(ReplayError, match="No space left on device"):
+        buf.save(tmp_path / "snap")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
+    assert digest(ReplayBuffer.load(tmp_path / "snap")) == first
+
+
+@pytest.mark.parametrize("where", ["write", "rename"])
+def test_an_incremental_save_that_fails_leaves_the_earlier_one_and_no_temporary_folder(tmp_path, monkeypatch, where):
+    buf = ReplayBuffer(SCHEMA, 64, seed=0)
+    buf.add(items(40))
+    buf.save(tmp_path / "full")
+    buf.add(items(5, 100))
+    save_incremental(buf, tmp_path / "inc", 40)
+    want = digest(buf)
+    buf.add(items(5, 200))
+    if where == "rename":
+        _failing_replace(monkeypatch, 1)
+    else:
+        real, calls = np.save, [0]
+
+        def save(*a, **k):   # the third column: the disk fills part way
+            calls[0] += 1
+            if calls[0] == 3:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real(*a, **k)
+        monkeypatch.setattr(np, "save", save)
+    with pytest.raises(ReplayError, match=f"incremental snapshot to {tmp_path / 'inc'} failed: .*No space left"):
+        save_incremental(buf, tmp_path / "inc", 40)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "inc"]
+    back = load_incremental(ReplayBuffer.load(tmp_path / "full"), tmp_path / "inc")
+    assert digest(back) == want
+
+
+def test_a_file_put_at_the_path_while_a_snapshot_is_written_is_left_alone(tmp_path):
+    from swarm.buffer.persist import Snapshot
+
+    buf = ReplayBuffer(SCHEMA, 64, seed=0)
+    buf.add(items(40))
+    buf.save(tmp_path / "snap")
+    snap = Snapshot(buf, tmp_path / "snap")   # checked here: a snapshot, may be replaced
+    shutil.rmtree(tmp_path / "snap")
+    (tmp_path / "snap").write_text("results")
+    with pytest.raises(ReplayError, match="is not a replay snapshot"):
+        snap.run().wait()
+    assert (tmp_path / "snap").read_text() == "results"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
