@@ -29,6 +29,7 @@ it answers unknown heartbeats with ``rejoin``, gathers re-joins for
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import logging
 import os
@@ -54,8 +55,13 @@ log = logging.getLogger("swarm.coordinator")
 
 _NOBLOCK = int(zmq.NOBLOCK)
 #: what a watch socket's monitor reports: how the last attempt to reach another coordinator went
-_WATCH_EVENTS = (zmq.EVENT_CLOSED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_WATCH_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                 | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+#: seconds another coordinator has to complete a handshake (libzmq's default). One that
+#: accepts the connection but says nothing for this long (a stopped or frozen process:
+#: its kernel still accepts) is taken as down, not as one with other keys
+HANDSHAKE_TIMEOUT_S = 30.0
 #: the highest ``last_epoch`` a join may report: a view a microsecond for 146,000
 #: years, and far enough below the wire's 64-bit limit that later epochs still fit
 MAX_LAST_EPOCH = 2**62
@@ -79,19 +85,22 @@ def _str(body: dict[str, Any], key: str) -> str:
 
 def _handshake_error(event: int, value: int, keyed: bool) -> tuple[str, bool]:
     """What a failed handshake with another coordinator says, and whether libzmq gave up
-    on the address (after a refused key or a mechanism mismatch it never dials again)."""
+    on the address (after a refused key or a mechanism mismatch it never dials again).
+    A handshake that timed out is not one of these (see HANDSHAKE_TIMEOUT_S)."""
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return f"it refused this coordinator's key (ZAP status {value}): not in its authorized/", True
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
         if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
             return "one of the two runs with --keys and the other without", True
         return f"CURVE protocol error {value:#x}: other keys", True
-    # the other side closed the connection in the handshake: it could not decrypt our hello,
-    # sealed for another coordinator key, or it found the other mechanism before we did
-    if keyed:
-        return ("it closed the connection in the CURVE handshake: most likely it runs with another "
-                "coordinator key pair, or without --keys"), False
-    return "it closed the connection in the handshake: most likely it runs with --keys", False
+    if value in (errno.EPIPE, errno.ECONNRESET):
+        # the other side closed the connection in the handshake: it could not decrypt our hello,
+        # sealed for another coordinator key, or it found the other mechanism before we did
+        if keyed:
+            return ("it closed the connection in the CURVE handshake: most likely it runs with another "
+                    "coordinator key pair, or without --keys"), False
+        return "it closed the connection in the handshake: most likely it runs with --keys", False
+    return f"the handshake failed ({errno.errorcode.get(value, value)})", False
 
 
 class Coordinator:
@@ -178,6 +187,7 @@ class Coordinator:
             self.address = tp.bind(self._router, cfg.bind)
             for addr in cfg.others:   # a bad address fails here, before anyone is told we are up
                 d = tp.dealer(self._ctx, limits=self.limits, hwm=4, immediate=True)
+                d.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_TIMEOUT_S * 1000))
                 self._watch[addr] = d
                 if self._curve is not None:
                     self._curve.client(d, self._curve.coordinator_public)
@@ -598,9 +608,11 @@ class Coordinator:
         socks = {addr: tp.shadow(d) for addr, d in self._watch.items()}   # connected by start()
         monitors = {addr: tp.shadow(m) for addr, m in self._watch_monitors.items()}
         for addr in socks:
-            # handshake: why the last attempt to reach it failed its handshake ("" if it did not)
+            # handshake: why the last attempt to reach it failed its handshake ("" if it did not);
+            # silent: why it is taken as down although it accepts connections (its handshake timed out)
             self._others[addr] = {"seen": 0.0, "epoch": 0, "mode": "?", "name": addr, "token": "",
-                                  "watches": 1, "handshake": "", "redial_at": 0.0}
+                                  "watches": 1, "handshake": "", "silent": "", "connected_at": 0.0,
+                                  "redial_at": 0.0}
         self._no_active_since = time.monotonic()
         while True:
             for d in socks.values():
@@ -635,6 +647,9 @@ class Coordinator:
         """Follow how the attempts to reach another coordinator end. A handshake that fails
         means someone is there whom this one cannot talk to: it may be up, and active."""
         event = ev["event"]
+        if event == zmq.EVENT_CONNECTED:
+            o["connected_at"] = now
+            return
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._handshake_cleared(addr, o, "the handshake succeeds")
             return
@@ -643,8 +658,16 @@ class Coordinator:
             self._handshake_cleared(addr, o, "nothing listens there")
             return
         # The rest are failed handshakes. One that a dying process cut short is followed by
-        # a refused connect (EVENT_CLOSED above); a frozen one's times out after 30 s, long
-        # after a standby took over from it.
+        # a refused connect (EVENT_CLOSED above). A frozen one's times out: it says nothing
+        # about keys, and like a coordinator that does not answer, it does not hold back.
+        if (event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and ev["value"] not in (errno.EPIPE, errno.ECONNRESET)
+                and o["connected_at"] and now - o["connected_at"] >= HANDSHAKE_TIMEOUT_S / 2):
+            if not o["silent"]:
+                o["silent"] = (f"it accepts connections but did not answer the handshake within "
+                               f"{HANDSHAKE_TIMEOUT_S:g} s: a stopped or frozen process, or an overloaded host")
+                log.warning("coordinator %s: coordinator %s %s; taken as down while it does not answer",
+                            self.address, addr, o["silent"])
+            return
         why, gave_up = _handshake_error(event, ev["value"], keyed=self._curve is not None)
         if gave_up:
             # libzmq never dials such an address again: dial it every takeover_s, so that a
@@ -666,7 +689,9 @@ class Coordinator:
                         self.address, addr, how)
             # it may answer now, and be the active one: give it takeover_s to say so
             self._no_active_since = time.monotonic()
-        o["handshake"], o["redial_at"] = "", 0.0
+        elif o["silent"]:
+            log.warning("coordinator %s: %s: %s, after a handshake that timed out", self.address, addr, how)
+        o["handshake"], o["silent"], o["redial_at"] = "", "", 0.0
 
     def _decide(self, now: float) -> None:
         cfg = self.config
@@ -719,12 +744,14 @@ class Coordinator:
 
     def _others_status(self, now: float) -> list[dict[str, Any]]:
         """Each watched coordinator as this one sees it: ``state`` is its mode while it
-        answers, else ``no answer`` (down or unreachable) or ``handshake failed`` (see ``error``)."""
+        answers, else ``no answer`` (down or unreachable; ``error`` says so if it accepts
+        connections but its handshake timed out) or ``handshake failed`` (see ``error``)."""
         out = []
         for addr, o in self._others.items():
             answers = now - o["seen"] < self.config.takeover_s
             state = o["mode"] if answers else ("handshake failed" if o["handshake"] else "no answer")
-            out.append({"address": addr, "state": state, "epoch": o["epoch"], "error": o["handshake"],
+            out.append({"address": addr, "state": state, "epoch": o["epoch"],
+                        "error": o["handshake"] or o["silent"],
                         "answered_s_ago": round(now - o["seen"], 3) if o["seen"] else None})
         return out
 

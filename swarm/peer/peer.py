@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import errno
 import itertools
 import logging
 import math
@@ -87,6 +88,49 @@ HELD_IN_S = 2.0
 #: holder of a listed key who claims new epochs under made-up ids fills this and no
 #: more, and each of them costs O(1) on arrival
 HELD_IN_MAX = 1024
+
+#: After a coordinator refused this peer's key, or found ``--keys`` on one side only,
+#: libzmq never dials that address again: the peer does, this many seconds after the
+#: refusal, twice as long after each further one, up to REDIAL_MAX_S. A coordinator
+#: fixed later (its ``authorized/``, its ``--keys``, a restart) takes the peer back.
+REDIAL_MIN_S = 0.5
+REDIAL_MAX_S = 10.0
+
+#: what a coordinator socket's monitor reports: a lost connection, and how handshakes end
+_COORD_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+def _coord_handshake_error(event: int, value: int, keyed: bool) -> tuple[str, bool]:
+    """Why a handshake with a coordinator failed ("" when the event says nothing
+    certain), and whether libzmq gave up on the address (it never dials it again)."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return (f"it refused this peer's key (ZAP status {value}): this host's NAME.key is not in the "
+                "coordinator's authorized/"), True
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            return ("it runs without --keys and this peer with them" if keyed
+                    else "it runs with --keys and this peer without them"), True
+        return f"CURVE protocol error {value:#x}: other keys", True
+    if value in (errno.EPIPE, errno.ECONNRESET):
+        # it closed the connection in the handshake: it could not open our hello, sealed
+        # for another coordinator key, or it found the other mechanism before we did
+        if keyed:
+            return ("it closes the connection in the CURVE handshake: most likely it runs with another "
+                    "coordinator key pair than this peer's coordinator.key, or without --keys"), False
+        return "it closes the connection in the handshake: most likely it runs with --keys", False
+    # a handshake that timed out (a frozen coordinator), or one a dying process cut short
+    return "", False
+
+
+@dataclass
+class _Dial:
+    """How the attempts to reach one coordinator address go."""
+
+    failure: str = ""           # the handshake failure last logged; "" since one succeeded
+    closes: int = 0             # handshakes it closed in a row (one may be a dying process)
+    redial_at: float = 0.0      # when the peer dials again; 0: libzmq dials by itself
+    backoff: float = REDIAL_MIN_S
 
 
 class PeerState(enum.Enum):
@@ -232,6 +276,7 @@ class Peer:
         self._router: zmq.asyncio.Socket | None = None
         self._coords: list[zmq.asyncio.Socket] = []        # one DEALER per coordinator address
         self._coord_monitors: list[zmq.asyncio.Socket] = []
+        self._dials: list[_Dial] = []                       # how dialling each of them goes
         self._active = 0                                    # which coordinator we talk to
         self._rotated = 0.0
         self._heard = 0.0            # last message from the coordinator we talk to
@@ -410,7 +455,8 @@ class Peer:
                 if self._curve is not None:
                     self._curve.client(c, self._curve.coordinator_public)
                 self._coords.append(c)
-                self._coord_monitors.append(c.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+                self._coord_monitors.append(c.get_monitor_socket(_COORD_EVENTS))
+                self._dials.append(_Dial())
                 tp.connect(c, addr)
         except (TransportError, ConfigError):
             self._close_sockets()
@@ -437,6 +483,11 @@ class Peer:
                     f"{cfg.join_timeout_s} s: {', '.join(sorted(self._standby_heard))} answered as standby "
                     "and none is active; `swarm status --coordinator ADDR --json` shows why (its "
                     "\"others\")") from None
+            failed = [f"{addr}: {d.failure}" for addr, d in zip(cfg.coordinators, self._dials) if d.failure]
+            if failed:
+                raise MembershipError(
+                    f"peer {self.id}: no coordinator answered at {', '.join(cfg.coordinators)} within "
+                    f"{cfg.join_timeout_s} s: the handshake fails with {'; with '.join(failed)}") from None
             raise MembershipError(
                 f"peer {self.id}: no coordinator answered at {', '.join(cfg.coordinators)} within "
                 f"{cfg.join_timeout_s} s" + (tp.unresolved_hint(cfg.coordinators) or (
@@ -946,15 +997,52 @@ class Peer:
             self._on_coord(frames, i)
 
     def _drain_coord_monitor(self, plain: zmq.Socket, i: int) -> None:
-        for ev in tp.drain(plain):
-            if (parse_monitor_message([f.bytes for f in ev])["event"] == zmq.EVENT_DISCONNECTED
-                    and i == self._active):
-                # Remembered until the rotation happens: within 0.1 s of a welcome or of
-                # the last rotation _rotate declines, and the event comes only once (a
-                # peer that had just joined stayed with a dead coordinator for good).
-                self._coord_lost = True
+        for frames in tp.drain(plain):
+            ev = parse_monitor_message([f.bytes for f in frames])
+            if ev["event"] == zmq.EVENT_DISCONNECTED:
+                if i == self._active:
+                    # Remembered until the rotation happens: within 0.1 s of a welcome or of
+                    # the last rotation _rotate declines, and the event comes only once (a
+                    # peer that had just joined stayed with a dead coordinator for good).
+                    self._coord_lost = True
+            else:
+                self._on_coord_handshake(i, ev["event"], ev["value"])
         if self._coord_lost:
             self._rotate("connection lost")
+
+    def _on_coord_handshake(self, i: int, event: int, value: int) -> None:
+        """Follow how the handshakes with coordinator ``i`` end: log a failure once (until
+        one succeeds), and dial again, with a backoff, an address libzmq gave up on."""
+        d, addr = self._dials[i], self.config.coordinators[i]
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if d.failure:
+                log.warning("peer %s: the handshake with coordinator %s succeeds again", self.id, addr)
+            self._dials[i] = _Dial()
+            return
+        why, gave_up = _coord_handshake_error(event, value, keyed=self._curve is not None)
+        d.closes = d.closes + 1 if why and not gave_up else 0
+        if gave_up:
+            d.redial_at = time.monotonic() + d.backoff
+            d.backoff = min(2 * d.backoff, REDIAL_MAX_S)
+        if why and why != d.failure and (gave_up or (d.closes >= 2 and not d.failure)):
+            # A close in the handshake counts from the second in a row (the first may be a
+            # coordinator going down), and never over a precise reason: a mechanism
+            # mismatch, for one, also shows as a close when the coordinator saw it first.
+            d.failure = why
+            log.error("peer %s: the handshake with coordinator %s fails: %s. %s", self.id, addr, why,
+                      f"Dialling it again, every {REDIAL_MAX_S:g} s at most, until it succeeds" if gave_up
+                      else "libzmq dials it again until it succeeds")
+
+    def _redial(self, now: float) -> None:
+        """Dial again the coordinator addresses whose redial is due."""
+        for c, d, addr in zip(self._coords, self._dials, self.config.coordinators):
+            if d.redial_at and now >= d.redial_at:
+                d.redial_at = 0.0
+                try:
+                    c.disconnect(addr)
+                except zmq.ZMQError:
+                    pass    # libzmq may have dropped the endpoint already
+                tp.connect(c, addr)
 
     def _sockets_changed(self) -> None:
         """A link was opened or closed: rebuild the receive loop's poller now.
@@ -1237,6 +1325,7 @@ class Peer:
                 self._expire_held(now)
             if self._held_in:
                 self._expire_held_in(now)
+            self._redial(now)
             if self._coord_lost:
                 self._rotate("connection lost")
             waiting = self._welcome is not None and not self._welcome.done()

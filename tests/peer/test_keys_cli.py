@@ -171,7 +171,8 @@ def test_the_secret_is_private_while_it_is_written(tmp_path, monkeypatch):
 
 def test_a_client_without_keys_is_told_the_coordinator_may_want_them(procs, tmp_path):
     # a coordinator with keys drops a client without them in silence: the error
-    # asked only whether a coordinator was running there (it was)
+    # asked only whether a coordinator was running there (it was); the peer's now
+    # names the mismatch its handshake found
     kd = tmp_path / "keys"
     generate_keys(str(kd), ["coordinator", "peer"])
     addr = f"tcp://127.0.0.1:{free_port()}"
@@ -180,7 +181,7 @@ def test_a_client_without_keys_is_told_the_coordinator_may_want_them(procs, tmp_
     p = procs.start("peer", "--coordinator", addr, "--set", "peer.join_timeout_s=1.0", name="nokeys")
     s = procs.start("status", "--coordinator", addr, "--timeout", "0.5", name="status")
     assert p.wait(20) == 2 and s.wait(20) == 2
-    assert "one started with --keys ignores a peer without them" in procs.log(p)
+    assert f"the handshake fails with {addr}: it runs with --keys and this peer without them" in procs.log(p)
     assert "a coordinator started with --keys answers only a client with --keys" in procs.log(s)
 
 
