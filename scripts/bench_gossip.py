@@ -88,9 +88,15 @@ async def rounds_per_s(d, rounds):
 
 
 def numpy_anchor(d, rounds):
+    """(wall, cpu) rounds/s of X ← W X on the 16×d matrix, after two untimed steps
+    (as the swarm side's warm-up rounds: the first pays for BLAS's threads starting
+    and for the output buffer's first page faults, 64 MB at d = 1e6)."""
     w = mixing_matrix("ring", N).astype(np.float32)
     x = np.random.default_rng(0).standard_normal((N, d)).astype(np.float32)
     y = np.empty_like(x)
+    for _ in range(2):
+        np.matmul(w, x, out=y)
+        x, y = y, x
     t, c = time.perf_counter(), time.process_time()
     for _ in range(rounds):
         np.matmul(w, x, out=y)
@@ -442,7 +448,7 @@ async def main(quick: bool, netns: bool, topk: bool, bytes_d: int) -> dict:
     for r in (one, blk):
         first = next((k + 1 for k, e in enumerate(r["trace"]) if e < 1e-3), None)
         print(f"{r['codec']:>13}: lowest {r['min_error']:.2e}, last {r['error']:.2e}, "
-              f"below 1e-3 first after {first} rounds")
+              + (f"below 1e-3 first after {first} rounds" if first else "never below 1e-3"))
 
     slow = await slow_link(d, codecs["sign_gamma"], quick, topk)
 

@@ -14,7 +14,8 @@
 (b) 256 peers in one process on swarm.gossip.sim's SimHub gossiping d = 1e5
     on a ring and a torus: rounds/s (whole-swarm rounds) and memory per peer
     (RSS growth / peers). Anchor: a bare numpy exact-gossip step on the same
-    256×d matrix (``inproc_<topology>_vs_numpy``: swarm's rounds/s / numpy's).
+    256×d matrix, warmed up and timed over at least 0.2 s
+    (``inproc_<topology>_vs_numpy``: swarm's rounds/s / numpy's).
 (c) 16 peer processes (real Peers over ZeroMQ + a coordinator) gossiping
     d = 1e5 on a ring (bounded staleness 1) on this machine's cores, against 4.
 
@@ -477,15 +478,33 @@ async def inproc(n: int, d: int, topology: str, rounds: int) -> dict:
     return {"rounds_per_s": rps, "mem_per_peer": mem, "ok": ok}
 
 
+#: untimed steps before the numpy anchor's clock starts, and the least time it is timed over
+ANCHOR_WARMUP = 2
+ANCHOR_MIN_S = 0.2
+
+
 def numpy_anchor(n: int, d: int, topology: str, rounds: int) -> float:
+    """Rounds/s of a bare numpy exact-gossip step X ← W X on the n×d matrix.
+
+    Two steps run before the clock (the first pays for BLAS's threads starting and
+    for the output buffers' first page faults), then at least ``rounds`` steps and
+    at least ANCHOR_MIN_S seconds: at --quick sizes 3 steps take about a
+    millisecond, and 3 first steps timed alone made the ratio swing tenfold.
+    """
     from swarm.gossip import mixing_matrix
 
     w = mixing_matrix(topology, n).astype(np.float32)
     x = np.random.default_rng(0).standard_normal((n, d)).astype(np.float32)
-    t = time.perf_counter()
-    for _ in range(rounds):
-        x = w @ x
-    return rounds / (time.perf_counter() - t)
+    y = np.empty_like(x)
+    for _ in range(ANCHOR_WARMUP):
+        np.matmul(w, x, out=y)
+        x, y = y, x
+    done, t = 0, time.perf_counter()
+    while done < rounds or time.perf_counter() - t < ANCHOR_MIN_S:
+        np.matmul(w, x, out=y)
+        x, y = y, x
+        done += 1
+    return done / (time.perf_counter() - t)
 
 
 # =================================================================== (c) peer processes

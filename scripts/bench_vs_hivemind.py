@@ -575,7 +575,10 @@ def run_hivemind(compression: str, d: int, n: int = N, timeout: float = 300.0) -
 # ----------------------------------------------------------------------- main
 
 def fmt_bytes(b) -> str:
-    return "-" if b is None else f"{b / 1e6:,.0f} MB"
+    """Bytes for the table: MB, or kB below 1 MB (a small --d printed 0 MB)."""
+    if b is None:
+        return "-"
+    return f"{b / 1e6:,.0f} MB" if b >= 1e6 else f"{b / 1e3:,.1f} kB"
 
 
 def main() -> None:
