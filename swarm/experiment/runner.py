@@ -32,6 +32,11 @@ It writes into ``DIR/peer{R}/``:
 SIGTERM or SIGINT ends the current step, writes all of the above and leaves
 the swarm cleanly. SIGKILL loses the env steps since the last checkpoint.
 
+A disk that fills (or goes read only) does not end the run: a checkpoint, ``best.pt``,
+``checkpoint.pt``, a CSV flush or a TensorBoard write that fails is logged (once per
+file) and counted, and training goes on; the files written before stay whole.
+summary.json records the counts (``checkpoint_failures``, ``write_failures``).
+
 A peer that joins a swarm already training bootstraps its parameters from its
 neighbours (:meth:`swarm.gossip.Gossip.bootstrap`) before its first step: when
 the coordinator's member table shows another member more than
@@ -57,6 +62,7 @@ import asyncio
 import csv
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import math
@@ -208,18 +214,66 @@ def _keep_rows_upto(path: Path, env_steps: int) -> int:
     return len(lines) - len(keep)
 
 
+class _Unwritten:
+    """The peer's result files that could not be written (a full disk, one gone read only),
+    counted by file; training goes on without them.
+
+    The first failure of each file is logged as an error, the others only counted (a full
+    disk fails a write at every flush), and the latest goes to the heartbeat's
+    ``last_error``. summary.json records both (``write_failures``, ``write_error``).
+    """
+
+    def __init__(self, rank: int, state: _State | None = None) -> None:
+        self.rank, self.state = rank, state
+        self.counts: dict[str, int] = {}
+        self.last_error: str | None = None
+
+    def __call__(self, what: str, e: OSError, after: str = "training goes on") -> None:
+        n = self.counts.get(what, 0)
+        self.counts[what] = n + 1
+        self.last_error = f"{what}: {e.strerror or e}"
+        if self.state is not None:
+            self.state.last_error = f"cannot write {self.last_error}"
+        if n == 0:
+            log.error("peer%d: cannot write %s (%s); %s (further failures of it are only counted, "
+                      "in summary.json)", self.rank, what, e, after)
+
+
+class _Rows:
+    """A CSV writer whose rows a full disk loses instead of ending the run (see :class:`_Unwritten`)."""
+
+    def __init__(self, f: Any, fields: list[str], failed: _Unwritten) -> None:
+        self._w = csv.DictWriter(f, fieldnames=fields)
+        self._name, self._failed = Path(f.name).name, failed
+
+    def writeheader(self) -> None:
+        self._w.writeheader()
+
+    def writerow(self, row: dict[str, Any]) -> None:
+        try:
+            self._w.writerow(row)
+        except OSError as e:   # its buffer was full and could not go to disk: these rows are lost
+            self._failed(self._name, e, "its rows are lost while this lasts; training goes on")
+
+
 class _Logs:
     """The peer's CSV files and (optionally) TensorBoard writer.
 
     With ``append``, existing files are continued; ``upto`` (env steps) then first drops
     their rows past it, which the peer is about to train and log again.
+
+    A write that fails (a full disk) goes to ``failed`` and training goes on: rows that
+    wait in a file's buffer are written at its next flush that succeeds, those that did
+    not fit in it are lost; TensorBoard's writer, which stops at its first failure, is
+    dropped (no event files after it).
     """
 
     def __init__(self, out: Path, tensorboard: bool = True, append: bool = False,
-                 upto: int | None = None) -> None:
+                 upto: int | None = None, failed: _Unwritten | None = None) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self._append = append   # a peer resumed into its own folder continues its files
         self._upto = upto
+        self._failed = failed or _Unwritten(-1)
         self._files = []
         self.episodes = self._csv(out / "metrics.csv", EPISODE_FIELDS)
         self.rounds = self._csv(out / "rounds.csv", ROUND_FIELDS)
@@ -233,7 +287,7 @@ class _Logs:
             else:
                 self.tb = SummaryWriter(str(out / "tb"), flush_secs=10)
 
-    def _csv(self, path: Path, fields: list[str]) -> csv.DictWriter:
+    def _csv(self, path: Path, fields: list[str]) -> _Rows:
         if self._append and self._upto is not None:
             dropped = _keep_rows_upto(path, self._upto)
             if dropped:
@@ -241,26 +295,47 @@ class _Logs:
         fresh = not (self._append and path.is_file() and path.stat().st_size > 0)
         f = open(path, "w" if fresh else "a", newline="")
         self._files.append(f)
-        w = csv.DictWriter(f, fieldnames=fields)
+        w = _Rows(f, fields, self._failed)
         if fresh:
             w.writeheader()
         return w
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self.tb is not None:
-            for k, v in values.items():
-                if v is not None and math.isfinite(v):
-                    self.tb.add_scalar(k, v, step)
+            try:
+                for k, v in values.items():
+                    if v is not None and math.isfinite(v):
+                        self.tb.add_scalar(k, v, step)
+            except OSError as e:   # its writer thread failed, and fails every write from now on
+                self._drop_tb(e)
+
+    def _drop_tb(self, e: OSError) -> None:
+        tb, self.tb = self.tb, None
+        self._failed("tb/", e, "no more TensorBoard event files in this run; training goes on")
+        try:
+            tb.close()
+        except OSError:
+            pass   # what it still held is lost
 
     def flush(self) -> None:
         for f in self._files:
-            f.flush()
+            try:
+                f.flush()
+            except OSError as e:   # the rows stay in its buffer for the next flush
+                self._failed(Path(f.name).name, e, "its rows wait in memory (those past its buffer are "
+                             "lost) while this lasts; training goes on")
 
     def close(self) -> None:
         for f in self._files:
-            f.close()
+            try:
+                f.close()
+            except OSError as e:
+                self._failed(Path(f.name).name, e, "its last rows are lost")
         if self.tb is not None:
-            self.tb.close()
+            try:
+                self.tb.close()
+            except OSError as e:
+                self._failed("tb/", e, "its last events are lost")
 
 
 class _State:
@@ -403,11 +478,23 @@ def _check_same_spec(coordinators: list[str], peer_config: Any, me: str, tag: di
 
 
 def _save_whole(obj: dict[str, Any], path: Path) -> Path:
-    """``torch.save`` to a temporary file renamed over ``path``: a peer killed while it
-    writes ``best.pt`` or ``checkpoint.pt`` leaves the previous file whole, not a torn one."""
+    """``torch.save`` ``obj`` into memory, then write and sync it to a temporary file
+    renamed over ``path``: a peer killed while it writes ``best.pt`` or ``checkpoint.pt``
+    leaves the previous file whole, not a torn one. A disk that is full or read only
+    raises OSError (torch's own file writer would raise RuntimeError) and leaves the
+    previous file as it was."""
     import torch  # noqa: PLC0415
 
-    _write_whole(path, lambda tmp: torch.save(obj, tmp))
+    data = io.BytesIO()
+    torch.save(obj, data)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+
+    _write_whole(path, write)
     return path
 
 
@@ -461,7 +548,7 @@ def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path |
             theirs = torch.load(src / "best.pt", weights_only=True, map_location="cpu")   # read whole just above
             if run is not None:
                 theirs.update(run.record())
-            _write_whole(here, lambda tmp: torch.save(theirs, tmp))
+            _save_whole(theirs, here)
     if best is not None:
         summary.update(best_eval_return=best[0], best_eval_at=best[1])
 
@@ -525,6 +612,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
     t0 = time.monotonic()
     cpu0 = time.process_time()
     state = _State()
+    unwritten = _Unwritten(rank, state)   # result files a full disk did not take
     summary: dict[str, Any] = {"rank": rank, "id": f"peer{rank}", "reason": "error"}
     try:   # before joining: a folder it cannot write would otherwise fail only at the end
         out.mkdir(parents=True, exist_ok=True)
@@ -780,7 +868,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         peer.stats = stats
         # A peer restarted into its own folder continues its files, with or without a
         # checkpoint, less the rows past the env steps it continues from.
-        logs = _Logs(out, tensorboard, append=rejoin or same_run, upto=done_steps)
+        logs = _Logs(out, tensorboard, append=rejoin or same_run, upto=done_steps, failed=unwritten)
         c = spec.checkpoint
         ckpt = Checkpointer(out / "ckpt", agent, buf,
                             lambda: {"env_steps": state.env_steps, "episodes": state.episodes,
@@ -939,8 +1027,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 if state.eval_return > summary.get("best_eval_return", -math.inf):
                     # DQN's greedy return swings long after it first solves a task, so
                     # the final parameters need not be the best ones evaluated.
-                    save_params(out / "best.pt", step, eval_return=state.eval_return)
-                    summary.update(best_eval_return=state.eval_return, best_eval_at=step)
+                    try:
+                        save_params(out / "best.pt", step, eval_return=state.eval_return)
+                    except OSError as e:   # a full disk: the best.pt there stays, and what summary.json says of it
+                        unwritten("best.pt", e, "the one there stays; training goes on")
+                    else:
+                        summary.update(best_eval_return=state.eval_return, best_eval_at=step)
                 if (spec.budget.stop_when_solved and state.eval_return >= ev.solve_return
                         and ev.solver in (-1, rank)):
                     reason[0] = "solved"
@@ -1001,21 +1093,29 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         # fit the spec) changes none of the folder's results: its checkpoint.pt, ids.json and
         # summary.json stay those of the process that wrote them (with none, one says why it ended).
         keep = ckpt is None and (resume_from is not None or rejoin)
+        final_failed: str | None = None   # why the final full checkpoint failed
         try:
             if ckpt is not None:
                 try:
                     summary["last_checkpoint"] = ckpt.close()
                 except (SwarmError, OSError) as e:
                     log.error("peer%d: final checkpoint failed: %s", rank, e)
+                    final_failed = str(e)
+                summary.update(checkpoint_failures=ckpt.failures + (final_failed is not None),
+                               checkpoint_error=final_failed or ckpt.last_error)
             if agent is not None and agent.buffer is not None and spec.buffer.replicas and not keep:
                 held: dict[str, list[int]] = {}
                 for o, s in agent.buffer.ids():
                     held.setdefault(o, []).append(s)
                 (out / "ids.json").write_text(json.dumps(held) + "\n")
             if ckpt is not None:
-                summary["checkpoint"] = str(save_params(out / "checkpoint.pt", state.env_steps))
+                try:
+                    summary["checkpoint"] = str(save_params(out / "checkpoint.pt", state.env_steps))
+                except OSError as e:   # a full disk: the checkpoint.pt there (if any) stays
+                    unwritten("checkpoint.pt", e, "the one there (if any) stays")
             if logs is not None:
                 logs.close()
+            summary.update(write_failures=dict(unwritten.counts), write_error=unwritten.last_error)
             out.mkdir(parents=True, exist_ok=True)
             if not (keep and (out / "summary.json").is_file()):
                 (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

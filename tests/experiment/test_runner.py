@@ -273,7 +273,7 @@ def test_a_damaged_checkpoint_falls_back_to_an_older_one(coordinator, tmp_path, 
 def test_best_pt_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     # best.pt was written in place: a peer killed mid-write left a torn file, and with
     # it the best evaluation of the run
-    import torch
+    import os
 
     from swarm.experiment.runner import _read_best, _save_whole
 
@@ -281,11 +281,11 @@ def test_best_pt_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     _save_whole({"eval_return": 500.0, "env_steps": 3000}, path)
     assert _read_best(path) == (500.0, 3000)
 
-    def killed(obj, f):   # writes half a file, then the process "dies"
-        Path(f).write_bytes(path.read_bytes()[:100])
+    def killed(fd):   # half the file is written when the process "dies"
+        os.ftruncate(fd, 100)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(torch, "save", killed)
+    monkeypatch.setattr(os, "fsync", killed)
     with pytest.raises(KeyboardInterrupt):
         _save_whole({"eval_return": 20.0, "env_steps": 4000}, path)
     assert _read_best(path) == (500.0, 3000)

@@ -1,0 +1,208 @@
+"""A peer's result files when the disk fills: best.pt, checkpoint.pt, the CSV files, TensorBoard.
+
+The standard (as for checkpoints, test_checkpoint_disk.py): a write that fails is logged
+and counted, training goes on, summary.json is still written, and the files written
+before stay whole. The disk is real: a small tmpfs in a user and mount namespace of the
+test's own (skipped where the machine does not allow one), filled by a file of the
+test's when the test says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+# a coordinator process for in-process peers (tests/ is on the path)
+from experiment.test_runner import ONE, coordinator  # noqa: F401 - a fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Fills the disk it is given (argv[1]) with a file of its own, to the last byte.
+FILL = """
+    def fill(disk):
+        with open(os.path.join(disk, "filler"), "ab", buffering=0) as f:
+            for size in (1 << 20, 1 << 12, 1):
+                try:
+                    while True:
+                        f.write(bytes(size))
+                except OSError:
+                    pass
+"""
+
+# A peer (run_peer, rank 0 of argv[2]'s coordinator) trains on the disk argv[1] with the
+# spec settings argv[4]; with argv[3] > 0 the disk is filled at that env step, and emptied
+# again for the final checkpoint, checkpoint.pt and summary.json. Prints what it returned
+# and what its folder holds.
+PEER = FILL + """
+    import json, logging, os, sys
+    from pathlib import Path
+    import swarm.experiment.runner as runner
+    from swarm.experiment import load_spec
+
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    disk, coordinator, fill_at, sets = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+
+    class Filling(runner.Checkpointer):   # the runner calls its step() at every env step
+        def step(self, env_steps):
+            if env_steps == fill_at:
+                fill(disk)
+            return super().step(env_steps)
+
+        def close(self):
+            os.unlink(os.path.join(disk, "filler"))
+            return super().close()
+
+    if fill_at:
+        runner.Checkpointer = Filling
+    try:
+        got = runner.run_peer(load_spec(None, sets), 0, coordinator, Path(disk) / "run", tensorboard=fill_at > 0,
+                              join_timeout=20)
+    except Exception as e:
+        got = {"raised": f"{type(e).__name__}: {e}"}
+    out = Path(disk) / "run" / "peer0"
+    files = {p.name: p.read_text() for p in out.iterdir() if p.suffix in (".csv", ".json")}
+    print(json.dumps({"returned": got, "files": files, "left": sorted(p.name for p in out.iterdir()),
+                      "ckpt": sorted(p.name for p in (out / "ckpt").iterdir())}))
+"""
+
+# best.pt's writer and the CSV and TensorBoard logs, on a disk that fills under them.
+UNITS = FILL + """
+    import json, logging, os, sys, time
+    from pathlib import Path
+    import torch
+    from swarm.experiment.runner import _Logs, _save_whole
+
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    disk = Path(sys.argv[1])
+    got = {}
+    _save_whole({"eval_return": 10.0, "w": torch.zeros(4)}, disk / "best.pt")
+    fill(disk)
+    try:
+        _save_whole({"eval_return": 20.0, "w": torch.zeros(100_000)}, disk / "best.pt")
+    except Exception as e:
+        got["raised"] = type(e).__name__ + ": " + str(e)
+    got["best"] = float(torch.load(disk / "best.pt", weights_only=True)["eval_return"])
+    got["left"] = sorted(os.listdir(disk))
+    os.unlink(disk / "filler")
+
+    logs = _Logs(disk / "logs", tensorboard=True)
+    got["tb"] = logs.tb is not None
+    logs.scalars(0, {"a": 1.0})
+    logs.flush()
+    fill(disk)
+    try:
+        row = {"wall_s": 1, "env_steps": 1, "episode": 1, "episode_return": "1" * 30}
+        for i in range(150):        # more than the file's last page has room for, less than its buffer
+            logs.episodes.writerow(row)
+        logs.flush()
+        logs.flush()                # the second failure of a file is not logged again
+        for i in range(400):        # past its buffer: rows are lost, whole
+            logs.episodes.writerow(row)
+        deadline = time.monotonic() + 60
+        while got["tb"] and logs.tb is not None and time.monotonic() < deadline:
+            logs.scalars(1, {"a": 1.0})   # until its writer thread meets the full disk
+        got["tb_dropped"] = logs.tb is None
+        logs.scalars(2, {"a": 1.0})
+        got["counts"] = dict(logs._failed.counts)
+    except Exception as e:
+        got["raised_logs"] = type(e).__name__ + ": " + str(e)
+    os.unlink(disk / "filler")
+    logs.close()
+    got["metrics"] = (disk / "logs" / "metrics.csv").read_text()
+    print(json.dumps(got))
+"""
+
+
+def _on_small_disk(tmp_path: Path, size: str, script: str, *args: str) -> dict:
+    """Run ``script`` with a tmpfs of ``size`` (a disk that fills) as its first argument, in a
+    user and mount namespace of its own; returns the JSON it prints last and its log (``log``).
+    Skips where the machine does not allow such namespaces."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) to make a small disk")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    src = tmp_path / "child.py"
+    src.write_text(textwrap.dedent(script))
+    cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+           'mount -t tmpfs -o size="$1" tmpfs "$2" || exit 77; shift 2; exec "$@"', "sh", size, str(disk),
+           sys.executable, str(src), str(disk), *args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    except OSError as e:
+        pytest.skip(f"cannot run unshare: {e}")
+    if p.returncode == 77 or (p.returncode == 1 and p.stderr.startswith("unshare:")):
+        pytest.skip(f"no user and mount namespaces here: {p.stderr.strip()}")
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out["log"] = p.stderr
+    return out
+
+
+def _rows(text: str) -> list[dict[str, str]]:
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert all(None not in r and None not in r.values() for r in rows), "a torn row"
+    return rows
+
+
+def test_a_disk_that_fills_while_training_fails_best_pt_and_the_logs_and_training_goes_on(coordinator, tmp_path):
+    sets = ONE + ["budget.env_steps=600", "eval.every=200", "eval.episodes=1", "buffer.capacity=2000",
+                  "checkpoint.full_every_s=0", "checkpoint.full_every_steps=100"]
+    got = _on_small_disk(tmp_path, "2m", PEER, coordinator, "150", json.dumps(sets))
+    s = got["returned"]
+    # the old runner died at step 200: torch.save's RuntimeError writing best.pt
+    assert s.get("reason") == "budget" and s["env_steps"] == 600, s
+    # every evaluation tried to write best.pt (none was), and one error says so
+    assert s["write_failures"]["best.pt"] == 3 and "best_eval_return" not in s, s
+    assert got["log"].count("cannot write best.pt (") == 1, got["log"]
+    assert "No space left on device" in got["log"]
+    assert "best.pt" not in got["left"] and not [n for n in got["left"] if n.endswith(".tmp")], got["left"]
+    # the checkpoints due meanwhile failed; the final one, with room again, did not
+    assert s["checkpoint_failures"] >= 1 and "No space left on device" in s["checkpoint_error"]
+    assert len(got["ckpt"]) == 1 and got["ckpt"][0].startswith("full-") and "checkpoint.pt" in got["left"]
+    saved = json.loads(got["files"]["summary.json"])
+    assert saved["write_failures"] == s["write_failures"] and saved["env_steps"] == 600
+    # the rows logged before the disk filled are all there, whole
+    rows = _rows(got["files"]["metrics.csv"])
+    before = [int(r["episode"]) for r in rows if int(r["env_steps"]) <= 150]
+    assert before and before == list(range(1, len(before) + 1))
+    assert _rows(got["files"]["rounds.csv"])
+
+
+def test_a_checkpoint_pt_that_does_not_fit_still_leaves_summary_json(coordinator, tmp_path):
+    sets = ONE + ["budget.env_steps=300", "checkpoint.full_every_s=0", "checkpoint.full_every_steps=100"]
+    got = _on_small_disk(tmp_path, "48k", PEER, coordinator, "0", json.dumps(sets))
+    s = got["returned"]
+    # the old runner raised torch.save's RuntimeError before it wrote summary.json
+    assert s.get("reason") == "budget" and s["env_steps"] == 300, s
+    assert "summary.json" in got["files"], got["left"]
+    saved = json.loads(got["files"]["summary.json"])
+    assert saved["write_failures"] == {"checkpoint.pt": 1} and "No space left" in saved["write_error"], saved
+    assert "checkpoint" not in saved and saved["checkpoint_failures"] >= 2   # those due, and the final one
+    assert "No space left on device" in saved["checkpoint_error"]
+    assert "cannot write checkpoint.pt (" in got["log"] and "final checkpoint failed: " in got["log"]
+    assert got["ckpt"] == [] and [n for n in got["left"] if "checkpoint" in n] == []
+    assert len(_rows(got["files"]["metrics.csv"])) == saved["episodes"]
+
+
+def test_best_pt_and_the_logs_on_a_full_disk_fail_with_an_error_that_is_logged(tmp_path):
+    got = _on_small_disk(tmp_path, "1m", UNITS)
+    # best.pt: an OSError (the old writer's torch.save raised RuntimeError), the one there kept
+    assert got["raised"].startswith("OSError: [Errno 28] No space left on device"), got["raised"]
+    assert got["best"] == 10.0 and got["left"] == ["best.pt", "filler"]
+    # the CSV files and TensorBoard: logged once each, counted, nothing raised
+    assert "raised_logs" not in got, got["raised_logs"]
+    assert got["counts"]["metrics.csv"] >= 3 and got["log"].count("cannot write metrics.csv (") == 1
+    if got["tb"]:
+        assert got["tb_dropped"] and got["counts"]["tb/"] == 1 and "cannot write tb/ (" in got["log"]
+    # the rows that waited in memory were written once there was room again, those past
+    # the buffer are lost, none torn
+    assert 150 <= len(_rows(got["metrics"])) < 550
