@@ -44,7 +44,11 @@ Sync modes
     that has sent a later round (messages arrive in order). On a static
     graph, a peer that gets a message from more than ``max_staleness`` rounds
     ahead (lockstep: any) was left behind, and takes that round less
-    ``max_staleness`` (see :meth:`Gossip.round`).
+    ``max_staleness`` (see :meth:`Gossip.round`). Until it has first averaged, a
+    peer takes the round of a later message (a joiner): in async any, in
+    lockstep and bounded one that its sender could not have reached without
+    somebody giving up waiting for this peer (:meth:`Gossip._left_behind`), not
+    one a neighbour is ahead by the time-varying graph alone.
 """
 
 from __future__ import annotations
@@ -769,8 +773,21 @@ class Gossip:
             # held that neighbour's later messages back as "future" (bounded mode),
             # and the full state that would repair its copy as well, until the
             # neighbour had finished (tests/experiment/test_run.py, 2 peers).
-            seen = [m.body.get("r") for c in self._in.values() for m in c.pending]
-            t = max([t] + [r for r in seen if isinstance(r, int) and not isinstance(r, bool)])
+            # In lockstep and bounded it takes only a round that shows the swarm went
+            # on without it (see _left_behind): peers that start together on a
+            # time-varying graph are legitimately a round apart, and one that took a
+            # neighbour's round 1 skipped its round 0, whose receiver then had no
+            # state from it in round 0, and it ran a round ahead of everyone to the
+            # end, where it waited out round_timeout for a round nobody else ran
+            # (scripts/bench_vs_hivemind.py, 4 peers, one_peer_exponential).
+            newest: dict[str, int] = {}   # each sender's latest round (the one most likely to show it)
+            for src, c in self._in.items():
+                for m in c.pending:
+                    r = m.body.get("r")
+                    if isinstance(r, int) and not isinstance(r, bool) and r > newest.get(src, t):
+                        newest[src] = r
+            t = max([t] + [r for src, r in newest.items()
+                           if self.sync == "async" or self._left_behind(src, r, t)])
         elif self.sync != "async" and not self._per_edge:
             # On a static graph a neighbour is also a receiver, and waits for this
             # peer's state before it gets more than max_staleness rounds ahead
@@ -953,6 +970,48 @@ class Gossip:
         c = self._in.get(j)
         r = c.pending[-1].body.get("r") if c is not None and c.pending else None
         return isinstance(r, int) and not isinstance(r, bool) and r > t
+
+    def _left_behind(self, j: str, r: int, t: int) -> bool:
+        """Whether ``j``'s message of round ``r`` shows that the swarm went on without
+        this peer, which has sent nothing of round ``t`` or later yet.
+
+        Plays rounds ``t .. r − 1`` of the graph with this peer stopped before round
+        ``t`` and everyone else as patient as the sync mode says: a peer whose sender
+        of round u has sent it nothing since round u − ``max_staleness`` (lockstep:
+        since u) stops in round u, after sending that round's message. If ``j`` stops
+        before round r, it got to r only because someone gave up waiting for this
+        peer, whose rounds before r are then not wanted any more. Otherwise ``j`` is
+        ahead by the graph alone: on a time-varying graph its rounds need this
+        peer's state only some rounds later (one-peer exponential, n = 4: a peer
+        one round ahead is normal while the others start). Messages sent before
+        round ``t`` are taken to have arrived, which errs towards keeping the round.
+        A message more than n · (``max_staleness`` + 1) rounds ahead counts as proof
+        without playing (a stopped peer stops every other one sooner on a connected
+        graph), which bounds the cost for a joiner far behind."""
+        ids = self._view.ids
+        n = len(ids)
+        me, src = self._view.index(self.link.id), self._view.index(j)
+        if me < 0 or src < 0:
+            return False
+        slack = self.max_staleness if self.sync == "bounded" else 0
+        if r - t > n * (slack + 1):
+            return True
+        kw = dict(edges=topo.within(self.edges, n) if self.topology == "custom" else None, seed=self.seed)
+        stopped = {me: t - 1}                 # position -> the last round it sent
+        last: dict[tuple[int, int], int] = {}  # (sender, receiver) -> last round sent there
+        for u in range(t, r):
+            senders: dict[int, list[int]] = {k: [] for k in range(n)}
+            for k in range(n):
+                for dst in topo.receivers(self.topology, n, k, u, **kw):
+                    senders[dst].append(k)
+                    if k not in stopped:
+                        last[k, dst] = u
+            for k in range(n):
+                if k not in stopped and any(last.get((m, k), t - 1) < u - slack for m in senders[k]):
+                    stopped[k] = u
+            if src in stopped:
+                return True
+        return False
 
     def _copy_round(self, j: str) -> int:
         c = self._in.get(j)
