@@ -41,18 +41,20 @@ stops them; that is not counted).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
 import multiprocessing as mp
 import queue
 import signal
+import socket
 import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -338,6 +340,33 @@ def swarm_sets(seed: int, extra: list[str], max_steps: int, every: int, episodes
                            f"eval.solver={solver}"]
 
 
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """Exit 143 when a SIGTERM came while this lasted, as outside it (see ``__main__``).
+
+    While a ``swarm run`` lasts its launcher takes SIGINT, SIGTERM and SIGHUP over: it
+    ends its processes, then raises KeyboardInterrupt, whichever signal it was. Python
+    writes the number of every signal it catches to the wakeup fd, whoever handles it:
+    that says which one it was (a Ctrl-C stays a KeyboardInterrupt).
+    """
+    got, sent = socket.socketpair()
+    got.setblocking(False)
+    sent.setblocking(False)
+    old = signal.set_wakeup_fd(sent.fileno(), warn_on_full_buffer=False)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(old)
+        try:
+            caught = got.recv(1024)
+        except BlockingIOError:
+            caught = b""
+        got.close()
+        sent.close()
+        if signal.SIGTERM in caught:
+            raise SystemExit(128 + signal.SIGTERM)
+
+
 def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int, root: Path,
           until_solved: bool = True, base: list[str] = SWARM, solver: int = 0) -> dict:
     """One ``swarm run`` until the evaluation of peer ``solver`` (-1: of any peer) reaches SOLVE.
@@ -347,7 +376,8 @@ def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int
     """
     sets = swarm_sets(seed, extra, max_steps, every, episodes, until_solved, base, solver)
     log = io.StringIO()
-    result = run_experiment(None, sets, runs_root=root, stream=log)
+    with _sigterm_exits():
+        result = run_experiment(None, sets, runs_root=root, stream=log)
     run_dir, rows = result.run_dir, result.summary
     if result.exit_code != 0:
         raise SystemExit(f"swarm run failed ({result.exit_code}):\n{log.getvalue()}")
@@ -537,6 +567,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
-    # the processes this script started still run (killed outright, they were left behind)
+    # the processes this script started still run (killed outright, they were left behind);
+    # a swarm run takes it over while it lasts, and ends its own (_sigterm_exits)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     main()

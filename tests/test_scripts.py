@@ -286,22 +286,43 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _peers(pids: list[int]) -> int:
+    """How many of ``pids`` are `swarm peer` processes."""
+    n = 0
+    for pid in pids:
+        try:
+            n += b"--rank" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            pass
+    return n
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
-def test_a_benchmark_ended_by_sigterm_ends_the_processes_it_started():
+@pytest.mark.parametrize("script,args,busy", [
+    ("bench_scale", ["--quick", "--skip", "b,c"], lambda pids: len(pids) >= 2),   # coordinator and workers
+    # in its swarm run, whose launcher takes SIGTERM over (it raised KeyboardInterrupt: the
+    # script died by SIGINT, with a traceback); the isolated learners come first
+    ("bench_learning", ["--seeds", "0", "--max-steps", "260", "--eval-every", "260", "--eval-episodes", "1",
+                        "--skip-dense", "--skip-alone"], lambda pids: _peers(pids) == 4),
+], ids=["bench_scale", "bench_learning"])
+def test_a_benchmark_ended_by_sigterm_ends_the_processes_it_started(script, args, busy, tmp_path):
     """A `timeout` (SIGTERM) of bench_scale left its coordinator and workers running for
     good: the signal ended the script before its finally blocks. Every benchmark that
     starts processes now takes SIGTERM as SystemExit."""
-    p = subprocess.Popen([sys.executable, str(SCRIPTS / "bench_scale.py"), "--quick", "--skip", "b,c"], cwd=ROOT,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    err = tmp_path / "stderr"
+    with open(err, "wb") as f:
+        p = subprocess.Popen([sys.executable, str(SCRIPTS / f"{script}.py"), *args], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
     started: list[int] = []
     try:
-        deadline = time.monotonic() + 60
-        while len(started) < 2 and time.monotonic() < deadline and p.poll() is None:
+        deadline = time.monotonic() + 120
+        while not busy(started) and time.monotonic() < deadline and p.poll() is None:
             started = _descendants(p.pid)
             time.sleep(0.1)
-        assert len(started) >= 2, "bench_scale started no coordinator and workers"
+        assert busy(started), f"{script} did not start its processes: {started}"
         p.send_signal(signal.SIGTERM)
-        assert p.wait(30) == 128 + signal.SIGTERM
+        assert p.wait(60) == 128 + signal.SIGTERM
+        assert "Traceback" not in err.read_text(errors="replace"), err.read_text(errors="replace")[-3000:]
         deadline = time.monotonic() + 20
         while any(map(_running, started)) and time.monotonic() < deadline:
             time.sleep(0.2)

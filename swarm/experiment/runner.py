@@ -23,8 +23,9 @@ It writes into ``DIR/peer{R}/``:
 ``run.json``      the id of the run this folder holds and the runs it continues
                   (:class:`~swarm.experiment.checkpoint.Lineage`; kept by every restart)
 ``acked.bin``     with ``buffer.replicas`` > 0: int64 sequence numbers of this peer's items
-                  that neighbours acknowledged (appended each round; a restarted process
-                  may append an id its predecessor did)
+                  that neighbours acknowledged (appended each round, whole entries only:
+                  :func:`_append_whole`; a restarted process may append an id its
+                  predecessor did)
 ``ids.json``      with ``buffer.replicas`` > 0, at the end: ids of every item held
 ``summary.json``  final figures, read by the launcher's summary table (a resume or restart
                   that fails before it trains leaves the one there, and ids.json, as they were)
@@ -33,8 +34,9 @@ SIGTERM or SIGINT ends the current step, writes all of the above and leaves
 the swarm cleanly. SIGKILL loses the env steps since the last checkpoint.
 
 A disk that fills (or goes read only) does not end the run: a checkpoint, ``best.pt``,
-``checkpoint.pt``, a CSV flush or a TensorBoard write that fails is logged (once per
-file) and counted, and training goes on; the files written before stay whole.
+``checkpoint.pt``, ``ids.json``, an ``acked.bin`` append (its ids go unrecorded), a CSV
+flush or a TensorBoard write that fails is logged (once per file) and counted, and
+training goes on; the files written before stay whole.
 summary.json records the counts (``checkpoint_failures``, ``write_failures``).
 
 A peer that joins a swarm already training bootstraps its parameters from its
@@ -173,6 +175,30 @@ def _write_whole(path: Path, write: Callable[[Path], Any]) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _append_whole(path: Path, data: bytes, entry: int = 8) -> None:
+    """Append ``data`` (whole ``entry``-byte entries) to ``path``, all of it or none.
+
+    A write that fails part way (a full disk may take some of it, and refuse the rest)
+    is cut back off and raises OSError: a torn entry would shift every entry appended
+    after it. A torn last entry that a killed process left is cut off first.
+    """
+    with open(path, "ab", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        whole = size - size % entry
+        try:
+            if whole != size:
+                f.truncate(whole)
+            left = memoryview(data)
+            while left:
+                left = left[f.write(left):]
+        except OSError:
+            try:
+                f.truncate(whole)
+            except OSError:
+                pass   # what was written stays; the next append cuts back a torn entry
+            raise
 
 
 def _keep_rows_upto(path: Path, env_steps: int) -> int:
@@ -899,8 +925,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 shared = fed.stats.pushed - state.shared_pushed
                 state.shared_pushed += shared
             if acked:   # each id comes once: nothing to remember here
-                with open(acked_log, "ab") as f:
-                    f.write(np.array([s for _, s in acked], dtype=np.int64).tobytes())
+                try:
+                    _append_whole(acked_log, np.array([s for _, s in acked], dtype=np.int64).tobytes())
+                except OSError as e:   # a full disk: the file keeps the entries before, whole
+                    unwritten("acked.bin", e, "the ids acknowledged meanwhile go unrecorded; training goes on")
             state.rounds += 1
             if res is not None:
                 agent.on_parameters_changed()
@@ -1107,7 +1135,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 held: dict[str, list[int]] = {}
                 for o, s in agent.buffer.ids():
                     held.setdefault(o, []).append(s)
-                (out / "ids.json").write_text(json.dumps(held) + "\n")
+                try:
+                    _write_whole(out / "ids.json", lambda tmp: tmp.write_text(json.dumps(held) + "\n"))
+                except OSError as e:   # a full disk: the ids.json there (if any) stays
+                    unwritten("ids.json", e, "the one there (if any) stays")
             if ckpt is not None:
                 try:
                     summary["checkpoint"] = str(save_params(out / "checkpoint.pt", state.env_steps))

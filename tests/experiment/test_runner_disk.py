@@ -1,4 +1,5 @@
-"""A peer's result files when the disk fills: best.pt, checkpoint.pt, the CSV files, TensorBoard.
+"""A peer's result files when the disk fills: best.pt, checkpoint.pt, the CSV files, TensorBoard,
+acked.bin and ids.json.
 
 The standard (as for checkpoints, test_checkpoint_disk.py): a write that fails is logged
 and counted, training goes on, summary.json is still written, and the files written
@@ -10,6 +11,7 @@ test's when the test says so.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
 import os
@@ -17,11 +19,16 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 # a coordinator process for in-process peers (tests/ is on the path)
 from experiment.test_runner import ONE, coordinator  # noqa: F401 - a fixture
+
+from swarm.experiment import load_spec
+from swarm.experiment.runner import run_peer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,9 +45,11 @@ FILL = """
 """
 
 # A peer (run_peer, rank 0 of argv[2]'s coordinator) trains on the disk argv[1] with the
-# spec settings argv[4]; with argv[3] > 0 the disk is filled at that env step, and emptied
-# again for the final checkpoint, checkpoint.pt and summary.json. Prints what it returned
-# and what its folder holds.
+# spec settings argv[4]; with argv[3] > 0 the disk is filled at that env step (with argv[6],
+# a file of the peer's: at the first one after it at which that file is not empty), and
+# emptied again for the final checkpoint, checkpoint.pt and summary.json (with argv[5] =
+# "checkpoint.pt": only for checkpoint.pt and summary.json, after the final checkpoint and
+# ids.json). Prints what it returned and what its folder holds (acked.bin in hex).
 PEER = FILL + """
     import json, logging, os, sys
     from pathlib import Path
@@ -49,19 +58,35 @@ PEER = FILL + """
 
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     disk, coordinator, fill_at, sets = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+    room_at = sys.argv[5] if len(sys.argv) > 5 else "close"
+    after = Path(disk) / "run" / "peer0" / sys.argv[6] if len(sys.argv) > 6 else None
+    filler = os.path.join(disk, "filler")
 
     class Filling(runner.Checkpointer):   # the runner calls its step() at every env step
+        filled = False
+
         def step(self, env_steps):
-            if env_steps == fill_at:
+            if (not self.filled and env_steps >= fill_at
+                    and (after is None or after.exists() and after.stat().st_size > 0)):
                 fill(disk)
+                self.filled = True
             return super().step(env_steps)
 
         def close(self):
-            os.unlink(os.path.join(disk, "filler"))
+            if room_at == "close":
+                os.unlink(filler)
             return super().close()
+
+    save_whole = runner._save_whole
+
+    def saving(obj, path):
+        if room_at == path.name and os.path.exists(filler):
+            os.unlink(filler)
+        return save_whole(obj, path)
 
     if fill_at:
         runner.Checkpointer = Filling
+        runner._save_whole = saving
     try:
         got = runner.run_peer(load_spec(None, sets), 0, coordinator, Path(disk) / "run", tensorboard=fill_at > 0,
                               join_timeout=20)
@@ -69,8 +94,9 @@ PEER = FILL + """
         got = {"raised": f"{type(e).__name__}: {e}"}
     out = Path(disk) / "run" / "peer0"
     files = {p.name: p.read_text() for p in out.iterdir() if p.suffix in (".csv", ".json")}
+    acked = (out / "acked.bin").read_bytes().hex() if (out / "acked.bin").exists() else None
     print(json.dumps({"returned": got, "files": files, "left": sorted(p.name for p in out.iterdir()),
-                      "ckpt": sorted(p.name for p in (out / "ckpt").iterdir())}))
+                      "ckpt": sorted(p.name for p in (out / "ckpt").iterdir()), "acked": acked}))
 """
 
 # best.pt's writer and the CSV and TensorBoard logs, on a disk that fills under them.
@@ -206,3 +232,102 @@ def test_best_pt_and_the_logs_on_a_full_disk_fail_with_an_error_that_is_logged(t
     # the rows that waited in memory were written once there was room again, those past
     # the buffer are lost, none torn
     assert 150 <= len(_rows(got["metrics"])) < 550
+
+
+def test_acked_bin_appends_on_a_full_disk_are_logged_and_the_file_keeps_whole_entries(coordinator, tmp_path):
+    """With buffer.replicas each gossip round appends the ids a neighbour acknowledged to
+    acked.bin. peer0 (on the small disk, filled once acked.bin has ids) and peer1 (on tmp_path) replicate
+    to each other. After the fill acked.bin grows only within its last page (4096 bytes on
+    tmpfs, 512 ids; one id per env step): the append that crosses it is part written."""
+    probe = tmp_path / "probe"   # skips now where there is no small disk, before peer1 waits for peer0
+    probe.mkdir()
+    _on_small_disk(probe, "64k", "print('{}')")
+    both = ONE + ["peers=2", "buffer.replicas=1", "buffer.capacity=4000", "gossip.interval=20"]
+    other: dict = {}
+    stop = threading.Event()
+    # a larger budget (a per-peer key): peer1 acknowledges peer0's items until peer0 is done
+    peer1 = threading.Thread(target=lambda: other.update(run_peer(
+        load_spec(None, both + ["budget.env_steps=1600"]), 1, coordinator, tmp_path / "run", stop=stop,
+        tensorboard=False, join_timeout=120)))
+    peer1.start()
+    try:
+        got = _on_small_disk(tmp_path, "2m", PEER, coordinator, "1", json.dumps(both + ["budget.env_steps=800"]),
+                             "close", "acked.bin")
+    finally:
+        stop.set()
+        peer1.join(60)
+    assert not peer1.is_alive() and other.get("reason") in ("budget", "stopped"), other
+    s = got["returned"]
+    # the old runner's OSError ended the run at the first round after the fill that had ids
+    assert s.get("reason") == "budget" and s["env_steps"] == 800, s
+    assert s["write_failures"]["acked.bin"] >= 1, s
+    assert got["log"].count("cannot write acked.bin (") == 1 and "No space left on device" in got["log"]
+    # whole rounds of whole int64 entries, each id once (local seqs count from 0): the part
+    # of the append that crossed the page was cut back off
+    raw = bytes.fromhex(got["acked"])
+    assert raw and len(raw) % 8 == 0 and len(raw) < 4096, len(raw)
+    ids = np.frombuffer(raw, dtype=np.int64)
+    assert len(set(ids.tolist())) == len(ids) and 0 <= ids.min() and ids.max() < 800, ids
+    # its reader, scripts/chaos.py, finds every id recorded (peer1's too) in the other's ids.json
+    found = importlib.util.spec_from_file_location("chaos", ROOT / "scripts" / "chaos.py")
+    chaos = importlib.util.module_from_spec(found)
+    found.loader.exec_module(chaos)
+    (tmp_path / "run" / "peer0").mkdir()
+    (tmp_path / "run" / "peer0" / "acked.bin").write_bytes(raw)
+    theirs = (tmp_path / "run" / "peer1" / "acked.bin").stat().st_size // 8
+    assert chaos.samples_lost(tmp_path / "run") == (0, len(ids) + theirs)
+
+
+def test_an_ids_json_that_does_not_fit_still_leaves_summary_json(coordinator, tmp_path):
+    # buffer.replicas without sharing: ids.json, with no neighbour; the disk fills at step 250
+    # and has room again only for checkpoint.pt and summary.json, after ids.json
+    sets = ONE + ["budget.env_steps=300", "buffer.sharing=false", "buffer.replicas=1"]
+    got = _on_small_disk(tmp_path, "2m", PEER, coordinator, "250", json.dumps(sets), "checkpoint.pt")
+    s = got["returned"]
+    # the old runner raised ids.json's OSError before it wrote summary.json
+    assert s.get("reason") == "budget" and s["env_steps"] == 300, s
+    saved = json.loads(got["files"]["summary.json"])
+    assert saved["write_failures"]["ids.json"] == 1 and saved["env_steps"] == 300, saved
+    assert got["log"].count("cannot write ids.json (") == 1 and "No space left on device" in got["log"]
+    # none written, not a torn one (the old runner left an empty ids.json), and no temporary file
+    assert "ids.json" not in got["left"] and not [n for n in got["left"] if n.endswith(".tmp")], got["left"]
+    assert "checkpoint.pt" in got["left"]
+
+
+# Appends to a file (argv[1]) with the process's file size limit (RLIMIT_FSIZE) below what
+# the append needs: the kernel takes the bytes up to the limit, then refuses (EFBIG).
+APPEND = """
+    import json, resource, signal, sys
+    import numpy as np
+    from swarm.experiment.runner import _append_whole
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails, not the process
+    path, got = sys.argv[1], {}
+    _append_whole(path, np.arange(3, dtype=np.int64).tobytes())
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (28, hard))   # room for half an entry more
+    try:
+        _append_whole(path, np.arange(3, 6, dtype=np.int64).tobytes())
+    except OSError as e:
+        got["raised"] = e.errno
+    got["size"] = len(open(path, "rb").read())
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+    _append_whole(path, np.arange(6, 8, dtype=np.int64).tobytes())
+    with open(path, "ab") as f:
+        f.write(b"\x01\x02\x03")   # a torn last entry, as a process killed mid-write leaves
+    _append_whole(path, np.arange(8, 9, dtype=np.int64).tobytes())
+    got["ids"] = np.fromfile(path, dtype=np.int64).tolist()
+    print(json.dumps(got))
+"""
+
+
+def test_an_acked_bin_append_that_fails_part_way_leaves_no_torn_entry(tmp_path):
+    """A part-written append left a torn int64 entry: every id appended after it read wrong."""
+    src = tmp_path / "append.py"
+    src.write_text(textwrap.dedent(APPEND))
+    p = subprocess.run([sys.executable, str(src), str(tmp_path / "acked.bin")], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0, p.stderr[-4000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["raised"] == 27 and got["size"] == 24, got   # EFBIG, and the 4 bytes written cut back off
+    assert got["ids"] == [0, 1, 2, 6, 7, 8], got
