@@ -133,3 +133,44 @@ def hold_views(peer):
         install(view)
 
     return views, release
+
+
+def on_small_disk(tmp_path: Path, size: str, script: str, *args: str, env: dict[str, str] | None = None,
+                  read_only_after: dict[str, str] | None = None) -> dict:
+    """Run the Python ``script`` with a folder on a tmpfs of ``size`` (a real disk that
+    fills) as its first argument, then ``args``, in a user and mount namespace of its own;
+    returns the JSON it prints last, with its stderr as ``log``. With ``read_only_after``
+    it first runs once with those environment variables on the disk writable (its output
+    ignored), then again, with ``env``, once the disk is remounted read only. Skips where
+    the machine does not allow such namespaces."""
+    import shlex
+    import shutil
+    import textwrap
+
+    import pytest
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) to make a small disk")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    src = tmp_path / "child.py"
+    src.write_text(textwrap.dedent(script))
+    run = 'exec "$@"'
+    if read_only_after is not None:
+        first = " ".join(f"{k}={shlex.quote(v)}" for k, v in read_only_after.items())
+        run = f'env {first} "$@" >/dev/null && mount -o remount,ro "$d" && {run}'
+    cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+           f'mount -t tmpfs -o size="$1" tmpfs "$2" || exit 77; d="$2"; shift 2; {run}', "sh", size, str(disk),
+           sys.executable, str(src), str(disk), *args]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    except OSError as e:
+        pytest.skip(f"cannot run unshare: {e}")
+    if p.returncode == 77 or (p.returncode == 1 and p.stderr.startswith("unshare:")):
+        pytest.skip(f"no user and mount namespaces here: {p.stderr.strip()}")
+    # -7 / 135: SIGBUS (what a store into a memory-mapped file on a full disk gets)
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out["log"] = p.stderr
+    return out

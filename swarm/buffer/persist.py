@@ -136,7 +136,7 @@ class Snapshot:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
             self._write_columns(tmp)
-            _write_file(tmp / "meta.json", json.dumps(self._meta).encode())
+            write_synced(tmp / "meta.json", json.dumps(self._meta).encode())
             _replace(tmp, self.path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)   # a failed save leaves no half snapshot using the disk
@@ -181,7 +181,7 @@ class Snapshot:
                 f.close()
 
 
-def _write_file(path: Path, data: bytes) -> None:
+def write_synced(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` and sync it to disk (a crash after a rename must not leave it empty)."""
     with open(path, "wb") as f:
         f.write(data)
@@ -196,7 +196,8 @@ def _save_array(path: Path, a: np.ndarray) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Sync a directory's entries (a rename into it) to disk, where the system allows it."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -212,7 +213,7 @@ def _fsync_dir(path: Path) -> None:
 def _replace(tmp: Path, path: Path) -> None:
     """Rename the complete snapshot ``tmp`` to ``path``, replacing an earlier snapshot
     there; when the rename fails the earlier one is put back."""
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     if os.path.lexists(path):
         _check_target(path)   # checked again: something else may have been put there meanwhile
         old = path.with_name(path.name + f".old-{os.getpid()}-{threading.get_ident()}")
@@ -225,7 +226,7 @@ def _replace(tmp: Path, path: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _meta(buf: "ReplayBuffer") -> dict[str, Any]:
@@ -373,7 +374,7 @@ def save_incremental(buf: "ReplayBuffer", path: str | os.PathLike, since: int) -
         for k, v in rows.items():
             _save_array(tmp / f"{k}.npy", v)
         _save_array(tmp / "_slots.npy", slots)
-        _write_file(tmp / "meta.json", json.dumps(meta).encode())
+        write_synced(tmp / "meta.json", json.dumps(meta).encode())
         _replace(tmp, path)
     except OSError as e:
         raise ReplayError(f"incremental snapshot to {path} failed: {e}") from e

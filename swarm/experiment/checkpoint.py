@@ -67,6 +67,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ..buffer.persist import fsync_dir, write_synced
 from ..errors import ConfigError, ReplayError, SwarmError
 
 log = logging.getLogger("swarm.experiment")
@@ -263,10 +264,10 @@ class Checkpointer:
         # nets, optimizer, RNGs
         manifest = {"name": name, "kind": "incremental" if info.get("base") else "full",
                     "written_at": time.time(), **(self.run.record() if self.run is not None else {}), **info}
-        _write_file(tmp / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
-        _fsync_dir(tmp)
+        write_synced(tmp / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+        fsync_dir(tmp)
         os.replace(tmp, self.root / name)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         self.written.append(name)
         log.info("checkpoint %s at %s env steps", name, info["counters"].get("env_steps"))
 
@@ -292,36 +293,14 @@ def _fresh_dir(path: Path) -> None:
     path.mkdir(parents=True)
 
 
-def _write_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` and sync it to disk. A full disk is an OSError (ENOSPC)
-    here, where ``torch.save`` to a path raises a RuntimeError of torch's."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _write_state(path: Path, state: dict[str, Any]) -> dict[str, str]:
     """``torch.save`` ``state`` to ``path``; returns the manifest's ``files`` entry (its digest)."""
     import torch  # noqa: PLC0415
 
     out = io.BytesIO()
     torch.save(state, out)
-    _write_file(path, out.getvalue())
+    write_synced(path, out.getvalue())
     return {"state.pt": _bytes_digest(out.getvalue())}
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------- restoring

@@ -9,22 +9,17 @@ mount namespace of the test's own); a failing rename is made with monkeypatch.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
+from swarmtest import on_small_disk
 
 from swarm.buffer import ReplayBuffer
 from swarm.buffer.persist import digest, load_incremental, save_incremental
 from swarm.errors import ReplayError
 
-ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = {"obs": ("float32", (8,)), "action": ("int64", ()), "reward": ("float32", ())}
 
 
@@ -33,35 +28,10 @@ def items(n, start=0):
     return {"obs": np.tile(k[:, None], (1, 8)).astype(np.float32), "action": k, "reward": k.astype(np.float32)}
 
 
-def _small_disk(tmp_path: Path, script: str, size: str) -> dict:
-    """Run ``script`` with ``sys.argv[1]`` a folder on a tmpfs of ``size`` (a real disk that
-    fills), in a user and mount namespace of its own; returns the JSON it prints last.
-    Skips where the machine does not allow such namespaces."""
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare(1) to make a small disk")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    src = tmp_path / "child.py"
-    src.write_text(textwrap.dedent(script))
-    mount = 'mount -t tmpfs -o size="$1" tmpfs "$2" || exit 77; shift 2; exec "$@"'
-    cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", mount, "sh", size, str(disk),
-           sys.executable, str(src), str(disk)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    except OSError as e:
-        pytest.skip(f"cannot run unshare: {e}")
-    if p.returncode == 77 or (p.returncode == 1 and p.stderr.startswith("unshare:")):
-        pytest.skip(f"no user and mount namespaces here: {p.stderr.strip()}")
-    # -7 / 135: SIGBUS, what a store into a memory-mapped file on a full disk gets
-    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 def test_a_disk_that_fills_during_a_save_fails_it_cleanly_and_keeps_the_snapshot_there(tmp_path):
     """A real full disk: the first snapshot fits, the second (both exist until the
     rename) does not. The old code wrote through a memory map and died of SIGBUS."""
-    got = _small_disk(tmp_path, """
+    got = on_small_disk(tmp_path, "2m", """
         import json, os, sys
         import numpy as np
         from swarm.buffer import ReplayBuffer
@@ -84,7 +54,7 @@ def test_a_disk_that_fills_during_a_save_fails_it_cleanly_and_keeps_the_snapshot
         out["left"] = sorted(os.listdir(disk))
         out["same"] = digest(ReplayBuffer.load(disk + "/snap")) == first
         print(json.dumps(out))
-    """, size="2m")
+    """)
     for background in ("False", "True"):
         assert got[background].startswith("ReplayError: snapshot to ") and "No space left on device" in got[background]
     assert got["left"] == ["snap"]          # no temporary folder left using the full disk

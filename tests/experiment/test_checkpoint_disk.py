@@ -10,18 +10,15 @@ namespace of the test's own); other failures are made with monkeypatch.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from swarmtest import on_small_disk
 
 from swarm.buffer import ReplayBuffer
 from swarm.errors import ConfigError
@@ -30,7 +27,6 @@ from swarm.rl import DQNAgent, dqn_schema
 from swarm.rl.hparams import DQNConfig
 from swarm.rl.train import run_agent
 
-ROOT = Path(__file__).resolve().parents[2]
 
 # A child that trains with a checkpoint due every 50 env steps, in sys.argv[1]/ckpt.
 CHILD = """
@@ -64,33 +60,11 @@ CHILD = """
 
 
 def _small_disk(tmp_path: Path, size: str, steps: int, then_read_only: int = 0) -> dict:
-    """Run CHILD for ``steps`` env steps on a tmpfs of ``size`` (a real disk that fills), in
-    a user and mount namespace of its own; with ``then_read_only``, first that many steps on
-    it writable, then the rest after a read-only remount. Returns the JSON it prints last.
-    Skips where the machine does not allow such namespaces."""
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare(1) to make a small disk")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    src = tmp_path / "child.py"
-    src.write_text(textwrap.dedent(CHILD))
-    py = f'"{sys.executable}" "{src}" "$2"'
-    run = (f"STEPS={then_read_only} {py} >/dev/null && mount -o remount,ro \"$2\" && STEPS={steps} exec {py}"
-           if then_read_only else f"STEPS={steps} exec {py}")
-    cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-           f'mount -t tmpfs -o size="$1" tmpfs "$2" || exit 77; {run}', "sh", size, str(disk)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    except OSError as e:
-        pytest.skip(f"cannot run unshare: {e}")
-    if p.returncode == 77 or (p.returncode == 1 and p.stderr.startswith("unshare:")):
-        pytest.skip(f"no user and mount namespaces here: {p.stderr.strip()}")
-    # -7 / 135: SIGBUS (the old buffer snapshot wrote through a memory map); 1: an OSError out of step()
-    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    out["log"] = p.stderr
-    return out
+    """Run CHILD for ``steps`` env steps on a tmpfs of ``size`` (swarmtest.on_small_disk); with
+    ``then_read_only``, first that many steps on it writable, then ``steps`` after a
+    read-only remount. 1 would be an OSError out of step()."""
+    return on_small_disk(tmp_path, size, CHILD, env={"STEPS": str(steps)},
+                         read_only_after={"STEPS": str(then_read_only)} if then_read_only else None)
 
 
 def test_a_disk_that_fills_fails_the_checkpoint_and_training_goes_on_from_the_one_kept(tmp_path):

@@ -15,7 +15,6 @@ import importlib.util
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -23,9 +22,9 @@ import threading
 from pathlib import Path
 
 import numpy as np
-import pytest
 # a coordinator process for in-process peers (tests/ is on the path)
 from experiment.test_runner import ONE, coordinator  # noqa: F401 - a fixture
+from swarmtest import on_small_disk
 
 from swarm.experiment import load_spec
 from swarm.experiment.runner import run_peer
@@ -147,32 +146,6 @@ UNITS = FILL + """
 """
 
 
-def _on_small_disk(tmp_path: Path, size: str, script: str, *args: str) -> dict:
-    """Run ``script`` with a tmpfs of ``size`` (a disk that fills) as its first argument, in a
-    user and mount namespace of its own; returns the JSON it prints last and its log (``log``).
-    Skips where the machine does not allow such namespaces."""
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare(1) to make a small disk")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    src = tmp_path / "child.py"
-    src.write_text(textwrap.dedent(script))
-    cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-           'mount -t tmpfs -o size="$1" tmpfs "$2" || exit 77; shift 2; exec "$@"', "sh", size, str(disk),
-           sys.executable, str(src), str(disk), *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    except OSError as e:
-        pytest.skip(f"cannot run unshare: {e}")
-    if p.returncode == 77 or (p.returncode == 1 and p.stderr.startswith("unshare:")):
-        pytest.skip(f"no user and mount namespaces here: {p.stderr.strip()}")
-    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    out["log"] = p.stderr
-    return out
-
-
 def _rows(text: str) -> list[dict[str, str]]:
     rows = list(csv.DictReader(io.StringIO(text)))
     assert all(None not in r and None not in r.values() for r in rows), "a torn row"
@@ -182,7 +155,7 @@ def _rows(text: str) -> list[dict[str, str]]:
 def test_a_disk_that_fills_while_training_fails_best_pt_and_the_logs_and_training_goes_on(coordinator, tmp_path):
     sets = ONE + ["budget.env_steps=600", "eval.every=200", "eval.episodes=1", "buffer.capacity=2000",
                   "checkpoint.full_every_s=0", "checkpoint.full_every_steps=100"]
-    got = _on_small_disk(tmp_path, "2m", PEER, coordinator, "150", json.dumps(sets))
+    got = on_small_disk(tmp_path, "2m", PEER, coordinator, "150", json.dumps(sets))
     s = got["returned"]
     # the old runner died at step 200: torch.save's RuntimeError writing best.pt
     assert s.get("reason") == "budget" and s["env_steps"] == 600, s
@@ -205,7 +178,7 @@ def test_a_disk_that_fills_while_training_fails_best_pt_and_the_logs_and_trainin
 
 def test_a_checkpoint_pt_that_does_not_fit_still_leaves_summary_json(coordinator, tmp_path):
     sets = ONE + ["budget.env_steps=300", "checkpoint.full_every_s=0", "checkpoint.full_every_steps=100"]
-    got = _on_small_disk(tmp_path, "48k", PEER, coordinator, "0", json.dumps(sets))
+    got = on_small_disk(tmp_path, "48k", PEER, coordinator, "0", json.dumps(sets))
     s = got["returned"]
     # the old runner raised torch.save's RuntimeError before it wrote summary.json
     assert s.get("reason") == "budget" and s["env_steps"] == 300, s
@@ -220,7 +193,7 @@ def test_a_checkpoint_pt_that_does_not_fit_still_leaves_summary_json(coordinator
 
 
 def test_best_pt_and_the_logs_on_a_full_disk_fail_with_an_error_that_is_logged(tmp_path):
-    got = _on_small_disk(tmp_path, "1m", UNITS)
+    got = on_small_disk(tmp_path, "1m", UNITS)
     # best.pt: an OSError (the old writer's torch.save raised RuntimeError), the one there kept
     assert got["raised"].startswith("OSError: [Errno 28] No space left on device"), got["raised"]
     assert got["best"] == 10.0 and got["left"] == ["best.pt", "filler"]
@@ -241,7 +214,7 @@ def test_acked_bin_appends_on_a_full_disk_are_logged_and_the_file_keeps_whole_en
     tmpfs, 512 ids; one id per env step): the append that crosses it is part written."""
     probe = tmp_path / "probe"   # skips now where there is no small disk, before peer1 waits for peer0
     probe.mkdir()
-    _on_small_disk(probe, "64k", "print('{}')")
+    on_small_disk(probe, "64k", "print('{}')")
     both = ONE + ["peers=2", "buffer.replicas=1", "buffer.capacity=4000", "gossip.interval=20"]
     other: dict = {}
     stop = threading.Event()
@@ -251,7 +224,7 @@ def test_acked_bin_appends_on_a_full_disk_are_logged_and_the_file_keeps_whole_en
         tensorboard=False, join_timeout=120)))
     peer1.start()
     try:
-        got = _on_small_disk(tmp_path, "2m", PEER, coordinator, "1", json.dumps(both + ["budget.env_steps=800"]),
+        got = on_small_disk(tmp_path, "2m", PEER, coordinator, "1", json.dumps(both + ["budget.env_steps=800"]),
                              "close", "acked.bin")
     finally:
         stop.set()
@@ -282,7 +255,7 @@ def test_an_ids_json_that_does_not_fit_still_leaves_summary_json(coordinator, tm
     # buffer.replicas without sharing: ids.json, with no neighbour; the disk fills at step 250
     # and has room again only for checkpoint.pt and summary.json, after ids.json
     sets = ONE + ["budget.env_steps=300", "buffer.sharing=false", "buffer.replicas=1"]
-    got = _on_small_disk(tmp_path, "2m", PEER, coordinator, "250", json.dumps(sets), "checkpoint.pt")
+    got = on_small_disk(tmp_path, "2m", PEER, coordinator, "250", json.dumps(sets), "checkpoint.pt")
     s = got["returned"]
     # the old runner raised ids.json's OSError before it wrote summary.json
     assert s.get("reason") == "budget" and s["env_steps"] == 300, s
