@@ -45,10 +45,10 @@ Sync modes
     graph, a peer that gets a message from more than ``max_staleness`` rounds
     ahead (lockstep: any) was left behind, and takes that round less
     ``max_staleness`` (see :meth:`Gossip.round`). Until it has first averaged, a
-    peer takes the round of a later message (a joiner): in async any, in
-    lockstep and bounded one that its sender could not have reached without
-    somebody giving up waiting for this peer (:meth:`Gossip._left_behind`), not
-    one a neighbour is ahead by the time-varying graph alone.
+    peer takes the round of a later message (a joiner): any, except on a
+    time-varying graph in lockstep and bounded, where only one that its sender
+    could not have reached without somebody giving up waiting for this peer
+    (:meth:`Gossip._left_behind`), not one a neighbour is ahead by the graph alone.
 """
 
 from __future__ import annotations
@@ -773,9 +773,9 @@ class Gossip:
             # held that neighbour's later messages back as "future" (bounded mode),
             # and the full state that would repair its copy as well, until the
             # neighbour had finished (tests/experiment/test_run.py, 2 peers).
-            # In lockstep and bounded it takes only a round that shows the swarm went
-            # on without it (see _left_behind): peers that start together on a
-            # time-varying graph are legitimately a round apart, and one that took a
+            # On a time-varying graph in lockstep and bounded it takes only a round
+            # that shows the swarm went on without it (see _left_behind): peers that
+            # start together there are legitimately a round apart, and one that took a
             # neighbour's round 1 skipped its round 0, whose receiver then had no
             # state from it in round 0, and it ran a round ahead of everyone to the
             # end, where it waited out round_timeout for a round nobody else ran
@@ -786,8 +786,9 @@ class Gossip:
                     r = m.body.get("r")
                     if isinstance(r, int) and not isinstance(r, bool) and r > newest.get(src, t):
                         newest[src] = r
-            t = max([t] + [r for src, r in newest.items()
-                           if self.sync == "async" or self._left_behind(src, r, t)])
+            if self.sync != "async" and self._per_edge and newest:
+                newest = self._left_behind(newest, t)
+            t = max([t, *newest.values()])
         elif self.sync != "async" and not self._per_edge:
             # On a static graph a neighbour is also a receiver, and waits for this
             # peer's state before it gets more than max_staleness rounds ahead
@@ -971,47 +972,49 @@ class Gossip:
         r = c.pending[-1].body.get("r") if c is not None and c.pending else None
         return isinstance(r, int) and not isinstance(r, bool) and r > t
 
-    def _left_behind(self, j: str, r: int, t: int) -> bool:
-        """Whether ``j``'s message of round ``r`` shows that the swarm went on without
-        this peer, which has sent nothing of round ``t`` or later yet.
+    def _left_behind(self, newest: dict[str, int], t: int) -> dict[str, int]:
+        """Of ``newest`` (each sender's latest round, beyond ``t``), those that show the
+        swarm went on without this peer, which has sent nothing of round ``t`` or later
+        yet (time-varying graphs, lockstep and bounded).
 
-        Plays rounds ``t .. r − 1`` of the graph with this peer stopped before round
-        ``t`` and everyone else as patient as the sync mode says: a peer whose sender
-        of round u has sent it nothing since round u − ``max_staleness`` (lockstep:
-        since u) stops in round u, after sending that round's message. If ``j`` stops
-        before round r, it got to r only because someone gave up waiting for this
-        peer, whose rounds before r are then not wanted any more. Otherwise ``j`` is
-        ahead by the graph alone: on a time-varying graph its rounds need this
-        peer's state only some rounds later (one-peer exponential, n = 4: a peer
-        one round ahead is normal while the others start). Messages sent before
-        round ``t`` are taken to have arrived, which errs towards keeping the round.
-        A message more than n · (``max_staleness`` + 1) rounds ahead counts as proof
-        without playing (a stopped peer stops every other one sooner on a connected
-        graph), which bounds the cost for a joiner far behind."""
+        Plays rounds ``t ..`` of the graph once, with this peer stopped before round
+        ``t`` and everyone else as patient as the sync mode says: a peer whose sender of
+        round u has sent it nothing since round u − ``max_staleness`` (lockstep: since
+        u) stops in round u, after sending that round's message. A sender that stops
+        before its round r got to r only because someone gave up waiting for this
+        peer, whose rounds before r are then not wanted any more. Otherwise it is ahead
+        by the graph alone: its rounds need this peer's state only some rounds later
+        (one-peer exponential, n = 4: a peer one round ahead is normal while the others
+        start). Messages sent before round ``t`` are taken to have arrived, which errs
+        towards keeping the round. A round more than n · (``max_staleness`` + 1) ahead
+        counts without playing (a stopped peer stops every other one sooner on a
+        connected graph), which bounds the play, O(n) a round, for a joiner far
+        behind."""
         ids = self._view.ids
         n = len(ids)
-        me, src = self._view.index(self.link.id), self._view.index(j)
-        if me < 0 or src < 0:
-            return False
+        me = self._view.index(self.link.id)
         slack = self.max_staleness if self.sync == "bounded" else 0
-        if r - t > n * (slack + 1):
-            return True
+        far = {j: r for j, r in newest.items() if r - t > n * (slack + 1)}
+        near = {self._view.index(j): (j, r) for j, r in newest.items() if j not in far}
+        near.pop(-1, None)      # a sender the view no longer lists proves nothing
+        if me < 0 or not near:
+            return far
         kw = dict(edges=topo.within(self.edges, n) if self.topology == "custom" else None, seed=self.seed)
         stopped = {me: t - 1}                 # position -> the last round it sent
         last: dict[tuple[int, int], int] = {}  # (sender, receiver) -> last round sent there
-        for u in range(t, r):
-            senders: dict[int, list[int]] = {k: [] for k in range(n)}
-            for k in range(n):
-                for dst in topo.receivers(self.topology, n, k, u, **kw):
+        for u in range(t, max(r for _, r in near.values())):
+            senders: list[list[int]] = [[] for _ in range(n)]
+            for k, dsts in enumerate(topo.all_receivers(self.topology, n, u, **kw)):
+                for dst in dsts:
                     senders[dst].append(k)
                     if k not in stopped:
                         last[k, dst] = u
             for k in range(n):
                 if k not in stopped and any(last.get((m, k), t - 1) < u - slack for m in senders[k]):
                     stopped[k] = u
-            if src in stopped:
-                return True
-        return False
+            if all(k in stopped or r <= u + 1 for k, (_, r) in near.items()):
+                break   # each has stopped, or got to its round
+        return {**far, **{j: r for k, (j, r) in near.items() if stopped.get(k, r) < r}}
 
     def _copy_round(self, j: str) -> int:
         c = self._in.get(j)

@@ -58,6 +58,7 @@ __all__ = [
     "neighbours",
     "senders",
     "receivers",
+    "all_receivers",
     "weights",
     "mixing_matrix",
     "spectrum",
@@ -210,6 +211,17 @@ def receivers(topology: str, n: int, i: int, t: int = 0, *, edges: Edges | None 
         j = (i + (1 << (t % _tau(n)))) % n
         return [] if j == i else [j]
     return sorted(_undirected(topology, n, i, t, edges, seed))
+
+
+def all_receivers(topology: str, n: int, t: int = 0, *, edges: Edges | None = None,
+                  seed: int = 0) -> list[list[int]]:
+    """:func:`receivers` of every position in round ``t`` at once (random pairing draws its
+    matching once, not once per peer)."""
+    if topology == "random_pairing" and n > 1:
+        _check(topology, n, 0, t)
+        partner = _pairing(n, t, seed)
+        return [[] if partner[i] == i else [int(partner[i])] for i in range(n)]
+    return [receivers(topology, n, i, t, edges=edges, seed=seed) for i in range(n)]
 
 
 def senders(topology: str, n: int, i: int, t: int = 0, *, edges: Edges | None = None,

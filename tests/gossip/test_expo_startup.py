@@ -135,3 +135,46 @@ def test_a_peer_left_behind_on_a_time_varying_graph_still_takes_the_round():
     # p000 mixes from its first round on (p001, which stopped waiting for it, may
     # run round 6 before p000's state of that round comes)
     assert all(r.ok for r in results[0]), got
+
+
+def test_the_play_that_proves_a_peer_left_behind_stops_once_each_sender_is_decided(monkeypatch):
+    # It played every round up to the newest one: O(n) a round, which at n = 256 and a
+    # sender 1,280 rounds ahead (the bound: n·(max_staleness + 1)) blocked the loop for
+    # 0.6 s in every round until the first average. A stopped peer stops the others
+    # within a few rounds here, so a few rounds decide it.
+    from swarm.gossip import engine, topology
+
+    played: list[int] = []
+    real = topology.all_receivers
+
+    def counted(topo_name, n, t, **kw):
+        played.append(t)
+        return real(topo_name, n, t, **kw)
+    monkeypatch.setattr(engine.topo, "all_receivers", counted)
+
+    async def main() -> dict:
+        hub = SimHub(topology="full")
+        links = hub.add_many(256)
+        g = Gossip(links[0], np.zeros(4, np.float32), topology="one_peer_exponential", sync="bounded",
+                   max_staleness=4)
+        return g._left_behind({"p001": 1280, "p002": 1280, "p100": 1}, 0)
+
+    proven = asyncio.run(main())
+    assert proven == {"p001": 1280, "p002": 1280}   # round 1 is ahead by the graph alone
+    assert len(played) < 100, len(played)
+
+
+def test_on_a_static_graph_a_peer_that_has_not_averaged_takes_a_later_round():
+    # A joiner takes its neighbours' round on a static graph, as before: only time-varying
+    # graphs have peers legitimately a round apart that it must not skip ahead of.
+    async def main() -> int:
+        hub = SimHub(topology="full")
+        links = hub.add_many(3)
+        gs = [Gossip(l, np.full(16, i, np.float32), topology="ring", sync="bounded", max_staleness=4,
+                     round_timeout=0.2) for i, l in enumerate(links)]
+        for _ in range(3):          # p001 and p002 run three rounds without p000
+            await asyncio.gather(gs[1].round(), gs[2].round())
+        await _until_queued(gs[0], "p001", 2)
+        return (await gs[0].round()).round
+
+    assert asyncio.run(main()) == 2

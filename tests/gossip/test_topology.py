@@ -7,7 +7,7 @@ import pytest
 
 from swarm.errors import ConfigError
 from swarm.gossip.topology import (
-    TOPOLOGIES, mixing_matrix, neighbours, period, receivers, rounds_to_epsilon, senders,
+    TOPOLOGIES, all_receivers, mixing_matrix, neighbours, period, receivers, rounds_to_epsilon, senders,
     spectrum, weights, within,
 )
 
@@ -146,3 +146,14 @@ def test_unknown_topology_named_in_message():
 def test_rounds_bound_matches_issue():
     assert rounds_to_epsilon(spectrum(mixing_matrix("ring", 16)).rho) == 133
     assert rounds_to_epsilon(spectrum(mixing_matrix("torus", 16)).rho) == 14
+
+
+@pytest.mark.parametrize("topology", [t for t in TOPOLOGIES if t != "custom"])
+def test_all_receivers_is_receivers_of_every_position(topology):
+    for n in (1, 2, 3, 4, 7, 8, 16):
+        for t in range(6):
+            try:
+                each = [receivers(topology, n, i, t, seed=3) for i in range(n)]
+            except ConfigError:   # hypercube: powers of two only
+                continue
+            assert all_receivers(topology, n, t, seed=3) == each, (n, t)
