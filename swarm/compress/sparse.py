@@ -111,8 +111,8 @@ class TopK(_Sparse):
     ``values="fp16"`` sends the kept values as float16: ~3.1 bytes per kept
     element. The rounding (relative 2⁻¹¹) is one more error that CHOCO's x − x̂
     or ``ef+`` carries into the next round; the decoder takes either value dtype.
-    When the largest kept magnitude is past 65504 or below 2⁻¹⁴, the values are
-    sent divided by a power of two, ``scale`` in the meta (as :class:`FP16` does,
+    When the largest kept magnitude is past 65504, the values are sent divided by
+    a power of two, ``scale`` in the meta (as :class:`FP16` does,
     :func:`~swarm.compress.dense.fp16_scale`), so nothing saturates short of Inf.
 
     ``values="fp8"`` sends each kept value in one byte: float8 e5m2 (the upper byte
