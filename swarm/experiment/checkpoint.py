@@ -147,9 +147,12 @@ class Checkpointer:
         except (OSError, SwarmError) as e:
             self.failures += 1
             self.last_error = str(e)
-            kept = self._base[0] if self._base is not None else None
+            try:   # what a restart would load: an increment, if one is newer than the full one
+                kept = committed(self.root)[:1]
+            except SwarmError:
+                kept = []
             log.error("checkpoint failed: %s; training goes on (%s)", e,
-                      f"the newest checkpoint stays {kept}" if kept else "none written by this process yet")
+                      f"the newest checkpoint stays {kept[0].name}" if kept else "no checkpoint is committed yet")
             return None
 
     def _step(self, env_steps: int) -> str | None:

@@ -237,3 +237,27 @@ def test_a_checkpoint_folder_that_cannot_be_listed_is_a_config_error_naming_it(t
             load_newest(root)
     finally:
         root.chmod(0o755)
+
+
+def test_a_failed_checkpoint_names_the_newest_committed_one_an_increment_too(tmp_path, monkeypatch, caplog):
+    # It named the newest full checkpoint, though an increment after it was committed
+    # (what a restart loads).
+    agent = _agent()
+    root = tmp_path / "ckpt"
+    ck = Checkpointer(root, agent, agent.buffer, lambda: {"env_steps": agent.steps}, full_every_steps=10_000,
+                      incremental_every_steps=10)
+    ck.full(background=False)
+    _train(agent, 25, ck)
+    newest = committed(root)[0].name
+    assert "-inc-" in newest
+    real = os.replace
+
+    def replace(src, dst, *a, **k):   # the disk is full from now on
+        if Path(dst).parent == root:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+        return real(src, dst, *a, **k)
+    monkeypatch.setattr(os, "replace", replace)
+    with caplog.at_level(logging.ERROR, "swarm.experiment"):
+        _train(agent, 15, ck, seed=1)
+    assert ck.failures >= 1
+    assert f"training goes on (the newest checkpoint stays {newest})" in caplog.text
