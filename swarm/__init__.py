@@ -33,12 +33,20 @@ if TYPE_CHECKING:
     from .peer import Peer, SyncPeer
 
 
+#: the package's submodules: ``import swarm; swarm.errors.WireError`` works as it did
+#: when this module imported ``errors`` and ``config`` itself
+_SUBMODULES = frozenset({"buffer", "checks", "cli", "compress", "config", "coordinator", "errors",
+                         "experiment", "gossip", "link", "peer", "rl", "tasks", "transport", "wire"})
+
+
 def __getattr__(name: str):
+    import importlib
+
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")   # the import binds it here too
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module 'swarm' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
     globals()[name] = value   # looked up here from now on
     return value

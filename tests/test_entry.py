@@ -56,3 +56,25 @@ def test_python_dash_m_swarm_runs_the_command_line():
                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("usage: swarm ")
+
+
+def test_the_package_imports_nothing_until_a_name_or_submodule_is_used():
+    # `import swarm` imported swarm.config and swarm.errors itself; now nothing (a Ctrl-C
+    # while the script imports it ended in a traceback), and `swarm.errors.X` and
+    # `swarm.config.X` still work without importing those submodules by name.
+    code = ("import sys, swarm\n"
+            "assert sorted(m for m in sys.modules if m.startswith('swarm')) == ['swarm']\n"
+            "lazy = swarm.errors.WireError\n"
+            "from swarm.errors import WireError\n"
+            "assert lazy is WireError and swarm.WireError is WireError\n"
+            "assert swarm.config.SwarmConfig is swarm.SwarmConfig\n"
+            "assert swarm.wire.decode and swarm.gossip.Gossip\n"
+            "try:\n"
+            "    swarm.nothing\n"
+            "except AttributeError as e:\n"
+            "    assert \"no attribute 'nothing'\" in str(e)\n"
+            "else:\n"
+            "    raise SystemExit('swarm.nothing did not raise')\n"
+            "print('ok')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
