@@ -94,6 +94,17 @@ def _train(agent: DQNAgent, steps: int, ck: Checkpointer, seed: int = 0) -> None
     run_agent("CartPole-v1", agent, steps, seed=seed, on_step=on_step)
 
 
+def _renames_into_fail(monkeypatch, root: Path) -> None:
+    """From now on a rename into ``root`` (a checkpoint's commit) fails with ENOSPC."""
+    real = os.replace
+
+    def replace(src, dst, *a, **k):
+        if Path(dst).parent == root:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+        return real(src, dst, *a, **k)
+    monkeypatch.setattr(os, "replace", replace)
+
+
 def test_a_commit_rename_that_fails_is_logged_and_training_goes_on(tmp_path, monkeypatch, caplog):
     agent = _agent()
     root = tmp_path / "ckpt"
@@ -101,13 +112,7 @@ def test_a_commit_rename_that_fails_is_logged_and_training_goes_on(tmp_path, mon
     _train(agent, 25, ck)
     ck.full(background=False)
     assert [p.name for p in committed(root)] == ["full-000002"]
-    real = os.replace
-
-    def replace(src, dst, *a, **k):   # the disk is full when the checkpoint is renamed into place
-        if Path(dst).parent == root:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
-        return real(src, dst, *a, **k)
-    monkeypatch.setattr(os, "replace", replace)
+    _renames_into_fail(monkeypatch, root)   # the disk is full when a checkpoint is committed
     with caplog.at_level(logging.ERROR, "swarm.experiment"):
         _train(agent, 50, ck, seed=1)
         if ck._pending is not None:
@@ -250,13 +255,7 @@ def test_a_failed_checkpoint_names_the_newest_committed_one_an_increment_too(tmp
     _train(agent, 25, ck)
     newest = committed(root)[0].name
     assert "-inc-" in newest
-    real = os.replace
-
-    def replace(src, dst, *a, **k):   # the disk is full from now on
-        if Path(dst).parent == root:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
-        return real(src, dst, *a, **k)
-    monkeypatch.setattr(os, "replace", replace)
+    _renames_into_fail(monkeypatch, root)   # the disk is full from now on
     with caplog.at_level(logging.ERROR, "swarm.experiment"):
         _train(agent, 15, ck, seed=1)
     assert ck.failures >= 1
