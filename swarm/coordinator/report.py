@@ -29,6 +29,9 @@ __all__ = ["PeerRates", "peer_rows", "status_document", "prometheus", "format_ta
 
 #: counters whose per-second rate the coordinator derives from heartbeats
 RATE_KEYS = ("env_steps", "rounds", "bytes_in", "bytes_out")
+#: counts of messages set aside, shown per peer when the peer sends them: its transport's
+#: (``PeerCounters``) and, with ``gossip.exchange = gradients``, its relay's (``relay_*``)
+LOSS_KEYS = ("dropped_out", "malformed", "unknown_dst", "held", "held_in", "relay_held_dropped", "relay_stale")
 
 _MAX_TEXT = 200   # longest string copied from a peer's stats into a row
 
@@ -152,6 +155,8 @@ def peer_rows(status: dict[str, Any], rates: PeerRates) -> list[dict[str, Any]]:
             "codec_ratio": num(s.get("codec_ratio")), "staleness": num(s.get("staleness")),
             "buffer_size": num(s.get("buffer_size")), "mean_return": num(s.get("mean_return")),
             "under_replicated": num(s.get("under_replicated")), "last_error": last_error,
+            # what the peer's transport (and, with gradient exchange, its relay) set aside
+            **{k: num(s.get(k)) for k in LOSS_KEYS},
         })
     return out
 
@@ -201,6 +206,18 @@ _PEER_METRICS = [
     ("swarm_peer_under_replicated_items", "gauge",
      "local replay items that fewer than buffer.replicas neighbours hold", "under_replicated"),
     ("swarm_peer_mean_return", "gauge", "mean episode return", "mean_return"),
+    ("swarm_peer_dropped_out_total", "counter", "sends dropped: the send queue stayed full past the deadline",
+     "dropped_out"),
+    ("swarm_peer_malformed_total", "counter", "inbound messages that failed a wire check", "malformed"),
+    ("swarm_peer_unknown_dst_total", "counter", "sends to a peer not in the view (or that could not be linked)",
+     "unknown_dst"),
+    ("swarm_peer_held_total", "counter", "sends held until the view listed their destination", "held"),
+    ("swarm_peer_held_in_total", "counter", "inbound messages held until the view listed their sender (keys)",
+     "held_in"),
+    ("swarm_peer_relay_held_dropped_total", "counter",
+     "relayed gradients held for a sender the view did not list, then dropped", "relay_held_dropped"),
+    ("swarm_peer_relay_stale_total", "counter",
+     "relayed gradients dropped as more than the window late (may have been first copies)", "relay_stale"),
 ]
 
 

@@ -1351,6 +1351,7 @@ class Peer:
                 c = self.counters
                 body["stats"] = {"msgs_in": c.msgs_in, "msgs_out": c.msgs_out, "bytes_in": c.bytes_in,
                                  "bytes_out": c.bytes_out, "dropped_out": c.dropped_out, "malformed": c.malformed,
+                                 "unknown_dst": c.unknown_dst, "held": c.held, "held_in": c.held_in,
                                  "nbrs": self._neighbours}
                 if self.stats is not None:
                     try:

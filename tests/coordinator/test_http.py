@@ -14,6 +14,8 @@ import subprocess
 import time
 
 import pytest
+import zmq
+import zmq.asyncio
 from swarmtest import free_port, wait_for
 
 from swarm.config import load_config
@@ -92,7 +94,8 @@ def test_status_json_and_metrics_with_live_peers():
     async def main():
         async with Coordinator(bind="tcp://127.0.0.1:*", run_name="obs-test") as coord:
             port = int(coord.http_url.rsplit(":", 1)[1].strip("/"))
-            extras = [{"codec_ratio": 0.25, "staleness": 1, "buffer_size": 1000, "under_replicated": 7},
+            extras = [{"codec_ratio": 0.25, "staleness": 1, "buffer_size": 1000, "under_replicated": 7,
+                       "relay_stale": 3},
                       {"codec_ratio": 0.5, "staleness": 0, "buffer_size": 2000, "last_error": "round timed out"},
                       {"buffer_size": "lots", "env_steps": float("nan")}]   # junk must not break anything
             peers = []
@@ -141,6 +144,35 @@ def test_status_json_and_metrics_with_live_peers():
                 assert ("swarm_peer_buffer_items", lab("p2", 2)) not in m   # junk is left out, not zero
                 assert m[("swarm_peer_under_replicated_items", lab("p0", 0))] == 7   # a peer that replicates
                 assert ("swarm_peer_under_replicated_items", lab("p1", 1)) not in m   # one that does not
+                # what the transport set aside rides along as counters; the relay's only
+                # from a peer that relays
+                for pid, rank in (("p0", 0), ("p1", 1)):
+                    for name in ("dropped_out", "malformed", "unknown_dst", "held", "held_in"):
+                        assert m[(f"swarm_peer_{name}_total", lab(pid, rank))] >= 0
+                        assert type(rows[pid][name]) is int and rows[pid][name] >= 0
+                assert m[("swarm_peer_relay_stale_total", lab("p0", 0))] == 3 and rows["p0"]["relay_stale"] == 3
+                assert ("swarm_peer_relay_stale_total", lab("p1", 1)) not in m and rows["p1"]["relay_stale"] is None
+                # two junk frames to p1 show up in its row and its counter
+                ctx = zmq.asyncio.Context()
+                junk = ctx.socket(zmq.DEALER)
+                junk.setsockopt(zmq.LINGER, 0)
+                junk.connect(peers[1].address)
+                try:
+                    before = peers[1].counters.malformed
+                    await junk.send_multipart([b"not msgpack"])
+                    await junk.send_multipart([b"\x93\x01\x02"])
+
+                    async def counted():
+                        doc = json.loads((await get(port, "/status.json"))[2])
+                        row = {r["id"]: r for r in doc["peers"]}["p1"]
+                        return row["malformed"] == before + 2
+                    await until(counted, 10.0, "p1's malformed count on the page")
+                finally:
+                    junk.close(0)
+                    ctx.term()
+                await asyncio.sleep(0.3)   # past the document cache
+                m = parse_metrics((await get(port, "/metrics"))[2].decode())
+                assert m[("swarm_peer_malformed_total", lab("p1", 1))] == before + 2
 
                 # a peer leaves: the log says so, the row and the metrics show it dead
                 await peers[2].close()
