@@ -447,7 +447,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec, list(args.set or []))
         print(f"# swarm run {args.spec or '(built-in default)'}"
               + "".join(f" --set {o}" for o in args.set or []) + ", resolved\n")
-        print(to_toml(spec))
+        print(to_toml(spec), flush=True)
+        # stderr, as `swarm run` says them: stdout stays a spec file (`--show > my.toml`)
+        for line in spec.warnings():
+            print(f"swarm run: warning: {line}", file=sys.stderr, flush=True)
         return 0
     from .experiment.launch import run_experiment
 

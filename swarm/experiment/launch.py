@@ -588,11 +588,19 @@ def _replay_bytes(capacity: int, obs_size: int, replicas: int = 0) -> int:
     return (columns + slots) * capacity + tree + index + replication
 
 
-def _available_memory() -> int | None:
+#: Where the memory check reads /proc and the cgroup file systems (tests point them at a
+#: folder of fake files).
+PROC_ROOT = Path("/proc")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: cgroup v1 writes "no limit" as a number near 2**63 (the page counter's maximum)
+_NO_CGROUP_LIMIT = 2**60
+
+
+def _host_memory() -> int | None:
     """Bytes this host can give new processes (MemAvailable; else all of its memory); None
     when neither can be read."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(PROC_ROOT / "meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
@@ -602,6 +610,84 @@ def _available_memory() -> int | None:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, OSError, ValueError):
         return None
+
+
+def _read_number(path: Path) -> int | None:
+    """The number a cgroup file holds; None when it is missing, unreadable or not a number
+    (cgroup v2's ``max``: no limit)."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _reclaimable(stat: Path, key: str) -> int:
+    """The ``key`` line of a cgroup's memory.stat (its inactive page cache, which the kernel
+    drops before it kills anything); 0 when it cannot be read."""
+    try:
+        for line in stat.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _cgroup_memory() -> tuple[int, int] | None:
+    """``(limit, used)`` bytes of the tightest memory limit on this process: its cgroup's or
+    an ancestor's (a container's ``memory.max``), cgroup v2 or v1; ``used`` leaves out the
+    inactive page cache. None where no limit is set or none can be read.
+
+    Past that limit the OOM killer ends the process, whatever /proc/meminfo says the host
+    has free.
+    """
+    try:
+        lines = (PROC_ROOT / "self" / "cgroup").read_text().splitlines()
+    except (OSError, ValueError):
+        return None
+    # (mount, the process's cgroup under it, limit file, usage file, memory.stat key)
+    where: list[tuple[Path, str, str, str, str]] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hid, controllers, path = parts
+        if hid == "0" and controllers == "":
+            where.append((CGROUP_ROOT, path, "memory.max", "memory.current", "inactive_file"))
+        elif "memory" in controllers.split(","):
+            where.append((CGROUP_ROOT / "memory", path, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                          "total_inactive_file"))
+    best: tuple[int, int] | None = None
+    for mount, path, limit_file, usage_file, key in where:
+        rel = [p for p in path.split("/") if p]
+        if ".." in rel:     # a cgroup outside this namespace's view: only the mount's own is ours
+            rel = []
+        # without a cgroup namespace the mount may show this cgroup as its root and the path
+        # be missing under it; walking up to the mount reads the limit there
+        for depth in range(len(rel), -1, -1):
+            d = mount.joinpath(*rel[:depth])
+            limit = _read_number(d / limit_file)
+            if limit is None or limit >= _NO_CGROUP_LIMIT:
+                continue
+            usage = _read_number(d / usage_file)
+            if usage is None:
+                continue
+            used = max(0, usage - _reclaimable(d / "memory.stat", key))
+            if best is None or limit - used < best[0] - best[1]:
+                best = (limit, used)
+    return best
+
+
+def _available_memory() -> int | None:
+    """Bytes this process can give new processes: the host's (:func:`_host_memory`), or
+    less where a cgroup limits its memory (:func:`_cgroup_memory`); None when neither can
+    be read."""
+    host, cgroup = _host_memory(), _cgroup_memory()
+    if cgroup is None:
+        return host
+    room = max(0, cgroup[0] - cgroup[1])
+    return room if host is None else min(host, room)
 
 
 def _size(n: float) -> str:
@@ -614,8 +700,9 @@ def _size(n: float) -> str:
 
 
 def _check_memory(spec: Spec) -> None:
-    """Refuse a run whose replay buffers cannot fit in this host's memory, before it starts
-    anything: each peer would fail on its own, after the launch, allocating its buffer."""
+    """Refuse a run whose replay buffers cannot fit in this host's memory (in a container,
+    its cgroup's limit: :func:`_available_memory`), before it starts anything: each peer would
+    fail on its own, after the launch, allocating its buffer, or be killed by the OOM killer."""
     import gymnasium  # noqa: PLC0415 - load_spec has imported it already
 
     b = spec.buffer
@@ -631,8 +718,12 @@ def _check_memory(spec: Spec) -> None:
         what = (f"the replay buffers of the {spec.peers} peers would take about {_size(each * spec.peers)} "
                 f"({_size(each)} each, {per})" if spec.peers > 1 else
                 f"the peer's replay buffer would take about {_size(each)} ({per})")
+        cgroup = _cgroup_memory()
+        limit = (f", or raise this process's cgroup memory limit ({_size(cgroup[0])}, {_size(cgroup[1])} of it "
+                 "in use)" if cgroup is not None and cgroup[0] - cgroup[1] <= available else "")
         raise ConfigError(f"buffer.capacity = {b.capacity}: {what}, more than the {_size(available)} of memory "
-                          "this host has available; lower buffer.capacity" + (" or peers" if spec.peers > 1 else ""))
+                          "this host has available; lower buffer.capacity" + (" or peers" if spec.peers > 1 else "")
+                          + limit)
 
 
 def _deadline_env(launch: Launch) -> dict[str, str] | None:
