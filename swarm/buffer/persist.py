@@ -39,7 +39,8 @@ from .limiter import RateLimiter
 if TYPE_CHECKING:
     from .replay import ReplayBuffer
 
-__all__ = ["Snapshot", "save", "load", "save_incremental", "load_incremental", "digest", "resume_sequence"]
+__all__ = ["Increment", "Snapshot", "save", "load", "save_incremental", "take_incremental", "load_incremental",
+           "digest", "resume_sequence"]
 
 FORMAT = 1
 _CHUNK = 1 << 15  # rows per locked copy: ~3 MB for obs float32[8] transitions
@@ -339,20 +340,47 @@ def _apply_meta(buf: "ReplayBuffer", meta: dict[str, Any]) -> None:
 
 # ------------------------------------------------------------ incremental
 
-def save_incremental(buf: "ReplayBuffer", path: str | os.PathLike, since: int) -> int:
-    """Write what changed in ``buf`` since a full snapshot whose ``next`` counter was ``since``.
+class Increment:
+    """What changed in a buffer since a full snapshot, copied by :func:`take_incremental`
+    at one moment; :meth:`write` puts it on disk without the buffer's lock."""
+
+    def __init__(self, since: int, slots: np.ndarray, rows: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        self.since, self.slots, self.rows, self.meta = since, slots, rows, meta
+
+    def write(self, path: str | os.PathLike) -> int:
+        """Write the increment to the directory ``path`` (a temporary directory renamed into
+        place); returns the rows written. A write that fails (a full disk) raises
+        :class:`ReplayError`, removes the temporary directory and leaves ``path`` as it was."""
+        path = Path(path)
+        _check_target(path)
+        tmp = path.with_name(path.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
+        try:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+            for k, v in self.rows.items():
+                _save_array(tmp / f"{k}.npy", v)
+            _save_array(tmp / "_slots.npy", self.slots)
+            write_synced(tmp / "meta.json", json.dumps(self.meta).encode())
+            _replace(tmp, path)
+        except OSError as e:
+            raise ReplayError(f"incremental snapshot to {path} failed: {e}") from e
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)   # gone once renamed; what a failed save left
+        return int(self.slots.size)
+
+
+def take_incremental(buf: "ReplayBuffer", since: int) -> Increment:
+    """Copy what changed in ``buf`` since a full snapshot whose ``next`` counter was ``since``.
 
     Only the ring writes at the head change rows, so the rows of items
-    ``since .. next-1`` are written, with all priority leaves (priority updates
-    and rebases touch old rows too) and the counters. The copy is taken under
-    the lock in one go: it is at most ``capacity`` rows and the leaves. Written
-    to a temporary directory and renamed into place. Returns the rows written;
-    raises :class:`ReplayError` when more than ``capacity`` items were written
-    since (every row changed: take a full snapshot instead), or when the write
-    fails (a full disk: the temporary directory is removed, ``path`` left as it was).
+    ``since .. next-1`` are copied, with all priority leaves (priority updates
+    and rebases touch old rows too) and the counters: at most ``capacity`` rows
+    and the leaves, in one hold of the buffer's (reentrant) lock. Take it with the
+    lock already held to pair it with other reads of the same moment (a digest).
+    Raises :class:`ReplayError` when more than ``capacity`` items were written
+    since (every row changed: take a full snapshot instead).
     """
-    path = Path(path)
-    _check_target(path)
     cap = buf.capacity
     with buf._lock:
         nxt = buf._next
@@ -366,21 +394,17 @@ def save_incremental(buf: "ReplayBuffer", path: str | os.PathLike, since: int) -
         rows["_leaf"] = np.array(buf._tree.leaves, copy=True)
         meta = _meta(buf)
     meta["since"] = int(since)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        for k, v in rows.items():
-            _save_array(tmp / f"{k}.npy", v)
-        _save_array(tmp / "_slots.npy", slots)
-        write_synced(tmp / "meta.json", json.dumps(meta).encode())
-        _replace(tmp, path)
-    except OSError as e:
-        raise ReplayError(f"incremental snapshot to {path} failed: {e}") from e
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)   # gone once renamed; what a failed save left
-    return int(slots.size)
+    return Increment(int(since), slots, rows, meta)
+
+
+def save_incremental(buf: "ReplayBuffer", path: str | os.PathLike, since: int) -> int:
+    """Write what changed in ``buf`` since a full snapshot whose ``next`` counter was ``since``
+    (:func:`take_incremental`, then :meth:`Increment.write`: the lock is held for the copy
+    only, not over the disk writes). Returns the rows written; raises :class:`ReplayError`
+    as those do, before anything is written when ``path`` may not be replaced."""
+    path = Path(path)
+    _check_target(path)
+    return take_incremental(buf, since).write(path)
 
 
 def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuffer":

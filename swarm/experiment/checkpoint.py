@@ -203,7 +203,7 @@ class Checkpointer:
         """Write an incremental checkpoint against the committed full one (or a full one if none)."""
         import torch  # noqa: PLC0415
 
-        from ..buffer.persist import save_incremental  # noqa: PLC0415
+        from ..buffer.persist import take_incremental  # noqa: PLC0415
 
         if self._pending is not None:
             self._wait_pending()
@@ -228,9 +228,13 @@ class Checkpointer:
             files = _write_state(tmp / "state.pt", {
                 "kind": "incremental", "base": base_name, "agent": state,
                 "params_xor": torch.from_numpy(xor.view(np.int32)), "counters": c, "torch_rng": _torch_rng()})
+            # The digest and the increment's rows are taken under one hold of the buffer's
+            # (reentrant) lock, so that they describe one moment; the disk writes and syncs
+            # come after it is released, so that inserts and samples do not wait for the disk.
             with self.buf._lock:
                 dig = state_digest(params, self.buf)
-                rows = save_incremental(self.buf, tmp / "buffer", since)
+                inc = take_incremental(self.buf, since)
+            rows = inc.write(tmp / "buffer")
             self._commit(name, tmp, {"counters": c, "digest": dig, "base": base_name, "rows": rows, "files": files})
         return name
 
@@ -344,17 +348,58 @@ def load_newest(root: str | Path, run: str | None = None) -> tuple[Restored | No
     then its full one, then any older full one still kept. The damaged ones stay where they are, for inspection.
     With ``run`` (a run id), one that another run wrote is skipped too (see :class:`Lineage`).
     None when no checkpoint loads (or there is none).
+
+    One written whole but holding NaN or infinite values (training had diverged) is
+    skipped the same way, and stays too. When no older one loads, that is a ConfigError
+    naming the newest such checkpoint, as :meth:`Restored.apply` would raise: every
+    start would meet it again, and starting over from step 0 would hide it.
     """
     skipped: list[str] = []
+    diverged: ConfigError | None = None   # the newest one skipped for NaN or infinite values
     for path in committed(root):
         try:
             if run is not None:
                 _check_run(path, run)
-            return load_checkpoint(path), skipped
+            r = load_checkpoint(path)
         except ConfigError as e:
-            log.warning("%s; trying the next older checkpoint", e)
-            skipped.append(str(e))
+            why = e
+        else:
+            bad = _nonfinite(r)
+            if bad is None:
+                if diverged is not None:
+                    log.warning("%s; resuming from the older checkpoint %s instead (the newer ones stay "
+                                "in place)", diverged, path)
+                return r, skipped
+            why = ConfigError(f"checkpoint {path}: {bad}")
+            diverged = diverged or why
+        log.warning("%s; trying the next older checkpoint", why)
+        skipped.append(str(why))
+    if diverged is not None:
+        raise diverged
     return None, skipped
+
+
+def _nonfinite(r: Restored) -> str | None:
+    """What of a restored checkpoint holds NaN or infinite values (its parameters, or a
+    float tensor of its agent state: target net, optimizer moments), or None: checked
+    without an agent, so that :func:`load_newest` can pass over it for an older one."""
+    import torch  # noqa: PLC0415
+
+    n = int(np.count_nonzero(~np.isfinite(r.params)))
+    if n:
+        return f"its parameters have {n} NaN or infinite entries"
+    todo: list[tuple[str, Any]] = [("", r.agent_state)]
+    while todo:
+        name, x = todo.pop()
+        if isinstance(x, dict):
+            todo += [(f"{name}.{k}" if name else str(k), v) for k, v in x.items()]
+        elif isinstance(x, (list, tuple)):
+            todo += [(f"{name}.{i}", v) for i, v in enumerate(x)]
+        elif isinstance(x, torch.Tensor) and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            return f"its agent state {name} has NaN or infinite entries"
+        elif isinstance(x, np.ndarray) and x.dtype.kind == "f" and not np.isfinite(x).all():
+            return f"its agent state {name} has NaN or infinite entries"
+    return None
 
 
 def _check_run(path: Path, run: str) -> None:
@@ -579,8 +624,12 @@ def write_lineage(peer_folder: str | Path, lineage: Lineage) -> None:
     """Record in ``peer_folder/run.json`` that it holds ``lineage``'s run (replaced whole)."""
     path = Path(peer_folder) / "run.json"
     tmp = path.with_name(".run.json.tmp")
-    tmp.write_text(json.dumps(lineage.record(), indent=1) + "\n")
-    os.replace(tmp, path)
+    try:
+        write_synced(tmp, (json.dumps(lineage.record(), indent=1) + "\n").encode())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
 
 
 def newest_lineage(peer_folder: str | Path) -> Lineage | None:
