@@ -37,7 +37,9 @@ A disk that fills (or goes read only) does not end the run: a checkpoint, ``best
 ``checkpoint.pt``, ``ids.json``, an ``acked.bin`` append (its ids go unrecorded), a CSV
 flush or a TensorBoard write that fails is logged (once per file) and counted, and
 training goes on; the files written before stay whole.
-summary.json records the counts (``checkpoint_failures``, ``write_failures``).
+summary.json records the counts (``checkpoint_failures``, ``write_failures``); one that
+cannot be written itself is logged, the one there (if any) stays, and the peer still
+ends as it would have (:func:`run_peer` returns the figures).
 
 A peer that joins a swarm already training bootstraps its parameters from its
 neighbours (:meth:`swarm.gossip.Gossip.bootstrap`) before its first step: when
@@ -78,6 +80,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from ..buffer.persist import fsync_dir, write_synced
 from ..config import to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
 from .checkpoint import (Checkpointer, Lineage, array_digest, load_newest, newest_lineage, read_checkpoint_pt,
@@ -167,14 +170,22 @@ def _goes_on(out: Path, old: Path | None, rejoin: bool) -> Lineage | None:
 
 
 def _write_whole(path: Path, write: Callable[[Path], Any]) -> None:
-    """``write`` a temporary file, then rename it over ``path``: a process killed
-    meanwhile leaves the previous file whole, not a torn one."""
+    """``write`` a temporary file, then rename it over ``path`` and sync the folder: a
+    process killed meanwhile, or a write that fails (a full disk), leaves the previous
+    file whole, not a torn one. ``write`` syncs what it writes (a crash after the
+    rename must not leave an empty file)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def _write_json(path: Path, obj: Any, indent: int | None) -> None:
+    """Write ``obj`` as JSON to ``path``, synced and replaced whole (:func:`_write_whole`)."""
+    _write_whole(path, lambda tmp: write_synced(tmp, (json.dumps(obj, indent=indent) + "\n").encode()))
 
 
 def _append_whole(path: Path, data: bytes, entry: int = 8) -> None:
@@ -798,7 +809,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                    "digest": state_digest(agent.parameters(), buf), "run": run.id,
                    "continues": run.continues[0][0] if run.continues else None,
                    "continues_run": run.continues[0][1] if run.continues else None}
-            _write_whole(out / "resumed.json", lambda tmp: tmp.write_text(json.dumps(rec, indent=1) + "\n"))
+            _write_json(out / "resumed.json", rec, indent=1)
         if skipped:
             summary["resume_skipped"] = skipped
         state.env_steps = done_steps
@@ -1136,7 +1147,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 for o, s in agent.buffer.ids():
                     held.setdefault(o, []).append(s)
                 try:
-                    _write_whole(out / "ids.json", lambda tmp: tmp.write_text(json.dumps(held) + "\n"))
+                    _write_json(out / "ids.json", held, indent=None)
                 except OSError as e:   # a full disk: the ids.json there (if any) stays
                     unwritten("ids.json", e, "the one there (if any) stays")
             if ckpt is not None:
@@ -1147,9 +1158,13 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             if logs is not None:
                 logs.close()
             summary.update(write_failures=dict(unwritten.counts), write_error=unwritten.last_error)
-            out.mkdir(parents=True, exist_ok=True)
             if not (keep and (out / "summary.json").is_file()):
-                (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+                try:
+                    out.mkdir(parents=True, exist_ok=True)
+                    _write_json(out / "summary.json", summary, indent=2)
+                except OSError as e:   # a full disk: the summary.json there (if any) stays; the run still ends
+                    unwritten("summary.json", e, "the one there (if any) stays")
+                    summary.update(write_failures=dict(unwritten.counts), write_error=unwritten.last_error)
         finally:
             if relay is not None:
                 relay.close()   # its sockets belong to this thread
