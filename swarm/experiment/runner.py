@@ -900,7 +900,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                     if state.dense_bytes_out else None),
                     "staleness": state.staleness, "last_error": state.last_error, "spec": tag,
                     # with buffer.replicas: local items fewer than k neighbours hold (docs/buffer.md)
-                    **({"under_replicated": fed.stats.under_replicated} if fed is not None and b.replicas else {})}
+                    **({"under_replicated": fed.stats.under_replicated} if fed is not None and b.replicas else {}),
+                    # with gradient exchange: what the relay set aside (docs/observability.md)
+                    **({"relay_held_dropped": relay.stats.held_dropped, "relay_stale": relay.stats.stale}
+                       if relay is not None else {})}
 
         peer.stats = stats
         # A peer restarted into its own folder continues its files, with or without a

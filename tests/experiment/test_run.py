@@ -262,6 +262,8 @@ def test_gradient_exchange_relays_every_gradient(tmp_path, per_turn, ride):
     for u in common:
         assert len({g[u] for g in digests}) == 1, (u, [g[u] for g in digests])
     assert "parameters differ" not in out
+    for log in (d / "logs").glob("peer*.log"):   # the heartbeat figures, the relay's among them
+        assert "stats callback failed" not in log.read_text(), log
 
 
 def test_copies_that_differ_are_reported():
