@@ -55,13 +55,23 @@ log = logging.getLogger("swarm.coordinator")
 
 _NOBLOCK = int(zmq.NOBLOCK)
 #: what a watch socket's monitor reports: how the last attempt to reach another coordinator went
-_WATCH_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+_WATCH_EVENTS = (zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED
+                 | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 #: seconds another coordinator has to complete a handshake (libzmq's default). One that
 #: accepts the connection but says nothing for this long (a stopped or frozen process:
 #: its kernel still accepts) is taken as down, not as one with other keys
 HANDSHAKE_TIMEOUT_S = 30.0
+#: seconds another coordinator's host has to answer a connection (SYN to SYN-ACK). Without
+#: it a host that vanished without a TCP reset (powered off, a cable pulled, a firewall that
+#: drops) kept the dial pending until the OS gave up (about 127 s on Linux), and a standby
+#: that its failed handshakes held back stayed held back as long. A third of
+#: HANDSHAKE_TIMEOUT_S, the connect being the first of the handshake's round trips: room for
+#: three lost SYNs (Linux sends one again after 1, 3 and 7 s), and ten times the default
+#: takeover_s, within which a live coordinator has to answer a status anyway. The cost: a
+#: network slower than this to answer a connection has its coordinator taken as down (and
+#: libzmq dials again at once)
+CONNECT_TIMEOUT_S = HANDSHAKE_TIMEOUT_S / 3
 #: the highest ``last_epoch`` a join may report: a view a microsecond for 146,000
 #: years, and far enough below the wire's 64-bit limit that later epochs still fit
 MAX_LAST_EPOCH = 2**62
@@ -188,6 +198,7 @@ class Coordinator:
             for addr in cfg.others:   # a bad address fails here, before anyone is told we are up
                 d = tp.dealer(self._ctx, limits=self.limits, hwm=4, immediate=True)
                 d.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_TIMEOUT_S * 1000))
+                d.setsockopt(zmq.CONNECT_TIMEOUT, int(CONNECT_TIMEOUT_S * 1000))
                 self._watch[addr] = d
                 if self._curve is not None:
                     self._curve.client(d, self._curve.coordinator_public)
@@ -609,10 +620,11 @@ class Coordinator:
         monitors = {addr: tp.shadow(m) for addr, m in self._watch_monitors.items()}
         for addr in socks:
             # handshake: why the last attempt to reach it failed its handshake ("" if it did not);
-            # silent: why it is taken as down although it accepts connections (its handshake timed out)
+            # silent: why it is taken as down although no attempt was refused (its handshake or
+            # its connect timed out), and after_silent: which of the two, for the log once it answers
             self._others[addr] = {"seen": 0.0, "epoch": 0, "mode": "?", "name": addr, "token": "",
-                                  "watches": 1, "handshake": "", "silent": "", "connected_at": 0.0,
-                                  "redial_at": 0.0}
+                                  "watches": 1, "handshake": "", "silent": "", "after_silent": "",
+                                  "dialing_at": 0.0, "connected_at": 0.0, "redial_at": 0.0}
         self._no_active_since = time.monotonic()
         while True:
             for d in socks.values():
@@ -647,26 +659,37 @@ class Coordinator:
         """Follow how the attempts to reach another coordinator end. A handshake that fails
         means someone is there whom this one cannot talk to: it may be up, and active."""
         event = ev["event"]
+        if event == zmq.EVENT_CONNECT_DELAYED:
+            o["dialing_at"] = now     # a connect under way (every attempt that is not answered at once)
+            return
         if event == zmq.EVENT_CONNECTED:
-            o["connected_at"] = now
+            o["connected_at"], o["dialing_at"] = now, 0.0
             return
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._handshake_cleared(addr, o, "the handshake succeeds")
             return
         if event == zmq.EVENT_CLOSED:
-            # a connect that failed (refused): nobody listens there, so it is down
-            self._handshake_cleared(addr, o, "nothing listens there")
+            # a connect that failed. Refused: nobody listens there. Not answered within
+            # CONNECT_TIMEOUT_S (a refusal takes one round trip): its host is gone or cut off.
+            # Either way it is down, and does not hold this one back
+            dialing_at, o["dialing_at"] = o["dialing_at"], 0.0
+            if not dialing_at or now - dialing_at < CONNECT_TIMEOUT_S / 2:
+                self._handshake_cleared(addr, o, "nothing listens there")
+                return
+            why = f"it did not answer a connection within {CONNECT_TIMEOUT_S:g} s"
+            if o["handshake"]:
+                self._handshake_cleared(addr, o, why)
+            self._silent(addr, o, f"{why}: its host is down or cut off (no TCP reset), or the network is "
+                         f"that slow", "a connection that was not answered")
             return
         # The rest are failed handshakes. One that a dying process cut short is followed by
         # a refused connect (EVENT_CLOSED above). A frozen one's times out: it says nothing
         # about keys, and like a coordinator that does not answer, it does not hold back.
         if (event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and ev["value"] not in (errno.EPIPE, errno.ECONNRESET)
                 and o["connected_at"] and now - o["connected_at"] >= HANDSHAKE_TIMEOUT_S / 2):
-            if not o["silent"]:
-                o["silent"] = (f"it accepts connections but did not answer the handshake within "
-                               f"{HANDSHAKE_TIMEOUT_S:g} s: a stopped or frozen process, or an overloaded host")
-                log.warning("coordinator %s: coordinator %s %s; taken as down while it does not answer",
-                            self.address, addr, o["silent"])
+            self._silent(addr, o, f"it accepts connections but did not answer the handshake within "
+                         f"{HANDSHAKE_TIMEOUT_S:g} s: a stopped or frozen process, or an overloaded host",
+                         "a handshake that timed out")
             return
         why, gave_up = _handshake_error(event, ev["value"], keyed=self._curve is not None)
         if gave_up:
@@ -683,6 +706,14 @@ class Coordinator:
                       "keys generate`, with coordinator.key in authorized/), or --keys to none",
                       self.address, addr, why)
 
+    def _silent(self, addr: str, o: dict[str, Any], why: str, after: str) -> None:
+        """Another coordinator is taken as down although nothing refused it (a timeout):
+        logged once per reason, until it answers or refuses."""
+        if o["silent"] != why:
+            o["silent"], o["after_silent"] = why, after
+            log.warning("coordinator %s: coordinator %s %s; taken as down while it does not answer",
+                        self.address, addr, why)
+
     def _handshake_cleared(self, addr: str, o: dict[str, Any], how: str) -> None:
         if o["handshake"]:
             log.warning("coordinator %s: %s: %s, so its failed handshakes no longer hold this one back",
@@ -690,7 +721,7 @@ class Coordinator:
             # it may answer now, and be the active one: give it takeover_s to say so
             self._no_active_since = time.monotonic()
         elif o["silent"]:
-            log.warning("coordinator %s: %s: %s, after a handshake that timed out", self.address, addr, how)
+            log.warning("coordinator %s: %s: %s, after %s", self.address, addr, how, o["after_silent"])
         o["handshake"], o["silent"], o["redial_at"] = "", "", 0.0
 
     def _decide(self, now: float) -> None:
@@ -745,7 +776,8 @@ class Coordinator:
     def _others_status(self, now: float) -> list[dict[str, Any]]:
         """Each watched coordinator as this one sees it: ``state`` is its mode while it
         answers, else ``no answer`` (down or unreachable; ``error`` says so if it accepts
-        connections but its handshake timed out) or ``handshake failed`` (see ``error``)."""
+        connections but its handshake timed out, or if its host did not answer a connection)
+        or ``handshake failed`` (see ``error``)."""
         out = []
         for addr, o in self._others.items():
             answers = now - o["seen"] < self.config.takeover_s

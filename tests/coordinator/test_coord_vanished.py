@@ -1,0 +1,142 @@
+"""A standby whose failed handshakes hold it back, and whose other coordinator's host
+then vanishes without a TCP reset (powered off, a cable pulled, a firewall that drops),
+takes that one as down within seconds: its dial is not left to the OS, which gives up
+after about 127 s. A coordinator that accepts connections but is slow to answer is
+not called down by that dial timeout.
+
+The vanished host is a loopback listener whose accept queue is full: the kernel drops
+further SYNs unanswered, as for a host that is gone (no root needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import socket
+
+import pytest
+from swarmtest import free_port, until
+
+from swarm import Coordinator
+from swarm.coordinator import server
+
+#: the ZMTP 3.0 greeting of a coordinator that runs with --keys (it offers CURVE, as server):
+#: one without keys fails the handshake with a mechanism mismatch, and libzmq gives up on the
+#: address, so the standby dials again itself every takeover_s
+CURVE_GREETING = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"CURVE".ljust(20, b"\0") + b"\x01" + bytes(31)
+
+
+def _listener() -> tuple[socket.socket, str]:
+    """A listener whose accept queue holds one connection (backlog 0)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(0)
+    host, port = s.getsockname()
+    return s, f"tcp://{host}:{port}"
+
+
+def _answered(addr: tuple[str, int], wait_s: float) -> bool:
+    """Whether a connection to ``addr`` is answered (or refused) within ``wait_s``."""
+    probe = socket.socket()
+    try:
+        probe.setblocking(False)
+        probe.connect_ex(addr)
+        return bool(select.select([], [probe], [], wait_s)[1])
+    finally:
+        probe.close()
+
+
+@pytest.fixture
+def syns_dropped_when_full():
+    """Skip where the kernel answers a connection to a full accept queue (a reset, or a
+    SYN cookie) instead of dropping it: there a full queue does not play a vanished host."""
+    s, _ = _listener()
+    try:
+        with socket.create_connection(s.getsockname(), timeout=2):   # fills the queue
+            if _answered(s.getsockname(), 0.5):
+                pytest.skip("this kernel answers connections to a listener whose accept queue is full")
+    finally:
+        s.close()
+
+
+def _greet_and_wait_for_close(conn: socket.socket, timeout: float) -> None:
+    conn.settimeout(timeout)
+    conn.sendall(CURVE_GREETING)
+    while conn.recv(4096):   # the standby's greeting; then it closes: the handshake failed
+        pass
+
+
+def test_a_standby_held_back_by_a_host_that_vanished_takes_over_within_seconds(syns_dropped_when_full, caplog):
+    # the standby's dial to the vanished host waited for the OS to give up (about 127 s),
+    # and until then its failed handshake held it back: no coordinator was active
+    caplog.set_level("WARNING", logger="swarm.coordinator")
+    host, addr = _listener()
+    held: list[socket.socket] = []
+    try:
+        async def main() -> None:
+            c = Coordinator(bind=f"tcp://127.0.0.1:{free_port()}", others=[addr], http_bind="")
+            await c.start()
+            try:
+                host.settimeout(15)
+                conn, _ = await asyncio.to_thread(host.accept)   # the standby's dial
+                held.append(conn)
+                await asyncio.to_thread(_greet_and_wait_for_close, conn, 15)
+                # the host vanishes: the one place in its accept queue taken (never accepted),
+                # the kernel drops every further SYN. The standby dials again only takeover_s
+                # after the failed handshake, so this connection gets the place first
+                held.append(socket.create_connection(host.getsockname(), timeout=2))
+                assert not _answered(host.getsockname(), 0.5), "a connection to the vanished host was answered"
+
+                await until(lambda: "but not taking over" in caplog.text, 10, what="the failed handshake holding back")
+                assert "cannot talk to coordinator" in caplog.text and "runs with --keys" in caplog.text
+                assert c.mode == "standby"
+                # a generous deadline, far below the OS's 127 s
+                await until(lambda: c.mode == "active", 20, what="the standby taking over from the vanished host")
+                n = f"{server.CONNECT_TIMEOUT_S:g}"
+                assert f"{addr}: it did not answer a connection within {n} s" in caplog.text, caplog.text
+                assert "no longer hold this one back" in caplog.text and "nothing listens there" not in caplog.text
+                (other,) = c.status()["others"]
+                assert other["state"] == "no answer", other
+                assert other["error"].startswith(f"it did not answer a connection within {n} s"), other
+            finally:
+                await c.close()
+
+        asyncio.run(main())
+    finally:
+        for s in held:
+            s.close()
+        host.close()
+
+
+def test_a_coordinator_that_accepts_connections_but_is_slow_to_answer_keeps_its_connection(caplog):
+    # the dial timeout is the TCP connect's alone: a host whose kernel accepts but whose
+    # coordinator says nothing for longer (busy, stopped) is left to the handshake's timeout
+    caplog.set_level("WARNING", logger="swarm.coordinator")
+    host, addr = _listener()
+    held: list[socket.socket] = []
+    try:
+        async def main() -> None:
+            c = Coordinator(bind=f"tcp://127.0.0.1:{free_port()}", others=[addr], http_bind="")
+            await c.start()
+            try:
+                host.settimeout(15)
+                conn, _ = await asyncio.to_thread(host.accept)
+                held.append(conn)
+                conn.settimeout(server.CONNECT_TIMEOUT_S + 2)
+                # silent for longer than the dial timeout: the standby must not close this connection
+                try:
+                    while await asyncio.to_thread(conn.recv, 4096):   # its greeting, then nothing
+                        pass
+                    pytest.fail("the standby closed the connection to a host that accepts it but is slow")
+                except TimeoutError:
+                    pass
+                assert "did not answer a connection" not in caplog.text, caplog.text
+                (other,) = c.status()["others"]
+                assert other["state"] == "no answer" and other["error"] == "", other
+            finally:
+                await c.close()
+
+        asyncio.run(main())
+    finally:
+        for s in held:
+            s.close()
+        host.close()
