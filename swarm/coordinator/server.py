@@ -55,8 +55,8 @@ log = logging.getLogger("swarm.coordinator")
 
 _NOBLOCK = int(zmq.NOBLOCK)
 #: what a watch socket's monitor reports: how the last attempt to reach another coordinator went
-_WATCH_EVENTS = (zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED
-                 | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+_WATCH_EVENTS = (zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 #: seconds another coordinator has to complete a handshake (libzmq's default). One that
 #: accepts the connection but says nothing for this long (a stopped or frozen process:
