@@ -629,6 +629,8 @@ def main() -> None:
     ap.add_argument("--churn", type=int, default=None,
                     help="membership changes to time (default 20; 6 with --quick)")
     ap.add_argument("--churn-s", type=float, default=0.5, help="seconds between changes")
+    ap.add_argument("--quiet-s", type=float, default=None,
+                    help="seconds of (a)'s heartbeats-only CPU window (default 8; 3 with --quick)")
     ap.add_argument("--coord-set", action="append", default=None, metavar="KEY=VALUE",
                     help="coordinator settings for (a); default: ZMTP heartbeats at 1 s / 3 s, the "
                          "large-swarm setting of docs/wire.md (the 0.1 s default is for fast freeze "
@@ -650,6 +652,7 @@ def main() -> None:
     # an explicit flag wins over --quick's sizes
     members = args.members if args.members is not None else 200 if args.quick else 1000
     churn = args.churn if args.churn is not None else 6 if args.quick else 20
+    quiet_s = args.quiet_s if args.quiet_s is not None else 3.0 if args.quick else 8.0
     if args.workers < 1:
         ap.error("--workers must be >= 1")
     if members < args.workers:
@@ -658,6 +661,8 @@ def main() -> None:
         ap.error("--churn must be >= 1 (the view propagation is timed over the changes)")
     if args.churn_s < 0:
         ap.error("--churn-s must be >= 0")
+    if quiet_s <= 0:
+        ap.error("--quiet-s must be > 0 (the coordinator's CPU and heartbeat rate are measured over it)")
     skip = set(filter(None, args.skip.split(",")))
     if skip - {"a", "b", "c"}:
         ap.error(f"--skip {args.skip}: the parts are a, b and c")
@@ -667,8 +672,7 @@ def main() -> None:
         coord_set = args.coord_set if args.coord_set is not None else [
             "coordinator.zmtp_heartbeat_s=1.0", "coordinator.zmtp_timeout_s=3.0"]
         with tempfile.TemporaryDirectory(prefix="bench_scale-") as tmp:
-            a = bench_coordinator(tmp, members, args.workers, 4.0, churn, args.churn_s, 3.0 if args.quick else 8.0,
-                                  coord_set)
+            a = bench_coordinator(tmp, members, args.workers, 4.0, churn, args.churn_s, quiet_s, coord_set)
         out["coord_settings"] = coord_set
         if not a.get("formed", True):
             print(f"\n(a) coordinator, {a['members']} members: the view never held them all within {FORM_S:.0f} s "

@@ -112,8 +112,16 @@ def test_bench_dqn():
     assert row["batch"] == 8 and out["threads"] == 1
 
 
-def test_bench_scale_in_process_part():
-    out = last_json(run_script("bench_scale", "--quick", "--skip", "a,c"))
+@pytest.fixture(scope="module")
+def bench_scale_a_b() -> dict:
+    """bench_scale's parts (a) and (b) in one run (part (a) with 8 members and a 0.5 s
+    quiet window), for a test of each part: one start-up, not two."""
+    return last_json(run_script("bench_scale", "--quick", "--skip", "c", "--members", "8", "--workers", "2",
+                                "--churn", "2", "--churn-s", "0.1", "--quiet-s", "0.5"))
+
+
+def test_bench_scale_in_process_part(bench_scale_a_b):
+    out = bench_scale_a_b
     for topo in ("ring", "torus"):
         has(out, f"inproc_{topo}_rounds_per_s", f"numpy_{topo}_rounds_per_s", f"inproc_{topo}_vs_numpy",
             f"inproc_{topo}_mb_per_peer")
@@ -206,7 +214,7 @@ def test_bench_relay_stops_its_coordinator_instead_of_waiting_for_it():
 
 def test_bench_failover():
     out = last_json(run_script("bench_failover", "--sizes", "2", "--faults", "1", "--startup-peers", "2",
-                               "--quiet-s", "0.5", "--quiet-n", "1"))
+                               "--quiet-s", "0.1", "--quiet-n", "1"))
     assert out["startup_peers"] == 2
     has(out, "startup_s", "startup_anchor_s", "startup_vs_anchor", "crash_relink_p99_ms", "freeze_relink_p99_ms",
         "crash_relink_vs_anchor", "freeze_relink_vs_anchor", "false_deaths", "quiet_epochs")
@@ -214,13 +222,18 @@ def test_bench_failover():
         has(out[part], "p50_ms", "p99_ms", "max_ms")
 
 
-def test_bench_scale_coordinator_part():
-    out = last_json(run_script("bench_scale", "--quick", "--skip", "b,c", "--members", "8", "--workers", "2",
-                               "--churn", "2", "--churn-s", "0.1"))
+def test_bench_scale_coordinator_part(bench_scale_a_b):
+    out = bench_scale_a_b
     assert out["coord_members"] == 8
     has(out, "view_p50_ms", "view_p99_ms", "view_max_ms", "anchor_fanout_p99_ms", "coord_cpu", "coord_cpu_churn",
         "coord_hb_per_s", "coord_hb_nominal_per_s", "coord_cpu_us_per_hb", "view_formed_s")
     assert isinstance(out["target_view_p99_met"], bool) and isinstance(out["target_coord_cpu_met"], bool)
+
+
+def test_bench_scale_refuses_an_empty_quiet_window():
+    res = run_script("bench_scale", "--quick", "--skip", "b,c", "--quiet-s", "0", timeout=60)
+    assert res.returncode == 2 and "--quiet-s must be > 0" in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and "bench_scale on" not in res.stdout, res.stdout[-2000:]
 
 
 def test_bench_vs_hivemind_skipping_hivemind_reports_swarm_and_the_anchor():
