@@ -459,6 +459,8 @@ def _should_bootstrap(coordinators: list[str], peer_config: Any, me: str, own_st
 
 #: while waiting for the others to join, seconds between looks at their spec digests
 SPEC_POLL_S = 2.0
+#: and between looks at the stop event (SIGTERM, Ctrl-C)
+STOP_POLL_S = 0.25
 
 #: spec keys that may differ between the peers of one run: how long each trains,
 #: evaluates and checkpoints (a resumed peer may be given a larger budget)
@@ -691,20 +693,30 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         need = 1 if rejoin else spec.peers
         log.info("peer%d joined; waiting for %d peers", rank, need)
         deadline = time.monotonic() + join_timeout
+        next_check = time.monotonic() + SPEC_POLL_S
         while True:
             left = max(0.0, deadline - time.monotonic())
             try:
-                sp.call(peer.wait_view(lambda v: len(v.members) >= need, timeout=min(SPEC_POLL_S, left)),
-                        timeout=min(SPEC_POLL_S, left) + 5.0)
+                sp.call(peer.wait_view(lambda v: len(v.members) >= need, timeout=min(STOP_POLL_S, left)),
+                        timeout=min(STOP_POLL_S, left) + 5.0)
                 break
             except PeerTimeout:
+                if stop.is_set():
+                    # stopped before training: nothing trained, nothing to restart; the
+                    # summary says so (the launcher stops its peers so while they wait)
+                    log.info("peer%d: stopped while waiting for the others to join", rank)
+                    summary["reason"] = "stopped"
+                    return summary
                 if parent_pid is not None and os.getppid() != parent_pid:
                     raise SwarmError(f"peer{rank}: its launcher (pid {parent_pid}) is gone; not waiting "
                                      "for the others to join") from None
-                # one that joined with another spec (its own `peers`, say) is named now,
-                # not after join_timeout
-                _check_same_spec(coordinators, peer_config, peer.id, tag, 0.0, rank)
-                if time.monotonic() < deadline:
+                now = time.monotonic()
+                if now >= next_check:
+                    # one that joined with another spec (its own `peers`, say) is named now,
+                    # not after join_timeout
+                    next_check = now + SPEC_POLL_S
+                    _check_same_spec(coordinators, peer_config, peer.id, tag, 0.0, rank)
+                if now < deadline:
                     continue
                 here = sorted(m.id for m in peer.view.members)
                 raise PeerTimeout(f"peer{rank}: {len(here)} of the spec's {spec.peers} peers joined within "
