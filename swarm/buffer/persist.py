@@ -18,10 +18,16 @@ memory map: on a full disk a store into a mapped page kills the process with
 SIGBUS, where a write raises ``ENOSPC``. A save that fails (a full disk, a
 folder it may not write) raises :class:`ReplayError`, removes its temporary
 directory and leaves the snapshot already at ``path`` as it was.
+
+A save (``digest=True``) and an increment (``take_incremental(..., digest=True)``)
+can also hash the whole buffer as it was at their moment, with :func:`digest`'s
+result, by the same chunked copy-on-write reading: the lock is not held while
+the rows are hashed (about a millisecond per MB).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -29,7 +35,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
@@ -67,27 +73,36 @@ def _check_target(path: Path) -> None:
                       "whole, so give a new path (or remove it first)")
 
 
-class Snapshot:
-    """A save in progress (or done). ``wait()`` returns once it is on disk, re-raising its error."""
+class _Frozen:
+    """A buffer's rows as they were when this was made, read afterwards chunk by chunk.
 
-    def __init__(self, buf: "ReplayBuffer", path: str | os.PathLike) -> None:
-        self.path = Path(path)
-        _check_target(self.path)
+    Made under the buffer's lock, it registers as the buffer's saver: each chunk is
+    then copied under the lock for a millisecond or two, and a write that lands on a
+    row not yet copied first sets the old row aside (:meth:`preserve`), so the chunks
+    put together are the buffer at that moment. One at a time per buffer; whoever
+    makes one must :meth:`_release` it (the buffer defers rebases and origin-list
+    compactions while it is registered).
+    """
+
+    def __init__(self, buf: "ReplayBuffer") -> None:
         self._buf = buf
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
         self.max_stall_s = 0.0   # longest time the buffer's lock was held for one chunk
         with buf._lock:
             if buf._saver is not None:
-                raise ReplayError("a snapshot of this buffer is already being written")
+                raise ReplayError("a snapshot of this buffer is already being written (or its digest taken)")
             t0 = time.perf_counter()
             self._meta = _meta(buf)
+            self._counters = _counters(buf)
             self._cursor = 0
             self._kept = np.zeros(buf.capacity, dtype=bool)
             self._aside: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
             buf._saver = self
             self.max_stall_s = time.perf_counter() - t0
+
+    def _release(self) -> None:
+        with self._buf._lock:
+            if self._buf._saver is self:
+                self._buf._saver = None
 
     def preserve(self, slots: np.ndarray) -> None:
         """Called by the buffer, lock held, before it changes ``slots``: keep rows not yet copied."""
@@ -100,14 +115,83 @@ class Snapshot:
         self._kept[s] = True
         self._aside.append((s, {k: c[s].copy() for k, c in _columns(self._buf).items()}))
 
+    def _chunks(self) -> Iterator[dict[str, np.ndarray]]:
+        """Every column's rows in order, chunk by chunk, each chunk as it was when this was made."""
+        buf = self._buf
+        cols = _columns(buf)
+        # rows changed since this was made, not yet read: their old values (see preserve)
+        held = np.empty(0, dtype=np.int64)
+        old = {k: c[:0].copy() for k, c in cols.items()}
+        for a in range(0, buf.capacity, _CHUNK):
+            b = min(buf.capacity, a + _CHUNK)
+            with buf._lock:
+                t0 = time.perf_counter()
+                part = {k: c[a:b].copy() for k, c in cols.items()}
+                self._cursor = b
+                new, self._aside = self._aside, []
+                self.max_stall_s = max(self.max_stall_s, time.perf_counter() - t0)
+            if new:   # preserve() keeps only rows at or past the cursor, so none is below a
+                held = np.concatenate([held, *(s for s, _ in new)])
+                old = {k: np.concatenate([old[k], *(r[k] for _, r in new)]) for k in cols}
+                order = np.argsort(held, kind="stable")
+                held, old = held[order], {k: v[order] for k, v in old.items()}
+            n = int(np.searchsorted(held, b))
+            for k, v in part.items():   # the copy, outside the lock, back to the old values
+                v[held[:n] - a] = old[k][:n]
+            yield part
+            held, old = held[n:], {k: v[n:] for k, v in old.items()}
+
+    def _digest(self) -> dict[str, str]:
+        """:func:`digest` of the buffer as it was when this was made, hashed without the lock
+        held; releases this reader."""
+        try:
+            hashes = _Hashes(_columns(self._buf))
+            for part in self._chunks():
+                hashes.update(part)
+            return hashes.result(self._counters)
+        finally:
+            self._release()
+
+
+class _Hashes:
+    """:func:`digest`'s column hashes, fed chunk by chunk in row order (equal to hashing
+    each column whole)."""
+
+    def __init__(self, cols: dict[str, np.ndarray]) -> None:
+        self._h = {k: hashlib.blake2b(digest_size=16) for k in cols}
+
+    def update(self, part: dict[str, np.ndarray]) -> None:
+        for k, v in part.items():
+            self._h[k].update(np.ascontiguousarray(v).reshape(-1).view(np.uint8))
+
+    def result(self, counters: str) -> dict[str, str]:
+        return {**{k: h.hexdigest() for k, h in self._h.items()}, "_counters": counters}
+
+
+class Snapshot(_Frozen):
+    """A save in progress (or done). ``wait()`` returns once it is on disk, re-raising its error.
+
+    With ``digest=True``, :attr:`digest` is then :func:`digest` of the buffer as it
+    was when the save began (what the snapshot holds), hashed as the rows are written.
+    """
+
+    def __init__(self, buf: "ReplayBuffer", path: str | os.PathLike, *, digest: bool = False) -> None:
+        self.path = Path(path)
+        _check_target(self.path)
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._hash = digest
+        self.digest: dict[str, str] | None = None
+        super().__init__(buf)
+
     def run(self) -> "Snapshot":
         try:
             self._write()
         except BaseException as e:  # surfaced by wait()
             self._error = e
         finally:
-            with self._buf._lock:
-                self._buf._saver = None
+            self._release()
             self._done.set()
         return self
 
@@ -145,41 +229,27 @@ class Snapshot:
 
     def _write_columns(self, tmp: Path) -> None:
         """One ``.npy`` file per column, chunk by chunk, each chunk as it was when the save began."""
-        buf = self._buf
-        cols = _columns(buf)
+        cols = _columns(self._buf)
+        hashes = _Hashes(cols) if self._hash else None
         files = {}
         try:
             for k, c in cols.items():
                 files[k] = f = open(tmp / f"{k}.npy", "wb")
                 np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(c.dtype),
                                                          "fortran_order": False, "shape": c.shape})
-            # rows changed since the save began, not yet written: their old values (see preserve)
-            held = np.empty(0, dtype=np.int64)
-            old = {k: c[:0].copy() for k, c in cols.items()}
-            for a in range(0, buf.capacity, _CHUNK):
-                b = min(buf.capacity, a + _CHUNK)
-                with buf._lock:
-                    t0 = time.perf_counter()
-                    part = {k: c[a:b].copy() for k, c in cols.items()}
-                    self._cursor = b
-                    new, self._aside = self._aside, []
-                    self.max_stall_s = max(self.max_stall_s, time.perf_counter() - t0)
-                if new:   # preserve() keeps only rows at or past the cursor, so none is below a
-                    held = np.concatenate([held, *(s for s, _ in new)])
-                    old = {k: np.concatenate([old[k], *(r[k] for _, r in new)]) for k in cols}
-                    order = np.argsort(held, kind="stable")
-                    held, old = held[order], {k: v[order] for k, v in old.items()}
-                n = int(np.searchsorted(held, b))
-                for k, v in part.items():   # disk writes outside the lock
-                    v[held[:n] - a] = old[k][:n]
+            for part in self._chunks():   # disk writes and hashing outside the lock
+                for k, v in part.items():
                     files[k].write(v.reshape(-1).view(np.uint8))
-                held, old = held[n:], {k: v[n:] for k, v in old.items()}
+                if hashes is not None:
+                    hashes.update(part)
             for f in files.values():
                 f.flush()
                 os.fsync(f.fileno())
         finally:
             for f in files.values():
                 f.close()
+        if hashes is not None:
+            self.digest = hashes.result(self._counters)
 
 
 def write_synced(path: Path, data: bytes) -> None:
@@ -241,9 +311,11 @@ def _meta(buf: "ReplayBuffer") -> dict[str, Any]:
     }
 
 
-def save(buf: "ReplayBuffer", path: str | os.PathLike, background: bool = False) -> Snapshot:
-    """Write a snapshot of ``buf`` to the directory ``path`` (see module doc)."""
-    snap = Snapshot(buf, path)
+def save(buf: "ReplayBuffer", path: str | os.PathLike, background: bool = False, *,
+         digest: bool = False) -> Snapshot:
+    """Write a snapshot of ``buf`` to the directory ``path`` (see module doc); with
+    ``digest=True`` the snapshot's :attr:`Snapshot.digest` is that of what it holds."""
+    snap = Snapshot(buf, path, digest=digest)
     return snap.start() if background else snap.run().wait()
 
 
@@ -342,10 +414,13 @@ def _apply_meta(buf: "ReplayBuffer", meta: dict[str, Any]) -> None:
 
 class Increment:
     """What changed in a buffer since a full snapshot, copied by :func:`take_incremental`
-    at one moment; :meth:`write` puts it on disk without the buffer's lock."""
+    at one moment; :meth:`write` puts it on disk without the buffer's lock. ``digest``:
+    :func:`digest` of the whole buffer at that moment, when it was asked for (else None)."""
 
-    def __init__(self, since: int, slots: np.ndarray, rows: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    def __init__(self, since: int, slots: np.ndarray, rows: dict[str, np.ndarray], meta: dict[str, Any],
+                 digest: dict[str, str] | None = None) -> None:
         self.since, self.slots, self.rows, self.meta = since, slots, rows, meta
+        self.digest = digest
 
     def write(self, path: str | os.PathLike) -> int:
         """Write the increment to the directory ``path`` (a temporary directory renamed into
@@ -370,14 +445,18 @@ class Increment:
         return int(self.slots.size)
 
 
-def take_incremental(buf: "ReplayBuffer", since: int) -> Increment:
+def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False) -> Increment:
     """Copy what changed in ``buf`` since a full snapshot whose ``next`` counter was ``since``.
 
     Only the ring writes at the head change rows, so the rows of items
     ``since .. next-1`` are copied, with all priority leaves (priority updates
     and rebases touch old rows too) and the counters: at most ``capacity`` rows
     and the leaves, in one hold of the buffer's (reentrant) lock. Take it with the
-    lock already held to pair it with other reads of the same moment (a digest).
+    lock already held to pair it with other reads of the same moment.
+    With ``digest=True`` the increment's :attr:`~Increment.digest` is that of the
+    whole buffer at the same moment, hashed after the lock is released (chunk by
+    chunk, as a full snapshot reads: inserts and samples wait one chunk copy at
+    most); the buffer may then have no snapshot in progress.
     Raises :class:`ReplayError` when more than ``capacity`` items were written
     since (every row changed: take a full snapshot instead).
     """
@@ -393,8 +472,9 @@ def take_incremental(buf: "ReplayBuffer", since: int) -> Increment:
         rows = {k: c[slots] for k, c in _columns(buf).items() if k != "_leaf"}   # fancy indexing copies
         rows["_leaf"] = np.array(buf._tree.leaves, copy=True)
         meta = _meta(buf)
+        frozen = _Frozen(buf) if digest else None
     meta["since"] = int(since)
-    return Increment(int(since), slots, rows, meta)
+    return Increment(int(since), slots, rows, meta, frozen._digest() if frozen is not None else None)
 
 
 def save_incremental(buf: "ReplayBuffer", path: str | os.PathLike, since: int) -> int:
@@ -486,15 +566,20 @@ def _renumbering(path: Path, buf: "ReplayBuffer", peers: list[str], slots: np.nd
 def digest(buf: "ReplayBuffer") -> dict[str, str]:
     """A hash of every column (and the counters) of ``buf``: equal digests, equal buffers.
 
-    Reads the whole buffer under its lock (about a millisecond per MB).
+    Reads the whole buffer under its lock (about a millisecond per MB); a buffer in
+    use is hashed without the lock held by ``save(..., digest=True)`` and
+    ``take_incremental(..., digest=True)``, which give the same result.
     """
-    import hashlib  # noqa: PLC0415
-
     with buf._lock:
         out = {k: hashlib.blake2b(np.ascontiguousarray(c).tobytes(), digest_size=16).hexdigest()
                for k, c in _columns(buf).items()}
-        out["_counters"] = f"{buf._next}/{buf._next_seq}/{buf._read}/{buf._max_p!r}/{buf._base!r}/{buf._peers}"
+        out["_counters"] = _counters(buf)
     return out
+
+
+def _counters(buf: "ReplayBuffer") -> str:
+    """The counters' part of :func:`digest` (lock held)."""
+    return f"{buf._next}/{buf._next_seq}/{buf._read}/{buf._max_p!r}/{buf._base!r}/{buf._peers}"
 
 
 def resume_sequence(buf: "ReplayBuffer", floor: int) -> None:

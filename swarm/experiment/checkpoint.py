@@ -90,7 +90,12 @@ def state_digest(params: np.ndarray, buf: Any) -> dict[str, Any]:
     """Digests of the parameters and of every buffer column: equal digests, equal state."""
     from ..buffer.persist import digest  # noqa: PLC0415
 
-    return {"params": array_digest(params), "buffer": digest(buf)}
+    return _state_digest(params, digest(buf))
+
+
+def _state_digest(params: np.ndarray, buffer_digest: dict[str, str]) -> dict[str, Any]:
+    """:func:`state_digest` from the buffer's digest taken already (by a snapshot or an increment)."""
+    return {"params": array_digest(params), "buffer": buffer_digest}
 
 
 def _torch_rng() -> Any:
@@ -175,6 +180,8 @@ class Checkpointer:
         """Start a full checkpoint; with ``background=False`` wait for it and return its name."""
         import torch  # noqa: PLC0415
 
+        from ..buffer.persist import save  # noqa: PLC0415
+
         if self._pending is not None:
             self._wait_pending()
         c = self.counters()
@@ -188,13 +195,13 @@ class Checkpointer:
             state = _write_state(tmp / "state.pt", {
                 "kind": "full", "agent": self.agent.state_dict(), "params": torch.from_numpy(params),
                 "counters": c, "torch_rng": _torch_rng()})
-            # Digest and snapshot start under one hold of the buffer's (reentrant) lock, so
-            # that the digest describes exactly what the snapshot writes.
+            # The snapshot hashes the rows as it writes them (snap.digest, in _wait_pending):
+            # the digest describes exactly what it writes, and the buffer's lock is held
+            # one chunk copy at a time, not over the hashing of the whole buffer.
             with self.buf._lock:
-                dig = state_digest(params, self.buf)
                 nxt = self.buf.total_added
-                snap = self.buf.save(tmp / "buffer", background=True)
-        self._pending = (name, tmp, snap, params, nxt, {"counters": c, "digest": dig, "files": state})
+                snap = save(self.buf, tmp / "buffer", background=True, digest=True)
+        self._pending = (name, tmp, snap, params, nxt, {"counters": c, "files": state})
         if not background:
             return self._wait_pending()
         return None
@@ -228,12 +235,13 @@ class Checkpointer:
             files = _write_state(tmp / "state.pt", {
                 "kind": "incremental", "base": base_name, "agent": state,
                 "params_xor": torch.from_numpy(xor.view(np.int32)), "counters": c, "torch_rng": _torch_rng()})
-            # The digest and the increment's rows are taken under one hold of the buffer's
-            # (reentrant) lock, so that they describe one moment; the disk writes and syncs
-            # come after it is released, so that inserts and samples do not wait for the disk.
-            with self.buf._lock:
-                dig = state_digest(params, self.buf)
-                inc = take_incremental(self.buf, since)
+            # The increment's rows and the buffer's digest describe one moment: the rows are
+            # copied under one hold of the buffer's lock, and the whole buffer as it was then
+            # is hashed after it is released, chunk by chunk, as a full snapshot reads it.
+            # The disk writes and syncs come after it too: inserts and samples wait neither
+            # for the hashing nor for the disk.
+            inc = take_incremental(self.buf, since, digest=True)
+            dig = _state_digest(params, inc.digest)
             rows = inc.write(tmp / "buffer")
             self._commit(name, tmp, {"counters": c, "digest": dig, "base": base_name, "rows": rows, "files": files})
         return name
@@ -255,7 +263,7 @@ class Checkpointer:
         self._pending = None
         with _removed_on_error(tmp):
             snap.wait()
-            self._commit(name, tmp, {**info, "base": None})
+            self._commit(name, tmp, {**info, "digest": _state_digest(params, snap.digest), "base": None})
         self._base = (name, params, nxt)
         self._inc = 0
         # Only now is the new full one safe: drop the older ones and their increments,
