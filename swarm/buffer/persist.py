@@ -49,7 +49,8 @@ __all__ = ["Increment", "Snapshot", "save", "load", "save_incremental", "take_in
            "digest", "resume_sequence"]
 
 FORMAT = 1
-_CHUNK = 1 << 15  # rows per locked copy: ~3 MB for obs float32[8] transitions
+_CHUNK = 1 << 15  # most rows per locked copy: ~3 MB for obs float32[8] transitions
+_CHUNK_BYTES = 4 << 20   # and most bytes: image observations make rows of tens of kB
 
 
 def _columns(buf: "ReplayBuffer") -> dict[str, np.ndarray]:
@@ -122,8 +123,12 @@ class _Frozen:
         # rows changed since this was made, not yet read: their old values (see preserve)
         held = np.empty(0, dtype=np.int64)
         old = {k: c[:0].copy() for k, c in cols.items()}
-        for a in range(0, buf.capacity, _CHUNK):
-            b = min(buf.capacity, a + _CHUNK)
+        # each locked copy at most _CHUNK_BYTES: 32k rows of 84x84 frames would hold the lock
+        # over half a GB of copying
+        row = sum(c[:1].nbytes for c in cols.values())
+        step = max(1, min(_CHUNK, _CHUNK_BYTES // max(1, row)))
+        for a in range(0, buf.capacity, step):
+            b = min(buf.capacity, a + step)
             with buf._lock:
                 t0 = time.perf_counter()
                 part = {k: c[a:b].copy() for k, c in cols.items()}

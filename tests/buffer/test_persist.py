@@ -71,6 +71,44 @@ def test_snapshot_is_the_state_at_save_time_while_writes_go_on(tmp_path, monkeyp
     assert back.total_added == 256
 
 
+def test_a_locked_copy_is_bounded_in_bytes_as_well_as_rows(tmp_path, monkeypatch):
+    """Rows of 84x84 frames (two of them, 14 kB a row): a snapshot copies at most
+    _CHUNK_BYTES under the lock at a time, not _CHUNK rows (32k rows: 460 MB), and the
+    snapshot is still the state when the save began, with writes going on."""
+    import swarm.buffer.persist as persist
+    monkeypatch.setattr(persist, "_CHUNK_BYTES", 64 << 10)   # a few rows a chunk on a small buffer
+    frames = {"obs": ("uint8", (84, 84)), "next_obs": ("uint8", (84, 84)), "action": ("int64", ())}
+    buf = ReplayBuffer(frames, 40, seed=0)
+
+    def batch(n, start):
+        k = np.arange(start, start + n)
+        f = np.broadcast_to((k % 251).astype(np.uint8)[:, None, None], (n, 84, 84)).copy()
+        return {"obs": f, "next_obs": f[::-1].copy(), "action": k}
+
+    buf.add(batch(40, 0))
+    expect = {k: buf._data[k].copy() for k in frames}
+    row = sum(c[:1].nbytes for c in persist._columns(buf).values())
+    parts = []
+    snap = persist.Snapshot(buf, tmp_path / "s")
+    for i, part in enumerate(snap._chunks()):
+        parts.append(part)
+        if i == 0:
+            buf.add(batch(40, 100))   # every row overwritten after the first copy
+    snap._release()
+    copies = [len(p["obs"]) for p in parts]
+    assert max(copies) == (64 << 10) // row == 4 and sum(copies) == 40, copies
+    for k in frames:   # the rows as they were when the snapshot began
+        np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), expect[k])
+    # and a save with writes going on still holds the state it began with
+    snap = persist.Snapshot(buf, tmp_path / "s2")
+    expect = {k: buf._data[k].copy() for k in frames}
+    buf.add(batch(10, 500))
+    snap.run().wait()
+    back = ReplayBuffer.load(tmp_path / "s2")
+    for k in frames:
+        np.testing.assert_array_equal(back._data[k], expect[k])
+
+
 def test_background_save_does_not_stall_sampling_long(tmp_path):
     buf = ReplayBuffer(SCHEMA, 200_000, seed=0)
     buf.add(items(200_000))
