@@ -24,7 +24,9 @@ next flush, so it holds however few items a flush has. Replication: with
 ``ack`` set; an item counts as safe once k neighbours acknowledged it
 (:meth:`Federation.take_acknowledged` hands out newly safe ids). A push
 not acknowledged within ``ack_timeout`` (or whose target left the view) is
-sent again on the next flush, to whichever neighbours are first then. While
+sent again on the next flush, to whichever neighbours are first then; to a
+target that acknowledges nothing the resends back off (the wait doubles up
+to ``ack_timeout_max``, and is ``ack_timeout`` again at its next ack). While
 a peer has fewer than k neighbours (they have not joined yet, or died), its
 items wait in a table of which neighbours hold them
 (:class:`~swarm.buffer.replicas.ReplicaTable`, at most one row per local item
@@ -124,6 +126,9 @@ class Federation:
             pulls combined; ``None`` means unbounded (a number must be finite).
             Replication is not throttled.
         ack_timeout: seconds before an unacknowledged replication push is resent.
+        ack_timeout_max: the longest wait between two resends to a target that
+            acknowledges nothing: each round of resends to it doubles the wait, from
+            ``ack_timeout`` up to this (at least ``ack_timeout``); its next ack resets it.
         rereplicate_s: how long an acknowledged item is replicated again if its
             holder leaves or restarts (cover the holders' checkpoint interval).
         send_timeout: how long one send may wait on a full queue.
@@ -139,8 +144,8 @@ class Federation:
     def __init__(self, buffer: ReplayBuffer, link: Link, *, share: float = 0.1,
                  share_by: str = "newest", replicas: int = 0, priority_clip: float | None = None,
                  rate: float | None = None, burst: float | None = None, ack_timeout: float = 2.0,
-                 send_timeout: float = 1.0, max_items: int = 4096, seed: int | None = None,
-                 rereplicate_s: float = 300.0, ride: bool = False) -> None:
+                 ack_timeout_max: float = 30.0, send_timeout: float = 1.0, max_items: int = 4096,
+                 seed: int | None = None, rereplicate_s: float = 300.0, ride: bool = False) -> None:
         if not (is_real(share) and 0.0 <= share <= 1.0):
             raise ReplayError(f"share must be a number in [0, 1], got {share!r}")
         if share_by not in ("newest", "priority"):
@@ -149,7 +154,8 @@ class Federation:
             raise ReplayError(f"replicas must be an int >= 0, got {replicas!r}")
         if priority_clip is not None and not (is_real(priority_clip) and priority_clip > 0):
             raise ReplayError(f"priority_clip must be a number > 0 or None, got {priority_clip!r}")
-        for name, v in (("ack_timeout", ack_timeout), ("send_timeout", send_timeout)):
+        for name, v in (("ack_timeout", ack_timeout), ("ack_timeout_max", ack_timeout_max),
+                        ("send_timeout", send_timeout)):
             if not (is_real(v) and 0 < v < math.inf):
                 raise ReplayError(f"{name} must be a finite number of seconds > 0, got {v!r}")
         if not (is_real(rereplicate_s) and rereplicate_s >= 0):
@@ -161,6 +167,7 @@ class Federation:
         self.priority_clip = priority_clip
         self.bucket = TokenBucket(rate, burst)
         self.ack_timeout, self.send_timeout, self.max_items = ack_timeout, send_timeout, max_items
+        self.ack_timeout_max = max(float(ack_timeout_max), float(ack_timeout))
         self.rereplicate_s = float(rereplicate_s)
         self.riding = bool(ride)
         self.stats = FederationStats()
@@ -171,6 +178,9 @@ class Federation:
         self._unridden: list[np.ndarray] = []     # ... since the last ride (ride=True)
         self._new_lock = threading.Lock()         # add() may run on the learner's thread
         self._inflight: dict[int, tuple[str, np.ndarray, float]] = {}  # rid -> (dst, seqs, deadline)
+        # target -> (wait, not before): a target that let pushes time out gets its next
+        # resends only after `wait`, which doubles each round; its next ack removes the entry
+        self._backoff: dict[str, tuple[float, float]] = {}
         # Local items that fewer than `replicas` neighbours hold, and which do: a row per
         # item, gone once it is safe or overwritten, so at most one per local item in the ring.
         self._table = ReplicaTable(replicas)
@@ -356,12 +366,26 @@ class Federation:
                 self._again_from(holder)   # it left the first k: its copies may have gone with it
             elif not dq:
                 del self._recent[holder]
-        # Pushes past their deadline, or to a peer gone from the neighbourhood, go again.
+        # Pushes to a peer gone from the neighbourhood go again at once (to its successor).
+        # Pushes past their deadline go again too, but to a target that has acknowledged
+        # nothing since its last round of resends only once its wait is over, and each
+        # round doubles that wait: a silent target (a hung peer until it is declared dead,
+        # one that drops the pushes for good) was sent everything it had not acknowledged
+        # every ack_timeout, so over n ack_timeouts n rounds, now about log2(n).
+        for dst in [d for d in self._backoff if d not in targets]:
+            del self._backoff[dst]
+        resent_to: set[str] = set()
         for rid, (dst, seqs, deadline) in list(self._inflight.items()):
-            if now > deadline or dst not in nbrs:
-                del self._inflight[rid]
-                table.mark(dst, seqs, sent=False)
-                self.stats.resent += len(seqs)
+            if dst in nbrs and (now <= deadline or now < self._backoff.get(dst, (0.0, 0.0))[1]):
+                continue
+            del self._inflight[rid]
+            table.mark(dst, seqs, sent=False)
+            self.stats.resent += len(seqs)
+            if dst in nbrs:
+                resent_to.add(dst)
+        for dst in resent_to & set(targets):
+            wait = min(2 * self._backoff.get(dst, (self.ack_timeout, 0.0))[0], self.ack_timeout_max)
+            self._backoff[dst] = (wait, now + wait)
         with self.buffer._lock:                # items overwritten locally can be sent no more
             self.stats.unreplicated += table.drop_overwritten(self.buffer._ticket)
         sent = 0
@@ -456,6 +480,7 @@ class Federation:
         if entry is None or entry[0] != msg.src:
             return                               # late, or not the push's target: it changes nothing
         del self._inflight[rid]
+        self._backoff.pop(msg.src, None)         # it acknowledges again: its resends wait ack_timeout
         seqs = entry[1]
         if self.rereplicate_s > 0 and msg.src in self._table.slots:
             self._remember(msg.src, seqs)
