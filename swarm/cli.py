@@ -258,6 +258,8 @@ def cmd_peer(args: argparse.Namespace) -> int:
         if args.topology and args.topology != spec.gossip.topology:
             raise SwarmError(f"--topology {args.topology} disagrees with the spec's gossip.topology = "
                              f"{spec.gossip.topology}; drop --topology")
+        if args.new_run and not args.resume_from:
+            raise SwarmError("--new-run goes with --resume RUN_DIR (a start without it is a new run anyway)")
         run_dir = args.run_dir or os.path.join("runs", f"{spec.name}-peer{cfg.rank}")
         stop = stop_on_signals()
         try:
@@ -272,14 +274,14 @@ def cmd_peer(args: argparse.Namespace) -> int:
         # bind an address its neighbours can reach, not the loopback default.
         summary = run_peer(spec, cfg.rank, coords, run_dir, stop=stop, loop_factory=factory,
                            parent_pid=parent, peer_config=cfg,
-                           resume_from=args.resume_from)
+                           resume_from=args.resume_from, new_run=args.new_run)
         ret = summary["final_mean_return"]    # None: no episode ended (a budget shorter than one)
         said = f"mean return {ret:.1f}" if ret is not None else "no episode finished"
         print(f"swarm peer peer{cfg.rank} done ({summary['reason']}): {summary['env_steps']} env steps, "
               f"{summary['rounds']} rounds, {said}", flush=True)
         return 0
-    if args.run_dir or args.resume_from:
-        flag = "--run-dir" if args.run_dir else "--resume"
+    if args.run_dir or args.resume_from or args.new_run:
+        flag = "--run-dir" if args.run_dir else "--resume" if args.resume_from else "--new-run"
         raise SwarmError(f"{flag} is used with --spec (a peer without a spec trains nothing)")
 
     async def main() -> int:
@@ -549,6 +551,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--resume", "--resume-from", dest="resume_from", metavar="RUN_DIR",
                    help="with --spec: start from the newest checkpoint in RUN_DIR/peer{RANK}/ckpt/ "
                         "(parameters, optimizer, buffer, counters) and train what is left of the budget")
+    q.add_argument("--new-run", action="store_true",
+                   help="with --resume: a new run from RUN_DIR's checkpoint, also into a --run-dir that holds "
+                        "an earlier resume from it (by default the same command again goes on with that run)")
     q.set_defaults(func=cmd_peer)
 
     s = sub.add_parser("status", help="show the member table and current view", parents=[loud])

@@ -39,7 +39,9 @@ flush or a TensorBoard write that fails is logged (once per file) and counted, a
 training goes on; the files written before stay whole.
 summary.json records the counts (``checkpoint_failures``, ``write_failures``); one that
 cannot be written itself is logged, the one there (if any) stays, and the peer still
-ends as it would have (:func:`run_peer` returns the figures).
+ends as it would have (:func:`run_peer` returns the figures). Before it trains, a file
+it cannot write (``run.json``, ``resumed.json``, the copy of ``best.pt``, a CSV file)
+is a ConfigError that names it: the next start would meet the same disk.
 
 A peer that joins a swarm already training bootstraps its parameters from its
 neighbours (:meth:`swarm.gossip.Gossip.bootstrap`) before its first step: when
@@ -147,7 +149,7 @@ def _read_checkpoint_pt(path: Path, skipped: list[str], run: str | None = None) 
         return None
 
 
-def _goes_on(out: Path, old: Path | None, rejoin: bool) -> Lineage | None:
+def _goes_on(out: Path, old: Path | None, rejoin: bool, new_run: bool = False) -> Lineage | None:
     """The run recorded in ``out`` (its ``run.json``) when this process goes on with it,
     or None when it starts a run there.
 
@@ -156,8 +158,12 @@ def _goes_on(out: Path, old: Path | None, rejoin: bool) -> Lineage | None:
     was itself resumed from the run that wrote ``old``'s newest checkpoint (by run id),
     as ``swarm run`` restarts a peer that had no checkpoint in ``out`` yet, or as a
     person runs the same ``swarm peer --resume OLD`` again: the checkpoints it wrote
-    in ``out`` since are newer than ``old``'s and come first. A fresh start, or a
-    resume from a run that ``out``'s does not continue, starts a run."""
+    in ``out`` since are newer than ``old``'s and come first. A fresh start, a resume
+    from a run that ``out``'s does not continue, or one told that it is a ``new_run``
+    (the folders alone cannot tell a new run resumed from the same checkpoint into the
+    same folder from the same command run again), starts a run."""
+    if new_run:
+        return None
     here = read_lineage(out)
     if old is None:
         return here if rejoin and here.id is not None else None
@@ -167,6 +173,20 @@ def _goes_on(out: Path, old: Path | None, rejoin: bool) -> Lineage | None:
     if theirs is not None and here.continues[:1] == ((str(old.resolve()), theirs.id),):
         return here
     return None
+
+
+def _at_start(run_dir: str | Path, change: Callable[[], Any], path: Path | None = None, verb: str = "write") -> Any:
+    """``change`` the peer's folder before it trains (``run.json``, ``resumed.json``, the
+    copy of the best evaluation it continues, its CSV files), or raise ConfigError
+    naming the file (``path``, else the one the OSError names) and why. A disk that is
+    full or read only then would fail the next start the same way: the launcher does
+    not restart the peer, and the user reads the file and the cause, not a traceback.
+    (Once it trains, a write that fails is logged and counted instead: :class:`_Unwritten`.)"""
+    try:
+        return change()
+    except OSError as e:
+        raise ConfigError(f"run folder {run_dir}: cannot {verb} {path or e.filename} ({e.strerror or e}); make "
+                          "room on its disk, or pass a --run-dir this process can write") from None
 
 
 def _write_whole(path: Path, write: Callable[[Path], Any]) -> None:
@@ -257,7 +277,9 @@ class _Unwritten:
 
     The first failure of each file is logged as an error, the others only counted (a full
     disk fails a write at every flush), and the latest goes to the heartbeat's
-    ``last_error``. summary.json records both (``write_failures``, ``write_error``).
+    ``last_error``. summary.json records both (``write_failures``, ``write_error``);
+    summary.json itself, written once at the end, is only logged (its counts are in
+    what :func:`run_peer` returns).
     """
 
     def __init__(self, rank: int, state: _State | None = None) -> None:
@@ -272,8 +294,10 @@ class _Unwritten:
         if self.state is not None:
             self.state.last_error = f"cannot write {self.last_error}"
         if n == 0:
-            log.error("peer%d: cannot write %s (%s); %s (further failures of it are only counted, "
-                      "in summary.json)", self.rank, what, e, after)
+            # summary.json is where the others are counted, written once: of its failure only this line tells
+            then = (f"{after}, and this process's figures are not on disk" if what == "summary.json"
+                    else f"{after} (further failures of it are only counted, in summary.json)")
+            log.error("peer%d: cannot write %s (%s); %s", self.rank, what, e, then)
 
 
 class _Rows:
@@ -325,12 +349,15 @@ class _Logs:
                 self.tb = SummaryWriter(str(out / "tb"), flush_secs=10)
 
     def _csv(self, path: Path, fields: list[str]) -> _Rows:
-        if self._append and self._upto is not None:
-            dropped = _keep_rows_upto(path, self._upto)
-            if dropped:
-                log.info("%s: dropped %d rows past env step %d (trained again now)", path, dropped, self._upto)
-        fresh = not (self._append and path.is_file() and path.stat().st_size > 0)
-        f = open(path, "w" if fresh else "a", newline="")
+        try:
+            if self._append and self._upto is not None:
+                dropped = _keep_rows_upto(path, self._upto)
+                if dropped:
+                    log.info("%s: dropped %d rows past env step %d (trained again now)", path, dropped, self._upto)
+            fresh = not (self._append and path.is_file() and path.stat().st_size > 0)
+            f = open(path, "w" if fresh else "a", newline="")
+        except OSError as e:   # named by the file, not by its temporary one (or by none: a failed write)
+            raise OSError(e.errno, e.strerror, str(path)) from e
         self._files.append(f)
         w = _Rows(f, fields, self._failed)
         if fresh:
@@ -597,7 +624,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
              loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
              parent_pid: int | None = None, join_timeout: float = 60.0,
              tensorboard: bool = True, peer_config: Any = None,
-             resume_from: str | Path | None = None, spec_check_timeout: float = 5.0) -> dict[str, Any]:
+             resume_from: str | Path | None = None, spec_check_timeout: float = 5.0,
+             new_run: bool = False) -> dict[str, Any]:
     """Train one peer of ``spec`` until its budget is spent; return its summary.
 
     Args:
@@ -624,6 +652,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             from a folder whose run ``run_dir``'s continues, only checkpoints of this
             folder's run (by run id, :class:`~swarm.experiment.checkpoint.Lineage`) and of
             the runs it continues count.
+        new_run: with ``resume_from`` another run folder, start a new run in ``run_dir``
+            from its newest checkpoint that loads, also when ``run_dir``'s folder holds
+            a run resumed from the same checkpoint before (by default this process goes
+            on with that run, as the same command run again after a crash does).
         spec_check_timeout: once joined, how long to wait for the other members' spec
             digests (heartbeats carry them) before comparing them with this one's; a
             peer whose spec differs is refused (ConfigError), one that sent none is
@@ -643,6 +675,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
 
     if not 0 <= rank < spec.peers:
         raise ConfigError(f"rank = {rank}: the spec has peers = {spec.peers}, so ranks are 0..{spec.peers - 1}")
+    own = resume_from is not None and Path(resume_from).resolve() == Path(run_dir).resolve()
+    rejoin = bool(getattr(peer_config, "replace", False)) or own
+    if new_run and rejoin:
+        how = "resumes from its own run folder" if own else "replaces a member"
+        raise ConfigError(f"new_run: peer{rank} {how}, so it goes on with the run there; a new run is a fresh "
+                          "start or a resume from another run folder")
     torch.set_num_threads(1)  # many peers share few cores
     stop = stop or threading.Event()
     out = peer_dir(run_dir, rank)
@@ -658,8 +696,6 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
     except OSError as e:
         raise ConfigError(f"run folder {run_dir}: cannot create {out} ({e.strerror or e}); "
                           "pass a --run-dir this process can write") from None
-    own = resume_from is not None and Path(resume_from).resolve() == Path(run_dir).resolve()
-    rejoin = bool(getattr(peer_config, "replace", False)) or own
     # The run this process trains (run.json): the one the folder holds when it goes on
     # with it, else a new one. A fresh run records itself at once (and drops the record
     # of another run's resume, resumed.json), so that a restart after a crash at any
@@ -667,12 +703,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
     # folder does once its checkpoint has loaded (a resume that fails leaves the
     # folder's record as it was). A process killed before that wrote nothing here: the
     # folder still holds the run it held, which is what a restart then reads.
-    run = _goes_on(out, peer_dir(resume_from, rank) if resume_from is not None else None, rejoin)
+    run = _goes_on(out, peer_dir(resume_from, rank) if resume_from is not None else None, rejoin, new_run)
     same_run = run is not None
     if run is None and resume_from is None:
         run = Lineage.new()
-        write_lineage(out, run)
-        (out / "resumed.json").unlink(missing_ok=True)
+        _at_start(run_dir, lambda: write_lineage(out, run), out / "run.json")
+        _at_start(run_dir, lambda: (out / "resumed.json").unlink(missing_ok=True), out / "resumed.json", "remove")
 
     coordinators = [coordinator] if isinstance(coordinator, str) else list(coordinator)
     sp = SyncPeer(peer_config, coordinators=coordinators, id=f"peer{rank}", rank=rank, topology=g.topology,
@@ -814,14 +850,14 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             # wrote the checkpoint it starts from, and what that one continued
             theirs = Lineage.of(restored.manifest if restored is not None else ck, src)
             run = Lineage.new(((str(src.resolve()), theirs.id), *theirs.continues))
-            write_lineage(out, run)
+            _at_start(run_dir, lambda: write_lineage(out, run), out / "run.json")
         if "resumed_from" in summary:
             # the run this peer's folder continues goes on with every restart into it
             rec = {"checkpoint": summary["resumed_from"], "env_steps": done_steps,
                    "digest": state_digest(agent.parameters(), buf), "run": run.id,
                    "continues": run.continues[0][0] if run.continues else None,
                    "continues_run": run.continues[0][1] if run.continues else None}
-            _write_json(out / "resumed.json", rec, indent=1)
+            _at_start(run_dir, lambda: _write_json(out / "resumed.json", rec, indent=1), out / "resumed.json")
         if skipped:
             summary["resume_skipped"] = skipped
         state.env_steps = done_steps
@@ -832,7 +868,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             from ..buffer.persist import resume_sequence  # noqa: PLC0415
             resume_sequence(buf, (time.time_ns() // 1_000_000) << 16)
             src = peer_dir(resume_from, rank) if resume_from is not None else out
-            _carry_best(src, out, summary, continued=src if same_run else None, run=run)
+            _at_start(run_dir, lambda: _carry_best(src, out, summary, continued=src if same_run else None, run=run),
+                      out / "best.pt")
         x = agent.parameters()
 
         repair = g.exchange == "gradients" and not g.average and g.relay_staleness == 1
@@ -920,7 +957,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         peer.stats = stats
         # A peer restarted into its own folder continues its files, with or without a
         # checkpoint, less the rows past the env steps it continues from.
-        logs = _Logs(out, tensorboard, append=rejoin or same_run, upto=done_steps, failed=unwritten)
+        logs = _at_start(run_dir, lambda: _Logs(out, tensorboard, append=rejoin or same_run, upto=done_steps,
+                                                failed=unwritten))
         c = spec.checkpoint
         ckpt = Checkpointer(out / "ckpt", agent, buf,
                             lambda: {"env_steps": state.env_steps, "episodes": state.episodes,
