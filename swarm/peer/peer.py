@@ -96,6 +96,17 @@ HELD_IN_MAX = 1024
 REDIAL_MIN_S = 0.5
 REDIAL_MAX_S = 10.0
 
+#: seconds a coordinator's host has to answer a connection (SYN to SYN-ACK): the
+#: coordinator's CONNECT_TIMEOUT_S for its dials to the others (a third of libzmq's 30 s
+#: handshake timeout, which these sockets keep too), not imported: that module brings
+#: the coordinator's HTTP server with it. Without it a dial to a host that vanished
+#: without a TCP reset (powered off, a cable pulled, a firewall that drops) was left to
+#: the OS, which sends the SYN again ever further apart and gives up after about 127 s:
+#: a coordinator back on that host (restarted there, the cable plugged back) had the
+#: peer only at the next SYN, up to a minute later. The cost: a coordinator whose
+#: network takes longer than this to answer a connection is never reached.
+COORD_CONNECT_TIMEOUT_S = 10.0
+
 #: what a coordinator socket's monitor reports: a lost connection, and how handshakes end
 _COORD_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
@@ -452,6 +463,7 @@ class Peer:
             for addr in cfg.coordinators:
                 c = tp.dealer(self._ctx, limits=self.limits, hwm=64, immediate=True,
                               heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s)
+                c.setsockopt(zmq.CONNECT_TIMEOUT, int(COORD_CONNECT_TIMEOUT_S * 1000))
                 if self._curve is not None:
                     self._curve.client(c, self._curve.coordinator_public)
                 self._coords.append(c)
