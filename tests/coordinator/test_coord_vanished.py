@@ -65,10 +65,12 @@ def _greet_and_wait_for_close(conn: socket.socket, timeout: float) -> None:
         pass
 
 
-def test_a_standby_held_back_by_a_host_that_vanished_takes_over_within_seconds(syns_dropped_when_full, caplog):
+def test_a_standby_held_back_by_a_host_that_vanished_takes_over_within_seconds(syns_dropped_when_full, caplog,
+                                                                                monkeypatch):
     # the standby's dial to the vanished host waited for the OS to give up (about 127 s),
     # and until then its failed handshake held it back: no coordinator was active
     caplog.set_level("WARNING", logger="swarm.coordinator")
+    monkeypatch.setattr(server, "CONNECT_TIMEOUT_S", 3.0)   # 10 s in use: the same, sooner
     host, addr = _listener()
     held: list[socket.socket] = []
     try:
@@ -107,10 +109,11 @@ def test_a_standby_held_back_by_a_host_that_vanished_takes_over_within_seconds(s
         host.close()
 
 
-def test_a_coordinator_that_accepts_connections_but_is_slow_to_answer_keeps_its_connection(caplog):
+def test_a_coordinator_that_accepts_connections_but_is_slow_to_answer_keeps_its_connection(caplog, monkeypatch):
     # the dial timeout is the TCP connect's alone: a host whose kernel accepts but whose
     # coordinator says nothing for longer (busy, stopped) is left to the handshake's timeout
     caplog.set_level("WARNING", logger="swarm.coordinator")
+    monkeypatch.setattr(server, "CONNECT_TIMEOUT_S", 3.0)   # 10 s in use: the same, sooner
     host, addr = _listener()
     held: list[socket.socket] = []
     try:
