@@ -17,7 +17,9 @@ a snapshot at ``path``. The files are written with plain writes, not through a
 memory map: on a full disk a store into a mapped page kills the process with
 SIGBUS, where a write raises ``ENOSPC``. A save that fails (a full disk, a
 folder it may not write) raises :class:`ReplayError`, removes its temporary
-directory and leaves the snapshot already at ``path`` as it was.
+directory and leaves the snapshot already at ``path`` as it was. An increment
+(:func:`take_incremental`, the rows written since a full snapshot) is copied
+the same way.
 
 A save (``digest=True``) and an increment (``take_incremental(..., digest=True)``)
 can also hash the whole buffer as it was at their moment, with :func:`digest`'s
@@ -83,9 +85,12 @@ class _Frozen:
     put together are the buffer at that moment. One at a time per buffer; whoever
     makes one must :meth:`_release` it (the buffer defers rebases and origin-list
     compactions while it is registered).
+
+    ``whole``: a mask of the slots whose every column is read (None: all of them);
+    of the others only the priority leaves are read (and set aside).
     """
 
-    def __init__(self, buf: "ReplayBuffer") -> None:
+    def __init__(self, buf: "ReplayBuffer", whole: np.ndarray | None = None) -> None:
         self._buf = buf
         self.max_stall_s = 0.0   # longest time the buffer's lock was held for one chunk
         with buf._lock:
@@ -94,6 +99,7 @@ class _Frozen:
             t0 = time.perf_counter()
             self._meta = _meta(buf)
             self._counters = _counters(buf)
+            self._whole = whole
             self._cursor = 0
             self._kept = np.zeros(buf.capacity, dtype=bool)
             self._aside: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
@@ -114,48 +120,67 @@ class _Frozen:
         if s.size == 0:
             return
         self._kept[s] = True
-        self._aside.append((s, {k: c[s].copy() for k, c in _columns(self._buf).items()}))
+        cols = _columns(self._buf)
+        if self._whole is not None:
+            whole = self._whole[s]
+            leaf = s[~whole]
+            if leaf.size:   # rows not read whole: their leaves only
+                self._aside.append((leaf, {"_leaf": cols["_leaf"][leaf].copy()}))
+            s = s[whole]
+            if s.size == 0:
+                return
+        self._aside.append((s, {k: c[s].copy() for k, c in cols.items()}))
 
-    def _chunks(self) -> Iterator[dict[str, np.ndarray]]:
-        """Every column's rows in order, chunk by chunk, each chunk as it was when this was made."""
+    def _spans(self) -> Iterator[tuple[int, int, bool]]:
+        """The locked copies in slot order: ``(a, b, whole)``, rows ``a .. b-1`` read whole or
+        their leaves only, each copy at most _CHUNK rows and _CHUNK_BYTES bytes."""
+        cols = _columns(self._buf)
+        cap = self._buf.capacity
+        # 32k rows of 84x84 frames would hold the lock over half a GB of copying
+        row = sum(c[:1].nbytes for c in cols.values())
+        steps = {True: max(1, min(_CHUNK, _CHUNK_BYTES // max(1, row))),
+                 False: max(1, min(_CHUNK, _CHUNK_BYTES // max(1, cols["_leaf"][:1].nbytes)))}
+        if self._whole is None:
+            runs = [(0, cap, True)]
+        else:   # the mask's runs of equal values
+            edges = [0, *(np.flatnonzero(np.diff(self._whole.view(np.int8))) + 1).tolist(), cap]
+            runs = [(a, b, bool(self._whole[a])) for a, b in zip(edges[:-1], edges[1:])]
+        for lo, hi, whole in runs:
+            for a in range(lo, hi, steps[whole]):
+                yield a, min(hi, a + steps[whole]), whole
+
+    def _read(self) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        """``(a, part)`` in slot order, ``part`` the columns of rows ``a ..`` as they were when
+        this was made: every column, or only ``_leaf`` for rows not read whole."""
         buf = self._buf
         cols = _columns(buf)
-        # rows changed since this was made, not yet read: their old values (see preserve)
-        held = np.empty(0, dtype=np.int64)
+        # per column, the rows changed since this was made, not yet read: their old values (see preserve)
+        held = {k: np.empty(0, dtype=np.int64) for k in cols}
         old = {k: c[:0].copy() for k, c in cols.items()}
-        # each locked copy at most _CHUNK_BYTES: 32k rows of 84x84 frames would hold the lock
-        # over half a GB of copying
-        row = sum(c[:1].nbytes for c in cols.values())
-        step = max(1, min(_CHUNK, _CHUNK_BYTES // max(1, row)))
-        for a in range(0, buf.capacity, step):
-            b = min(buf.capacity, a + step)
+        for a, b, whole in self._spans():
             with buf._lock:
                 t0 = time.perf_counter()
-                part = {k: c[a:b].copy() for k, c in cols.items()}
+                part = {k: c[a:b].copy() for k, c in cols.items() if whole or k == "_leaf"}
                 self._cursor = b
                 new, self._aside = self._aside, []
                 self.max_stall_s = max(self.max_stall_s, time.perf_counter() - t0)
-            if new:   # preserve() keeps only rows at or past the cursor, so none is below a
-                held = np.concatenate([held, *(s for s, _ in new)])
-                old = {k: np.concatenate([old[k], *(r[k] for _, r in new)]) for k in cols}
-                order = np.argsort(held, kind="stable")
-                held, old = held[order], {k: v[order] for k, v in old.items()}
-            n = int(np.searchsorted(held, b))
-            for k, v in part.items():   # the copy, outside the lock, back to the old values
-                v[held[:n] - a] = old[k][:n]
-            yield part
-            held, old = held[n:], {k: v[n:] for k, v in old.items()}
+            for k in cols if new else ():   # preserve() keeps only rows at or past the cursor: none below a
+                got = [(s, r[k]) for s, r in new if k in r]
+                if got:
+                    h = np.concatenate([held[k], *(s for s, _ in got)])
+                    order = np.argsort(h, kind="stable")
+                    held[k], old[k] = h[order], np.concatenate([old[k], *(v for _, v in got)])[order]
+            for k in cols:   # the copy, outside the lock, back to the old values
+                n = int(np.searchsorted(held[k], b))
+                if k in part:
+                    part[k][held[k][:n] - a] = old[k][:n]
+                held[k], old[k] = held[k][n:], old[k][n:]
+            yield a, part
 
-    def _digest(self) -> dict[str, str]:
-        """:func:`digest` of the buffer as it was when this was made, hashed without the lock
-        held; releases this reader."""
-        try:
-            hashes = _Hashes(_columns(self._buf))
-            for part in self._chunks():
-                hashes.update(part)
-            return hashes.result(self._counters)
-        finally:
-            self._release()
+    def _chunks(self) -> Iterator[dict[str, np.ndarray]]:
+        """Every column's rows in order, chunk by chunk, each chunk as it was when this was made."""
+        for _, part in self._read():
+            yield part
 
 
 class _Hashes:
@@ -456,12 +481,17 @@ def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False) -
     Only the ring writes at the head change rows, so the rows of items
     ``since .. next-1`` are copied, with all priority leaves (priority updates
     and rebases touch old rows too) and the counters: at most ``capacity`` rows
-    and the leaves, in one hold of the buffer's (reentrant) lock. Take it with the
-    lock already held to pair it with other reads of the same moment.
+    and the leaves, as they were at one moment. They are copied as a full snapshot
+    reads (chunk by chunk, copy-on-write): inserts and samples wait one chunk copy
+    at most, not the copy of every row (100k rows of 84x84 frames: 1.4 GB). Taken
+    with the (reentrant) lock already held, to pair it with other reads of the
+    same moment, it holds the lock over the whole copy.
     With ``digest=True`` the increment's :attr:`~Increment.digest` is that of the
-    whole buffer at the same moment, hashed after the lock is released (chunk by
-    chunk, as a full snapshot reads: inserts and samples wait one chunk copy at
-    most); the buffer may then have no snapshot in progress.
+    whole buffer at the same moment, hashed without the lock held from the same
+    chunks (the increment's rows are among them); the buffer may then have no
+    snapshot in progress. Without it only the increment's rows (and the leaves)
+    are read; while a full snapshot is being written they are copied in one hold
+    of the lock, the buffer's one copy-on-write reader being taken.
     Raises :class:`ReplayError` when more than ``capacity`` items were written
     since (every row changed: take a full snapshot instead).
     """
@@ -473,13 +503,42 @@ def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False) -
         if nxt - since > cap:
             raise ReplayError(f"{nxt - since} items written since the full snapshot, more than capacity "
                               f"{cap}: take a full snapshot instead")
+        n, first = nxt - since, since % cap
+        # the increment's slots: one or two runs of the ring, (first slot, end, position in the increment)
+        runs = [(first, min(cap, first + n), 0)]
+        if first + n > cap:
+            runs.append((0, first + n - cap, cap - first))
         slots = np.arange(since, nxt, dtype=np.int64) % cap
-        rows = {k: c[slots] for k, c in _columns(buf).items() if k != "_leaf"}   # fancy indexing copies
-        rows["_leaf"] = np.array(buf._tree.leaves, copy=True)
-        meta = _meta(buf)
-        frozen = _Frozen(buf) if digest else None
-    meta["since"] = int(since)
-    return Increment(int(since), slots, rows, meta, frozen._digest() if frozen is not None else None)
+        if buf._saver is not None and not digest:
+            rows = {k: c[slots] for k, c in _columns(buf).items() if k != "_leaf"}   # fancy indexing copies
+            rows["_leaf"] = np.array(buf._tree.leaves, copy=True)
+            return Increment(int(since), slots, rows, {**_meta(buf), "since": int(since)})
+        whole = None
+        if not digest:
+            whole = np.zeros(cap, dtype=bool)
+            for lo, hi, _ in runs:
+                whole[lo:hi] = True
+        frozen = _Frozen(buf, whole)
+    try:
+        cols = _columns(buf)
+        rows = {k: np.empty((n, *c.shape[1:]), dtype=c.dtype) for k, c in cols.items() if k != "_leaf"}
+        rows["_leaf"] = np.empty_like(cols["_leaf"])
+        hashes = _Hashes(cols) if digest else None
+        for a, part in frozen._read():   # copies out of the increment's rows, and hashing, outside the lock
+            b = a + len(part["_leaf"])
+            rows["_leaf"][a:b] = part["_leaf"]
+            if hashes is not None:
+                hashes.update(part)
+            for lo, hi, at in runs:
+                x, y = max(a, lo), min(b, hi)
+                if x < y:
+                    for k, v in rows.items():
+                        if k != "_leaf":
+                            v[at + x - lo:at + y - lo] = part[k][x - a:y - a]
+    finally:
+        frozen._release()
+    meta = {**frozen._meta, "since": int(since)}
+    return Increment(int(since), slots, rows, meta, hashes.result(frozen._counters) if hashes is not None else None)
 
 
 def save_incremental(buf: "ReplayBuffer", path: str | os.PathLike, since: int) -> int:

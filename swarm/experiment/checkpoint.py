@@ -235,11 +235,11 @@ class Checkpointer:
             files = _write_state(tmp / "state.pt", {
                 "kind": "incremental", "base": base_name, "agent": state,
                 "params_xor": torch.from_numpy(xor.view(np.int32)), "counters": c, "torch_rng": _torch_rng()})
-            # The increment's rows and the buffer's digest describe one moment: the rows are
-            # copied under one hold of the buffer's lock, and the whole buffer as it was then
-            # is hashed after it is released, chunk by chunk, as a full snapshot reads it.
-            # The disk writes and syncs come after it too: inserts and samples wait neither
-            # for the hashing nor for the disk.
+            # The increment's rows and the buffer's digest describe one moment: both come from
+            # one chunk-by-chunk, copy-on-write reading of the buffer as it was then, as a full
+            # snapshot reads it, hashed outside the lock. The disk writes and syncs come after
+            # it: inserts and samples wait one chunk copy at most, neither for the hashing nor
+            # for the disk.
             inc = take_incremental(self.buf, since, digest=True)
             dig = _state_digest(params, inc.digest)
             rows = inc.write(tmp / "buffer")
