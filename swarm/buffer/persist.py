@@ -488,8 +488,8 @@ def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False) -
     same moment, it holds the lock over the whole copy.
     With ``digest=True`` the increment's :attr:`~Increment.digest` is that of the
     whole buffer at the same moment, hashed without the lock held from the same
-    chunks (the increment's rows are among them); the buffer may then have no
-    snapshot in progress. Without it only the increment's rows (and the leaves)
+    chunks (the increment's rows are among them); the buffer must then have no
+    snapshot in progress (a ReplayError). Without it only the increment's rows (and the leaves)
     are read; while a full snapshot is being written they are copied in one hold
     of the lock, the buffer's one copy-on-write reader being taken.
     Raises :class:`ReplayError` when more than ``capacity`` items were written

@@ -315,7 +315,8 @@ class ReplayBuffer:
         compaction (at least ``_COMPACT_PEERS``), so its O(capacity) cost (the origin
         column and the id index, which hashes origin numbers) is spread over at
         least as many new ids as it kept. This peer stays origin 0. Deferred while
-        a snapshot is being written: its rows not yet copied would be renumbered
+        a snapshot is being written (or an increment or a digest read, chunk by chunk,
+        by :mod:`swarm.buffer.persist`): its rows not yet copied would be renumbered
         while its meta.json keeps the old list (the next insert tries again).
         """
         if self._saver is not None:
@@ -417,7 +418,8 @@ class ReplayBuffer:
 
         Happens on its own when needed; sampling probabilities do not change. A
         ``t`` in the future is taken as now (see :meth:`add`). Deferred (nothing
-        happens) while a snapshot is being written: the snapshot's rows not yet
+        happens) while a snapshot is being written (or an increment or a digest
+        read): the snapshot's rows not yet
         copied would be rescaled while its recorded base stays the old one.
         """
         if t is not None and not (is_real(t) and math.isfinite(t)):

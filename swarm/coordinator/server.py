@@ -670,10 +670,12 @@ class Coordinator:
             return
         if event == zmq.EVENT_CLOSED:
             # a connect that failed. Refused: nobody listens there. Not answered within
-            # CONNECT_TIMEOUT_S (a refusal takes one round trip): its host is gone or cut off.
-            # Either way it is down, and does not hold this one back
+            # CONNECT_TIMEOUT_S (a refusal takes one round trip, or a few seconds after lost
+            # SYNs): its host is gone or cut off. Either way it is down, and does not hold this
+            # one back. (A watch loop stalled past the timeout reads both events at once and
+            # calls a timeout a refusal: only the wording differs.)
             dialing_at, o["dialing_at"] = o["dialing_at"], 0.0
-            if not dialing_at or now - dialing_at < CONNECT_TIMEOUT_S / 2:
+            if not dialing_at or now - dialing_at < 0.9 * CONNECT_TIMEOUT_S:
                 self._handshake_cleared(addr, o, "nothing listens there")
                 return
             why = f"it did not answer a connection within {CONNECT_TIMEOUT_S:g} s"

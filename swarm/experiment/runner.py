@@ -679,8 +679,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
     rejoin = bool(getattr(peer_config, "replace", False)) or own
     if new_run and rejoin:
         how = "resumes from its own run folder" if own else "replaces a member"
-        raise ConfigError(f"new_run: peer{rank} {how}, so it goes on with the run there; a new run is a fresh "
-                          "start or a resume from another run folder")
+        raise ConfigError(f"new_run (--new-run): peer{rank} {how}, so it goes on with the run there; a new run is "
+                          "a fresh start or a resume from another run folder")
     torch.set_num_threads(1)  # many peers share few cores
     stop = stop or threading.Event()
     out = peer_dir(run_dir, rank)
@@ -782,9 +782,14 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             sources = [(peer_dir(resume_from, rank), None)]   # the folder named: whichever run is there
         restored, ck, ck_path, skipped = None, None, None, []   # skipped: why each newer one could not be read
         folders: list[Path] = []   # those tried
+        diverged: ConfigError | None = None   # the newest checkpoint passed over for NaN (training diverged)
         for src, of_run in sources:
             folders.append(src)
-            restored, why = load_newest(src / "ckpt", of_run)
+            try:
+                restored, why = load_newest(src / "ckpt", of_run)
+            except ConfigError as e:   # whole but NaN, none older in this ckpt/: older sources may still hold one
+                restored, why = None, [str(e)]
+                diverged = diverged or e
             skipped += why
             if restored is None:
                 ck_path = src / "checkpoint.pt"
@@ -794,6 +799,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     log.warning("peer%d: no checkpoint of its run in %s can be read; resuming from the run it "
                                 "continues, %s", rank, ", ".join(map(str, folders[:-1])), src)
                 break
+        if restored is None and ck is None and diverged is not None:
+            raise diverged   # starting over from step 0 would hide that training diverged
         if restored is not None:
             buf = restored.buffer
             if buf.peer_id != peer.id or buf.capacity != b.capacity:

@@ -259,7 +259,7 @@ def test_new_run_into_its_own_folder_is_refused_before_anything_changes(coordina
         return {str(p.relative_to(x)): p.read_bytes() for p in sorted(x.rglob("*")) if p.is_file()}
 
     before = files()
-    with pytest.raises(ConfigError, match="^new_run: peer0 resumes from its own run folder, so it goes on"):
+    with pytest.raises(ConfigError, match=r"^new_run \(--new-run\): peer0 resumes from its own run folder, so it goes on"):
         _peer(coordinator, x, 200, resume_from=x, new_run=True)
     assert files() == before
 

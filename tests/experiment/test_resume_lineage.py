@@ -430,3 +430,30 @@ def test_a_checkpoint_pt_holding_nan_is_a_config_error_that_swarm_run_does_not_r
     log = procs.log(p)
     assert f"{ck_path}: DQN checkpoint q.{key} has NaN or infinite entries" in log, log
     assert CONFIG_ERROR_NOTE in log and _lasting_error(Path(p.log_path)), log
+
+
+def test_a_restart_whose_newest_checkpoint_holds_nan_goes_back_to_the_run_it_continues(coordinator, tmp_path,
+                                                                                         monkeypatch):
+    """Run NEW resumed from OLD; training diverged just before NEW's final checkpoint (its
+    target net NaN), the only one left in NEW's ckpt/, and no checkpoint.pt. A restart into
+    NEW passes over it for OLD's checkpoint, as it does for a damaged one (it raised the
+    NaN checkpoint's ConfigError without looking further)."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    _peer(coordinator, old, 200)
+    was = latest(old / "peer0" / "ckpt")
+    real_close = Checkpointer.close
+
+    def diverged(self):
+        self.agent.target_flat[3] = float("nan")
+        return real_close(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(Checkpointer, "close", diverged)
+        _peer(coordinator, new, 300, resume_from=old)
+    (new / "peer0" / "checkpoint.pt").unlink()
+    ckpt = new / "peer0" / "ckpt"
+    assert [p.name for p in ckpt.iterdir() if not p.name.startswith(".")] == [latest(ckpt).name]
+    r = _peer(coordinator, new, 400, resume_from=new)
+    assert r["resumed_from"] == str(was), r
+    assert any("NaN or infinite" in s for s in r["resume_skipped"]), r["resume_skipped"]
+    assert r["env_steps"] == 400
