@@ -107,6 +107,19 @@ REDIAL_MAX_S = 10.0
 #: network takes longer than this to answer a connection is never reached.
 COORD_CONNECT_TIMEOUT_S = 10.0
 
+#: seconds a neighbour's host has to answer a data link's connection (SYN to SYN-ACK):
+#: the same wait, for the same reason, as COORD_CONNECT_TIMEOUT_S. A neighbour that the
+#: coordinator keeps in the view while its address drops our SYNs (a firewall or a route
+#: between the two hosts only; a restart there that reached us in one view, none without
+#: it in between) keeps its link, whose redial was left to the OS: back after 20 s, it had
+#: our sends again 16 s later (the kernel's next SYN; up to a minute), and they returned
+#: False until then; now within seconds (1 s measured). Within each attempt the kernel sends
+#: the SYN again (1 s in, then every 1 to 4 s), and libzmq dials again after at most 1 s
+#: (``RECONNECT_IVL_MAX``), so a lost SYN costs what it did. Not link_timeout_s: that
+#: bounds silence on a connection that was made (300 ms by default), below the kernel's
+#: first SYN retry.
+LINK_CONNECT_TIMEOUT_S = COORD_CONNECT_TIMEOUT_S
+
 #: what a coordinator socket's monitor reports: a lost connection, and how handshakes end
 _COORD_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
@@ -1300,6 +1313,7 @@ class Peer:
             return None
         s = tp.dealer(self._ctx, limits=self.limits, hwm=cfg.data_hwm,
                       heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s)
+        s.setsockopt(zmq.CONNECT_TIMEOUT, int(LINK_CONNECT_TIMEOUT_S * 1000))
         if self._curve is not None:
             self._curve.client(s, m.key)
         mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
