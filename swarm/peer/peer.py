@@ -424,9 +424,18 @@ class Peer:
         if why:
             self._unlinkable(pid, endpoint, f"inbox endpoint {why}")
             return None
+        cfg = self.config
         s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH)
         s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, self.config.data_hwm)
+        s.setsockopt(zmq.SNDHWM, cfg.data_hwm)
+        # as a data link's: a connection gone silent (its host vanished without a reset)
+        # is dropped and dialled again within link_timeout_s, not kept until TCP gives
+        # up (about 15 min), and a dial that is not answered is not left to the OS's SYN
+        # retries. What the PUSH had not written out yet waits for the new connection.
+        s.setsockopt(zmq.HEARTBEAT_IVL, int(cfg.link_heartbeat_s * 1000))
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(cfg.link_timeout_s * 1000))
+        s.setsockopt(zmq.HEARTBEAT_TTL, int(cfg.link_timeout_s * 1000))
+        s.setsockopt(zmq.CONNECT_TIMEOUT, int(LINK_CONNECT_TIMEOUT_S * 1000))
         if self._curve is not None:
             self._curve.client(s, m.key)
         self._side.append(s)
