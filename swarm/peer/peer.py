@@ -107,7 +107,8 @@ REDIAL_MAX_S = 10.0
 #: network takes longer than this to answer a connection is never reached.
 COORD_CONNECT_TIMEOUT_S = 10.0
 
-#: seconds a neighbour's host has to answer a data link's connection (SYN to SYN-ACK):
+#: seconds a neighbour's host has to answer a data link's (or the relay's outbox's,
+#: :meth:`Peer.open_outbox`) connection (SYN to SYN-ACK):
 #: the same wait, for the same reason, as COORD_CONNECT_TIMEOUT_S. A neighbour that the
 #: coordinator keeps in the view while its address drops our SYNs (a firewall or a route
 #: between the two hosts only; a restart there that reached us in one view, none without
