@@ -246,27 +246,59 @@ def screen(text: str) -> list[str]:
     return rows
 
 
-def test_a_message_starts_a_line_of_its_own_on_a_terminal(tmp_path):
+def test_a_message_starts_a_line_of_its_own_on_a_terminal(tmp_path, monkeypatch):
     """restart_dead, peer1 SIGKILLed while the progress line is on a terminal: the line that
     reports it was glued to the end of the progress line. It starts a line of its own, and the
     progress line is drawn again below it. (The run's time limit leaves room for a slow start
-    before the kill.)"""
+    before the kill; once the line is drawn again the run is ended as Ctrl-C does, not left
+    to run out its time.)"""
     term = _Terminal()
     pids: dict[str, int] = {}
+    failed: list[BaseException] = []
+    entered: list[_Interrupt] = []
+    interrupted = threading.Event()
+
+    class _Seen(_Interrupt):
+        """The run's Ctrl-C handler, kept where the killer can press Ctrl-C through it."""
+
+        def __enter__(self) -> _Interrupt:
+            entered.append(self)
+            return super().__enter__()
+
+    monkeypatch.setattr(launch_mod, "_Interrupt", _Seen)
+
+    def message_at() -> int | None:
+        """The row that starts with the report of peer1's death, once there is one."""
+        said = f"swarm run: peer1 (pid {pids['peer1']}) exited with signal 9"
+        return next((i for i, row in enumerate(screen(term.getvalue())) if row.startswith(said)), None)
 
     def kill_peer1() -> None:
-        d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
-        pids.update(recorded_pids(d))
-        os.kill(pids["peer1"], signal.SIGKILL)
+        try:
+            d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
+            pids.update(recorded_pids(d))
+            os.kill(pids["peer1"], signal.SIGKILL)
+            wait_for(lambda: (at := message_at()) is not None
+                     and any(row.startswith("[") for row in screen(term.getvalue())[at + 1:]),
+                     timeout=30, what="the progress line drawn again below the message")
+        except BaseException as e:   # the assertions below say what is missing
+            failed.append(e)
+        finally:
+            interrupted.set()
+            for intr in entered:   # Ctrl-C, as the run's own handler takes it
+                intr._handler(signal.SIGINT, None)
 
     killer = threading.Thread(target=kill_peer1)
     killer.start()
     try:
         run_experiment(None, [*LONG, "restart_dead=true", "budget.max_seconds=20"], runs_root=tmp_path / "runs",
                        stream=term)
+    except KeyboardInterrupt:
+        if not interrupted.is_set():
+            raise   # not this test's
     finally:
         killer.join()
         end_all(pids)
+    assert "peer1" in pids, failed
     said = f"swarm run: peer1 (pid {pids['peer1']}) exited with signal 9"
     assert said in term.getvalue(), term.getvalue()
     rows = screen(term.getvalue())
@@ -274,6 +306,7 @@ def test_a_message_starts_a_line_of_its_own_on_a_terminal(tmp_path):
     assert at is not None, [row for row in rows if said in row]     # glued to the end of a progress line
     assert all(row.startswith("swarm run:") for row in rows if "swarm run:" in row), rows
     assert any(row.startswith("[") for row in rows[at + 1:]), rows   # drawn again below it
+    assert not failed, failed
 
 
 @pytest.mark.parametrize("output", ["file", "closed terminal"])
@@ -346,17 +379,27 @@ def test_the_progress_line_fits_a_narrow_terminal():
 
 
 def test_a_run_started_with_nohup_goes_on_after_sighup(tmp_path):
-    """`nohup swarm run`: SIGHUP stays ignored (only one not ignored ends the run)."""
+    """`nohup swarm run`: SIGHUP stays ignored (only one not ignored ends the run). It comes
+    once both peers are started (the launcher's handlers are in place by then), so the run's
+    time limit need not leave room for them to start training first."""
     pids: dict[str, int] = {}
     log = tmp_path / "swarm-run.out"
     with open(log, "w") as f:
         p = subprocess.Popen(["nohup", sys.executable, "-m", "swarm.cli", "run",
-                              *[x for s in [*LONG, "budget.max_seconds=10"] for x in ("--set", s)]],
+                              *[x for s in [*LONG, "budget.max_seconds=6"] for x in ("--set", s)]],
                              cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
                              stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def peers_started() -> Path | None:
+        dirs = list((tmp_path / "runs").glob("cartpole-ring-*"))
+        try:
+            return dirs[0] if dirs and {"peer0", "peer1"} <= set(recorded_pids(dirs[0])) else None
+        except (OSError, ValueError):   # pids.json not there yet, or half written
+            return None
+
     try:
         with ended(p):
-            d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
+            d = wait_for(peers_started, timeout=45, what="both peers started")
             pids = recorded_pids(d)
             os.kill(p.pid, signal.SIGHUP)
             p.wait(60)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from swarmtest import ROOT, wait_for
 from experiment.test_runner import coordinator  # noqa: F401 - a fixture
 
 from swarm.errors import ConfigError, PeerTimeout
-from swarm.experiment import load_spec
+from swarm.experiment import load_spec, save_resolved
 from swarm.experiment.checkpoint import Checkpointer, latest
 from swarm.experiment.runner import run_peer
 
@@ -179,10 +180,41 @@ def test_continued_folder_reads_the_record_in_resumed_json(tmp_path):
     assert continued_folder(d) is None
 
 
-def test_swarm_run_resumed_restarts_a_peer_whose_new_checkpoints_are_damaged_from_the_old_runs(tmp_path):
+def _two_peers(addr: str, run_dir: Path, sets: list[str]) -> list[dict]:
+    """A finished run of two peers in this process (threads): its config.json as `swarm run`
+    writes it, and each peer's folder with its checkpoints. Their summaries."""
+    spec = load_spec(None, sets)
+    save_resolved(spec, run_dir)
+    stop = threading.Event()
+    done: dict[int, dict | BaseException] = {}
+
+    def peer(rank: int) -> None:
+        try:
+            done[rank] = run_peer(spec, rank, addr, run_dir, stop=stop, tensorboard=False, join_timeout=30)
+        except BaseException as e:
+            done[rank] = e
+
+    threads = [threading.Thread(target=peer, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    stop.set()   # after a failure or a hang, the other peer stops too
+    for t in threads:
+        t.join(30)
+    errors = [e for e in done.values() if isinstance(e, BaseException)]
+    if errors:
+        raise errors[0]
+    assert len(done) == 2 and not any(t.is_alive() for t in threads), done
+    return [done[r] for r in range(2)]
+
+
+def test_swarm_run_resumed_restarts_a_peer_whose_new_checkpoints_are_damaged_from_the_old_runs(coordinator,
+                                                                                               tmp_path):
     """End to end: `swarm run --resume OLD` with restart_dead; peer1 is SIGKILLed once it has a
     checkpoint in the new folder, which is then found torn: the restarted process resumes
-    from OLD's checkpoint (the launcher gives it --resume-from NEW), not from step 0."""
+    from OLD's checkpoint (the launcher gives it --resume-from NEW), not from step 0. (OLD is
+    a finished run of two peers in this process: only its folder counts.)"""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
 
     def swarm_run(*args: str) -> subprocess.Popen:
@@ -194,15 +226,8 @@ def test_swarm_run_resumed_restarts_a_peer_whose_new_checkpoints_are_damaged_fro
 
     tiny = ["peers=2", "budget.env_steps=300", "dqn.learning_starts=100", "dqn.batch_size=32", "eval.every=0",
             "buffer.capacity=2000"]
-    p = swarm_run(*[a for s in tiny for a in ("--set", s)])
-    try:
-        out, _ = p.communicate(timeout=90)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    assert p.returncode == 0, out
-    (old,) = runs()
+    old = tmp_path / "old"
+    assert all(s["reason"] == "budget" for s in _two_peers(coordinator, old, tiny))
     was = latest(old / "peer1" / "ckpt")
     sets = ["budget.env_steps=100000", "restart_dead=true", "checkpoint.full_every_s=0",
             "checkpoint.full_every_steps=200"]

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from swarmtest import wait_for
@@ -75,10 +74,10 @@ def assert_same_copies(summaries: list[dict], out: str, after: int) -> None:
 
 
 def test_a_frozen_peer_takes_a_copy_and_the_copies_agree_again(tmp_path):
-    """peer1 is stopped (SIGSTOP) for 2.5 s, past the others' 1 s turn timeout: they go on
-    without it and drop its gradients that come after their turns; it takes a copy
-    from one of them, its turns start again a round after that copy's clock, and the
-    three copies are the same from then on. Without the repair they differed for good."""
+    """peer1 is stopped (SIGSTOP) past the others' 1 s turn timeout: they go on without it
+    and drop its gradients that come after their turns; it takes a copy from one of them,
+    its turns start again a round after that copy's clock, and the three copies are the
+    same from then on. Without the repair they differed for good."""
     p = swarm_run(tmp_path, RELAY)
     stopped = None
     try:
@@ -86,11 +85,17 @@ def test_a_frozen_peer_takes_a_copy_and_the_copies_agree_again(tmp_path):
                      timeout=60, what="three peers past env step 250")
         stopped = pid_of(d, 1)
         os.kill(stopped, signal.SIGSTOP)
-        time.sleep(2.5)   # the others' turns time out on it, and they go on without it
+        # The others' turns time out on it, and they go on without it: 200 steps take them
+        # through dozens of its turns, and they pass the first only when their wait times out.
+        was = {r: steps(d, r) for r in (0, 2)}
+        wait_for(lambda: all(steps(d, r) >= was[r] + 200 for r in (0, 2)), timeout=60,
+                 what="peer0 and peer2 200 steps on without peer1")
         os.kill(stopped, signal.SIGCONT)
         stopped = None
+        log = d / "logs" / "peer1.log"
+        wait_for(lambda: "s copy (update" in log.read_text(), timeout=60, what="peer1 taking a copy")
         at = steps(d, 1)
-        wait_for(lambda: steps(d, 1) >= at + 600, timeout=60, what="peer1 600 steps further")
+        wait_for(lambda: steps(d, 1) >= at + 400, timeout=60, what="peer1 400 steps further")
         out, summaries = stop_and_read(p, d)
     finally:
         if stopped is not None:

@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,10 +127,36 @@ def test_resume_needs_a_run_folder(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_tiny_run_writes_the_run_folder(tmp_path):
-    p = swarm_run(tmp_path, TINY)
+def run_together(*argvs: list[str], timeout: float, **kw) -> list[subprocess.CompletedProcess]:
+    """Run the commands at the same time, each to its end (output captured as text); any
+    still running after ``timeout`` s, or when this fails, is killed by its handle."""
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+             for argv in argvs]
+    deadline = time.monotonic() + timeout
+    try:
+        outs = [p.communicate(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
+        return [subprocess.CompletedProcess(p.args, p.returncode, *o) for p, o in zip(procs, outs)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> tuple[Path, int, str]:
+    """One `swarm run` of TINY for the tests that read different outputs of it: the folder
+    it ran in, its exit code and its output. A test that changes the run folder changes a
+    copy of it."""
+    cwd = tmp_path_factory.mktemp("tiny-run")
+    p = swarm_run(cwd, TINY)
     out = finish(p, 75)
-    assert p.returncode == 0, out
+    return cwd, p.returncode, out
+
+
+def test_tiny_run_writes_the_run_folder(tiny_run):
+    tmp_path, returncode, out = tiny_run
+    assert returncode == 0, out
     d = run_dir_of(tmp_path)
 
     spec = load_spec(d / "config.json")
@@ -188,15 +215,15 @@ def test_tiny_run_writes_the_run_folder(tmp_path):
     last = [line for line in out.splitlines() if line.startswith("[")][-1]
     assert "100%  steps 1200/1200" in last and "peers 0/2" in last, last
 
-    # `swarm eval` plays each peer's best.pt again, on fresh episodes
-    ev = subprocess.run([sys.executable, "-m", "swarm.cli", "eval", str(d), "--episodes", "2"], cwd=tmp_path,
-                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    # `swarm eval` plays each peer's best.pt again, on fresh episodes; and refuses a file that is
+    # not a checkpoint (the two at once: each is mostly the start-up of Python and torch)
+    ev, bad = run_together([sys.executable, "-m", "swarm.cli", "eval", str(d), "--episodes", "2"],
+                           [sys.executable, "-m", "swarm.cli", "eval", str(d / "config.json")], cwd=tmp_path,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
     assert ev.returncode == 0, ev.stderr
     rows = [line.split() for line in ev.stdout.splitlines()[1:]]
     assert [Path(r[0]).parent.name for r in rows] == ["peer0", "peer1"]
     assert all(1 <= float(r[3]) <= 500 for r in rows), ev.stdout
-    bad = subprocess.run([sys.executable, "-m", "swarm.cli", "eval", str(d / "config.json")], cwd=tmp_path,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "not a checkpoint" in bad.stderr, bad.stderr
 
 
@@ -496,22 +523,20 @@ def _summaries(run_dir: Path, peers: int) -> list[dict]:
     return [json.loads((run_dir / f"peer{r}" / "summary.json").read_text()) for r in range(peers)]
 
 
-def test_resume_continues_the_counters_and_the_best_evaluation(tmp_path):
+def test_resume_continues_the_counters_and_the_best_evaluation(tiny_run, tmp_path):
     """`swarm run --resume`: the new folder's peers go on from the old run's counters
     (rounds, rounds that averaged, bytes) and keep its best evaluation and best.pt."""
     import torch
 
-    p = swarm_run(tmp_path, TINY)
-    out = finish(p, 75)
-    assert p.returncode == 0, out
-    first = run_dir_of(tmp_path)
+    ran_in, returncode, out = tiny_run
+    assert returncode == 0, out
+    (tmp_path / "old").mkdir()   # run_dir_of(tmp_path) finds the new run only
+    first = Path(shutil.copytree(run_dir_of(ran_in), tmp_path / "old" / run_dir_of(ran_in).name))
     before = _summaries(first, 2)
     for r in range(2):   # a best no later evaluation can beat: the resumed run must keep it
         f = first / f"peer{r}" / "best.pt"
         best = torch.load(f, weights_only=False)
         torch.save(dict(best, eval_return=1000.0, env_steps=300), f)
-    (first.parent / "old").mkdir()
-    first = first.rename(first.parent / "old" / first.name)   # run_dir_of finds the new one
 
     args = [sys.executable, "-m", "swarm.cli", "run", "--resume", str(first), "--set", "budget.env_steps=900"]
     q = subprocess.Popen(args, cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
@@ -591,7 +616,7 @@ def test_a_restarted_peer_appends_to_its_files_and_keeps_its_best(tmp_path):
 def test_peers_stop_at_the_runs_deadline(tmp_path):
     """budget.max_seconds limits the whole run: each peer stops at the run's deadline,
     which its start-up (imports, joining) has already used part of."""
-    limit = 8
+    limit = 6
     p = swarm_run(tmp_path, LONG + [f"budget.max_seconds={limit}"])
     out = finish(p, 60)
     assert p.returncode == 0, out

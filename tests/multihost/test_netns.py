@@ -354,9 +354,10 @@ def test_gossip_reaches_consensus_across_hosts_and_survives_a_cut(lab: Lab, tmp_
         lab.end(procs, grace=2.0)
 
 
-#: seconds each shaped run gossips, and the warm-up left out of the rates (queues fill)
-SHAPED_RUN_S = 8.0
-WARMUP_S = 2.5
+#: seconds each shaped run gossips, and the warm-up left out of the rates (queues fill:
+#: the shaped host's rounds settle to their rate within its first second)
+SHAPED_RUN_S = 5.5
+WARMUP_S = 1.5
 
 
 def _shaped_run(lab: Lab, out: Path, prefix: str, codec: str, gamma: float) -> dict:
