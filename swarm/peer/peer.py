@@ -121,6 +121,15 @@ COORD_CONNECT_TIMEOUT_S = 10.0
 #: first SYN retry.
 LINK_CONNECT_TIMEOUT_S = COORD_CONNECT_TIMEOUT_S
 
+#: seconds of silence after which the relay's outbox (:meth:`Peer.open_outbox`) drops a
+#: connection (ZMTP heartbeat timeout, at least ``link_timeout_s``). Not the data links'
+#: 300 ms: a receiver whose inbox queue is full reads nothing, so its libzmq answers no
+#: ping, and a cut connection loses the gradients the PUSH had written into it (a 3 s
+#: stall of a receiver of 4 kB gradients lost ~200 at 300 ms, none at 10 s; a 1 MB
+#: gradient on a 10 Mbit/s link takes longer than 300 ms to drain). 10 s still finds a
+#: host that vanished (TCP would take ~15 min).
+OUTBOX_TIMEOUT_S = 10.0
+
 #: what a coordinator socket's monitor reports: a lost connection, and how handshakes end
 _COORD_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
@@ -429,13 +438,14 @@ class Peer:
         s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, cfg.data_hwm)
-        # as a data link's: a connection gone silent (its host vanished without a reset)
-        # is dropped and dialled again within link_timeout_s, not kept until TCP gives
-        # up (about 15 min), and a dial that is not answered is not left to the OS's SYN
-        # retries. What the PUSH had not written out yet waits for the new connection.
+        # a connection gone silent (its host vanished without a reset) is dropped and
+        # dialled again within OUTBOX_TIMEOUT_S, not kept until TCP gives up (about 15
+        # min), and a dial that is not answered is not left to the OS's SYN retries, as
+        # for a data link. What the PUSH had not written out yet waits for the new connection.
+        silent_ms = int(max(cfg.link_timeout_s, OUTBOX_TIMEOUT_S) * 1000)
         s.setsockopt(zmq.HEARTBEAT_IVL, int(cfg.link_heartbeat_s * 1000))
-        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(cfg.link_timeout_s * 1000))
-        s.setsockopt(zmq.HEARTBEAT_TTL, int(cfg.link_timeout_s * 1000))
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, silent_ms)
+        s.setsockopt(zmq.HEARTBEAT_TTL, silent_ms)
         s.setsockopt(zmq.CONNECT_TIMEOUT, int(LINK_CONNECT_TIMEOUT_S * 1000))
         if self._curve is not None:
             self._curve.client(s, m.key)

@@ -108,6 +108,7 @@ def test_outbox_dials_like_a_data_link(monkeypatch):
     # the PUSH gets a data link's heartbeats and connect timeout, from the config and the
     # constant as they are when it is opened
     monkeypatch.setattr(peer_mod, "LINK_CONNECT_TIMEOUT_S", 4.0)
+    monkeypatch.setattr(peer_mod, "OUTBOX_TIMEOUT_S", 0.5)   # below link_timeout_s: that wins
 
     async def main() -> None:
         caddr = f"tcp://127.0.0.1:{free_port()}"
@@ -128,9 +129,10 @@ def test_outbox_dials_like_a_data_link(monkeypatch):
     asyncio.run(main())
 
 
-def test_gradients_reach_a_neighbour_again_after_its_inbox_host_came_back(second_loopback):
+def test_gradients_reach_a_neighbour_again_after_its_inbox_host_came_back(second_loopback, monkeypatch):
     # the old connection stayed open and silent: nothing published after the inbox's
     # host vanished arrived (none 10 s, nor 15 s, after it was back, measured)
+    monkeypatch.setattr(peer_mod, "OUTBOX_TIMEOUT_S", 0.5)   # 10 s in use: the same, sooner
     caddr = f"tcp://127.0.0.1:{free_port()}"
     router_port, inbox_port = free_port(), free_port()
     to_router, to_inbox = _Forwarder(router_port), _Forwarder(inbox_port)
@@ -218,3 +220,58 @@ def test_gradients_reach_a_neighbour_again_after_its_inbox_host_came_back(second
         to_inbox.close()   # where the loop failed before closing them
         to_router.close()
     assert not failed, failed
+
+
+def test_a_receiver_that_stops_reading_for_a_while_loses_nothing_it_was_sent():
+    """The outbox's heartbeat timeout is not the data links' 300 ms: a receiver whose
+    inbox queue is full reads nothing and answers no ping, and a cut connection lost the
+    gradients already written into it (counted sent). A 2 s stall now loses none."""
+    async def main() -> None:
+        caddr = f"tcp://127.0.0.1:{free_port()}"
+        coord = Coordinator(bind=caddr, http_bind="")
+        a = Peer(id="a", coordinators=[caddr])
+        ctx = zmq.Context()
+        inbox = ctx.socket(zmq.PULL)   # a busy receiver's inbox: a small queue, filled at once
+        inbox.setsockopt(zmq.LINGER, 0)
+        inbox.setsockopt(zmq.RCVHWM, 20)
+        port = inbox.bind_to_random_port("tcp://127.0.0.1")
+        s = None
+        try:
+            await coord.start()
+            await a.start()
+            s = a.open_outbox("a", f"tcp://127.0.0.1:{port}")
+            assert s is not None
+            await asyncio.sleep(0.3)   # connected
+            mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            payload = b"x" * 4096
+            accepted = 0
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 2.0:   # the receiver reads nothing for 2 s
+                try:
+                    s.send_multipart([str(accepted).encode(), payload], zmq.NOBLOCK)
+                    accepted += 1
+                except zmq.Again:
+                    pass   # the queue is full: not accepted, as the relay counts a drop
+                await asyncio.sleep(0.002)
+            got = set()
+            deadline = time.monotonic() + 10
+            while len(got) < accepted and time.monotonic() < deadline:
+                if inbox.poll(100):
+                    got.add(int(inbox.recv_multipart()[0]))
+            cuts = 0
+            while mon.poll(0):
+                mon.recv_multipart()
+                cuts += 1
+            s.disable_monitor()
+            mon.close(0)
+            assert accepted > 20 and len(got) == accepted, (accepted, len(got), cuts)
+            assert cuts == 0
+        finally:
+            if s is not None:
+                a.close_side(s)
+            inbox.close(0)
+            ctx.term()
+            await a.close()
+            await coord.close()
+
+    asyncio.run(main())
