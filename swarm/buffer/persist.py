@@ -95,7 +95,7 @@ class _Frozen:
         self.max_stall_s = 0.0   # longest time the buffer's lock was held for one chunk
         with buf._lock:
             if buf._saver is not None:
-                raise ReplayError("a snapshot of this buffer is already being written (or its digest taken)")
+                raise ReplayError("a snapshot of this buffer is already being written (or an increment or digest read)")
             t0 = time.perf_counter()
             self._meta = _meta(buf)
             self._counters = _counters(buf)
@@ -543,8 +543,8 @@ def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False) -
 
 def save_incremental(buf: "ReplayBuffer", path: str | os.PathLike, since: int) -> int:
     """Write what changed in ``buf`` since a full snapshot whose ``next`` counter was ``since``
-    (:func:`take_incremental`, then :meth:`Increment.write`: the lock is held for the copy
-    only, not over the disk writes). Returns the rows written; raises :class:`ReplayError`
+    (:func:`take_incremental`, then :meth:`Increment.write`: the lock is held a chunk copy
+    at a time, not over the disk writes). Returns the rows written; raises :class:`ReplayError`
     as those do, before anything is written when ``path`` may not be replaced."""
     path = Path(path)
     _check_target(path)

@@ -72,7 +72,7 @@ from ..errors import ConfigError, ReplayError, SwarmError
 
 log = logging.getLogger("swarm.experiment")
 
-__all__ = ["Checkpointer", "Lineage", "Restored", "committed", "continued_folder", "latest", "load_checkpoint",
+__all__ = ["Checkpointer", "DivergedCheckpoint", "Lineage", "Restored", "committed", "continued_folder", "latest", "load_checkpoint",
            "load_newest", "load_policy", "newest_lineage", "read_checkpoint_pt", "read_lineage", "state_digest",
            "write_lineage"]
 
@@ -347,6 +347,15 @@ def latest(root: str | Path) -> Path | None:
     return next(iter(committed(root)), None)
 
 
+class DivergedCheckpoint(ConfigError):
+    """The newest whole checkpoint in a folder holds NaN or infinite values and none older
+    there loads (:func:`load_newest`); ``skipped`` says why each one was passed over."""
+
+    def __init__(self, message: str, skipped: list[str]) -> None:
+        super().__init__(message)
+        self.skipped = skipped
+
+
 def load_newest(root: str | Path, run: str | None = None) -> tuple[Restored | None, list[str]]:
     """The newest checkpoint under ``root`` that can be read, and why each newer one could not.
 
@@ -358,9 +367,10 @@ def load_newest(root: str | Path, run: str | None = None) -> tuple[Restored | No
     None when no checkpoint loads (or there is none).
 
     One written whole but holding NaN or infinite values (training had diverged) is
-    skipped the same way, and stays too. When no older one loads, that is a ConfigError
-    naming the newest such checkpoint, as :meth:`Restored.apply` would raise: every
-    start would meet it again, and starting over from step 0 would hide it.
+    skipped the same way, and stays too. When no older one loads, that is a
+    :class:`DivergedCheckpoint` (a ConfigError) naming the newest such checkpoint, as
+    :meth:`Restored.apply` would raise: every start would meet it again, and starting
+    over from step 0 would hide it (a caller with older places to look catches it).
     """
     skipped: list[str] = []
     diverged: ConfigError | None = None   # the newest one skipped for NaN or infinite values
@@ -383,7 +393,7 @@ def load_newest(root: str | Path, run: str | None = None) -> tuple[Restored | No
         log.warning("%s; trying the next older checkpoint", why)
         skipped.append(str(why))
     if diverged is not None:
-        raise diverged
+        raise DivergedCheckpoint(str(diverged), skipped)
     return None, skipped
 
 

@@ -85,8 +85,8 @@ import numpy as np
 from ..buffer.persist import fsync_dir, write_synced
 from ..config import to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
-from .checkpoint import (Checkpointer, Lineage, array_digest, load_newest, newest_lineage, read_checkpoint_pt,
-                         read_lineage, state_digest, write_lineage)
+from .checkpoint import (Checkpointer, DivergedCheckpoint, Lineage, array_digest, load_newest, newest_lineage,
+                         read_checkpoint_pt, read_lineage, state_digest, write_lineage)
 from .spec import Spec
 
 if TYPE_CHECKING:
@@ -787,8 +787,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             folders.append(src)
             try:
                 restored, why = load_newest(src / "ckpt", of_run)
-            except ConfigError as e:   # whole but NaN, none older in this ckpt/: older sources may still hold one
-                restored, why = None, [str(e)]
+            except DivergedCheckpoint as e:   # whole but NaN, none older in this ckpt/: older sources may hold one
+                restored, why = None, e.skipped
                 diverged = diverged or e
             skipped += why
             if restored is None:
@@ -796,8 +796,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 ck = _read_checkpoint_pt(ck_path, skipped, of_run)
             if restored is not None or ck is not None:
                 if len(folders) > 1:
-                    log.warning("peer%d: no checkpoint of its run in %s can be read; resuming from the run it "
-                                "continues, %s", rank, ", ".join(map(str, folders[:-1])), src)
+                    log.warning("peer%d: no checkpoint of its run in %s can be read (or all hold NaN); resuming "
+                                "from the run it continues, %s", rank, ", ".join(map(str, folders[:-1])), src)
                 break
         if restored is None and ck is None and diverged is not None:
             raise diverged   # starting over from step 0 would hide that training diverged

@@ -482,3 +482,26 @@ def test_a_restart_whose_newest_checkpoint_holds_nan_goes_back_to_the_run_it_con
     assert r["resumed_from"] == str(was), r
     assert any("NaN or infinite" in s for s in r["resume_skipped"]), r["resume_skipped"]
     assert r["env_steps"] == 400
+
+
+def test_a_restart_whose_ckpt_folder_cannot_be_listed_is_an_error_not_a_resume_from_older(coordinator, tmp_path,
+                                                                                           monkeypatch):
+    """Only a checkpoint holding NaN is passed over for the runs it continues: a ckpt/
+    that cannot be listed stays the error it is (resuming from OLD would drop NEW's
+    newer checkpoints in silence). Simulated: as root, chmod would not stop the listing."""
+    import swarm.experiment.checkpoint as ckmod
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    _peer(coordinator, old, 200)
+    _killed(coordinator, new, 330, monkeypatch, resume_from=old)
+    real = ckmod.committed
+
+    def committed(root):
+        if Path(root) == new / "peer0" / "ckpt":
+            raise ConfigError(f"checkpoint folder {root} cannot be listed (Permission denied); "
+                              "give this process read access to it")
+        return real(root)
+
+    monkeypatch.setattr(ckmod, "committed", committed)
+    with pytest.raises(ConfigError, match="cannot be listed"):
+        _peer(coordinator, new, 400, resume_from=new)
