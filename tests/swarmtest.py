@@ -174,3 +174,95 @@ def on_small_disk(tmp_path: Path, size: str, script: str, *args: str, env: dict[
     out = json.loads(p.stdout.strip().splitlines()[-1])
     out["log"] = p.stderr
     return out
+
+
+# ---------------------------------------------------------------- a host that vanished
+# A host gone without a TCP reset (powered off, a cable pulled, a firewall that drops),
+# played on loopback: a listener whose one accept-queue place is taken by a connection
+# never accepted; the kernel drops further SYNs (where it does: `syns_dropped_when_full`).
+
+def answered(addr: tuple[str, int], wait_s: float) -> bool:
+    """Whether a connection to ``addr`` is answered (or refused) within ``wait_s``."""
+    import select
+
+    probe = socket.socket()
+    try:
+        probe.setblocking(False)
+        probe.connect_ex(addr)
+        return bool(select.select([], [probe], [], wait_s)[1])
+    finally:
+        probe.close()
+
+
+def vanish(addr: tuple[str, int]) -> list[socket.socket]:
+    """``addr``'s host vanishes: a listener there with its accept queue full (the sockets
+    to close for the address to come back)."""
+    host = socket.socket()
+    sockets = [host]
+    try:
+        host.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        host.bind(addr)
+        host.listen(0)
+        sockets.append(socket.create_connection(addr, timeout=2))
+    except OSError:
+        for s in sockets:
+            s.close()
+        raise
+    return sockets
+
+
+class Forwarder:
+    """Forwards ``listen`` (host, port) to ``target``; :meth:`vanish` makes ``listen`` a host
+    that is gone: the forwarded connections go silent and stay open (no FIN, no reset), and
+    new ones are never answered. :meth:`up` brings it back at the same address."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
+        self.listen, self.target = listen, target
+        self.server: asyncio.Server | None = None
+        self.pumps: list[asyncio.Task] = []
+        self.writers: list[asyncio.StreamWriter] = []
+        self.gone: list[socket.socket] = []   # what stands on the address while it is gone
+
+    async def up(self) -> None:
+        while self.gone:
+            self.gone.pop().close()
+        self.server = await asyncio.start_server(self._accept, *self.listen, reuse_address=True)
+
+    async def _accept(self, r_in: asyncio.StreamReader, w_in: asyncio.StreamWriter) -> None:
+        self.writers.append(w_in)
+        try:
+            r_out, w_out = await asyncio.open_connection(*self.target)
+        except OSError:
+            w_in.transport.abort()
+            return
+        self.writers.append(w_out)
+        self.pumps += [asyncio.create_task(self._pump(r_in, w_out)), asyncio.create_task(self._pump(r_out, w_in))]
+
+    @staticmethod
+    async def _pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        import contextlib
+
+        with contextlib.suppress(OSError):
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+            w.close()
+
+    def vanish(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        self.server = None
+        for p in self.pumps:
+            p.cancel()
+        self.pumps.clear()
+        self.gone = vanish(self.listen)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for p in self.pumps:
+            p.cancel()
+        for w in self.writers:
+            w.transport.abort()
+        while self.gone:
+            self.gone.pop().close()

@@ -10,11 +10,10 @@ further SYNs unanswered, as for a host that is gone (no root needed)."""
 from __future__ import annotations
 
 import asyncio
-import select
 import socket
 
 import pytest
-from swarmtest import free_port, until
+from swarmtest import answered, free_port, until
 
 from swarm import Coordinator
 from swarm.coordinator import server
@@ -32,30 +31,6 @@ def _listener() -> tuple[socket.socket, str]:
     s.listen(0)
     host, port = s.getsockname()
     return s, f"tcp://{host}:{port}"
-
-
-def _answered(addr: tuple[str, int], wait_s: float) -> bool:
-    """Whether a connection to ``addr`` is answered (or refused) within ``wait_s``."""
-    probe = socket.socket()
-    try:
-        probe.setblocking(False)
-        probe.connect_ex(addr)
-        return bool(select.select([], [probe], [], wait_s)[1])
-    finally:
-        probe.close()
-
-
-@pytest.fixture
-def syns_dropped_when_full():
-    """Skip where the kernel answers a connection to a full accept queue (a reset, or a
-    SYN cookie) instead of dropping it: there a full queue does not play a vanished host."""
-    s, _ = _listener()
-    try:
-        with socket.create_connection(s.getsockname(), timeout=2):   # fills the queue
-            if _answered(s.getsockname(), 0.5):
-                pytest.skip("this kernel answers connections to a listener whose accept queue is full")
-    finally:
-        s.close()
 
 
 def _greet_and_wait_for_close(conn: socket.socket, timeout: float) -> None:
@@ -86,7 +61,7 @@ def test_a_standby_held_back_by_a_host_that_vanished_takes_over_within_seconds(s
                 # the kernel drops every further SYN. The standby dials again only takeover_s
                 # after the failed handshake, so this connection gets the place first
                 held.append(socket.create_connection(host.getsockname(), timeout=2))
-                assert not _answered(host.getsockname(), 0.5), "a connection to the vanished host was answered"
+                assert not answered(host.getsockname(), 0.5), "a connection to the vanished host was answered"
 
                 await until(lambda: "but not taking over" in caplog.text, 10, what="the failed handshake holding back")
                 assert "cannot talk to coordinator" in caplog.text and "runs with --keys" in caplog.text

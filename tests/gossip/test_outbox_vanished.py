@@ -13,7 +13,6 @@ queue; a kernel that refuses them instead serves as well)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import threading
 import time
@@ -21,7 +20,7 @@ import time
 import numpy as np
 import pytest
 import zmq
-from swarmtest import free_port, until
+from swarmtest import Forwarder, free_port, until
 
 from swarm.coordinator import Coordinator
 from swarm.gossip import GradientRelay
@@ -42,66 +41,6 @@ def second_loopback():
             s.bind((HOST, 0))
         except OSError as e:
             pytest.skip(f"cannot bind {HOST}: {e}")
-
-
-class _Forwarder:
-    """Forwards ``HOST:port`` to ``127.0.0.1:port``; :meth:`vanish` makes it a host that is gone."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.server: asyncio.Server | None = None
-        self.pumps: list[asyncio.Task] = []
-        self.writers: list[asyncio.StreamWriter] = []
-        self.gone: list[socket.socket] = []   # what stands on the port while it is gone
-
-    async def up(self) -> None:
-        while self.gone:
-            self.gone.pop().close()
-        self.server = await asyncio.start_server(self._accept, HOST, self.port, reuse_address=True)
-
-    async def _accept(self, r_in: asyncio.StreamReader, w_in: asyncio.StreamWriter) -> None:
-        self.writers.append(w_in)
-        try:
-            r_out, w_out = await asyncio.open_connection("127.0.0.1", self.port)
-        except OSError:
-            w_in.transport.abort()
-            return
-        self.writers.append(w_out)
-        self.pumps += [asyncio.create_task(self._pump(r_in, w_out)), asyncio.create_task(self._pump(r_out, w_in))]
-
-    @staticmethod
-    async def _pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError):
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-            w.close()
-
-    def vanish(self) -> None:
-        """The connections go silent and stay open; new ones are not taken."""
-        assert self.server is not None
-        self.server.close()
-        self.server = None
-        for p in self.pumps:
-            p.cancel()
-        self.pumps.clear()
-        listener = socket.socket()
-        self.gone.append(listener)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((HOST, self.port))
-        listener.listen(0)
-        # the accept queue's one place, taken: the kernel drops (or refuses) further SYNs
-        self.gone.append(socket.create_connection((HOST, self.port), timeout=2))
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        for p in self.pumps:
-            p.cancel()
-        for w in self.writers:
-            w.transport.abort()
-        while self.gone:
-            self.gone.pop().close()
 
 
 def test_outbox_dials_like_a_data_link(monkeypatch):
@@ -135,7 +74,7 @@ def test_gradients_reach_a_neighbour_again_after_its_inbox_host_came_back(second
     monkeypatch.setattr(peer_mod, "OUTBOX_TIMEOUT_S", 0.5)   # 10 s in use: the same, sooner
     caddr = f"tcp://127.0.0.1:{free_port()}"
     router_port, inbox_port = free_port(), free_port()
-    to_router, to_inbox = _Forwarder(router_port), _Forwarder(inbox_port)
+    to_router, to_inbox = Forwarder((HOST, router_port), ("127.0.0.1", router_port)), Forwarder((HOST, inbox_port), ("127.0.0.1", inbox_port))
     phase = {"now": "before"}
     published: dict[int, str] = {}    # gradient number -> the phase it was published in
     arrived: dict[int, float] = {}    # gradient number -> when it came

@@ -9,57 +9,13 @@ further SYNs unanswered, as for a host that is gone (no root needed)."""
 from __future__ import annotations
 
 import asyncio
-import select
 import socket
 
-import pytest
-from swarmtest import free_port, until
+from swarmtest import answered, free_port, until, vanish
 
 from swarm.coordinator import Coordinator, server
 from swarm.peer import Peer
 from swarm.peer import peer as peer_mod
-
-
-def _answered(port: int, wait_s: float) -> bool:
-    """Whether a connection to the loopback ``port`` is answered (or refused) within ``wait_s``."""
-    probe = socket.socket()
-    try:
-        probe.setblocking(False)
-        probe.connect_ex(("127.0.0.1", port))
-        return bool(select.select([], [probe], [], wait_s)[1])
-    finally:
-        probe.close()
-
-
-def _vanish(port: int) -> list[socket.socket]:
-    """The host of ``port`` vanishes: a listener there whose one accept-queue place is
-    taken by a connection never accepted (the sockets to close for it to come back)."""
-    host = socket.socket()
-    sockets = [host]
-    try:
-        host.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        host.bind(("127.0.0.1", port))
-        host.listen(0)
-        sockets.append(socket.create_connection(("127.0.0.1", port), timeout=2))
-    except OSError:
-        for s in sockets:
-            s.close()
-        raise
-    return sockets
-
-
-@pytest.fixture
-def syns_dropped_when_full():
-    """Skip where the kernel answers a connection to a full accept queue (a reset, or a
-    SYN cookie) instead of dropping it: there a full queue does not play a vanished host."""
-    port = free_port()
-    sockets = _vanish(port)
-    try:
-        if _answered(port, 0.5):
-            pytest.skip("this kernel answers connections to a listener whose accept queue is full")
-    finally:
-        for s in sockets:
-            s.close()
 
 
 #: how long the host stays gone: past the OS's SYN at about 15 s (19 s where its first
@@ -87,8 +43,8 @@ def test_a_peer_reaches_its_coordinator_soon_after_it_is_back_on_a_host_that_van
             await peer.start()
             e0 = peer.epoch
             await live.pop().close()
-            held.extend(_vanish(port))
-            assert not _answered(port, 0.5), "a connection to the vanished host was answered"
+            held.extend(vanish(("127.0.0.1", port)))
+            assert not answered(("127.0.0.1", port), 0.5), "a connection to the vanished host was answered"
             await asyncio.sleep(GONE_S - 0.5)
             # back: the coordinator restarts there
             while held:

@@ -11,113 +11,13 @@ is full, where the kernel drops further SYNs unanswered (no root needed)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import select
-import socket
 import time
 
-import pytest
-from swarmtest import free_port, until
+from swarmtest import Forwarder, answered, free_port, until
 
 from swarm.coordinator import Coordinator
 from swarm.peer import Peer
 from swarm.peer import peer as peer_mod
-
-
-def _answered(port: int, wait_s: float) -> bool:
-    """Whether a connection to the loopback ``port`` is answered (or refused) within ``wait_s``."""
-    probe = socket.socket()
-    try:
-        probe.setblocking(False)
-        probe.connect_ex(("127.0.0.1", port))
-        return bool(select.select([], [probe], [], wait_s)[1])
-    finally:
-        probe.close()
-
-
-def _vanish(port: int) -> list[socket.socket]:
-    """A listener on ``port`` whose one accept-queue place is taken by a connection never
-    accepted (the sockets to close for the port to come back)."""
-    host = socket.socket()
-    sockets = [host]
-    try:
-        host.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        host.bind(("127.0.0.1", port))
-        host.listen(0)
-        sockets.append(socket.create_connection(("127.0.0.1", port), timeout=2))
-    except OSError:
-        for s in sockets:
-            s.close()
-        raise
-    return sockets
-
-
-@pytest.fixture
-def syns_dropped_when_full():
-    """Skip where the kernel answers a connection to a full accept queue (a reset, or a
-    SYN cookie) instead of dropping it: there a full queue does not play a vanished host."""
-    port = free_port()
-    sockets = _vanish(port)
-    try:
-        if _answered(port, 0.5):
-            pytest.skip("this kernel answers connections to a listener whose accept queue is full")
-    finally:
-        for s in sockets:
-            s.close()
-
-
-class _Relay:
-    """Forwards loopback ``port`` to ``target``; :meth:`vanish` makes it a host that is gone."""
-
-    def __init__(self, port: int, target: int) -> None:
-        self.port, self.target = port, target
-        self.server: asyncio.Server | None = None
-        self.pumps: list[asyncio.Task] = []
-        self.writers: list[asyncio.StreamWriter] = []
-        self.held: list[socket.socket] = []
-
-    async def up(self) -> None:
-        while self.held:
-            self.held.pop().close()
-        self.server = await asyncio.start_server(self._forward, "127.0.0.1", self.port, reuse_address=True)
-
-    async def _forward(self, r1: asyncio.StreamReader, w1: asyncio.StreamWriter) -> None:
-        self.writers.append(w1)
-        try:
-            r2, w2 = await asyncio.open_connection("127.0.0.1", self.target)
-        except OSError:
-            w1.transport.abort()
-            return
-        self.writers.append(w2)
-        self.pumps += [asyncio.create_task(self._pump(r1, w2)), asyncio.create_task(self._pump(r2, w1))]
-
-    @staticmethod
-    async def _pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError):
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-            w.close()
-
-    def vanish(self) -> None:
-        """The connections go silent, open; new ones are never answered."""
-        assert self.server is not None
-        self.server.close()
-        self.server = None
-        for p in self.pumps:
-            p.cancel()
-        self.pumps.clear()
-        self.held = _vanish(self.port)
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        for p in self.pumps:
-            p.cancel()
-        for w in self.writers:
-            w.transport.abort()
-        for s in self.held:
-            s.close()
 
 
 #: how long the address stays gone after the link broke: past the OS's SYN at about 15 s
@@ -132,7 +32,7 @@ def test_sends_reach_a_neighbour_soon_after_its_address_answers_again(syns_dropp
     monkeypatch.setattr(peer_mod, "LINK_CONNECT_TIMEOUT_S", 2.0)   # 10 s in use: the same, sooner
     caddr = f"tcp://127.0.0.1:{free_port()}"
     b_port, relay_port = free_port(), free_port()
-    relay = _Relay(relay_port, b_port)
+    relay = Forwarder(("127.0.0.1", relay_port), ("127.0.0.1", b_port))
     got: list[float] = []
 
     async def main() -> None:
@@ -160,7 +60,7 @@ def test_sends_reach_a_neighbour_soon_after_its_address_answers_again(syns_dropp
             await until(lambda: got, 5, what="a's sends reaching b")
             link = a._links["b"]
             relay.vanish()
-            assert not _answered(relay_port, 0.5), "a connection to the vanished address was answered"
+            assert not answered(("127.0.0.1", relay_port), 0.5), "a connection to the vanished address was answered"
             # the link broke (ZMTP timeout): a suspects b, which answers the coordinator's probe
             await until(lambda: a.counters.suspicions, 5, what="a's link to b breaking")
             await asyncio.sleep(GONE_S)
@@ -181,5 +81,4 @@ def test_sends_reach_a_neighbour_soon_after_its_address_answers_again(syns_dropp
     try:
         asyncio.run(main())
     finally:
-        for s in relay.held:   # where the loop failed before closing the relay
-            s.close()
+        relay.close()   # where the loop failed before closing it (closing twice is fine)
