@@ -348,13 +348,10 @@ def test_a_checkpoint_holding_nan_is_a_config_error_naming_it(tmp_path, where):
 
     agent = _agent()
     ck = Checkpointer(tmp_path / "ckpt", agent, agent.buffer, lambda: {"env_steps": agent.steps})
+    from experiment.test_checkpoint_fallback import _poison
+
     _train(agent, 60)
-    if where == "q":
-        agent.parameters()[3] = np.nan            # the Q-net lives in the flat vector
-    elif where == "target":
-        agent.target_flat[3] = float("nan")
-    else:
-        agent.optimizer.exp_avg[3] = float("inf")
+    _poison(agent, where)
     paths = [tmp_path / "ckpt" / ck.full(background=False), tmp_path / "ckpt" / ck.incremental()]
     for path in paths:
         r = load_checkpoint(path)                 # whole and as written: its digests match
