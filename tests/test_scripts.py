@@ -9,9 +9,11 @@ Only the benchmarks that finish in seconds with tiny arguments run here, some
 in part: bench_gossip's section 2 alone (--only bytes at d = 100; its other
 sections are hard-wired to d = 1e5 and 1e6), bench_scale's part (a) with 8
 members, bench_vs_hivemind with --skip-hivemind (it never installs hivemind
-here) and one configuration at d = 1000, and bench_learning with one seed and
-260 env steps (nothing solves, so its ratios are null). bench_scale's part (c)
-(4 then 16 peer processes) takes a minute and is left to be run by hand.
+here) and one configuration at d = 1000, and bench_learning with one seed, 260
+env steps and a swarm of 2 peers, not 4 (nothing solves, so its ratios are null; its
+isolated learners run as many at a time as the swarm has peers: half the processes).
+bench_scale's part (c) (4 then 16 peer processes) takes a minute and is left to be
+run by hand.
 """
 
 from __future__ import annotations
@@ -255,9 +257,14 @@ def test_bench_vs_hivemind_table_gives_small_byte_counts_in_kb():
     assert (fmt(32_552), fmt(120_000_000), fmt(None)) == ("32.6 kB", "120 MB", "-")
 
 
+#: bench_learning in brief: one seed, 260 env steps, the swarm (and so each batch of
+#: isolated learners) of 2 peers
+LEARNING_TINY = ["--seeds", "0", "--max-steps", "260", "--eval-every", "260", "--eval-episodes", "1",
+                 "--skip-dense", "--skip-alone", "--set", "peers=2"]
+
+
 def test_bench_learning():
-    out = last_json(run_script("bench_learning", "--seeds", "0", "--max-steps", "260", "--eval-every", "260",
-                               "--eval-episodes", "1", "--skip-dense", "--skip-alone"))
+    out = last_json(run_script("bench_learning", *LEARNING_TINY))
     assert out["seeds"] == [0] and out["exchange"] == "gradients"
     ratios = ("cpu_time_ratio_vs_isolated", "cpu_time_ratio_vs_isolated_alone", "steps_per_peer_ratio",
               "total_steps_ratio", "wall_time_ratio_vs_isolated", "bytes_saving")
@@ -271,7 +278,7 @@ def test_bench_learning():
     assert iso["steps"] == 260 and iso["solved"] is False
     [sw] = out["swarm"]
     has(sw, "steps_per_peer", "total_steps", "cpu_s", "wall_s", "bytes_per_peer", "gossip_bytes_per_peer")
-    assert sw["steps_at_end"] == [260] * 4 and sw["total_steps"] == 4 * 260
+    assert sw["steps_at_end"] == [260] * 2 and sw["total_steps"] == 2 * 260
     assert sw["bytes_per_peer"] > 0   # read from the run's summary: the peers did talk
     assert out["isolated_alone"] == [] and out["swarm_dense"] == []
 
@@ -315,8 +322,7 @@ def _peers(pids: list[int]) -> int:
     ("bench_scale", ["--quick", "--skip", "b,c"], lambda pids: len(pids) >= 2),   # coordinator and workers
     # in its swarm run, whose launcher takes SIGTERM over (it raised KeyboardInterrupt: the
     # script died by SIGINT, with a traceback); the isolated learners come first
-    ("bench_learning", ["--seeds", "0", "--max-steps", "260", "--eval-every", "260", "--eval-episodes", "1",
-                        "--skip-dense", "--skip-alone"], lambda pids: _peers(pids) == 4),
+    ("bench_learning", LEARNING_TINY, lambda pids: _peers(pids) == 2),
 ], ids=["bench_scale", "bench_learning"])
 def test_a_benchmark_ended_by_sigterm_ends_the_processes_it_started(script, args, busy, tmp_path):
     """A `timeout` (SIGTERM) of bench_scale left its coordinator and workers running for

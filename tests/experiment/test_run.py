@@ -567,7 +567,9 @@ def test_a_restarted_peer_appends_to_its_files_and_keeps_its_best(tmp_path):
     best of both processes."""
     import torch
 
-    sets = TINY + ["restart_dead=true", "budget.env_steps=900", "checkpoint.full_every_s=0"]
+    # evaluations every 200 steps, not 300: peer1 is killed sooner after its first, and its
+    # new process logs three of them (200, 400, 600) in 600 steps, not 900
+    sets = TINY + ["restart_dead=true", "budget.env_steps=600", "eval.every=200", "checkpoint.full_every_s=0"]
     with ended(swarm_run(tmp_path, sets)) as p:
         def evaluated() -> tuple[Path, int, list[dict]] | None:
             """peer1 stopped (SIGSTOP) once its evaluations so far are in evals.csv and best.pt."""
@@ -596,12 +598,12 @@ def test_a_restarted_peer_appends_to_its_files_and_keeps_its_best(tmp_path):
     for name, pid in recorded_pids(d).items():
         assert not alive(pid), f"{name} (pid {pid}) outlived swarm run"
     s = _summaries(d, 2)[1]
-    assert s["reason"] == "budget" and s["env_steps"] == 900, s
+    assert s["reason"] == "budget" and s["env_steps"] == 600, s
     assert json.loads((d / "summary.json").read_text())[1]["restarts"] == 1
     with open(d / "peer1" / "evals.csv") as f:
         evals = list(csv.DictReader(f))
     # each env step once: the dead process's rows went, the new one logged from step 0
-    assert [int(e["env_steps"]) for e in evals] == [300, 600, 900], evals
+    assert [int(e["env_steps"]) for e in evals] == [200, 400, 600], evals
     with open(d / "peer1" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["episode"]) for r in rows] == list(range(1, s["episodes"] + 1)), rows
