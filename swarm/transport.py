@@ -38,14 +38,17 @@ def router(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: in
     s.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
     s.setsockopt(zmq.RCVHWM, hwm)
     s.setsockopt(zmq.SNDHWM, hwm)
-    _heartbeats(s, heartbeat_s, heartbeat_timeout_s)
+    heartbeats(s, heartbeat_s, heartbeat_timeout_s)
     return s
 
 
 def dealer(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: int = 8,
            immediate: bool = False, heartbeat_s: float | None = None,
-           heartbeat_timeout_s: float | None = None) -> zmq.asyncio.Socket:
-    """An outbound DEALER with a small send queue and no linger."""
+           heartbeat_timeout_s: float | None = None, connect_timeout_s: float | None = None) -> zmq.asyncio.Socket:
+    """An outbound DEALER with a small send queue and no linger; ``connect_timeout_s``:
+    how long a host has to answer a connection before libzmq gives it up and dials again
+    (else the OS's SYN retries decide: a host gone without a reset was reached up to a
+    minute after it came back)."""
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.SNDHWM, hwm)
@@ -55,11 +58,15 @@ def dealer(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: in
     s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
     if immediate:
         s.setsockopt(zmq.IMMEDIATE, 1)
-    _heartbeats(s, heartbeat_s, heartbeat_timeout_s)
+    heartbeats(s, heartbeat_s, heartbeat_timeout_s)
+    if connect_timeout_s:
+        s.setsockopt(zmq.CONNECT_TIMEOUT, int(connect_timeout_s * 1000))
     return s
 
 
-def _heartbeats(s: zmq.Socket, ivl: float | None, timeout: float | None) -> None:
+def heartbeats(s: zmq.Socket, ivl: float | None, timeout: float | None) -> None:
+    """ZMTP heartbeats every ``ivl`` seconds; a connection silent for ``timeout`` (default
+    3 x ``ivl``) is dropped (and dialled again)."""
     # ZMTP heartbeats are answered by libzmq's I/O thread, not by Python: a busy
     # learner or a GC pause cannot make a live peer look dead; a frozen process can.
     if ivl:

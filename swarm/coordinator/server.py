@@ -196,9 +196,8 @@ class Coordinator:
                 self._curve.server(self._router)
             self.address = tp.bind(self._router, cfg.bind)
             for addr in cfg.others:   # a bad address fails here, before anyone is told we are up
-                d = tp.dealer(self._ctx, limits=self.limits, hwm=4, immediate=True)
+                d = tp.dealer(self._ctx, limits=self.limits, hwm=4, immediate=True, connect_timeout_s=CONNECT_TIMEOUT_S)
                 d.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_TIMEOUT_S * 1000))
-                d.setsockopt(zmq.CONNECT_TIMEOUT, int(CONNECT_TIMEOUT_S * 1000))
                 self._watch[addr] = d
                 if self._curve is not None:
                     self._curve.client(d, self._curve.coordinator_public)

@@ -74,7 +74,7 @@ log = logging.getLogger("swarm.experiment")
 
 __all__ = ["Checkpointer", "DivergedCheckpoint", "Lineage", "Restored", "committed", "continued_folder", "latest", "load_checkpoint",
            "load_newest", "load_policy", "newest_lineage", "read_checkpoint_pt", "read_lineage", "state_digest",
-           "write_lineage"]
+           "write_json", "write_lineage", "write_whole"]
 
 _FULL = re.compile(r"^full-(\d{6})$")
 _INC = re.compile(r"^full-(\d{6})-inc-(\d{4})$")
@@ -638,16 +638,28 @@ def read_lineage(peer_folder: str | Path) -> Lineage:
     return Lineage.of(rec, peer_folder)
 
 
-def write_lineage(peer_folder: str | Path, lineage: Lineage) -> None:
-    """Record in ``peer_folder/run.json`` that it holds ``lineage``'s run (replaced whole)."""
-    path = Path(peer_folder) / "run.json"
-    tmp = path.with_name(".run.json.tmp")
+def write_whole(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write`` a temporary file, then rename it over ``path`` and sync the folder: a
+    process killed meanwhile, or a write that fails (a full disk), leaves the previous
+    file whole, not a torn one. ``write`` syncs what it writes (a crash after the
+    rename must not leave an empty file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        write_synced(tmp, (json.dumps(lineage.record(), indent=1) + "\n").encode())
+        write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
+
+
+def write_json(path: Path, obj: Any, indent: int | None) -> None:
+    """Write ``obj`` as JSON to ``path``, synced and replaced whole (:func:`write_whole`)."""
+    write_whole(path, lambda tmp: write_synced(tmp, (json.dumps(obj, indent=indent) + "\n").encode()))
+
+
+def write_lineage(peer_folder: str | Path, lineage: Lineage) -> None:
+    """Record in ``peer_folder/run.json`` that it holds ``lineage``'s run (replaced whole)."""
+    write_json(Path(peer_folder) / "run.json", lineage.record(), indent=1)
 
 
 def newest_lineage(peer_folder: str | Path) -> Lineage | None:

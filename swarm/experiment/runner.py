@@ -82,11 +82,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from ..buffer.persist import fsync_dir, write_synced
 from ..config import to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
 from .checkpoint import (Checkpointer, DivergedCheckpoint, Lineage, array_digest, load_newest, newest_lineage,
-                         read_checkpoint_pt, read_lineage, state_digest, write_lineage)
+                         read_checkpoint_pt, read_lineage, state_digest, write_json, write_lineage, write_whole)
 from .spec import Spec
 
 if TYPE_CHECKING:
@@ -189,25 +188,6 @@ def _at_start(run_dir: str | Path, change: Callable[[], Any], path: Path | None 
                           "room on its disk, or pass a --run-dir this process can write") from None
 
 
-def _write_whole(path: Path, write: Callable[[Path], Any]) -> None:
-    """``write`` a temporary file, then rename it over ``path`` and sync the folder: a
-    process killed meanwhile, or a write that fails (a full disk), leaves the previous
-    file whole, not a torn one. ``write`` syncs what it writes (a crash after the
-    rename must not leave an empty file)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
-
-
-def _write_json(path: Path, obj: Any, indent: int | None) -> None:
-    """Write ``obj`` as JSON to ``path``, synced and replaced whole (:func:`_write_whole`)."""
-    _write_whole(path, lambda tmp: write_synced(tmp, (json.dumps(obj, indent=indent) + "\n").encode()))
-
-
 def _append_whole(path: Path, data: bytes, entry: int = 8) -> None:
     """Append ``data`` (whole ``entry``-byte entries) to ``path``, all of it or none.
 
@@ -238,7 +218,7 @@ def _keep_rows_upto(path: Path, env_steps: int) -> int:
     A peer restarted or resumed into its own folder trains again the env steps since
     the checkpoint it continues from: the rows its predecessor logged for them would
     appear twice. A last line without its newline (the writer was killed mid-row)
-    goes too. The rows kept replace the file whole (:func:`_write_whole`).
+    goes too. The rows kept replace the file whole (:func:`~swarm.experiment.checkpoint.write_whole`).
     """
     try:
         with open(path, newline="") as f:
@@ -267,7 +247,7 @@ def _keep_rows_upto(path: Path, env_steps: int) -> int:
             f.flush()
             os.fsync(f.fileno())
 
-    _write_whole(path, write)
+    write_whole(path, write)
     return len(lines) - len(keep)
 
 
@@ -560,7 +540,7 @@ def _save_whole(obj: dict[str, Any], path: Path) -> Path:
             f.flush()
             os.fsync(f.fileno())
 
-    _write_whole(path, write)
+    write_whole(path, write)
     return path
 
 
@@ -864,7 +844,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                    "digest": state_digest(agent.parameters(), buf), "run": run.id,
                    "continues": run.continues[0][0] if run.continues else None,
                    "continues_run": run.continues[0][1] if run.continues else None}
-            _at_start(run_dir, lambda: _write_json(out / "resumed.json", rec, indent=1), out / "resumed.json")
+            _at_start(run_dir, lambda: write_json(out / "resumed.json", rec, indent=1), out / "resumed.json")
         if skipped:
             summary["resume_skipped"] = skipped
         state.env_steps = done_steps
@@ -1207,7 +1187,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 for o, s in agent.buffer.ids():
                     held.setdefault(o, []).append(s)
                 try:
-                    _write_json(out / "ids.json", held, indent=None)
+                    write_json(out / "ids.json", held, indent=None)
                 except OSError as e:   # a full disk: the ids.json there (if any) stays
                     unwritten("ids.json", e, "the one there (if any) stays")
             if ckpt is not None:
@@ -1221,7 +1201,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             if not (keep and (out / "summary.json").is_file()):
                 try:
                     out.mkdir(parents=True, exist_ok=True)
-                    _write_json(out / "summary.json", summary, indent=2)
+                    write_json(out / "summary.json", summary, indent=2)
                 except OSError as e:   # a full disk: the summary.json there (if any) stays; the run still ends
                     unwritten("summary.json", e, "the one there (if any) stays")
                     summary.update(write_failures=dict(unwritten.counts), write_error=unwritten.last_error)

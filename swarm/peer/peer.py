@@ -442,10 +442,7 @@ class Peer:
         # dialled again within OUTBOX_TIMEOUT_S, not kept until TCP gives up (about 15
         # min), and a dial that is not answered is not left to the OS's SYN retries, as
         # for a data link. What the PUSH had not written out yet waits for the new connection.
-        silent_ms = int(max(cfg.link_timeout_s, OUTBOX_TIMEOUT_S) * 1000)
-        s.setsockopt(zmq.HEARTBEAT_IVL, int(cfg.link_heartbeat_s * 1000))
-        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, silent_ms)
-        s.setsockopt(zmq.HEARTBEAT_TTL, silent_ms)
+        tp.heartbeats(s, cfg.link_heartbeat_s, max(cfg.link_timeout_s, OUTBOX_TIMEOUT_S))
         s.setsockopt(zmq.CONNECT_TIMEOUT, int(LINK_CONNECT_TIMEOUT_S * 1000))
         if self._curve is not None:
             self._curve.client(s, m.key)
@@ -495,8 +492,8 @@ class Peer:
             self.address = cfg.advertise or tp.advertised(bound)
             for addr in cfg.coordinators:
                 c = tp.dealer(self._ctx, limits=self.limits, hwm=64, immediate=True,
-                              heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s)
-                c.setsockopt(zmq.CONNECT_TIMEOUT, int(COORD_CONNECT_TIMEOUT_S * 1000))
+                              heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s,
+                              connect_timeout_s=COORD_CONNECT_TIMEOUT_S)
                 if self._curve is not None:
                     self._curve.client(c, self._curve.coordinator_public)
                 self._coords.append(c)
@@ -1331,9 +1328,8 @@ class Peer:
         if why:
             self._unlinkable(pid, m.addr, why)
             return None
-        s = tp.dealer(self._ctx, limits=self.limits, hwm=cfg.data_hwm,
-                      heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s)
-        s.setsockopt(zmq.CONNECT_TIMEOUT, int(LINK_CONNECT_TIMEOUT_S * 1000))
+        s = tp.dealer(self._ctx, limits=self.limits, hwm=cfg.data_hwm, heartbeat_s=cfg.link_heartbeat_s,
+                      heartbeat_timeout_s=cfg.link_timeout_s, connect_timeout_s=LINK_CONNECT_TIMEOUT_S)
         if self._curve is not None:
             self._curve.client(s, m.key)
         mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
