@@ -103,7 +103,7 @@ class FederationStats:
     acked: int = 0           # local items acknowledged by `replicas` neighbours
     under_replicated: int = 0   # now: local items in the ring that fewer than `replicas` neighbours hold
     unreplicated: int = 0    # local items the ring overwrote before `replicas` neighbours held them
-    resent: int = 0          # replication pushes sent again after a timeout or view change
+    resent: int = 0          # items pushed again because a push of them got no ack (timeout, target left)
     rereplicated: int = 0    # acknowledged items replicated again: their holder left or restarted
     dropped_messages: int = 0
     send_failures: int = 0
@@ -380,7 +380,6 @@ class Federation:
                 continue
             del self._inflight[rid]
             table.mark(dst, seqs, sent=False)
-            self.stats.resent += len(seqs)
             if dst in nbrs:
                 resent_to.add(dst)
         for dst in resent_to & set(targets):
@@ -395,10 +394,11 @@ class Federation:
                 chunk = _slice(part, slice(a, a + self.max_items))
                 rid = next(self._rid)
                 self._inflight[rid] = (dst, chunk.seqs.copy(), time.monotonic() + self.ack_timeout)
-                table.mark(dst, chunk.seqs, sent=True)
+                again = table.mark(dst, chunk.seqs, sent=True)
                 if await self._send_items(dst, PUSH, chunk, {"rid": rid, "ack": True}):
                     sent += len(chunk)
                     self.stats.pushed += len(chunk)
+                    self.stats.resent += again
                 # On failure the in-flight entry times out and is resent.
         return sent
 

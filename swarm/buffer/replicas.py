@@ -4,12 +4,13 @@
 ``k`` neighbours have acknowledged, in numpy columns (no per-item Python
 objects): its seq and buffer index, and per *holder slot* whether that holder
 has it (``held``) and whether a push of it to that holder awaits an ack
-(``sent``). There are ``k`` slots, one for each of the peer's current first k
+(``sent``), and how many pushes of it got no ack and have not gone again
+(``again``). There are ``k`` slots, one for each of the peer's current first k
 neighbours (its targets); a neighbour that stops being a target gives its slot
 up and its copies stop counting (it may have died with them). A row leaves the
 table when all k slots hold it (the item is safe) or when the local ring
 overwrites the item (it can no longer be sent). So the table has at most as
-many rows as there are local items in the ring, ``17 + 2k`` bytes each.
+many rows as there are local items in the ring, ``18 + 2k`` bytes each.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class ReplicaTable:
         self.held = np.zeros((0, k), bool)        # [row, slot]: that holder acknowledged it
         self.sent = np.zeros((0, k), bool)        # [row, slot]: a push to that holder awaits its ack
         self.told = np.zeros(0, bool)             # reported safe before (being replicated again)
+        self.again = np.zeros(0, np.uint8)        # pushes of it given up on (no ack), not yet sent again
         self.slots: dict[str, int] = {}           # target -> its slot (column)
 
     def __len__(self) -> int:
@@ -62,6 +64,7 @@ class ReplicaTable:
         self.held = np.concatenate([self.held, np.zeros((n, self.k), bool)])
         self.sent = np.concatenate([self.sent, np.zeros((n, self.k), bool)])
         self.told = np.concatenate([self.told, np.full(n, told)])
+        self.again = np.concatenate([self.again, np.zeros(n, np.uint8)])
         if n < self.seq.size and seqs[0] < self.seq[-n - 1]:   # new items come last; re-added ones may not
             self._keep(np.argsort(self.seq, kind="stable"))
 
@@ -82,11 +85,20 @@ class ReplicaTable:
         c = self.slots[dst]
         return self.idx[~self.held[:, c] & ~self.sent[:, c]]
 
-    def mark(self, dst: str, seqs: np.ndarray, sent: bool) -> None:
-        """A push of ``seqs`` to ``dst`` went out (True) or will get no ack (False)."""
+    def mark(self, dst: str, seqs: np.ndarray, sent: bool) -> int:
+        """A push of ``seqs`` to ``dst`` goes out (True) or will get no ack (False).
+        Returns how many of a push that goes out are sent again after one given up on
+        (each given-up push is counted once)."""
+        rows = self._rows(seqs)
         c = self.slots.get(dst)
         if c is not None:
-            self.sent[self._rows(seqs), c] = sent
+            self.sent[rows, c] = sent
+        if not sent:
+            self.again[rows] += self.again[rows] < 255   # at most one push per slot is under way
+            return 0
+        rows = rows[self.again[rows] > 0]
+        self.again[rows] -= 1
+        return int(rows.size)
 
     def forget(self, holder: str, seqs: np.ndarray) -> None:
         """``holder`` may have lost its copies of ``seqs`` (it restarted)."""
@@ -127,5 +139,5 @@ class ReplicaTable:
         return pos[self.seq[pos] == seqs]
 
     def _keep(self, sel: np.ndarray) -> None:
-        self.seq, self.idx, self.told = self.seq[sel], self.idx[sel], self.told[sel]
+        self.seq, self.idx, self.told, self.again = self.seq[sel], self.idx[sel], self.told[sel], self.again[sel]
         self.held, self.sent = self.held[sel], self.sent[sel]

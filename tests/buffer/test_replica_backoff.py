@@ -162,6 +162,63 @@ def test_a_silent_target_that_dies_hands_its_items_to_the_next_at_once(clock):
     asyncio.run(main())
 
 
+def test_resent_counts_items_only_when_they_are_pushed_again(clock):
+    """replicas=1: b takes 10 pushes, acknowledges none, and leaves the view with no
+    neighbour to take its place. stats.resent counted the 10 at once, though nothing went
+    again; now they wait uncounted (under_replicated) until c joins and gets them."""
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"], share=0.0, replicas=1, ack_timeout=1.0)
+        hub.link("b", ["a"])                    # silent: acknowledges nothing
+        a.add(items(10))
+        await fa.flush()
+        await hub.settle()
+        assert (fa.stats.pushed, fa.stats.resent) == (10, 0)
+        hub.links["a"].set_neighbours([])       # b leaves; no successor
+        for t in (0.5, 5.0):                    # before and past the pushes' deadline
+            clock[0] = t
+            await fa.flush()
+            assert (fa.stats.pushed, fa.stats.resent, fa.stats.under_replicated) == (10, 0, 10)
+        c, _ = peer(hub, "c", ["a"], share=0.0)
+        hub.links["a"].set_neighbours(["c"])    # the 10 go to c: now they are resent
+        clock[0] = 5.25
+        await fa.flush()
+        await hub.settle()
+        await hub.close()
+        assert (fa.stats.pushed, fa.stats.resent) == (20, 10)
+        assert sorted(s for _, s in c.ids()) == list(range(10))
+        assert len(fa.take_acknowledged()) == 10 and fa.stats.under_replicated == 0
+    asyncio.run(main())
+
+
+def test_resent_does_not_count_items_whose_other_holder_is_left(clock):
+    """replicas=2: b acknowledges, c is silent and leaves. The items c did not acknowledge
+    stay with b, one holder short, and go to no one: none is resent until d joins."""
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b", "c"], share=0.0, replicas=2, ack_timeout=1.0)
+        b, _ = peer(hub, "b", ["a", "c"], share=0.0)
+        hub.link("c", ["a", "b"])               # silent
+        a.add(items(10))
+        await fa.flush()
+        await hub.settle()
+        hub.links["a"].set_neighbours(["b"])    # c leaves
+        clock[0] = 5.0
+        await fa.flush()
+        await hub.settle()
+        assert (fa.stats.pushed, fa.stats.resent, fa.stats.under_replicated) == (20, 0, 10)
+        d, _ = peer(hub, "d", ["a", "b"], share=0.0)
+        hub.links["a"].set_neighbours(["b", "d"])
+        clock[0] = 5.25
+        await fa.flush()
+        await hub.settle()
+        await hub.close()
+        assert (fa.stats.pushed, fa.stats.resent) == (30, 10)
+        assert sorted(s for _, s in d.ids()) == list(range(10)) and len(b.ids()) == 10
+        assert len(fa.take_acknowledged()) == 10
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, "30", None])
 def test_a_bad_ack_timeout_max_is_named(bad):
     hub = Hub()
