@@ -558,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="show the member table and current view", parents=[loud])
     s.add_argument("--coordinator", help="coordinator address(es), comma-separated: the first that answers "
-                   "(else SWARM_COORDINATOR)")
+                   "(else SWARM_COORDINATOR or MASTER_ADDR)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--keys", help="CurveZMQ key folder, when the swarm uses keys")
     s.add_argument("--key-name", default="peer", help="key pair to authenticate with (default peer)")

@@ -260,7 +260,8 @@ class Peer:
             raise SwarmError(f"unknown Peer option: {e}") from None
         cfg = from_dict(PeerConfig, to_dict(cfg), prefix="peer")   # the checks a config file gets
         if not cfg.coordinators:
-            raise MembershipError("no coordinator address: pass coordinators=[...] or set SWARM_COORDINATOR")
+            raise MembershipError("no coordinator address: pass coordinators=[...] (the swarm command also reads "
+                                  "SWARM_COORDINATOR; the Python API reads no environment variable)")
         self.config = cfg
         self.id = cfg.id or f"{socket.gethostname()}-{os.getpid()}"
         self.limits = limits or Limits(max_message_bytes=cfg.max_message_mb * 1024 * 1024)
