@@ -110,7 +110,7 @@ from .. import transport as tp
 from .. import wire
 from ..checks import is_int, seconds
 from ..compress import Encoded, get_codec, split_ef
-from ..errors import ConfigError, WireError
+from ..errors import ConfigError, GossipError, WireError
 from ..link import Link
 from ..wire import Message
 from . import topology as topo
@@ -151,6 +151,9 @@ _GONE = 16
 _HOLD_MAX = 256
 _HOLD_BYTES = 64 * 1024 * 1024
 _HOLD_S = 2.0
+#: The largest clock (and update count) the relay sends: a signed 64-bit int, which the wire
+#: carries (it refuses ints of 2**64 and more) with room for the sums of clocks made from it.
+_MAX_CLOCK = 2**63 - 1
 
 
 @dataclass
@@ -281,12 +284,13 @@ class GradientRelay:
                  direct: bool = False, rider: Rider | None = None,
                  state: Callable[[], tuple[dict[str, Any], list[np.ndarray]]] | None = None,
                  resync_timeout: float = 5.0) -> None:
-        if not isinstance(d, int) or d < 1:
+        if not is_int(d) or d < 1:
             raise ConfigError(f"d = {d!r}: the gradient length must be an int >= 1")
-        if not isinstance(max_pending, int) or max_pending < 1:
+        if not is_int(max_pending) or max_pending < 1:
             raise ConfigError(f"max_pending = {max_pending!r}: must be an int >= 1")
-        if hops is not None and (not isinstance(hops, int) or hops < 1):
+        if hops is not None and (not is_int(hops) or hops < 1):
             raise ConfigError(f"hops = {hops!r}: must be an int >= 1 or None")
+        d, max_pending, hops = int(d), int(max_pending), None if hops is None else int(hops)
         if topology is not None and (topology not in topo.TOPOLOGIES or topology in topo.TIME_VARYING):
             raise ConfigError(f"topology = {topology!r}: the relay needs a fixed graph, one of "
                               f"{', '.join(t for t in topo.TOPOLOGIES if t not in topo.TIME_VARYING)}")
@@ -404,10 +408,14 @@ class GradientRelay:
         turn of several updates: one message per turn, not per update; each keeps
         its clock).
 
-        Bad input (a clock that is not an int >= 0, a gradient that is not ``d``
-        finite floats) raises :class:`~swarm.errors.ConfigError` before anything
-        changes: nothing is sent, and the codec's residual stays as it was.
+        Bad input (a clock that is not an int from 0 to 2**63 - 1, a gradient that is
+        not ``d`` finite floats) raises :class:`~swarm.errors.ConfigError` in the
+        calling thread before anything changes: nothing is sent, and the codec's
+        residual stays as it was. After :meth:`close` it raises
+        :class:`~swarm.errors.GossipError`, and sends nothing.
         """
+        if self._closed:
+            raise GossipError(f"relay {self.link.id} is closed (it sends and receives nothing); build a new one")
         clock = _clock(clock)
         out = None
         if grad is None:
@@ -483,7 +491,12 @@ class GradientRelay:
         turn, apply ``take(before=their clock)`` and then their own gradient, apply
         every gradient in one global order, so their copies stay the same (as long
         as no two peers publish at the same clock: at most ``every`` peers).
+
+        A ``before`` that is neither None nor a clock (an int from 0 to 2**63 - 1)
+        raises :class:`~swarm.errors.ConfigError` and takes nothing.
         """
+        if before is not None:
+            before = _clock(before, "before")
         self.poll()
         now = time.time()
         with self._cond:   # the loop thread appends
@@ -538,10 +551,11 @@ class GradientRelay:
         others' gradients: False then means a copy came, to adopt before the turn
         (:meth:`snapshot`); the turn's clock may change with it.
 
-        A clock that is not an int >= 0, a timeout that is not a finite number of
-        seconds >= 0, or parameters that are not ints raise ConfigError at once, as
-        does, with ``state``, a wait without ``first`` or with ``rounds > 1`` (gradients
-        then come after their turn by design, and the copies differ anyway).
+        A clock that is not an int from 0 to 2**63 - 1, a timeout that is not a
+        finite number of seconds >= 0, or parameters that are not ints raise
+        ConfigError at once, as does, with ``state``, a wait without ``first`` or
+        with ``rounds > 1`` (gradients then come after their turn by design, and the
+        copies differ anyway).
         """
         clock, timeout = _clock(clock), seconds(timeout)
         if not (is_int(every) and is_int(rounds) and is_int(span) and (first is None or is_int(first))):
@@ -822,9 +836,11 @@ class GradientRelay:
         from their reference's ask for a copy (see the module doc). No-op without state."""
         if self._state is None:
             return
-        if not (_int(updates, 0) and isinstance(digest, str) and 0 < len(digest) <= 64):
-            raise ConfigError(f"note_digest({updates!r}, {digest!r}): needs an update count (int >= 0) "
-                              f"and a digest (str of 1 to 64 characters)")
+        if not (is_int(updates) and 0 <= updates <= _MAX_CLOCK and isinstance(digest, str)
+                and 0 < len(digest) <= 64):
+            raise ConfigError(f"note_digest({updates!r}, {digest!r}): needs an update count (an int from 0 "
+                              f"to 2**63 - 1: it goes on the wire) and a digest (str of 1 to 64 characters)")
+        updates = int(updates)
         self._own_digests[updates] = digest
         if len(self._own_digests) > _DIGESTS:
             del self._own_digests[min(self._own_digests)]
@@ -1479,8 +1495,8 @@ def _nbytes(arrays: list[np.ndarray]) -> int:
     return sum(int(a.nbytes) for a in arrays)
 
 
-def _clock(clock: Any) -> int:
-    """``clock`` as an int, or ConfigError: clocks count steps, from 0."""
-    if not is_int(clock) or clock < 0:
-        raise ConfigError(f"clock = {clock!r}: must be an int >= 0 (env steps, say)")
+def _clock(clock: Any, name: str = "clock") -> int:
+    """``clock`` as an int, or ConfigError: clocks count steps, from 0, and go on the wire."""
+    if not is_int(clock) or not 0 <= clock <= _MAX_CLOCK:
+        raise ConfigError(f"{name} = {clock!r}: must be an int from 0 to 2**63 - 1 (env steps, say)")
     return int(clock)
