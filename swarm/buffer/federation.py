@@ -69,8 +69,8 @@ from typing import Any
 
 import numpy as np
 
-from ..checks import is_real
-from ..errors import ReplayError
+from ..checks import is_int, is_real, seconds
+from ..errors import ConfigError, ReplayError
 from ..link import Link
 from ..wire import Message, register_type
 from .limiter import TokenBucket
@@ -146,11 +146,17 @@ class Federation:
                  rate: float | None = None, burst: float | None = None, ack_timeout: float = 2.0,
                  ack_timeout_max: float = 30.0, send_timeout: float = 1.0, max_items: int = 4096,
                  seed: int | None = None, rereplicate_s: float = 300.0, ride: bool = False) -> None:
+        if not isinstance(buffer, ReplayBuffer):
+            raise ReplayError(f"buffer must be a ReplayBuffer, got {type(buffer).__name__}")
+        missing = [a for a in ("id", "neighbours", "send", "on") if not hasattr(link, a)]
+        if missing:
+            raise ReplayError(f"link must have the swarm.link.Link shape (a Peer, a SimLink); "
+                              f"{type(link).__name__} has no {', '.join(missing)}")
         if not (is_real(share) and 0.0 <= share <= 1.0):
             raise ReplayError(f"share must be a number in [0, 1], got {share!r}")
         if share_by not in ("newest", "priority"):
             raise ReplayError(f"share_by must be 'newest' or 'priority', got {share_by!r}")
-        if not isinstance(replicas, int) or replicas < 0:
+        if not (is_int(replicas) and replicas >= 0):
             raise ReplayError(f"replicas must be an int >= 0, got {replicas!r}")
         if priority_clip is not None and not (is_real(priority_clip) and priority_clip > 0):
             raise ReplayError(f"priority_clip must be a number > 0 or None, got {priority_clip!r}")
@@ -160,13 +166,15 @@ class Federation:
                 raise ReplayError(f"{name} must be a finite number of seconds > 0, got {v!r}")
         if not (is_real(rereplicate_s) and rereplicate_s >= 0):
             raise ReplayError(f"rereplicate_s must be a number of seconds >= 0, got {rereplicate_s!r}")
-        if not isinstance(max_items, int) or max_items < 1:
+        if not (is_int(max_items) and max_items >= 1):
             raise ReplayError(f"max_items must be an int >= 1, got {max_items!r}")
+        if seed is not None and not (is_int(seed) and seed >= 0):
+            raise ReplayError(f"seed must be an int >= 0 or None, got {seed!r}")
         self.buffer, self.link = buffer, link
-        self.share, self.share_by, self.replicas = float(share), share_by, replicas
+        self.share, self.share_by, self.replicas = float(share), share_by, int(replicas)
         self.priority_clip = priority_clip
         self.bucket = TokenBucket(rate, burst)
-        self.ack_timeout, self.send_timeout, self.max_items = ack_timeout, send_timeout, max_items
+        self.ack_timeout, self.send_timeout, self.max_items = ack_timeout, send_timeout, int(max_items)
         self.ack_timeout_max = max(float(ack_timeout_max), float(ack_timeout))
         self.rereplicate_s = float(rereplicate_s)
         self.riding = bool(ride)
@@ -183,7 +191,7 @@ class Federation:
         self._backoff: dict[str, tuple[float, float]] = {}
         # Local items that fewer than `replicas` neighbours hold, and which do: a row per
         # item, gone once it is safe or overwritten, so at most one per local item in the ring.
-        self._table = ReplicaTable(replicas)
+        self._table = ReplicaTable(self.replicas)
         self._newly_safe: deque[int] = deque(maxlen=buffer.capacity)   # for take_acknowledged()
         # holder -> buckets (until, [seqs, ...]): what it acknowledged within rereplicate_s, replicated
         # again if it goes; acks are merged into buckets of rereplicate_s / _BUCKETS seconds (see _remember)
@@ -232,7 +240,9 @@ class Federation:
         return out
 
     async def run(self, interval: float = 0.1) -> None:
-        """Flush every ``interval`` seconds until cancelled."""
+        """Flush every ``interval`` seconds (finite, > 0) until cancelled."""
+        if not seconds(interval, "interval"):
+            raise ConfigError(f"interval = {interval!r}: must be > 0 seconds (0 flushes without pause)")
         while True:
             await self.flush()
             await asyncio.sleep(interval)
@@ -289,19 +299,21 @@ class Federation:
     async def pull(self, peer: str, n: int, timeout: float = 2.0) -> int:
         """Ask ``peer`` for up to ``n`` items and store them; return how many were stored.
 
-        Raises :class:`~swarm.errors.PeerTimeout` if no answer comes within ``timeout``,
-        :class:`~swarm.errors.ReplayError` once the federation is closed.
+        Raises :class:`~swarm.errors.PeerTimeout` if no answer comes within ``timeout``
+        (finite seconds >= 0, or None: no deadline), :class:`~swarm.errors.ReplayError`
+        once the federation is closed. Bad arguments raise before anything is sent.
         """
         from ..errors import PeerTimeout
-        if not isinstance(n, int) or n < 1:
+        if not (is_int(n) and n >= 1):
             raise ReplayError(f"pull size must be an int >= 1, got {n!r}")
+        timeout = seconds(timeout, none_ok=True)
         if self._closed:   # its handlers are off: the answer would never arrive (it waited out its timeout)
             raise ReplayError(f"pull from {peer!r}: this federation is closed")
         rid = next(self._rid)
         fut = asyncio.get_running_loop().create_future()
         self._pulls[rid] = fut
         try:
-            if not await self.link.send(peer, PULL, {"rid": rid, "n": min(n, self.max_items)},
+            if not await self.link.send(peer, PULL, {"rid": rid, "n": min(int(n), self.max_items)},
                                         timeout=self.send_timeout):
                 self.stats.send_failures += 1
                 return 0

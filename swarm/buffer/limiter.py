@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-import numbers
 import threading
 import time
 from typing import Any, Callable
 
+from ..checks import is_int, is_real
 from ..errors import ReplayError
 
 __all__ = ["RateLimiter", "TokenBucket"]
@@ -29,7 +29,7 @@ class RateLimiter:
 
     def __init__(self, min_size: int = 1, samples_per_insert: float | None = None,
                  tolerance: float = 1024.0) -> None:
-        if not isinstance(min_size, int) or min_size < 1:
+        if not (is_int(min_size) and min_size >= 1):
             raise ReplayError(f"min_size must be an int >= 1, got {min_size!r}")
         # Infinite settings would only overflow in insert_room(); None already means "no ratio".
         if samples_per_insert is not None and not (_finite(samples_per_insert) and samples_per_insert > 0):
@@ -38,7 +38,7 @@ class RateLimiter:
         if not (_finite(tolerance) and tolerance >= 0):
             raise ReplayError(f"tolerance must be a finite number >= 0 (use samples_per_insert=None "
                               f"for no ratio), got {tolerance!r}")
-        self.min_size = min_size
+        self.min_size = int(min_size)   # state() goes into a snapshot's meta.json: no numpy ints
         self.samples_per_insert = None if samples_per_insert is None else float(samples_per_insert)
         self.tolerance = float(tolerance)
         self.inserted = 0
@@ -121,4 +121,4 @@ class TokenBucket:
 
 def _finite(x: Any) -> bool:
     """A real number, not NaN or infinite (bools and strings are not numbers here)."""
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+    return is_real(x) and math.isfinite(x)

@@ -47,6 +47,7 @@ _FEW = 32
 # The origin id list is compacted once it is this long, or twice as long as after
 # the last compaction if that is more (see ReplayBuffer._compact_peers).
 _COMPACT_PEERS = 64
+_SEQ_MAX = int(np.iinfo(np.int64).max)
 
 
 @dataclass
@@ -111,7 +112,8 @@ class ReplayBuffer:
         stratified: draw one prefix sum per equal slice of the total (lower variance,
             as in the PER paper); False draws i.i.d.
         seed: seed of the sampling generator.
-        clock: seconds, used for the origin time of locally added items and for age.
+        clock: seconds (a finite number; anything else is a ReplayError when read), used
+            for the origin time of locally added items and for age.
         peer_id: the origin id stamped on locally added items.
         limiter: a :class:`RateLimiter` (default: ``min_size=1``, no ratio).
 
@@ -124,13 +126,13 @@ class ReplayBuffer:
                  clock: Callable[[], float] = time.time, peer_id: str = "local",
                  limiter: RateLimiter | None = None) -> None:
         self.schema = Schema(schema)
-        if not isinstance(capacity, (int, np.integer)) or isinstance(capacity, bool) or capacity < 1:
+        if not (is_int(capacity) and capacity >= 1):
             raise ReplayError(f"capacity must be an int >= 1, got {capacity!r}")
-        if not (isinstance(alpha, (int, float)) and 0 <= alpha <= 10):
+        if not (is_real(alpha) and 0 <= alpha <= 10):
             raise ReplayError(f"alpha must be a number in [0, 10], got {alpha!r}")
-        if not (isinstance(eps, (int, float)) and eps > 0 and math.isfinite(eps)):
+        if not (is_real(eps) and eps > 0 and math.isfinite(eps)):
             raise ReplayError(f"eps must be a finite number > 0, got {eps!r}")
-        if not (isinstance(decay, (int, float)) and decay >= 0 and math.isfinite(decay)):
+        if not (is_real(decay) and decay >= 0 and math.isfinite(decay)):
             raise ReplayError(f"decay must be a finite number >= 0 (per second), got {decay!r}")
         sampler = sampler if sampler is not None else ("prioritized" if prioritized else "uniform")
         if sampler not in SAMPLERS:
@@ -171,7 +173,7 @@ class ReplayBuffer:
         self._next_seq = 0        # next local sequence number
         self._read = 0            # FIFO cursor (an index)
         self._max_p = 1.0         # running max raw priority; new items get it
-        self._base = float(clock()) if self.decay else 0.0
+        self._base = self._now() if self.decay else 0.0
         self._listeners: list[Callable[[np.ndarray], None]] = []
         self._saver: Any = None   # an active background snapshot, see persist.py
         self._arange = np.zeros(0)  # strata offsets 0..n-1 of the last batch size
@@ -253,6 +255,9 @@ class ReplayBuffer:
         """:meth:`insert`, and how many new items were left out for lack of room."""
         if priority_clip is not None and not (is_real(priority_clip) and priority_clip > 0):
             raise ReplayError(f"priority_clip must be a number > 0 or None, got {priority_clip!r}")
+        if not isinstance(items, Items):
+            raise ReplayError(f"insert takes Items (as ReplayBuffer.items returns), "
+                              f"got {type(items).__name__}")
         arrays, n = self.schema.check(items.fields)
         origins = np.asarray(items.origins)
         seqs, times, pri = (np.asarray(a) for a in (items.seqs, items.times, items.priorities))
@@ -261,6 +266,9 @@ class ReplayBuffer:
             if a.shape != (n,) or a.dtype.kind not in kind:
                 raise ReplayError(f"items.{name}: expected shape ({n},) of kind {kind!r}, "
                                   f"got {a.shape} {a.dtype}")
+        # Local seqs count up from 0; a uint64 past int64's range would wrap to a negative id.
+        if n and (seqs.min() < 0 or seqs.max() > _SEQ_MAX):
+            raise ReplayError(f"items.seqs must be in [0, {_SEQ_MAX}], got [{seqs.min()}, {seqs.max()}]")
         if n and (origins.min() < 0 or origins.max() >= len(items.peers)):
             raise ReplayError(f"items.origins must index items.peers (0..{len(items.peers) - 1})")
         if not all(isinstance(p, str) and p for p in items.peers):
@@ -268,7 +276,7 @@ class ReplayBuffer:
         if not (np.isfinite(times).all() and np.isfinite(pri).all() and (pri >= 0).all()):
             raise ReplayError("items.times and items.priorities must be finite, priorities >= 0")
         with self._lock:
-            now = float(self.clock())
+            now = self._now()
             # A name listed twice in items.peers is one origin: use its first position.
             first_of: dict[str, int] = {}
             canon = np.array([first_of.setdefault(p, i) for i, p in enumerate(items.peers)], dtype=np.int64)
@@ -338,7 +346,7 @@ class ReplayBuffer:
     def _times(self, times: Any, n: int) -> np.ndarray:
         if times is None:
             t = np.empty(n, dtype=np.float64)
-            t.fill(self.clock())
+            t.fill(self._now())
             return t
         try:
             t = np.asarray(times, dtype=np.float64)
@@ -350,7 +358,16 @@ class ReplayBuffer:
             raise ReplayError(f"times must be a finite scalar or shape ({n},), got shape {t.shape}")
         # A time in the future would move the decay base past now on the next rebase,
         # and every item added before it would decay to nothing at once.
-        return np.minimum(t, float(self.clock()))
+        return np.minimum(t, self._now())
+
+    def _now(self) -> float:
+        """``clock()``, or ReplayError before anything is written: a NaN time stored
+        would make every neighbour drop the item, and one that is not a number would
+        fail half-way through an add."""
+        t = self.clock()
+        if not (is_real(t) and math.isfinite(t)):
+            raise ReplayError(f"clock() returned {t!r:.80}: it must return a finite number of seconds")
+        return float(t)
 
     def _write(self, arrays: dict[str, np.ndarray], n: int, origin: Any, seqs: np.ndarray,
                times: np.ndarray, raw: np.ndarray | None) -> np.ndarray:
@@ -427,7 +444,7 @@ class ReplayBuffer:
         with self._lock:
             if not self.decay or self._saver is not None:
                 return
-            now = float(self.clock())
+            now = self._now()
             t = now if t is None else min(float(t), now)
             self._tree.scale(math.exp(-self.decay * (t - self._base)))
             self._base = t
@@ -464,10 +481,10 @@ class ReplayBuffer:
         priority has decayed to zero (items far older than ``1/decay``): no item
         can then be drawn by the law, and weights would be NaN.
         """
-        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        if not (is_int(n) and n >= 1):
             raise ReplayError(f"batch size must be an int >= 1, got {n!r}")
-        if not (isinstance(beta, (int, float)) and beta >= 0):
-            raise ReplayError(f"beta must be a number >= 0, got {beta!r}")
+        if not (is_real(beta) and 0 <= beta < math.inf):
+            raise ReplayError(f"beta must be a finite number >= 0, got {beta!r}")
         with self._lock:
             size = len(self)
             if size < max(1, self.limiter.min_size):
@@ -580,7 +597,7 @@ class ReplayBuffer:
             else:
                 p = self._tree.get(slots)
                 if self.decay:
-                    p = p * math.exp(-self.decay * (float(self.clock()) - self._base))
+                    p = p * math.exp(-self.decay * (self._now() - self._base))
             return np.where(live, p, np.nan)
 
     def probabilities(self) -> np.ndarray:

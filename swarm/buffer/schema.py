@@ -7,6 +7,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from ..checks import is_int
 from ..errors import ReplayError
 from ..wire import DTYPES
 
@@ -52,18 +53,27 @@ class Schema:
                 dtype, shape = spec
             except (TypeError, ValueError):
                 raise ReplayError(f"schema field {name!r}: expected (dtype, shape), got {spec!r}") from None
+            if dtype is None:   # np.dtype(None) is float64: say which
+                raise ReplayError(f"schema field {name!r}: dtype is None; use one of {sorted(DTYPES)}")
             try:
                 dt = np.dtype(dtype)
             except TypeError:
                 raise ReplayError(f"schema field {name!r}: unknown dtype {dtype!r}") from None
             if dt.name not in DTYPES:
                 raise ReplayError(f"schema field {name!r}: dtype {dt} not allowed; use one of {sorted(DTYPES)}")
-            if isinstance(shape, int):
+            # The native dtype of that name: the wire carries native byte order only, so
+            # '>f4' is stored (and shared) as float32; big-endian data is cast on add.
+            dt = np.dtype(dt.name)
+            if is_int(shape):
                 shape = (shape,)
             try:
-                shape = tuple(int(d) for d in shape)
-            except (TypeError, ValueError):
-                raise ReplayError(f"schema field {name!r}: bad shape {shape!r}") from None
+                dims = tuple(shape)
+            except TypeError:
+                dims = (None,)
+            if not all(is_int(d) for d in dims):   # 2.5 is not 2, True is not 1
+                raise ReplayError(f"schema field {name!r}: bad shape {shape!r}: "
+                                  "give a tuple of ints (not bools), or one int")
+            shape = tuple(int(d) for d in dims)
             if any(d < 1 for d in shape):
                 raise ReplayError(f"schema field {name!r}: shape {shape} has a dimension < 1")
             out.append(Field(name, dt, shape))

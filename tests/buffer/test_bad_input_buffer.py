@@ -1,0 +1,267 @@
+"""Bad input to the replay buffer and its federation: a clear error, raised before anything
+is written or sent; numpy scalars count as numbers, bools do not."""
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from fakelink import Hub
+from swarm.buffer import Federation, Items, RateLimiter, ReplayBuffer
+from swarm.errors import ConfigError, ReplayError
+
+SCHEMA = {"obs": ("float32", (2,))}
+
+
+def obs(n, v=1.0):
+    return {"obs": np.full((n, 2), v, np.float32)}
+
+
+def state(buf):
+    """What an add or insert would change."""
+    return (len(buf), buf.total_added, buf._next_seq, buf.limiter.inserted, buf.peers(),
+            buf._tree.total, buf._time.tobytes(), buf._data["obs"].tobytes())
+
+
+def counting(link):
+    """Record the type of every message ``link`` is asked to send."""
+    sent, orig = [], link.send
+
+    async def send(dst, t, *args, **kw):
+        sent.append(t)
+        return await orig(dst, t, *args, **kw)
+
+    link.send = send
+    return sent
+
+
+# ------------------------------------------------------------------ schema
+def test_a_big_endian_schema_is_stored_native_and_its_items_are_shared():
+    """'>f4' passed the schema check (its name is float32) but no item could go on the
+    wire: every flush raised WireError, after taking the new items off its list."""
+    async def main():
+        hub = Hub()
+        a = ReplayBuffer({"obs": (">f4", (2,))}, 8, peer_id="a")
+        b = ReplayBuffer(SCHEMA, 8, peer_id="b")
+        fa = Federation(a, hub.link("a", ["b"]), share=1.0)
+        Federation(b, hub.link("b", ["a"]))
+        a.add({"obs": np.arange(4, dtype=">f4").reshape(2, 2)})
+        assert await fa.flush() == 2
+        await hub.settle()
+        await hub.close()
+        return a, b
+
+    a, b = asyncio.run(main())
+    assert a.schema.fields[0].dtype == np.dtype("float32") and a.schema.fields[0].dtype.isnative
+    assert a.schema == b.schema
+    assert sorted(b.ids()) == [("a", 0), ("a", 1)]
+    assert sorted(b.items([0, 1]).fields["obs"].ravel().tolist()) == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("spec, word", [((None, (2,)), "None"), (("float32", (2.5,)), "ints"),
+                                        (("float32", 2.5), "ints"),
+                                        (("float32", (True,)), "ints"), (("float32", True), "ints"),
+                                        (("float32", (2, np.float64(3))), "ints"),
+                                        (("float32", "2"), "ints")])
+def test_a_schema_refuses_a_none_dtype_and_shapes_that_are_not_ints(spec, word):
+    # before: None became float64, 2.5 became 2, True became 1
+    with pytest.raises(ReplayError, match=f"field 'a'.*{word}"):
+        ReplayBuffer({"a": spec}, 4)
+
+
+def test_a_schema_takes_numpy_int_dimensions():
+    buf = ReplayBuffer({"a": ("int8", (np.int64(2), np.uint8(3))), "b": ("float32", np.int32(4))}, 4)
+    assert [f.shape for f in buf.schema] == [(2, 3), (4,)]
+    assert all(type(d) is int for f in buf.schema for d in f.shape)
+
+
+# ------------------------------------------------------------------- clock
+BAD_TIMES = [float("nan"), math.inf, None, "now", True]
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.1])
+@pytest.mark.parametrize("bad", BAD_TIMES, ids=repr)
+def test_a_clock_that_returns_no_finite_time_fails_an_add_before_it_writes(bad, decay):
+    """Before: with decay a NaN clock wrote the items and then raised (no priorities set);
+    without, None stored NaN origin times (every neighbour drops those items), 'now' a
+    ValueError."""
+    now = [100.0]
+    buf = ReplayBuffer(SCHEMA, 4, decay=decay, clock=lambda: now[0], peer_id="me")
+    buf.add(obs(1))
+    before = state(buf)
+    now[0] = bad
+    for times in (None, 50.0):
+        with pytest.raises(ReplayError, match="clock"):
+            buf.add(obs(2, 7.0), times=times)
+        assert state(buf) == before
+    now[0] = 200.0
+    assert buf.add(obs(1)).tolist() == [1]
+
+
+@pytest.mark.parametrize("bad", BAD_TIMES, ids=repr)
+def test_a_clock_that_returns_no_finite_time_fails_an_insert_before_it_writes(bad):
+    src = ReplayBuffer(SCHEMA, 4, peer_id="src", clock=lambda: 10.0)
+    src.add(obs(3))
+    now = [100.0]
+    buf = ReplayBuffer(SCHEMA, 4, peer_id="me", clock=lambda: now[0])
+    before = state(buf)
+    now[0] = bad
+    with pytest.raises(ReplayError, match="clock"):
+        buf.insert(src.items([0, 1, 2]))
+    assert state(buf) == before
+    assert buf.peers() == ["me"]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), None, "now"], ids=repr)
+def test_a_decaying_buffer_refuses_a_bad_clock_when_made_and_when_ageing(bad):
+    with pytest.raises(ReplayError, match="clock"):
+        ReplayBuffer(SCHEMA, 4, decay=0.1, clock=lambda: bad)
+    now = [100.0]
+    buf = ReplayBuffer(SCHEMA, 4, decay=0.1, clock=lambda: now[0])
+    buf.add(obs(2))
+    now[0] = bad
+    with pytest.raises(ReplayError, match="clock"):
+        buf.rebase()
+    with pytest.raises(ReplayError, match="clock"):
+        buf.priorities([0, 1])
+
+
+# -------------------------------------------------------- federation waits
+@pytest.mark.parametrize("bad", [float("nan"), math.inf, -1, "x", True], ids=repr)
+def test_pull_refuses_a_bad_timeout_before_it_sends(bad):
+    """Before: NaN and inf waited for ever on a peer that never answers, -1 sent the pull
+    and timed out at once, 'x' sent it and raised a TypeError."""
+    async def main():
+        hub = Hub()
+        hub.link("mute", [])                     # no federation: never answers
+        link = hub.link("b", ["mute"])
+        fb = Federation(ReplayBuffer(SCHEMA, 8, peer_id="b"), link)
+        sent = counting(link)
+        try:
+            with pytest.raises(ConfigError, match="timeout"):
+                await asyncio.wait_for(fb.pull("mute", 2, timeout=bad), 5)
+        finally:
+            await hub.close()
+        assert sent == [] and fb._pulls == {}
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), math.inf, -1, 0, "x", None], ids=repr)
+def test_run_refuses_a_bad_interval_before_it_flushes(bad):
+    """Before: NaN stalled after one flush, -1 (and 0) flushed without pause."""
+    async def main():
+        hub = Hub()
+        a = ReplayBuffer(SCHEMA, 8, peer_id="a")
+        link = hub.link("a", ["b"])
+        fa = Federation(a, link, share=1.0)
+        Federation(ReplayBuffer(SCHEMA, 8, peer_id="b"), hub.link("b", ["a"]))
+        a.add(obs(2))
+        sent = counting(link)
+        try:
+            with pytest.raises(ConfigError, match="interval"):
+                await asyncio.wait_for(fa.run(interval=bad), 5)
+        finally:
+            await hub.close()
+        assert sent == []
+        assert len(fa._new) == 1                  # still to be shared at the next flush
+    asyncio.run(main())
+
+
+# ------------------------------------------------ numpy scalars, bools, types
+def test_numpy_scalars_count_as_numbers():
+    buf = ReplayBuffer(SCHEMA, np.int64(8), alpha=np.float32(0.5), eps=np.float64(1e-6),
+                       decay=np.float32(0.0), limiter=RateLimiter(min_size=np.int64(2)))
+    buf.add(obs(3))
+    s = buf.sample(np.int64(2), beta=np.float32(0.4))
+    assert len(s) == 2 and np.isfinite(s.weights).all()
+    assert type(buf.limiter.min_size) is int and buf.limiter.state()["min_size"] == 2
+
+
+@pytest.mark.parametrize("kw, word", [({"alpha": True}, "alpha"), ({"eps": True}, "eps"),
+                                      ({"decay": True}, "decay"), ({"capacity": True}, "capacity")])
+def test_a_bool_is_not_a_number_for_the_buffer(kw, word):
+    kw = {"capacity": 8, **kw}
+    with pytest.raises(ReplayError, match=word):
+        ReplayBuffer(SCHEMA, **kw)
+
+
+def test_a_bool_is_not_a_min_size():
+    with pytest.raises(ReplayError, match="min_size"):
+        RateLimiter(min_size=True)
+
+
+@pytest.mark.parametrize("beta", [math.inf, True, float("nan"), -0.5])
+def test_sample_refuses_a_beta_that_is_not_a_finite_number(beta):
+    buf = ReplayBuffer(SCHEMA, 8, seed=0)
+    buf.add(obs(4))
+    with pytest.raises(ReplayError, match="beta"):
+        buf.sample(2, beta=beta)
+    assert buf.limiter.sampled == 0
+
+
+@pytest.mark.parametrize("kw, word", [({"replicas": True}, "replicas"), ({"max_items": True}, "max_items"),
+                                      ({"seed": -1}, "seed"), ({"seed": "x"}, "seed"),
+                                      ({"seed": 1.5}, "seed")])
+def test_federation_refuses_bad_counts_and_seeds(kw, word):
+    hub = Hub()
+    with pytest.raises(ReplayError, match=word):
+        Federation(ReplayBuffer(SCHEMA, 8), hub.link("a", []), **kw)
+
+
+def test_federation_refuses_what_is_not_a_buffer_or_a_link():
+    hub = Hub()
+    with pytest.raises(ReplayError, match="buffer must be a ReplayBuffer"):
+        Federation(None, hub.link("a", []))
+    with pytest.raises(ReplayError, match="Link shape"):
+        Federation(ReplayBuffer(SCHEMA, 8), None)
+
+
+def test_federation_takes_numpy_ints_and_pull_sizes():
+    async def main():
+        hub = Hub()
+        a = ReplayBuffer(SCHEMA, 8, peer_id="a")
+        a.add(obs(4))
+        Federation(a, hub.link("a", ["b"]), share=0.0)
+        b = ReplayBuffer(SCHEMA, 8, peer_id="b")
+        link = hub.link("b", ["a"])
+        fb = Federation(b, link, share=0.0, replicas=np.int64(0), max_items=np.int32(8), seed=np.int64(3))
+        assert type(fb.replicas) is int and type(fb.max_items) is int
+        sent = counting(link)
+        with pytest.raises(ReplayError, match="pull size"):
+            await fb.pull("a", True)
+        assert sent == []
+        got = await fb.pull("a", np.int64(3), timeout=5.0)
+        await hub.close()
+        return got, b
+
+    got, b = asyncio.run(main())
+    assert 0 < got <= 3 and len(b) == got
+
+
+# ----------------------------------------------------------------- insert
+def one(seqs):
+    seqs = np.asarray(seqs)
+    n = seqs.size
+    return Items({"obs": np.ones((n, 2), np.float32)}, ["x"], np.zeros(n, np.int32), seqs,
+                 np.zeros(n), np.ones(n))
+
+
+@pytest.mark.parametrize("bad", [{"obs": np.ones((1, 2), np.float32)}, None], ids=["dict", "None"])
+def test_insert_takes_only_items(bad):
+    buf = ReplayBuffer(SCHEMA, 8)
+    with pytest.raises(ReplayError, match="Items"):
+        buf.insert(bad)
+
+
+@pytest.mark.parametrize("seqs", [np.array([3, 2**64 - 1], np.uint64), np.array([3, -1], np.int64)],
+                         ids=["uint64 past int64", "negative"])
+def test_insert_refuses_seqs_that_are_no_id(seqs):
+    """Before: 2**64-1 was stored as seq -1, a negative id no origin ever issues."""
+    buf = ReplayBuffer(SCHEMA, 8, peer_id="me")
+    before = state(buf)
+    with pytest.raises(ReplayError, match="seqs"):
+        buf.insert(one(seqs))
+    assert state(buf) == before
+    assert buf.insert(one(np.array([3, 2**63 - 1], np.uint64))).size == 2
+    assert sorted(buf.ids()) == [("x", 3), ("x", 2**63 - 1)]
