@@ -97,6 +97,17 @@ _MAX_EDGE_STREAMS = 8
 # Past this the oldest is dropped, as if lost (a delta's gap costs a full state).
 _MAX_PENDING = 32
 
+# The largest round number a message may carry. Honest round numbers count rounds:
+# a peer starts at 0 and moves one a round, or to a round that some neighbour has
+# run (a joiner, a peer left behind catching up, bootstrap()), so none comes near
+# 2**53 (at a million rounds a second, 285 years). No bound relative to this peer's
+# own round is safe: a peer frozen for an hour, or a restarted one at round 0,
+# rightly jumps any number of rounds. Past the bound (or below 0) the message is
+# forged or corrupt, and is refused as malformed before its round is seen: a single
+# r = 2**64 − 1 was adopted, and every later round of that peer raised WireError
+# (r + 1 does not fit the wire's 64 bits), ending its gossip for good.
+_MAX_ROUND = 2**53
+
 
 @dataclass
 class RoundResult:
@@ -200,6 +211,11 @@ def _fill_finite(out: np.ndarray, x: np.ndarray, minus: np.ndarray | None = None
         if finite:
             finite = bool(np.isfinite(o, out=mask[:o.size]).all())
     return finite
+
+
+def _round_number(v: Any) -> bool:
+    """Whether ``v`` can be a round number a peer sent (see ``_MAX_ROUND``)."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MAX_ROUND
 
 
 def _real(v: Any) -> bool:
@@ -377,6 +393,7 @@ class Gossip:
         for t, h in self._handlers:
             link.on(t, h)
         self._closed = False
+        self._running = False   # a round is under way (see round())
         self._boot: dict[int, tuple[int, int, asyncio.Future[np.ndarray]]] = {}
         self._boot_nonce = 0
         self._boot_round = 0
@@ -394,8 +411,8 @@ class Gossip:
 
         Call it on the link's loop before building another engine on the same peer,
         which otherwise gets every message too (a notebook cell run again). Closing
-        twice does nothing; :meth:`round` on a closed engine raises
-        :class:`~swarm.errors.GossipError`. A link without ``off``/``off_view`` (a test
+        twice does nothing; :meth:`round` (and :meth:`bootstrap`) on a closed engine
+        raises :class:`~swarm.errors.GossipError`. A link without ``off``/``off_view`` (a test
         double; :class:`~swarm.peer.Peer` and :class:`~swarm.gossip.sim.SimLink` have
         them) keeps what it holds.
         """
@@ -500,12 +517,20 @@ class Gossip:
         if self._view.index(msg.src) < 0:
             self.stats.ignored_strangers += 1
             return
-        copy = self._in.get(msg.src)
-        if copy is None:
-            copy = self._in[msg.src] = _InCopy(self.d, make_codec(self.codec_spec))
         n = msg.nbytes or sum(int(a.nbytes) for a in msg.arrays)
         self._bytes_in += n
         self.stats.bytes_in += n
+        # checked on arrival: round() reads the rounds of held messages (to join, to
+        # catch up) before any of them is applied
+        r, ver = msg.body.get("r"), msg.body.get("ver")
+        if not _round_number(r) or not isinstance(ver, int):
+            self._reject(msg.src, "rejected_malformed",
+                         f"body needs a round r in [0, {_MAX_ROUND}] and an integer ver, got r={r!r:.30} "
+                         f"ver={ver!r:.30}")
+            return
+        copy = self._in.get(msg.src)
+        if copy is None:
+            copy = self._in[msg.src] = _InCopy(self.d, make_codec(self.codec_spec))
         copy.pending.append(msg)
         if len(copy.pending) > _MAX_PENDING + self.max_staleness:
             copy.pending.popleft()
@@ -529,11 +554,7 @@ class Gossip:
         gaps: list[int] = []
         while copy.pending:
             msg = copy.pending[0]
-            r, ver = msg.body.get("r"), msg.body.get("ver")
-            if not isinstance(r, int) or not isinstance(ver, int) or isinstance(r, bool):
-                copy.pending.popleft()
-                self._reject(src, "rejected_malformed", "body lacks integer r and ver")
-                continue
+            r, ver = msg.body["r"], msg.body["ver"]   # checked on arrival (_on_message)
             if upto is not None and r > upto:
                 break
             copy.pending.popleft()
@@ -640,8 +661,10 @@ class Gossip:
             self._reject(msg.src, "rejected_malformed", "bootstrap slice does not match the request")
             return
         r = msg.body.get("r")
-        if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
-            self._boot_round = max(self._boot_round, r)
+        if not _round_number(r):   # bootstrap() takes the donors' round (see _MAX_ROUND)
+            self._reject(msg.src, "rejected_malformed", f"bootstrap slice with round {r!r:.30}")
+            return
+        self._boot_round = max(self._boot_round, r)
         if not fut.done():
             fut.set_result(a.copy())
 
@@ -657,8 +680,11 @@ class Gossip:
         raises :class:`GossipError` (and leaves ``x`` alone) if a slice could not
         be fetched within ``timeout`` seconds. ``donors`` must be an integer >= 1 and
         ``timeout`` a finite number of seconds > 0 (a NaN one never ended), else
-        :class:`ConfigError` before anything is asked.
+        :class:`ConfigError` before anything is asked. After :meth:`close` it raises
+        :class:`GossipError` at once, as :meth:`round` does (it could receive no slice).
         """
+        if self._closed:
+            raise self._closed_error()
         if isinstance(donors, bool) or not isinstance(donors, numbers.Integral) or donors < 1:
             raise ConfigError(f"bootstrap: donors must be an integer >= 1, got {donors!r}")
         if not (_real(timeout) and timeout > 0):
@@ -759,10 +785,30 @@ class Gossip:
 
         Raises :class:`GossipError` when ``x`` itself holds NaN or Inf, before
         anything is sent or changed: neighbours would refuse such a state, or (top-k
-        never picks a NaN) average towards a stale copy of it, and after :meth:`close`.
+        never picks a NaN) average towards a stale copy of it; after :meth:`close`;
+        and at once, changing nothing, while another round of this engine is still
+        running (rounds of one engine must not overlap: await one before the next).
         """
+        self._may_run()
+        self._running = True
+        try:
+            return await self._round()
+        finally:
+            self._running = False
+
+    def _may_run(self) -> None:
+        """Raise :class:`GossipError` if a round may not start now, changing nothing.
+
+        Rounds of one engine must not overlap: both took the same round number and
+        public copies, and x was mixed twice (two concurrent rounds on one peer of a
+        3-ring moved the swarm's sum from 168 to 196)."""
         if self._closed:
-            raise GossipError("this gossip engine is closed (it receives nothing); build a new one")
+            raise self._closed_error()
+        if self._running:
+            raise GossipError(f"a round is already running on this gossip engine (round {self.t}); "
+                              "await it before starting another")
+
+    async def _round(self) -> RoundResult:
         t = self.t   # self.t moves when the round ends: one that raises leaves it as it was
         if not self._has_averaged:
             # A peer joining a running swarm adopts its neighbours' round number,
@@ -953,6 +999,10 @@ class Gossip:
         self.t = t + 1
         return res
 
+    @staticmethod
+    def _closed_error() -> GossipError:
+        return GossipError("this gossip engine is closed (it receives nothing); build a new one")
+
     def _nonfinite(self) -> GossipError:
         return GossipError(f"params hold NaN or Inf; round {self.t} not run (nothing sent, x unchanged): "
                            "restore them, e.g. from a checkpoint or with bootstrap()")
@@ -1084,7 +1134,11 @@ class Gossip:
         return self._scratch[0], self._scratch[1]
 
     async def local_step(self) -> RoundResult | None:
-        """Count one local training step; every ``local_steps``-th call runs a round."""
+        """Count one local training step; every ``local_steps``-th call runs a round.
+
+        One that would run a round raises as :meth:`round` does, without counting."""
+        if (self._steps + 1) % self.local_steps == 0:
+            self._may_run()
         self._steps += 1
         if self._steps % self.local_steps:
             return None

@@ -1,0 +1,142 @@
+"""The gossip engine refuses what would corrupt or stop it: a second round of one
+engine at once, a message whose round number no honest peer can have sent, and
+bootstrap() on a closed engine. Each is refused at once and changes nothing."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from swarm.errors import GossipError
+from swarm.gossip import Gossip
+from swarm.gossip.engine import T_BOOT, T_BOOT_REQ, T_FULL
+from swarm.gossip.sim import SimHub, run_rounds
+
+
+def three(engines_on=3, **kw):
+    """A 3-ring a, b, c on the in-memory hub, with engines on the first ``engines_on``
+    (identity codec, γ = 1: exact gossip, so the swarm's sum is kept to float error)."""
+    hub = SimHub(topology="ring")
+    links = hub.add_many(["a", "b", "c"])
+    xs = [np.arange(8, dtype=np.float32) * (i + 1) for i in range(3)]
+    engines = [Gossip(l, x, **kw) for l, x in zip(links[:engines_on], xs)]
+    return hub, links, xs, engines
+
+
+async def until(pred, what, timeout=10.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not pred():
+        assert loop.time() < deadline, what
+        await asyncio.sleep(0.001)
+
+
+def test_a_second_round_at_once_on_one_engine_raises_and_changes_nothing():
+    # Both ran round 0 and mixed x twice: the swarm's sum went from 168 to 196.
+    async def main():
+        hub, links, xs, (g0, g1, g2) = three(round_timeout=5.0)
+        total = sum(float(x.sum()) for x in xs)
+        res = await asyncio.gather(g0.round(), g0.round(), g1.round(), g2.round(), return_exceptions=True)
+        assert isinstance(res[1], GossipError) and "already running" in str(res[1]), res
+        assert [r.round for r in (res[0], res[2], res[3])] == [0, 0, 0]
+        assert all(r.ok for r in (res[0], res[2], res[3])) and g0.t == 1
+        assert sum(float(x.sum()) for x in xs) == pytest.approx(total, rel=1e-6)
+        # the refused call left nothing behind: the next rounds run as usual
+        later = await run_rounds([g0, g1, g2], 3)
+        assert [r.round for r in later[-1]] == [3, 3, 3] and all(r.ok for rnd in later for r in rnd)
+        assert sum(float(x.sum()) for x in xs) == pytest.approx(total, rel=1e-6)
+        await hub.close()
+    asyncio.run(main())
+
+
+def test_local_step_that_would_run_a_round_meanwhile_raises_without_counting():
+    async def main():
+        hub, links, xs, (g0, g1, g2) = three(round_timeout=5.0, local_steps=2)
+        first = asyncio.ensure_future(g0.round())
+        await asyncio.sleep(0)                 # g0's round now waits for its neighbours
+        assert await g0.local_step() is None   # step 1 of 2 runs no round: counted
+        with pytest.raises(GossipError, match="already running"):
+            await g0.local_step()              # step 2 would run one
+        assert g0._steps == 1
+        await asyncio.gather(first, g1.round(), g2.round())
+        assert first.result().ok and g0.t == 1
+        # that step, taken again once the round is over, runs round 1
+        stepped = await asyncio.gather(g0.local_step(), g1.round(), g2.round())
+        assert stepped[0].round == 1 and stepped[0].ok and g0._steps == 2
+        await hub.close()
+    asyncio.run(main())
+
+
+def test_a_round_that_ended_by_error_or_cancellation_lets_the_next_one_run():
+    async def main():
+        hub, links, xs, (g0, g1, g2) = three(round_timeout=60.0)
+        waiting = asyncio.ensure_future(g0.round())   # its neighbours run no round: it waits
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        keep, xs[0][0] = xs[0][0], np.nan
+        with pytest.raises(GossipError, match="NaN"):
+            await g0.round()
+        xs[0][0] = keep
+        res = await asyncio.gather(g0.round(), g1.round(), g2.round())
+        assert all(r.ok and r.round == 0 for r in res)
+        await hub.close()
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("r", [2**64 - 1, 2**63 - 1, 2**53 + 1, -1])   # the bound: 2**53
+def test_a_message_with_a_round_no_peer_can_have_run_is_refused(r):
+    # A peer took a neighbour's r = 2**64 - 1 as its round, and every later round
+    # raised WireError (r + 1 does not fit the wire's 64 bits); with 2**63 - 1 it
+    # jumped there and never averaged with its honest neighbours again.
+    async def main():
+        hub, (a, b, c), xs, (ga, gb) = three(engines_on=2, round_timeout=0.3)
+        await asyncio.gather(ga.round(), gb.round())    # c has no engine: late from now on
+        assert ga.t == 1
+        assert await c.send("a", T_FULL, {"r": r, "ver": 1}, [np.full(8, 1e6, np.float32)])
+        await until(lambda: ga.stats.rejected_malformed == 1, "the forged message refused")
+        assert "c" not in ga._in                        # nothing kept of it
+        rounds = [await asyncio.gather(ga.round(), gb.round()) for _ in range(3)]
+        await hub.close()
+        return ga, rounds
+    ga, rounds = asyncio.run(main())
+    assert [ra.round for ra, _ in rounds] == [1, 2, 3]
+    assert all(ra.participants == ["b"] for ra, _ in rounds)
+    assert rounds[0][0].rejected == 1 and ga.stats.rejected_malformed == 1
+    assert np.all(np.abs(ga.x) < 100)                  # the forged state was never mixed
+
+
+def test_a_bootstrap_slice_with_a_round_no_peer_can_have_run_is_refused():
+    # bootstrap() takes its donors' round: a slice with r = 2**64 - 1 set this
+    # peer's round there, and every round after raised WireError.
+    async def main():
+        hub, (a, b, c), xs, (ga, gb) = three(engines_on=2, round_timeout=0.3)
+        await asyncio.gather(ga.round(), gb.round())
+
+        def forge(m):   # c answers every request, right slice, impossible round
+            lo, hi = m.body["lo"], m.body["hi"]
+            c.send_nowait(m.src, T_BOOT, {**m.body, "r": 2**64 - 1}, [np.zeros(hi - lo, np.float32)])
+        c.on(T_BOOT_REQ, forge)
+        donors = await ga.bootstrap(donors=2, timeout=4.0)   # one slice asked of c, then of b
+        t = ga.t
+        res = await asyncio.gather(ga.round(), gb.round())
+        await hub.close()
+        return ga, gb, donors, t, res
+    ga, gb, donors, t, res = asyncio.run(main())
+    assert donors == ["b", "b"] and ga.stats.rejected_malformed == 1
+    assert t == 1 and res[0].round == 1 and res[0].participants == ["b"]
+
+
+def test_bootstrap_on_a_closed_engine_raises_at_once_and_changes_nothing():
+    # It waited out its whole timeout (no reply can reach a closed engine) and
+    # then blamed the neighbours.
+    async def main():
+        hub, links, xs, (ga, gb) = three(engines_on=2)
+        before = ga.x.copy()
+        ga.close()
+        with pytest.raises(GossipError, match="closed"):
+            await asyncio.wait_for(ga.bootstrap(timeout=2.0), 30)
+        assert np.array_equal(ga.x, before) and ga.t == 0 and gb.stats.boot_served == 0
+        await hub.close()
+    asyncio.run(main())
