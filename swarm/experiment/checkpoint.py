@@ -7,7 +7,8 @@ A peer's checkpoints live in ``peer{r}/ckpt/``::
                                counters, its numpy RNG), the flat float32 parameters,
                                run counters (env steps, episodes, rounds, returns), torch RNG
         buffer/                the replay buffer (swarm.buffer.persist snapshot)
-        manifest.json          what it holds, the digests of parameters and buffer, and of state.pt
+        manifest.json          what it holds, the digests of parameters and buffer, and of state.pt,
+                               and whether its state is finite (no NaN or infinite values)
     full-000003-inc-0002/      an incremental checkpoint against full-000003
         state.pt               agent state without the Q-net (rebuilt from the parameters),
                                ``params_xor``: the parameters' float32 bit patterns XOR those
@@ -37,7 +38,9 @@ checkpoint under a name that :func:`latest` picks. A full checkpoint's buffer
 is written on a background thread (sampling waits at most one chunk copy); it
 is committed at a later step once the write is done, and only then are the
 older full checkpoints and their incremental ones deleted (and what a crashed
-process left half written in ``.tmp-`` folders of older numbers). Every file is
+process left half written in ``.tmp-`` folders of older numbers); when the new
+one is not finite (training diverged), the newest older full one that is stays,
+with its incremental ones, for a resume to fall back to. Every file is
 synced to disk before the rename, so that a power cut after it cannot leave a
 committed checkpoint with empty files while the older ones are already gone.
 
@@ -73,8 +76,8 @@ from ..errors import ConfigError, ReplayError, SwarmError
 log = logging.getLogger("swarm.experiment")
 
 __all__ = ["Checkpointer", "DivergedCheckpoint", "Lineage", "Restored", "committed", "continued_folder", "latest", "load_checkpoint",
-           "load_newest", "load_policy", "newest_lineage", "read_checkpoint_pt", "read_lineage", "state_digest",
-           "write_json", "write_lineage", "write_whole"]
+           "load_newest", "load_policy", "newest_lineage", "nonfinite", "read_checkpoint_pt", "read_lineage",
+           "state_digest", "write_json", "write_lineage", "write_whole"]
 
 _FULL = re.compile(r"^full-(\d{6})$")
 _INC = re.compile(r"^full-(\d{6})-inc-(\d{4})$")
@@ -192,8 +195,9 @@ class Checkpointer:
         with _removed_on_error(tmp):
             _fresh_dir(tmp)
             params = self.agent.parameters().copy()
+            agent_state = self.agent.state_dict()
             state = _write_state(tmp / "state.pt", {
-                "kind": "full", "agent": self.agent.state_dict(), "params": torch.from_numpy(params),
+                "kind": "full", "agent": agent_state, "params": torch.from_numpy(params),
                 "counters": c, "torch_rng": _torch_rng()})
             # The snapshot hashes the rows as it writes them (snap.digest, in _wait_pending):
             # the digest describes exactly what it writes, and the buffer's lock is held
@@ -201,7 +205,8 @@ class Checkpointer:
             with self.buf._lock:
                 nxt = self.buf.total_added
                 snap = save(self.buf, tmp / "buffer", background=True, digest=True)
-        self._pending = (name, tmp, snap, params, nxt, {"counters": c, "files": state})
+        self._pending = (name, tmp, snap, params, nxt,
+                         {"counters": c, "files": state, "finite": nonfinite(params, agent_state) is None})
         if not background:
             return self._wait_pending()
         return None
@@ -243,7 +248,8 @@ class Checkpointer:
             inc = take_incremental(self.buf, since, digest=True)
             dig = _state_digest(params, inc.digest)
             rows = inc.write(tmp / "buffer")
-            self._commit(name, tmp, {"counters": c, "digest": dig, "base": base_name, "rows": rows, "files": files})
+            self._commit(name, tmp, {"counters": c, "digest": dig, "base": base_name, "rows": rows, "files": files,
+                                     "finite": nonfinite(params, state) is None})
         return name
 
     def close(self) -> str | None:
@@ -267,12 +273,35 @@ class Checkpointer:
         self._base = (name, params, nxt)
         self._inc = 0
         # Only now is the new full one safe: drop the older ones and their increments,
-        # and what a crash left half written.
+        # and what a crash left half written. One holding NaN or infinite values (training
+        # diverged) keeps the newest older full one that does not, and its increments: the
+        # checkpoint that a resume falls back to (load_newest).
+        keep = None if info["finite"] else self._newest_finite_full()
         for p in self.root.iterdir():
             m = _FULL.match(p.name) or _INC.match(p.name) or _TMP.match(p.name)
-            if m and int(m.group(1)) < self._n:
+            if m and int(m.group(1)) < self._n and (m.re is _TMP or int(m.group(1)) != keep):
                 shutil.rmtree(p, ignore_errors=True)
         return name
+
+    def _newest_finite_full(self) -> int | None:
+        """The number of the newest full checkpoint older than the one just committed whose
+        manifest does not say it holds NaN or infinite values (one from before the manifests
+        said, too), or None; logs what the pruning keeps."""
+        for p in committed(self.root):
+            m = _FULL.match(p.name)
+            if not m or int(m.group(1)) >= self._n:
+                continue
+            try:
+                finite = json.loads((p / "manifest.json").read_text()).get("finite", True)
+            except (OSError, ValueError, AttributeError):
+                continue   # damaged: nothing a resume could load
+            if finite is not False:
+                log.warning("checkpoint full-%06d holds NaN or infinite values (training diverged?); keeping %s, "
+                            "the newest full checkpoint that does not, for a resume", self._n, p.name)
+                return int(m.group(1))
+        log.warning("checkpoint full-%06d holds NaN or infinite values (training diverged?), and no older full "
+                    "checkpoint is finite", self._n)
+        return None
 
     def _commit(self, name: str, tmp: Path, info: dict[str, Any]) -> None:
         # info["files"]: state.pt's own digest, which covers what the state digest does not:
@@ -382,7 +411,7 @@ def load_newest(root: str | Path, run: str | None = None) -> tuple[Restored | No
         except ConfigError as e:
             why = e
         else:
-            bad = _nonfinite(r)
+            bad = nonfinite(r.params, r.agent_state)
             if bad is None:
                 if diverged is not None:
                     log.warning("%s; resuming from the older checkpoint %s instead (the newer ones stay "
@@ -397,16 +426,21 @@ def load_newest(root: str | Path, run: str | None = None) -> tuple[Restored | No
     return None, skipped
 
 
-def _nonfinite(r: Restored) -> str | None:
-    """What of a restored checkpoint holds NaN or infinite values (its parameters, or a
-    float tensor of its agent state: target net, optimizer moments), or None: checked
-    without an agent, so that :func:`load_newest` can pass over it for an older one."""
+def nonfinite(params: Any, agent_state: Any, what: str = "its agent state") -> str | None:
+    """What of a saved state holds NaN or infinite values, or None: ``params`` (the flat
+    parameters, an array or a tensor; None when not saved) or a float tensor of
+    ``agent_state`` (target net, optimizer moments), which the answer calls ``what``.
+    Checked without an agent, so that a resume can pass over such a checkpoint for an
+    older one (:func:`load_newest`) and the Checkpointer can keep an older one."""
     import torch  # noqa: PLC0415
 
-    n = int(np.count_nonzero(~np.isfinite(r.params)))
-    if n:
-        return f"its parameters have {n} NaN or infinite entries"
-    todo: list[tuple[str, Any]] = [("", r.agent_state)]
+    if isinstance(params, torch.Tensor):
+        params = params.numpy()
+    if isinstance(params, np.ndarray) and params.dtype.kind == "f":
+        n = int(np.count_nonzero(~np.isfinite(params)))
+        if n:
+            return f"its parameters have {n} NaN or infinite entries"
+    todo: list[tuple[str, Any]] = [("", agent_state)]
     while todo:
         name, x = todo.pop()
         if isinstance(x, dict):
@@ -414,9 +448,9 @@ def _nonfinite(r: Restored) -> str | None:
         elif isinstance(x, (list, tuple)):
             todo += [(f"{name}.{i}", v) for i, v in enumerate(x)]
         elif isinstance(x, torch.Tensor) and x.is_floating_point() and not bool(torch.isfinite(x).all()):
-            return f"its agent state {name} has NaN or infinite entries"
+            return f"{what} {name} has NaN or infinite entries"
         elif isinstance(x, np.ndarray) and x.dtype.kind == "f" and not np.isfinite(x).all():
-            return f"its agent state {name} has NaN or infinite entries"
+            return f"{what} {name} has NaN or infinite entries"
     return None
 
 
