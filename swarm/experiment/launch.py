@@ -947,7 +947,9 @@ def _num(v: Any) -> float:
 
 
 def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, Any]]:
-    """One row per peer from its ``summary.json`` (or its metrics.csv when it crashed)."""
+    """One row per peer from its ``summary.json``, or from its metrics.csv when it has none (it
+    crashed, or its summary.json did not fit on disk: a peer that trains removes an earlier
+    process's first, so that one is not shown as its figures)."""
     run_dir = Path(run_dir)
     ranks = (range(spec.peers) if spec
              else sorted(int(p.name[4:]) for p in run_dir.glob("peer*") if p.name[4:].isdigit()))
@@ -959,7 +961,7 @@ def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, A
         except (OSError, ValueError):
             eps = read_csv(d / "metrics.csv")
             last = eps[-1] if eps else {}
-            s = {"rank": r, "id": f"peer{r}", "reason": "no summary (crashed?)",
+            s = {"rank": r, "id": f"peer{r}", "reason": "no summary (crashed, or a full disk?)",
                  "env_steps": int(_num(last.get("env_steps", 0)) or 0) if last else 0,
                  "final_mean_return": _num(last.get("mean_return")) if last else None,
                  "rounds": int(_num(last.get("rounds", 0)) or 0) if last else 0,

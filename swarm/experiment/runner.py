@@ -27,8 +27,9 @@ It writes into ``DIR/peer{R}/``:
                   :func:`_append_whole`; a restarted process may append an id its
                   predecessor did)
 ``ids.json``      with ``buffer.replicas`` > 0, at the end: ids of every item held
-``summary.json``  final figures, read by the launcher's summary table (a resume or restart
-                  that fails before it trains leaves the one there, and ids.json, as they were)
+``summary.json``  final figures, read by the launcher's summary table; an earlier process's
+                  goes before this one trains (on a fresh start, at once), and a resume or
+                  restart that fails before it trains leaves it, and ids.json, as they were
 
 SIGTERM or SIGINT ends the current step, writes all of the above and leaves
 the swarm cleanly. SIGKILL loses the env steps since the last checkpoint.
@@ -38,8 +39,9 @@ A disk that fills (or goes read only) does not end the run: a checkpoint, ``best
 flush or a TensorBoard write that fails is logged (once per file) and counted, and
 training goes on; the files written before stay whole.
 summary.json records the counts (``checkpoint_failures``, ``write_failures``); one that
-cannot be written itself is logged, the one there (if any) stays, and the peer still
-ends as it would have (:func:`run_peer` returns the figures). Before it trains, a file
+cannot be written itself is logged and leaves none (not an earlier process's, which the
+launcher's table would show as this one's), and the peer still ends as it would have
+(:func:`run_peer` returns the figures). Before it trains, a file
 it cannot write (``run.json``, ``resumed.json``, the copy of ``best.pt``, a CSV file)
 is a ConfigError that names it: the next start would meet the same disk.
 
@@ -82,10 +84,12 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from ..buffer.persist import write_synced
 from ..config import to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
 from .checkpoint import (Checkpointer, DivergedCheckpoint, Lineage, array_digest, load_newest, newest_lineage,
-                         read_checkpoint_pt, read_lineage, state_digest, write_json, write_lineage, write_whole)
+                         nonfinite, read_checkpoint_pt, read_lineage, state_digest, write_json, write_lineage,
+                         write_whole)
 from .spec import Spec
 
 if TYPE_CHECKING:
@@ -186,6 +190,33 @@ def _at_start(run_dir: str | Path, change: Callable[[], Any], path: Path | None 
     except OSError as e:
         raise ConfigError(f"run folder {run_dir}: cannot {verb} {path or e.filename} ({e.strerror or e}); make "
                           "room on its disk, or pass a --run-dir this process can write") from None
+
+
+def _record_resume(out: Path, rec: dict[str, Any], starts: Lineage | None = None) -> None:
+    """Write ``out/resumed.json`` (``rec``) and, for a run that ``starts`` there, its
+    ``run.json``: both or neither. run.json's temporary file is written first, then
+    resumed.json whole, then the temporary file is renamed over run.json, so a write that
+    fails (a full disk) leaves the folder's record of its run as it was, and its old
+    resumed.json with it. Raises OSError naming the file that failed."""
+    resumed = out / "resumed.json"
+
+    def record_resumed() -> None:
+        try:
+            write_json(resumed, rec, indent=1)
+        except OSError as e:   # named by the file, not by its temporary one
+            raise OSError(e.errno, e.strerror, str(resumed)) from e
+
+    if starts is None:
+        return record_resumed()
+
+    def both(tmp: Path) -> None:
+        try:
+            write_synced(tmp, (json.dumps(starts.record(), indent=1) + "\n").encode())   # as write_lineage does
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(out / "run.json")) from e
+        record_resumed()
+
+    write_whole(out / "run.json", both)
 
 
 def _append_whole(path: Path, data: bytes, entry: int = 8) -> None:
@@ -316,17 +347,27 @@ class _Logs:
         self._upto = upto
         self._failed = failed or _Unwritten(-1)
         self._files = []
-        self.episodes = self._csv(out / "metrics.csv", EPISODE_FIELDS)
-        self.rounds = self._csv(out / "rounds.csv", ROUND_FIELDS)
-        self.evals = self._csv(out / "evals.csv", EVAL_FIELDS)
         self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - slow, optional
-            except ImportError:
-                log.warning("tensorboard is not installed; no event files (pip install 'swarm[plots]')")
-            else:
-                self.tb = SummaryWriter(str(out / "tb"), flush_secs=10)
+        try:
+            self.episodes = self._csv(out / "metrics.csv", EPISODE_FIELDS)
+            self.rounds = self._csv(out / "rounds.csv", ROUND_FIELDS)
+            self.evals = self._csv(out / "evals.csv", EVAL_FIELDS)
+            if tensorboard:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - slow, optional
+                except ImportError:
+                    log.warning("tensorboard is not installed; no event files (pip install 'swarm[plots]')")
+                else:
+                    self.tb = SummaryWriter(str(out / "tb"), flush_secs=10)
+        except BaseException:
+            # the files opened before the one that failed are closed now, not whenever the
+            # error's traceback (which holds them) goes
+            for f in self._files:
+                try:
+                    f.close()
+                except OSError:
+                    pass   # a header that did not fit: the caller reports the failure that came first
+            raise
 
     def _csv(self, path: Path, fields: list[str]) -> _Rows:
         try:
@@ -628,7 +669,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             skipped with a warning for the next older one, then ``checkpoint.pt``; with
             none left, resuming into ``run_dir`` itself tries the runs its folder's run
             continues (``run.json``), and starts from step 0 (with a warning) only when it
-            continues none; otherwise it raises ConfigError. Into ``run_dir`` itself, and
+            continues none; otherwise it raises ConfigError. One holding NaN or infinite
+            values (training diverged) is passed over the same way, but with none left
+            that is a ConfigError, not a start from step 0. Into ``run_dir`` itself, and
             from a folder whose run ``run_dir``'s continues, only checkpoints of this
             folder's run (by run id, :class:`~swarm.experiment.checkpoint.Lineage`) and of
             the runs it continues count.
@@ -689,6 +732,17 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         run = Lineage.new()
         _at_start(run_dir, lambda: write_lineage(out, run), out / "run.json")
         _at_start(run_dir, lambda: (out / "resumed.json").unlink(missing_ok=True), out / "resumed.json", "remove")
+
+    def drop_summary() -> None:
+        # summary.json holds the figures of the process that wrote it. One that writes its own
+        # (a fresh start, whether it trains or not; a resume or restart once it trains: see
+        # `keep` below) removes the one there first, so that an own summary.json that cannot be
+        # written (a full disk) leaves none: the launcher's table would show an earlier one as
+        # this process's figures.
+        _at_start(run_dir, lambda: (out / "summary.json").unlink(missing_ok=True), out / "summary.json", "remove")
+
+    if resume_from is None and not rejoin:
+        drop_summary()
 
     coordinators = [coordinator] if isinstance(coordinator, str) else list(coordinator)
     sp = SyncPeer(peer_config, coordinators=coordinators, id=f"peer{rank}", rank=rank, topology=g.topology,
@@ -753,7 +807,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         # restarts it so) takes only that run's checkpoints there, then tries each run it
         # continues (swarm run --resume), which run.json records; with none that loads, one
         # that continues no other run starts again from step 0, as one that died before its
-        # first checkpoint does. Otherwise that is an error.
+        # first checkpoint does. Otherwise that is an error. One holding NaN (in ckpt/ or
+        # checkpoint.pt) is passed over the same way, but when none is left that is always
+        # an error: starting over from step 0 would hide that training diverged.
         if resume_from is None:
             sources: list[tuple[Path, str | None]] = []
         elif same_run:
@@ -762,25 +818,28 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             sources = [(peer_dir(resume_from, rank), None)]   # the folder named: whichever run is there
         restored, ck, ck_path, skipped = None, None, None, []   # skipped: why each newer one could not be read
         folders: list[Path] = []   # those tried
-        diverged: ConfigError | None = None   # the newest checkpoint passed over for NaN (training diverged)
+        diverged = False   # a checkpoint was passed over for NaN (training diverged): no start from step 0
         for src, of_run in sources:
             folders.append(src)
             try:
                 restored, why = load_newest(src / "ckpt", of_run)
             except DivergedCheckpoint as e:   # whole but NaN, none older in this ckpt/: older sources may hold one
                 restored, why = None, e.skipped
-                diverged = diverged or e
+                diverged = True
             skipped += why
             if restored is None:
                 ck_path = src / "checkpoint.pt"
                 ck = _read_checkpoint_pt(ck_path, skipped, of_run)
+                bad = nonfinite(ck.get("params"), ck["agent"], "DQN checkpoint") if ck is not None else None
+                if bad is not None:   # whole but NaN: passed over, as such a one in ckpt/ is
+                    log.warning("%s: %s (training diverged?); passed over", ck_path, bad)
+                    skipped.append(f"{ck_path}: {bad}")
+                    ck, diverged = None, True
             if restored is not None or ck is not None:
                 if len(folders) > 1:
                     log.warning("peer%d: no checkpoint of its run in %s can be read (or all hold NaN); resuming "
                                 "from the run it continues, %s", rank, ", ".join(map(str, folders[:-1])), src)
                 break
-        if restored is None and ck is None and diverged is not None:
-            raise diverged   # starting over from step 0 would hide that training diverged
         if restored is not None:
             buf = restored.buffer
             if buf.peer_id != peer.id or buf.capacity != b.capacity:
@@ -818,7 +877,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 raise ConfigError(f"resume: {ck_path}: {e}") from None
             done_steps = int(ck.get("env_steps", 0))
             summary["resumed_from"] = str(ck_path)
-        elif own and not run.continues:
+        elif own and not run.continues and not diverged:   # step 0 would hide that training diverged
             log.warning("peer%d: no checkpoint of its run in %s can be read; starting again from step 0",
                         rank, folders[0])
         elif folders:
@@ -826,25 +885,29 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             runs = "runs" if len(folders) > 2 else "run"
             if skipped:
                 where = f"{folders[0]} nor in {rest} (the {runs} it continues)" if rest else folders[0]
-                raise ConfigError(f"resume: no checkpoint of peer{rank} in {where} can be read: {'; '.join(skipped)}")
+                raise ConfigError(f"resume: no checkpoint of peer{rank} in {where} can be "
+                                  f"{'used' if diverged else 'read'}: {'; '.join(skipped)}")
             if rest:
                 raise ConfigError(f"resume: neither {folders[0]} nor {rest} (the {runs} it continues) has a "
                                   "checkpoint (ckpt/ or checkpoint.pt)")
             raise ConfigError(f"resume: {folders[0]} has no checkpoint (ckpt/ or "
                               f"checkpoint.pt); was peer{rank} part of that run?")
-        if run is None:
+        starts = run is None
+        if starts:
             # a run resumed from another folder starts here: it continues the run that
             # wrote the checkpoint it starts from, and what that one continued
             theirs = Lineage.of(restored.manifest if restored is not None else ck, src)
             run = Lineage.new(((str(src.resolve()), theirs.id), *theirs.continues))
-            _at_start(run_dir, lambda: write_lineage(out, run), out / "run.json")
         if "resumed_from" in summary:
-            # the run this peer's folder continues goes on with every restart into it
+            # the run this peer's folder continues goes on with every restart into it; a
+            # run that starts here records itself (run.json) with it, both or neither
             rec = {"checkpoint": summary["resumed_from"], "env_steps": done_steps,
                    "digest": state_digest(agent.parameters(), buf), "run": run.id,
                    "continues": run.continues[0][0] if run.continues else None,
                    "continues_run": run.continues[0][1] if run.continues else None}
-            _at_start(run_dir, lambda: write_json(out / "resumed.json", rec, indent=1), out / "resumed.json")
+            _at_start(run_dir, lambda: _record_resume(out, rec, run if starts else None))
+        elif starts:
+            _at_start(run_dir, lambda: write_lineage(out, run), out / "run.json")
         if skipped:
             summary["resume_skipped"] = skipped
         state.env_steps = done_steps
@@ -946,6 +1009,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         # checkpoint, less the rows past the env steps it continues from.
         logs = _at_start(run_dir, lambda: _Logs(out, tensorboard, append=rejoin or same_run, upto=done_steps,
                                                 failed=unwritten))
+        drop_summary()   # it trains from here on
         c = spec.checkpoint
         ckpt = Checkpointer(out / "ckpt", agent, buf,
                             lambda: {"env_steps": state.env_steps, "episodes": state.episodes,
@@ -1202,8 +1266,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 try:
                     out.mkdir(parents=True, exist_ok=True)
                     write_json(out / "summary.json", summary, indent=2)
-                except OSError as e:   # a full disk: the summary.json there (if any) stays; the run still ends
-                    unwritten("summary.json", e, "the one there (if any) stays")
+                except OSError as e:   # a full disk: none is left (an earlier one went); the run still ends
+                    unwritten("summary.json", e, "none is left")
                     summary.update(write_failures=dict(unwritten.counts), write_error=unwritten.last_error)
         finally:
             if relay is not None:

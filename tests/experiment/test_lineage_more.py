@@ -181,7 +181,7 @@ def test_a_resume_into_a_full_disk_is_a_config_error_and_says_its_summary_is_not
         in r["message"], r
     assert got["unchanged"] and got["left"] == [], got["left"]
     line = next(ln for ln in got["log"].splitlines() if "cannot write summary.json (" in ln)
-    assert line.endswith("the one there (if any) stays, and this process's figures are not on disk"), line
+    assert line.endswith("none is left, and this process's figures are not on disk"), line
     assert "only counted" not in line
 
 
