@@ -932,7 +932,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             fed = None
             if b.sharing and (b.share > 0 or b.replicas > 0):
                 fed = Federation(buf, peer, share=b.share, share_by=b.share_by, replicas=b.replicas,
-                                 rate=b.rate or None, seed=seed, ride=b.ride and g.exchange == "gradients")
+                                 rate=b.rate or None, ack_timeout=b.ack_timeout_s,
+                                 ack_timeout_max=b.ack_timeout_max_s, seed=seed,
+                                 ride=b.ride and g.exchange == "gradients")
             relay = None
             if g.exchange == "gradients":
                 # direct: this (training) thread sends and takes the gradients itself, and

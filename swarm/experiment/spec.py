@@ -125,6 +125,11 @@ class BufferSpec:
                            "at most the fewest neighbours any peer has in gossip.topology; needs sharing "
                            "(without it swarm run warns)",
                         _nonneg, "must be >= 0")
+    ack_timeout_s: float = opt(2.0, "with replicas: seconds before a replication push that got no ack is "
+                                    "sent again", _pos, "must be > 0")
+    ack_timeout_max_s: float = opt(30.0, "with replicas: the longest wait between resends to a neighbour "
+                                         "that acknowledges none (the wait doubles from ack_timeout_s)",
+                                   _pos, "must be > 0")
     rate: float = opt(0.0, "transitions per second a peer sends for sharing and pulls; 0 is unbounded",
                       _nonneg, "must be >= 0")
     ride: bool = opt(True, "with gossip.exchange = gradients: the shared transitions go with each peer's "
@@ -238,6 +243,10 @@ class Spec:
             raise ConfigError(f"gossip.sync = {g.sync!r} with gossip.exchange = gradients: the relay's turns "
                               "already pace the peers, and a parameter round that waits as well can deadlock "
                               "with them until its timeout; set gossip.sync = async")
+        if self.buffer.ack_timeout_max_s < self.buffer.ack_timeout_s:
+            raise ConfigError(f"buffer.ack_timeout_max_s = {self.buffer.ack_timeout_max_s:g} is below "
+                              f"buffer.ack_timeout_s = {self.buffer.ack_timeout_s:g}: the longest wait "
+                              "between resends cannot be shorter than the first")
         if g.exchange == "params" and not g.average:
             raise ConfigError("gossip.average = false with gossip.exchange = params: the peers would never "
                               "share what they learn; averaging can be off only with exchange = gradients")

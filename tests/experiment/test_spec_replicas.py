@@ -33,3 +33,12 @@ def test_replicas_beyond_a_peers_neighbours_are_refused_naming_the_key_and_the_c
 ])
 def test_replicas_within_every_peers_neighbours_load(overrides):
     load_spec(None, ID + overrides)
+
+
+def test_the_replication_waits_are_spec_keys_checked_together():
+    spec = load_spec(None, ["buffer.replicas=1", "buffer.ack_timeout_s=5", "buffer.ack_timeout_max_s=60"])
+    assert (spec.buffer.ack_timeout_s, spec.buffer.ack_timeout_max_s) == (5.0, 60.0)
+    with pytest.raises(ConfigError, match=r"buffer.ack_timeout_max_s = 1 is below buffer.ack_timeout_s = 5"):
+        load_spec(None, ["buffer.ack_timeout_s=5", "buffer.ack_timeout_max_s=1"])
+    with pytest.raises(ConfigError, match=r"buffer.ack_timeout_s"):
+        load_spec(None, ["buffer.ack_timeout_s=0"])
