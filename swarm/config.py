@@ -58,6 +58,36 @@ def _nonneg(x: Any) -> bool:
     return x >= 0
 
 
+# Settings that become libzmq socket options have libzmq's bounds: a value past them
+# failed in setsockopt when the first socket was made, not when the config was read.
+
+#: largest ``data_hwm``: libzmq keeps a high-water mark in a C int
+MAX_HWM = 2**31 - 1
+
+#: largest ``max_message_mb`` (1 TiB): libzmq's MAXMSGSIZE is an int64 of bytes, and a
+#: larger message could not be held in memory anyway
+MAX_MESSAGE_MB = 1024 * 1024
+
+#: largest ZMTP heartbeat interval or timeout, in seconds: libzmq keeps the timeout
+#: (its HEARTBEAT_TTL) in 16 bits of deciseconds, at most 6553.5 s
+MAX_ZMTP_S = 6553.0
+
+
+def _hwm(x: Any) -> bool:
+    return 0 < x <= MAX_HWM
+
+
+def _message_mb(x: Any) -> bool:
+    return 0 < x <= MAX_MESSAGE_MB
+
+
+def _zmtp_s(x: Any) -> bool:
+    return 0 < x <= MAX_ZMTP_S
+
+
+_ZMTP_WHY = f"must be > 0 and <= {MAX_ZMTP_S:g} s (libzmq's bound on ZMTP heartbeats)"
+
+
 def _host_port(x: Any) -> bool:
     host, sep, port = str(x).rpartition(":")
     return x == "" or (bool(sep and host) and port.isascii() and port.isdigit() and int(port) <= 65535)
@@ -90,13 +120,16 @@ class PeerConfig:
                              "ZMTP heartbeats; these carry figures and refresh the route)", _positive,
                              "must be > 0")
     join_timeout_s: float = opt(5.0, "deadline for the coordinator to answer a join", _positive, "must be > 0")
-    link_heartbeat_s: float = opt(0.1, "ZMTP heartbeat interval on peer links (detects frozen neighbours)",
-                                  _positive, "must be > 0")
-    link_timeout_s: float = opt(0.3, "ZMTP heartbeat timeout on peer links", _positive, "must be > 0")
+    link_heartbeat_s: float = opt(0.1, "ZMTP heartbeat interval on peer links (detects frozen neighbours); "
+                                  f"at most {MAX_ZMTP_S:g} s", _zmtp_s, _ZMTP_WHY)
+    link_timeout_s: float = opt(0.3, f"ZMTP heartbeat timeout on peer links; at most {MAX_ZMTP_S:g} s",
+                                _zmtp_s, _ZMTP_WHY)
     coordinator_timeout_s: float = opt(1.0, "while joining, how long a coordinator may stay silent before the "
                                        "next address in `coordinators` is tried", _positive, "must be > 0")
-    data_hwm: int = opt(8, "high-water mark (messages) of each data link", _positive, "must be > 0")
-    max_message_mb: int = opt(512, "largest message accepted, in MiB (ZMQ MAXMSGSIZE)", _positive, "must be > 0")
+    data_hwm: int = opt(8, "high-water mark (messages) of each data link", _hwm,
+                        f"must be in 1..{MAX_HWM} (libzmq keeps a high-water mark in a C int)")
+    max_message_mb: int = opt(512, f"largest message accepted, in MiB (ZMQ MAXMSGSIZE); at most {MAX_MESSAGE_MB} "
+                              "(1 TiB)", _message_mb, f"must be in 1..{MAX_MESSAGE_MB} (1 TiB)")
     keys_dir: str = opt("", "CurveZMQ key folder from `swarm keys generate`; empty: no encryption")
     key_name: str = opt("peer", "this peer's key pair in keys_dir")
 
@@ -125,9 +158,10 @@ class CoordinatorConfig:
     probe_timeout_s: float = opt(1.0, "deadline for a suspected peer to answer a direct probe",
                                  _positive, "must be > 0")
     zmtp_heartbeat_s: float = opt(0.1, "ZMTP heartbeat interval on peer connections (libzmq answers "
-                                  "these, so only a frozen or dead process misses them)", _positive, "must be > 0")
-    zmtp_timeout_s: float = opt(0.3, "ZMTP heartbeat timeout: a frozen peer is detected after about this long",
-                                _positive, "must be > 0")
+                                  "these, so only a frozen or dead process misses them); at most "
+                                  f"{MAX_ZMTP_S:g} s", _zmtp_s, _ZMTP_WHY)
+    zmtp_timeout_s: float = opt(0.3, "ZMTP heartbeat timeout: a frozen peer is detected after about this long; "
+                                f"at most {MAX_ZMTP_S:g} s", _zmtp_s, _ZMTP_WHY)
     rejoin_grace_s: float = opt(0.3, "after a (re)start, how long to gather re-joins before the first view",
                                 _nonneg, "must be >= 0")
     tick_s: float = opt(0.02, "failure detector period", _positive, "must be > 0")

@@ -32,14 +32,14 @@ DRAIN_BATCH = 256
 def router(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: int = 1000,
            heartbeat_s: float | None = None, heartbeat_timeout_s: float | None = None) -> zmq.asyncio.Socket:
     """An inbound ROUTER: replies to unknown routes fail fast (``ROUTER_MANDATORY``)."""
-    s = ctx.socket(zmq.ROUTER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    s.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
-    s.setsockopt(zmq.RCVHWM, hwm)
-    s.setsockopt(zmq.SNDHWM, hwm)
-    heartbeats(s, heartbeat_s, heartbeat_timeout_s)
-    return s
+    return _socket_with(ctx, zmq.ROUTER, [
+        (zmq.LINGER, 0),
+        (zmq.ROUTER_MANDATORY, 1),
+        (zmq.MAXMSGSIZE, limits.max_message_bytes),
+        (zmq.RCVHWM, hwm),
+        (zmq.SNDHWM, hwm),
+        *_heartbeat_options(heartbeat_s, heartbeat_timeout_s),
+    ])
 
 
 def dealer(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: int = 8,
@@ -49,19 +49,44 @@ def dealer(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: in
     how long a host has to answer a connection before libzmq gives it up and dials again
     (else the OS's SYN retries decide: a host gone without a reset was reached up to a
     minute after it came back)."""
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.SNDHWM, hwm)
-    s.setsockopt(zmq.RCVHWM, 1000)
-    s.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
-    s.setsockopt(zmq.RECONNECT_IVL, 50)
-    s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-    if immediate:
-        s.setsockopt(zmq.IMMEDIATE, 1)
-    heartbeats(s, heartbeat_s, heartbeat_timeout_s)
-    if connect_timeout_s:
-        s.setsockopt(zmq.CONNECT_TIMEOUT, int(connect_timeout_s * 1000))
+    return _socket_with(ctx, zmq.DEALER, [
+        (zmq.LINGER, 0),
+        (zmq.SNDHWM, hwm),
+        (zmq.RCVHWM, 1000),
+        (zmq.MAXMSGSIZE, limits.max_message_bytes),
+        (zmq.RECONNECT_IVL, 50),
+        (zmq.RECONNECT_IVL_MAX, 1000),
+        *([(zmq.IMMEDIATE, 1)] if immediate else []),
+        *_heartbeat_options(heartbeat_s, heartbeat_timeout_s),
+        *([(zmq.CONNECT_TIMEOUT, int(connect_timeout_s * 1000))] if connect_timeout_s else []),
+    ])
+
+
+def _socket_with(ctx: zmq.Context, kind: int, options: list[tuple[int, int]]) -> Any:
+    """A new socket with ``options`` set. A value libzmq refuses (out of its range) is
+    a :class:`ConfigError` naming the option, and the socket is closed first: one left
+    open made the context's ``term()``, and so the owner's close, wait for ever."""
+    s = ctx.socket(kind)
+    try:
+        for opt, value in options:
+            try:
+                s.setsockopt(opt, value)
+            except (OverflowError, zmq.ZMQError) as e:
+                name = getattr(opt, "name", opt)
+                raise ConfigError(f"socket option {name} = {value!r} is out of libzmq's range ({e}); "
+                                  "check the settings it comes from (high-water marks, message size "
+                                  "limit, heartbeat intervals)") from None
+    except BaseException:
+        s.close(0)
+        raise
     return s
+
+
+def _heartbeat_options(ivl: float | None, timeout: float | None) -> list[tuple[int, int]]:
+    if not ivl:
+        return []
+    ttl = int((timeout or 3 * ivl) * 1000)
+    return [(zmq.HEARTBEAT_IVL, int(ivl * 1000)), (zmq.HEARTBEAT_TIMEOUT, ttl), (zmq.HEARTBEAT_TTL, ttl)]
 
 
 def heartbeats(s: zmq.Socket, ivl: float | None, timeout: float | None) -> None:
@@ -69,10 +94,8 @@ def heartbeats(s: zmq.Socket, ivl: float | None, timeout: float | None) -> None:
     3 x ``ivl``) is dropped (and dialled again)."""
     # ZMTP heartbeats are answered by libzmq's I/O thread, not by Python: a busy
     # learner or a GC pause cannot make a live peer look dead; a frozen process can.
-    if ivl:
-        s.setsockopt(zmq.HEARTBEAT_IVL, int(ivl * 1000))
-        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, int((timeout or 3 * ivl) * 1000))
-        s.setsockopt(zmq.HEARTBEAT_TTL, int((timeout or 3 * ivl) * 1000))
+    for opt, value in _heartbeat_options(ivl, timeout):
+        s.setsockopt(opt, value)
 
 
 def _check_port(addr: str, verb: str) -> None:

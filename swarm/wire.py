@@ -136,8 +136,10 @@ def encode(
     register (``t`` is registered where it is received, not necessarily here), a bad
     ``src``, a body that is not a dict or holds what msgpack cannot pack (numpy
     scalars and arrays, sets, other objects) or over the limits (non-str map
-    keys, long strings and containers), too many arrays or dimensions, a dtype
-    not in :data:`DTYPES`, or too many bytes in all.
+    keys, long strings and containers), ``arrays`` that is not a sequence of arrays
+    (None: pass ``()`` for none) or holds one numpy cannot make an array of (a
+    ragged list), too many arrays or dimensions, a dtype not in :data:`DTYPES`, or
+    too many bytes in all.
     """
     if not _type_name_ok(t):
         raise WireError(f"message type {t!r} cannot be registered, so no receiver accepts it: "
@@ -151,9 +153,17 @@ def encode(
     descs = []
     frames: list[Any] = [b""]
     nbytes = 0
-    for a in arrays:
+    try:
+        items = iter(arrays)
+    except TypeError:
+        raise WireError(f"arrays must be a sequence of numpy arrays, got {type(arrays).__name__}; "
+                        "pass () for none") from None
+    for a in items:
         if type(a) is not np.ndarray:
-            a = np.asarray(a)
+            try:
+                a = np.asarray(a)
+            except (TypeError, ValueError) as e:   # a ragged list: numpy refuses it
+                raise WireError(f"array {len(descs)} is not an array numpy can make: {e}") from None
         name = _NAMES.get(a.dtype)   # native byte order only: '>f4' is not in the table
         if name is None:
             raise WireError(f"dtype {a.dtype} cannot go on the wire; allowed: {sorted(DTYPES)}")

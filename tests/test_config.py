@@ -107,3 +107,33 @@ def test_peer_keyword_settings_get_the_same_checks():
             Peer(coordinators=["tcp://127.0.0.1:5555"], **kw)
     p = Peer(coordinators=["tcp://127.0.0.1:5555"], topology="custom", edges=[[0, 1], [1, 2]])
     assert p.config.edges == [[0, 1], [1, 2]]
+
+
+@pytest.mark.parametrize("override,match", [
+    # libzmq's own bounds: past them setsockopt failed when the first socket was made
+    ("peer.data_hwm=2147483648", r"peer\.data_hwm = 2147483648: must be in 1\.\.2147483647"),
+    ("peer.max_message_mb=1048577", r"peer\.max_message_mb = 1048577: must be in 1\.\.1048576 \(1 TiB\)"),
+    ("peer.max_message_mb=10000000000000", r"peer\.max_message_mb = 10000000000000: must be in 1\.\.1048576"),
+    ("peer.link_timeout_s=6554", r"peer\.link_timeout_s = 6554: must be > 0 and <= 6553 s"),
+    ("peer.link_heartbeat_s=1e7", r"peer\.link_heartbeat_s = 10000000\.0: must be > 0 and <= 6553 s"),
+    ("coordinator.zmtp_timeout_s=6554", r"coordinator\.zmtp_timeout_s = 6554: must be > 0 and <= 6553 s"),
+    ("coordinator.zmtp_heartbeat_s=6554", r"coordinator\.zmtp_heartbeat_s = 6554: must be > 0 and <= 6553 s"),
+])
+def test_settings_that_become_socket_options_have_libzmqs_bounds(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, [override])
+    # the largest value allowed is taken
+    key, value = override.split("=")
+    largest = {"data_hwm": "2147483647", "max_message_mb": "1048576"}.get(key.split(".")[1], "6553")
+    cfg = load_config(None, [f"{key}={largest}"])
+    assert getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1]) == int(largest)
+
+
+def test_peer_keyword_settings_get_libzmqs_bounds():
+    from swarm import Peer
+
+    for kw, match in [({"data_hwm": 2**31}, r"peer\.data_hwm = 2147483648: must be in 1\.\.2147483647"),
+                      ({"max_message_mb": 10**13}, r"peer\.max_message_mb = 10000000000000: must be in 1\.\.1048576"),
+                      ({"link_timeout_s": 7000.0}, r"peer\.link_timeout_s = 7000\.0: must be > 0 and <= 6553 s")]:
+        with pytest.raises(ConfigError, match=match):
+            Peer(coordinators=["tcp://127.0.0.1:5555"], **kw)

@@ -374,6 +374,8 @@ class Peer:
 
     def on_view(self, callback: Callable[[View], None]) -> None:
         """Call ``callback(view)`` each time a new view is installed."""
+        if not callable(callback):   # else it fails at each new view, on the peer's loop
+            raise ConfigError(f"peer {self.id}: on_view({callback!r:.80}): the callback must be callable")
         self._view_callbacks.append(callback)
 
     def off_view(self, callback: Callable[[View], None]) -> bool:
@@ -495,13 +497,15 @@ class Peer:
                 c = tp.dealer(self._ctx, limits=self.limits, hwm=64, immediate=True,
                               heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s,
                               connect_timeout_s=COORD_CONNECT_TIMEOUT_S)
+                self._coords.append(c)   # kept at once: a socket left open makes close() wait for ever
                 if self._curve is not None:
                     self._curve.client(c, self._curve.coordinator_public)
-                self._coords.append(c)
                 self._coord_monitors.append(c.get_monitor_socket(_COORD_EVENTS))
                 self._dials.append(_Dial())
                 tp.connect(c, addr)
-        except (TransportError, ConfigError):
+        except BaseException:
+            # whatever failed (a bad address, a value libzmq refused, Ctrl-C), what was
+            # made is closed, and close() then returns at once
             self._close_sockets()
             self.state = PeerState.CLOSED
             raise
@@ -785,12 +789,13 @@ class Peer:
         for link in self._links.values():
             self._close_link(link)
         self._links.clear()
-        for c, mon in zip(self._coords, self._coord_monitors):
+        for i, c in enumerate(self._coords):   # a start() that failed may have made no monitor for it
             try:
                 c.disable_monitor()
             except zmq.ZMQError:
                 pass
-            mon.close(0)
+            if i < len(self._coord_monitors):
+                self._coord_monitors[i].close(0)
             c.close(0)
         if self._router is not None:
             self._router.close(0)

@@ -80,6 +80,8 @@ UNSENDABLE = [
     ({"m": {1: "a"}}, (), "data", r"body\['m'\]: key 1 is not a str"),
     ({}, [np.zeros(1, np.uint8)] * 65, "data", "65 arrays, more than the limit 64"),
     ({}, [np.zeros([1] * 9, np.uint8)], "data", "9 dimensions, more than the limit 8"),
+    ({}, None, "data", "arrays must be a sequence of numpy arrays, got NoneType; pass \\(\\) for none"),
+    ({}, [[[1.0], [2.0, 3.0]]], "data", "array 0 is not an array numpy can make: .*inhomogeneous"),
     ({"s": "a" * (64 * 1024 + 1)}, (), "data", "more than the limit 65536"),
     ({}, (), None, "message type None cannot be registered"),
     ({}, (), "x" * 33, "cannot be registered"),
@@ -119,6 +121,21 @@ def test_handlers_for_protocol_types_are_refused():
             assert await received(pongs, 1) == [{"i": 7}]
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("bad", [None, "not a function", 5])
+def test_a_view_callback_that_is_not_callable_is_refused(bad):
+    # else it failed at each new view, on the peer's loop
+    p = Peer(id="a", coordinators=["tcp://127.0.0.1:9"])
+    try:
+        with pytest.raises(ConfigError, match=r"peer a: on_view\(.*\): the callback must be callable"):
+            p.on_view(bad)
+        assert p.off_view(bad) is False      # nothing was registered
+    finally:
+        asyncio.run(p.close())
+    s = SyncPeer(coordinators=["tcp://127.0.0.1:9"])
+    with pytest.raises(ConfigError, match=r"on_view\(callback\): .* is not callable"):
+        s.on_view(bad)
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, "1"])
