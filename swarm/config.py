@@ -82,10 +82,10 @@ def _message_mb(x: Any) -> bool:
 
 
 def _zmtp_s(x: Any) -> bool:
-    return 0 < x <= MAX_ZMTP_S
+    return 0.001 <= x <= MAX_ZMTP_S   # libzmq counts milliseconds: below 1 ms is 0, heartbeats off
 
 
-_ZMTP_WHY = f"must be > 0 and <= {MAX_ZMTP_S:g} s (libzmq's bound on ZMTP heartbeats)"
+_ZMTP_WHY = f"must be in 0.001..{MAX_ZMTP_S:g} s (libzmq's bounds on ZMTP heartbeats, in milliseconds)"
 
 
 def _host_port(x: Any) -> bool:

@@ -153,6 +153,9 @@ def encode(
     descs = []
     frames: list[Any] = [b""]
     nbytes = 0
+    if isinstance(arrays, np.ndarray):   # iterated, its rows would go as separate arrays
+        raise WireError(f"arrays must be a sequence of numpy arrays, got one array of shape {arrays.shape}; "
+                        "pass [a] to send it")
     try:
         items = iter(arrays)
     except TypeError:

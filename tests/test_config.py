@@ -105,6 +105,7 @@ def test_peer_keyword_settings_get_the_same_checks():
                       ({"heartbeat_s": 0.0}, r"peer\.heartbeat_s = 0\.0: must be > 0")]:
         with pytest.raises(ConfigError, match=match):
             Peer(coordinators=["tcp://127.0.0.1:5555"], **kw)
+
     p = Peer(coordinators=["tcp://127.0.0.1:5555"], topology="custom", edges=[[0, 1], [1, 2]])
     assert p.config.edges == [[0, 1], [1, 2]]
 
@@ -114,10 +115,10 @@ def test_peer_keyword_settings_get_the_same_checks():
     ("peer.data_hwm=2147483648", r"peer\.data_hwm = 2147483648: must be in 1\.\.2147483647"),
     ("peer.max_message_mb=1048577", r"peer\.max_message_mb = 1048577: must be in 1\.\.1048576 \(1 TiB\)"),
     ("peer.max_message_mb=10000000000000", r"peer\.max_message_mb = 10000000000000: must be in 1\.\.1048576"),
-    ("peer.link_timeout_s=6554", r"peer\.link_timeout_s = 6554: must be > 0 and <= 6553 s"),
-    ("peer.link_heartbeat_s=1e7", r"peer\.link_heartbeat_s = 10000000\.0: must be > 0 and <= 6553 s"),
-    ("coordinator.zmtp_timeout_s=6554", r"coordinator\.zmtp_timeout_s = 6554: must be > 0 and <= 6553 s"),
-    ("coordinator.zmtp_heartbeat_s=6554", r"coordinator\.zmtp_heartbeat_s = 6554: must be > 0 and <= 6553 s"),
+    ("peer.link_timeout_s=6554", r"peer\.link_timeout_s = 6554: must be in 0\.001\.\.6553 s"),
+    ("peer.link_heartbeat_s=1e7", r"peer\.link_heartbeat_s = 10000000\.0: must be in 0\.001\.\.6553 s"),
+    ("coordinator.zmtp_timeout_s=6554", r"coordinator\.zmtp_timeout_s = 6554: must be in 0\.001\.\.6553 s"),
+    ("coordinator.zmtp_heartbeat_s=6554", r"coordinator\.zmtp_heartbeat_s = 6554: must be in 0\.001\.\.6553 s"),
 ])
 def test_settings_that_become_socket_options_have_libzmqs_bounds(override, match):
     with pytest.raises(ConfigError, match=match):
@@ -134,6 +135,13 @@ def test_peer_keyword_settings_get_libzmqs_bounds():
 
     for kw, match in [({"data_hwm": 2**31}, r"peer\.data_hwm = 2147483648: must be in 1\.\.2147483647"),
                       ({"max_message_mb": 10**13}, r"peer\.max_message_mb = 10000000000000: must be in 1\.\.1048576"),
-                      ({"link_timeout_s": 7000.0}, r"peer\.link_timeout_s = 7000\.0: must be > 0 and <= 6553 s")]:
+                      ({"link_timeout_s": 7000.0}, r"peer\.link_timeout_s = 7000\.0: must be in 0\.001\.\.6553 s")]:
         with pytest.raises(ConfigError, match=match):
             Peer(coordinators=["tcp://127.0.0.1:5555"], **kw)
+
+
+@pytest.mark.parametrize("override", ["peer.link_heartbeat_s=0.0004", "coordinator.zmtp_timeout_s=0.0009"])
+def test_a_zmtp_heartbeat_below_a_millisecond_is_refused_not_turned_off(override):
+    # libzmq counts milliseconds: 0.4 ms became 0, which turns heartbeats off in silence
+    with pytest.raises(ConfigError, match=r"must be in 0\.001\.\.6553 s"):
+        load_config(None, [override])

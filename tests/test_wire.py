@@ -93,6 +93,7 @@ def test_limits_enforced():
     (dict(arrays=None), r"arrays must be a sequence of numpy arrays, got NoneType; pass \(\) for none"),
     (dict(arrays=5), "arrays must be a sequence of numpy arrays, got int"),
     (dict(arrays=[np.zeros(2), [[1.0], [2.0, 3.0]]]), "array 1 is not an array numpy can make"),
+    (dict(arrays=np.zeros((3, 2), np.float32)), r"got one array of shape \(3, 2\); pass \[a\] to send it"),
     (dict(t=None), "message type None cannot be registered"),
     (dict(t=""), "message type '' cannot be registered"),
     (dict(t="x" * 33), "cannot be registered"),
