@@ -33,6 +33,19 @@ items wait in a table of which neighbours hold them
 in the ring) and go to each neighbour that becomes one of the first k;
 ``stats.under_replicated`` counts the local items fewer than k hold.
 
+Sending fails in two ways. A send that returns False (a full queue past
+``send_timeout``, a neighbour gone) drops that message, as any best-effort
+share: ``stats.send_failures``; a replication push waits for its ack timeout
+and goes again. A send that *raises* sent nothing: the items it carried go at
+the next flush (shared ones to the same neighbour, if it still is one;
+replicated ones to their targets at once), and :meth:`flush` re-raises. Every
+new item is in the replica table, and every shared one in the list of what is
+owed to each neighbour, before the first send, so no send loses one. A message
+the wire refuses (:class:`~swarm.errors.WireError`: larger than the peer's
+``max_message_mb``) goes again in halves, and from then on every message
+carries at most half as many items; an item that cannot go even alone is
+dropped and counted (``stats.unsendable``, logged as a warning).
+
 With ``ride=True`` the shared items go with the gradient relay's messages
 instead (give the federation to :class:`~swarm.gossip.GradientRelay` as its
 ``rider``): at each message of its own, a peer sends the ``share`` of the items
@@ -70,7 +83,7 @@ from typing import Any
 import numpy as np
 
 from ..checks import is_int, is_real, seconds
-from ..errors import ConfigError, ReplayError
+from ..errors import ConfigError, ReplayError, WireError
 from ..link import Link
 from ..wire import Message, register_type
 from .limiter import TokenBucket
@@ -107,6 +120,7 @@ class FederationStats:
     rereplicated: int = 0    # acknowledged items replicated again: their holder left or restarted
     dropped_messages: int = 0
     send_failures: int = 0
+    unsendable: int = 0      # items (per neighbour) dropped: the wire refuses a message of that item alone
     errors: list[str] = field(default_factory=list)
 
 
@@ -123,17 +137,18 @@ class Federation:
         priority_clip: bound on a received item's raw priority (default: the
             receiving buffer's max priority, so a neighbour cannot out-rank local data).
         rate, burst: items per second (and burst) this peer sends for sharing and
-            pulls combined; ``None`` means unbounded (a number must be finite).
-            Replication is not throttled.
+            pulls combined; ``None`` means unbounded (a number must be finite, a
+            burst >= 1 item, checked with no rate too). Replication is not throttled.
         ack_timeout: seconds before an unacknowledged replication push is resent.
         ack_timeout_max: the longest wait between two resends to a target that
             acknowledges nothing: each round of resends to it doubles the wait, from
             ``ack_timeout`` up to this (at least ``ack_timeout``); its next ack resets it.
         rereplicate_s: how long an acknowledged item is replicated again if its
-            holder leaves or restarts (cover the holders' checkpoint interval).
+            holder leaves or restarts (cover the holders' checkpoint interval; finite,
+            0 for never).
         send_timeout: how long one send may wait on a full queue.
         max_items: the most items in one message (larger batches are split; a ride
-            takes the newest ``max_items``).
+            takes the newest ``max_items``); fewer once the wire refused a message.
         ride: share on a :class:`~swarm.gossip.GradientRelay`'s messages (as its
             ``rider``) instead of in :meth:`flush`.
 
@@ -164,8 +179,10 @@ class Federation:
                         ("send_timeout", send_timeout)):
             if not (is_real(v) and 0 < v < math.inf):
                 raise ReplayError(f"{name} must be a finite number of seconds > 0, got {v!r}")
-        if not (is_real(rereplicate_s) and rereplicate_s >= 0):
-            raise ReplayError(f"rereplicate_s must be a number of seconds >= 0, got {rereplicate_s!r}")
+        # inf would put every ack into one bucket that never closes: kept, and grown, for ever
+        if not (is_real(rereplicate_s) and 0 <= rereplicate_s < math.inf):
+            raise ReplayError(f"rereplicate_s must be a finite number of seconds >= 0 "
+                              f"(0: never replicate again), got {rereplicate_s!r}")
         if not (is_int(max_items) and max_items >= 1):
             raise ReplayError(f"max_items must be an int >= 1, got {max_items!r}")
         if seed is not None and not (is_int(seed) and seed >= 0):
@@ -185,6 +202,10 @@ class Federation:
         self._new: list[np.ndarray] = []          # indices added locally since the last flush
         self._unridden: list[np.ndarray] = []     # ... since the last ride (ride=True)
         self._new_lock = threading.Lock()         # add() may run on the learner's thread
+        # neighbour -> indices of the items shared with it (its rate already charged) that are
+        # still to go: a send that raised left them for the next flush
+        self._owed: dict[str, np.ndarray] = {}
+        self._per_message = self.max_items        # halved each time the wire refuses a message as sent
         self._inflight: dict[int, tuple[str, np.ndarray, float]] = {}  # rid -> (dst, seqs, deadline)
         # target -> (wait, not before): a target that let pushes time out gets its next
         # resends only after `wait`, which doubles each round; its next ack removes the entry
@@ -197,6 +218,7 @@ class Federation:
         # again if it goes; acks are merged into buckets of rereplicate_s / _BUCKETS seconds (see _remember)
         self._recent: dict[str, deque[tuple[float, list[np.ndarray]]]] = {}
         self._resync_sent = False
+        self._resynced: set[str] = set()           # told so far, while the first resync goes out
         self._credit = 0.0                         # share of new items owed but not yet sent (< 1)
         self._pulls: dict[int, asyncio.Future] = {}
         buffer.on_add(self._on_add)
@@ -248,37 +270,83 @@ class Federation:
             await asyncio.sleep(interval)
 
     async def flush(self) -> int:
-        """Share new items, (re)send replication pushes; return the number of items sent."""
-        with self._new_lock:
-            new, self._new = self._new, []
-        idx = np.concatenate(new) if new else np.zeros(0, np.int64)
+        """Share new items, (re)send replication pushes; return the number of items sent.
+
+        A send that raises sent nothing: its items go at the next flush, and the
+        error goes on up (see the module docstring).
+        """
         nbrs = [n for n in self.link.neighbours() if n != self.link.id]
+        self._take_new(nbrs)
         if not self._resync_sent and nbrs:
             # Whatever this peer's own settings, it may have held its neighbours' replicas
             # before a restart: they must hear of it to replicate them again.
-            self._resync_sent = True
             for dst in nbrs:
-                await self.link.send(dst, RESYNC, {}, timeout=self.send_timeout)
+                if dst not in self._resynced:
+                    await self.link.send(dst, RESYNC, {}, timeout=self.send_timeout)
+                    self._resynced.add(dst)
+            self._resync_sent = True
+            self._resynced.clear()
         sent = 0
-        if idx.size and self.share > 0 and nbrs and not self.riding:
-            sent += await self._share(idx, nbrs)
+        if self._owed:
+            sent += await self._share(nbrs)
         if self.replicas:
-            if idx.size:
-                self._table.add(*self._live(idx))
-            sent += await self._replicate(nbrs)
-            self.stats.under_replicated = len(self._table)
+            try:
+                sent += await self._replicate(nbrs)
+            finally:
+                self.stats.under_replicated = len(self._table)
         return sent
+
+    def _take_new(self, nbrs: list[str]) -> None:
+        """Take the items added since the last flush into the replica table and, their
+        ``share`` within the rate, into what is owed to each neighbour: from there a
+        send that raises leaves them to the next flush. If this raises (a clock the
+        buffer refuses, for ``share_by="priority"``), they stay new."""
+        with self._new_lock:
+            new, self._new = self._new, []
+        if not new:
+            return
+        credit = self._credit
+        try:
+            idx = np.concatenate(new)
+            owed: dict[str, np.ndarray] = {}
+            if self.share > 0 and nbrs and not self.riding:
+                _, picked = self._live(self._pick(idx))
+                for dst in nbrs:
+                    allowed = self.bucket.take(picked.size) if picked.size else 0
+                    self.stats.throttled += picked.size - allowed
+                    if allowed:
+                        owed[dst] = picked[picked.size - allowed:]
+            if self.replicas:
+                self._table.add(*self._live(idx))
+                self.stats.under_replicated = len(self._table)
+        except BaseException:
+            self._credit = credit
+            with self._new_lock:
+                self._new[:0] = new
+            raise
+        floor = self.buffer.total_added - self.buffer.capacity   # below it the ring holds nothing
+        for dst, part in owed.items():
+            if dst in self._owed:
+                part = np.concatenate([self._owed[dst], part])
+            self._owed[dst] = part[part >= floor]
 
     def ride(self) -> tuple[dict[str, Any], list[np.ndarray]] | None:
         """The items to send with this peer's next relay message (``ride=True``): the
         ``share`` of those added since the last ride, as a body and arrays; None if
         there are none. Called on the thread that publishes gradients."""
+        nbrs = [n for n in self.link.neighbours() if n != self.link.id]
         with self._new_lock:
             new, self._unridden = self._unridden, []
-        nbrs = [n for n in self.link.neighbours() if n != self.link.id]
         if not new or self.share <= 0 or not nbrs:
             return None
-        items = self.buffer.items(self._pick(np.concatenate(new)[-self.max_items:]))
+        credit = self._credit
+        try:
+            items = self.buffer.items(self._pick(np.concatenate(new)[-self._per_message:]))
+        except BaseException:   # a clock the buffer refuses (share_by="priority"): they ride later
+            self._credit = credit
+            with self._new_lock:
+                self._unridden[:0] = new
+            raise
         # every neighbour gets the same items: the rate counts them once per neighbour
         allowed = self.bucket.take(len(items) * len(nbrs)) // len(nbrs)
         self.stats.throttled += (len(items) - allowed) * len(nbrs)
@@ -290,8 +358,13 @@ class Federation:
 
     def arrive(self, src: str, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
         """Store the items that rode on neighbour ``src``'s relay message (as ``buf.push``
-        without ack: a bad one is counted and dropped)."""
-        msg = Message(t="buf.ride", src=src, body=body, arrays=arrays)
+        without ack: a bad one, a body that is not a dict included, is counted and dropped)."""
+        if not (isinstance(src, str) and isinstance(body, dict) and isinstance(arrays, (list, tuple))):
+            self._drop(Message(t="buf.ride", src=str(src)[:100]),
+                       f"a ride needs a peer id (str), a body (dict) and a list of arrays, got "
+                       f"{type(src).__name__}, {type(body).__name__}, {type(arrays).__name__}")
+            return
+        msg = Message(t="buf.ride", src=src, body=body, arrays=list(arrays))
         items = self._decode(msg)
         if items is not None:
             self._store(msg, items, limit=True)
@@ -345,22 +418,35 @@ class Federation:
         p = np.where(np.isnan(p), -1.0, p)
         return idx[np.argsort(-p, kind="stable")[:k]]
 
-    async def _share(self, idx: np.ndarray, nbrs: list[str]) -> int:
-        items = self.buffer.items(self._pick(idx))
-        if not len(items):
-            return 0
+    async def _share(self, nbrs: list[str]) -> int:
+        """Send each neighbour what is owed to it, in messages of at most ``_per_message``
+        items. What is owed to a peer that is no neighbour any more is dropped: sharing
+        goes to the neighbours of the moment. A send that raises leaves its items, and
+        those after them, owed."""
+        for dst in [d for d in self._owed if d not in nbrs]:
+            del self._owed[dst]
         sent = 0
+        made: dict[bytes, Items] = {}   # neighbours are usually owed the same items: gathered once
         for dst in nbrs:
-            allowed = self.bucket.take(len(items))
-            self.stats.throttled += len(items) - allowed
-            if allowed == 0:
-                continue
-            part = _slice(items, slice(len(items) - allowed, None))
-            for a in range(0, len(part), self.max_items):
-                chunk = _slice(part, slice(a, a + self.max_items))
-                if await self._send_items(dst, PUSH, chunk, {"rid": 0, "ack": False}):
-                    sent += len(chunk)
-                    self.stats.pushed += len(chunk)
+            todo = self._owed.get(dst)
+            while todo is not None and todo.size:
+                n = self._per_message
+                key = todo[:n].tobytes()
+                part = made.get(key)
+                if part is None:   # those the ring overwrote meanwhile are left out
+                    part = made[key] = self.buffer.items(todo[:n])
+                if len(part):
+                    try:
+                        ok = await self._send_items(dst, PUSH, part, {"rid": 0, "ack": False})
+                    except WireError as e:
+                        if self._refused(e, len(part), PUSH, dst):
+                            continue
+                        ok = False
+                    if ok:
+                        sent += len(part)
+                        self.stats.pushed += len(part)
+                todo = self._owed[dst] = todo[n:]
+            self._owed.pop(dst, None)
         return sent
 
     async def _replicate(self, nbrs: list[str]) -> int:
@@ -401,13 +487,33 @@ class Federation:
             self.stats.unreplicated += table.drop_overwritten(self.buffer._ticket)
         sent = 0
         for dst in targets:
-            part = self.buffer.items(table.to_send(dst))
-            for a in range(0, len(part), self.max_items):
-                chunk = _slice(part, slice(a, a + self.max_items))
+            todo = table.to_send(dst)
+            while todo.size:
+                n = self._per_message
+                chunk = self.buffer.items(todo[:n])
+                if not len(chunk):
+                    todo = todo[n:]
+                    continue
+                seqs = chunk.seqs.copy()
                 rid = next(self._rid)
-                self._inflight[rid] = (dst, chunk.seqs.copy(), time.monotonic() + self.ack_timeout)
-                again = table.mark(dst, chunk.seqs, sent=True)
-                if await self._send_items(dst, PUSH, chunk, {"rid": rid, "ack": True}):
+                self._inflight[rid] = (dst, seqs, time.monotonic() + self.ack_timeout)
+                given_up = table.given_up(seqs)
+                again = table.mark(dst, seqs, sent=True)
+                try:
+                    ok = await self._send_items(dst, PUSH, chunk, {"rid": rid, "ack": True})
+                except BaseException as e:
+                    # Nothing went: the items go again at the next flush (or now, in halves),
+                    # not after ack_timeout, and their target is not backed off for it.
+                    self._inflight.pop(rid, None)
+                    table.unmark(dst, seqs, given_up)
+                    if not isinstance(e, WireError):
+                        raise
+                    if self._refused(e, len(chunk), PUSH, dst):
+                        continue
+                    table.drop(seqs)              # it can go to no one: counted in stats.unsendable
+                    ok = again = False
+                todo = todo[n:]
+                if ok:
                     sent += len(chunk)
                     self.stats.pushed += len(chunk)
                     self.stats.resent += again
@@ -435,6 +541,24 @@ class Federation:
         return [items.fields[k] for k in self._names] + [
             items.origins.astype(np.int32), items.seqs.astype(np.int64),
             items.times.astype(np.float64), items.priorities.astype(np.float64)]
+
+    def _refused(self, e: WireError, n: int, t: str, dst: str) -> bool:
+        """The wire refused a message ``t`` of ``n`` items to ``dst`` (too large for the
+        peer's ``max_message_mb``, say). Of more than one item: from now on a message
+        carries at most half as many, and True (send them again). One item alone can go
+        to no one: it is counted in ``stats.unsendable`` and logged, and False."""
+        if n > 1:
+            self._per_message = min(self._per_message, n // 2)
+            log.warning("the wire refused a %s of %d items to %s (%s): at most %d items per message "
+                        "from now on", t, n, dst, e, self._per_message)
+            return True
+        first = self.stats.unsendable == 0
+        self.stats.unsendable += n
+        why = f"{t} to {dst}: the wire refuses even a message of one item, dropped ({e})"
+        if len(self.stats.errors) < 20:
+            self.stats.errors.append(why)
+        (log.warning if first else log.debug)("%s; stats.unsendable counts such items", why)
+        return False
 
     async def _send_items(self, dst: str, t: str, items: Items, body: dict[str, Any]) -> bool:
         body = dict(body, fields=self._names, peers=items.peers)
@@ -551,12 +675,24 @@ class Federation:
         if not isinstance(n, int) or n < 1 or not isinstance(rid, int):
             self._drop(msg, f"bad pull request {msg.body!r}")
             return
-        want = min(n, self.max_items)
+        want = min(n, self._per_message)
         k = self.bucket.take(want)
         self.stats.throttled += want - k
         items = self.buffer.items(self._draw(k))
-        self.stats.served += len(items)
-        await self._send_items(msg.src, ITEMS, items, {"rid": rid})
+        while True:
+            try:
+                await self._send_items(msg.src, ITEMS, items, {"rid": rid})
+            except WireError as e:
+                if not len(items):     # not even an empty answer goes: the pull times out
+                    log.warning("the wire refused an empty buf.items to %s (%s): its pull goes "
+                                "unanswered", msg.src, e)
+                    return
+                # fewer items, or none if one alone cannot go (an empty answer ends the pull)
+                keep = self._per_message if self._refused(e, len(items), ITEMS, msg.src) else 0
+                items = _slice(items, slice(0, keep))
+                continue
+            self.stats.served += len(items)
+            return
 
     async def _on_items(self, msg: Message) -> None:
         rid = msg.body.get("rid")

@@ -85,7 +85,8 @@ class RateLimiter:
 class TokenBucket:
     """Items per second with a burst: bounds how many items a peer ships to its neighbours.
 
-    ``rate=None`` means unlimited.
+    ``rate=None`` means unlimited (a ``burst`` given then is checked all the same,
+    and has no effect).
     """
 
     def __init__(self, rate: float | None, burst: float | None = None,
@@ -98,7 +99,7 @@ class TokenBucket:
                               f"got {burst!r}")
         self.rate = rate
         self.burst = float(burst if burst is not None else (rate or 0.0))
-        if rate is not None and not self.burst >= 1:
+        if (rate is not None or burst is not None) and not self.burst >= 1:
             raise ReplayError(f"burst must be >= 1 item, got {self.burst:g}"
                               + ("" if burst is not None else f" (the default: one second of rate {rate!r})"))
         self._clock = clock

@@ -336,7 +336,7 @@ def _meta(buf: "ReplayBuffer") -> dict[str, Any]:
         "alpha": buf.alpha, "eps": buf.eps, "decay": buf.decay, "sampler": buf.sampler,
         "stratified": buf.stratified, "peer_id": buf.peer_id, "peers": list(buf._peers),
         "next": buf._next, "next_seq": buf._next_seq, "read": buf._read, "max_p": buf._max_p,
-        "base": buf._base, "saved_at": float(buf.clock()), "limiter": buf.limiter.state(),
+        "base": buf._base, "saved_at": buf._now(), "limiter": buf.limiter.state(),
         "rng": buf._rng.bit_generator.state, "seed": buf._seed,
     }
 

@@ -159,16 +159,21 @@ class ReplayBuffer:
         # Fixed capacity, memory committed up front: every column is written once
         # here (np.zeros alone maps pages lazily, so a process would grow as the
         # ring fills). A buffer that does not fit fails now, not hours into a run.
-        self._data = {f.name: _committed((cap,) + f.shape, f.dtype) for f in self.schema}
-        self._ticket = np.full(cap, -1, dtype=np.int64)   # index held by each slot
-        self._origin = _committed(cap, np.int32)          # into self._peers; 0 is this peer
-        self._seq = _committed(cap, np.int64)
-        self._time = _committed(cap, np.float64)
-        self._tree = SumTree(cap)
+        self._data = {f.name: _allocated(f"field {f.name!r}", (cap,) + f.shape, f.dtype) for f in self.schema}
+        ids = "the item ids and times"
+        self._ticket = _allocated(ids, cap, np.int64, fill=-1)   # index held by each slot
+        self._origin = _allocated(ids, cap, np.int32)          # into self._peers; 0 is this peer
+        self._seq = _allocated(ids, cap, np.int64)
+        self._time = _allocated(ids, cap, np.float64)
+        try:
+            self._tree = SumTree(cap)
+            self._foreign = IdIndex(cap, self._origin, self._seq)   # (origin, seq) -> slot, items from others
+        except (MemoryError, ValueError) as e:
+            raise ReplayError(f"capacity {cap}: the priority tree and id index cannot be allocated "
+                              f"({e}): give a smaller capacity") from None
         self._peers: list[str] = [peer_id]
         self._peer_index: dict[str, int] = {peer_id: 0}
         self._compact_at = _COMPACT_PEERS   # compact the origin list when it grows past this
-        self._foreign = IdIndex(cap, self._origin, self._seq)   # (origin, seq) -> slot, items from others
         self._next = 0            # index of the next item written
         self._next_seq = 0        # next local sequence number
         self._read = 0            # FIFO cursor (an index)
@@ -258,6 +263,10 @@ class ReplayBuffer:
         if not isinstance(items, Items):
             raise ReplayError(f"insert takes Items (as ReplayBuffer.items returns), "
                               f"got {type(items).__name__}")
+        # a str would pass as a list of one-letter names
+        if not isinstance(items.peers, (list, tuple)):
+            raise ReplayError(f"items.peers must be a list of origin peer ids, got "
+                              f"{type(items.peers).__name__} {items.peers!r:.80}")
         arrays, n = self.schema.check(items.fields)
         origins = np.asarray(items.origins)
         seqs, times, pri = (np.asarray(a) for a in (items.seqs, items.times, items.priorities))
@@ -715,8 +724,29 @@ def _undecayed(leaf: np.ndarray, x: np.ndarray, max_p: float) -> np.ndarray:
         return np.minimum(np.exp(np.log(leaf) - x), max_p)
 
 
-def _committed(shape: Any, dtype: Any) -> np.ndarray:
-    """A zeroed array whose pages are all resident (written once, not mapped lazily)."""
-    a = np.empty(shape, dtype=dtype)
-    a.fill(0)
+def _allocated(what: str, shape: Any, dtype: Any, fill: int = 0) -> np.ndarray:
+    """An array filled with ``fill`` whose pages are all resident (written once, not
+    mapped lazily), or a ReplayError naming ``what`` and the bytes it needs when numpy
+    cannot allocate it (MemoryError; ValueError past its largest possible size).
+
+    A size the system only maps lazily but cannot commit is not seen here: the
+    fill then fails as the kernel decides (overcommit), not as an exception.
+    """
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    need = math.prod(dims) * np.dtype(dtype).itemsize
+    try:
+        a = np.empty(dims, dtype=dtype)
+        a.fill(fill)
+    except (MemoryError, ValueError):
+        raise ReplayError(f"{what}: capacity {dims[0]} x {dims[1:] or 'one value'} of {np.dtype(dtype)} "
+                          f"needs {_size(need)}, which cannot be allocated: give a smaller capacity "
+                          "or shape") from None
     return a
+
+
+def _size(n: int) -> str:
+    """Bytes in words: '14.6 TiB (16000000000000 bytes)'."""
+    for unit, k in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):.3g} {unit} ({n} bytes)"
+    return f"{n} bytes"

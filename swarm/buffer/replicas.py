@@ -100,6 +100,25 @@ class ReplicaTable:
         self.again[rows] -= 1
         return int(rows.size)
 
+    def given_up(self, seqs: np.ndarray) -> np.ndarray:
+        """Those of ``seqs`` with a push given up on that has not gone again (for :meth:`unmark`)."""
+        rows = self._rows(seqs)
+        return self.seq[rows[self.again[rows] > 0]]
+
+    def unmark(self, dst: str, seqs: np.ndarray, given_up: np.ndarray) -> None:
+        """Undo ``mark(dst, seqs, sent=True)`` for a push that did not go out (its send
+        raised): ``given_up`` is what :meth:`given_up` said of ``seqs`` before the mark."""
+        c = self.slots.get(dst)
+        if c is not None:
+            self.sent[self._rows(seqs), c] = False
+        rows = self._rows(given_up)
+        self.again[rows] += self.again[rows] < 255
+
+    def drop(self, seqs: np.ndarray) -> None:
+        """Remove the rows of ``seqs``: those items can be sent to no one."""
+        if self.seq.size:
+            self._keep(~np.isin(self.seq, np.asarray(seqs, np.int64)))
+
     def forget(self, holder: str, seqs: np.ndarray) -> None:
         """``holder`` may have lost its copies of ``seqs`` (it restarted)."""
         c = self.slots.get(holder)

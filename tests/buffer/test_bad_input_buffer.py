@@ -265,3 +265,82 @@ def test_insert_refuses_seqs_that_are_no_id(seqs):
     assert state(buf) == before
     assert buf.insert(one(np.array([3, 2**63 - 1], np.uint64))).size == 2
     assert sorted(buf.ids()) == [("x", 3), ("x", 2**63 - 1)]
+
+
+@pytest.mark.parametrize("peers", ["xy", b"xy", None], ids=repr)
+def test_insert_refuses_peers_that_are_no_list(peers):
+    """Before: "xy" was taken as the list ["x", "y"] and the item stored as one of peer x."""
+    buf = ReplayBuffer(SCHEMA, 8, peer_id="me")
+    before = state(buf)
+    items = Items(obs(1), peers, np.zeros(1, np.int32), np.zeros(1, np.int64), np.zeros(1), np.ones(1))
+    with pytest.raises(ReplayError, match="items.peers"):
+        buf.insert(items)
+    assert state(buf) == before
+
+
+# --------------------------------------------------------- big schemas
+@pytest.mark.parametrize("schema, capacity, word", [
+    ({"obs": ("float32", (10**6, 10**6))}, 1000, "field 'obs'.*capacity 1000.*TiB"),   # past the address space
+    ({"obs": ("float32", (10**9, 10**9, 10**9))}, 4, "field 'obs'.*capacity 4.*bytes"),      # past numpy's largest size
+    ({"a": ("int8", ())}, 2**50, "field 'a'.*capacity 1125899906842624.*bytes"),
+])
+def test_a_buffer_too_large_to_allocate_is_a_replay_error_naming_field_and_size(schema, capacity, word):
+    """Before: a raw MemoryError (or ValueError) from numpy."""
+    with pytest.raises(ReplayError, match=word):
+        ReplayBuffer(schema, capacity)
+
+
+# --------------------------------------------------------- snapshots
+@pytest.mark.parametrize("bad", BAD_TIMES, ids=repr)
+def test_save_refuses_a_bad_clock_before_it_writes(bad, tmp_path):
+    """Before: NaN and inf were written into meta.json (NaN is no JSON), None and 'now'
+    raised a raw TypeError / ValueError."""
+    now = [100.0]
+    buf = ReplayBuffer(SCHEMA, 4, clock=lambda: now[0])
+    buf.add(obs(2))
+    now[0] = bad
+    with pytest.raises(ReplayError, match="clock"):
+        buf.save(tmp_path / "snap")
+    assert list(tmp_path.iterdir()) == []
+    now[0] = 101.0
+    buf.save(tmp_path / "snap")                   # the buffer is not left locked by the failed save
+    assert len(ReplayBuffer.load(tmp_path / "snap")) == 2
+
+
+# --------------------------------------------------- rides, rates, windows
+@pytest.mark.parametrize("src, body, arrays", [("b", None, []), ("b", {"fields": ["obs"]}, None),
+                                               (None, {"fields": ["obs"]}, []), ("b", [], [])], ids=repr)
+def test_arrive_counts_and_drops_a_ride_that_is_no_body_and_arrays(src, body, arrays):
+    """Before: a None body raised AttributeError on the thread that takes gradients in."""
+    buf = ReplayBuffer(SCHEMA, 8, peer_id="a")
+    fed = Federation(buf, Hub().link("a", ["b"]), ride=True)
+    fed.arrive(src, body, arrays)
+    assert fed.stats.dropped_messages == 1 and "a ride needs" in fed.stats.errors[0]
+    assert len(buf) == 0
+
+
+@pytest.mark.parametrize("burst", [-5, 0, 0.5, math.nan, math.inf, "3", True], ids=repr)
+def test_a_burst_is_checked_with_no_rate_too(burst):
+    """Before: with rate=None any finite burst (-5, 0) passed; it has no effect there,
+    but the same value with a rate is refused."""
+    from swarm.buffer.limiter import TokenBucket
+    with pytest.raises(ReplayError, match="burst"):
+        TokenBucket(None, burst)
+    with pytest.raises(ReplayError, match="burst"):
+        Federation(ReplayBuffer(SCHEMA, 8), Hub().link("a", []), rate=None, burst=burst)
+
+
+def test_no_rate_and_a_good_burst_are_accepted():
+    from swarm.buffer.limiter import TokenBucket
+    assert TokenBucket(None).take(10**6) == 10**6
+    assert TokenBucket(None, 5).take(10**6) == 10**6
+    assert TokenBucket(10.0, np.float32(2)).take(5) == 2
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -1.0, True, "300"], ids=repr)
+def test_rereplicate_s_must_be_finite(bad):
+    """Before: inf was taken: every ack went into one bucket that never closed (never
+    pruned either), kept for the run."""
+    with pytest.raises(ReplayError, match="rereplicate_s"):
+        Federation(ReplayBuffer(SCHEMA, 8), Hub().link("a", []), rereplicate_s=bad)
+    Federation(ReplayBuffer(SCHEMA, 8), Hub().link("b", []), rereplicate_s=0)
