@@ -393,7 +393,7 @@ class Gossip:
         for t, h in self._handlers:
             link.on(t, h)
         self._closed = False
-        self._running = False   # a round is under way (see round())
+        self._running: str | None = None   # "a round" or "a bootstrap" under way (see _may_run)
         self._boot: dict[int, tuple[int, int, asyncio.Future[np.ndarray]]] = {}
         self._boot_nonce = 0
         self._boot_round = 0
@@ -681,14 +681,22 @@ class Gossip:
         be fetched within ``timeout`` seconds. ``donors`` must be an integer >= 1 and
         ``timeout`` a finite number of seconds > 0 (a NaN one never ended), else
         :class:`ConfigError` before anything is asked. After :meth:`close` it raises
-        :class:`GossipError` at once, as :meth:`round` does (it could receive no slice).
+        :class:`GossipError` at once, as :meth:`round` does (it could receive no slice),
+        and so it does while a round or another bootstrap of this engine runs (it would
+        replace x and the public copies that the round is sending and mixing).
         """
-        if self._closed:
-            raise self._closed_error()
+        self._may_run()
         if isinstance(donors, bool) or not isinstance(donors, numbers.Integral) or donors < 1:
             raise ConfigError(f"bootstrap: donors must be an integer >= 1, got {donors!r}")
         if not (_real(timeout) and timeout > 0):
             raise ConfigError(f"bootstrap: timeout must be a finite number of seconds > 0, got {timeout!r}")
+        self._running = "a bootstrap"
+        try:
+            return await self._bootstrap(int(donors), timeout)
+        finally:
+            self._running = None
+
+    async def _bootstrap(self, donors: int, timeout: float) -> list[str]:
         me, snd, rcv, _ = self._positions(self.t)
         if me < 0:
             raise GossipError("bootstrap: this peer is not in the current view")
@@ -697,7 +705,7 @@ class Gossip:
         candidates = near + others
         if not candidates:
             return []
-        k = min(int(donors), len(candidates), self.d)
+        k = min(donors, len(candidates), self.d)
         bounds = np.linspace(0, self.d, k + 1).astype(int)
         deadline = time.monotonic() + timeout
         loop = asyncio.get_running_loop()
@@ -786,27 +794,28 @@ class Gossip:
         Raises :class:`GossipError` when ``x`` itself holds NaN or Inf, before
         anything is sent or changed: neighbours would refuse such a state, or (top-k
         never picks a NaN) average towards a stale copy of it; after :meth:`close`;
-        and at once, changing nothing, while another round of this engine is still
-        running (rounds of one engine must not overlap: await one before the next).
+        and at once, changing nothing, while another round or a :meth:`bootstrap` of
+        this engine is still running (they must not overlap: await one before the next).
         """
         self._may_run()
-        self._running = True
+        self._running = "a round"
         try:
             return await self._round()
         finally:
-            self._running = False
+            self._running = None
 
     def _may_run(self) -> None:
-        """Raise :class:`GossipError` if a round may not start now, changing nothing.
+        """Raise :class:`GossipError` if a round or a bootstrap may not start now, changing nothing.
 
         Rounds of one engine must not overlap: both took the same round number and
         public copies, and x was mixed twice (two concurrent rounds on one peer of a
-        3-ring moved the swarm's sum from 168 to 196)."""
+        3-ring moved the swarm's sum from 168 to 196). Nor may a round and a bootstrap,
+        which replaces x, the public copies and the round number under the round."""
         if self._closed:
             raise self._closed_error()
-        if self._running:
-            raise GossipError(f"a round is already running on this gossip engine (round {self.t}); "
-                              "await it before starting another")
+        if self._running is not None:
+            raise GossipError(f"{self._running} is already running on this gossip engine (round {self.t}); "
+                              "await it before starting another round or bootstrap")
 
     async def _round(self) -> RoundResult:
         t = self.t   # self.t moves when the round ends: one that raises leaves it as it was

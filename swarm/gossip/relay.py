@@ -100,7 +100,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -132,8 +132,12 @@ GRAD_STATE = wire.register_type("grad_state")
 _MAX_ENDPOINT = 256
 #: Clocks remembered per origin for waits on turns of several updates (span > 1).
 _RECENT_CLOCKS = 256
-#: Updates in one message at most (publish(hold=True) sends when it has this many).
+#: Updates in one message at most (publish(hold=True) sends when it has this many, or as
+#: many as fit in one message under the link's limits when fewer do: see _fit).
 _MAX_BUNDLE = 16
+#: Header bytes kept free in a message for the relay's own body: ids, clocks, digest, up to
+#: 64 announcements and _MAX_BUNDLE updates' codec meta take well under this.
+_HEADER_ROOM = 64 * 1024
 #: Digest points remembered per peer, its own and each origin's (with state).
 _DIGESTS = 64
 #: Gradients that may go with a copy (those it does not hold yet); a peer with more refuses.
@@ -235,7 +239,9 @@ class GradientRelay:
 
     Args:
         link: the peer (or a :class:`~swarm.gossip.sim.SimLink`).
-        d: length of the gradient vector.
+        d: length of the gradient vector; one gradient, encoded, must fit in a message
+            under the link's limits (a Peer's ``max_message_mb``), else ConfigError. A
+            turn's updates that do not all fit in one go in several messages.
         codec: codec spec of the published gradients; ``ef+X`` keeps X's error
             feedback residual at the origin.
         max_pending: received gradients kept for :meth:`take`; older ones are dropped
@@ -312,6 +318,9 @@ class GradientRelay:
         self._routes_cache: tuple[int, list[tuple[str, int]]] | None = None   # (view epoch, routes)
         self._codec = get_codec(codec)              # the origin's stream (with its residual)
         self._decoder = get_codec(split_ef(codec)[1])
+        self._limits: wire.Limits = getattr(link, "limits", wire.DEFAULT_LIMITS)
+        # one update's frames and bytes at most, and the updates one message carries
+        self._update_frames, self._update_bytes, self._bundle = self._fit()
         self._loop = loop
         self._loop_thread = threading.get_ident()
         # Numbered from the time in microseconds: a peer restarted under the same id numbers
@@ -319,7 +328,7 @@ class GradientRelay:
         # would drop as copies (no process sends more than one a microsecond).
         self._seq = itertools.count(time.time_ns() // 1000)
         self._seen: dict[str, _Seqs] = {}   # origin -> the numbers of its messages that came
-        # (clock, origin, gradient, sent at); a gradient without a clock counts as clock -1
+        # (clock, origin, gradient, sent at)
         self._inbox: collections.deque[tuple[int, str, np.ndarray, float]] = collections.deque()
         self._max_pending = max_pending
         self._clocks: dict[str, int] = {}    # origin -> clock of its newest gradient here
@@ -411,23 +420,31 @@ class GradientRelay:
         Bad input (a clock that is not an int from 0 to 2**63 - 1, a gradient that is
         not ``d`` finite floats) raises :class:`~swarm.errors.ConfigError` in the
         calling thread before anything changes: nothing is sent, and the codec's
-        residual stays as it was. After :meth:`close` it raises
+        residual stays as it was. So does what the rider's ``ride()`` gives when the
+        wire would refuse it beside the turn's updates (a body msgpack cannot pack, a
+        dtype the wire does not carry, more arrays or bytes than a message may hold),
+        with :class:`~swarm.errors.WireError`: the rider's items of this message are
+        lost, the relay's state is as it was. After :meth:`close` it raises
         :class:`~swarm.errors.GossipError`, and sends nothing.
         """
         if self._closed:
-            raise GossipError(f"relay {self.link.id} is closed (it sends and receives nothing); build a new one")
+            raise self._closed_error()
         clock = _clock(clock)
+        g = None if grad is None else self._gradient(grad)
+        sends = not hold or len(self._held) + 1 >= self._bundle
+        extra = self._ride(g is not None) if sends and self.rider is not None else None
+        # Nothing is refused from here on (the message fits the wire: see _fit and _ride),
+        # so the codec's residual, the counters and the held updates change only now.
         out = None
-        if grad is None:
+        if g is None:
             self._held.append((clock, None, []))
             self.stats.passed += 1
         else:
-            g = self._gradient(grad)
             enc, out = self._codec.encode_decoded(g)
             # copies: the codec reuses its buffers
             self._held.append((clock, enc.meta, [np.array(f, copy=True) for f in enc.frames]))
             self.stats.published += 1
-        if hold and len(self._held) < _MAX_BUNDLE:
+        if not sends:
             return out
         *held, (c, meta, frames) = self._held
         self._held = []
@@ -443,11 +460,59 @@ class GradientRelay:
         if held:   # earlier updates of the turn go first: [clock, meta (None: a pass), frame count]
             body["b"] = [[hc, hm, len(hf)] for hc, hm, hf in held]
             frames = [f for _, _, hf in held for f in hf] + frames
-        extra = self.rider.ride() if self.rider is not None else None
         if extra is not None:   # the rider's arrays go last: [its body, their count]
             body["x"] = [extra[0], len(extra[1])]
-        self._send_own(body, frames, [] if extra is None else list(extra[1]))
+        self._send_own(body, frames, [] if extra is None else extra[1])
         return out
+
+    def _fit(self) -> tuple[int, int, int]:
+        """(frames, bytes, updates): one update's frames and at most its bytes on the wire,
+        and how many updates one message carries under the link's limits (up to
+        _MAX_BUNDLE). Measured on a fresh codec's encoding of ``d`` zeros: a codec gives
+        the same frames for every vector of ``d``, but for a sparse codec's index codes,
+        which grow with the spacing of the kept indices, by at most (d - 1) // 255 bytes.
+        ConfigError when not even one update fits: every publish would fail on the wire."""
+        enc = get_codec(split_ef(self.codec_spec)[1]).encode(np.zeros(self.d, np.float32))
+        frames, nbytes = max(1, len(enc.frames)), max(1, enc.nbytes + (self.d - 1) // 255)
+        lim = self._limits
+        fit = min(_MAX_BUNDLE, lim.max_frames // frames, (lim.max_message_bytes - _HEADER_ROOM) // nbytes)
+        if fit < 1:
+            raise ConfigError(
+                f"d = {self.d}: a gradient encoded by {self.codec_spec!r} takes up to {nbytes} bytes in "
+                f"{frames} frames, more than a message on this link may carry ({lim.max_message_bytes} "
+                f"bytes, {_HEADER_ROOM} of them kept for the header, and {lim.max_frames} frames; a Peer's "
+                f"max_message_mb sets the bytes): raise that limit or choose a codec that compresses more")
+        return frames, nbytes, fit
+
+    def _ride(self, update: bool) -> tuple[dict[str, Any], list[np.ndarray]] | None:
+        """What the rider gives to go with this publish's message, checked against what the
+        wire leaves it beside the turn's updates (those held, and this one's when
+        ``update``); WireError, before the relay changes anything, for what it refuses."""
+        got = self.rider.ride()
+        if got is None:
+            return None
+        who = f"relay {self.link.id}: the rider's ride() gave"
+        if not (isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], dict)
+                and isinstance(got[1], (list, tuple)) and all(isinstance(a, np.ndarray) for a in got[1])):
+            raise WireError(f"{who} {type(got).__name__} {got!r:.80}, not None or (body dict, list of numpy "
+                            f"arrays); nothing was published")
+        body, arrays = got[0], list(got[1])
+        held = [f for _, _, hf in self._held for f in hf]
+        frames = len(held) + (self._update_frames if update else 0)
+        nbytes = _nbytes(held) + (self._update_bytes if update else 0) + _HEADER_ROOM
+        lim = self._limits
+        left = replace(lim, max_frames=lim.max_frames - frames, max_message_bytes=lim.max_message_bytes - nbytes,
+                       max_header_bytes=lim.max_header_bytes - _HEADER_ROOM)
+        try:
+            wire.encode(GRAD, self.link.id, body={"x": [body, len(arrays)]}, arrays=arrays, limits=left)
+        except WireError as e:
+            raise WireError(f"{who} what the wire refuses beside the turn's updates ({frames} frames and up to "
+                            f"{nbytes - _HEADER_ROOM} bytes, {_HEADER_ROOM} more kept for the header): {e}; "
+                            f"nothing was published") from None
+        return body, arrays
+
+    def _closed_error(self) -> GossipError:
+        return GossipError(f"relay {self.link.id} is closed (it sends and receives nothing); build a new one")
 
     def _gradient(self, grad: Any) -> np.ndarray:
         """``grad`` as a flat float32 vector, checked: floats, length ``d``, all finite."""
@@ -555,8 +620,11 @@ class GradientRelay:
         finite number of seconds >= 0, or parameters that are not ints raise
         ConfigError at once, as does, with ``state``, a wait without ``first`` or
         with ``rounds > 1`` (gradients then come after their turn by design, and the
-        copies differ anyway).
+        copies differ anyway). After :meth:`close` it raises
+        :class:`~swarm.errors.GossipError` at once (nothing can arrive any more).
         """
+        if self._closed:
+            raise self._closed_error()
         clock, timeout = _clock(clock), seconds(timeout)
         if not (is_int(every) and is_int(rounds) and is_int(span) and (first is None or is_int(first))):
             raise ConfigError(f"every = {every!r}, rounds = {rounds!r}, span = {span!r}, first = {first!r}: "
@@ -765,8 +833,11 @@ class GradientRelay:
         first publish: a gradient sent earlier goes through the loop to a peer that may
         not handle gradients yet, and is lost there (and peers that take turns then wait
         a whole ``timeout`` of :meth:`wait` for it). Takes nothing in: what arrives
-        meanwhile waits on the inbox.
+        meanwhile waits on the inbox. After :meth:`close` it raises
+        :class:`~swarm.errors.GossipError` at once.
         """
+        if self._closed:
+            raise self._closed_error()
         if self._inbox_sock is None:
             raise ConfigError("ready() is for direct mode (GradientRelay(..., direct=True))")
         deadline = time.monotonic() + seconds(timeout)
@@ -1006,12 +1077,16 @@ class GradientRelay:
             self._seen_before(seen, seq)
             return
         t, c = b.get("t"), b.get("c")
+        if not _is_clock(c):   # publish sends no other (a wait or take(before) would misplace it)
+            self.stats.rejected += 1
+            raise WireError(f"grad {origin}#{seq} from {msg.src}: c must be a clock, an int from 0 to "
+                            f"2**63 - 1, got {c!r:.30}")
         forward = arrays   # what goes on: the gradients, without the rider
-        parts: list[tuple[Any, dict[str, Any] | None, list[Any]]] = []   # (clock, meta or None, frames)
+        parts: list[tuple[int, dict[str, Any] | None, list[Any]]] = []   # (clock, meta or None, frames)
         extra = b.get("b")
         if extra is not None:   # earlier updates of the same turn (publish(hold=True)), first
-            if not (isinstance(extra, list) and 0 < len(extra) < _MAX_BUNDLE and isinstance(c, int)
-                    and all(isinstance(e, list) and len(e) == 3 and isinstance(e[0], int)
+            if not (isinstance(extra, list) and 0 < len(extra) < _MAX_BUNDLE
+                    and all(isinstance(e, list) and len(e) == 3 and _is_clock(e[0])
                             and (e[1] is None or isinstance(e[1], dict)) and isinstance(e[2], int)
                             and (e[2] == 0 if e[1] is None else e[2] > 0) for e in extra)
                     and sum(e[2] for e in extra) <= len(arrays)):
@@ -1024,7 +1099,7 @@ class GradientRelay:
                 at += nf
             arrays = arrays[at:]
         if "p" in b:   # a pass: a clock, no gradient
-            if b["p"] != 1 or arrays or meta or not isinstance(c, int):
+            if b["p"] != 1 or arrays or meta:
                 self.stats.rejected += 1
                 raise WireError(f"pass {origin}#{seq} from {msg.src}: needs p = 1, a clock c, "
                                 f"empty meta and no arrays")
@@ -1043,7 +1118,7 @@ class GradientRelay:
         back = -1   # the clock of a pass by which its origin says it is back in step (not late)
         if ann:
             back = max((c for pid, c in ann if pid == origin), default=-1)
-        items: list[tuple[Any, np.ndarray | None]] = []   # everything is checked before anything is queued
+        items: list[tuple[int, np.ndarray | None]] = []   # everything is checked before anything is queued
         for pc, pm, frames in parts:
             if pm is None:
                 items.append((pc, None))
@@ -1067,7 +1142,7 @@ class GradientRelay:
                 return
             late = -1
             for pc, g in items:
-                if (self._state is not None and isinstance(pc, int) and pc < self._taken_to
+                if (self._state is not None and pc < self._taken_to
                         and not (g is None and pc == back)):
                     # this peer's turn went past it: applied now, it would take another place
                     # in this peer's order than in the others'
@@ -1079,15 +1154,14 @@ class GradientRelay:
                     if len(self._inbox) >= self._max_pending:
                         self._inbox.popleft()
                         self.stats.overflow += 1
-                    self._inbox.append((pc if isinstance(pc, int) else -1, origin, g, sent_at))
+                    self._inbox.append((pc, origin, g, sent_at))
                     self.stats.received += 1
-                if isinstance(pc, int):
-                    if pc > self._clocks.get(origin, -1):
-                        self._clocks[origin] = pc
-                    got = self._got.setdefault(origin, set())
-                    got.add(pc)
-                    if len(got) > 2 * _RECENT_CLOCKS:   # keep the newest
-                        self._got[origin] = set(sorted(got)[-_RECENT_CLOCKS:])
+                if pc > self._clocks.get(origin, -1):
+                    self._clocks[origin] = pc
+                got = self._got.setdefault(origin, set())
+                got.add(pc)
+                if len(got) > 2 * _RECENT_CLOCKS:   # keep the newest
+                    self._got[origin] = set(sorted(got)[-_RECENT_CLOCKS:])
             if self._state is not None:
                 for pid, c in ann or ():   # a peer that adopted a copy: its turns up to c passed
                     if pid != self.link.id:
@@ -1407,7 +1481,7 @@ class GradientRelay:
         if s is None:
             return False
         frames = wire.encode(GRAD, self.link.id, epoch=self.link.view.epoch, seq=next(self._wire_seq),
-                             body=body, arrays=arrays)
+                             body=body, arrays=arrays, limits=self._limits)
         if tp.try_send(s, frames):
             self.stats.sent += 1
             self.stats.direct_out += 1
@@ -1481,6 +1555,11 @@ class _Seqs:
 def _int(x: Any, lo: int) -> bool:
     """Whether ``x`` is an int (not a bool) >= ``lo``."""
     return type(x) is int and x >= lo
+
+
+def _is_clock(x: Any) -> bool:
+    """Whether ``x`` is a clock that publish may have sent: an int from 0 to 2**63 - 1."""
+    return type(x) is int and 0 <= x <= _MAX_CLOCK
 
 
 def _turn_start(after: int, rank: int, every: int, first: int, span: int) -> int:

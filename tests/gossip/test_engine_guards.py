@@ -1,6 +1,7 @@
 """The gossip engine refuses what would corrupt or stop it: a second round of one
-engine at once, a message whose round number no honest peer can have sent, and
-bootstrap() on a closed engine. Each is refused at once and changes nothing."""
+engine at once, a round and a bootstrap() at once, a message whose round number no
+honest peer can have sent, and bootstrap() on a closed engine. Each is refused at
+once and changes nothing."""
 
 import asyncio
 
@@ -138,5 +139,53 @@ def test_bootstrap_on_a_closed_engine_raises_at_once_and_changes_nothing():
         with pytest.raises(GossipError, match="closed"):
             await asyncio.wait_for(ga.bootstrap(timeout=2.0), 30)
         assert np.array_equal(ga.x, before) and ga.t == 0 and gb.stats.boot_served == 0
+        await hub.close()
+    asyncio.run(main())
+
+
+def test_a_round_while_a_bootstrap_runs_raises_and_changes_nothing():
+    # The round ran on the x and public copies that the bootstrap then replaced under it.
+    async def main():
+        hub, (a, b, c), xs, (ga, gb) = three(engines_on=2, round_timeout=0.5)
+        asked = []
+        c.on(T_BOOT_REQ, asked.append)   # c answers when the test says so: the bootstrap waits
+        before = ga.x.copy()
+        boot = asyncio.ensure_future(ga.bootstrap(donors=2, timeout=20.0))
+        await until(lambda: asked, "c asked for its slice")
+        with pytest.raises(GossipError, match="a bootstrap is already running"):
+            await asyncio.wait_for(ga.round(), 30)
+        with pytest.raises(GossipError, match="a bootstrap is already running"):
+            await asyncio.wait_for(ga.bootstrap(timeout=2.0), 30)   # nor a second bootstrap
+        assert np.array_equal(ga.x, before) and ga.t == 0 and ga.stats.rounds == 0
+        assert ga.stats.bytes_out == 0 and not any(cp.pending for cp in gb._in.values())   # nothing sent
+        (m,) = asked
+        lo, hi = m.body["lo"], m.body["hi"]
+        c.send_nowait("a", T_BOOT, {**m.body, "r": 0}, [np.full(hi - lo, 7, np.float32)])
+        assert sorted(await boot) == ["b", "c"]
+        assert np.all(ga.x[lo:hi] == 7)
+        # once it is over, rounds run
+        res = await asyncio.gather(ga.round(), gb.round())
+        assert res[0].round == 0 and res[0].participants == ["b"]
+        await hub.close()
+    asyncio.run(main())
+
+
+def test_a_bootstrap_while_a_round_runs_raises_and_changes_nothing():
+    # bootstrap replaced x and the public copies while the round was sending and mixing them.
+    async def main():
+        hub, links, xs, (g0, g1, g2) = three(round_timeout=60.0)
+        total = sum(float(x.sum()) for x in xs)
+        first = asyncio.ensure_future(g0.round())
+        await until(lambda: hub.messages_sent == 2, "g0's round sent its state")   # and waits
+        before = g0.x.copy()
+        with pytest.raises(GossipError, match="a round is already running"):
+            await asyncio.wait_for(g0.bootstrap(timeout=2.0), 30)
+        assert np.array_equal(g0.x, before) and hub.messages_sent == 2
+        assert g1.stats.boot_served == g2.stats.boot_served == 0
+        res = await asyncio.gather(first, g1.round(), g2.round())
+        assert all(r.ok and r.round == 0 for r in res) and g0.t == 1
+        assert sum(float(x.sum()) for x in xs) == pytest.approx(total, rel=1e-6)
+        # once it is over, a bootstrap runs
+        assert sorted(await g0.bootstrap(donors=2, timeout=10.0)) == ["b", "c"]
         await hub.close()
     asyncio.run(main())

@@ -1,15 +1,20 @@
 """The relay's public calls refuse what they cannot do before anything changes: a clock
-or update count the wire cannot carry, a publish after close, a ``take(before=...)``
-that is not a clock; numpy ints are ints, as swarm.checks.is_int says."""
+or update count the wire cannot carry, a publish, wait or ready after close, a
+``take(before=...)`` that is not a clock, a ride or a gradient the wire would refuse;
+numpy ints are ints, as swarm.checks.is_int says. Receivers refuse a clock that no
+publish sends."""
 
 import asyncio
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from swarm.errors import ConfigError, GossipError
+from swarm import wire
+from swarm.errors import ConfigError, GossipError, WireError
 from swarm.gossip import GradientRelay
+from swarm.gossip.relay import _HEADER_ROOM, GRAD
 from swarm.gossip.sim import SimHub
 
 
@@ -158,5 +163,172 @@ def test_numpy_ints_are_ints_and_bools_are_not():
                           (dict(d=4, hops=True), "hops = True"), (dict(d=np.int64(0)), "d = ")]:
             with pytest.raises(ConfigError, match=match):
                 GradientRelay(extra, **kw)
+        await hub.close()
+    asyncio.run(main())
+
+
+def test_wait_and_ready_after_close_raise_at_once():
+    """wait() on a closed relay waited out its whole timeout (nothing can arrive any more),
+    and ready() said it was for direct mode; both raise the relay's closed error now."""
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b = ef_pair(hub)
+        b.publish(np.ones(4, np.float32), clock=1)   # b (rank 1) took its turn at clock 1 of every 4
+        await settle()
+        a.close()
+        await settle()
+        with pytest.raises(GossipError, match=f"relay {a.link.id} is closed"):
+            await asyncio.to_thread(a.wait, 6, 0.5, every=4, first=0)   # b's turn at 5 never comes
+        with pytest.raises(GossipError, match=f"relay {a.link.id} is closed"):
+            a.ready(timeout=0.5)
+        assert a.stats.waited_s == 0 and a.stats.wait_timeouts == 0
+        assert a.pending == 1 and len(a.take()) == 1   # what came before close can still be taken
+        await hub.close()
+    asyncio.run(main())
+
+
+class Gives:
+    """A rider whose ride() returns what the test set, and that keeps what arrives."""
+
+    def __init__(self) -> None:
+        self.gives, self.got = None, []
+
+    def ride(self):
+        return self.gives
+
+    def arrive(self, src, body, arrays):
+        self.got.append((src, body, [a.tolist() for a in arrays]))
+
+
+@pytest.mark.parametrize("gives,match", [
+    (({"n": np.int64(1)}, []), "np.int64 cannot go on the wire"),
+    (({"n": 1}, [np.ones(2, complex)]), "dtype complex128 cannot go on the wire"),
+    (({"n": 1}, [np.ones(1, np.float32)] * 61), "61 arrays, more than the limit 60"),   # 4 are the turn's
+    (({"s": "x" * (1 << 17)}, []), "str of 131072 bytes, more than the limit"),
+    (("junk", []), "not None or \\(body dict, list of numpy arrays\\)"),
+    (({"n": 1}, [[1, 2]]), "not None or"),
+    ({"n": 1}, "not None or"),
+])
+@pytest.mark.parametrize("off_loop", [False, True])
+def test_a_ride_the_wire_refuses_is_refused_before_anything_changes(gives, match, off_loop):
+    """Such a ride failed on the wire after the codec ran (the residual had moved, the
+    gradient was counted as published, the held update was gone); off the loop it was only
+    logged, and a malformed one went out. It is a WireError in the calling thread now."""
+    async def main():
+        hub = SimHub(topology="ring")
+        riders = [Gives(), Gives()]
+        a, b = [GradientRelay(link, 4, codec="ef+topk:0.5", rider=r) for link, r in zip(hub.add_many(2), riders)]
+        g = [np.array(v, np.float32) for v in ([1, 2, 3, 4], [4, 3, 2, 1], [0, 1, 0, 2])]
+        sent = [a.publish(g[0], clock=0), a.publish(g[1], clock=1, hold=True)]   # one held for the turn
+        await settle()
+        residual, stats, messages = a._codec.residual.copy(), dataclasses.asdict(a.stats), hub.messages_sent
+        riders[0].gives = gives
+        with pytest.raises(WireError, match=f"relay {a.link.id}: the rider's ride\\(\\) gave .*{match}"):
+            if off_loop:
+                await asyncio.to_thread(a.publish, g[2], 2)
+            else:
+                a.publish(g[2], clock=2)
+        await settle()
+        np.testing.assert_array_equal(a._codec.residual, residual)
+        assert dataclasses.asdict(a.stats) == stats and hub.messages_sent == messages and len(a._held) == 1
+        assert b.pending == 1 and riders[1].got == [] and not hub.errors
+        # the turn goes on with a ride the wire takes: the held update and the next in one message
+        riders[0].gives = ({"n": 2}, [np.arange(3)])
+        sent.append(a.publish(g[2], clock=2))
+        await settle()
+        assert [x.tolist() for x in b.take(before=3)] == [x.tolist() for x in sent]
+        assert riders[1].got == [(a.link.id, {"n": 2}, [[0, 1, 2]])] and not hub.errors
+        np.testing.assert_allclose(np.sum(sent, axis=0) + a._codec.residual, np.sum(g, axis=0), atol=1e-6)
+        await hub.close()
+    asyncio.run(main())
+
+
+def limited(link, limits):
+    """``link`` with the message limits of a Peer whose max_message_mb is small: what it
+    sends must fit them (WireError, as from a Peer's send, otherwise)."""
+    link.limits = limits
+    send = link.send_nowait
+
+    def send_nowait(dst, t, body=None, arrays=()):
+        wire.encode(t, link.id, body=body, arrays=arrays, limits=limits)
+        return send(dst, t, body, arrays)
+    link.send_nowait = send_nowait
+    return link
+
+
+@pytest.mark.parametrize("codec,limits,match", [
+    ("identity", wire.Limits(max_message_bytes=1 << 20), "d = 300000: a gradient encoded by 'identity' takes "
+                                                         "up to 1201176 bytes in 1 frames"),
+    ("ef+topk:0.5", wire.Limits(max_frames=1), "in 2 frames, more than a message on this link may carry"),
+])
+def test_a_gradient_longer_than_a_message_may_carry_is_refused_at_construction(codec, limits, match):
+    """Every publish of such a relay failed on the wire, after the codec had run."""
+    async def main():
+        hub = SimHub(topology="ring")
+        a, _ = hub.add_many(2)
+        with pytest.raises(ConfigError, match=match):
+            GradientRelay(limited(a, limits), 300_000, codec=codec)
+        assert a._handlers == {}   # nothing registered
+        await hub.close()
+    asyncio.run(main())
+
+
+def test_a_turn_longer_than_a_message_may_carry_goes_in_several():
+    """Held updates went in one message however many bytes they made: five of 40 kB sent
+    at once failed on the wire of a 180 kB limit (on the loop after the codec ran; off it,
+    only logged, and the whole turn was lost). As many go in a message as fit."""
+    d = 10_000
+    per_update = 4 * d + (d - 1) // 255   # identity, and the margin every codec gets
+
+    async def main():
+        hub = SimHub(topology="ring")
+        la, lb = hub.add_many(2)
+        limits = wire.Limits(max_message_bytes=_HEADER_ROOM + 3 * per_update + 1000)   # 3 updates fit
+        a, b = GradientRelay(limited(la, limits), d), GradientRelay(lb, d)
+        rng = np.random.default_rng(0)
+        sent = [a.publish(rng.standard_normal(d), clock=k, hold=k < 4) for k in range(5)]
+        await settle()
+        assert hub.messages_sent == 2 and not hub.errors   # the turn's clocks 0-2, then 3-4
+        assert await asyncio.to_thread(b.wait, 5, 5.0, every=5, first=0, span=5)
+        assert [g.tolist() for g in b.take(before=5)] == [g.tolist() for g in sent]
+        await hub.close()
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("clock", [None, "3", 1.0, True, -1, -5, 2**63, 2**64 - 1])
+@pytest.mark.parametrize("where", ["gradient", "held part", "pass"])
+def test_a_relayed_clock_that_no_publish_sends_is_refused(clock, where):
+    """A gradient with no int clock was queued at clock -1 (ahead of every turn) and one
+    with a negative clock at that clock; docs/gossip.md said receivers refuse both."""
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(3)
+        relays = [GradientRelay(link, 4) for link in links]
+        b, c = relays[1], relays[2]
+        one = np.ones(4, np.float32)
+        meta = {"codec": "identity", "n": 4}
+        base = {"o": links[0].id, "s": 1, "h": 2, "c": 5, "meta": meta}
+        body, arrays = {
+            "gradient": (dict(base, c=clock), [one]),
+            "held part": (dict(base, b=[[clock, meta, 1]]), [one, one]),
+            "pass": (dict(base, c=clock, p=1, meta={}), []),
+        }[where]
+        if clock is None:
+            body.pop("c", None)
+        await links[0].send(b.link.id, GRAD, body, arrays)
+        await settle()
+        assert b.stats.rejected == 1 and b.pending == 0 and b.stats.received == b.stats.passes_in == 0
+        assert b._clocks == {} and b._got == {}                          # no clock was taken
+        assert c.stats.received == c.stats.passes_in == 0                 # nothing passed on
+        assert len(hub.errors) == 1 and isinstance(hub.errors[0], WireError)
+        assert "clock" in str(hub.errors[0])
+        # the same message with a good clock goes through
+        good = dict(body, s=2, c=5)
+        if where == "held part":
+            good["b"] = [[4, meta, 1]]
+        await links[0].send(b.link.id, GRAD, good, arrays)
+        await settle()
+        assert b.stats.received + b.stats.passes_in == len(good.get("b", ())) + 1
+        assert c.stats.received + c.stats.passes_in == len(good.get("b", ())) + 1
         await hub.close()
     asyncio.run(main())

@@ -43,12 +43,11 @@ def origins(d):
     return {k[0] if isinstance(k, tuple) else k for k in d}
 
 
-async def grads(link, dst, origin, seqs, clock=None, **extra):
-    """Messages of ``origin`` numbered ``seqs`` sent from ``link`` to ``dst``, one hop."""
+async def grads(link, dst, origin, seqs, clock=0, **extra):
+    """Messages of ``origin`` numbered ``seqs`` at ``clock`` sent from ``link`` to ``dst``, one hop
+    (every gradient has a clock: receivers refuse one without)."""
     for s in seqs:
-        body = dict({"o": origin, "s": s, "h": 1, "meta": META}, **extra)
-        if clock is not None:
-            body["c"] = clock
+        body = dict({"o": origin, "s": s, "h": 1, "c": clock, "meta": META}, **extra)
         await link.send(dst, GRAD, body, [np.full(D, s % 7, np.float32)])
     await settle()
 

@@ -14,7 +14,7 @@ import zmq
 from swarmtest import free_port, wait_for
 
 from swarm import wire
-from swarm.errors import ConfigError
+from swarm.errors import ConfigError, GossipError
 from swarm.gossip import GradientRelay
 from swarm.gossip.relay import GRAD
 from swarm.gossip.sim import SimHub
@@ -214,3 +214,15 @@ def test_a_hello_naming_an_inbox_nobody_can_dial_is_refused(ring):
         assert peers[0].send("p1", "grad_hello", {"ep": ep, "r": True})
     wait_for(lambda: peers[1].peer.counters.malformed >= before + len(bad), what="the hellos refused")
     assert relays[1]._endpoints["p0"] == good
+
+
+def test_a_closed_direct_relay_refuses_ready_and_wait_at_once(ring):
+    # ready() said it was for direct mode (close had closed the inbox), and wait() waited
+    # out its whole timeout for gradients that can no longer arrive
+    _, relays = ring
+    relays[0].close()
+    with pytest.raises(GossipError, match="relay p0 is closed"):
+        relays[0].ready(timeout=5.0)
+    with pytest.raises(GossipError, match="relay p0 is closed"):
+        relays[0].wait(8, 5.0, every=4, first=0)
+    assert relays[0].stats.waited_s == 0 and relays[0].stats.wait_timeouts == 0
