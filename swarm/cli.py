@@ -348,13 +348,24 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
             raise SwarmError(f"no coordinator answered at {address} within {timeout} s"
                              f"{tp.unresolved_hint([address]) or hint}")
         msg = wire.decode(await s.recv_multipart(), wire.Limits(max_header_bytes=64 * 1024 * 1024))
+        if isinstance(msg.body.get("error"), str):   # it answered, but cannot send its table
+            from .coordinator.report import printable
+
+            raise StatusUnavailable(f"coordinator at {address} answered but cannot send its status: "
+                                    f"{printable(msg.body['error'][:1000])}")
         return msg.body
     finally:
         s.close(0)
         ctx.term()
 
 
+class StatusUnavailable(SwarmError):
+    """A coordinator answered ``status`` with why it cannot send its table (it is too big)."""
+
+
 def format_status(st: dict[str, Any]) -> str:
+    from .coordinator.report import printable
+
     lines = [f"coordinator {st['coordinator']}  epoch {st['epoch']}  uptime {st['uptime_s']:.1f} s  "
              f"members {len(st['view']['members'])}"]
     if st.get("others"):
@@ -367,9 +378,10 @@ def format_status(st: dict[str, Any]) -> str:
     for r in st["members"]:
         age = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.2f}"
         linked = "-" if r["linked_epoch"] < 0 else r["linked_epoch"]   # -1: not linked yet
-        lines.append(f"{r['id']:<20} {r['rank']:>4} {r['state']:<8} {age:>7} {linked:>6}  "
+        lines.append(f"{printable(r['id']):<20} {r['rank']:>4} {r['state']:<8} {age:>7} {linked:>6}  "
                      f"{r['addr']:<24} {','.join(r['neighbours'])}")
-    return "\n".join(lines)
+    # what peers sent (ids, neighbours) must not reach the terminal as control characters
+    return "\n".join(printable(line) for line in lines)
 
 
 def _status_of_any(addrs: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -377,8 +389,10 @@ def _status_of_any(addrs: list[str], args: argparse.Namespace) -> dict[str, Any]
     for addr in addrs:
         try:
             return asyncio.run(query_status(addr, args.timeout, args.keys or "", args.key_name))
-        except TransportError:
-            raise   # a bad address stays bad: no point in asking the next one
+        except (TransportError, StatusUnavailable):
+            # a bad address stays bad: no point in asking the next one; and one that
+            # answered is the answer (the next may be a standby, with an empty table)
+            raise
         except SwarmError as e:
             if len(addrs) == 1:
                 raise

@@ -35,7 +35,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, TransportError
-from .report import PeerRates, fixed, prometheus, si, status_document
+from .report import PeerRates, fixed, plain, prometheus, si, status_document
 from .table import DEAD
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ class StatusServer:
         self._doc: tuple[float, dict[str, Any]] | None = None
         self._bodies: dict[str, tuple[str, bytes]] = {}   # the renderings of _doc, by page
         self._cost = 0.0    # seconds spent building _doc and its renderings
+        self.json_fallbacks = 0   # documents /status.json served with values JSON cannot hold as null
 
     # ------------------------------------------------------------ lifecycle
 
@@ -178,11 +179,23 @@ class StatusServer:
             if page == "html":
                 self._bodies[page] = ("text/html; charset=utf-8", render_page(doc).encode())
             elif page == "json":
-                self._bodies[page] = ("application/json", json.dumps(doc, allow_nan=False).encode())
+                self._bodies[page] = ("application/json", self._json(doc))
             else:
                 self._bodies[page] = ("text/plain; version=0.0.4; charset=utf-8", prometheus(doc).encode())
             self._cost += time.perf_counter() - t0
         return self._bodies[page]
+
+    def _json(self, doc: dict[str, Any]) -> bytes:
+        """``doc`` as strict JSON. A value JSON cannot hold (NaN, a bytes key) that got
+        past the figures' checks is served as null (or left out, :func:`report.plain`):
+        one bad figure must not cost every request for the page."""
+        try:
+            return json.dumps(doc, allow_nan=False).encode()
+        except (TypeError, ValueError) as e:
+            self.json_fallbacks += 1
+            if self.json_fallbacks == 1:
+                log.warning("status page: /status.json holds what JSON cannot (%s); served as null", e)
+            return json.dumps(plain(doc), allow_nan=False).encode()
 
     # ------------------------------------------------------------ connections
 

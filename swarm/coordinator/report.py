@@ -7,9 +7,12 @@ derives them from successive figures with :class:`PeerRates`, so a peer that
 restarts or a counter that goes backwards only resets its own history.
 
 Everything in ``stats`` comes off the wire, so it is treated as untrusted:
+the coordinator keeps a bounded copy of each member's (:func:`bound_stats`),
 what ``status`` replies carry is reduced to what JSON can hold (:func:`plain`),
-numbers are used only when they are real finite numbers, strings are cut
-short, and the HTML page and the Prometheus labels escape what they show.
+numbers (rates included) are used only when they are real finite numbers,
+strings are cut short, the HTML page and the Prometheus labels escape what
+they show, and the terminal table shows control characters as escapes
+(:func:`printable`).
 
     >>> rates = PeerRates()
     >>> rates.observe("p0", 1, 0.0, {"env_steps": 0})
@@ -23,9 +26,11 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from itertools import islice
 from typing import Any, Iterable
 
-__all__ = ["PeerRates", "peer_rows", "status_document", "prometheus", "format_table", "plain", "RATE_KEYS"]
+__all__ = ["PeerRates", "peer_rows", "status_document", "prometheus", "format_table", "plain", "bound_stats",
+           "printable", "RATE_KEYS", "MAX_STAT_TEXT", "MAX_STAT_ITEMS", "MAX_STATS_SIZE"]
 
 #: counters whose per-second rate the coordinator derives from heartbeats
 RATE_KEYS = ("env_steps", "rounds", "bytes_in", "bytes_out")
@@ -34,6 +39,17 @@ RATE_KEYS = ("env_steps", "rounds", "bytes_in", "bytes_out")
 LOSS_KEYS = ("dropped_out", "malformed", "unknown_dst", "held", "held_in", "relay_held_dropped", "relay_stale")
 
 _MAX_TEXT = 200   # longest string copied from a peer's stats into a row
+
+#: longest string the coordinator keeps of a member's stats (a longer one is cut; a
+#: longer map key is left out): peer ids are at most 256 characters (wire.MAX_SRC_LEN)
+MAX_STAT_TEXT = 256
+#: most items the coordinator keeps of each list or map in a member's stats
+MAX_STAT_ITEMS = 64
+#: about the most characters the coordinator keeps of one member's stats (each value
+#: counts 1, a string or key 1 + its length); what comes past it is left out. A peer's
+#: own figures take a few hundred; without a bound, a few members with a heartbeat of
+#: long strings each made the ``status`` reply too big to send
+MAX_STATS_SIZE = 8192
 
 
 def num(v: Any) -> float | int | None:
@@ -63,6 +79,74 @@ def plain(v: Any, depth: int = 0) -> Any:
     if depth < 4 and isinstance(v, dict):
         return {k: plain(x, depth + 1) for k, x in v.items() if isinstance(k, str)}
     return None
+
+
+def bound_stats(stats: dict[str, Any]) -> dict[str, Any]:
+    """What the coordinator keeps of one heartbeat's ``stats``: :func:`plain`'s reduction
+    with strings cut to :data:`MAX_STAT_TEXT` characters, lists and maps to their first
+    :data:`MAX_STAT_ITEMS` items, and the whole to about :data:`MAX_STATS_SIZE` (later
+    items left out), so that each member adds a bounded amount to a ``status`` reply
+    however its heartbeats fill the message.
+
+    >>> bound_stats({"env_steps": 5, "last_error": "x" * 1000, "nested": {"deep": [b"?"]}})["nested"]
+    {'deep': [None]}
+    """
+    left = [MAX_STATS_SIZE]
+    out = _bounded(stats, 0, left)
+    return out if isinstance(out, dict) else {}
+
+
+def _bounded(v: Any, depth: int, left: list[int]) -> Any:
+    # Every value looked at costs at least 1 of ``left``, also one left out, so the walk
+    # takes at most MAX_STATS_SIZE steps however the heartbeat nests.
+    if isinstance(v, str):
+        v = v[:MAX_STAT_TEXT]
+        left[0] -= 1 + len(v)
+        return v
+    left[0] -= 1
+    if v is None or isinstance(v, (bool, int)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if depth < 4 and isinstance(v, list):
+        items: list[Any] = []
+        for x in islice(v, MAX_STAT_ITEMS):
+            if left[0] <= 0:
+                break
+            y = _bounded(x, depth + 1, left)
+            if left[0] < 0:
+                break   # it did not fit: left out
+            items.append(y)
+        return items
+    if depth < 4 and isinstance(v, dict):
+        fields: dict[str, Any] = {}
+        for k, x in islice(v.items(), MAX_STAT_ITEMS):
+            if left[0] <= 0:
+                break
+            if not isinstance(k, str) or len(k) > MAX_STAT_TEXT:
+                left[0] -= 1
+                continue
+            left[0] -= len(k)
+            y = _bounded(x, depth + 1, left)
+            if left[0] < 0:
+                break
+            fields[k] = y
+        return fields
+    return None
+
+
+def printable(s: Any) -> str:
+    r"""``str(s)`` with every character that is not printable (control characters, ESC
+    among them, line breaks, bidi overrides ...) shown as its Python escape, so that
+    what a peer sent cannot move the cursor or recolour an operator's terminal.
+
+    >>> printable("p0\x1b[2J")
+    'p0\\x1b[2J'
+    """
+    s = str(s)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
 
 
 class PeerRates:
@@ -109,7 +193,8 @@ class PeerRates:
             return out
         for k, a, b in zip(RATE_KEYS, v0, v1):
             if a is not None and b is not None:
-                out[k] = (b - a) / (t1 - t0)
+                # finite figures can still make an infinite rate (1e308 after 0)
+                out[k] = num((b - a) / (t1 - t0))
         return out
 
     def forget_except(self, keep: Iterable[str]) -> None:
@@ -145,12 +230,12 @@ def peer_rows(status: dict[str, Any], rates: PeerRates) -> list[dict[str, Any]]:
         out.append({
             "id": r["id"], "rank": r.get("rank"), "addr": r.get("addr"), "state": r.get("state"),
             "incarnation": r.get("incarnation"), "heartbeat_age_s": r.get("heartbeat_age_s"),
-            "linked_epoch": r.get("linked_epoch"), "neighbours": [n for n in r.get("neighbours", [])
-                                                                   if isinstance(n, str)][:64],
-            "env_steps": num(s.get("env_steps")), "env_steps_per_s": rt["env_steps"],
-            "rounds": num(s.get("rounds")), "rounds_per_s": rt["rounds"],
+            "linked_epoch": r.get("linked_epoch"),
+            "neighbours": [n[:MAX_STAT_TEXT] for n in r.get("neighbours", []) if isinstance(n, str)][:64],
+            "env_steps": num(s.get("env_steps")), "env_steps_per_s": num(rt["env_steps"]),
+            "rounds": num(s.get("rounds")), "rounds_per_s": num(rt["rounds"]),
             "bytes_in": num(s.get("bytes_in")), "bytes_out": num(s.get("bytes_out")),
-            "bytes_in_per_s": rt["bytes_in"], "bytes_out_per_s": rt["bytes_out"],
+            "bytes_in_per_s": num(rt["bytes_in"]), "bytes_out_per_s": num(rt["bytes_out"]),
             "gossip_bytes_in": num(s.get("gossip_bytes_in")), "gossip_bytes_out": num(s.get("gossip_bytes_out")),
             "codec_ratio": num(s.get("codec_ratio")), "staleness": num(s.get("staleness")),
             "buffer_size": num(s.get("buffer_size")), "mean_return": num(s.get("mean_return")),
@@ -278,7 +363,8 @@ def fixed(v: Any, digits: int) -> str:
 
 
 def format_table(doc: dict[str, Any], width: int = 160) -> str:
-    """The status document as a terminal table (what ``swarm status --watch`` redraws)."""
+    """The status document as a terminal table (what ``swarm status --watch`` redraws).
+    What peers sent (ids, errors, the event log) is shown through :func:`printable`."""
     run = f"{doc['run']}  " if doc.get("run") else ""
     lines = [f"{run}coordinator {doc.get('coordinator')}  epoch {doc.get('epoch')}  "
              f"uptime {num(doc.get('uptime_s')) or 0:.1f} s  members {doc.get('members')}"
@@ -296,14 +382,17 @@ def format_table(doc: dict[str, Any], width: int = 160) -> str:
     lines += [head, "-" * len(head)]
     for p in doc["peers"]:
         age, ratio = fixed(p["heartbeat_age_s"], 2), fixed(p["codec_ratio"], 3)
-        line = (f"{p['id'][:16]:<16} {si(p['rank']):>4} {str(p['state'])[:7]:<7} {age:>6} "
+        line = (f"{printable(p['id'])[:16]:<16} {si(p['rank']):>4} {str(p['state'])[:7]:<7} {age:>6} "
                 f"{si(p['env_steps_per_s']):>8} {si(p['rounds_per_s']):>8} {si(p['bytes_in_per_s'], 'B'):>7} "
                 f"{si(p['bytes_out_per_s'], 'B'):>7} {ratio:>5} {si(p['staleness']):>5} "
-                f"{si(p['buffer_size']):>7}  {','.join(p['neighbours'])[:20]:<20} {p['last_error']}")
+                f"{si(p['buffer_size']):>7}  {printable(','.join(p['neighbours']))[:20]:<20} "
+                f"{printable(p['last_error'])}")
         lines.append(line[:width])
     recent = doc.get("log", [])[-5:]
     if recent:
         lines.append("")
         for e in recent:
-            lines.append(f"{time.strftime('%H:%M:%S', time.localtime(e['time']))}  {e['event']:<20} {e['peer']}")
-    return "\n".join(lines)
+            lines.append(f"{time.strftime('%H:%M:%S', time.localtime(e['time']))}  {printable(e['event']):<20} "
+                         f"{printable(e['peer'])}")
+    # and whatever else reaches the terminal (the run's name, another coordinator's error)
+    return "\n".join(printable(line) for line in lines)
