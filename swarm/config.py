@@ -68,6 +68,10 @@ MAX_HWM = 2**31 - 1
 #: larger message could not be held in memory anyway
 MAX_MESSAGE_MB = 1024 * 1024
 
+#: largest ``coordinator.max_members``: a view's member list is one msgpack array, and a
+#: peer decodes none longer than wire.Limits.max_array_len (100,000)
+MAX_VIEW_MEMBERS = 100_000
+
 #: largest ZMTP heartbeat interval or timeout, in seconds: libzmq keeps the timeout
 #: (its HEARTBEAT_TTL) in 16 bits of deciseconds, at most 6553.5 s
 MAX_ZMTP_S = 6553.0
@@ -173,6 +177,10 @@ class CoordinatorConfig:
     http_bind: str = opt("127.0.0.1:0", "HOST:PORT of the status page (/, /status.json, /metrics); "
                          "port 0 picks a free one, empty disables it", _host_port, "must be HOST:PORT or empty")
     run_name: str = opt("", "run name shown on the status page and in /metrics labels")
+    max_members: int = opt(10_000, "most members in the view; a join beyond is refused (the swarm is full), "
+                           "as is one whose view would not fit in a message (4 MiB); at most "
+                           f"{MAX_VIEW_MEMBERS}, the longest list a peer decodes",
+                           lambda n: 1 <= n <= MAX_VIEW_MEMBERS, f"must be in 1..{MAX_VIEW_MEMBERS}")
 
 
 @dataclass

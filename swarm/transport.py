@@ -230,11 +230,19 @@ def frames_nbytes(frames: Sequence[Any]) -> int:
     return sum(_nbytes(f) for f in frames)
 
 
+def shared(frames: Sequence[Any]) -> list[Any]:
+    """``frames`` as :class:`zmq.Frame` objects, for a message sent many times (a view to
+    every member): each send of a Frame adds a reference to its one buffer where a send of
+    bytes copies them, so a message queued for N routes is held once, not N times."""
+    return [f if isinstance(f, zmq.Frame) else zmq.Frame(f, copy=True) for f in frames]
+
+
 def try_send(s: zmq.Socket, frames: list[Any]) -> bool:
     """Non-blocking multipart send; False when the queue is full or the route is gone.
 
     ZeroMQ queues a multipart message atomically: if the first frame is
     accepted, the rest are too, so a full queue never leaves half a message.
+    A :class:`zmq.Frame` is never copied (see :func:`shared`).
     """
     try:
         last = len(frames) - 1

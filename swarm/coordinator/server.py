@@ -75,6 +75,10 @@ CONNECT_TIMEOUT_S = HANDSHAKE_TIMEOUT_S / 3
 #: the highest ``last_epoch`` a join may report: a view a microsecond for 146,000
 #: years, and far enough below the wire's 64-bit limit that later epochs still fit
 MAX_LAST_EPOCH = 2**62
+#: the limits a view is encoded under: what a peer decodes by default (a 4 MiB header,
+#: lists of up to 100,000). A view past them could not be sent (its encoding fails), so
+#: the table refuses a join that would make one (MemberTable.max_view_bytes)
+VIEW_LIMITS = wire.DEFAULT_LIMITS
 
 __all__ = ["Coordinator"]
 
@@ -137,7 +141,7 @@ class Coordinator:
         self._unpack_limits = dict(raw=False, strict_map_key=True, use_list=True, max_str_len=lim.max_str_len,
                                    max_bin_len=lim.max_bin_len, max_array_len=lim.max_array_len,
                                    max_map_len=lim.max_map_len, max_ext_len=0)
-        self.table = MemberTable()
+        self.table = MemberTable(max_members=cfg.max_members, max_view_bytes=self._view_room(name))
         self.address = ""
         self.started = 0.0
         self.malformed = 0
@@ -174,7 +178,8 @@ class Coordinator:
         self._suspects: set[str] = set()
         self._published_at: dict[int, float] = {}
         self._http: StatusServer | None = None
-        self._view_cache: tuple[Any, list[Any]] | None = None
+        self._view_cache: tuple[Any, list[Any] | None] | None = None
+        self._view_addrs: tuple[Any, dict[str, str]] | None = None
         self.http_url = ""
 
     async def __aenter__(self) -> "Coordinator":
@@ -270,17 +275,55 @@ class Coordinator:
         frames = [route] + wire.encode(t, self.name, epoch=self.table.epoch, body=body)
         return tp.try_send(self._plain, frames)
 
-    def _view_frames(self) -> list[Any]:
+    @staticmethod
+    def _view_room(name: str) -> int:
+        """Bytes a view's member entries may take: a view message under VIEW_LIMITS, less
+        its envelope at the largest epochs (and an array header of the longest form)."""
+        top = 2**63 - 1
+        envelope = len(wire.encode("view", name, epoch=top, body={"epoch": top, "members": []})[0]) + 4
+        return min(VIEW_LIMITS.max_header_bytes, VIEW_LIMITS.max_message_bytes) - envelope
+
+    def _encode_view(self, body: dict[str, Any], epoch: int) -> list[Any]:
+        """A view message (whole or a change) as frames that every send shares: one buffer
+        for all routes, not a copy per send. Raises WireError past VIEW_LIMITS."""
+        return tp.shared(wire.encode("view", self.name, epoch=epoch, body=body, limits=VIEW_LIMITS))
+
+    def _view_frames(self) -> list[Any] | None:
         """The current view, encoded once per view: at 1,000 members it is tens of
-        kB, and lagging peers ask for it again on every heartbeat."""
+        kB, and lagging peers ask for it again on every heartbeat. None if it cannot
+        be encoded (logged once per view): the coordinator goes on without sending it
+        rather than end. Admission keeps views within VIEW_LIMITS (see _view_room)."""
         view = self.table.view
         if self._view_cache is None or self._view_cache[0] is not view:
-            self._view_cache = (view, wire.encode("view", self.name, epoch=view.epoch, body=view.to_wire()))
+            try:
+                frames: list[Any] | None = self._encode_view(view.to_wire(), view.epoch)
+            except WireError as e:
+                log.error("epoch %d: the view of %d members cannot be encoded, so it is not sent: %s",
+                          view.epoch, len(view.members), e)
+                frames = None
+            self._view_cache = (view, frames)
         return self._view_cache[1]
+
+    def _listed(self, peer_id: str, addr: str) -> bool:
+        """Whether the current view lists ``peer_id`` at ``addr``: a dict built once per
+        view, where a scan of the view for every join made a join storm quadratic."""
+        view = self.table.view
+        if self._view_addrs is None or self._view_addrs[0] is not view:
+            self._view_addrs = (view, {m.id: m.addr for m in view.members})
+        return self._view_addrs[1].get(peer_id) == addr
+
+    def _send_view(self, route: bytes) -> None:
+        """The whole current view to one route (a joiner, a lagging member)."""
+        frames = self._view_frames()
+        if frames is not None:
+            tp.try_send(self._plain, [route] + frames)
 
     def _publish(self) -> None:
         self._dirty = False
         base = self.table.view
+        # whether the members got the previous view (it may not have encoded): a change
+        # from one they never had would be of no use to them
+        base_sent = self._view_cache is not None and self._view_cache[0] is base and self._view_cache[1] is not None
         view = self.table.publish()
         self._last_publish = time.monotonic()
         self._published_at[view.epoch] = self._last_publish
@@ -289,12 +332,24 @@ class Coordinator:
                 del self._published_at[e]
         full = self._view_frames()
         # members that held the previous view get only the change (a few bytes instead
-        # of the whole list); those that joined since get the whole view
-        delta = wire.encode("view", self.name, epoch=view.epoch, body=view.delta(base)) if base.epoch else None
+        # of the whole list); those that joined since get the whole view. A change too
+        # large for a message (the list and the ids that left) goes as the whole view
+        delta = None
+        if base.epoch and base_sent and full is not None:
+            try:
+                delta = self._encode_view(view.delta(base), view.epoch)
+            except WireError:
+                pass
         had = {m.id for m in base.members}
+        sent: set[tuple[bytes, bool]] = set()
         for m in self.table.alive():
-            frames = delta if delta is not None and m.id in had else full
-            tp.try_send(self._plain, [m.route] + frames)
+            use_delta = delta is not None and m.id in had
+            frames = delta if use_delta else full
+            # one message of each kind per connection: ids that share a route (one client
+            # joining many) get one copy, not one per id
+            if frames is not None and (m.route, use_delta) not in sent:
+                sent.add((m.route, use_delta))
+                tp.try_send(self._plain, [m.route] + frames)
         log.info("epoch %d: %d members", view.epoch, len(view.members))
 
     def _publish_due(self, now: float) -> bool:
@@ -475,14 +530,16 @@ class Coordinator:
             rec.state, rec.cause = ALIVE, ""
         if stats is not None and type(stats) is dict and len(stats) <= 64:
             # peers send their figures on some heartbeats only (once a second);
-            # the others are bare liveness beats and the last figures stay
-            rec.stats, rec.stats_at = stats, now
+            # the others are bare liveness beats and the last figures stay. A bounded copy
+            # (strings cut, about 8 KiB in all): each member's share of a status reply is small
+            from .report import bound_stats
+            rec.stats, rec.stats_at = bound_stats(stats), now
         if (epoch < self.table.epoch and now >= self._grace_until and now - rec.view_sent > 0.25
                 and now - self._published_at.get(epoch + 1, 0.0) > 0.2):
             # a lagging peer (it missed a delta, not a heartbeat that crossed the newest
             # view on the wire): the full view, at most 4 times a second
             rec.view_sent = now
-            tp.try_send(self._plain, [route] + self._view_frames())
+            self._send_view(route)
 
     def _handle(self, route: bytes, msg: wire.Message, frame: zmq.Frame, now: float) -> None:
         t, body, src = msg.t, msg.body, msg.src
@@ -490,7 +547,16 @@ class Coordinator:
             brief = body.get("brief") is True
             if brief and not self.config.others:
                 self._watched_alone(body.get("from"))
-            self._send(route, "status_reply", self.brief() if brief else self.status())
+            try:
+                self._send(route, "status_reply", self.brief() if brief else self.status())
+            except WireError as e:
+                # the table is too big for one message: the asker did nothing wrong, so it
+                # is told why (not counted as malformed, and not left to time out)
+                page = (f"read {self.http_url}status.json instead" if self.http_url
+                        else "set coordinator.http_bind and read its /status.json instead")
+                why = f"the status reply does not fit in a message ({str(e)[:200]}); {page}"
+                log.warning("status request from %r: %s", src, why)
+                self._send(route, "status_reply", {"error": why})
             return
         if self.mode != "active":
             # a standby hands out nothing; the peer tries its next coordinator address
@@ -519,8 +585,8 @@ class Coordinator:
                 return
             self._fds[tp.srcfd(frame)] = src
             self._send(route, "welcome", {"rank": rec.rank, "epoch": self.table.epoch})
-            if self.table.view.member(src) is not None and self.table.view.member(src).addr == addr:
-                tp.try_send(self._plain, [route] + self._view_frames())
+            if self._listed(src, addr):
+                self._send_view(route)
             else:
                 self._dirty = True
             return
@@ -729,8 +795,10 @@ class Coordinator:
         cfg = self.config
         live = [o for o in self._others.values() if now - o["seen"] < cfg.takeover_s]
         active = [o for o in live if o["mode"] == "active"]
-        for o in live:
-            self.table.epoch = max(self.table.epoch, o["epoch"])  # follow, so a takeover fences above it
+        # a standby follows the others' epochs, so that a takeover fences above them. An
+        # active one compares its own first: raised before, it always tied, and the lower
+        # address stayed active with the older view
+        ahead = max([self.table.epoch] + [o["epoch"] for o in live])
         if self.mode == "active":
             for o in active:
                 if o["watches"] < 1:
@@ -738,15 +806,19 @@ class Coordinator:
                 elif (o["epoch"], self.address, self._token) > (self.table.epoch, o["name"], o["token"]):
                     # two actives (a partition healed, a restart): the newer epoch wins, then the
                     # lower address, then the lower token
-                    why = "has a newer view"
+                    why = (f"has a newer view (epoch {o['epoch']}, this one's {self.table.epoch})"
+                           if o["epoch"] > self.table.epoch else
+                           f"has the same epoch ({o['epoch']}) and a lower address or token")
                 else:
                     continue
                 log.warning("coordinator %s: coordinator %s is active too and %s; standing by",
                             self.address, o["name"], why)
                 self.mode = "standby"
                 self.table.log_event("standby", self.address)
+                self.table.epoch = ahead
                 return
             return
+        self.table.epoch = ahead
         if active:
             self._no_active_since = now
             self._held_back = False
@@ -767,7 +839,7 @@ class Coordinator:
         me = (self.address, self._token)
         if min([me] + [(o["name"], o["token"]) for o in live]) == me:
             self.mode = "active"
-            self.table.members.clear()   # peers re-join; a stale table would only hold stale routes
+            self.table.clear()   # peers re-join; a stale table would only hold stale routes
             self._fds.clear()
             self._grace_until = now + cfg.rejoin_grace_s
             self._dirty = True

@@ -16,11 +16,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from ..errors import MembershipError
 from ..link import Member, View
 from .report import plain
 
-__all__ = ["MemberRecord", "MemberTable", "ALIVE", "SUSPECT", "DEAD"]
+__all__ = ["MemberRecord", "MemberTable", "ALIVE", "SUSPECT", "DEAD", "MAX_RANK"]
 
 ALIVE, SUSPECT, DEAD = "alive", "suspect", "dead"
 
@@ -29,6 +31,10 @@ ALIVE, SUSPECT, DEAD = "alive", "suspect", "dead"
 #: forget_dead's 300 s made a status reply over the 4 MiB header limit, which went
 #: unanswered
 MAX_DEAD = 4096
+
+#: the highest rank a join may ask for: ranks number agents and seed environments
+#: (seed + 100·rank), and one that fits 32 bits fits every int type they meet
+MAX_RANK = 2**31 - 1
 
 
 @dataclass
@@ -50,18 +56,33 @@ class MemberRecord:
     cause: str = ""
     key: str = ""
     view_sent: float = 0.0     # when a lagging heartbeat last got the full view
+    view_bytes: int = 0        # the bytes of its entry in an encoded view (see MemberTable.view_bytes)
     stats: dict[str, Any] = field(default_factory=dict)
     stats_at: float = 0.0      # when ``stats`` arrived (heartbeats carry them only once a second)
 
 
 class MemberTable:
-    """Members, their states and the numbered view."""
+    """Members, their states and the numbered view.
 
-    def __init__(self, epoch: int = 0) -> None:
+    ``max_members`` and ``max_view_bytes`` bound the view (None: no bound): a join that
+    would make it longer, or its encoded member list larger, is refused. A view goes to
+    every member as one message; one past what a peer accepts could not be sent at all.
+    """
+
+    def __init__(self, epoch: int = 0, *, max_members: int | None = None,
+                 max_view_bytes: int | None = None) -> None:
         self.members: dict[str, MemberRecord] = {}
         self.epoch = epoch
         self.view = View(epoch)
         self.log: list[tuple[float, str, str]] = []   # (time, event, peer id)
+        self.max_members = max_members
+        self.max_view_bytes = max_view_bytes
+        #: bytes of the live members' entries in an encoded view, kept as they join and die
+        self.view_bytes = 0
+        # rank -> id of its live holder, and a rank below which none is free: a join
+        # finds its rank without a scan of the table
+        self._ranks: dict[int, str] = {}
+        self._low = 0
 
     # -- queries
 
@@ -71,14 +92,35 @@ class MemberTable:
     def get(self, peer_id: str) -> MemberRecord | None:
         return self.members.get(peer_id)
 
+    def live(self) -> int:
+        """How many members are in the view (alive or suspect)."""
+        return len(self._ranks)
+
     def _free_rank(self, wanted: int) -> int:
-        taken = {m.rank for m in self.members.values() if m.state != DEAD}
         if wanted >= 0:
             return wanted
-        r = 0
-        while r in taken:
+        r = self._low
+        while r in self._ranks:
             r += 1
+        self._low = r
         return r
+
+    @staticmethod
+    def entry_bytes(peer_id: str, addr: str, rank: int, key: str) -> int:
+        """The bytes of one member's entry in an encoded view (View.to_wire's list)."""
+        return len(msgpack.packb([peer_id, addr, rank, key], use_bin_type=True))
+
+    def _check_room(self, grow: int, peer_id: str, more: int) -> None:
+        """Refuse a join that would take the view past its bounds: ``more`` members and
+        ``grow`` bytes more than now."""
+        if more and self.max_members is not None and self.live() + more > self.max_members:
+            raise MembershipError(f"the swarm is full: {self.live()} members, the coordinator's "
+                                  f"max_members = {self.max_members}; {peer_id!r} is not admitted")
+        if grow > 0 and self.max_view_bytes is not None and self.view_bytes + grow > self.max_view_bytes:
+            raise MembershipError(
+                f"the view is full: with {peer_id!r} its member list would be {self.view_bytes + grow} bytes, "
+                f"over the {self.max_view_bytes} that fit in a view message ({self.live()} members); "
+                "shorter peer ids and addresses fit more")
 
     # -- changes (each returns True when the view must be republished)
 
@@ -95,6 +137,8 @@ class MemberTable:
         came with (empty without keys): a live id belongs to the key it joined with.
         """
         now = time.monotonic() if now is None else now
+        if rank < -1 or rank > MAX_RANK:
+            raise MembershipError(f"rank {rank} is out of range: -1 (any free rank) or 0 to {MAX_RANK}")
         old = self.members.get(peer_id)
         if old is not None and old.state != DEAD and old.key != key:
             # the incarnation is no secret (status shows it): without this, any listed key
@@ -104,8 +148,12 @@ class MemberTable:
         if old is not None and old.state != DEAD:
             if old.incarnation == incarnation:
                 # a retried or repeated join of the same process: refresh, keep its rank
+                size = self.entry_bytes(peer_id, addr, old.rank, key)
+                self._check_room(size - old.view_bytes, peer_id, 0)
                 self._continue_above(last_epoch)
+                self.view_bytes += size - old.view_bytes
                 old.route, old.addr, old.last_heartbeat, old.state, old.key = route, addr, now, ALIVE, key
+                old.view_bytes = size
                 return old
             if old.incarnation > incarnation:
                 raise MembershipError(f"peer id {peer_id!r} is held by a newer process at {old.addr}")
@@ -115,17 +163,20 @@ class MemberTable:
                 + (" (a replacement waits until the coordinator has declared it dead)" if replace else ""))
         if replace and old is None:
             raise MembershipError(f"--replace {peer_id}: no such member to take over")
-        if old is not None and rank < 0 and not any(
-                m.rank == old.rank and m.state != DEAD for m in self.members.values()):
+        if old is not None and rank < 0 and old.rank not in self._ranks:
             rank = old.rank
         if rank >= 0:
-            holder = next((m for m in self.members.values()
-                           if m.rank == rank and m.state != DEAD and m.id != peer_id), None)
+            holder = self._ranks.get(rank)   # live members only; old, if any, is dead
             if holder is not None:
-                raise MembershipError(f"rank {rank} is held by peer {holder.id!r}")
+                raise MembershipError(f"rank {rank} is held by peer {holder!r}")
+        rank = self._free_rank(rank)
+        size = self.entry_bytes(peer_id, addr, rank, key)
+        self._check_room(size, peer_id, 1)
         self._continue_above(last_epoch)
-        rec = MemberRecord(peer_id, addr, self._free_rank(rank), incarnation, route, last_heartbeat=now, key=key)
+        rec = MemberRecord(peer_id, addr, rank, incarnation, route, last_heartbeat=now, key=key, view_bytes=size)
         self.members[peer_id] = rec
+        self._ranks[rank] = peer_id
+        self.view_bytes += size
         self._log("join", peer_id)
         return rec
 
@@ -140,8 +191,19 @@ class MemberTable:
         if m is None or m.state == DEAD:
             return False
         m.state, m.cause, m.died_at = DEAD, cause, time.time()
+        if self._ranks.get(m.rank) == peer_id:
+            del self._ranks[m.rank]
+            self._low = min(self._low, m.rank)
+        self.view_bytes -= m.view_bytes
         self._log(cause, peer_id)
         return True
+
+    def clear(self) -> None:
+        """Forget every member (a standby that takes over: its peers re-join)."""
+        self.members.clear()
+        self._ranks.clear()
+        self._low = 0
+        self.view_bytes = 0
 
     def log_event(self, event: str, who: str) -> None:
         """Record a coordinator event (takeover, standby) in the log."""

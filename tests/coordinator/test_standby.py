@@ -1,18 +1,22 @@
 """A standby coordinator takes over within 2 s of the primary's death, with a
 higher epoch, while gossip between peers never stops; no split brain, also
 when the coordinators cannot talk to each other (keys), one of them watches
-none, or they report one address."""
+none, or they report one address; of two active ones the newer epoch stays."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import time
 
 import pytest
+import zmq
+import zmq.asyncio
 from swarmtest import free_port, start_ticking_peers, status, tick_neighbours, until, wait_for
 
-from swarm import Coordinator
+from swarm import Coordinator, wire
 from swarm.cli import query_status
 from swarm.coordinator.report import PeerRates, format_table, status_document
 from swarm.transport import generate_keys
@@ -185,3 +189,75 @@ def test_a_standby_admitted_later_follows_the_active_primary(procs, tmp_path):
     log = procs.log(cs)
     assert "the handshake succeeds, so its failed handshakes no longer hold this one back" in log
     assert ": taking over at epoch" not in log and _status(standby, ks)["mode"] == "standby"
+
+
+def _seen_as(c: Coordinator, now: float) -> dict:
+    """What another coordinator's watch loop holds about ``c`` once it has answered."""
+    return {"seen": now, "epoch": c.table.epoch, "mode": c.mode, "name": c.address, "token": c._token,
+            "watches": 1, "handshake": "", "silent": "", "after_silent": "", "dialing_at": 0.0,
+            "connected_at": 0.0, "redial_at": 0.0}
+
+
+@pytest.mark.parametrize("epochs, stays", [((1, 1001), "higher"), ((1001, 1), "lower"), ((5, 5), "lower")])
+def test_of_two_active_coordinators_the_newer_epoch_stays(epochs, stays):
+    # the active one raised its epoch to the other's before comparing them: a tie every
+    # time, so the lower address stayed active, also with the older view
+    now = time.monotonic()
+    lower, higher = Coordinator(http_bind=""), Coordinator(http_bind="")
+    try:
+        lower.address, higher.address = "tcp://127.0.0.1:5001", "tcp://127.0.0.1:5002"
+        lower.mode = higher.mode = "active"
+        lower.table.epoch, higher.table.epoch = epochs
+        lower._others = {higher.address: _seen_as(higher, now)}
+        higher._others = {lower.address: _seen_as(lower, now)}
+        lower._decide(now)
+        higher._decide(now)
+        assert (lower.mode, higher.mode) == (("active", "standby") if stays == "lower" else ("standby", "active"))
+        # the one that stands by follows the newer epoch, so that a takeover of its fences above it
+        assert lower.table.epoch == higher.table.epoch == max(epochs)
+    finally:
+        lower._shutdown()
+        higher._shutdown()
+
+
+def test_a_frozen_active_coordinator_that_comes_back_stands_by_for_the_newer_view(procs):
+    # the lower address, frozen while the other took over and moved on to epoch 1001, stayed
+    # active with no members when it thawed, and the other stood by ("A has a newer view")
+    lower, higher = sorted(f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    ca = procs.start("coordinator", "--bind", lower, "--others", higher, name="lower")
+    wait_for(lambda: status(lower)["mode"] == "active", 15, what="the lower address active")
+
+    async def main() -> None:
+        b = Coordinator(bind=higher, others=[lower], http_bind="")
+        ctx = zmq.asyncio.Context()
+        peer = ctx.socket(zmq.DEALER)
+        peer.setsockopt(zmq.LINGER, 0)
+        await b.start()
+        try:
+            await until(lambda: b.mode == "standby" and [o["state"] for o in b.status()["others"]] == ["active"], 10,
+                        what="the higher address standing by")
+            os.kill(ca.pid, signal.SIGSTOP)
+            await until(lambda: b.mode == "active", 10, what="the takeover")
+            peer.connect(higher)   # a peer that saw epoch 1000 from before a restart
+            await peer.send_multipart(wire.encode("join", "p0", body={"addr": "tcp://127.0.0.1:40001", "rank": -1,
+                                                                       "inc": 1, "last_epoch": 1000}))
+            await until(lambda: b.table.view.epoch > 1000, 5, what="the view above epoch 1000")
+            os.kill(ca.pid, signal.SIGCONT)
+            deadline = time.monotonic() + 10
+            while (await query_status(lower, 1.0))["mode"] != "standby":
+                assert time.monotonic() < deadline, "the thawed coordinator did not stand by"
+                await asyncio.sleep(0.1)
+            for _ in range(10):   # twice the 0.5 s it took: it stays so
+                assert b.mode == "active" and (await query_status(lower, 1.0))["mode"] == "standby"
+                await asyncio.sleep(0.1)
+            assert [m.id for m in b.table.view.members] == ["p0"]
+        finally:
+            peer.close(0)
+            ctx.term()
+            await b.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        os.kill(ca.pid, signal.SIGCONT)
+    assert "has a newer view (epoch 100" in procs.log(ca)

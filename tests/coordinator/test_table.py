@@ -82,6 +82,8 @@ def test_a_refused_join_changes_nothing():
         (("a", "tcp://h:9", -1, 9), "held by a newer process"),
         (("c", "tcp://h:9", 0, 1), "rank 0 is held"),
         (("ghost", "tcp://h:9", -1, 1), "no such member"),
+        (("c", "tcp://h:9", 2**64 - 1, 1), r"rank 18446744073709551615 is out of range: -1 \(any free rank\)"),
+        (("c", "tcp://h:9", -2, 1), "rank -2 is out of range"),
     ]:
         with pytest.raises(MembershipError, match=match):
             t.join(*args, b"x", last_epoch=99, replace=args[0] == "ghost")
