@@ -18,12 +18,20 @@ swarm/__main__.py (so `python -m swarm` runs it too).
 Peers also read SWARM_COORDINATOR and SWARM_RANK, and fall back to what Slurm
 (SLURM_PROCID) and torchrun (RANK, MASTER_ADDR) set, so existing launchers can
 start them.
+
+Exit status: 0; 2 for an error (`swarm: error: ...`); 130 for Ctrl-C; 1 when stdout
+or stderr cannot be written (the reader of `| head` left, a full disk), without a
+traceback; `swarm run` adds its own (1: a process crashed). `swarm coordinator` and
+`swarm peer` go on without their lines when stdout fails, and end cleanly on Ctrl-C,
+SIGTERM or SIGHUP at any time after start-up, also while a peer waits to join. A
+closed fd 0, 1 or 2 (`>&-`) is opened on /dev/null first.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import ipaddress
 import json
 import logging
@@ -46,6 +54,109 @@ DEFAULT_PORT = 5555
 #: of those a restart cures (a refused takeover, a join that timed out); this one it does
 #: not, so `swarm run` reads the line from the log and does not start the peer again.
 CONFIG_ERROR_NOTE = "swarm: (a configuration error: another start would fail the same way)"
+
+
+def _standard_fds() -> None:
+    """Open /dev/null on each of fds 0, 1 and 2 that is closed (`swarm coordinator >&-`),
+    with a Python stream on it where there was none.
+
+    Otherwise the first socket or pipe made takes the number, and libuv (uvloop) asserts
+    that what it closes is above fd 2: the process aborted at exit (SIGABRT, 134). And
+    with ``2>&-`` ``sys.stderr`` is None, which `swarm run` could not write to.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError as e:
+            if e.errno != errno.EBADF:
+                continue
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if null != fd:   # the lowest free number: fd itself, as the ones below it are open
+                os.dup2(null, fd)
+                os.close(null)
+            os.set_inheritable(fd, True)   # the processes `swarm run` starts get it too
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
+
+
+class _Stream:
+    """``sys.stdout`` or ``sys.stderr`` while :func:`main` runs: a write or flush that
+    fails (the reader of a pipe left: EPIPE; a full disk: ENOSPC; a terminal gone: EIO)
+    raises its OSError marked with the stream's name (``swarm_stream``), which
+    :func:`main` tells from other OSErrors (of files a command writes)."""
+
+    def __init__(self, stream: Any, name: str) -> None:
+        self._stream = stream
+        self.name = name
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            e.swarm_stream = self.name  # type: ignore[attr-defined]
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            e.swarm_stream = self.name  # type: ignore[attr-defined]
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _to_devnull(fd: int) -> None:
+    """Point ``fd`` at /dev/null: what is still buffered for it goes nowhere at exit,
+    instead of failing again there (with an "Exception ignored" message)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
+
+
+def _tell(line: str) -> None:
+    """A line on stderr, if it can still be written (else nothing more goes there)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        _to_devnull(2)
+
+
+def _output_failed(e: OSError) -> int:
+    """:func:`main`'s answer to a write to stdout or stderr that failed: exit status 1,
+    no traceback; a failed stdout is named on stderr, except for EPIPE (`swarm status |
+    head -1`), where the reader chose to leave."""
+    name = getattr(e, "swarm_stream", "stdout")
+    _to_devnull(1 if name == "stdout" else 2)
+    if name == "stdout" and e.errno != errno.EPIPE:
+        _tell(f"swarm: cannot write to stdout ({e.strerror or e}); output lost")
+    return 1
+
+
+class _Lines:
+    """The lines a long-running command (`swarm coordinator`, `swarm peer`) prints on
+    stdout. Once stdout cannot be written (``| head -1`` left, a full disk, a closed
+    terminal) the process goes on without them and ends as it would: one line on stderr
+    says so, except for EPIPE."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def __call__(self, line: str) -> None:
+        if self.failed:
+            return
+        try:
+            print(line, flush=True)
+        except OSError as e:
+            self.failed = True
+            _to_devnull(1)
+            if e.errno != errno.EPIPE:
+                _tell(f"swarm: cannot write to stdout ({e.strerror or e}); going on without printing")
 
 
 def _runner(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
@@ -181,6 +292,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         cfg.others = [a.strip() for a in args.others.split(",") if a.strip()]
 
     parent = _parent_pid()
+    say = _Lines()
 
     async def main() -> int:
         async with Coordinator(cfg) as coord:
@@ -188,8 +300,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             # before the coordinator started, 1 in 5 runs of test_status's junk test then
             # got no welcome for its joins; not understood, and not seen this way round.)
             stop = _stop_event()
-            print(f"swarm coordinator on {coord.address} (pid {os.getpid()})"
-                  + (f", status page {coord.http_url}" if coord.http_url else ""), flush=True)
+            say(f"swarm coordinator on {coord.address} (pid {os.getpid()})"
+                + (f", status page {coord.http_url}" if coord.http_url else ""))
             done = asyncio.create_task(coord.closed())
             ends = [done, asyncio.create_task(stop.wait())]
             # a coordinator of `swarm run` ends with it, even a killed one (one whose parent is
@@ -202,7 +314,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             if done.done():
                 done.result()
             elif len(ends) > 2 and ends[2].done():
-                print(f"swarm coordinator: its swarm run (pid {parent}) is gone; stopping", flush=True)
+                say(f"swarm coordinator: its swarm run (pid {parent}) is gone; stopping")
         return 0
 
     return _runner(main)
@@ -268,8 +380,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
         except ImportError:
             factory = None
         parent = _parent_pid()
-        print(f"swarm peer peer{cfg.rank}: {spec.name}, {spec.budget.env_steps} env steps, writing to "
-              f"{run_dir} (pid {os.getpid()})", flush=True)
+        say = _Lines()
+        say(f"swarm peer peer{cfg.rank}: {spec.name}, {spec.budget.env_steps} env steps, writing to "
+            f"{run_dir} (pid {os.getpid()})")
         # cfg carries --bind, --keys and --set peer.*: a peer on another host must
         # bind an address its neighbours can reach, not the loopback default.
         summary = run_peer(spec, cfg.rank, coords, run_dir, stop=stop, loop_factory=factory,
@@ -277,23 +390,33 @@ def cmd_peer(args: argparse.Namespace) -> int:
                            resume_from=args.resume_from, new_run=args.new_run)
         ret = summary["final_mean_return"]    # None: no episode ended (a budget shorter than one)
         said = f"mean return {ret:.1f}" if ret is not None else "no episode finished"
-        print(f"swarm peer peer{cfg.rank} done ({summary['reason']}): {summary['env_steps']} env steps, "
-              f"{summary['rounds']} rounds, {said}", flush=True)
+        say(f"swarm peer peer{cfg.rank} done ({summary['reason']}): {summary['env_steps']} env steps, "
+            f"{summary['rounds']} rounds, {said}")
         return 0
     if args.run_dir or args.resume_from or args.new_run:
         flag = "--run-dir" if args.run_dir else "--resume" if args.resume_from else "--new-run"
         raise SwarmError(f"{flag} is used with --spec (a peer without a spec trains nothing)")
 
+    say = _Lines()
+
     async def main() -> int:
         peer = Peer(cfg)
-        await peer.start()
-        # the handlers go in before the first line: a SIGTERM that came after the first
-        # `epoch` line but before a task installed them killed the peer without leaving
-        # (after the start, as for the coordinator)
+        # The handlers go in before the join: a signal while it waits for a coordinator
+        # (one not up yet is waited for peer.join_timeout_s) ends it at once, as one after
+        # the join does; and one after the first line cannot kill it without leaving.
         stop = _stop_event()
+        signalled = asyncio.ensure_future(stop.wait())
         try:
-            print(f"swarm peer {peer.id} on {peer.address}, rank {peer.rank}, "
-                  f"coordinator {coords[0]} (pid {os.getpid()})", flush=True)
+            joining = asyncio.ensure_future(peer.start())
+            await asyncio.wait([joining, signalled], return_when=asyncio.FIRST_COMPLETED)
+            if not joining.done():
+                joining.cancel()    # a cancelled start closes what it made
+                await asyncio.wait([joining])
+                say(f"swarm peer {peer.id}: stopped before it joined")
+                return 0
+            joining.result()
+            say(f"swarm peer {peer.id} on {peer.address}, rank {peer.rank}, "
+                f"coordinator {coords[0]} (pid {os.getpid()})")
             last = -1
             leaving = False
 
@@ -302,22 +425,20 @@ def cmd_peer(args: argparse.Namespace) -> int:
                 # views that arrive while it leaves (the others' leaves) are no news to the user
                 if view.epoch != last and not leaving:
                     last = view.epoch
-                    print(f"epoch {view.epoch}: {len(view.members)} members, "
-                          f"neighbours {peer.neighbours()}", flush=True)
+                    say(f"epoch {view.epoch}: {len(view.members)} members, neighbours {peer.neighbours()}")
 
             peer.on_view(show)
             show(peer.view)
             # until Ctrl-C/SIGTERM, or until the peer fails (e.g. another process took its id)
-            signalled = asyncio.ensure_future(stop.wait())
             stopped = asyncio.ensure_future(peer.wait_stopped())
             await asyncio.wait([signalled, stopped], return_when=asyncio.FIRST_COMPLETED)
-            signalled.cancel()
             if stopped.done():
                 stopped.result()    # the failure: `swarm: error: ...`, exit 2
             stopped.cancel()
             leaving = True
-            print(f"swarm peer {peer.id} leaving", flush=True)
+            say(f"swarm peer {peer.id} leaving")
         finally:
+            signalled.cancel()
             await peer.close()
         return 0
 
@@ -631,24 +752,51 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns its exit status:
+    0, 2 for an error (``swarm: error: ...`` on stderr), 130 for Ctrl-C, 1 when stdout or
+    stderr cannot be written (the reader of a pipe left, a full disk: no traceback; a
+    failed stdout is named on stderr unless the reader left), or what the command says
+    (`swarm run`'s codes)."""
+    _standard_fds()
+    # (not again in a main() called while another runs, from another thread)
+    wrap = not isinstance(sys.stdout, _Stream)
+    if wrap:
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Stream(sys.stdout, "stdout"), _Stream(sys.stderr, "stderr")
+    try:
+        return _main(argv)
+    finally:
+        try:
+            sys.stdout.flush()   # after an error too: what is left fails here, in silence, not at exit
+        except OSError:
+            _to_devnull(1)
+        if wrap:
+            sys.stdout, sys.stderr = saved
+
+
+def _main(argv: list[str] | None) -> int:
     args = None
     try:
         args = parse_args(argv)
         level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
         logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        return args.func(args) or 0
+        code = args.func(args) or 0
+        sys.stdout.flush()   # a pipe's or a file's buffer: failing here, not at exit
+        return code
     except SwarmError as e:
-        print(f"swarm: error: {e}", file=sys.stderr)
+        # the error's code also when stderr cannot take the message
+        _tell(f"swarm: error: {e}")
         if isinstance(e, ConfigError) and os.environ.get("SWARM_PARENT_PID"):
-            print(CONFIG_ERROR_NOTE, file=sys.stderr)
+            _tell(CONFIG_ERROR_NOTE)
         return 2
     except KeyboardInterrupt:
         # `swarm status --watch` runs until Ctrl-C: that is its normal end, however early it comes
         return 0 if getattr(args, "watch", False) else 130
-    except BrokenPipeError:
-        # `swarm run --show | head`: the reader left; say nothing more, not even at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    except OSError as e:
+        if not hasattr(e, "swarm_stream"):
+            raise   # not the output's: a file a command writes, say
+        # `swarm run --show | head`, `swarm status > /dev/full`: say nothing more, not even at exit
+        return _output_failed(e)
 
 
 if __name__ == "__main__":

@@ -48,10 +48,13 @@ up or the run is ending (a peer solved the task), and then its row reads
 
 Ctrl-C, SIGTERM and SIGHUP (its terminal closed; not when started with it ignored, as
 by ``nohup``) end the run cleanly: the peers write their results, then the summary,
-and the exit code is 130. A second Ctrl-C or SIGTERM gives the children
-:data:`HURRY_S` more seconds, not :data:`TERM_GRACE_S`. On a terminal the progress line
-is drawn in place, cut to the terminal's width, and each message clears it first, so
-that it starts a line of its own; output that cannot be written (a closed terminal) is
+and the exit code is 130. One that comes once every peer has ended (while it writes
+the summary and the plots) lets it finish them, and the exit code is the peers'
+outcome. A second Ctrl-C or SIGTERM gives the children :data:`HURRY_S` more seconds,
+not :data:`TERM_GRACE_S`. ``summary.json`` and the plots are written whole (a
+temporary file renamed) or not at all. On a terminal the progress line is drawn in
+place, cut to the terminal's width, and each message clears it first, so that it
+starts a line of its own; output that cannot be written (a closed terminal) is
 dropped, and the run ends as it would.
 """
 
@@ -453,7 +456,8 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     coordinator is no exception: the others are ended and ``exit_code`` is 1.
     Ctrl-C (SIGINT, or SIGTERM, or SIGHUP unless it is ignored) ends every process,
     writes the results, then raises :class:`KeyboardInterrupt` (``swarm run`` exits
-    with 130).
+    with 130); one that comes once every peer has ended lets it write the summary and
+    plots, and it returns as it would have.
 
     The progress line and the summary table go to ``stream`` (default stderr);
     ``io.StringIO()`` keeps them out of the terminal. ``verbose`` (``swarm run -v``) goes
@@ -520,43 +524,49 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
                        hurry=intr.hurry)
             launch.close()
 
-    rows = summarize(run_dir, spec)
-    for row in rows:
-        row["restarts"] = launch.restarts.get(row.get("id", ""), 0)
-        if row.get("id") in launch.given_up:
-            row["reason"] = launch.given_up[row["id"]]
-    if spec.restart_dead:
-        (run_dir / "restarts.json").write_text(json.dumps(launch.restarts, indent=1) + "\n")
-    (run_dir / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
-    print(_table(rows), file=out)
-    g = spec.gossip
-    split = _first_divergence(rows) if g.exchange == "gradients" else None
-    if split is not None:
-        repair = not g.average and g.relay_staleness == 1   # a copy out of step takes another's (docs/gossip.md)
-        print(f"swarm run: the peers' parameters differ from update {split} on (summary.json, relay digests): "
-              "a peer fell out of step with the relay's turns (frozen, restarted or timed out) and its "
-              "gradients were applied late"
-              + ("" if g.average else "; it did not take another peer's copy before the run ended" if repair
-                 else "; with gossip.relay_staleness > 1 nothing brings the copies back together"), file=out)
-    elif g.exchange == "gradients":
+        # The ending (the table, summary.json, the plots: about a second) stays under the
+        # handlers: a signal now, with every peer ended, lets it finish (no summary.json or
+        # plot cut short) and the exit code is the peers' outcome, as the run's results are.
+        from .checkpoint import write_json  # noqa: PLC0415 - numpy: off `swarm run --show`'s path
+        rows = summarize(run_dir, spec)
         for row in rows:
-            took = (row.get("relay") or {}).get("resynced") or []
-            if took:
-                print(f"swarm run: {row.get('id')} fell out of step with the relay's turns and took another "
-                      f"peer's copy {len(took)} time{'s' * (len(took) != 1)} (from "
-                      f"{', '.join(sorted({str(t.get('from')) for t in took}))}); the copies agree from then on",
-                      file=out)
-    try:
-        plots = write_plots(run_dir)
-    except ImportError:
-        print("no plots: matplotlib is not installed (pip install 'swarm[plots]')", file=out)
-    else:
-        print(f"plots: {run_dir / 'plots'}  ({', '.join(p.name for p in plots)})", file=out)
-    print(f"run folder: {run_dir}", file=out, flush=True)
-    if any(r.get("best_eval_return") is not None for r in rows):
-        print(f"replay the best policies: swarm eval {run_dir}", file=out, flush=True)
-    if code == 130:
-        raise KeyboardInterrupt   # a script's loop over runs stops here too
+            row["restarts"] = launch.restarts.get(row.get("id", ""), 0)
+            if row.get("id") in launch.given_up:
+                row["reason"] = launch.given_up[row["id"]]
+        if spec.restart_dead:
+            write_json(run_dir / "restarts.json", launch.restarts, indent=1)
+        write_json(run_dir / "summary.json", rows, indent=2)   # whole or not at all
+        print(_table(rows), file=out)
+        g = spec.gossip
+        split = _first_divergence(rows) if g.exchange == "gradients" else None
+        if split is not None:
+            repair = not g.average and g.relay_staleness == 1   # a copy out of step takes another's (docs/gossip.md)
+            print(f"swarm run: the peers' parameters differ from update {split} on (summary.json, relay digests): "
+                  "a peer fell out of step with the relay's turns (frozen, restarted or timed out) and its "
+                  "gradients were applied late"
+                  + ("" if g.average else "; it did not take another peer's copy before the run ended" if repair
+                     else "; with gossip.relay_staleness > 1 nothing brings the copies back together"), file=out)
+        elif g.exchange == "gradients":
+            for row in rows:
+                took = (row.get("relay") or {}).get("resynced") or []
+                if took:
+                    print(f"swarm run: {row.get('id')} fell out of step with the relay's turns and took another "
+                          f"peer's copy {len(took)} time{'s' * (len(took) != 1)} (from "
+                          f"{', '.join(sorted({str(t.get('from')) for t in took}))}); the copies agree from then on",
+                          file=out)
+        try:
+            plots = write_plots(run_dir)
+        except ImportError:
+            print("no plots: matplotlib is not installed (pip install 'swarm[plots]')", file=out)
+        else:
+            print(f"plots: {run_dir / 'plots'}  ({', '.join(p.name for p in plots)})", file=out)
+        if intr.count and code != 130:
+            print(f"swarm run: {intr.what()} once the peers had ended; the run's results are whole", file=out)
+        print(f"run folder: {run_dir}", file=out, flush=True)
+        if any(r.get("best_eval_return") is not None for r in rows):
+            print(f"replay the best policies: swarm eval {run_dir}", file=out, flush=True)
+        if code == 130:
+            raise KeyboardInterrupt   # a script's loop over runs stops here too
     return RunResult(code, run_dir, rows)
 
 
@@ -1073,6 +1083,9 @@ def _legend(ax: Any) -> None:
 
 
 def _save(fig: Any, path: Path) -> Path:
+    from .checkpoint import write_whole  # noqa: PLC0415
+
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    # a temporary file renamed over path: a process killed meanwhile leaves no half a PNG
+    write_whole(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     return path

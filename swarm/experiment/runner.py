@@ -747,7 +747,23 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
     coordinators = [coordinator] if isinstance(coordinator, str) else list(coordinator)
     sp = SyncPeer(peer_config, coordinators=coordinators, id=f"peer{rank}", rank=rank, topology=g.topology,
                   edges=g.edges, loop_factory=loop_factory)
-    sp.start()
+    try:
+        sp.start(stop=stop)
+    except SwarmError:
+        if not stop.is_set():
+            raise
+        # stopped while it joined (its coordinator not up yet, say): nothing trained, as a stop
+        # while it waits for the others below; the summary says so (a resume's or a
+        # restart's summary.json there stays, as below)
+        log.info("peer%d: stopped while joining", rank)
+        summary.update(reason="stopped", env_steps=0, episodes=0, rounds=0, final_mean_return=None,
+                       eval_return=None, wall_s=time.monotonic() - t0, cpu_s=time.process_time() - cpu0)
+        if not ((resume_from is not None or rejoin) and (out / "summary.json").is_file()):
+            try:
+                write_json(out / "summary.json", summary, indent=2)
+            except OSError as e:   # a full disk: none is left; the process still ends
+                log.error("peer%d: summary.json not written: %s", rank, e)
+        return summary
     logs: _Logs | None = None
     agent = None
     relay = fed = None

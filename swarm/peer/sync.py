@@ -37,6 +37,27 @@ __all__ = ["SyncPeer"]
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+#: seconds between looks at the ``stop`` event of :meth:`SyncPeer.start`
+STOP_POLL_S = 0.1
+
+
+async def _unless(coro: Coroutine[Any, Any, T], stop: threading.Event) -> T:
+    """``coro``'s result, unless ``stop`` (set from another thread) is set first: then
+    ``coro`` is cancelled and SwarmError raised."""
+    task = asyncio.ensure_future(coro)
+    try:
+        while not task.done():
+            if stop.is_set():
+                task.cancel()
+                await asyncio.wait([task])   # a cancelled Peer.start closes what it made
+                if task.cancelled() or task.exception() is None:
+                    raise SwarmError("the start was stopped before the peer joined")
+                break
+            await asyncio.wait([task], timeout=STOP_POLL_S)
+    finally:
+        task.cancel()   # this call itself cancelled (a timeout, a close): the start with it
+    return task.result()
+
 
 class SyncPeer:
     """Blocking facade over :class:`Peer`; arguments are those of ``Peer``.
@@ -91,10 +112,15 @@ class SyncPeer:
 
     # -- lifecycle
 
-    def start(self) -> "SyncPeer":
+    def start(self, stop: threading.Event | None = None) -> "SyncPeer":
         """Start the loop thread, join through the coordinator and wait for the first
         view; returns self. Raises what :meth:`Peer.start` raises (e.g.
-        :class:`MembershipError` when no coordinator answers) with the thread ended."""
+        :class:`MembershipError` when no coordinator answers) with the thread ended.
+
+        ``stop``: an event that, set before the join is done (a signal handler sets it,
+        say), gives the start up within :data:`STOP_POLL_S`: it closes what it had built
+        and raises :class:`SwarmError`, as a :meth:`close` from another thread would.
+        """
         with self._lock:
             if self._closed:
                 raise SwarmError("SyncPeer is closed and cannot be restarted; make a new SyncPeer")
@@ -119,7 +145,7 @@ class SyncPeer:
             timeout = self._start_timeout
             if timeout is None:
                 timeout = 2 * peer.config.join_timeout_s + 5.0
-            self.call(peer.start(), timeout=timeout)
+            self.call(peer.start() if stop is None else _unless(peer.start(), stop), timeout=timeout)
             if self._thread_error is not None:   # a view callback's SystemExit closed it meanwhile
                 raise self._refusal()
         except BaseException:

@@ -109,6 +109,41 @@ def test_start_waits_as_long_as_the_peers_join_deadline():
     assert not _peer_threads()
 
 
+@pytest.mark.timeout(60)
+def test_start_gives_up_once_its_stop_event_is_set():
+    """start(stop=event): an event a signal handler sets, set while the join waits for a
+    coordinator that is not up, ends the start (SwarmError) with what it built closed,
+    not join_timeout_s later (`swarm peer --spec` sat out its join timeout after Ctrl-C)."""
+    p = SyncPeer(config=PeerConfig(coordinators=[f"tcp://127.0.0.1:{free_port()}"], join_timeout_s=60))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            p.start(stop=stop)
+        except BaseException as e:   # checked below
+            errors.append(e)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    try:
+        wait_for(lambda: errors or (p.peer is not None and p.peer.state is PeerState.JOINING), 30,
+                 what="the join")
+        assert not errors, errors
+        stop.set()
+        starter.join(30)    # well under the join's 60 s
+        assert not starter.is_alive()
+    finally:
+        stop.set()
+        if starter.is_alive():
+            p.close()
+            starter.join(30)
+    assert len(errors) == 1 and type(errors[0]) is SwarmError, errors
+    assert "stopped before the peer joined" in str(errors[0])
+    assert p.peer.state is PeerState.CLOSED and p.peer._ctx.closed
+    assert _peer_threads() == []
+
+
 def test_call_takes_coroutines_and_wait_view_blocks(coordinator):
     with SyncPeer(coordinators=[coordinator], id="a") as a, SyncPeer(coordinators=[coordinator], id="b") as b:
         view = a.wait_view(lambda v: len(v.members) == 2, timeout=10)
