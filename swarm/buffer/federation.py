@@ -206,6 +206,7 @@ class Federation:
         # still to go: a send that raised left them for the next flush
         self._owed: dict[str, np.ndarray] = {}
         self._per_message = self.max_items        # halved each time the wire refuses a message as sent
+        self._ridden: tuple[list[np.ndarray], int, int] = ([], 0, 0)   # the last ride: (new, items, neighbours)
         self._inflight: dict[int, tuple[str, np.ndarray, float]] = {}  # rid -> (dst, seqs, deadline)
         # target -> (wait, not before): a target that let pushes time out gets its next
         # resends only after `wait`, which doubles each round; its next ack removes the entry
@@ -354,7 +355,24 @@ class Federation:
             return None
         items = _slice(items, slice(len(items) - allowed, None))
         self.stats.pushed += len(items) * len(nbrs)
+        self._ridden = (new, len(items), len(nbrs))
         return {"fields": self._names, "peers": items.peers}, self._arrays(items)
+
+    def refused(self) -> None:
+        """The relay could not carry the last ride beside its gradients (too large for a
+        message): it is not counted as pushed, its items ride again, and every ride from
+        now on carries at most half as many. One item alone that does not fit is dropped
+        (``stats.unsendable``). Called on the thread that publishes gradients."""
+        new, n, k = self._ridden
+        self.stats.pushed -= n * k
+        if n > 1:
+            self._per_message = min(self._per_message, n // 2)
+            log.warning("a ride of %d items did not fit beside the gradients: at most %d items per message "
+                        "from now on", n, self._per_message)
+            with self._new_lock:
+                self._unridden[:0] = new
+        else:
+            self.stats.unsendable += n * k
 
     def arrive(self, src: str, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
         """Store the items that rode on neighbour ``src``'s relay message (as ``buf.push``

@@ -110,6 +110,7 @@ from .. import transport as tp
 from .. import wire
 from ..checks import is_int, seconds
 from ..compress import Encoded, get_codec, split_ef
+from ..compress.sparse import _Sparse
 from ..errors import ConfigError, GossipError, WireError
 from ..link import Link
 from ..wire import Message
@@ -138,6 +139,9 @@ _MAX_BUNDLE = 16
 #: Header bytes kept free in a message for the relay's own body: ids, clocks, digest, up to
 #: 64 announcements and _MAX_BUNDLE updates' codec meta take well under this.
 _HEADER_ROOM = 64 * 1024
+#: The least header a message has (ids, clocks, one update's meta): a gradient that does
+#: not fit beside it can never be sent (ConfigError at construction).
+_HEADER_MIN = 4 * 1024
 #: Digest points remembered per peer, its own and each origin's (with state).
 _DIGESTS = 64
 #: Gradients that may go with a copy (those it does not hold yet); a peer with more refuses.
@@ -181,6 +185,7 @@ class RelayStats:
     passed: int = 0         # own turns passed without a gradient (publish(None))
     passes_in: int = 0      # others' passes taken in (first copies)
     rider_bytes_out: int = 0   # rider payload sent with own messages (not in bytes_out)
+    rider_refused: int = 0     # rides left off own messages: the wire refused them beside the gradients
     rider_bytes_in: int = 0    # rider payload received from neighbours (not in bytes_in)
     riders_in: int = 0         # riders handed to this peer's rider
     direct_bytes_out: int = 0  # wire bytes sent on the consumer's own sockets (the peer's counters miss them)
@@ -228,6 +233,9 @@ class Rider(Protocol):
         """What rode on neighbour ``src``'s own message. Called on the thread that takes
         messages in (the consumer's with ``direct``); bad input is the rider's to count
         and drop: the gradients it came with are taken in all the same."""
+
+    # Optional: ``refused()``, called (on the publishing thread) when the last ride could not
+    # go beside the gradients (too large for a message): the rider may send it again, smaller.
 
 
 class GradientRelay:
@@ -423,8 +431,9 @@ class GradientRelay:
         residual stays as it was. So does what the rider's ``ride()`` gives when the
         wire would refuse it beside the turn's updates (a body msgpack cannot pack, a
         dtype the wire does not carry, more arrays or bytes than a message may hold),
-        with :class:`~swarm.errors.WireError`: the rider's items of this message are
-        lost, the relay's state is as it was. After :meth:`close` it raises
+        with :class:`~swarm.errors.WireError`; a ride that is well formed but too large
+        for the message is left off (the gradients go; ``stats.rider_refused``, and the
+        rider's ``refused()`` is called). After :meth:`close` it raises
         :class:`~swarm.errors.GossipError`, and sends nothing.
         """
         if self._closed:
@@ -471,23 +480,30 @@ class GradientRelay:
         _MAX_BUNDLE). Measured on a fresh codec's encoding of ``d`` zeros: a codec gives
         the same frames for every vector of ``d``, but for a sparse codec's index codes,
         which grow with the spacing of the kept indices, by at most (d - 1) // 255 bytes.
-        ConfigError when not even one update fits: every publish would fail on the wire."""
-        enc = get_codec(split_ef(self.codec_spec)[1]).encode(np.zeros(self.d, np.float32))
-        frames, nbytes = max(1, len(enc.frames)), max(1, enc.nbytes + (self.d - 1) // 255)
+        ConfigError when not even one update fits beside the smallest header (every
+        publish would fail on the wire); one update per message when only that fits."""
+        codec = get_codec(split_ef(self.codec_spec)[1])
+        enc = codec.encode(np.zeros(self.d, np.float32))
+        slack = (self.d - 1) // 255 if isinstance(codec, _Sparse) else 0
+        frames, nbytes = max(1, len(enc.frames)), max(1, enc.nbytes + slack)
         lim = self._limits
-        fit = min(_MAX_BUNDLE, lim.max_frames // frames, (lim.max_message_bytes - _HEADER_ROOM) // nbytes)
-        if fit < 1:
+        if frames > lim.max_frames or nbytes + _HEADER_MIN > lim.max_message_bytes:
             raise ConfigError(
                 f"d = {self.d}: a gradient encoded by {self.codec_spec!r} takes up to {nbytes} bytes in "
                 f"{frames} frames, more than a message on this link may carry ({lim.max_message_bytes} "
-                f"bytes, {_HEADER_ROOM} of them kept for the header, and {lim.max_frames} frames; a Peer's "
-                f"max_message_mb sets the bytes): raise that limit or choose a codec that compresses more")
-        return frames, nbytes, fit
+                f"bytes, {_HEADER_MIN} at least of them for the header, and {lim.max_frames} frames; a "
+                f"Peer's max_message_mb sets the bytes): raise that limit or choose a codec that "
+                f"compresses more")
+        fit = min(_MAX_BUNDLE, lim.max_frames // frames, (lim.max_message_bytes - _HEADER_ROOM) // nbytes)
+        return frames, nbytes, max(1, fit)
 
     def _ride(self, update: bool) -> tuple[dict[str, Any], list[np.ndarray]] | None:
         """What the rider gives to go with this publish's message, checked against what the
         wire leaves it beside the turn's updates (those held, and this one's when
-        ``update``); WireError, before the relay changes anything, for what it refuses."""
+        ``update``). What the wire refuses there does not go: the gradients go without it,
+        ``stats.rider_refused`` counts it, and the rider's ``refused()`` (if it has one) is
+        told, so that it can send it again, or less. What is not a ride at all (the rider's
+        bug) is a WireError, before the relay changes anything."""
         got = self.rider.ride()
         if got is None:
             return None
@@ -503,12 +519,27 @@ class GradientRelay:
         lim = self._limits
         left = replace(lim, max_frames=lim.max_frames - frames, max_message_bytes=lim.max_message_bytes - nbytes,
                        max_header_bytes=lim.max_header_bytes - _HEADER_ROOM)
+        ride = {"x": [body, len(arrays)]}
         try:
-            wire.encode(GRAD, self.link.id, body={"x": [body, len(arrays)]}, arrays=arrays, limits=left)
+            wire.encode(GRAD, self.link.id, body=ride, arrays=arrays, limits=left)
         except WireError as e:
-            raise WireError(f"{who} what the wire refuses beside the turn's updates ({frames} frames and up to "
-                            f"{nbytes - _HEADER_ROOM} bytes, {_HEADER_ROOM} more kept for the header): {e}; "
-                            f"nothing was published") from None
+            try:   # with room enough, is it a message at all? If not, the rider has a bug
+                wire.encode(GRAD, self.link.id, body=ride, arrays=arrays,
+                            limits=replace(lim, max_frames=lim.max_frames + len(arrays),
+                                           max_message_bytes=2**62, max_header_bytes=2**62))
+            except WireError as bad:
+                raise WireError(f"{who} what the wire refuses: {bad}; nothing was published") from None
+            # Too large beside the gradients, and not fatal: a learner's publish would end training for a rider's oversized batch
+            # (its first, which carries what came before learning_starts, say).
+            (log.warning if not self.stats.rider_refused else log.debug)(
+                "%s what the wire refuses beside the turn's updates (%d frames and up to %d bytes, %d more "
+                "kept for the header): %s; the gradients go without it (stats.rider_refused)",
+                who, frames, nbytes - _HEADER_ROOM, _HEADER_ROOM, e)
+            self.stats.rider_refused += 1
+            refused = getattr(self.rider, "refused", None)
+            if refused is not None:
+                refused()
+            return None
         return body, arrays
 
     def _closed_error(self) -> GossipError:

@@ -271,3 +271,33 @@ def test_a_pull_answer_too_large_for_the_wire_goes_smaller():
     fa, b, got = asyncio.run(main())
     assert 0 < got == len(b) < 200 and fa.stats.served == got
 
+
+
+def test_a_ride_too_large_for_the_relays_message_rides_again_in_halves():
+    """The env steps before a peer's first turn leave 200 frames of 28 kB to ride on its
+    first gradient message: more than a 4 MiB message holds. publish() raised WireError
+    in the learner's thread (ending training) with the items counted as pushed; now the
+    gradient goes alone, the federation halves its rides, and the items go next."""
+    from swarm.gossip.relay import GradientRelay
+    from swarm.gossip.sim import SimHub
+
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b = hub.add("a"), hub.add("b")
+        a.limits = wire.Limits(max_message_bytes=4 * 1024 * 1024)   # a Peer with max_message_mb = 4
+        schema = {"obs": ("uint8", (84, 84, 4))}
+        buf, got = ReplayBuffer(schema, capacity=1000, peer_id="a"), ReplayBuffer(schema, capacity=1000, peer_id="b")
+        fed = Federation(buf, a, share=1.0, ride=True)
+        GradientRelay(b, d=1000, rider=Federation(got, b, share=1.0, ride=True))
+        relay = GradientRelay(a, d=1000, rider=fed)
+        buf.add({"obs": np.zeros((200, 84, 84, 4), np.uint8)})
+
+        def learner():
+            relay.publish(np.zeros(1000, np.float32), clock=0)   # the ride is left off
+            relay.publish(np.zeros(1000, np.float32), clock=1)   # the newest 100 ride
+        await asyncio.to_thread(learner)
+        await asyncio.sleep(0.1)
+        assert (relay.stats.rider_refused, relay.stats.published, fed._per_message) == (1, 2, 100)
+        assert len(got) == 100 and fed.stats.pushed == 100
+        await hub.close()
+    asyncio.run(main())
