@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,3 +268,15 @@ class Forwarder:
             w.transport.abort()
         while self.gone:
             self.gone.pop().close()
+
+
+@contextlib.contextmanager
+def reaped(p: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """``p`` for the block, killed by its pid on the way out if it still runs (the block
+    failed before it ended)."""
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

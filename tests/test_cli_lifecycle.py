@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from swarmtest import ROOT, SWARM, free_port, status, wait_for
+from swarmtest import ROOT, SWARM, free_port, reaped, status, wait_for
 
 from swarm.experiment import load_spec
 from swarm.experiment.spec import save_resolved
@@ -24,17 +24,6 @@ from swarm.experiment.spec import save_resolved
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
 ENV.pop("SWARM_PARENT_PID", None)
 needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-
-
-@contextlib.contextmanager
-def reaped(p: subprocess.Popen) -> Iterator[subprocess.Popen]:
-    """``p`` for the block, killed by its pid on the way out if it still runs."""
-    try:
-        yield p
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 @contextlib.contextmanager

@@ -11,56 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
-import urllib.request
 
-import msgpack
 import zmq
 import zmq.asyncio
+# the hand-packed heartbeat and the page helpers of test_status.py (tests/ is on the path)
+from coordinator.test_status import _beat, _fetch, _member, _page_url, _strict_json
 from swarmtest import free_port, wait_for
 
 from swarm import cli, wire
 from swarm.coordinator import Coordinator
 from swarm.coordinator.report import (MAX_STAT_ITEMS, MAX_STAT_TEXT, MAX_STATS_SIZE, PeerRates, bound_stats,
                                       format_table, status_document)
-
-
-def _member(addr: str, ids: list[str]) -> zmq.Socket:
-    """A DEALER that has joined ``ids`` (incarnation 7) at the coordinator at ``addr``."""
-    d = zmq.Context.instance().socket(zmq.DEALER)
-    d.setsockopt(zmq.LINGER, 0)
-    d.connect(addr)
-    for pid in ids:
-        d.send_multipart(wire.encode("join", pid, body={"addr": "tcp://127.0.0.1:9", "rank": -1, "inc": 7,
-                                                        "last_epoch": 0}))
-        deadline = time.monotonic() + 10
-        while wire.decode(d.recv_multipart()).t != "welcome":   # views may come first
-            assert time.monotonic() < deadline, f"{pid} was not welcomed"
-    return d
-
-
-def _beat(src: str, stats: dict) -> list[bytes]:
-    """A heartbeat packed by hand, as a hostile member would."""
-    body = {"inc": 7, "linked": 1, "stats": stats}
-    return [msgpack.packb({"v": wire.VERSION, "t": "heartbeat", "src": src, "epoch": 1, "seq": 0, "body": body,
-                           "arrays": []})]
-
-
-def _page_url(procs, coord) -> str:
-    return wait_for(lambda: re.search(r"status page (http://\S+)", procs.log(coord)), 15,
-                    what="the coordinator's status URL").group(1)
-
-
-def _fetch(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return r.read()
-
-
-def _strict_json(text: str):
-    def no_constant(c):
-        raise ValueError(f"{c} is not JSON")
-    return json.loads(text, parse_constant=no_constant)
 
 
 def _strings(v):

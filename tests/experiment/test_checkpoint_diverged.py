@@ -14,7 +14,7 @@ import json
 import pytest
 # a coordinator process for in-process peers (tests/ is on the path)
 from experiment.test_runner import coordinator  # noqa: F401 - a fixture
-from experiment.test_checkpoint_fallback import _agent, _poison
+from experiment.test_checkpoint_fallback import _full_and_increment, _poison
 from experiment.test_resume_lineage import _peer, _tear
 
 from swarm.errors import ConfigError
@@ -30,13 +30,8 @@ def _finite(path) -> bool | None:
 def test_a_full_checkpoint_holding_nan_keeps_the_newest_finite_one(tmp_path, caplog, where):
     """Committing a full checkpoint whose state holds NaN pruned every older one, so a
     resume had nothing finite to fall back to; now the newest finite full one stays."""
-    agent = _agent()
     root = tmp_path / "ckpt"
-    ck = Checkpointer(root, agent, agent.buffer, lambda: {"env_steps": agent.steps})
-    run_agent("CartPole-v1", agent, 60, seed=0)
-    full = root / ck.full(background=False)
-    run_agent("CartPole-v1", agent, 20, seed=1)
-    inc = root / ck.incremental()
+    agent, ck, full, inc = _full_and_increment(root)
     run_agent("CartPole-v1", agent, 10, seed=2)
     _poison(agent, where)
     caplog.set_level("WARNING", logger="swarm.experiment")

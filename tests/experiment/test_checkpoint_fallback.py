@@ -9,6 +9,7 @@ stays on disk; with none, the bad one is the ConfigError it always was.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,15 +37,21 @@ def _poison(agent: DQNAgent, where: str) -> None:
         agent.optimizer.exp_avg[3] = float("inf")
 
 
-@pytest.mark.parametrize("where", ["q", "target", "optimizer"])
-def test_a_checkpoint_holding_nan_falls_back_to_the_older_whole_one(tmp_path, caplog, where):
+def _full_and_increment(root: Path) -> tuple[DQNAgent, Checkpointer, Path, Path]:
+    """An agent trained a little, its Checkpointer at ``root``, and the full checkpoint
+    and increment taken after 60 and 80 env steps."""
     agent = _agent()
-    root = tmp_path / "ckpt"
     ck = Checkpointer(root, agent, agent.buffer, lambda: {"env_steps": agent.steps})
     run_agent("CartPole-v1", agent, 60, seed=0)
     full = root / ck.full(background=False)
     run_agent("CartPole-v1", agent, 20, seed=1)
-    good = root / ck.incremental()
+    return agent, ck, full, root / ck.incremental()
+
+
+@pytest.mark.parametrize("where", ["q", "target", "optimizer"])
+def test_a_checkpoint_holding_nan_falls_back_to_the_older_whole_one(tmp_path, caplog, where):
+    root = tmp_path / "ckpt"
+    agent, ck, full, good = _full_and_increment(root)
     want = (agent.parameters().copy(), digest(agent.buffer), agent.steps)
     run_agent("CartPole-v1", agent, 10, seed=2)
     _poison(agent, where)

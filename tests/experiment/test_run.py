@@ -6,7 +6,6 @@ handle; the children it started are checked (by the pids it records) to be gone.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import math
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from swarmtest import ROOT, wait_for
+from swarmtest import ROOT, reaped, wait_for
 
 from swarm.errors import ConfigError, SwarmError
 from swarm.experiment import load_spec
@@ -39,17 +38,6 @@ def swarm_run(cwd: Path, sets: list[str]) -> subprocess.Popen:
         args += ["--set", s]
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
     return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-@contextlib.contextmanager
-def ended(p: subprocess.Popen):
-    """``p`` for the block; killed on the way out if the block failed before it finished."""
-    try:
-        yield p
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 def finish(p: subprocess.Popen, timeout: float) -> str:
@@ -326,7 +314,7 @@ def test_only_the_solver_rank_ends_a_run_when_solved(tmp_path):
 
 
 def test_ctrl_c_leaves_no_child(tmp_path):
-    with ended(swarm_run(tmp_path, LONG)) as p:
+    with reaped(swarm_run(tmp_path, LONG)) as p:
         d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
         pids = recorded_pids(d)
         assert set(pids) == {"coordinator", "peer0", "peer1"}
@@ -346,7 +334,7 @@ def test_ctrl_c_leaves_no_child(tmp_path):
 
 def test_child_crash_is_reported(tmp_path):
     # One peer is enough to crash; the launcher must still end the coordinator.
-    with ended(swarm_run(tmp_path, ["peers=1"] + LONG[1:])) as p:
+    with reaped(swarm_run(tmp_path, ["peers=1"] + LONG[1:])) as p:
         d = wait_for(lambda: training(tmp_path, 1), timeout=45, what="the peer training")
         pids = recorded_pids(d)
         os.kill(pids["peer0"], signal.SIGKILL)   # as the OOM killer would
@@ -482,7 +470,7 @@ def test_a_peer_that_cannot_resume_is_left_down_at_once(tmp_path):
         (old / f"peer{r}").mkdir()
         (old / f"peer{r}" / "checkpoint.pt").write_bytes(b"torn")
     args = [sys.executable, "-m", "swarm.cli", "run", "--resume", str(old), "--set", "restart_dead=true"]
-    with ended(subprocess.Popen(args, cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
+    with reaped(subprocess.Popen(args, cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)) as p:
         out = finish(p, 60)
     assert p.returncode == 1, out
@@ -570,7 +558,7 @@ def test_a_restarted_peer_appends_to_its_files_and_keeps_its_best(tmp_path):
     # evaluations every 200 steps, not 300: peer1 is killed sooner after its first, and its
     # new process logs three of them (200, 400, 600) in 600 steps, not 900
     sets = TINY + ["restart_dead=true", "budget.env_steps=600", "eval.every=200", "checkpoint.full_every_s=0"]
-    with ended(swarm_run(tmp_path, sets)) as p:
+    with reaped(swarm_run(tmp_path, sets)) as p:
         def evaluated() -> tuple[Path, int, list[dict]] | None:
             """peer1 stopped (SIGSTOP) once its evaluations so far are in evals.csv and best.pt."""
             d = training(tmp_path, 2)

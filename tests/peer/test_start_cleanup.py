@@ -13,7 +13,9 @@ import sys
 import textwrap
 
 import pytest
-from swarmtest import ROOT, free_port, status, wait_for
+# a coordinator process for in-process peers (tests/ is on the path)
+from peer.test_syncpeer import coordinator  # noqa: F401 - a fixture
+from swarmtest import ROOT
 
 from swarm.config import MAX_HWM, MAX_MESSAGE_MB, MAX_ZMTP_S, load_config
 from swarm.coordinator import Coordinator
@@ -21,14 +23,6 @@ from swarm.peer import Peer, PeerState
 
 #: seconds a child has to fail its start, close and exit (it takes about one)
 DEADLINE_S = 60
-
-
-@pytest.fixture
-def coordinator(procs) -> str:
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coord")
-    wait_for(lambda: status(addr), 10, what="coordinator up")
-    return addr
 
 
 def _run(script: str, *args: str) -> str:
