@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -145,3 +146,14 @@ def test_a_zmtp_heartbeat_below_a_millisecond_is_refused_not_turned_off(override
     # libzmq counts milliseconds: 0.4 ms became 0, which turns heartbeats off in silence
     with pytest.raises(ConfigError, match=r"must be in 0\.001\.\.6553 s"):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize("kw,match", [({"tick_s": math.nan}, r"coordinator\.tick_s: must be finite"),
+                                      ({"max_members": 0}, r"coordinator\.max_members = 0: must be in 1\.\.100000"),
+                                      ({"zmtp_timeout_s": 7000}, r"coordinator\.zmtp_timeout_s = 7000: must be in")])
+def test_coordinator_keyword_settings_get_the_same_checks(kw, match):
+    # Coordinator(**overrides) took any value a config file would have refused
+    from swarm import Coordinator
+
+    with pytest.raises(ConfigError, match=match):
+        Coordinator(**kw)

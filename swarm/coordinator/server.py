@@ -44,7 +44,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .. import transport as tp
 from .. import wire
-from ..config import CoordinatorConfig
+from ..config import CoordinatorConfig, from_dict, to_dict
 from ..errors import MembershipError, SwarmError, WireError
 from ..wire import Limits
 from ..tasks import supervise
@@ -132,6 +132,8 @@ class Coordinator:
             cfg = replace(cfg, **overrides)
         except TypeError as e:
             raise SwarmError(f"unknown Coordinator option: {e}") from None
+        # the checks a config file gets (a NaN tick_s or a zero max_members got through)
+        cfg = from_dict(CoordinatorConfig, to_dict(cfg), prefix="coordinator")
         self.config = cfg
         self.name = name
         self.limits = limits or Limits(max_header_bytes=1024 * 1024, max_message_bytes=4 * 1024 * 1024)
