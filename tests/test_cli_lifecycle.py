@@ -147,17 +147,20 @@ def test_a_peer_whose_reader_left_goes_on_and_leaves_cleanly(procs, tmp_path: Pa
     assert rc == 0 and err == "", err
 
 
-def test_a_signal_while_swarm_run_writes_its_results_lets_it_finish(tmp_path: Path):
+@pytest.mark.parametrize("signals", [1, 2])
+def test_a_signal_while_swarm_run_writes_its_results_lets_it_finish(tmp_path: Path, signals: int):
     """SIGTERM once every peer had ended (while `swarm run` drew its plots) killed it (143):
     no "run folder:" line, the plots cut short. It now finishes them, and the exit code is
-    the peers' (0). The run sends itself the signal as it starts on the plots."""
-    code = textwrap.dedent("""
+    the peers' (0); a second signal there gives the ending up (130; nothing could stop it),
+    with summary.json whole. The run sends itself the signals as it starts on the plots."""
+    code = textwrap.dedent(f"""
         import os, signal, sys
         from swarm import cli
         from swarm.experiment import launch
         real = launch.write_plots
         def write_plots(run_dir):
-            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range({signals}):
+                os.kill(os.getpid(), signal.SIGTERM)
             return real(run_dir)
         launch.write_plots = write_plots
         sys.exit(cli.main(["run", "--set", "peers=2", "--set", "budget.env_steps=300", "--set", "eval.every=0"]))
@@ -166,11 +169,15 @@ def test_a_signal_while_swarm_run_writes_its_results_lets_it_finish(tmp_path: Pa
                          text=True, cwd=tmp_path)
     with reaped(p):
         out, _ = p.communicate(timeout=240)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rows = json.loads((run_dir / "summary.json").read_text())
+    assert [r["reason"] for r in rows] == ["budget", "budget"], rows
+    if signals == 2:
+        assert p.returncode == 130 and "run folder:" not in out, out[-3000:]
+        assert not list(run_dir.rglob(".*.tmp")), list(run_dir.rglob(".*.tmp"))
+        return
     assert p.returncode == 0, out[-3000:]
     assert "swarm run: interrupted by SIGTERM once the peers had ended; the run's results are whole" in out, out[-3000:]
-    (run_dir,) = (tmp_path / "runs").iterdir()
     assert f"run folder: {run_dir.relative_to(tmp_path)}" in out, out[-3000:]
     assert sorted(f.name for f in (run_dir / "plots").iterdir()) == ["bytes_per_round.png", "consensus.png",
                                                                      "returns.png"]
-    rows = json.loads((run_dir / "summary.json").read_text())
-    assert [r["reason"] for r in rows] == ["budget", "budget"], rows

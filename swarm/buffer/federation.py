@@ -206,7 +206,12 @@ class Federation:
         # still to go: a send that raised left them for the next flush
         self._owed: dict[str, np.ndarray] = {}
         self._per_message = self.max_items        # halved each time the wire refuses a message as sent
-        self._ridden: tuple[list[np.ndarray], int, int] = ([], 0, 0)   # the last ride: (new, items, neighbours)
+        # rides: at most this many items (halved by each ride the relay could not carry), the
+        # last ride (its items' indices, how many, to how many neighbours) until the next, and
+        # the items of a refused one, to ride again
+        self._ride_cap = self.max_items
+        self._ridden: tuple[np.ndarray | None, int, int] = (None, 0, 0)
+        self._reride: np.ndarray | None = None
         self._inflight: dict[int, tuple[str, np.ndarray, float]] = {}  # rid -> (dst, seqs, deadline)
         # target -> (wait, not before): a target that let pushes time out gets its next
         # resends only after `wait`, which doubles each round; its next ack removes the entry
@@ -338,13 +343,22 @@ class Federation:
         nbrs = [n for n in self.link.neighbours() if n != self.link.id]
         with self._new_lock:
             new, self._unridden = self._unridden, []
-        if not new or self.share <= 0 or not nbrs:
+        again, self._reride, self._ridden = self._reride, None, (None, 0, 0)
+        if (not new and again is None) or self.share <= 0 or not nbrs:
             return None
         credit = self._credit
         try:
-            items = self.buffer.items(self._pick(np.concatenate(new)[-self._per_message:]))
+            picked = self._pick(np.concatenate(new)[-self.max_items:]) if new else np.zeros(0, np.int64)
+            if again is not None:   # a refused ride's items (picked then) go first
+                picked = np.concatenate([again, picked])
+            if picked.size > self._ride_cap:   # the newest of them; the older ones at the next rides
+                picked = np.sort(picked)
+                rest, picked = picked[:-self._ride_cap], picked[-self._ride_cap:]
+                self._reride = rest[-self.max_items:]   # at most what one ride took before
+            items = self.buffer.items(picked)
         except BaseException:   # a clock the buffer refuses (share_by="priority"): they ride later
             self._credit = credit
+            self._reride = again
             with self._new_lock:
                 self._unridden[:0] = new
             raise
@@ -355,22 +369,25 @@ class Federation:
             return None
         items = _slice(items, slice(len(items) - allowed, None))
         self.stats.pushed += len(items) * len(nbrs)
-        self._ridden = (new, len(items), len(nbrs))
+        self._ridden = (picked[picked.size - allowed:], len(items), len(nbrs))
         return {"fields": self._names, "peers": items.peers}, self._arrays(items)
 
     def refused(self) -> None:
         """The relay could not carry the last ride beside its gradients (too large for a
-        message): it is not counted as pushed, its items ride again, and every ride from
-        now on carries at most half as many. One item alone that does not fit is dropped
-        (``stats.unsendable``). Called on the thread that publishes gradients."""
-        new, n, k = self._ridden
+        message): it is not counted as pushed, its items ride again first, and every ride
+        from now on carries at most half as many (pushes and pulls are not affected). One
+        item alone that does not fit is dropped (``stats.unsendable``). Called on the
+        thread that publishes gradients, once per ride (a second call does nothing)."""
+        idx, n, k = self._ridden
+        self._ridden = (None, 0, 0)
+        if idx is None or not n:
+            return
         self.stats.pushed -= n * k
         if n > 1:
-            self._per_message = min(self._per_message, n // 2)
-            log.warning("a ride of %d items did not fit beside the gradients: at most %d items per message "
-                        "from now on", n, self._per_message)
-            with self._new_lock:
-                self._unridden[:0] = new
+            self._ride_cap = min(self._ride_cap, n // 2)
+            log.warning("a ride of %d items did not fit beside the gradients: at most %d items per ride "
+                        "from now on", n, self._ride_cap)
+            self._reride = idx
         else:
             self.stats.unsendable += n * k
 

@@ -232,6 +232,8 @@ class _Interrupt:
         self._old: dict[int, Any] = {}
         self._out = out
         self._said = False
+        #: set once every child has ended: a second signal then stops the ending at once
+        self.ending = False
 
     def hurry(self) -> bool:
         """True after a second signal: the children get :data:`HURRY_S` more (said once)."""
@@ -263,6 +265,10 @@ class _Interrupt:
         elif signum == signal.SIGHUP:
             return
         self.count += 1
+        if self.ending and self.count > 1:
+            # the peers have ended and the ending (table, summary.json, plots) runs: a second
+            # Ctrl-C or SIGTERM gives it up (its files are written whole or not at all)
+            raise KeyboardInterrupt
 
     def __exit__(self, *exc: Any) -> None:
         for sig, h in self._old.items():
@@ -528,6 +534,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         # handlers: a signal now, with every peer ended, lets it finish (no summary.json or
         # plot cut short) and the exit code is the peers' outcome, as the run's results are.
         from .checkpoint import write_json  # noqa: PLC0415 - numpy: off `swarm run --show`'s path
+        intr.ending = True
         rows = summarize(run_dir, spec)
         for row in rows:
             row["restarts"] = launch.restarts.get(row.get("id", ""), 0)
@@ -1086,6 +1093,13 @@ def _save(fig: Any, path: Path) -> Path:
     from .checkpoint import write_whole  # noqa: PLC0415
 
     fig.tight_layout()
+
+    def synced(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            fig.savefig(f, dpi=100, format="png")
+            f.flush()
+            os.fsync(f.fileno())   # a crash after the rename must not leave an empty PNG
+
     # a temporary file renamed over path: a process killed meanwhile leaves no half a PNG
-    write_whole(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    write_whole(path, synced)
     return path

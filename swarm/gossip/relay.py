@@ -515,10 +515,14 @@ class GradientRelay:
         body, arrays = got[0], list(got[1])
         held = [f for _, _, hf in self._held for f in hf]
         frames = len(held) + (self._update_frames if update else 0)
-        nbytes = _nbytes(held) + (self._update_bytes if update else 0) + _HEADER_ROOM
         lim = self._limits
+        data = _nbytes(held) + (self._update_bytes if update else 0)
+        # the header room of _fit: 64 KiB where the updates leave that much twice over, else
+        # the least a header takes (a gradient near the limit still carries a small ride)
+        room = _HEADER_ROOM if lim.max_message_bytes - data >= 2 * _HEADER_ROOM else _HEADER_MIN
+        nbytes = data + room
         left = replace(lim, max_frames=lim.max_frames - frames, max_message_bytes=lim.max_message_bytes - nbytes,
-                       max_header_bytes=lim.max_header_bytes - _HEADER_ROOM)
+                       max_header_bytes=lim.max_header_bytes - room)
         ride = {"x": [body, len(arrays)]}
         try:
             wire.encode(GRAD, self.link.id, body=ride, arrays=arrays, limits=left)
@@ -534,7 +538,7 @@ class GradientRelay:
             (log.warning if not self.stats.rider_refused else log.debug)(
                 "%s what the wire refuses beside the turn's updates (%d frames and up to %d bytes, %d more "
                 "kept for the header): %s; the gradients go without it (stats.rider_refused)",
-                who, frames, nbytes - _HEADER_ROOM, _HEADER_ROOM, e)
+                who, frames, data, room, e)
             self.stats.rider_refused += 1
             refused = getattr(self.rider, "refused", None)
             if refused is not None:

@@ -295,9 +295,17 @@ def test_a_ride_too_large_for_the_relays_message_rides_again_in_halves():
         def learner():
             relay.publish(np.zeros(1000, np.float32), clock=0)   # the ride is left off
             relay.publish(np.zeros(1000, np.float32), clock=1)   # the newest 100 ride
+            relay.publish(np.zeros(1000, np.float32), clock=2)   # then the other 100
         await asyncio.to_thread(learner)
         await asyncio.sleep(0.1)
-        assert (relay.stats.rider_refused, relay.stats.published, fed._per_message) == (1, 2, 100)
-        assert len(got) == 100 and fed.stats.pushed == 100
+        assert (relay.stats.rider_refused, relay.stats.published, fed._ride_cap) == (1, 3, 100)
+        assert len(got) == 200 and fed.stats.pushed == 200 and fed.stats.unsendable == 0
+        # refused() twice for one ride: the second does nothing (pushed went below 0 and
+        # the items were queued twice)
+        buf.add({"obs": np.zeros((4, 84, 84, 4), np.uint8)})
+        assert fed.ride() is not None and fed.stats.pushed == 204
+        fed.refused()
+        fed.refused()
+        assert fed.stats.pushed == 200 and fed._reride.size == 4
         await hub.close()
     asyncio.run(main())

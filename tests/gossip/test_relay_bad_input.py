@@ -367,16 +367,20 @@ def test_a_relayed_clock_that_no_publish_sends_is_refused(clock, where):
 
 def test_a_dense_gradient_that_fits_a_message_with_its_header_is_taken():
     """identity at d = 1,040,000 is 4,160,000 bytes, and its message fits 4 MiB: the relay
-    refused it, reserving 64 KiB of header and a sparse codec's index slack for every codec."""
+    refused it, reserving 64 KiB of header and a sparse codec's index slack for every codec.
+    A small ride still goes with it (the 64 KiB kept for the header refused every one)."""
     async def main():
         hub = SimHub(topology="ring")
         a, b = hub.add_many(2)
         limits = wire.Limits(max_message_bytes=4 * 1024 * 1024)
-        ra = GradientRelay(limited(a, limits), 1_040_000, codec="identity")
-        rb = GradientRelay(b, 1_040_000, codec="identity")
+        riders = [Gives(), Gives()]
+        ra = GradientRelay(limited(a, limits), 1_040_000, codec="identity", rider=riders[0])
+        rb = GradientRelay(b, 1_040_000, codec="identity", rider=riders[1])
+        riders[0].gives = ({"n": 1}, [np.arange(4)])
         ra.publish(np.ones(1_040_000, np.float32), clock=0)
         await settle()
         (g,) = rb.take(before=1)
         assert g.shape == (1_040_000,) and float(g.sum()) == 1_040_000 and not hub.errors
+        assert ra.stats.rider_refused == 0 and riders[1].got == [(a.id, {"n": 1}, [[0, 1, 2, 3]])]
         await hub.close()
     asyncio.run(main())
