@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 import pytest
-from swarmtest import ROOT, wait_for
+from swarmtest import ROOT, reaped, wait_for
 # the helpers of the other `swarm run` tests (tests/ is on the path; experiment/ is a namespace package)
-from experiment.test_run import LONG, _Exited, alive, ended, finish, recorded_pids, run_dir_of, training
+from experiment.test_run import LONG, _Exited, alive, finish, recorded_pids, run_dir_of, training
 
 from swarm.experiment import load_spec
 from swarm.experiment import launch as launch_mod
@@ -63,7 +63,7 @@ def test_a_crash_after_the_runs_deadline_is_reported(tmp_path):
         cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        with ended(p):
+        with reaped(p):
             d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
             pids = recorded_pids(d)
             os.kill(pids["peer0"], signal.SIGSTOP)
@@ -188,7 +188,7 @@ def test_a_coordinator_ended_from_outside_ends_the_run(tmp_path):
     pids: dict[str, int] = {}
     p, log = swarm_run_logged(tmp_path, LONG)
     try:
-        with ended(p):
+        with reaped(p):
             d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
             pids = recorded_pids(d)
             os.kill(pids["coordinator"], signal.SIGTERM)
@@ -210,7 +210,7 @@ def test_a_second_ctrl_c_hurries_the_end(tmp_path):
     pids: dict[str, int] = {}
     p, log = swarm_run_logged(tmp_path, LONG)
     try:
-        with ended(p):
+        with reaped(p):
             d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
             pids = recorded_pids(d)
             os.kill(pids["peer0"], signal.SIGSTOP)
@@ -332,7 +332,7 @@ def test_sighup_ends_the_run_as_ctrl_c_does(tmp_path, output):
         return training(tmp_path, 2)
 
     try:
-        with ended(p):
+        with reaped(p):
             d = wait_for(drained_and_training, timeout=45, what="both peers training")
             pids = recorded_pids(d)
             if master >= 0:
@@ -398,7 +398,7 @@ def test_a_run_started_with_nohup_goes_on_after_sighup(tmp_path):
             return None
 
     try:
-        with ended(p):
+        with reaped(p):
             d = wait_for(peers_started, timeout=45, what="both peers started")
             pids = recorded_pids(d)
             os.kill(p.pid, signal.SIGHUP)
@@ -417,7 +417,7 @@ def test_swarm_run_v_passes_its_verbosity_to_its_children(tmp_path):
     args = [sys.executable, "-m", "swarm.cli", "run", "-v"]
     for s in ["peers=1", "budget.env_steps=300", "dqn.learning_starts=100", "dqn.batch_size=32", "eval.every=0"]:
         args += ["--set", s]
-    with ended(subprocess.Popen(args, cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
+    with reaped(subprocess.Popen(args, cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)) as p:
         out = finish(p, 120)
     assert p.returncode == 0, out
