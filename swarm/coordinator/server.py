@@ -49,6 +49,7 @@ from ..errors import MembershipError, SwarmError, WireError
 from ..wire import Limits
 from ..tasks import supervise
 from .http import StatusServer
+from .report import bound_stats
 from .table import ALIVE, DEAD, SUSPECT, MemberRecord, MemberTable
 
 log = logging.getLogger("swarm.coordinator")
@@ -534,7 +535,6 @@ class Coordinator:
             # peers send their figures on some heartbeats only (once a second);
             # the others are bare liveness beats and the last figures stay. A bounded copy
             # (strings cut, about 8 KiB in all): each member's share of a status reply is small
-            from .report import bound_stats
             rec.stats, rec.stats_at = bound_stats(stats), now
         if (epoch < self.table.epoch and now >= self._grace_until and now - rec.view_sent > 0.25
                 and now - self._published_at.get(epoch + 1, 0.0) > 0.2):

@@ -686,9 +686,14 @@ def write_whole(path: Path, write: Callable[[Path], Any]) -> None:
     fsync_dir(path.parent)
 
 
+def json_bytes(obj: Any, indent: int | None) -> bytes:
+    """``obj`` as the JSON file :func:`write_json` writes."""
+    return (json.dumps(obj, indent=indent) + "\n").encode()
+
+
 def write_json(path: Path, obj: Any, indent: int | None) -> None:
     """Write ``obj`` as JSON to ``path``, synced and replaced whole (:func:`write_whole`)."""
-    write_whole(path, lambda tmp: write_synced(tmp, (json.dumps(obj, indent=indent) + "\n").encode()))
+    write_whole(path, lambda tmp: write_synced(tmp, json_bytes(obj, indent)))
 
 
 def write_lineage(peer_folder: str | Path, lineage: Lineage) -> None:

@@ -65,6 +65,7 @@ import concurrent.futures
 import csv
 import json
 import math
+import io
 import os
 import signal
 import socket
@@ -1092,14 +1093,12 @@ def _legend(ax: Any) -> None:
 def _save(fig: Any, path: Path) -> Path:
     from .checkpoint import write_whole  # noqa: PLC0415
 
+    from ..buffer.persist import write_synced  # noqa: PLC0415
+
     fig.tight_layout()
-
-    def synced(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
-            fig.savefig(f, dpi=100, format="png")
-            f.flush()
-            os.fsync(f.fileno())   # a crash after the rename must not leave an empty PNG
-
-    # a temporary file renamed over path: a process killed meanwhile leaves no half a PNG
-    write_whole(path, synced)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
+    # synced, then renamed over path: a process killed meanwhile leaves no half a PNG, and
+    # a crash after the rename no empty one
+    write_whole(path, lambda tmp: write_synced(tmp, png.getvalue()))
     return path

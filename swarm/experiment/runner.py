@@ -87,9 +87,9 @@ import numpy as np
 from ..buffer.persist import write_synced
 from ..config import to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
-from .checkpoint import (Checkpointer, DivergedCheckpoint, Lineage, array_digest, load_newest, newest_lineage,
-                         nonfinite, read_checkpoint_pt, read_lineage, state_digest, write_json, write_lineage,
-                         write_whole)
+from .checkpoint import (Checkpointer, DivergedCheckpoint, Lineage, array_digest, json_bytes, load_newest,
+                         newest_lineage, nonfinite, read_checkpoint_pt, read_lineage, state_digest, write_json,
+                         write_lineage, write_whole)
 from .spec import Spec
 
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ def _record_resume(out: Path, rec: dict[str, Any], starts: Lineage | None = None
 
     def both(tmp: Path) -> None:
         try:
-            write_synced(tmp, (json.dumps(starts.record(), indent=1) + "\n").encode())   # as write_lineage does
+            write_synced(tmp, json_bytes(starts.record(), indent=1))   # what write_lineage writes
         except OSError as e:
             raise OSError(e.errno, e.strerror, str(out / "run.json")) from e
         record_resumed()

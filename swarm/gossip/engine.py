@@ -836,11 +836,10 @@ class Gossip:
             # end, where it waited out round_timeout for a round nobody else ran
             # (scripts/bench_vs_hivemind.py, 4 peers, one_peer_exponential).
             newest: dict[str, int] = {}   # each sender's latest round (the one most likely to show it)
-            for src, c in self._in.items():
+            for src, c in self._in.items():   # held messages' rounds were checked on arrival
                 for m in c.pending:
-                    r = m.body.get("r")
-                    if isinstance(r, int) and not isinstance(r, bool) and r > newest.get(src, t):
-                        newest[src] = r
+                    if m.body["r"] > newest.get(src, t):
+                        newest[src] = m.body["r"]
             if self.sync != "async" and self._per_edge and newest:
                 newest = self._left_behind(newest, t)
             t = max([t, *newest.values()])
@@ -854,8 +853,8 @@ class Gossip:
             # neighbour ran on), and it and its neighbours waited out round_timeout
             # every round until it had crept forward one round at a time.
             slack = self.max_staleness if self.sync == "bounded" else 0
-            newest = [c.pending[-1].body.get("r") for c in self._in.values() if c.pending]
-            t = max([t] + [r - slack for r in newest if isinstance(r, int) and not isinstance(r, bool)])
+            newest = [c.pending[-1].body["r"] for c in self._in.values() if c.pending]
+            t = max([t] + [r - slack for r in newest])
         res = RoundResult(round=t)
         me, senders, receivers, w = self._positions(t)
         if me < 0:
@@ -1028,8 +1027,7 @@ class Gossip:
         waited ``round_timeout`` for a different partner every round and never caught
         up: a 3 s SIGSTOP of one of 5 live peers cost each of them 40 s of waiting.)"""
         c = self._in.get(j)
-        r = c.pending[-1].body.get("r") if c is not None and c.pending else None
-        return isinstance(r, int) and not isinstance(r, bool) and r > t
+        return c is not None and bool(c.pending) and c.pending[-1].body["r"] > t
 
     def _left_behind(self, newest: dict[str, int], t: int) -> dict[str, int]:
         """Of ``newest`` (each sender's latest round, beyond ``t``), those that show the
