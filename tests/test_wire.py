@@ -164,3 +164,13 @@ def test_view_delta_round_trip():
     assert a.apply(d) == b
     with pytest.raises(ValueError, match="against epoch 3"):
         View(2).apply(d)
+
+
+def test_view_lookup_by_id():
+    from swarm.link import Member, View
+    v = View(5, (Member("a", "x", 0), Member("b", "y", 1), Member("a", "dup", 2)))
+    assert [v.index(i) for i in ("a", "b", "zz")] == [0, 1, -1]
+    assert v.member("b") == Member("b", "y", 1) and v.member("zz") is None
+    assert v.member("a").addr == "x"   # a repeated id: the first, as before
+    assert View(4).apply(v.delta(View(4))).index("b") == 1   # a view built from a delta looks up its own members
+    assert View(1).index("a") == -1
