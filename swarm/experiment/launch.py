@@ -32,7 +32,11 @@ so; the others go on, and the run's exit code is 1.
 ``budget.max_seconds`` limits the whole run: the launcher passes every peer the
 run's deadline in ``SWARM_RUN_DEADLINE`` (a restarted one gets what is left of
 it), and no peer is restarted once the run's time is up. A coordinator that dies
-is started again on the same address; the peers re-register with it.
+is started again on the same address; the peers re-register with it. It too is left
+down after ``MAX_RESTARTS`` restarts (e.g. another process took its port: every start
+fails to bind), or at once on a configuration error, with a line that says so; without
+it no peer could rejoin nor be restarted, so the run then ends (the peers write their
+results first) and its exit code is 1.
 
 A crash is any end of a process that the launcher did not cause, whenever it
 comes (a peer that exits 0 has spent its budget; the coordinator never ends by
@@ -157,20 +161,21 @@ class Launch:
     resumed: Path | None = None
     #: each child gets this many ``-v`` (``swarm run -v``): 1 logs INFO to its log file, 2 DEBUG
     verbose: int = 0
-    _logs: list[TextIO] = field(default_factory=list)
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> _Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        # A restarted child appends: the log of the process it replaces says why that one died.
-        f = open(log_path, "a" if any(c.name == name for c in self.children) else "w")
-        self._logs.append(f)
         env = dict(os.environ, PYTHONUNBUFFERED="1", SWARM_PARENT_PID=str(os.getpid()), **(env or {}))
         # A session of their own: Ctrl-C in the terminal reaches only `swarm run`,
         # which then ends each child in order (peers first, so they can leave cleanly).
         loud = ["-" + "v" * min(self.verbose, 2)] if self.verbose > 0 else []
-        p = subprocess.Popen([sys.executable, "-m", "swarm.cli", *loud, *args], stdout=f,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        # A restarted child appends: the log of the process it replaces says why that one died.
+        # The child writes through its own copy of the descriptor, so the launcher closes its
+        # copy at once (kept open, each restart held one more until the run ended).
+        with open(log_path, "a" if any(c.name == name for c in self.children) else "w") as f:
+            p = subprocess.Popen([sys.executable, "-m", "swarm.cli", *loud, *args], stdout=f,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                 start_new_session=True)
         c = _Child(name, p, log_path)
         self.children.append(c)
         self._write_pids()
@@ -207,11 +212,8 @@ class Launch:
             c.proc.wait()
 
     def close(self) -> None:
-        """End every child (immediately) and close the log files."""
+        """End every child (immediately)."""
         self.end(grace=2.0)
-        for f in self._logs:
-            f.close()
-        self._logs.clear()
 
 
 class _Interrupt:
@@ -436,8 +438,8 @@ class RunResult:
     """What :func:`run_experiment` returns: how the run ended and where its results are."""
 
     #: 0: every peer spent its budget (or the task was solved); 1: a process crashed, at any
-    #: time (with ``restart_dead``: a peer was left down, see :data:`MAX_RESTARTS`, or crashed
-    #: after the run's time was up or after its final summary; the stream has the tail of its
+    #: time (with ``restart_dead``: a peer or the coordinator was left down, see :data:`MAX_RESTARTS`,
+    #: or a peer crashed after the run's time was up or after its final summary; the stream has the tail of its
     #: log, ``run_dir/logs/`` all of it, and its summary row's ``reason`` says so)
     exit_code: int
     #: the run folder, ``runs_root/<name>-<YYYYmmdd-HHMMSS>/``
@@ -759,7 +761,8 @@ def _peer_args(config: Path, rank: int, addr: str, run_dir: Path) -> list[str]:
     return ["peer", "--spec", str(config), "--rank", str(rank), "--coordinator", addr, "--run-dir", str(run_dir)]
 
 
-#: restarts per peer before `swarm run` lets it stay dead (a peer that crashes at once would loop)
+#: restarts per peer, and of the coordinator, before `swarm run` lets it stay dead (one that
+#: crashes at once would loop: a coordinator whose address another process took meanwhile)
 MAX_RESTARTS = 20
 #: How `swarm peer` reports a resume that cannot be done (no checkpoint of the old run loads,
 #: or one does not fit the spec): a ConfigError, so the note follows it, but this line says
@@ -770,11 +773,11 @@ RESTART_WAIT_S = 30.0
 
 
 def _lasting_error(log: Path) -> bool:
-    """Whether a peer's log ends in an error that every start of it would meet again: a
+    """Whether a child's log ends in an error that every start of it would meet again: a
     ConfigError (a checkpoint that does not fit the spec, a resume that cannot be done, a
-    config.json changed under the run), which a peer of `swarm run` follows with
+    config.json changed under the run), which a child of `swarm run` follows with
     ``cli.CONFIG_ERROR_NOTE``. Exit code 2 alone says no more than "a SwarmError", which a
-    restart may well cure (a refused takeover, a join that timed out)."""
+    restart may well cure (a refused takeover, a join that timed out, an address in use)."""
     from ..cli import CONFIG_ERROR_NOTE  # noqa: PLC0415 - cli imports this module lazily too
 
     last = _tail(log, 3)
@@ -808,25 +811,48 @@ def _crashed_after_summary(launch: Launch, r: int, c: _Child, out: TextIO) -> bo
     return True
 
 
+def _left_down(launch: Launch, c: _Child, out: TextIO) -> bool:
+    """restart_dead: whether crashed ``c`` (a peer or the coordinator) stays down, because its
+    start failed on an error that every start would meet again or it crashed again after
+    :data:`MAX_RESTARTS` restarts. If so, says why with the last lines of its log and records
+    it in ``given_up``."""
+    if c.proc.returncode == 2 and _lasting_error(c.log):
+        launch.given_up[c.name] = "error; not restarted"
+        print(f"swarm run: {c.exited()} on an error that a restart would meet again; not "
+              f"restarting it; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)
+        return True
+    if launch.restarts.get(c.name, 0) >= MAX_RESTARTS:
+        launch.given_up[c.name] = f"crashed; not restarted after {MAX_RESTARTS} restarts"
+        print(f"swarm run: {c.exited()} after {MAX_RESTARTS} restarts (the limit); not restarting "
+              f"it again; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)
+        return True
+    return False
+
+
 def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], addr: str,
                      pending: dict[int, float], out: TextIO, ending: bool = False) -> _Child:
     """restart_dead: start a dead coordinator again at once, and each crashed peer once the
     coordinator lets its id be taken over. Returns the (possibly new) coordinator.
 
     Not restarted, each with a line and a ``given_up`` reason (the run's exit code is 1): a
-    peer that crashed after its final summary (see :func:`_crashed_after_summary`), and any
-    peer that crashed once the run's time is up or while ``ending`` (the others are ending).
+    peer or coordinator that :func:`_left_down` leaves down (then :func:`_supervise` ends the
+    run), a peer that crashed after its final summary (see :func:`_crashed_after_summary`),
+    and any peer that crashed once the run's time is up, while ``ending`` (the others are
+    ending) or with the coordinator left down.
     """
     now = time.monotonic()
     # The coordinator never ends by itself: an exit 0 is a SIGTERM from someone else.
-    if coord.proc.poll() is not None and not coord.ended_by_us:
+    if (coord.proc.poll() is not None and not coord.ended_by_us and "coordinator" not in launch.given_up
+            and not _left_down(launch, coord, out)):
         launch.restarts["coordinator"] = launch.restarts.get("coordinator", 0) + 1
         print(f"swarm run: {coord.exited()}; starting it again on {addr}", file=out, flush=True)
         coord = launch.start("coordinator", _coordinator_args(spec, addr))
     late = launch.deadline is not None and time.time() >= launch.deadline
-    why = "the run's time is up" if late else "the run is ending" if ending else ""
+    why = ("the run's time is up" if late else "the run is ending" if ending
+           else "the coordinator is down" if "coordinator" in launch.given_up else "")
     if why:
-        # No restart once the run's time is up or it is ending: the other peers are ending too.
+        # No restart once the run's time is up, it is ending, or the coordinator is left down:
+        # the other peers are ending too.
         for r in sorted(pending):
             c = peers[r]
             launch.given_up[c.name] = f"crashed; not restarted ({why})"
@@ -837,22 +863,13 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
         name = f"peer{r}"
         if r in pending or c.proc.poll() in (None, 0) or c.ended_by_us or name in launch.given_up:
             continue
-        rc = c.proc.returncode
         if _crashed_after_summary(launch, r, c, out):
             continue
         if why:
             launch.given_up[name] = f"crashed; not restarted ({why})"
             print(f"swarm run: {c.exited()}; not restarting it: {why}; last lines of {c.log}:\n{_tail(c.log)}",
                   file=out, flush=True)
-        elif rc == 2 and _lasting_error(c.log):
-            launch.given_up[name] = "error; not restarted"
-            print(f"swarm run: {c.exited()} on an error that a restart would meet again; not "
-                  f"restarting it; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)
-        elif launch.restarts.get(name, 0) >= MAX_RESTARTS:
-            launch.given_up[name] = f"crashed; not restarted after {MAX_RESTARTS} restarts"
-            print(f"swarm run: {c.exited()} after {MAX_RESTARTS} restarts (the limit); not restarting "
-                  f"it again; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)
-        else:
+        elif not _left_down(launch, c, out):
             print(f"swarm run: {c.exited()}; restarting it once the coordinator has declared it dead "
                   f"(its log: {c.log})", file=out, flush=True)
             pending[r] = now
@@ -900,6 +917,14 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
             return 130
         if spec.restart_dead:
             coord = _restart_crashed(launch, spec, coord, peers, addr, pending, out, ending=stopping)
+            if "coordinator" in launch.given_up:
+                # Left down: no peer could rejoin nor a crashed one be restarted, so the run ends
+                # as a coordinator crash without restart_dead ends it.
+                progress.done()
+                print("swarm run: the coordinator is down for good; ending the peers (they write their "
+                      "results first)", file=out, flush=True)
+                launch.end(peers, hurry=intr.hurry)
+                return 1
         # Without restart_dead a crash ends the run, whenever it comes (the coordinator never
         # ends by itself: an exit 0 is a SIGTERM from someone else; a peer's 0 is its budget spent).
         for r, c in [(-1, coord), *enumerate(peers)]:
