@@ -17,7 +17,8 @@ Streams and copies
     all its receivers). On time-varying ones (one-peer exponential, random
     pairing) it keeps one stream per receiver, because a receiver that is not
     heard from every round cannot follow a broadcast copy. Each stream carries a
-    version; a receiver holds one copy per sender with that version.
+    version; a receiver holds one copy per sender with that version, for its
+    most recently heard-from senders only (:meth:`Gossip._drop_unused_copies`).
 
     A receiver that is new to a stream, whose send failed, or that reports a gap
     (``gsp_nack``) is sent the *full* public copy (dense float32) instead of a
@@ -89,6 +90,14 @@ MODES = ("params", "pseudo_gradient")
 # streams the least recently used is forgotten (its next meeting starts full).
 # The one-peer exponential graph keeps its τ = ceil(log2 n) receivers' streams.
 _MAX_EDGE_STREAMS = 8
+
+# Receivers keep the copies of this many times as many senders as a sender keeps
+# streams (see Gossip._drop_unused_copies), the most recently heard from. A copy is
+# of use only while its sender keeps a stream to us; twice as many keeps a dropped
+# copy rare, and a dropped one costs one nack and one full state. Unbounded, random
+# pairing held n − 1 copies a peer (1 GB at 256 peers and d = 1e6), and a ring filled
+# one join at a time left rank 0 a copy of every peer that was once its neighbour.
+_IN_COPIES_PER_STREAM = 2
 
 # Messages held per sender until a round applies them, past max_staleness. A peer
 # normally holds one or two (async: one per round the sender ran since ours); one
@@ -370,7 +379,7 @@ class Gossip:
         self._sends_state = probe.name == "identity"   # see round()
         self._out: OrderedDict[str, _OutStream] = OrderedDict()  # key "" = broadcast stream
         self._forgotten: set[str] = set()   # keys of streams dropped mid-run (see _stream_for)
-        self._in: dict[str, _InCopy] = {}
+        self._in: OrderedDict[str, _InCopy] = OrderedDict()   # least recently heard from first
         self._arrived = asyncio.Event()
         # Senders a round waited for until its deadline, in vain: later rounds do not
         # wait for them again until something from them arrives. A neighbour that is
@@ -412,7 +421,8 @@ class Gossip:
         Call it on the link's loop before building another engine on the same peer,
         which otherwise gets every message too (a notebook cell run again). Closing
         twice does nothing; :meth:`round` (and :meth:`bootstrap`) on a closed engine
-        raises :class:`~swarm.errors.GossipError`. A link without ``off``/``off_view`` (a test
+        raises :class:`~swarm.errors.GossipError`, and a round in flight stops waiting for
+        its neighbours (it mixes what arrived and says so in ``reason``). A link without ``off``/``off_view`` (a test
         double; :class:`~swarm.peer.Peer` and :class:`~swarm.gossip.sim.SimLink` have
         them) keeps what it holds.
         """
@@ -425,6 +435,7 @@ class Gossip:
                 off(t, h)
         if off_view is not None:
             off_view(self._on_view)
+        self._arrived.set()   # a round in flight stops waiting for its neighbours
 
     def _snapshot(self) -> tuple[np.ndarray, bool]:
         """A copy of x for an identity round, in a recycled buffer where one is free,
@@ -531,6 +542,8 @@ class Gossip:
         copy = self._in.get(msg.src)
         if copy is None:
             copy = self._in[msg.src] = _InCopy(self.d, make_codec(self.codec_spec))
+        else:
+            self._in.move_to_end(msg.src)
         copy.pending.append(msg)
         if len(copy.pending) > _MAX_PENDING + self.max_staleness:
             copy.pending.popleft()
@@ -764,13 +777,34 @@ class Gossip:
             s.ver, s.zeroed = 1, False   # a version the receiver never had: sent full
             self._forgotten.discard(key)
         self._out[key] = s
-        # the one-peer exponential graph cycles through τ = ceil(log2 n) receivers:
-        # past 256 peers a cap of 8 forgot each stream before its next use
-        cap = max(_MAX_EDGE_STREAMS, (len(self._view.members) - 1).bit_length()
-                  if self.topology == "one_peer_exponential" else 0)
-        if self._per_edge and len(self._out) > cap:
+        if self._per_edge and len(self._out) > self._stream_cap():
             self._forgotten.add(self._out.popitem(last=False)[0])
         return s
+
+    def _stream_cap(self) -> int:
+        """Per-receiver streams a peer keeps on a time-varying graph (see ``_MAX_EDGE_STREAMS``)."""
+        # the one-peer exponential graph cycles through τ = ceil(log2 n) receivers:
+        # past 256 peers a cap of 8 forgot each stream before its next use
+        return max(_MAX_EDGE_STREAMS, (len(self._view.members) - 1).bit_length()
+                   if self.topology == "one_peer_exponential" else 0)
+
+    def _drop_unused_copies(self, senders: list[str]) -> None:
+        """Drop the least recently heard-from copies past ``_IN_COPIES_PER_STREAM`` times
+        the senders' stream cap, never fewer than this round's ``senders``.
+
+        A copy is of use only while its sender keeps a stream to this peer: a sender
+        keeps its ``_stream_cap()`` most recent receivers' streams (time-varying
+        graphs), or only its current receivers (static ones, where a sender whose view
+        lags behind ours may still send for a few rounds). This round's senders and
+        copies with messages still to apply are always kept. A sender whose copy was
+        dropped and that still sends deltas is nacked (a new copy has no version) and
+        sends a full state, as to any receiver new to its stream."""
+        keep = max(len(senders), _IN_COPIES_PER_STREAM * self._stream_cap())
+        current = set(senders)
+        for src in [s for s, c in self._in.items() if s not in current and not c.pending]:
+            if len(self._in) <= keep:
+                break
+            del self._in[src]
 
     def _wire_size(self, t: str, body: dict, arrays: list) -> int:
         """Bytes of this message on the wire (header + frames), as the link will send it."""
@@ -960,6 +994,9 @@ class Gossip:
                                                and not self._went_past(j, t)]
             if not waiting:
                 break
+            if self._closed:
+                res.reason = "the engine was closed during the round"
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 if self._has_averaged:
@@ -997,6 +1034,7 @@ class Gossip:
             if not res.reason:
                 res.reason = ("alone in the view" if not senders
                               else "no neighbour's state arrived in time")
+        self._drop_unused_copies(senders)
         # what arrived since the last round, not only during this one: neighbours'
         # messages mostly land while this peer trains between rounds
         res.bytes_in, res.rejected = self._bytes_in, self._rejected
@@ -1080,8 +1118,8 @@ class Gossip:
     async def _drain(self, upto: int | None) -> set[str]:
         nacked = set()
         for src in list(self._in):
-            copy = self._in[src]
-            if not copy.pending:
+            copy = self._in.get(src)   # a view installed while a nack below waited drops copies
+            if copy is None or not copy.pending:
                 continue
             gaps = self._apply_pending(src, copy, upto)
             if gaps and self._view.index(src) >= 0:

@@ -10,7 +10,7 @@ import pytest
 
 from swarm.errors import GossipError
 from swarm.gossip import Gossip
-from swarm.gossip.engine import T_BOOT, T_BOOT_REQ, T_FULL
+from swarm.gossip.engine import T_BOOT, T_BOOT_REQ, T_DELTA, T_FULL, T_NACK
 from swarm.gossip.sim import SimHub, run_rounds
 
 
@@ -188,4 +188,79 @@ def test_a_bootstrap_while_a_round_runs_raises_and_changes_nothing():
         # once it is over, a bootstrap runs
         assert sorted(await g0.bootstrap(donors=2, timeout=10.0)) == ["b", "c"]
         await hub.close()
+    asyncio.run(main())
+
+
+def test_closing_an_engine_ends_its_round_in_flight():
+    # The round waited out its round_timeout for neighbours whose messages could no
+    # longer reach it, and then said none had arrived in time.
+    async def main():
+        hub, links, xs, (g0,) = three(engines_on=1, round_timeout=60.0)   # b and c never send
+        before = xs[0].copy()
+        t = asyncio.ensure_future(g0.round())
+        await until(lambda: g0._running, "the round to start")
+        await asyncio.sleep(0.05)
+        g0.close()
+        res = await asyncio.wait_for(t, 20)   # far below the round's 60 s
+        assert res.reason == "the engine was closed during the round" and not res.participants
+        assert np.array_equal(xs[0], before)   # nothing arrived: nothing mixed
+        with pytest.raises(GossipError):
+            await g0.round()
+
+    asyncio.run(main())
+
+
+class _NackWaits:
+    """A link to b and c where a nack waits (the neighbour's queue is full), during which
+    the peer's loop installs a view without c."""
+
+    id = "a"
+
+    def __init__(self):
+        from swarm.link import Member, View
+        self.view = View(1, (Member("a", "tcp://127.0.0.1:1", 0), Member("b", "tcp://127.0.0.1:2", 1),
+                             Member("c", "tcp://127.0.0.1:3", 2)))
+        self.handlers, self.view_callbacks, self.nacks = {}, [], []
+
+    def neighbours(self):
+        return [m.id for m in self.view.members if m.id != self.id]
+
+    async def send(self, dst, t, body=None, arrays=(), *, timeout=None):
+        from swarm.link import View
+        if t == T_NACK:
+            self.nacks.append(dst)
+            self.view = View(2, tuple(m for m in self.view.members if m.id != "c"))
+            for cb in self.view_callbacks:
+                cb(self.view)
+            await asyncio.sleep(0.01)
+            return False
+        return True
+
+    def send_nowait(self, dst, t, body=None, arrays=()):
+        return True
+
+    def on(self, t, handler):
+        self.handlers[t] = handler
+
+    def on_view(self, callback):
+        self.view_callbacks.append(callback)
+
+
+def test_a_view_installed_while_a_nack_waits_does_not_break_the_round():
+    # _drain went on to the copy of c, which the new view had dropped: KeyError out of round().
+    from swarm.wire import Message
+
+    async def main():
+        link = _NackWaits()
+        x = np.ones(8, np.float32)
+        g = Gossip(link, x, topology="ring", codec="ef+topk:0.5", sync="lockstep", round_timeout=1.0)
+        # b's delta has a version its copy never had (a nack is due); c's full state is good
+        link.handlers[T_DELTA](Message(t=T_DELTA, src="b", body={"r": 0, "ver": 5, "meta": {}}))
+        link.handlers[T_FULL](Message(t=T_FULL, src="c", body={"r": 0, "ver": 1},
+                                      arrays=[np.zeros(8, np.float32)]))
+        res = await g.round()
+        assert link.nacks == ["b"] and "c" not in g._in and "c" not in res.participants
+        assert np.array_equal(x, np.ones(8, np.float32))   # neither copy was usable this round
+        await g.round()   # and the next round runs
+
     asyncio.run(main())
