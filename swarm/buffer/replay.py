@@ -14,6 +14,12 @@ Each item has an *index*: its insertion number, unique for the life of the
 buffer. Its slot is ``index % capacity``; a slot remembers the index it holds,
 so a priority update for an index whose slot has been overwritten since it was
 sampled is ignored (slot generations).
+
+Each item also has an *id*, ``(origin peer, seq)``, by which peers sharing items
+tell them apart. A buffer numbers its own items from a floor taken from the wall
+clock (:func:`seq_floor`), not from 0: a process restarted under the same peer id
+with a fresh buffer must not hand out ids its predecessor gave to items that
+neighbours still hold (they would drop the new items as duplicates).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from .limiter import RateLimiter
 from .schema import Schema
 from .sumtree import SumTree
 
-__all__ = ["ReplayBuffer", "Sample", "Items", "SAMPLERS"]
+__all__ = ["ReplayBuffer", "Sample", "Items", "SAMPLERS", "seq_floor"]
 
 SAMPLERS = ("prioritized", "uniform", "fifo")
 
@@ -48,6 +54,20 @@ _FEW = 32
 # the last compaction if that is more (see ReplayBuffer._compact_peers).
 _COMPACT_PEERS = 64
 _SEQ_MAX = int(np.iinfo(np.int64).max)
+# Local seqs issued per millisecond of wall clock before a successor's floor could
+# fall among them (see seq_floor).
+_SEQ_PER_MS_BITS = 16
+
+
+def seq_floor() -> int:
+    """A first local sequence number above any that an earlier process could have issued.
+
+    Milliseconds since the epoch times 65,536: a process that started earlier under
+    the same peer id issued ids below this unless it added more than 65,536 items
+    per millisecond since its own start, or the wall clock was set back between the
+    two starts. Fits an int64 for another ~4,000 years.
+    """
+    return (time.time_ns() // 1_000_000) << _SEQ_PER_MS_BITS
 
 
 @dataclass
@@ -115,6 +135,10 @@ class ReplayBuffer:
         clock: seconds (a finite number; anything else is a ReplayError when read), used
             for the origin time of locally added items and for age.
         peer_id: the origin id stamped on locally added items.
+        first_seq: the seq of the first locally added item (ids are ``(peer_id, seq)``).
+            Default: :func:`seq_floor`, from the wall clock, so that a process restarted
+            under the same ``peer_id`` issues no id its predecessor did; pass 0 for ids
+            that are the same in every run (tests).
         limiter: a :class:`RateLimiter` (default: ``min_size=1``, no ratio).
 
     Thread-safe: sampling, adding, updating and saving may run on different threads.
@@ -124,7 +148,7 @@ class ReplayBuffer:
                  eps: float = 1e-6, decay: float = 0.0, prioritized: bool = True,
                  sampler: str | None = None, stratified: bool = True, seed: int | None = None,
                  clock: Callable[[], float] = time.time, peer_id: str = "local",
-                 limiter: RateLimiter | None = None) -> None:
+                 first_seq: int | None = None, limiter: RateLimiter | None = None) -> None:
         self.schema = Schema(schema)
         if not (is_int(capacity) and capacity >= 1):
             raise ReplayError(f"capacity must be an int >= 1, got {capacity!r}")
@@ -142,6 +166,8 @@ class ReplayBuffer:
         # The seed goes into snapshots' meta.json: an int or None, nothing numpy-only.
         if seed is not None and not (is_int(seed) and seed >= 0):
             raise ReplayError(f"seed must be an int >= 0 or None, got {seed!r}")
+        if first_seq is not None and not (is_int(first_seq) and 0 <= first_seq <= _SEQ_MAX):
+            raise ReplayError(f"first_seq must be an int in [0, {_SEQ_MAX}] or None, got {first_seq!r}")
         if not callable(clock):
             raise ReplayError(f"clock must be a function returning seconds, got {clock!r}")
         if limiter is not None and not isinstance(limiter, RateLimiter):
@@ -175,7 +201,7 @@ class ReplayBuffer:
         self._peer_index: dict[str, int] = {peer_id: 0}
         self._compact_at = _COMPACT_PEERS   # compact the origin list when it grows past this
         self._next = 0            # index of the next item written
-        self._next_seq = 0        # next local sequence number
+        self._next_seq = seq_floor() if first_seq is None else int(first_seq)   # next local seq
         self._read = 0            # FIFO cursor (an index)
         self._max_p = 1.0         # running max raw priority; new items get it
         self._base = self._now() if self.decay else 0.0
@@ -232,6 +258,9 @@ class ReplayBuffer:
         if n == 0:
             return np.zeros(0, dtype=np.int64)
         with self._lock:
+            if self._next_seq > _SEQ_MAX - n + 1:
+                raise ReplayError(f"local seqs would pass {_SEQ_MAX} (the next is {self._next_seq}, "
+                                  f"{n} items): nothing stored; give a smaller first_seq")
             seqs = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
             self._next_seq += n
             idx = self._write(arrays, n, 0, seqs, t, None)
@@ -275,7 +304,7 @@ class ReplayBuffer:
             if a.shape != (n,) or a.dtype.kind not in kind:
                 raise ReplayError(f"items.{name}: expected shape ({n},) of kind {kind!r}, "
                                   f"got {a.shape} {a.dtype}")
-        # Local seqs count up from 0; a uint64 past int64's range would wrap to a negative id.
+        # Local seqs count up from a floor >= 0; a uint64 past int64's range would wrap to a negative id.
         if n and (seqs.min() < 0 or seqs.max() > _SEQ_MAX):
             raise ReplayError(f"items.seqs must be in [0, {_SEQ_MAX}], got [{seqs.min()}, {seqs.max()}]")
         if n and (origins.min() < 0 or origins.max() >= len(items.peers)):

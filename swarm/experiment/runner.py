@@ -84,7 +84,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from ..buffer.persist import write_synced
+from ..buffer.persist import resume_sequence, write_synced
+from ..buffer.replay import seq_floor
 from ..config import to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
 from .checkpoint import (Checkpointer, DivergedCheckpoint, Lineage, array_digest, json_bytes, load_newest,
@@ -109,6 +110,9 @@ EVAL_FIELDS = ["wall_s", "cpu_s", "env_steps", "eval_return"]
 TRAFFIC_KEYS = ("gossip_bytes_out", "gossip_bytes_in", "bytes_out", "bytes_in")
 #: with gossip.exchange = gradients, summary.json keeps a digest of the parameters every this many updates
 DIGEST_EVERY = 100
+#: ... all of the last 2 × this many, and fewer of the older ones the older they are (:func:`_thin_digests`,
+#: run once every this many digest points)
+DIGESTS_RECENT = 100
 
 
 def peer_dir(run_dir: str | Path, rank: int) -> Path:
@@ -150,6 +154,29 @@ def _read_checkpoint_pt(path: Path, skipped: list[str], run: str | None = None) 
         log.warning("%s", e)
         skipped.append(str(e))
         return None
+
+
+def _thin_digests(digests: dict[int, str], newest: int, recent: int) -> None:
+    """Drop the digests (update count -> digest, one per ``DIGEST_EVERY`` updates) that
+    ``summary.json`` no longer keeps, ``newest`` being the latest update count.
+
+    Of the digest points ``a`` points older than the newest, all of the last ``2·recent``
+    are kept, and of those with ``a`` in ``[2^j·recent, 2^(j+1)·recent)`` (j >= 1) one in
+    ``2^j``: those whose point number (count / DIGEST_EVERY) is a multiple of ``2^j``.
+    That is ``recent·(2 + log2(n / (2·recent)))`` of ``n`` points: 1,195 after 20 million
+    updates, 0.06 MB of summary.json (all 200,000 were kept: 33 MB in memory, 9.5 MB in
+    the file). What is kept depends only on the counts and only shrinks as the run goes
+    on, so peers that reached about the same count hold the same older counts, and the
+    launcher still finds where their copies began to differ
+    (:func:`swarm.experiment.launch._first_divergence`): exactly in the last
+    ``2·recent`` points, else to within ``1/recent`` of how far before the end that was.
+    """
+    last = newest // DIGEST_EVERY
+    for u in list(digests):
+        point = u // DIGEST_EVERY
+        stride = 1 << max(0, ((last - point) // recent).bit_length() - 1)   # 1 for the last 2·recent
+        if point % stride:
+            del digests[u]
 
 
 def _goes_on(out: Path, old: Path | None, rejoin: bool, new_run: bool = False) -> Lineage | None:
@@ -927,12 +954,14 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         if skipped:
             summary["resume_skipped"] = skipped
         state.env_steps = done_steps
+        # On every start: ids an earlier process under this peer id issued (after its
+        # checkpoint, or all of them: it may have died before its first one, and then
+        # this start is neither a --replace nor a resume) may live at neighbours, which
+        # would drop new items that reuse them. New local items take numbers above any
+        # that process could have used (a fresh buffer starts there already; a restored
+        # one goes on from its checkpoint's).
+        resume_sequence(buf, seq_floor())
         if rejoin or resume_from is not None:
-            # Ids the process it continues issued after its checkpoint (all of them, when it
-            # starts again from step 0 or from checkpoint.pt) may live at neighbours: new
-            # local items take numbers above any that process could have used.
-            from ..buffer.persist import resume_sequence  # noqa: PLC0415
-            resume_sequence(buf, (time.time_ns() // 1_000_000) << 16)
             src = peer_dir(resume_from, rank) if resume_from is not None else out
             _at_start(run_dir, lambda: _carry_best(src, out, summary, continued=src if same_run else None, run=run),
                       out / "best.pt")
@@ -1112,6 +1141,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             if u and u % DIGEST_EVERY == 0 and u not in digests:
                 digests[u] = array_digest(x)
                 relay.note_digest(u, digests[u])   # others compare theirs with it (repair)
+                if (u // DIGEST_EVERY) % DIGESTS_RECENT == 0:
+                    _thin_digests(digests, u, DIGESTS_RECENT)   # bounded: the older, the fewer
 
         def adopt(snap: Any) -> bool:
             """Load the copy a neighbour sent when this peer fell out of step; whether it did."""

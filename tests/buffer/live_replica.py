@@ -30,7 +30,7 @@ async def main(coord: str, pid: str, n: int, out: Path) -> None:
     async with Peer(coordinators=[coord], id=pid, topology="ring") as peer:
         await peer.wait_view(lambda v: len(v.members) == n, timeout=30.0)
         await peer.wait_linked(30.0)
-        buf = ReplayBuffer(SCHEMA, 100_000, peer_id=pid, seed=0)
+        buf = ReplayBuffer(SCHEMA, 100_000, first_seq=0, peer_id=pid, seed=0)
         fed = Federation(buf, peer, share=0.0, replicas=1, ack_timeout=0.5)
         k = 0
         acked: list[int] = []

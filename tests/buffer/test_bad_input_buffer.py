@@ -42,7 +42,7 @@ def test_a_big_endian_schema_is_stored_native_and_its_items_are_shared():
     wire: every flush raised WireError, after taking the new items off its list."""
     async def main():
         hub = Hub()
-        a = ReplayBuffer({"obs": (">f4", (2,))}, 8, peer_id="a")
+        a = ReplayBuffer({"obs": (">f4", (2,))}, 8, first_seq=0, peer_id="a")
         b = ReplayBuffer(SCHEMA, 8, peer_id="b")
         fa = Federation(a, hub.link("a", ["b"]), share=1.0)
         Federation(b, hub.link("b", ["a"]))

@@ -20,7 +20,7 @@ def items(n, start=0):
 
 
 def peer(hub, name, nbrs, cap=1000, **kw):
-    buf = ReplayBuffer(SCHEMA, cap, seed=hash(name) % 100, peer_id=name,
+    buf = ReplayBuffer(SCHEMA, cap, first_seq=0, seed=hash(name) % 100, peer_id=name,
                        limiter=kw.pop("limiter", None))
     return buf, Federation(buf, hub.link(name, nbrs), seed=1, **kw)
 
@@ -420,7 +420,7 @@ def test_riding_on_the_relay_shares_new_items_with_the_neighbours_only():
     async def main():
         hub = SimHub(topology="ring")
         links = hub.add_many(4)
-        bufs = [ReplayBuffer(SCHEMA, 1000, seed=i, peer_id=ln.id) for i, ln in enumerate(links)]
+        bufs = [ReplayBuffer(SCHEMA, 1000, first_seq=0, seed=i, peer_id=ln.id) for i, ln in enumerate(links)]
         feds = [Federation(b, ln, share=0.5, seed=1, ride=True) for b, ln in zip(bufs, links)]
         relays = [GradientRelay(ln, 8, topology="ring", rider=f) for ln, f in zip(links, feds)]
         bufs[0].add(items(10))
@@ -452,7 +452,7 @@ def test_a_bad_ride_is_dropped_and_counted_and_its_gradient_goes_through():
     async def main():
         hub = SimHub(topology="ring")
         links = hub.add_many(3)
-        bufs = [ReplayBuffer(SCHEMA, 100, seed=i, peer_id=ln.id) for i, ln in enumerate(links)]
+        bufs = [ReplayBuffer(SCHEMA, 100, first_seq=0, seed=i, peer_id=ln.id) for i, ln in enumerate(links)]
         feds = [Federation(b, ln, seed=1, ride=True) for b, ln in zip(bufs, links)]
         relays = [GradientRelay(ln, 4, rider=f) for ln, f in zip(links, feds)]
         body = {"o": links[0].id, "s": 1, "h": 1, "c": 0, "meta": {"codec": "identity", "n": 4}}
@@ -468,7 +468,7 @@ def test_a_bad_ride_is_dropped_and_counted_and_its_gradient_goes_through():
 
 def test_riding_without_a_relay_keeps_a_bounded_backlog():
     hub = Hub()
-    buf = ReplayBuffer(SCHEMA, 1000)
+    buf = ReplayBuffer(SCHEMA, 1000, first_seq=0)
     fed = Federation(buf, hub.link("a", ["b"]), share=1.0, ride=True, max_items=16)
     for k in range(100):
         buf.add(items(1, start=k))
@@ -525,7 +525,7 @@ def test_an_item_decayed_to_nothing_does_not_sink_the_push_it_goes_in():
     async def main():
         clock = [1e6]
         hub = Hub()
-        a = ReplayBuffer(SCHEMA, 100, decay=0.01, clock=lambda: clock[0], peer_id="a")
+        a = ReplayBuffer(SCHEMA, 100, first_seq=0, decay=0.01, clock=lambda: clock[0], peer_id="a")
         b = ReplayBuffer(SCHEMA, 100, decay=0.01, clock=lambda: clock[0], peer_id="b")
         fa = Federation(a, hub.link("a", ["b"]), share=1.0)
         fb = Federation(b, hub.link("b", ["a"]))

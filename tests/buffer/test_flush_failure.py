@@ -60,7 +60,7 @@ def limited(link, max_bytes):
 def test_shared_items_go_at_the_next_flush_after_a_send_raised():
     async def main():
         hub = Hub()
-        a = ReplayBuffer(SCHEMA, 64, peer_id="a")
+        a = ReplayBuffer(SCHEMA, 64, first_seq=0, peer_id="a")
         la = hub.link("a", ["b", "c"])
         fa = Federation(a, la, share=1.0)
         b, c = ReplayBuffer(SCHEMA, 64, peer_id="b"), ReplayBuffer(SCHEMA, 64, peer_id="c")
@@ -88,7 +88,7 @@ def test_a_share_that_raised_loses_no_item_to_replication():
     table: they were neither shared nor ever replicated (under_replicated 0)."""
     async def main():
         hub = Hub()
-        a = ReplayBuffer(SCHEMA, 64, peer_id="a")
+        a = ReplayBuffer(SCHEMA, 64, first_seq=0, peer_id="a")
         la = hub.link("a", ["b"])
         fa = Federation(a, la, share=1.0, replicas=1)
         b = ReplayBuffer(SCHEMA, 64, peer_id="b")
@@ -114,7 +114,7 @@ def test_a_replication_push_that_raised_goes_at_the_next_flush_without_backoff()
     target had not answered (and the target's resends were backed off)."""
     async def main():
         hub = Hub()
-        a = ReplayBuffer(SCHEMA, 64, peer_id="a")
+        a = ReplayBuffer(SCHEMA, 64, first_seq=0, peer_id="a")
         la = hub.link("a", ["b"])
         fa = Federation(a, la, share=0.0, replicas=1, ack_timeout=600.0)
         b = ReplayBuffer(SCHEMA, 64, peer_id="b")
@@ -203,7 +203,7 @@ def test_a_message_too_large_for_the_wire_goes_in_smaller_ones(replicas, share):
     (shared) or never got through (replicated: resent whole each ack_timeout)."""
     async def main():
         hub = Hub()
-        a = ReplayBuffer(SCHEMA, 256, peer_id="a")
+        a = ReplayBuffer(SCHEMA, 256, first_seq=0, peer_id="a")
         la = hub.link("a", ["b"])
         fa = Federation(a, la, share=share, replicas=replicas)
         b = ReplayBuffer(SCHEMA, 256, peer_id="b")

@@ -41,7 +41,7 @@ def test_share_and_pull_between_live_peers():
                 for p in peers:
                     await p.wait_view(lambda v: len(v.members) == 3, timeout=10.0)
                     await p.wait_linked(10.0)
-                bufs = [ReplayBuffer(SCHEMA, 1000, peer_id=p.id, seed=i) for i, p in enumerate(peers)]
+                bufs = [ReplayBuffer(SCHEMA, 1000, first_seq=0, peer_id=p.id, seed=i) for i, p in enumerate(peers)]
                 feds = [Federation(b, p, share=1.0, seed=i) for i, (b, p) in enumerate(zip(bufs, peers))]
 
                 # push: everything p0 adds reaches both ring neighbours, ids and origin times intact
@@ -208,7 +208,7 @@ def test_replicas_wait_for_a_neighbour_that_joins_later():
                 for p in peers[:2]:
                     await p.wait_view(lambda v: len(v.members) == 2, timeout=10.0)
                     await p.wait_linked(10.0)
-                bufs = [ReplayBuffer(SCHEMA, 1000, peer_id=p.id, seed=i) for i, p in enumerate(peers)]
+                bufs = [ReplayBuffer(SCHEMA, 1000, first_seq=0, peer_id=p.id, seed=i) for i, p in enumerate(peers)]
                 fed = Federation(bufs[0], peers[0], share=0.0, replicas=2, ack_timeout=0.5)
                 Federation(bufs[1], peers[1], share=0.0)
                 acked: list = []
@@ -257,7 +257,7 @@ def test_replicas_wait_while_a_neighbour_is_killed_and_go_to_its_successor(tmp_p
                 victim = holder()
                 for p in peers:
                     await p.wait_view(lambda v: len(v.members) == 3, timeout=20.0)
-                bufs = [ReplayBuffer(SCHEMA, 1000, peer_id=p.id, seed=i) for i, p in enumerate(peers)]
+                bufs = [ReplayBuffer(SCHEMA, 1000, first_seq=0, peer_id=p.id, seed=i) for i, p in enumerate(peers)]
                 fed = Federation(bufs[0], peers[0], share=0.0, replicas=2, ack_timeout=0.5)
                 Federation(bufs[1], peers[1], share=0.0)
                 acked: list = []

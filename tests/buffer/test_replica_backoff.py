@@ -32,7 +32,7 @@ def items(n, start=0):
 
 
 def peer(hub, name, nbrs, **kw):
-    buf = ReplayBuffer(SCHEMA, 1000, seed=0, peer_id=name)
+    buf = ReplayBuffer(SCHEMA, 1000, first_seq=0, seed=0, peer_id=name)
     return buf, Federation(buf, hub.link(name, nbrs), seed=1, **kw)
 
 
@@ -243,7 +243,7 @@ def test_resends_to_a_live_peer_that_never_acks_back_off():
                 for p in (a, b):
                     await p.wait_view(lambda v: len(v.members) == 2, timeout=20.0)
                     await p.wait_linked(20.0)
-                buf = ReplayBuffer(SCHEMA, 1000, peer_id="a", seed=0)
+                buf = ReplayBuffer(SCHEMA, 1000, first_seq=0, peer_id="a", seed=0)
                 fed = Federation(buf, a, share=0.0, replicas=1, ack_timeout=tau)
                 buf.add(items(16))
                 loop = asyncio.get_running_loop()

@@ -147,7 +147,7 @@ def test_the_digest_keeps_its_value(tmp_path, monkeypatch):
     # value; the chunked one must give the same for the same state, or they stop loading.
     monkeypatch.setattr(persist, "_CHUNK", 7)   # chunks that do not divide the capacity
     # alpha 1 and no time passing: priorities computed exactly, the same on every platform
-    buf = ReplayBuffer({"x": ("float32", (3,)), "k": ("int64", ())}, 40, seed=1, alpha=1.0, decay=0.01,
+    buf = ReplayBuffer({"x": ("float32", (3,)), "k": ("int64", ())}, 40, first_seq=0, seed=1, alpha=1.0, decay=0.01,
                        clock=lambda: 100.0, peer_id="p")
     buf.add({"x": np.arange(75, dtype=np.float32).reshape(25, 3), "k": np.arange(25)})
     buf.update_priorities(np.arange(3, 9), np.array([0.5, 1.5, 2.5, 3.0, 0.25, 2.0]))
