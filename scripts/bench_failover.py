@@ -54,6 +54,9 @@ from swarm.cli import query_status
 from swarm.config import CoordinatorConfig
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
+#: the longest quiet run (a day): time.sleep refuses much longer waits, and nan or inf would
+#: only fail after every fault had been measured
+MAX_QUIET_S = 86_400.0
 
 
 def free_port() -> int:
@@ -74,12 +77,15 @@ class Swarm:
         self.addr = f"tcp://127.0.0.1:{free_port()}"
         self.coord: subprocess.Popen | None = None
         self.peers: dict[str, subprocess.Popen] = {}
+        #: peers crashed or frozen on purpose: still in ``peers`` (close() ends them) until reaped
+        self.faulted: set[str] = set()
         self.next_id = 0
+        self.last_status: dict | None = None   # the last status wait_settled saw, for its error
 
     def _spawn(self, *args: str, name: str) -> subprocess.Popen:
-        log = open(self.logdir / f"{name}.log", "w")
-        return subprocess.Popen([*SWARM, *args], stdout=log, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        with open(self.logdir / f"{name}.log", "w") as log:
+            return subprocess.Popen([*SWARM, *args], stdout=log, stderr=subprocess.STDOUT,
+                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
     def start_coordinator(self) -> None:
         self.coord = self._spawn("coordinator", "--bind", self.addr, name="coordinator")
@@ -90,11 +96,47 @@ class Swarm:
         self.peers[pid] = self._spawn("peer", "--coordinator", self.addr, "--id", pid, name=pid)
         return pid
 
+    def fault(self, victim: str, kind: str) -> None:
+        """Crash (SIGKILL) or freeze (SIGSTOP) a peer. It stays in ``peers`` until remove():
+        an error or a signal on the way must not leave a stopped process behind."""
+        self.faulted.add(victim)
+        os.kill(self.peers[victim].pid, signal.SIGKILL if kind == "crash" else signal.SIGSTOP)
+
+    def remove(self, victim: str) -> None:
+        """End a faulted peer (a stopped one too) and forget it once it is reaped."""
+        proc = self.peers[victim]
+        proc.kill()
+        proc.wait()
+        del self.peers[victim]
+        self.faulted.discard(victim)
+
+    def failure(self, what: str, lagging: list[str] | None = None) -> RuntimeError:
+        """An error that carries the ends of the logs that say why (the logs are in a
+        temporary folder, removed as the error leaves the run): the coordinator's, those
+        of the peers that exited without being crashed on purpose, and of the first
+        few ``lagging`` peers (not in the view, or not linked)."""
+        parts = [what]
+        named = [("coordinator", self.coord)] if self.coord else []
+        exited = [name for name, p in sorted(self.peers.items()) if p.poll() is not None and name not in self.faulted]
+        shown = [name for name in lagging or [] if name not in exited][:4]
+        for name, p in named + [(name, self.peers[name]) for name in exited + shown]:
+            rc = p.poll()
+            state = "running" if rc is None else f"exited with code {rc}"
+            parts.append(f"--- {name} ({state}), the end of its log:\n{log_tail(self.logdir / f'{name}.log')}")
+        return RuntimeError("\n".join(parts))
+
+    def status(self) -> dict:
+        try:
+            return status(self.addr)
+        except Exception as e:
+            raise self.failure(f"the coordinator did not answer status ({type(e).__name__}: {e})") from e
+
     def settled(self, n: int) -> dict | None:
         try:
             st = status(self.addr)
         except Exception:
             return None
+        self.last_status = st
         view = {m[0] for m in st["view"]["members"]}
         if len(view) != n:
             return None
@@ -105,15 +147,31 @@ class Swarm:
 
     def wait_settled(self, n: int, timeout: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout
+        self.last_status = None
         while time.monotonic() < deadline:
             st = self.settled(n)
             if st:
                 return st
+            # a process that exited will not settle: say so now, not at the deadline
+            gone = [name for name, p in [("coordinator", self.coord), *self.peers.items()]
+                    if p is not None and name not in self.faulted and p.poll() is not None]
+            if gone:
+                raise self.failure(f"swarm of {n}: {', '.join(gone)} exited")
             time.sleep(0.02)
-        raise RuntimeError(f"swarm of {n} did not settle within {timeout} s (logs in {self.logdir})")
+        st = self.last_status
+        if st is None:
+            raise self.failure(f"swarm of {n} did not settle within {timeout} s: the coordinator never answered")
+        view = {m[0] for m in st["view"]["members"]}
+        linked = {r["id"] for r in st["members"] if r["id"] in view and r["linked_epoch"] == st["epoch"]}
+        lagging = [name for name in sorted(self.peers) if name not in self.faulted and name not in linked]
+        raise self.failure(f"swarm of {n} did not settle within {timeout} s: at epoch {st['epoch']}, "
+                           f"{len(view)} in the view, not linked or not in it: {lagging}", lagging)
 
     def close(self) -> None:
         procs = list(self.peers.values()) + ([self.coord] if self.coord else [])
+        for name, p in self.peers.items():
+            if name in self.faulted and p.poll() is None:
+                p.kill()   # crashed or stopped: nothing to end gracefully
         for p in procs:
             if p.poll() is None:
                 try:
@@ -129,18 +187,26 @@ class Swarm:
                 p.wait()
 
 
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a log, or why there are none."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        return f"(no log: {e.strerror})"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty)"
+
+
 def fault_relink_ms(sw: Swarm, n: int, kind: str, rng: random.Random) -> float:
-    victim = rng.choice(sorted(sw.peers))
-    proc = sw.peers.pop(victim)
-    before = status(sw.addr)["epoch"]
+    victim = rng.choice(sorted(set(sw.peers) - sw.faulted))
+    before = sw.status()["epoch"]
     t_fault = time.time()
-    os.kill(proc.pid, signal.SIGKILL if kind == "crash" else signal.SIGSTOP)
+    sw.fault(victim, kind)
     st = sw.wait_settled(n - 1, timeout=30)
-    assert st["epoch"] > before and victim not in {m[0] for m in st["view"]["members"]}
+    if not (st["epoch"] > before and victim not in {m[0] for m in st["view"]["members"]}):
+        raise sw.failure(f"the swarm settled at epoch {st['epoch']} (before the {kind}: {before}) "
+                         f"with {victim} still in the view")
     linked = max(r["linked_at"] for r in st["members"] if r["state"] == "alive")
-    if kind == "freeze":
-        os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    sw.remove(victim)
     sw.add_peer()
     sw.wait_settled(n)
     time.sleep(0.3)
@@ -221,8 +287,8 @@ def main() -> None:
         ap.error("--sizes must be >= 2 (a fault needs a survivor to re-link)")
     if args.faults < 1:
         ap.error("--faults must be >= 1")
-    if args.quiet_s <= 0:
-        ap.error("--quiet-s must be > 0")
+    if not 0 < args.quiet_s <= MAX_QUIET_S:   # also refuses nan
+        ap.error(f"--quiet-s must be a number of seconds in (0, {MAX_QUIET_S:.0f}] (a day)")
     if args.quiet_n < 1:
         ap.error("--quiet-n must be >= 1")
     if args.startup_peers < 1:
@@ -275,7 +341,7 @@ def main() -> None:
             st0 = sw.wait_settled(args.quiet_n, timeout=120)
             t_quiet = time.time()
             time.sleep(args.quiet_s)
-            st = status(sw.addr)
+            st = sw.status()
             # every death the coordinator declared while nobody was harmed is false
             out["false_deaths"] = sum(1 for t, ev, _ in st["log"] if t >= t_quiet and ev not in ("join", "left"))
             out["quiet_epochs"] = st["epoch"] - st0["epoch"]

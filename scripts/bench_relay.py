@@ -152,7 +152,11 @@ def swarm_peer(rank: int, addr: str, n: int, d: int, every: float, out: "mp.Queu
         sp.close()
 
 
-def run(kind: str, n: int, d: int, every: float, timeout: float = 180.0) -> dict:
+#: how long a leg waits for its result
+LEG_TIMEOUT_S = 180.0
+
+
+def run(kind: str, n: int, d: int, every: float, timeout: float = LEG_TIMEOUT_S) -> dict:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = []
@@ -217,8 +221,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.n < 1:
         ap.error("--n must be >= 1")
-    if args.every_ms < 0:
-        ap.error("--every-ms must be >= 0")
+    # a chained comparison, so that nan is refused too (it failed in the sending child)
+    if not 0 <= args.every_ms * args.n / 1000 < LEG_TIMEOUT_S:
+        ap.error(f"--every-ms must be >= 0, and the sends (--n x --every-ms: {args.n} x {args.every_ms:g} ms) "
+                 f"must take less than a leg's deadline, {LEG_TIMEOUT_S:.0f} s")
     if args.d < 1:
         ap.error("--d must be >= 1")
     every = args.every_ms / 1000.0

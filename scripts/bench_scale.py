@@ -10,7 +10,8 @@
     comes from /proc/<pid>/stat (all its threads) over a quiet window of
     heartbeats only, and over the churn window. Anchor in the same run: raw
     pyzmq, the controller's ROUTER fanning one message of the same size out to
-    the same 1,000 members (the floor any coordinator in Python+ZeroMQ meets).
+    the same 1,000 members (the floor any coordinator in Python+ZeroMQ meets;
+    ``view_p99_vs_anchor``: swarm's view p99 / the anchor's p99).
 (b) 256 peers in one process on swarm.gossip.sim's SimHub gossiping d = 1e5
     on a ring and a torus: rounds/s (whole-swarm rounds) and memory per peer
     (RSS growth / peers). Anchor: a bare numpy exact-gossip step on the same
@@ -46,6 +47,8 @@ HZ = os.sysconf("SC_CLK_TCK")
 #: how long (a) waits for the view to hold every member (start-up of the simulating
 #: workers on busy cores is most of it; the time it took is reported)
 FORM_S = 90.0
+#: the longest --quiet-s and --churn-s (a day): time.sleep refuses much longer waits
+MAX_WAIT_S = 86_400.0
 
 
 def free_port() -> int:
@@ -223,17 +226,39 @@ def worker(args: argparse.Namespace) -> None:
                                           "sent": sent, "with_stats": with_stats}))
 
 
-class Controller:
-    """One extra member that joins and leaves on command, and asks for status."""
+class CoordinatorExited(RuntimeError):
+    """The coordinator process of (a) ended while the bench needed it."""
 
-    def __init__(self, coord: str) -> None:
+
+def log_tail(path: str, lines: int = 15) -> str:
+    """The last ``lines`` lines of a log, or why there are none."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as e:
+        return f"(no log: {e.strerror})"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty)"
+
+
+class Controller:
+    """One extra member that joins and leaves on command, and asks for status.
+
+    Given the coordinator's process and log, a wait for status ends as soon as that
+    process exits, with its exit code and the end of its log (the log is in a
+    temporary folder, removed as the error leaves the run)."""
+
+    def __init__(self, coord: str, proc: subprocess.Popen | None = None, log: str | None = None) -> None:
         from swarm import wire
 
         self.wire = wire
         self.ctx = zmq.Context()
         self.coord = coord
+        self.proc = proc
+        self.log = log
         self.inc = 1
         self.sock: zmq.Socket | None = None
+
+    def _log_end(self) -> str:
+        return f"; the end of its log:\n{log_tail(self.log)}" if self.log else ""
 
     def _new(self) -> zmq.Socket:
         s = self.ctx.socket(zmq.DEALER)
@@ -245,8 +270,14 @@ class Controller:
         s = self._new()
         try:
             s.send_multipart(self.wire.encode("status", "bench-ctl-status"))
-            if not s.poll(int(timeout * 1000)):
-                raise RuntimeError("the coordinator did not answer status")
+            deadline = time.monotonic() + timeout
+            while not s.poll(int(min(0.2, max(0.0, deadline - time.monotonic())) * 1000)):
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise CoordinatorExited(f"the coordinator exited with code {self.proc.returncode}"
+                                            + self._log_end())
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"the coordinator did not answer status within {timeout:g} s"
+                                       + self._log_end())
             return _header(s.recv_multipart())["body"]
         finally:
             s.close(0)
@@ -351,11 +382,12 @@ def bench_coordinator(tmp: str, members: int, workers: int, hz: float, churn: in
     port = free_port()
     addr = f"tcp://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with open(os.path.join(tmp, "coord.log"), "w") as log:
+    log_path = os.path.join(tmp, "coord.log")
+    with open(log_path, "w") as log:
         coord = subprocess.Popen([sys.executable, "-m", "swarm.cli", "coordinator", "--bind", addr,
                                   *[x for kv in coord_set for x in ("--set", kv)]],
                                  stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    ctl = Controller(addr)
+    ctl = Controller(addr, coord, log_path)
     procs = []
     try:
         ctl.status(20.0)
@@ -376,6 +408,8 @@ def bench_coordinator(tmp: str, members: int, workers: int, hz: float, churn: in
         while True:
             try:
                 st = ctl.status()
+            except CoordinatorExited:
+                raise
             except RuntimeError:   # too busy to answer within 10 s: not formed yet
                 pass
             if len(st["view"]["members"]) >= per * workers:
@@ -659,10 +693,12 @@ def main() -> None:
         ap.error(f"--members must be at least --workers ({args.workers}): each worker simulates members")
     if churn < 1:
         ap.error("--churn must be >= 1 (the view propagation is timed over the changes)")
-    if args.churn_s < 0:
-        ap.error("--churn-s must be >= 0")
-    if quiet_s <= 0:
-        ap.error("--quiet-s must be > 0 (the coordinator's CPU and heartbeat rate are measured over it)")
+    # chained comparisons, so that nan is refused too (it failed late, at time.sleep)
+    if not 0 <= args.churn_s <= MAX_WAIT_S:
+        ap.error(f"--churn-s must be a number of seconds in [0, {MAX_WAIT_S:.0f}] (a day)")
+    if not 0 < quiet_s <= MAX_WAIT_S:
+        ap.error("--quiet-s must be > 0 (the coordinator's CPU and heartbeat rate are measured over it) "
+                 f"and at most {MAX_WAIT_S:.0f} (a day)")
     skip = set(filter(None, args.skip.split(",")))
     if skip - {"a", "b", "c"}:
         ap.error(f"--skip {args.skip}: the parts are a, b and c")
@@ -671,8 +707,11 @@ def main() -> None:
     if "a" not in skip:
         coord_set = args.coord_set if args.coord_set is not None else [
             "coordinator.zmtp_heartbeat_s=1.0", "coordinator.zmtp_timeout_s=3.0"]
-        with tempfile.TemporaryDirectory(prefix="bench_scale-") as tmp:
-            a = bench_coordinator(tmp, members, args.workers, 4.0, churn, args.churn_s, quiet_s, coord_set)
+        try:
+            with tempfile.TemporaryDirectory(prefix="bench_scale-") as tmp:
+                a = bench_coordinator(tmp, members, args.workers, 4.0, churn, args.churn_s, quiet_s, coord_set)
+        except CoordinatorExited as e:   # a bad --coord-set, a port taken: no traceback, the log says why
+            sys.exit(f"bench_scale (a): {e}")
         out["coord_settings"] = coord_set
         if not a.get("formed", True):
             print(f"\n(a) coordinator, {a['members']} members: the view never held them all within {FORM_S:.0f} s "
@@ -680,7 +719,8 @@ def main() -> None:
                   f"members lost by cause: {a.get('causes') or 'none'}; load average {os.getloadavg()[0]:.1f})")
             out.update(coord_members=a["members"], coord_formed=False, coord_alive=a["alive"],
                        coord_death_causes=a.get("causes", {}),
-                       view_p99_ms=None, coord_cpu=round(a["cpu"], 4), target_view_p99_met=False,
+                       view_p99_ms=None, view_p99_vs_anchor=None, coord_cpu=round(a["cpu"], 4),
+                       target_view_p99_met=False,
                        target_coord_cpu_met=False)
             a = None
     else:
@@ -695,6 +735,11 @@ def main() -> None:
               f"{a['receipts']} receipts over {a['epochs']} epochs / {a['changes']} changes")
         print(f"{'anchor: raw pyzmq ROUTER fan-out':34} {fmt_ms(pct(anchor, 50))} {fmt_ms(pct(anchor, 99))} "
               f"{fmt_ms(max(anchor, default=None))}")
+        anchor_p99 = pct(anchor, 99)
+        # null when either side has no receipts (or the anchor's p99 rounds to 0 ms)
+        view_vs_anchor = a["p99"] / anchor_p99 if a["p99"] is not None and anchor_p99 else None
+        print("view propagation p99 / the anchor's p99: "
+              + ("-" if view_vs_anchor is None else f"{view_vs_anchor:.2f}"))
         nominal = a["members"] * 4.0
         hb_ok = a["hb_rate"] >= 0.95 * nominal
         th = a["threads"]
@@ -712,7 +757,8 @@ def main() -> None:
                    coord_cpu_us_per_hb=round(a["quiet_cpu"] / max(a["hb_rate"], 1) * 1e6, 2),
                    load_avg=[round(x, 2) for x in os.getloadavg()])
         out.update(coord_members=a["members"], view_p50_ms=rnd(a["p50"]), view_p99_ms=rnd(a["p99"]),
-                   view_max_ms=rnd(a["max"]), anchor_fanout_p99_ms=rnd(pct(anchor, 99)),
+                   view_max_ms=rnd(a["max"]), anchor_fanout_p99_ms=rnd(anchor_p99),
+                   view_p99_vs_anchor=rnd(view_vs_anchor, 3),
                    coord_cpu=round(a["quiet_cpu"], 4), coord_cpu_churn=round(a["churn_cpu"], 4),
                    coord_false_changes=a["false_changes"], view_formed_s=round(a["formed_s"], 2),
                    target_view_p99_met=a["p99"] is not None and a["p99"] <= 100.0,

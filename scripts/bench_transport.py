@@ -198,8 +198,13 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=100_000, help="small messages per leg")
     ap.add_argument("--repeat", type=int, default=3, help="legs per side (best is kept)")
     args = ap.parse_args()
-    if int(args.mb * 1e6 / 4) < 1:
-        ap.error("--mb must be > 0 (at least one float32: 4e-06)")
+    from swarm.config import PeerConfig
+    # what a swarm peer accepts (its max_message_mb), less room for the message's header
+    most_mb = (PeerConfig().max_message_mb * 2**20 - 2**16) / 1e6
+    # a chained comparison, so that nan and inf are refused too (int() of them raised)
+    if not 4e-6 <= args.mb <= most_mb:
+        ap.error(f"--mb must be in [4e-06, {most_mb:.1f}]: at least one float32, and at most what a "
+                 f"swarm peer accepts (max_message_mb = {PeerConfig().max_message_mb} MiB, less the header)")
     for name in ("n", "small", "repeat"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1")

@@ -19,6 +19,8 @@ Report:
 
 faults          faults injected, by kind
 survived        faults after which the other peers' env steps kept increasing (within 15 s)
+not_judged      faults taken before any other peer had reported env steps: nothing to compare
+                with, so they count neither as survived nor as failed
 steps_lost      env steps a killed peer had done minus the steps its checkpoint kept (sum)
 samples_lost    acknowledged replay items (acked.bin) held by no peer at the end (target 0);
                 the buffers are sized so that nothing is evicted
@@ -35,7 +37,10 @@ rss_growth      largest relative RSS growth of any process, coordinator and peer
                 (listed as too short). ``rss_by_process`` holds every process's figures and
                 ``RUN/rss.csv`` every reading (about two a second).
 
-The last line is one JSON object.
+The last line is one JSON object. Without ``--root`` the runs go to a temporary
+folder, removed at the end when nothing failed; it is kept, and named on the last
+lines, when a fault was not survived, a sample was lost, a peer's parameters hold
+NaN, or the script ended early (an error, Ctrl-C, SIGTERM): its logs are what tells why.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -245,6 +251,21 @@ def final_returns(run: Path) -> list[float]:
             if r.get("final_mean_return") is not None and math.isfinite(r["final_mean_return"])]
 
 
+def judge(others: dict[str, int], steps: dict[str, int]) -> bool | None:
+    """Whether a fault was survived: the env steps of some peer other than its victim grew
+    from ``others`` (theirs when the fault came) to ``steps`` (theirs 15 s later).
+
+    None when no other peer had reported steps at the fault: nothing to compare with, so
+    the fault is not judged (early in a run, before the peers' first status).
+
+        >>> judge({"peer1": 10}, {"peer1": 12}), judge({"peer1": 10}, {"peer1": 10}), judge({}, {"peer1": 5})
+        (True, False, None)
+    """
+    if not others:
+        return None
+    return any(steps.get(k, 0) > v for k, v in others.items())
+
+
 def chaos(args: argparse.Namespace, root: Path) -> dict:
     rng = random.Random(args.seed)
     p, run = start_run(root, spec_overrides(args.peers, args.seed, args.duration))
@@ -261,7 +282,7 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
         end_faults = t0 + args.duration - QUIET_S
         last_steps: dict[str, int] = {}
         pending_checks: list = []
-        survived = 0
+        survived = not_judged = 0
         while p.poll() is None:
             now = time.monotonic()
             st = status(addr)
@@ -269,9 +290,9 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
             rss.sample(children(run))
             for chk in [k for k in pending_checks if now - k[0] >= 15.0]:
                 pending_checks.remove(chk)
-                _, victim, others = chk
-                if any(last_steps.get(k, 0) > v for k, v in others.items()):
-                    survived += 1
+                verdict = judge(chk[2], last_steps)
+                survived += verdict is True
+                not_judged += verdict is None
             if now >= next_fault and now < end_faults:
                 kind = rng.choice(["kill", "kill", "freeze", "coordinator"])
                 kids = children(run)
@@ -309,7 +330,7 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
                 pass
         end_run(p)
     return {"run": run, "faults": faults, "checks": checks, "kills": kills, "rss": rss,
-            "last_steps": last_steps, "addr": addr, "survived": survived}
+            "last_steps": last_steps, "addr": addr, "survived": survived, "not_judged": not_judged}
 
 
 def steps_lost(run: Path, kills: list) -> int:
@@ -350,20 +371,34 @@ def nan_params(run: Path) -> int:
     return bad
 
 
+def finite(text: str) -> float:
+    """A float option's value: a finite number (nan would crash at the first freeze, inf or
+    nan in --every quietly inject a single fault)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked: a bad value exits with a usage error before any run starts."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--duration", type=float, default=180.0,
+    ap.add_argument("--duration", type=finite, default=180.0,
                     help=f"seconds of each run (default 180); no fault in its last {QUIET_S:.0f} s")
     ap.add_argument("--peers", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--every", type=float, default=15.0, help="seconds between faults")
-    ap.add_argument("--warmup", type=float, default=25.0,
+    ap.add_argument("--every", type=finite, default=15.0, help="seconds between faults")
+    ap.add_argument("--warmup", type=finite, default=25.0,
                     help=f"seconds before the first fault (default 25); faults stop {QUIET_S:.0f} s before "
                          "the end, so --duration must exceed --warmup + that")
-    ap.add_argument("--freeze", type=float, default=3.0, help="seconds a frozen peer stays stopped")
+    ap.add_argument("--freeze", type=finite, default=3.0, help="seconds a frozen peer stays stopped")
     ap.add_argument("--no-clean", action="store_true", help="skip the fault-free run")
-    ap.add_argument("--root", help="folder for the runs (default: a temporary one)")
+    ap.add_argument("--root", help="folder for the runs and their logs, created if missing and kept (default: a "
+                                   "temporary folder, removed at the end unless something failed: then it is "
+                                   "kept and named)")
     args = ap.parse_args(argv)
     if args.duration <= 0:
         ap.error("--duration must be > 0 (each run's budget.max_seconds; 0 there would mean no limit)")
@@ -380,14 +415,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(str(e))
     if args.root and Path(args.root).exists() and not Path(args.root).is_dir():
         ap.error(f"--root {args.root} is a file, not a folder")
+    if args.root:   # the last check: a refused command line leaves no folder behind
+        try:
+            Path(args.root).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            ap.error(f"--root {args.root}: cannot create it ({e.strerror or e})")
     return args
 
 
 def main() -> None:
     args = parse_args()
-    root = Path(args.root or tempfile.mkdtemp(prefix="swarm-chaos-"))
-    root.mkdir(parents=True, exist_ok=True)
+    if args.root:
+        run_and_report(args, Path(args.root))
+        return
+    root = Path(tempfile.mkdtemp(prefix="swarm-chaos-"))
+    try:
+        failed = run_and_report(args, root)
+    except BaseException:
+        print(f"chaos: kept the run folder {root}: the script ended early; its logs are there", file=sys.stderr)
+        raise
+    if not failed:
+        shutil.rmtree(root, ignore_errors=True)
 
+
+def run_and_report(args: argparse.Namespace, root: Path) -> bool:
+    """Run the chaos run (and the clean one) in ``root`` and print the report; whether
+    something failed (a judged fault not survived, a lost sample, NaN parameters)."""
     c = chaos(args, root)
     run = c["run"]
     lost, acked = samples_lost(run)
@@ -410,18 +463,22 @@ def main() -> None:
     # None, not NaN, where there is no figure: the last line is strict JSON
     mean = float(np.mean(ret)) if ret else None
     clean = float(np.mean(clean_ret)) if clean_ret else None
+    faults = sum(c["faults"].values())
+    bad = nan_params(run)
+    failed = c["survived"] < faults - c["not_judged"] or lost > 0 or bad > 0
+    kept = bool(args.root) or failed
     report = {
-        "faults": sum(c["faults"].values()), "faults_by_kind": c["faults"],
-        "survived": c["survived"], "restarts": restarts,
+        "faults": faults, "faults_by_kind": c["faults"],
+        "survived": c["survived"], "not_judged": c["not_judged"], "restarts": restarts,
         "steps_lost": steps_lost(run, c["kills"]),
         "steps_total": sum(c["last_steps"].values()), "steps_total_summary": total_steps(run),
         "steps_total_clean": clean_steps,
         "samples_lost": lost, "samples_acked": acked,
         "return": mean, "return_clean": clean,
         "return_ratio_vs_clean": mean / clean if mean is not None and clean else None,
-        "nan_params": nan_params(run),
+        "nan_params": bad,
         "rss_growth": max(growth) if growth else None, "rss_by_process": by_process,
-        "duration_s": args.duration, "peers": args.peers, "run": str(run),
+        "duration_s": args.duration, "peers": args.peers, "run": str(run), "run_kept": kept,
     }
     print(f"{'process':<22}{'minute 1 MB':>12}{'end MB':>9}{'peak MB':>9}{'growth':>8}")
     for k, g in by_process.items():
@@ -430,14 +487,23 @@ def main() -> None:
                   f"{g['growth']:8.1%}")
         else:
             print(f"{k:<22}  (ran {g['lived_s']} s: too short for a minute-1 reading)")
-    print(f"faults {report['faults']} {c['faults']}, survived {report['survived']}, restarts {restarts}")
+    unjudged = (f", not judged {c['not_judged']} (no other peer had reported steps yet)"
+                if c["not_judged"] else "")
+    print(f"faults {faults} {c['faults']}, survived {c['survived']}{unjudged}, restarts {restarts}")
     returns = "return " + ("-" if mean is None else f"{mean:.1f}")
     if not args.no_clean:
         returns += " vs clean " + ("-" if clean is None else f"{clean:.1f}")
     print(f"steps lost {report['steps_lost']} of {report['steps_total']}; acknowledged samples lost "
           f"{lost} of {acked}; {returns}; NaN params {report['nan_params']}; "
           f"RSS growth {report['rss_growth']}")
+    if args.root:
+        print(f"runs and logs: {root}")
+    elif failed:
+        print(f"runs and logs: {root} (a temporary folder, kept: something failed)")
+    else:
+        print(f"runs and logs: {root} (a temporary folder, removed at the end: nothing failed; --root keeps them)")
     print(json.dumps(report))
+    return failed
 
 
 if __name__ == "__main__":

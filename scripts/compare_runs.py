@@ -32,13 +32,15 @@ import io
 import json
 import math
 import re
+import signal
+import sys
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-from bench_learning import SOLVE, SWARM_PARAMS
+from bench_learning import SOLVE, SWARM_PARAMS, _sigterm_exits
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
 from swarm.experiment.launch import read_csv
@@ -86,7 +88,8 @@ def one_run(sets: list[str], root: Path) -> dict:
     """Run ``swarm run`` with ``sets``; the run's figures, averaged over its peers."""
     root.mkdir(parents=True, exist_ok=True)
     log = io.StringIO()
-    result = run_experiment(None, sets, runs_root=root, stream=log)
+    with _sigterm_exits():   # a SIGTERM ends the script as one, not as the launcher's KeyboardInterrupt
+        result = run_experiment(None, sets, runs_root=root, stream=log)
     run_dir, rows = result.run_dir, result.summary
     if result.exit_code != 0:
         raise SystemExit(f"swarm run failed ({result.exit_code}) in {run_dir}:\n{log.getvalue()[-3000:]}")
@@ -210,7 +213,10 @@ def main() -> None:
                          "its greedy policy")
             plan.append((name, seed, tag, run_sets))
     out = args.out or Path("runs") / f"compare-{args.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)
+    try:   # the last check: a refused command line leaves no folder behind
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out {out}: cannot create it ({e.strerror or e})")
     print(f"{args.experiment}: {list(variants)}, seeds {args.seeds}, {args.steps} env steps per peer\n"
           f"settings: {' '.join(common)}", flush=True)
 
@@ -263,4 +269,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # SIGTERM (a `timeout`, a job runner) as SystemExit, exit status 143; a swarm run
+    # takes it over while it lasts, ends its processes, and one_run exits the same way
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     main()

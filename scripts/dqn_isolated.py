@@ -68,6 +68,9 @@ def main() -> None:
         cfg = from_dict(DQNConfig, apply_overrides({}, args.overrides))
     except ConfigError as e:
         ap.error(str(e))
+    if args.steps <= cfg.learning_starts:
+        ap.error(f"--steps {args.steps} is not above learning_starts = {cfg.learning_starts}: "
+                 "the learner would take no update")
     torch.set_num_threads(1)
 
     rand = random_returns(args.env, 50, seed=123)

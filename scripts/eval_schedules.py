@@ -37,13 +37,15 @@ import argparse
 import csv
 import io
 import json
+import signal
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench_learning import ENV, ISOLATED, SOLVE, SWARM
+from bench_learning import ENV, ISOLATED, SOLVE, SWARM, _sigterm_exits
 from swarm.buffer import ReplayBuffer
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
@@ -87,7 +89,8 @@ def swarm_evals(seed: int, every: int, steps: int, episodes: int) -> list[tuple[
     with tempfile.TemporaryDirectory(prefix="eval_schedules-") as tmp:
         sets = swarm_sets(seed, every, steps, episodes)
         log = io.StringIO()
-        result = run_experiment(None, sets, runs_root=Path(tmp), stream=log)
+        with _sigterm_exits():   # a SIGTERM ends the script as one, not as the launcher's KeyboardInterrupt
+            result = run_experiment(None, sets, runs_root=Path(tmp), stream=log)
         if result.exit_code != 0:
             raise SystemExit(f"swarm run failed:\n{log.getvalue()}")
         run_dir = result.run_dir
@@ -159,4 +162,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # SIGTERM (a `timeout`, a job runner) as SystemExit, exit status 143: the temporary
+    # folders are removed; a swarm run takes it over while it lasts, ends its processes,
+    # and swarm_evals exits the same way
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     main()

@@ -5,7 +5,8 @@ average) and perfect sharing (every peer gets every transition), is one learner
 whose buffer K actors fill. This script runs that learner in one process, on
 CartPole-v1 by default, and counts env steps per actor and updates until the
 greedy evaluation (``--eval-episodes`` episodes every ``--eval-every`` steps of an
-actor) reaches 475. With ``--actors 1`` it is the isolated learner on the same
+actor) reaches the env's solve threshold: its gymnasium ``reward_threshold`` (475 on
+CartPole-v1, 195 on CartPole-v0), or ``--solve-at`` (needed for an env without one). With ``--actors 1`` it is the isolated learner on the same
 loop, so the two can be compared under the same rule.
 
 Each step, every actor takes one env step (epsilon-greedy on the shared network),
@@ -35,13 +36,13 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import time
 from dataclasses import replace
 
 import numpy as np
 import torch
 
-from bench_learning import SOLVE
 from swarm.buffer import ReplayBuffer
 from swarm.config import apply_overrides, from_dict, to_dict
 from swarm.errors import ConfigError
@@ -49,6 +50,33 @@ from swarm.experiment import load_spec
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
 from swarm.rl.train import evaluate, make_env
 
+
+def solve_threshold(env_id: str, solve_at: float | None = None) -> float:
+    """The greedy return that counts as solved: ``solve_at`` if given, else the env's
+    gymnasium ``reward_threshold`` (CartPole-v1: 475).
+
+        >>> solve_threshold("CartPole-v1"), solve_threshold("CartPole-v0"), solve_threshold("CartPole-v0", 150)
+        (475.0, 195.0, 150)
+    """
+    if solve_at is not None:
+        return solve_at
+    import gymnasium as gym
+
+    threshold = gym.spec(env_id).reward_threshold
+    if threshold is None:
+        raise ConfigError(f"env {env_id!r} has no reward_threshold in its gymnasium spec: give --solve-at RETURN")
+    return float(threshold)
+
+
+def finite(text: str) -> float:
+    """A float option's value: a finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
 
 
 def store(buf: ReplayBuffer, obs: np.ndarray, action: int, ret: float, next_obs: np.ndarray,
@@ -58,8 +86,9 @@ def store(buf: ReplayBuffer, obs: np.ndarray, action: int, ret: float, next_obs:
 
 
 def run(env_id: str, actors: int, seed: int, cfg: DQNConfig, n_step: int, max_steps: int, eval_every: int,
-        eval_episodes: int, trace: int = 0) -> dict:
-    """Steps per actor until solved (None if not within ``max_steps``), updates, training CPU."""
+        eval_episodes: int, trace: int = 0, solve: float = 475.0) -> dict:
+    """Steps per actor until the greedy return reaches ``solve`` (``max_steps`` and not
+    solved if it does not within them), updates, training CPU."""
     gamma = cfg.gamma
     envs = [make_env(env_id) for _ in range(actors)]
     buf = ReplayBuffer(dqn_schema(envs[0].observation_space.shape), capacity=50_000, alpha=0.6, eps=1e-6,
@@ -104,7 +133,7 @@ def run(env_id: str, actors: int, seed: int, cfg: DQNConfig, n_step: int, max_st
                 eval_cpu += time.process_time() - c
                 if trace:
                     returns.append((t, ret))
-                if t % eval_every == 0 and ret >= SOLVE:
+                if t % eval_every == 0 and ret >= solve:
                     solved_at = t
                     break
     finally:
@@ -126,6 +155,9 @@ def main() -> None:
     ap.add_argument("--eval-episodes", type=int, default=5)
     ap.add_argument("--trace", type=int, default=0, metavar="N",
                     help="also evaluate every N steps per actor and print the returns (not counted)")
+    ap.add_argument("--solve-at", type=finite, default=None, metavar="RETURN",
+                    help="greedy return that counts as solved (default: the env's gymnasium reward_threshold, "
+                         "475 on CartPole-v1; required for an env without one)")
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     help="DQN hyperparameter override, e.g. --set lr=0.004")
     args = ap.parse_args()
@@ -138,6 +170,7 @@ def main() -> None:
         ap.error("--seeds must be >= 0")
     try:
         load_spec(None, [f"env={args.env}"])   # a registered env with discrete actions
+        solve = solve_threshold(args.env, args.solve_at)
         cfg = from_dict(DQNConfig, apply_overrides(to_dict(DQNConfig()), args.overrides))
     except ConfigError as e:
         ap.error(str(e))
@@ -147,12 +180,12 @@ def main() -> None:
     if args.max_steps < args.eval_every:
         ap.error(f"--max-steps {args.max_steps} is below --eval-every {args.eval_every}: nothing would be evaluated")
     torch.set_num_threads(1)
-    print(f"{args.actors} actor(s), n-step {args.n_step}, evaluation every {args.eval_every} steps; "
-          f"DQN: {to_dict(cfg)}", flush=True)
+    print(f"{args.env}: solved at a greedy return of {solve:g}; {args.actors} actor(s), n-step {args.n_step}, "
+          f"evaluation every {args.eval_every} steps; DQN: {to_dict(cfg)}", flush=True)
     rows = []
     for seed in args.seeds:
         r = run(args.env, args.actors, seed, cfg, args.n_step, args.max_steps, args.eval_every, args.eval_episodes,
-                args.trace)
+                args.trace, solve)
         if args.trace:
             print(f"seed {seed}, greedy return every {args.trace} steps: "
                   + " ".join(f"{t}:{ret:.0f}" for t, ret in r["trace"]), flush=True)
@@ -160,8 +193,8 @@ def main() -> None:
               f"actor, {r['updates']} updates, {r['train_cpu_s']:.1f} s CPU", flush=True)
         rows.append(r)
     print(json.dumps({
-        "env": args.env, "actors": args.actors, "n_step": args.n_step, "eval_every": args.eval_every,
-        "solved_fraction": sum(r["solved"] for r in rows) / len(rows),
+        "env": args.env, "solve_at": solve, "actors": args.actors, "n_step": args.n_step,
+        "eval_every": args.eval_every, "solved_fraction": sum(r["solved"] for r in rows) / len(rows),
         "mean_steps_per_actor": float(np.mean([r["steps_per_actor"] for r in rows])),
         "mean_updates": float(np.mean([r["updates"] for r in rows])),
         "mean_train_cpu_s": float(np.mean([r["train_cpu_s"] for r in rows])),
