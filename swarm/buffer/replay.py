@@ -78,7 +78,8 @@ class Sample:
     identify the items for :meth:`ReplayBuffer.update_priorities`; ``weights``
     are the importance weights ``(N·P(i))^-beta / max_j (N·P(j))^-beta`` (float32,
     max over every item in the buffer, i.e. the least likely one, as in the PER
-    paper; all ones for uniform and FIFO sampling); ``probabilities`` are P(i).
+    paper, or over the batch with age decay (see :meth:`ReplayBuffer.sample`); all
+    ones for uniform and FIFO sampling); ``probabilities`` are P(i).
     """
 
     batch: dict[str, np.ndarray]
@@ -510,7 +511,10 @@ class ReplayBuffer:
         """Sample ``n`` items.
 
         Prioritized: ``P(i) = p_i / Σp`` with age-decayed priorities; weights
-        ``(N·P(i))^-beta`` divided by the largest weight any stored item could get. Uniform: with
+        ``(N·P(i))^-beta`` divided by the largest weight any stored item could get
+        or, with ``decay > 0``, by the largest weight in the batch: the least likely
+        stored item is then the oldest, and normalising by it would make every
+        weight shrink like ``exp(-beta·decay·age span)``. Uniform: with
         replacement, weights 1. FIFO: the ``n`` oldest items not yet sampled
         (fewer if fewer remain), each returned once.
 
@@ -544,9 +548,18 @@ class ReplayBuffer:
                     np.minimum(slots, size - 1, out=slots)
                 p = self._tree.get(slots)
                 prob = p / total
-                # (N·P(i))^-β / max_j (N·P(j))^-β over the whole buffer; the max
-                # belongs to the least likely item, so this is (p_i / p_min)^-β.
-                pmin = self._tree.min
+                # (N·P(i))^-β / max_j (N·P(j))^-β; the max belongs to the least
+                # likely item j, so this is (p_i / p_min)^-β. Without decay j runs
+                # over the whole buffer. With decay the least likely stored item is
+                # the oldest, whose probability falls like exp(-decay·age span):
+                # every weight would shrink with it and learning stop, so j runs
+                # over the batch instead (its largest weight is 1).
+                if self.decay:
+                    pmin = float(p.min())
+                    if not pmin > 0:   # a zero leaf is never drawn; a guard only
+                        pmin = float(p[p > 0].min()) if (p > 0).any() else self._tree.min
+                else:
+                    pmin = self._tree.min
                 w = np.maximum(p, pmin)
                 w /= pmin
                 w = (w ** -beta).astype(np.float32)

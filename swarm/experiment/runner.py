@@ -1022,6 +1022,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 summary["bootstrap"] = state.last_error = f"failed: {e}"
             else:
                 agent.on_parameters_changed()
+                if donors:   # the online network is now the donors': so is the target (docs/rl.md)
+                    agent.sync_target()
                 summary["bootstrap"] = donors
                 log.info("peer%d bootstrapped its parameters from %s", rank, donors)
         before = np.empty_like(x)

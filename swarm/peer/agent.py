@@ -107,7 +107,10 @@ class BaseAgent(abc.ABC):
 
         The default does nothing; an agent that caches anything derived from its
         parameters (a compiled policy, a target copy it wants in step) refreshes
-        it here.
+        it here. It is called after every gossip round, so a copy meant to follow
+        the parameters slowly (DQN's Polyak target) is not one of those; after a
+        bootstrap replaced them wholesale the runner also calls
+        :meth:`DQNAgent.sync_target <swarm.rl.DQNAgent.sync_target>`.
         """
 
     def state_dict(self) -> dict[str, Any]:

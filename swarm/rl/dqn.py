@@ -347,6 +347,21 @@ class DQNAgent(BaseAgent):
             raise SwarmError("the Q-network's parameters no longer live in the gossip vector "
                              "(was the module moved or its parameters replaced?)")
 
+    def sync_target(self) -> None:
+        """Make the target network a copy of the online one (a hard update).
+
+        For a driver that replaced the online network wholesale from outside, as
+        :meth:`Gossip.bootstrap <swarm.gossip.Gossip.bootstrap>` does for a late
+        joiner: the target would otherwise stay the network this agent had before
+        (for a fresh peer, the untrained one), and the first updates would pull Q
+        back towards ``r + γ·Q_old``. Not after ordinary gossip rounds: averaging
+        moves the online network a little at a time, and the target is meant to
+        follow it slowly (``tau``, ``target_every``).
+        """
+        self.on_parameters_changed()   # the online network must still be the gossip vector
+        with torch.no_grad():
+            self.target_flat.copy_(self.flat)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "q": self.q.state_dict(),

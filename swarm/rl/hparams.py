@@ -63,7 +63,9 @@ class DQNConfig:
     lr: float = opt(1e-3, "Adam learning rate", _pos, "must be > 0")
     gamma: float = opt(0.99, "discount factor", lambda g: 0.0 <= g < 1.0, "must be in [0, 1)")
     batch_size: int = opt(64, "transitions per update", _pos, "must be > 0")
-    learning_starts: int = opt(1000, "env steps before the first update (random actions until then)",
+    learning_starts: int = opt(1000, "env steps before the first update. Acting is epsilon-greedy "
+                                     "throughout: epsilon falls from step 0 (eps_steps), not from here, so "
+                                     "some actions before the first update are the untrained net's greedy ones",
                                _nonneg, "must be >= 0")
     train_every: int = opt(1, "env steps between updates (with gossip.exchange = gradients: between this "
                               "peer's turns at computing a gradient)", _pos, "must be > 0")

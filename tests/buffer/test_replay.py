@@ -58,11 +58,12 @@ def test_sampling_matches_exact_probabilities_chi2(stratified):
 
 
 def _check_weights(buf, s, P, beta):
-    """Weights are (N·P(i))^-beta over the max of that over EVERY stored item (not the batch)."""
+    """Weights are (N·P(i))^-beta over the max of that over EVERY stored item (not the
+    batch); with decay, over the batch (tests/buffer/test_weights_with_decay.py)."""
     slot = s.batch["action"].astype(np.int64) % buf.capacity
     np.testing.assert_allclose(s.probabilities, P[slot], rtol=1e-9)
     n = len(buf)
-    wmax = ((n * P) ** -beta).max()
+    wmax = ((n * P[slot] if buf.decay else n * P) ** -beta).max()
     np.testing.assert_allclose(s.weights, ((n * P[slot]) ** -beta / wmax).astype(np.float32), rtol=1e-6)
     assert s.weights.dtype == np.float32
 
@@ -80,25 +81,26 @@ def test_importance_weights_are_exact():
         assert s.weights.max() < 1.0
 
 
-def test_importance_weights_follow_the_minimum_through_updates_and_decay():
+@pytest.mark.parametrize("decay", [0.0, 0.01])
+def test_importance_weights_follow_the_minimum_through_updates_and_decay(decay):
     clock = Clock()
     cap = 300                                    # several blocks of the tree's block minimum
-    buf = ReplayBuffer(SCHEMA, cap, alpha=1.0, eps=1e-6, decay=0.01, seed=4, clock=clock)
+    buf = ReplayBuffer(SCHEMA, cap, alpha=1.0, eps=1e-6, decay=decay, seed=4, clock=clock)
     rng = np.random.default_rng(0)
     times = clock.t - rng.random(250) * 50.0
     idx = buf.add(items(250), times=times)       # not full: empty slots must not count
     td = rng.random(250) + 0.5
     buf.update_priorities(idx, td)
-    low = int(np.argmin((td + 1e-6) * np.exp(-0.01 * (clock.t - times))))
+    low = int(np.argmin((td + 1e-6) * np.exp(-decay * (clock.t - times))))
     for step in range(3):
-        raw = (td + 1e-6) * np.exp(-0.01 * (clock.t - times))
+        raw = (td + 1e-6) * np.exp(-decay * (clock.t - times))
         P = raw / raw.sum()
         _check_weights(buf, buf.sample(128, beta=0.5), P, 0.5)
         # raise the least likely item: the minimum must move to the next one
         td[low] = 10.0 + step
         buf.update_priorities(idx[low:low + 1], td[low:low + 1])
         clock.t += 7.0
-        low = int(np.argmin((td + 1e-6) * np.exp(-0.01 * (clock.t - times))))
+        low = int(np.argmin((td + 1e-6) * np.exp(-decay * (clock.t - times))))
 
 
 def test_new_items_get_the_max_priority():
