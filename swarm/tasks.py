@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Coroutine
 
+from .errors import SwarmError
+
 __all__ = ["supervise"]
 
 
@@ -18,16 +20,41 @@ async def supervise(loops: list[Coroutine[Any, Any, Any]], stop: asyncio.Event) 
     Returns None after a requested stop, or the first failure; either way every
     loop has been cancelled and awaited. The owner re-raises the failure to its
     caller (see ``Peer.close`` and ``Coordinator.closed``).
+
+    A loop that ends by itself while no stop was asked (it returned, or code it ran
+    cancelled its task) is a failure too (SwarmError): a TaskGroup ignores a child
+    that ends cancelled, and its owner went on without that loop.
     """
+    owner = asyncio.current_task()
     failure: BaseException | None = None
     try:
         async with asyncio.TaskGroup() as tg:
             for c in loops:
-                tg.create_task(c)
+                tg.create_task(_watched(c, stop, owner))
             await stop.wait()
             raise _Stopping()
     except* _Stopping:
         pass
     except* Exception as eg:
         failure = eg.exceptions[0]
+    finally:
+        for c in loops:
+            # one whose task was cancelled before it began never ran: closed, it is not
+            # reported as "never awaited" (an ended one is closed already)
+            c.close()
     return failure
+
+
+async def _watched(loop: Coroutine[Any, Any, Any], stop: asyncio.Event, owner: asyncio.Task[Any] | None) -> None:
+    """Run ``loop``; raise SwarmError if it ends while neither a stop nor a cancellation
+    of the owner (or a failure of another loop, which cancels the owner) asked it to."""
+    name = getattr(loop, "__qualname__", repr(loop))
+    try:
+        await loop
+    except asyncio.CancelledError:
+        if stop.is_set() or owner is None or owner.cancelling():
+            raise
+        raise SwarmError(f"{name} was cancelled although nothing asked it to stop (code it ran, "
+                         f"a handler or a callback, cancelled its task)") from None
+    if not stop.is_set():
+        raise SwarmError(f"{name} returned although nothing asked it to stop")

@@ -220,6 +220,16 @@ class _HeldIn:
     key: str     # the CURVE key it came with, checked once a view lists msg.src
 
 
+def _cancelled_by_callback() -> bool:
+    """Whether a CancelledError being handled came from user code (a handler, a view or
+    stats callback that awaited a cancelled future, or raised it), not from a
+    cancellation of the running task: that one must go on up, the other is the
+    callback's error. A receive loop that let it through ended, and the peer went on
+    without reading another message."""
+    task = asyncio.current_task()
+    return task is not None and not task.cancelling()
+
+
 def check_handler_type(t: str, who: str) -> None:
     """Refuse a handler for one of swarm's own protocol types (WireError); register ``t``."""
     if type(t) is str and t in RESERVED_TYPES:
@@ -341,6 +351,13 @@ class Peer:
         message, the coordinator's views included. A handler that waits for something
         only a later message brings (a view that lists the sender, a reply) waits out
         its timeout; hand such work to a task or a queue instead.
+
+        A handler refuses a message as malformed by raising :class:`WireError`: it is
+        counted as ``malformed`` and logged as one from the sender (at most once per
+        sender per 10 s). Anything else it raises (a ValueError or a SwarmError
+        included, and a CancelledError that is not a cancellation of the peer's
+        loop) is the handler's error: counted as ``handler_errors`` and logged with
+        its traceback; the peer goes on with the next message.
 
         The types of swarm's own protocol that the peer handles itself (hello, ping
         and the membership types: :data:`RESERVED_TYPES`) are refused with a
@@ -517,9 +534,12 @@ class Peer:
             deadline = cfg.join_timeout_s
             t0 = time.monotonic()
             while self._view.index(self.id) < 0:
+                self._raise_failure()
+                if self._closing():
+                    raise self._closed_while_starting()
                 if time.monotonic() - t0 > deadline:
                     raise PeerTimeout(f"peer {self.id}: welcomed but no view arrived within {deadline} s")
-                await self._sleep_or_fail(0.005)
+                await asyncio.sleep(0.005)
         except asyncio.TimeoutError:
             await self._abort()
             if self._standby_heard:
@@ -545,6 +565,9 @@ class Peer:
         except BaseException:
             await self._abort()
             raise
+        if self._closing():   # a close() in another task as the view came: it does not run
+            await self._abort()
+            raise self._closed_while_starting()
         self.rank = int(welcome["rank"])
         self.state = PeerState.RUNNING
 
@@ -563,14 +586,26 @@ class Peer:
             return
         if self.state is PeerState.CLOSED:
             return
-        if self.state is PeerState.RUNNING and self._runner and not self._runner.done():
-            self.state = PeerState.LEAVING
-            self._bye = asyncio.get_running_loop().create_future()
-            self._send_coord("leave", {"inc": self.incarnation})
-            try:
-                await asyncio.wait_for(self._bye, timeout)
-            except asyncio.TimeoutError:
-                log.info("peer %s: coordinator did not confirm the leave within %.1f s", self.id, timeout)
+        if self._welcome is not None and not self._welcome.done():
+            # a start() in another task waits for the welcome: it ends now, and says why
+            self._welcome.set_exception(self._closed_while_starting())
+        try:
+            if self.state is PeerState.RUNNING and self._runner and not self._runner.done():
+                self.state = PeerState.LEAVING
+                self._bye = asyncio.get_running_loop().create_future()
+                self._send_coord("leave", {"inc": self.incarnation})
+                try:
+                    await asyncio.wait_for(self._bye, timeout)
+                except asyncio.TimeoutError:
+                    log.info("peer %s: coordinator did not confirm the leave within %.1f s", self.id, timeout)
+        except BaseException:
+            # Cancelled (a caller's deadline shorter than ``timeout``) or interrupted while
+            # the leave waits for its confirmation: close at once all the same. Left open,
+            # the sockets and the context hung the process in the next gc (in the
+            # context's __del__).
+            self._stop.set()
+            self._close_now()
+            raise
         await self._abort()
         if self._failure is not None:
             raise self._failure
@@ -727,28 +762,34 @@ class Peer:
 
     async def wait_linked(self, timeout: float | None = 5.0) -> None:
         """Wait until every neighbour of the current view has answered our hello
-        (``timeout`` None: without a deadline)."""
+        (``timeout`` None: without a deadline). Raises the peer's failure, or
+        :class:`SwarmError` once it is closed (a :meth:`close` in another task), at once,
+        when it would wait."""
         seconds(timeout, none_ok=True)
-        try:
-            await asyncio.wait_for(self._linked.wait(), timeout)
-        except asyncio.TimeoutError:
-            if self.id not in self._view.ids:   # no neighbours to wait for: it is not a member
-                raise PeerTimeout(f"peer {self.id}: not in the current view (epoch {self._view.epoch}) "
-                                  f"within {timeout} s: not joined yet, or declared dead and rejoining"
-                                  ) from None
-            raise PeerTimeout(f"peer {self.id}: neighbours {sorted(self._pending_hello)} "
-                              f"did not answer within {timeout} s") from None
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        # polled, as wait_view is: a close or a failure in the meantime ends the wait
+        while not self._linked.is_set():
+            self._raise_stopped()
+            if time.monotonic() > deadline:
+                if self.id not in self._view.ids:   # no neighbours to wait for: it is not a member
+                    raise PeerTimeout(f"peer {self.id}: not in the current view (epoch {self._view.epoch}) "
+                                      f"within {timeout} s: not joined yet, or declared dead and rejoining")
+                raise PeerTimeout(f"peer {self.id}: neighbours {sorted(self._pending_hello)} "
+                                  f"did not answer within {timeout} s")
+            await asyncio.sleep(0.005)
 
     async def wait_view(self, predicate: Callable[[View], bool], timeout: float | None = 5.0) -> View:
         """Wait until the installed view satisfies ``predicate`` (``timeout`` None:
-        without a deadline)."""
+        without a deadline). Raises the peer's failure, or :class:`SwarmError` once
+        it is closed (a :meth:`close` in another task), at once, when it would wait."""
         seconds(timeout, none_ok=True)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         while not predicate(self._view):
+            self._raise_stopped()
             if time.monotonic() > deadline:
                 raise PeerTimeout(f"peer {self.id}: view condition not met within {timeout} s "
                                   f"(epoch {self._view.epoch}, members {self._view.ids})")
-            await self._sleep_or_fail(0.005)
+            await asyncio.sleep(0.005)
         return self._view
 
     async def wait_stopped(self) -> None:
@@ -760,9 +801,21 @@ class Peer:
 
     # ---------------------------------------------------------------- internals
 
-    async def _sleep_or_fail(self, s: float) -> None:
-        await asyncio.sleep(s)
+    def _closing(self) -> bool:
+        """Whether close() was called (or a failed start is closing the peer)."""
+        return self._stop.is_set() or self.state in (PeerState.LEAVING, PeerState.CLOSED)
+
+    def _closed_while_starting(self) -> SwarmError:
+        return SwarmError(f"peer {self.id} was closed while starting: close() was called before the join "
+                          f"was done")
+
+    def _raise_stopped(self) -> None:
+        """For the waits: raise the peer's failure, or SwarmError once it is closing or
+        closed (they waited for ever, or ran out their timeout, for a view or link that
+        could no longer come). Sends do not: they count and return False."""
         self._raise_failure()
+        if self._closing():
+            raise SwarmError(f"peer {self.id} is closed (close() was called): nothing more to wait for")
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
@@ -771,12 +824,31 @@ class Peer:
             raise SwarmError(f"peer {self.id} stopped unexpectedly")
 
     async def _abort(self) -> None:
+        """Stop the loops (cancelled if they take more than 2 s) and close everything.
+
+        The sockets and the context are closed whatever the loops ended with (a
+        failure, which ``_run`` keeps; a cancellation by the loop's clean-up; a
+        SystemExit the loop raised already), and also when this task is itself
+        cancelled or interrupted meanwhile, which then goes on up."""
         self._stop.set()
-        if self._runner is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._runner), 2.0)
-            except (asyncio.TimeoutError, Exception):
-                self._runner.cancel()
+        try:
+            if self._runner is not None and not self._runner.done():
+                # asyncio.wait, not an await of the runner: that raised what it ended with
+                await asyncio.wait([self._runner], timeout=2.0)
+        finally:
+            self._close_now()
+
+    def _close_now(self) -> None:
+        """Cancel the loops if they still run, close the sockets and the context, drop
+        what was held: the peer is closed (again: nothing)."""
+        if self.state is PeerState.CLOSED:
+            return
+        runner = self._runner
+        if runner is not None:
+            if not runner.done():
+                runner.cancel()
+            elif not runner.cancelled():
+                runner.exception()   # seen here: no "exception was never retrieved" at gc
         self._close_sockets()
         self._expire_held(math.inf)   # what was held for a view that never came is dropped
         self._expire_held_in(math.inf)
@@ -1163,13 +1235,24 @@ class Peer:
                 r = h(msg)
                 if asyncio.iscoroutine(r):
                     await r
-            except (WireError, SwarmError, ValueError) as e:
-                # bad content in a well-formed envelope: the handler refused it
+            except WireError as e:
+                # bad content in a well-formed envelope: the handler refused it. Only
+                # WireError says so: a ValueError or SwarmError is the handler's own
+                # error (a bug, a refused call), not the sender's
                 self.counters.malformed += 1
                 self._bad(msg.src, e)
+            except asyncio.CancelledError:
+                if not _cancelled_by_callback():
+                    raise
+                self._callback_failed(f"handler for {t!r}")
             except Exception:
-                self.counters.handler_errors += 1
-                log.exception("peer %s: handler for %r failed", self.id, t)
+                self._callback_failed(f"handler for {t!r}")
+
+    def _callback_failed(self, what: str) -> None:
+        """Count and log (with its traceback) the error of a handler or a callback that
+        is being handled; the peer goes on."""
+        self.counters.handler_errors += 1
+        log.exception("peer %s: %s failed", self.id, what)
 
     def _answer(self, msg: Message, t: str, body: dict[str, Any]) -> None:
         """Answer a hello or a ping; an echo that no longer fits under our limits
@@ -1309,9 +1392,12 @@ class Peer:
         for cb in self._view_callbacks:
             try:
                 cb(view)
+            except asyncio.CancelledError:
+                if not _cancelled_by_callback():
+                    raise
+                self._callback_failed("view callback")
             except Exception:
-                self.counters.handler_errors += 1
-                log.exception("peer %s: view callback failed", self.id)
+                self._callback_failed("view callback")
 
     def _check_linked(self) -> None:
         if not self._pending_hello and self._linked_epoch != self._view.epoch and self._view.index(self.id) >= 0:
@@ -1404,6 +1490,10 @@ class Peer:
                 if self.stats is not None:
                     try:
                         body["stats"].update(self.stats())
+                    except asyncio.CancelledError:
+                        if not _cancelled_by_callback():
+                            raise
+                        log.exception("peer %s: stats callback failed", self.id)
                     except Exception:
                         log.exception("peer %s: stats callback failed", self.id)
             try:

@@ -15,6 +15,11 @@ replies. With a coordinator running (``swarm coordinator``)::
 Ctrl-C (or any exception) in the caller's thread, inside a blocking call or not,
 leaves the ``with`` block through :meth:`close`: the coroutine in flight is
 cancelled, the peer leaves the swarm and the thread ends.
+
+A SyncPeer belongs to the process that started it: its loop thread does not exist
+in a child made by ``os.fork()`` (``multiprocessing``'s "fork" start method), so
+there every call raises :class:`SwarmError` at once and :meth:`SyncPeer.close`
+does nothing; start a new SyncPeer in the child.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 from typing import Any, Callable, Coroutine, Sequence, TypeVar
 
@@ -39,6 +45,9 @@ log = logging.getLogger(__name__)
 
 #: seconds between looks at the ``stop`` event of :meth:`SyncPeer.start`
 STOP_POLL_S = 0.1
+#: seconds :meth:`SyncPeer.call` waits, past its timeout, for the cancelled coroutine
+#: to end (its ``finally`` blocks to run) before it raises PeerTimeout
+CANCEL_GRACE_S = 2.0
 
 
 async def _unless(coro: Coroutine[Any, Any, T], stop: threading.Event) -> T:
@@ -75,9 +84,17 @@ class SyncPeer:
     but the peer's own; a call that another thread's :meth:`close` cuts short raises
     :class:`SwarmError` (a :meth:`start` too, having closed what it had built).
     Concurrent :meth:`close` calls all return once it is closed.
+
     ``sys.exit()`` (SystemExit) or KeyboardInterrupt in a handler, a view callback or
     a coroutine given to :meth:`call` closes it: the peer leaves, and calls raise
     :class:`SwarmError` naming that error (a coroutine's caller gets the error itself).
+
+    Processes: it works only in the process that started it. In a child made by
+    ``os.fork()`` its loop thread does not exist: every call (:meth:`call`,
+    :meth:`send`, :meth:`wait_view`, :meth:`on`, ...) raises :class:`SwarmError` at
+    once, and :meth:`close` returns at once having touched nothing (the sockets are
+    the parent's, and the parent's peer stays in the swarm). Start a new SyncPeer in
+    the child.
     """
 
     def __init__(self, *args: Any, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
@@ -95,6 +112,7 @@ class SyncPeer:
         self.peer: Peer | None = None
         self._start_timeout = start_timeout
         self._closed = False
+        self._pid: int | None = None   # the process that started it (see _refuse_forked)
         # A SystemExit or KeyboardInterrupt raised on the peer's thread (in a handler,
         # a view callback or a coroutine given to call()) closes the SyncPeer: every call
         # then raises SwarmError naming it, and close() does too unless a call did.
@@ -121,11 +139,13 @@ class SyncPeer:
         say), gives the start up within :data:`STOP_POLL_S`: it closes what it had built
         and raises :class:`SwarmError`, as a :meth:`close` from another thread would.
         """
+        self._refuse_forked()
         with self._lock:
             if self._closed:
                 raise SwarmError("SyncPeer is closed and cannot be restarted; make a new SyncPeer")
             if self._thread is not None:
                 raise SwarmError("SyncPeer.start() called twice")
+            self._pid = os.getpid()
             self._start_thread()
 
         async def make() -> Peer:
@@ -145,7 +165,15 @@ class SyncPeer:
             timeout = self._start_timeout
             if timeout is None:
                 timeout = 2 * peer.config.join_timeout_s + 5.0
-            self.call(peer.start() if stop is None else _unless(peer.start(), stop), timeout=timeout)
+            try:
+                self.call(peer.start() if stop is None else _unless(peer.start(), stop), timeout=timeout)
+            except SwarmError:
+                # closed meanwhile (the peer's start then says "closed while starting"): say by what
+                if self._thread_error is not None:
+                    raise self._refusal()
+                if self._closed:
+                    raise SwarmError("SyncPeer was closed from another thread while start() waited") from None
+                raise
             if self._thread_error is not None:   # a view callback's SystemExit closed it meanwhile
                 raise self._refusal()
         except BaseException:
@@ -205,8 +233,14 @@ class SyncPeer:
 
         ``timeout``: seconds to wait for the peer to close. Re-raises a failure of
         the peer's background loops. From another thread while calls wait, it cuts
-        them short (they raise :class:`SwarmError`)."""
+        them short (they raise :class:`SwarmError`). In a child made by ``os.fork()``
+        it does nothing: the peer, its sockets and its thread are the parent's."""
         seconds(timeout, none_ok=True)
+        if self._forked():
+            # before any lock: one that a parent's thread held at the fork is held for ever here
+            log.debug("SyncPeer.close() in a forked child (pid %d) of its process %d: nothing to close here",
+                      os.getpid(), self._pid)
+            return
         self._refuse_on_own_thread("close()")
         with self._close_lock:
             with self._lock:
@@ -214,7 +248,8 @@ class SyncPeer:
                 peer = self.peer if self._loop is not None else None
             try:
                 if peer is not None:
-                    self.call(peer.close(), timeout=timeout)
+                    # no grace: _stop_loop cancels what is left and waits for it
+                    self.call(peer.close(), timeout=timeout, cancel_grace=0)
             finally:
                 self._stop_loop()
             if self._thread_error is not None and not self._thread_error_told:
@@ -239,36 +274,49 @@ class SyncPeer:
 
     # -- calls
 
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = 30.0) -> T:
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = 30.0, *,
+             cancel_grace: float = CANCEL_GRACE_S) -> T:
         """Run a coroutine on the peer's loop and wait for its result.
 
-        ``timeout``: seconds (None: no deadline); past it the coroutine is cancelled
-        and :class:`PeerTimeout` raised. An exception in the caller's thread while it
-        waits (Ctrl-C) cancels the coroutine too.
+        ``timeout``: seconds (None: no deadline); past it the coroutine is cancelled,
+        and once it has ended (run its ``finally`` blocks: a gossip round is then no
+        longer running, so the next ``call(gossip.round())`` may start at once)
+        :class:`PeerTimeout` is raised. ``cancel_grace``: seconds to wait for that
+        end; a coroutine that has not ended by then (it ignores or delays the
+        cancellation) goes on running on the peer's loop, and the PeerTimeout says
+        so. An exception in the caller's thread while it waits (Ctrl-C) cancels the
+        coroutine too, and waits for it the same way before it propagates.
         """
         if not asyncio.iscoroutine(coro):
             raise SwarmError(f"call() takes a coroutine, e.g. peer.call(gossip.round()); "
                              f"got {coro!r:.80}")
         try:
+            self._refuse_forked()
             self._refuse_on_own_thread("call()")
             seconds(timeout, none_ok=True)
+            seconds(cancel_grace, "cancel_grace")
             with self._lock:
                 if self._loop is None:
                     raise self._refusal()
-                fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+                handed = _Handed(coro, self._loop)
         except SwarmError:
             _discard(coro)
             raise
+        fut = handed.result
         # waited apart from the result: a PeerTimeout the coroutine raises is a
         # TimeoutError too, and it is the one to report
         try:
             done = concurrent.futures.wait([fut], timeout).done
         except BaseException:
-            fut.cancel()
+            handed.cancel(cancel_grace)
             raise
         if not done:
-            fut.cancel()
-            raise PeerTimeout(f"call did not finish within {timeout} s")
+            if handed.cancel(cancel_grace):
+                raise PeerTimeout(f"call did not finish within {timeout} s; it was cancelled and has ended")
+            if cancel_grace == 0:
+                raise PeerTimeout(f"call did not finish within {timeout} s; it was cancelled")
+            raise PeerTimeout(f"call did not finish within {timeout} s; it was cancelled but had not ended "
+                              f"{cancel_grace} s later, and may still run on the peer's loop")
         if fut.cancelled():
             if self._thread_error is not None:
                 raise self._refusal()
@@ -282,6 +330,7 @@ class SyncPeer:
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Schedule a plain function on the peer's loop (fire and forget)."""
         _check_callable(fn, "call_soon(fn)")
+        self._refuse_forked()
         with self._lock:
             if self._loop is None:
                 raise self._refusal()
@@ -327,6 +376,7 @@ class SyncPeer:
         Given before :meth:`start`, it is in place before the peer joins; :meth:`off`
         takes it off."""
         _check_callable(handler, f"on({t!r}, handler)")
+        self._refuse_forked()
         if self._unstarted():
             check_handler_type(t, "SyncPeer")
             self._early_handlers.append((t, _Guarded(handler, self)))
@@ -346,6 +396,7 @@ class SyncPeer:
         """Call ``callback(view)`` on the peer's thread each time a new view is installed
         (given before :meth:`start`, from the first view on); :meth:`off_view` takes it off."""
         _check_callable(callback, "on_view(callback)")
+        self._refuse_forked()
         if self._unstarted():
             self._early_view_callbacks.append(_Guarded(callback, self))
             return
@@ -371,6 +422,18 @@ class SyncPeer:
         seconds(timeout, none_ok=True)
         return self.call(self._peer().wait_view(predicate, timeout),
                          timeout=None if timeout is None else timeout + 5.0)
+
+    def _forked(self) -> bool:
+        """Whether this is a child, made by ``os.fork()``, of the process that started it."""
+        return self._pid is not None and os.getpid() != self._pid
+
+    def _refuse_forked(self) -> None:
+        # checked before any lock is taken: one that a thread of the parent held at the
+        # fork stays held for ever in the child, where that thread does not exist
+        if self._forked():
+            raise SwarmError(f"this SyncPeer was started in process {self._pid}; a forked child "
+                             f"(process {os.getpid()}) cannot use it, as its loop thread runs only "
+                             f"in the parent: start a new SyncPeer in the child")
 
     def _on_own_thread(self) -> bool:
         return self._thread is not None and threading.current_thread() is self._thread
@@ -428,6 +491,52 @@ class SyncPeer:
             self._closed = True
             loop, self._loop = self._loop, None
         return loop
+
+
+class _Handed:
+    """A coroutine handed, from a caller's thread, to the peer's loop as a task.
+
+    Unlike the future of ``asyncio.run_coroutine_threadsafe``, which says "cancelled"
+    as soon as it is asked to cancel while the task still runs its clean-up, this
+    lets the caller wait until the task has really ended (:meth:`cancel`).
+    """
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.result: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.ended = threading.Event()
+        self._coro, self._loop = coro, loop
+        self._task: asyncio.Task[Any] | None = None
+        loop.call_soon_threadsafe(self._begin)
+
+    def _begin(self) -> None:   # on the loop
+        self._task = self._loop.create_task(self._coro)
+        self._task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:   # on the loop
+        self.ended.set()
+        if task.cancelled():
+            self.result.cancel()
+        # what wakes concurrent.futures.wait() on a cancelled future (cancel() alone does not)
+        if not self.result.set_running_or_notify_cancel():
+            return
+        if task.exception() is not None:
+            self.result.set_exception(task.exception())
+        else:
+            self.result.set_result(task.result())
+
+    def _cancel(self) -> None:   # on the loop
+        # _begin was handed over first, so it has run by now (loop callbacks run in order)
+        if self._task is not None:
+            self._task.cancel()
+
+    def cancel(self, grace: float) -> bool:
+        """From the caller's thread: cancel the task and wait up to ``grace`` seconds
+        for it to end; whether it has ended."""
+        try:
+            self._loop.call_soon_threadsafe(self._cancel)
+        except RuntimeError:   # the loop is closed: its thread cancelled and awaited every task
+            pass
+        return self.ended.wait(grace)
 
 
 def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:

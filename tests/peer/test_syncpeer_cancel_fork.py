@@ -1,0 +1,140 @@
+"""SyncPeer.call past its timeout raises PeerTimeout only once the cancelled
+coroutine has ended (so the usual retry, the next gossip round at once, may start);
+and a SyncPeer in a child made by os.fork() refuses every call at once, with an
+error that says why, while close() there touches nothing of the parent's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+# a coordinator process for in-process peers (tests/ is on the path)
+from peer.test_syncpeer import coordinator  # noqa: F401 - a fixture
+from swarmtest import wait_for
+
+from swarm.errors import PeerTimeout, SwarmError
+from swarm.gossip import Gossip, RoundResult
+from swarm.peer import PeerState, SyncPeer
+
+#: seconds a forked child has to try every call and exit
+CHILD_DEADLINE_S = 60
+
+
+def test_a_timed_out_call_has_run_its_clean_up_when_peertimeout_comes(coordinator):
+    cleaned = threading.Event()
+
+    async def slow_to_cancel() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(0.5)   # clean-up that awaits, as a gossip round's does
+            cleaned.set()
+
+    with SyncPeer(coordinators=[coordinator], id="a") as a:
+        with pytest.raises(PeerTimeout, match="it was cancelled and has ended"):
+            a.call(slow_to_cancel(), timeout=0.2)
+        # at once: before the fix the task had not even been told to stop yet
+        assert cleaned.is_set()
+
+
+def test_a_call_that_does_not_end_within_the_grace_says_so(coordinator):
+    release = asyncio.Event()
+    ended = threading.Event()
+
+    async def ignores_cancel() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await release.wait()   # holds on until the test lets it go
+        ended.set()
+
+    with SyncPeer(coordinators=[coordinator], id="a") as a:
+        with pytest.raises(PeerTimeout, match="had not ended 0.2 s later, and may still run"):
+            a.call(ignores_cancel(), timeout=0.2, cancel_grace=0.2)
+        assert not ended.is_set()
+        a.call_soon(release.set)
+        wait_for(ended.is_set, 10, what="the coroutine ended once released")
+        with pytest.raises(SwarmError, match="cancel_grace"):
+            a.call(asyncio.sleep(0), cancel_grace=-1)
+
+
+def test_the_next_gossip_round_may_start_right_after_a_timed_out_one(coordinator):
+    with SyncPeer(coordinators=[coordinator], id="a", heartbeat_s=0.2) as a, \
+            SyncPeer(coordinators=[coordinator], id="b", heartbeat_s=0.2):
+        a.wait_view(lambda v: len(v.members) == 2, timeout=10)
+
+        async def build() -> Gossip:
+            return Gossip(a.peer, np.ones(100, np.float32), topology="ring", sync="lockstep",
+                          round_timeout=2.0)
+        g = a.call(build())
+        try:
+            with pytest.raises(PeerTimeout):
+                a.call(g.round(), timeout=0.2)   # b runs no round: a waits for it
+            # before the fix: GossipError "a round is already running on this gossip engine"
+            assert isinstance(a.call(g.round(), timeout=30), RoundResult)
+        finally:
+            a.call_soon(g.close)   # on the peer's thread, where its handlers are
+
+
+def _child(a: SyncPeer, w: int) -> None:
+    """In the forked child: try what needs the loop; report each outcome through ``w``."""
+    out = []
+
+    def attempt(what: str, fn) -> None:
+        try:
+            fn()
+            out.append(f"{what}: returned")
+        except BaseException as e:   # noqa: BLE001 - reported to the parent
+            out.append(f"{what}: {type(e).__name__}: {e}")
+
+    attempt("send", lambda: a.send("b", "x", {"from": "child"}, timeout=0.5))
+    attempt("call", lambda: a.call(asyncio.sleep(0), timeout=1))
+    attempt("wait_view", lambda: a.wait_view(lambda v: True, timeout=0.5))
+    attempt("call_soon", lambda: a.call_soon(print))
+    attempt("on", lambda: a.on("y", print))
+    attempt("close", a.close)
+    os.write(w, "\n".join(out).encode())
+
+
+def test_a_forked_child_is_refused_at_once_and_its_close_leaves_the_parent_be(coordinator):
+    got = []
+    with SyncPeer(coordinators=[coordinator], id="a", heartbeat_s=0.2) as a, \
+            SyncPeer(coordinators=[coordinator], id="b", heartbeat_s=0.2) as b:
+        a.wait_view(lambda v: len(v.members) == 2, timeout=10)
+        b.on("x", lambda msg: got.append(msg.body["from"]))
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                _child(a, w)
+            finally:
+                os._exit(0)
+        os.close(w)
+        try:
+            deadline = time.monotonic() + CHILD_DEADLINE_S
+            while os.waitpid(pid, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the forked child did not exit within {CHILD_DEADLINE_S} s")
+                time.sleep(0.05)
+            pid = 0   # reaped
+            report = os.read(r, 1 << 16).decode()
+        finally:
+            os.close(r)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        refusal = f"SwarmError: this SyncPeer was started in process {os.getpid()}; a forked child"
+        for what in ("send", "call", "wait_view", "call_soon", "on"):
+            # before the fix: PeerTimeout after the call's own timeout (10.5 s for a send)
+            assert f"{what}: {refusal}" in report, report
+        assert "close: returned" in report, report
+        # the parent's peer is still in the swarm and still sends
+        assert a.peer.state is PeerState.RUNNING
+        assert a.send("b", "x", {"from": "parent"}, timeout=5)
+        wait_for(lambda: got == ["parent"], 10, what="b got the parent's message")
