@@ -34,7 +34,10 @@ class ErrorFeedback(Codec):
 
     The residual stays bounded for every inner codec: a QSGD with ``omega >= 1``
     sends its output scaled by ``1 / (1 + omega)``, inside its payload, so the
-    receiver's plain decoder applies the scale and nothing is scaled twice.
+    receiver's plain decoder applies the scale and nothing is scaled twice. It stays
+    finite for finite input too: where ``x + residual`` passes float32's largest
+    value, that sum saturates to ``±3.4028235e38`` (the excess, which float32 cannot
+    hold, is dropped) instead of becoming Inf for ever.
 
     Example::
 
@@ -53,12 +56,13 @@ class ErrorFeedback(Codec):
 
     @property
     def residual(self) -> np.ndarray | None:
-        """A read-only view of the carried residual (None before the first encode)."""
-        if self._e is None:
-            return None
-        v = self._e.view()
-        v.flags.writeable = False
-        return v
+        """A copy of the carried residual (None before the first encode).
+
+        A copy because encode alternates between two buffers: a view kept across
+        calls would silently show an older residual. It costs one pass over the
+        vector, so read it for checks and logs, not once per element.
+        """
+        return None if self._e is None else self._e.copy()
 
     def reset(self) -> None:
         """Forget the residual (e.g. after the model was reloaded or resized)."""
@@ -101,7 +105,11 @@ class ErrorFeedback(Codec):
                               f"residual has length {self._e.size}; call reset() after resizing")
         # p goes into the spare buffer so that an error in the inner codec leaves e intact.
         p = self._spare
-        np.add(v, self._e, out=p)
+        try:
+            with np.errstate(over="raise"):   # the flag is set anyway: no extra pass
+                np.add(v, self._e, out=p)
+        except FloatingPointError:
+            _add_saturating(v, self._e, p)
         q = p.copy() if self.inner.aliases_input else p
         if sparse:
             got = self.inner._encode_sparse(q)
@@ -120,3 +128,12 @@ class ErrorFeedback(Codec):
     def ratio(self, n: int) -> float:
         """The inner codec's compression ratio (without touching the residual)."""
         return self.inner.ratio(n)
+
+
+def _add_saturating(v: np.ndarray, e: np.ndarray, out: np.ndarray) -> None:
+    """``out = v + e``, with sums of finite values that pass float32's range set to
+    ``±max`` rather than ±Inf (Inf or NaN in ``v`` or ``e`` itself stays)."""
+    with np.errstate(over="ignore"):
+        np.add(v, e, out=out)
+    over = np.isinf(out) & np.isfinite(v) & np.isfinite(e)
+    out[over] = np.copysign(np.finfo(np.float32).max, out[over])

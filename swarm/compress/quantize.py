@@ -7,6 +7,12 @@ the block's L2 norm over ``s``. Stochastic rounding (``floor(v + u)`` with ``u``
 uniform on [0, 1)) makes the result unbiased. Work runs over chunks of rows so the
 float temporaries stay in cache and no full-size scratch is needed.
 
+float32 holds ``v + u`` exactly only while ``|v| < 256`` (24 bits, 16 of them for
+``u``). From 256 levels up, ``v + u`` would round, up to ``L + 1`` when ``v = L``
+(an int16 of 32768 wraps to -32768), so those levels round as ``floor(v) +
+(u < frac(v))``, with ``frac(v)`` exact; the multiplier is rounded down where
+``L * mult`` would pass float32's largest value, so decoded values stay finite.
+
 Non-finite input: these codecs compute a scale per block, which turns NaN/Inf
 into a non-finite scale at no extra cost; encode then raises
 :class:`~swarm.errors.GossipError` instead of sending garbage.
@@ -74,8 +80,14 @@ class _BlockQuantizer(Codec):
                                mult[nb - 1:nb])
         if not np.isfinite(mult).all():
             bad = int(np.flatnonzero(~np.isfinite(mult))[0])
-            raise GossipError(f"{self.name}: input has NaN or Inf in elements "
-                              f"[{bad * B}, {min(n, (bad + 1) * B)})")
+            lo, hi = bad * B, min(n, (bad + 1) * B)
+            if np.isfinite(x[lo:hi]).all():   # finite values whose L2 norm passes float32
+                norm = float(np.linalg.norm(x[lo:hi].astype(np.float64)))
+                raise GossipError(
+                    f"{self.name}: the L2 norm of elements [{lo}, {hi}) is {norm:.4g}, past "
+                    f"float32's largest value (3.4028e+38), so no block multiplier can "
+                    f"represent it; scale the input down")
+            raise GossipError(f"{self.name}: input has NaN or Inf in elements [{lo}, {hi})")
         meta = {"codec": self.name, "n": int(n), "block": int(B), "levels": int(L)}
         return Encoded(meta, [q, mult])
 
@@ -94,16 +106,32 @@ class _BlockQuantizer(Codec):
                 inv[over] = np.nextafter(inv[over], np.float32(0))
                 over = amax * inv > L
             np.divide(amax, L, out=mult)
+            # Rounded to nearest, L * mult can pass float32's largest value when amax is
+            # within an ulp of it: decoded values would be Inf. Round those down.
+            over = ~np.isfinite(mult * L) & np.isfinite(mult)
+            while over.any():
+                mult[over] = np.nextafter(mult[over], np.float32(0))
+                over = ~np.isfinite(mult * L) & np.isfinite(mult)
             S = self._scratch.get("s", X.size, np.float32).reshape(X.shape)
             np.multiply(X, inv[:, None], out=S)
-        if self.stochastic:
+        if not self.stochastic:
+            np.rint(S, out=S)
+        else:
             U = self._scratch.get("u", X.size, np.float32).reshape(X.shape)
             raw = self._rng.bit_generator.random_raw(-(-X.size // 4)).view(np.uint16)[:X.size]
             np.multiply(raw.reshape(X.shape), _U16, out=U, dtype=np.float32)
-            S += U
-            np.floor(S, out=S)
-        else:
-            np.rint(S, out=S)
+            if self.levels < 256:   # |S| + U < 256: the float32 sum is exact
+                S += U
+                np.floor(S, out=S)
+            else:                   # floor(S) + (U < frac(S)): S - floor(S) is exact
+                F = self._scratch.get("f", X.size, np.float32).reshape(X.shape)
+                M = self._scratch.get("m", X.size, np.bool_).reshape(X.shape)
+                np.floor(S, out=F)
+                np.subtract(S, F, out=S)
+                np.less(U, S, out=M)
+                np.add(F, M, out=S)
+                # |S| <= L already (amax * inv <= L); the clip keeps an int16 from wrapping
+                np.clip(S, -L, L, out=S)
         with np.errstate(invalid="ignore"):
             np.copyto(Q, S, casting="unsafe")
 
@@ -180,7 +208,8 @@ class QSGD(_BlockQuantizer):
     ``|x| * s / norm``; ``E[y] = x``, ``|y - x| < norm_bucket / s`` per element and
     ``E||y - x||^2 <= omega * ||x||^2`` per bucket of ``B`` (:meth:`omega`).
     Levels travel as int8 for ``s <= 127``, int16 above. A bucket whose norm is
-    below 2**-100 decodes to zeros; one whose norm overflows float32 raises.
+    below 2**-100 decodes to zeros; one of finite values whose norm passes float32's
+    largest value (~3.4e38) raises :class:`~swarm.errors.GossipError` saying so.
 
     Under error feedback (``ef+qsgd``) a QSGD with ``omega >= 1`` (``qsgd:11`` and
     coarser with buckets of 512) sends ``y / (1 + omega)`` instead, scaled in its
@@ -224,10 +253,12 @@ class QSGD(_BlockQuantizer):
     def _block_scale(self, X):
         norm = np.sqrt(np.einsum("ij,ij->i", X, X))
         # x*x under- or overflows float32 for |x| < ~1e-19 or > ~1e19; redo those
-        # rows in float64 (rare; NaN/Inf input stays non-finite and is rejected).
+        # rows in float64 (rare; NaN/Inf input stays non-finite and is rejected). A
+        # norm past float32's range stays Inf too: _encode names that cause.
         redo = ~((norm > 1e-18) & (norm < 1e18))
         if redo.any():
-            norm[redo] = np.linalg.norm(X[redo].astype(np.float64), axis=1)
+            with np.errstate(over="ignore"):
+                norm[redo] = np.linalg.norm(X[redo].astype(np.float64), axis=1)
         return norm
 
 

@@ -100,7 +100,8 @@ class _Sparse(Codec):
 class TopK(_Sparse):
     """Keep the k = round(ratio * n) largest magnitudes; send their indices and values.
 
-    Exactly k elements; among equal magnitudes at the cut, lower indices win.
+    Exactly k elements; among equal magnitudes at the cut, lower indices win (on an
+    accelerator too, where :func:`torch.topk` selects and the ties are then settled).
     Error: ``||y - x||^2 <= (1 - k/n) ||x||^2`` (a contraction; use ``ef+topk`` to
     keep what was cut). NaN ranks below every number (kept only if fewer than k numbers exist);
     ±Inf is selected first.
@@ -199,8 +200,19 @@ class TopK(_Sparse):
         k = self.k_for(n)
         if k == 0:
             return None
-        # torch.topk is fast on accelerators; bring back only 2k numbers.
-        idx = torch.topk(v.abs(), k, sorted=False).indices.sort().values
+        # torch.topk is fast on accelerators; bring back only 2k numbers. It ranks NaN
+        # above everything and breaks ties in no set order, so NaN gets the key -1
+        # (below every magnitude) and ties at the cut are settled as on the CPU.
+        key = v.abs().masked_fill_(torch.isnan(v), -1.0)
+        top = torch.topk(key, k, sorted=False)
+        kth = top.values.min()
+        tied, kept = torch.stack(((key == kth).sum(), (top.values == kth).sum())).tolist()
+        if tied == kept:   # every element at the cut is kept: no choice was made
+            idx = top.indices.sort().values
+        else:              # all above the cut, then the lowest-indexed ties
+            above = torch.nonzero(key > kth).reshape(-1)
+            ties = torch.nonzero(key == kth).reshape(-1)[:k - above.numel()]
+            idx = torch.cat((above, ties)).sort().values
         vals = v[idx].cpu().numpy()
         return self._payload(n, idx.cpu().numpy(), vals)
 
