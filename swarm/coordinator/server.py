@@ -236,15 +236,23 @@ class Coordinator:
             raise self._failure
 
     async def close(self) -> None:
+        """Stop the loops (cancelled if they take more than 2 s), close the status page,
+        the sockets and the context; re-raise the coordinator's failure if it had one.
+
+        The sockets and the context are closed whatever the loops ended with and also
+        when this task is cancelled or interrupted meanwhile (which then goes on up):
+        left open, the context's ``__del__`` hung the process at the next gc."""
         self._stop.set()
-        if self._runner is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._runner), 2.0)
-            except (asyncio.TimeoutError, Exception):
-                self._runner.cancel()
-        if self._http is not None:
-            await self._http.close()
-        self._shutdown()
+        try:
+            if self._runner is not None and not self._runner.done():
+                # asyncio.wait, not an await of the runner: that raised what it ended with
+                await asyncio.wait([self._runner], timeout=2.0)
+                if not self._runner.done():
+                    self._runner.cancel()
+            if self._http is not None:
+                await self._http.close()
+        finally:
+            self._shutdown()
         if self._failure is not None:
             raise self._failure
 
