@@ -25,7 +25,7 @@ With ``restart_dead = true`` in the spec, a peer that crashes is started again
 ``--replace peer{r}`` it takes its old rank, resumes from its newest checkpoint
 in this run folder (in a resumed run, before its first one here, from the old
 run's) and bootstraps its parameters from its neighbours. A peer that crashes
-again after ``MAX_RESTARTS`` restarts, or whose start failed on a configuration
+again after ``MAX_RESTARTS`` restarts in a row, or whose start failed on a configuration
 error (another start would meet it again: a resume from the old run that cannot be
 done, a checkpoint that does not fit the spec), is left down with a line that says
 so; the others go on, and the run's exit code is 1.
@@ -33,7 +33,7 @@ so; the others go on, and the run's exit code is 1.
 run's deadline in ``SWARM_RUN_DEADLINE`` (a restarted one gets what is left of
 it), and no peer is restarted once the run's time is up. A coordinator that dies
 is started again on the same address; the peers re-register with it. It too is left
-down after ``MAX_RESTARTS`` restarts (e.g. another process took its port: every start
+down after ``MAX_RESTARTS`` restarts in a row (e.g. another process took its port: every start
 fails to bind), or at once on a configuration error, with a line that says so; without
 it no peer could rejoin nor be restarted, so the run then ends (the peers write their
 results first) and its exit code is 1.
@@ -82,7 +82,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from ..errors import ConfigError, SwarmError
-from .runner import peer_dir
+from .runner import DIGEST_EVERY, peer_dir
 from .spec import Spec, load_spec, save_resolved
 
 __all__ = ["run_experiment", "RunResult", "Launch", "write_plots", "summarize"]
@@ -152,6 +152,9 @@ class Launch:
     run_dir: Path
     children: list[_Child] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)
+    #: restarts in a row: of processes that died within :data:`SERVED_S` of their start
+    #: (what :data:`MAX_RESTARTS` limits; one that served longer starts the count again)
+    in_a_row: dict[str, int] = field(default_factory=dict)
     #: peers that crashed and were not restarted, or crashed after their final summary -> why
     #: (their summary row's ``reason``); any makes the run's exit code 1
     given_up: dict[str, str] = field(default_factory=dict)
@@ -761,8 +764,9 @@ def _peer_args(config: Path, rank: int, addr: str, run_dir: Path) -> list[str]:
     return ["peer", "--spec", str(config), "--rank", str(rank), "--coordinator", addr, "--run-dir", str(run_dir)]
 
 
-#: restarts per peer, and of the coordinator, before `swarm run` lets it stay dead (one that
-#: crashes at once would loop: a coordinator whose address another process took meanwhile)
+#: restarts in a row (each dead within SERVED_S of its start) per peer, and of the coordinator,
+#: before `swarm run` lets it stay dead (one that crashes at once would loop: a coordinator
+#: whose address another process took meanwhile)
 MAX_RESTARTS = 20
 #: How `swarm peer` reports a resume that cannot be done (no checkpoint of the old run loads,
 #: or one does not fit the spec): a ConfigError, so the note follows it, but this line says
@@ -770,6 +774,9 @@ MAX_RESTARTS = 20
 _RESUME_ERROR = "swarm: error: resume: "
 #: how long a crashed peer's restart waits for the coordinator to declare it dead
 RESTART_WAIT_S = 30.0
+#: a process that ran this long before it died is not in a crash loop: its restarts count
+#: towards MAX_RESTARTS afresh (a long chaos run kills the coordinator every minute or so)
+SERVED_S = 60.0
 
 
 def _lasting_error(log: Path) -> bool:
@@ -821,11 +828,14 @@ def _left_down(launch: Launch, c: _Child, out: TextIO) -> bool:
         print(f"swarm run: {c.exited()} on an error that a restart would meet again; not "
               f"restarting it; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)
         return True
-    if launch.restarts.get(c.name, 0) >= MAX_RESTARTS:
+    if time.time() - c.started >= SERVED_S:
+        launch.in_a_row[c.name] = 0   # it served a while: not a crash loop (chaos kills it now and then)
+    if launch.in_a_row.get(c.name, 0) >= MAX_RESTARTS:
         launch.given_up[c.name] = f"crashed; not restarted after {MAX_RESTARTS} restarts"
         print(f"swarm run: {c.exited()} after {MAX_RESTARTS} restarts (the limit); not restarting "
               f"it again; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)
         return True
+    launch.in_a_row[c.name] = launch.in_a_row.get(c.name, 0) + 1
     return False
 
 
@@ -1017,13 +1027,17 @@ def _first_divergence(rows: list[dict[str, Any]]) -> int | None:
     """With relayed gradients: the first update count at which the peers' parameter
     digests (``relay.digests`` in their summaries) differ, None if they agree.
 
-    The last two counts all peers reached are left out: a peer that stopped first may
-    have taken its last gradients with it, which is no fault of the relay.
+    The last two digest points all peers reached are left out: a peer that stopped
+    first may have taken its last gradients with it, which is no fault of the relay.
+    They are cut by count, not by position: a peer that ran on far longer kept only
+    one in 2^j of its older digests (see ``runner._thin_digests``), and the last two
+    counts the peers share could lie far before the end of the shorter one.
     """
     digests = [(r.get("relay") or {}).get("digests") for r in rows]
     if len(digests) < 2 or not all(isinstance(g, dict) and g for g in digests):
         return None
-    common = sorted(int(u) for u in digests[0] if all(u in g for g in digests))[:-2]
+    top = min(max(int(u) for u in g) for g in digests) - 2 * DIGEST_EVERY
+    common = sorted(int(u) for u in digests[0] if all(u in g for g in digests) and int(u) <= top)
     return next((u for u in common if len({g[str(u)] for g in digests}) > 1), None)
 
 

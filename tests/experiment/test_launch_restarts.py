@@ -14,6 +14,7 @@ import io
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -121,7 +122,8 @@ def test_a_peer_waiting_for_its_restart_stays_down_with_the_coordinator(tmp_path
     not restarted either (nothing could declare it dead): its row says why."""
     monkeypatch.setattr(Launch, "start", lambda *a, **k: pytest.fail("a process was started"))
     monkeypatch.setattr(launch_mod, "_status", lambda addr: None)
-    launch = Launch(tmp_path, restarts={"coordinator": launch_mod.MAX_RESTARTS})
+    launch = Launch(tmp_path, restarts={"coordinator": launch_mod.MAX_RESTARTS},
+                    in_a_row={"coordinator": launch_mod.MAX_RESTARTS})
     coord = _Child("coordinator", _Exited(-9), tmp_path / "c.log")
     peers = [_Child(f"peer{r}", _Exited(-9), tmp_path / f"p{r}.log") for r in range(2)]
     pending = {0: 0.0}
@@ -132,6 +134,25 @@ def test_a_peer_waiting_for_its_restart_stays_down_with_the_coordinator(tmp_path
         "coordinator": f"crashed; not restarted after {launch_mod.MAX_RESTARTS} restarts",
         "peer0": "crashed; not restarted (the coordinator is down)",
         "peer1": "crashed; not restarted (the coordinator is down)"}, out.getvalue()
+
+
+def test_a_coordinator_that_served_a_while_before_it_died_is_restarted_again(tmp_path, monkeypatch):
+    """The limit is on restarts in a row: a coordinator killed now and then over a long run
+    (scripts/chaos.py kills it every minute or so) was left down at the 21st kill, and the
+    run ended with exit 1."""
+    started = []
+    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None: started.append(name) or
+                        _Child(name, _Exited(-9), tmp_path / "c.log"))
+    launch = Launch(tmp_path, restarts={"coordinator": 50}, in_a_row={"coordinator": launch_mod.MAX_RESTARTS})
+    served = _Child("coordinator", _Exited(-9), tmp_path / "c.log", started=time.time() - launch_mod.SERVED_S)
+    out = io.StringIO()
+    _restart_crashed(launch, _spec(), served, [], "tcp://127.0.0.1:9", {}, out)
+    assert started == ["coordinator"] and launch.given_up == {}, out.getvalue()
+    assert launch.restarts == {"coordinator": 51} and launch.in_a_row == {"coordinator": 1}
+    quick = _Child("coordinator", _Exited(-9), tmp_path / "c.log")   # dead at once: in a row
+    launch.in_a_row["coordinator"] = launch_mod.MAX_RESTARTS
+    _restart_crashed(launch, _spec(), quick, [], "tcp://127.0.0.1:9", {}, out)
+    assert started == ["coordinator"] and "coordinator" in launch.given_up
 
 
 def test_a_restarted_peer_leaves_no_log_file_open(tmp_path):

@@ -411,7 +411,7 @@ def test_a_peer_that_keeps_crashing_is_left_down_and_the_run_fails(tmp_path, mon
     from swarm.experiment.launch import MAX_RESTARTS, Launch, _Child, _Interrupt, _Progress, _supervise
 
     spec = load_spec(None, ["peers=2", "restart_dead=true"])
-    launch = Launch(tmp_path, restarts={"peer1": MAX_RESTARTS})
+    launch = Launch(tmp_path, restarts={"peer1": MAX_RESTARTS}, in_a_row={"peer1": MAX_RESTARTS})
     monkeypatch.setattr(Launch, "start", lambda *a, **k: pytest.fail("a peer was restarted"))
     (tmp_path / "p1.log").write_text("Traceback (most recent call last):\nRuntimeError: out of luck\n")
     coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)

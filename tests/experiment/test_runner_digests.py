@@ -75,3 +75,16 @@ def test_a_relay_peer_writes_a_bounded_digest_history_to_its_summary(coordinator
     assert updates >= 500, counts            # a digest at each update: before, 500 or more kept
     assert len(counts) <= 2 * (3 + (updates // 4).bit_length()), (len(counts), counts)
     assert counts[-4:] == list(range(updates - 3, updates + 1)), counts
+
+
+def test_the_launcher_finds_the_divergence_when_one_peer_ran_far_longer():
+    # the last two counts the peers shared were taken by position: with the longer
+    # peer's history thinned, they lay 16 points before the shorter one's end, and a
+    # divergence between them went unreported
+    recent = 10
+    rows = [{"relay": {"digests": kept(100, recent)}},
+            {"relay": {"digests": kept(300, recent, differ_from=70, tag="x")}}]
+    found = _first_divergence(rows)
+    assert found is not None and 70 <= found // DIGEST_EVERY <= 98, found
+    same = [{"relay": {"digests": kept(100, recent)}}, {"relay": {"digests": kept(300, recent)}}]
+    assert _first_divergence(same) is None
