@@ -500,8 +500,8 @@ def test_chaos_refuses_a_duration_that_leaves_no_time_for_faults(tmp_path, capsy
         chaos.parse_args(["--duration", "45"] + root)
     assert e.value.code == 2
     assert "--duration 45 leaves no time for faults" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()   # refused: nothing made
     assert chaos.parse_args(["--duration", "45", "--warmup", "10"] + root).duration == 45
-    assert not (tmp_path / "runs").exists()
     with pytest.raises(SystemExit):
         chaos.parse_args(["--help"])
     assert "no fault in its last 25 s" in " ".join(capsys.readouterr().out.split())
