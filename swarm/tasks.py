@@ -26,11 +26,12 @@ async def supervise(loops: list[Coroutine[Any, Any, Any]], stop: asyncio.Event) 
     that ends cancelled, and its owner went on without that loop.
     """
     owner = asyncio.current_task()
+    failed: list[BaseException] = []   # a loop's failure, which cancels the others
     failure: BaseException | None = None
     try:
         async with asyncio.TaskGroup() as tg:
             for c in loops:
-                tg.create_task(_watched(c, stop, owner))
+                tg.create_task(_watched(c, stop, owner, failed))
             await stop.wait()
             raise _Stopping()
     except* _Stopping:
@@ -45,16 +46,27 @@ async def supervise(loops: list[Coroutine[Any, Any, Any]], stop: asyncio.Event) 
     return failure
 
 
-async def _watched(loop: Coroutine[Any, Any, Any], stop: asyncio.Event, owner: asyncio.Task[Any] | None) -> None:
-    """Run ``loop``; raise SwarmError if it ends while neither a stop nor a cancellation
-    of the owner (or a failure of another loop, which cancels the owner) asked it to."""
+async def _watched(loop: Coroutine[Any, Any, Any], stop: asyncio.Event, owner: asyncio.Task[Any] | None,
+                   failed: list[BaseException]) -> None:
+    """Run ``loop``; raise SwarmError if it ends while neither a stop, a cancellation of the
+    owner nor a failure of another loop (listed in ``failed``) asked it to. The owner's
+    cancellation alone does not tell the last: the TaskGroup takes it back once the
+    group has ended, while a loop it cancelled may still be cleaning up."""
     name = getattr(loop, "__qualname__", repr(loop))
     try:
         await loop
     except asyncio.CancelledError:
-        if stop.is_set() or owner is None or owner.cancelling():
+        if stop.is_set() or failed or owner is None or owner.cancelling():
             raise
-        raise SwarmError(f"{name} was cancelled although nothing asked it to stop (code it ran, "
-                         f"a handler or a callback, cancelled its task)") from None
-    if not stop.is_set():
-        raise SwarmError(f"{name} returned although nothing asked it to stop")
+        why = ("was cancelled although nothing asked it to stop (code it ran, a handler or a "
+               "callback, cancelled its task)")
+    except BaseException as e:
+        failed.append(e)
+        raise
+    else:
+        if stop.is_set():
+            return
+        why = "returned although nothing asked it to stop"
+    error = SwarmError(f"{name} {why}")
+    failed.append(error)
+    raise error from None

@@ -540,6 +540,9 @@ class Peer:
                 if time.monotonic() - t0 > deadline:
                     raise PeerTimeout(f"peer {self.id}: welcomed but no view arrived within {deadline} s")
                 await asyncio.sleep(0.005)
+        except PeerTimeout:   # a TimeoutError too: the welcome came, the view did not
+            await self._abort()
+            raise
         except asyncio.TimeoutError:
             await self._abort()
             if self._standby_heard:
@@ -767,16 +770,21 @@ class Peer:
         when it would wait."""
         seconds(timeout, none_ok=True)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
-        # polled, as wait_view is: a close or a failure in the meantime ends the wait
+        # woken by the event, or every 50 ms to see a close or a failure meanwhile
         while not self._linked.is_set():
             self._raise_stopped()
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 if self.id not in self._view.ids:   # no neighbours to wait for: it is not a member
                     raise PeerTimeout(f"peer {self.id}: not in the current view (epoch {self._view.epoch}) "
                                       f"within {timeout} s: not joined yet, or declared dead and rejoining")
                 raise PeerTimeout(f"peer {self.id}: neighbours {sorted(self._pending_hello)} "
                                   f"did not answer within {timeout} s")
-            await asyncio.sleep(0.005)
+            try:   # woken by the event: linked, if only for a moment (a new view may clear it)
+                await asyncio.wait_for(self._linked.wait(), min(left, 0.05))
+                return
+            except asyncio.TimeoutError:
+                pass
 
     async def wait_view(self, predicate: Callable[[View], bool], timeout: float | None = 5.0) -> View:
         """Wait until the installed view satisfies ``predicate`` (``timeout`` None:

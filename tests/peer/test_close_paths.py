@@ -268,3 +268,40 @@ def test_a_close_during_start_ends_the_start_at_once_and_says_why():
         assert p.state is PeerState.CLOSED and p._ctx.closed
 
     asyncio.run(main())
+
+
+def test_a_welcome_without_a_view_says_so():
+    # the PeerTimeout ("welcomed but no view arrived") is a TimeoutError, and start()
+    # turned it into "no coordinator answered ... is `swarm coordinator` running there?"
+    async def main():
+        coord = Coordinator(bind=f"tcp://127.0.0.1:{free_port()}", http_bind="")
+        await coord.start()
+        p = Peer(id="a", coordinators=[coord.address], join_timeout_s=1.0)
+        p._install = lambda view: None   # welcomed, but no view is ever installed
+        try:
+            with pytest.raises(SwarmError, match="welcomed but no view arrived"):
+                await p.start()
+            assert p.state is PeerState.CLOSED
+        finally:
+            await p.close()
+            await coord.close()
+
+    asyncio.run(main())
+
+
+def test_wait_linked_returns_on_a_link_that_a_new_view_clears_at_once():
+    # polled every 5 ms, it missed a linked state that a view storm cleared within the
+    # poll and waited on to its timeout; awaiting the event, as before, it returns
+    async def main():
+        p = Peer(id="a", coordinators=[f"tcp://127.0.0.1:{free_port()}"])
+
+        async def blink():
+            await asyncio.sleep(0.02)
+            p._linked.set()
+            p._linked.clear()
+
+        task = asyncio.ensure_future(blink())
+        await p.wait_linked(timeout=2.0)
+        await task
+
+    asyncio.run(main())

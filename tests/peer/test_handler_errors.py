@@ -221,3 +221,43 @@ def test_supervise_reports_a_loop_that_ends_by_itself_and_not_one_that_is_stoppe
                 await task
 
     asyncio.run(main())
+
+
+def test_supervise_reports_only_the_failure_when_another_loop_cleans_up_slowly():
+    # the TaskGroup takes back the owner's cancellation once it has ended; a loop whose
+    # clean-up awaited past that was reported as cancelled unasked, a second failure
+    seen: list[BaseException] = []
+
+    async def fails():
+        await asyncio.sleep(0.01)
+        raise RuntimeError("boom")
+
+    async def slow_clean_up():
+        try:
+            await asyncio.Event().wait()
+        except BaseException as e:
+            seen.append(e)
+            raise
+        finally:
+            await asyncio.sleep(0.05)
+
+    async def main():
+        failure = await supervise([fails(), slow_clean_up()], asyncio.Event())
+        assert isinstance(failure, RuntimeError) and str(failure) == "boom"
+
+    import swarm.tasks as tasks_mod
+    watched, ended = tasks_mod._watched, []
+
+    async def spy(*args):
+        try:
+            await watched(*args)
+        except BaseException as e:
+            ended.append(type(e).__name__)
+            raise
+
+    tasks_mod._watched = spy
+    try:
+        asyncio.run(main())
+    finally:
+        tasks_mod._watched = watched
+    assert sorted(ended) == ["CancelledError", "RuntimeError"], ended
