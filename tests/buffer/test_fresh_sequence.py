@@ -11,11 +11,11 @@ import time
 
 import numpy as np
 import pytest
-from swarmtest import free_port, status, wait_for
 
 from fakelink import Hub
 from swarm.buffer import Federation, ReplayBuffer
 from swarm.errors import ReplayError
+from experiment.test_runner import coordinator  # noqa: F401 - a fixture
 
 SCHEMA = {"obs": ("float32", (3,))}
 
@@ -101,14 +101,6 @@ def test_a_snapshot_goes_on_from_its_own_numbering(tmp_path):
     back = ReplayBuffer.load(tmp_path / "s")
     back.add(items(1, 0.0))
     assert local_seqs(back) == [0, 1, 2, 3]
-
-
-@pytest.fixture
-def coordinator(procs):
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coordinator")
-    wait_for(lambda: status(addr, 0.5), timeout=15, what="coordinator")
-    return addr
 
 
 def test_swarm_peer_started_again_fresh_numbers_past_its_predecessor(coordinator, tmp_path):

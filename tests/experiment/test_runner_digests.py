@@ -4,11 +4,11 @@ for the launcher to find where the copies began to differ."""
 from __future__ import annotations
 
 import pytest
-from swarmtest import free_port, status, wait_for
 
 from swarm.experiment import load_spec
 from swarm.experiment.launch import _first_divergence
 from swarm.experiment.runner import DIGEST_EVERY, run_peer
+from experiment.test_runner import coordinator  # noqa: F401 - a fixture
 
 
 def kept(points: int, recent: int, differ_from: int | None = None, tag: str = "") -> dict[str, str]:
@@ -49,14 +49,6 @@ def test_the_launcher_still_finds_where_the_copies_began_to_differ(split):
         assert found == split, found
     else:                                # else within 1/recent of how long before the end
         assert split <= found <= split + (points - split) // recent, (split, found)
-
-
-@pytest.fixture
-def coordinator(procs):
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coordinator")
-    wait_for(lambda: status(addr, 0.5), timeout=15, what="coordinator")
-    return addr
 
 
 def test_a_relay_peer_writes_a_bounded_digest_history_to_its_summary(coordinator, tmp_path, monkeypatch):

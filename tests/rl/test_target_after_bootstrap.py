@@ -8,14 +8,13 @@ An ordinary gossip round must still leave the target to its slow (Polyak) update
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
-from swarmtest import free_port, status, wait_for
 
 from swarm.buffer import ReplayBuffer
 from swarm.experiment import load_spec
 from swarm.experiment.checkpoint import load_checkpoint
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
+from experiment.test_runner import coordinator  # noqa: F401 - a fixture
 
 
 def _agent(init_seed: int) -> DQNAgent:
@@ -39,14 +38,6 @@ def test_sync_target_copies_the_online_network_and_a_gossip_round_does_not():
     # a copy, not an alias: the next optimizer step moves the online network only
     a.parameters()[:] += 1.0
     assert np.array_equal(a.target_flat.numpy(), donor.parameters())
-
-
-@pytest.fixture
-def coordinator(procs):
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coordinator")
-    wait_for(lambda: status(addr, 0.5), timeout=15, what="coordinator")
-    return addr
 
 
 def test_a_peer_that_bootstraps_in_the_runner_takes_the_donors_network_as_its_target(
