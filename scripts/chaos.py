@@ -63,6 +63,7 @@ from typing import IO
 
 import numpy as np
 
+from swarm.checks import finite_arg
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec
 
@@ -371,30 +372,18 @@ def nan_params(run: Path) -> int:
     return bad
 
 
-def finite(text: str) -> float:
-    """A float option's value: a finite number (nan would crash at the first freeze, inf or
-    nan in --every quietly inject a single fault)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked: a bad value exits with a usage error before any run starts."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--duration", type=finite, default=180.0,
+    ap.add_argument("--duration", type=finite_arg, default=180.0,
                     help=f"seconds of each run (default 180); no fault in its last {QUIET_S:.0f} s")
     ap.add_argument("--peers", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--every", type=finite, default=15.0, help="seconds between faults")
-    ap.add_argument("--warmup", type=finite, default=25.0,
+    ap.add_argument("--every", type=finite_arg, default=15.0, help="seconds between faults")
+    ap.add_argument("--warmup", type=finite_arg, default=25.0,
                     help=f"seconds before the first fault (default 25); faults stop {QUIET_S:.0f} s before "
                          "the end, so --duration must exceed --warmup + that")
-    ap.add_argument("--freeze", type=finite, default=3.0, help="seconds a frozen peer stays stopped")
+    ap.add_argument("--freeze", type=finite_arg, default=3.0, help="seconds a frozen peer stays stopped")
     ap.add_argument("--no-clean", action="store_true", help="skip the fault-free run")
     ap.add_argument("--root", help="folder for the runs and their logs, created if missing and kept (default: a "
                                    "temporary folder, removed at the end unless something failed: then it is "

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import math
 import time
 from dataclasses import replace
 
@@ -44,6 +43,7 @@ import numpy as np
 import torch
 
 from swarm.buffer import ReplayBuffer
+from swarm.checks import finite_arg
 from swarm.config import apply_overrides, from_dict, to_dict
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec
@@ -66,17 +66,6 @@ def solve_threshold(env_id: str, solve_at: float | None = None) -> float:
     if threshold is None:
         raise ConfigError(f"env {env_id!r} has no reward_threshold in its gymnasium spec: give --solve-at RETURN")
     return float(threshold)
-
-
-def finite(text: str) -> float:
-    """A float option's value: a finite number."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
 
 
 def store(buf: ReplayBuffer, obs: np.ndarray, action: int, ret: float, next_obs: np.ndarray,
@@ -155,7 +144,7 @@ def main() -> None:
     ap.add_argument("--eval-episodes", type=int, default=5)
     ap.add_argument("--trace", type=int, default=0, metavar="N",
                     help="also evaluate every N steps per actor and print the returns (not counted)")
-    ap.add_argument("--solve-at", type=finite, default=None, metavar="RETURN",
+    ap.add_argument("--solve-at", type=finite_arg, default=None, metavar="RETURN",
                     help="greedy return that counts as solved (default: the env's gymnasium reward_threshold, "
                          "475 on CartPole-v1; required for an env without one)")
     ap.add_argument("--set", dest="overrides", action="append", default=[],

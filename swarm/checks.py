@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["is_int", "is_real", "seconds"]
+__all__ = ["is_int", "is_real", "seconds", "finite_arg"]
 
 
 def is_int(x: Any) -> bool:
@@ -31,3 +31,17 @@ def seconds(v: Any, name: str = "timeout", *, none_ok: bool = False) -> float | 
         raise ConfigError(f"{name} = {v!r}: must be a finite number of seconds >= 0"
                           + (" or None" if none_ok else ""))
     return float(v)
+
+
+def finite_arg(text: str) -> float:
+    """An argparse ``type`` for a float option: a finite number, else a usage error (NaN
+    or infinity would pass every later ``<=`` check, and fail late or quietly)."""
+    import argparse   # noqa: PLC0415 - only command lines need it
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
