@@ -29,6 +29,7 @@ import concurrent.futures
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Coroutine, Sequence, TypeVar
 
 import numpy as np
@@ -43,11 +44,28 @@ __all__ = ["SyncPeer"]
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-#: seconds between looks at the ``stop`` event of :meth:`SyncPeer.start`
+#: seconds between looks at the ``stop`` event of :meth:`SyncPeer.start`, and the longest
+#: the caller's thread waits at once in a blocking call (see _wait)
 STOP_POLL_S = 0.1
 #: seconds :meth:`SyncPeer.call` waits, past its timeout, for the cancelled coroutine
 #: to end (its ``finally`` blocks to run) before it raises PeerTimeout
 CANCEL_GRACE_S = 2.0
+
+
+def _wait(fut: concurrent.futures.Future, timeout: float | None) -> bool:
+    """Wait for ``fut`` up to ``timeout`` seconds (None: no deadline); whether it is done.
+
+    In waits of at most STOP_POLL_S: a signal that another thread took (the peer's loop
+    thread, say) only flags its Python handler, which runs on the main thread when that
+    next runs Python code. In one long wait, a Ctrl-C during a join waited out the join
+    timeout before its handler ran."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = STOP_POLL_S if deadline is None else min(STOP_POLL_S, deadline - time.monotonic())
+        if concurrent.futures.wait([fut], max(0.0, left)).done:
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
 
 
 async def _unless(coro: Coroutine[Any, Any, T], stop: threading.Event) -> T:
@@ -306,7 +324,7 @@ class SyncPeer:
         # waited apart from the result: a PeerTimeout the coroutine raises is a
         # TimeoutError too, and it is the one to report
         try:
-            done = concurrent.futures.wait([fut], timeout).done
+            done = _wait(fut, timeout)
         except BaseException:
             handed.cancel(cancel_grace)
             raise

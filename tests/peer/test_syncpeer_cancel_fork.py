@@ -138,3 +138,39 @@ def test_a_forked_child_is_refused_at_once_and_its_close_leaves_the_parent_be(co
         assert a.peer.state is PeerState.RUNNING
         assert a.send("b", "x", {"from": "parent"}, timeout=5)
         wait_for(lambda: got == ["parent"], 10, what="b got the parent's message")
+
+
+def test_a_signal_that_another_thread_takes_still_stops_a_start_in_the_main_thread():
+    """`swarm peer` waits for its join in SyncPeer.start on the main thread. A SIGINT that
+    another thread took (the peer's loop thread, under load) only flags the Python handler,
+    which runs when the main thread next runs Python code: in one long wait, that was
+    after the join timeout, and the start ended on it, not on the stop (seen in a full run:
+    'still joining 30 s after Ctrl-C')."""
+    import socket
+
+    from swarm.experiment.runner import stop_on_signals
+
+    assert threading.current_thread() is threading.main_thread()
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    silent = socket.create_server(("127.0.0.1", 0))   # takes the connection, never answers
+    try:
+        stop = stop_on_signals()
+        sp = SyncPeer(coordinators=[f"tcp://127.0.0.1:{silent.getsockname()[1]}"], join_timeout_s=20.0)
+
+        def signal_on_this_thread() -> None:
+            time.sleep(0.5)
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+        t = threading.Thread(target=signal_on_this_thread)
+        t.start()
+        try:
+            with pytest.raises(SwarmError, match="the start was stopped before the peer joined"):
+                sp.start(stop=stop)   # without the stop: a MembershipError after 2 x 20 + 5 s
+            assert stop.is_set()
+        finally:
+            t.join()
+            sp.close()
+    finally:
+        silent.close()
+        for s, h in before.items():
+            signal.signal(s, h)
