@@ -835,8 +835,13 @@ def _left_down(launch: Launch, c: _Child, out: TextIO) -> bool:
         print(f"swarm run: {c.exited()} after {MAX_RESTARTS} restarts (the limit); not restarting "
               f"it again; last lines of {c.log}:\n{_tail(c.log)}", file=out, flush=True)
         return True
-    launch.in_a_row[c.name] = launch.in_a_row.get(c.name, 0) + 1
     return False
+
+
+def _count_restart(launch: Launch, name: str) -> None:
+    """``name`` is started again: one more restart, and one more in a row."""
+    launch.restarts[name] = launch.restarts.get(name, 0) + 1
+    launch.in_a_row[name] = launch.in_a_row.get(name, 0) + 1
 
 
 def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], addr: str,
@@ -854,7 +859,7 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
     # The coordinator never ends by itself: an exit 0 is a SIGTERM from someone else.
     if (coord.proc.poll() is not None and not coord.ended_by_us and "coordinator" not in launch.given_up
             and not _left_down(launch, coord, out)):
-        launch.restarts["coordinator"] = launch.restarts.get("coordinator", 0) + 1
+        _count_restart(launch, "coordinator")
         print(f"swarm run: {coord.exited()}; starting it again on {addr}", file=out, flush=True)
         coord = launch.start("coordinator", _coordinator_args(spec, addr))
     late = launch.deadline is not None and time.time() >= launch.deadline
@@ -893,7 +898,7 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
             continue  # the coordinator is down, or still holds the old process as a live member
         del pending[r]
         name = f"peer{r}"
-        launch.restarts[name] = launch.restarts.get(name, 0) + 1
+        _count_restart(launch, name)
         # A member the coordinator knows is taken over (same rank); after a coordinator
         # restart the id is unknown to it and a plain join with the same rank does.
         # A coordinator restarted between that status and the join does not know the id and
