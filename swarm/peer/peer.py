@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
@@ -130,6 +131,13 @@ LINK_CONNECT_TIMEOUT_S = COORD_CONNECT_TIMEOUT_S
 #: host that vanished (TCP would take ~15 min).
 OUTBOX_TIMEOUT_S = 10.0
 
+#: seconds between two tracebacks logged for the same failure: the same handler or
+#: callback raising the same type of error. The first is logged in full; those that come
+#: within this time are counted (``handler_errors``) and not logged, and the next
+#: traceback logged says how many there were. A sender that trips a buggy handler with
+#: every message does not fill the log with a traceback per message.
+FAILURE_LOG_S = 10.0
+
 #: what a coordinator socket's monitor reports: a lost connection, and how handshakes end
 _COORD_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
@@ -230,22 +238,40 @@ def _cancelled_by_callback() -> bool:
     return task is not None and not task.cancelling()
 
 
+def _outgoing(e: WireError) -> WireError:
+    """Mark ``e`` as this process's own refusal of what it was about to send or
+    register (see :func:`_is_outgoing`); returns it."""
+    e._swarm_outgoing = True   # type: ignore[attr-defined]
+    return e
+
+
+def _is_outgoing(e: WireError) -> bool:
+    """Whether a WireError came from the peer's own outgoing calls (a send the wire
+    refuses, a handler for a reserved type) rather than from a check of what a sender
+    sent. Raised out of a handler, only the latter is the sender's fault: swarm's own
+    handlers refuse bad remote content with a plain WireError, and that stays malformed."""
+    return getattr(e, "_swarm_outgoing", False) is True
+
+
 def check_handler_type(t: str, who: str) -> None:
     """Refuse a handler for one of swarm's own protocol types (WireError); register ``t``."""
     if type(t) is str and t in RESERVED_TYPES:
-        raise WireError(f"{who}: {t!r} is a swarm protocol type that the peer handles "
-                        f"itself; no handler can be registered for {sorted(RESERVED_TYPES)} "
-                        f"(on_view is called for each new view)")
-    wire.register_type(t)
+        raise _outgoing(WireError(f"{who}: {t!r} is a swarm protocol type that the peer handles "
+                                  f"itself; no handler can be registered for {sorted(RESERVED_TYPES)} "
+                                  f"(on_view is called for each new view)"))
+    try:
+        wire.register_type(t)
+    except WireError as e:
+        raise _outgoing(e)
 
 
 def _check_sendable(t: Any, peer_id: str) -> None:
     """Refuse a send of one of swarm's own types that only the peer or the coordinator
     sends (WireError); the peer's own hello, hello_ack and pong do not come this way."""
     if type(t) is str and t in UNSENDABLE_TYPES:
-        raise WireError(f"peer {peer_id}: {t!r} is a swarm protocol type that only the peer or the "
-                        f"coordinator sends; user code cannot send {sorted(UNSENDABLE_TYPES)} "
-                        f"('ping' may be sent: the receiver answers 'pong')")
+        raise _outgoing(WireError(f"peer {peer_id}: {t!r} is a swarm protocol type that only the peer or "
+                                  f"the coordinator sends; user code cannot send {sorted(UNSENDABLE_TYPES)} "
+                                  f"('ping' may be sent: the receiver answers 'pong')"))
 
 
 class Peer:
@@ -302,6 +328,8 @@ class Peer:
         self._side: list[zmq.Socket] = []   # side-channel sockets (open_inbox, open_outbox)
         self._view_callbacks: list[Callable[[View], None]] = []
         self._seq = itertools.count()
+        # (what failed, error type) -> [when its traceback was last logged, failures not logged since]
+        self._failures: dict[tuple[str, type], list[Any]] = {}
         self._welcome: asyncio.Future[dict[str, Any]] | None = None
         self._stop = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
@@ -355,9 +383,12 @@ class Peer:
         A handler refuses a message as malformed by raising :class:`WireError`: it is
         counted as ``malformed`` and logged as one from the sender (at most once per
         sender per 10 s). Anything else it raises (a ValueError or a SwarmError
-        included, and a CancelledError that is not a cancellation of the peer's
-        loop) is the handler's error: counted as ``handler_errors`` and logged with
-        its traceback; the peer goes on with the next message.
+        included, a CancelledError that is not a cancellation of the peer's loop, and
+        a WireError of its own outgoing calls: a :meth:`send` or :meth:`on` this peer
+        refused) is the handler's error: counted as ``handler_errors`` and logged with
+        its traceback (the first in full, then at most one per :data:`FAILURE_LOG_S`
+        for the same handler and type of error, saying how many were not logged);
+        the peer goes on with the next message.
 
         The types of swarm's own protocol that the peer handles itself (hello, ping
         and the membership types: :data:`RESERVED_TYPES`) are refused with a
@@ -696,8 +727,11 @@ class Peer:
         """Queue the message on ``dst``'s link: (sent, the link, the frames); a ``dst``
         outside the view is held for up to ``hold`` seconds where :meth:`_hold` can."""
         self._raise_failure()
-        frames = wire.encode(t, self.id, epoch=self._view.epoch, seq=next(self._seq), body=body, arrays=arrays,
-                             limits=self.limits)
+        try:
+            frames = wire.encode(t, self.id, epoch=self._view.epoch, seq=next(self._seq), body=body,
+                                 arrays=arrays, limits=self.limits)
+        except WireError as e:
+            raise _outgoing(e)
         # closed: the view is stale and the context gone, so no link can be made
         link = self._link(dst) if self.state is not PeerState.CLOSED else None
         if link is None:
@@ -1244,6 +1278,10 @@ class Peer:
                 if asyncio.iscoroutine(r):
                     await r
             except WireError as e:
+                if _is_outgoing(e):
+                    # its own send (or on) was refused: the handler's error, not the sender's
+                    self._callback_failed(f"handler for {t!r}")
+                    continue
                 # bad content in a well-formed envelope: the handler refused it. Only
                 # WireError says so: a ValueError or SwarmError is the handler's own
                 # error (a bug, a refused call), not the sender's
@@ -1258,9 +1296,23 @@ class Peer:
 
     def _callback_failed(self, what: str) -> None:
         """Count and log (with its traceback) the error of a handler or a callback that
-        is being handled; the peer goes on."""
+        is being handled; the peer goes on. The same failure again within
+        :data:`FAILURE_LOG_S` of its last traceback is counted, not logged."""
         self.counters.handler_errors += 1
-        log.exception("peer %s: %s failed", self.id, what)
+        key = (what, type(sys.exc_info()[1]))
+        now = time.monotonic()
+        seen = self._failures.get(key)
+        if seen is not None and now - seen[0] < FAILURE_LOG_S:
+            seen[1] += 1
+            return
+        if len(self._failures) >= 1024:   # bounded, whatever types of errors user code makes
+            self._failures.clear()
+        self._failures[key] = [now, 0]
+        if seen is not None and seen[1]:
+            log.exception("peer %s: %s failed (%d more times with %s since the last traceback, %.0f s ago, "
+                          "not logged)", self.id, what, seen[1], key[1].__name__, now - seen[0])
+        else:
+            log.exception("peer %s: %s failed", self.id, what)
 
     def _answer(self, msg: Message, t: str, body: dict[str, Any]) -> None:
         """Answer a hello or a ping; an echo that no longer fits under our limits

@@ -18,8 +18,9 @@ cancelled, the peer leaves the swarm and the thread ends.
 
 A SyncPeer belongs to the process that started it: its loop thread does not exist
 in a child made by ``os.fork()`` (``multiprocessing``'s "fork" start method), so
-there every call raises :class:`SwarmError` at once and :meth:`SyncPeer.close`
-does nothing; start a new SyncPeer in the child.
+there every call, and :attr:`~SyncPeer.id`, :attr:`~SyncPeer.view` and
+:attr:`~SyncPeer.address`, raises :class:`SwarmError` at once and
+:meth:`SyncPeer.close` does nothing; start a new SyncPeer in the child.
 """
 
 from __future__ import annotations
@@ -110,9 +111,10 @@ class SyncPeer:
     Processes: it works only in the process that started it. In a child made by
     ``os.fork()`` its loop thread does not exist: every call (:meth:`call`,
     :meth:`send`, :meth:`wait_view`, :meth:`on`, ...) raises :class:`SwarmError` at
-    once, and :meth:`close` returns at once having touched nothing (the sockets are
-    the parent's, and the parent's peer stays in the swarm). Start a new SyncPeer in
-    the child.
+    once (so do :attr:`id`, :attr:`view` and :attr:`address`, which would show
+    the parent's copies), and :meth:`close` returns at once having touched nothing
+    (the sockets are the parent's, and the parent's peer stays in the swarm). Start
+    a new SyncPeer in the child.
     """
 
     def __init__(self, *args: Any, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
@@ -354,23 +356,30 @@ class SyncPeer:
                 raise self._refusal()
             self._loop.call_soon_threadsafe(fn, *args)
 
+    # In a forked child these refuse too: what they would return is the parent's copy
+    # as of the fork, stale from then on, for a peer the child cannot use.
+
     @property
     def id(self) -> str:
         """This peer's id (the ``id`` option, or host-pid)."""
+        self._refuse_forked()
         return self._peer().id
 
     @property
     def view(self) -> View:
         """The membership view installed last."""
+        self._refuse_forked()
         return self._peer().view
 
     @property
     def address(self) -> str:
         """The address this peer advertises to its neighbours."""
+        self._refuse_forked()
         return self._peer().address
 
     def neighbours(self) -> list[str]:
         """Neighbour ids in the current view ([] once closed)."""
+        self._refuse_forked()
         if self._closed:
             return []
         return self._peer().neighbours()
