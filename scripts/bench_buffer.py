@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -184,4 +185,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
+        print("bench_buffer: interrupted", file=sys.stderr)
+        sys.exit(130)   # 128 + SIGINT, as a shell reports it

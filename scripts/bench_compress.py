@@ -125,4 +125,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
+        print("bench_compress: interrupted", file=sys.stderr)
+        sys.exit(130)   # 128 + SIGINT, as a shell reports it

@@ -503,10 +503,8 @@ async def main(quick: bool, netns: bool, topk: bool, bytes_d: int) -> dict:
             "load_avg": [round(v, 1) for v in os.getloadavg()], "quick": quick}
 
 
-if __name__ == "__main__":
-    # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
-    # the processes this script started still run (killed outright, they were left behind)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+def cli() -> None:
+    """The command line: the sections it names, then the JSON line."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds and gammas (smoke test)")
     ap.add_argument("--no-netns", action="store_true", help="skip the real-link run in network namespaces")
@@ -540,3 +538,14 @@ if __name__ == "__main__":
     else:
         out = asyncio.run(main(args.quick, not args.no_netns, args.slow_link_topk, args.bytes_d))
     print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
+    # the processes this script started still run (killed outright, they were left behind)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        cli()
+    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
+        print("bench_gossip: interrupted", file=sys.stderr)
+        sys.exit(130)   # 128 + SIGINT, as a shell reports it

@@ -570,4 +570,8 @@ if __name__ == "__main__":
     # the processes this script started still run (killed outright, they were left behind);
     # a swarm run takes it over while it lasts, and ends its own (_sigterm_exits)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
+        print("bench_learning: interrupted", file=sys.stderr)
+        sys.exit(130)   # 128 + SIGINT, as a shell reports it

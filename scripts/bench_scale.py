@@ -31,6 +31,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import subprocess
 import signal
 import sys
@@ -41,6 +42,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import zmq
+
+from swarm.checks import finite_arg
 
 ROOT = Path(__file__).resolve().parents[1]
 HZ = os.sysconf("SC_CLK_TCK")
@@ -655,6 +658,44 @@ def bench_processes(tmp: str, n: int, d: int, window: float, sync: str = "bounde
 
 # =================================================================== main
 
+#: the options each internal mode needs (--stats-s is optional: a peer's HEARTBEAT_STATS_S)
+INTERNAL_OPTIONS = {"--worker": ("coord", "first", "count", "hz", "duration", "stop", "out"),
+                    "--gossip-peer": ("coord", "rank", "n", "d", "go", "window", "sync", "ready_timeout", "out")}
+
+
+def check_internal(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, as a usage error, what an internal mode cannot run with. The parent passes
+    good values; by hand, a missing option ended in a TypeError, --hz 0 in a division by
+    zero, --count 0 in an IndexError, --duration nan never ended, and --rank >= --n
+    waited for a view that could not form."""
+    mode = "--worker" if args.worker else "--gossip-peer"
+    missing = [f"--{k.replace('_', '-')}" for k in INTERNAL_OPTIONS[mode] if getattr(args, k) is None]
+    if missing:
+        ap.error(f"{mode} needs {', '.join(missing)}")
+
+    def need(ok: bool, option: str, what: str) -> None:
+        if not ok:
+            ap.error(f"{mode}: {option} {getattr(args, option[2:].replace('-', '_'))} {what}")
+
+    need(re.fullmatch(r"tcp://.+:\d+", args.coord) is not None, "--coord", "is not a tcp://HOST:PORT address")
+    need(Path(args.out).parent.is_dir(), "--out", "is not in a folder that exists")
+    if args.worker:
+        need(args.first >= 0, "--first", "must be >= 0")
+        need(args.count >= 1, "--count", "must be >= 1 (the members this worker simulates)")
+        need(args.hz > 0, "--hz", "must be > 0 (heartbeats per second)")
+        need(args.duration > 0, "--duration", "must be > 0 seconds")
+        need(args.stats_s is None or args.stats_s >= 0, "--stats-s", "must be >= 0 seconds")
+    else:
+        from swarm.gossip import SYNC_MODES
+
+        need(args.n >= 1, "--n", "must be >= 1 (the peers of the swarm)")
+        need(0 <= args.rank < args.n, "--rank", f"must be in [0, --n) = [0, {args.n})")
+        need(args.d >= 1, "--d", "must be >= 1 (the floats each peer gossips)")
+        need(args.window > 0, "--window", "must be > 0 seconds")
+        need(args.ready_timeout > 0, "--ready-timeout", "must be > 0 seconds")
+        need(args.sync in SYNC_MODES, "--sync", f"is not one of {', '.join(SYNC_MODES)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
@@ -671,13 +712,17 @@ def main() -> None:
                          "detection in small swarms and costs 10 pings/s per member)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b,c")
     # worker modes (internal)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--gossip-peer", action="store_true", help=argparse.SUPPRESS)
-    for a, t in (("--coord", str), ("--first", int), ("--count", int), ("--hz", float), ("--duration", float), ("--stop", str),
-                 ("--out", str), ("--rank", int), ("--n", int), ("--d", int), ("--go", str), ("--ready-timeout", float),
-                 ("--window", float), ("--sync", str), ("--stats-s", float)):
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    mode.add_argument("--gossip-peer", action="store_true", help=argparse.SUPPRESS)
+    for a, t in (("--coord", str), ("--first", int), ("--count", int), ("--hz", finite_arg),
+                 ("--duration", finite_arg), ("--stop", str), ("--out", str), ("--rank", int), ("--n", int),
+                 ("--d", int), ("--go", str), ("--ready-timeout", finite_arg), ("--window", finite_arg),
+                 ("--sync", str), ("--stats-s", finite_arg)):
         ap.add_argument(a, type=t, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker or args.gossip_peer:
+        check_internal(ap, args)
     if args.worker:
         return worker(args)
     if args.gossip_peer:
@@ -814,4 +859,8 @@ if __name__ == "__main__":
     # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
     # the processes this script started still run (killed outright, they were left behind)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
+        print("bench_scale: interrupted", file=sys.stderr)
+        sys.exit(130)   # 128 + SIGINT, as a shell reports it

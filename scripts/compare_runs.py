@@ -272,4 +272,8 @@ if __name__ == "__main__":
     # SIGTERM (a `timeout`, a job runner) as SystemExit, exit status 143; a swarm run
     # takes it over while it lasts, ends its processes, and one_run exits the same way
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
+        print("compare_runs: interrupted", file=sys.stderr)
+        sys.exit(130)   # 128 + SIGINT, as a shell reports it

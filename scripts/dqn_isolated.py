@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 
 import numpy as np
@@ -71,6 +72,8 @@ def main() -> None:
     if args.steps <= cfg.learning_starts:
         ap.error(f"--steps {args.steps} is not above learning_starts = {cfg.learning_starts}: "
                  "the learner would take no update")
+    if args.every > args.steps:
+        ap.error(f"--every {args.every} is above --steps {args.steps}: the curve would have no point")
     torch.set_num_threads(1)
 
     rand = random_returns(args.env, 50, seed=123)
@@ -118,4 +121,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
+        print("dqn_isolated: interrupted", file=sys.stderr)
+        sys.exit(130)   # 128 + SIGINT, as a shell reports it

@@ -166,4 +166,8 @@ if __name__ == "__main__":
     # folders are removed; a swarm run takes it over while it lasts, ends its processes,
     # and swarm_evals exits the same way
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
+        print("eval_schedules: interrupted", file=sys.stderr)
+        sys.exit(130)   # 128 + SIGINT, as a shell reports it

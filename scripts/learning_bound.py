@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import sys
 import time
 from dataclasses import replace
 
@@ -191,4 +192,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
+        print("learning_bound: interrupted", file=sys.stderr)
+        sys.exit(130)   # 128 + SIGINT, as a shell reports it

@@ -317,6 +317,41 @@ def _peers(pids: list[int]) -> int:
     return n
 
 
+def _signal_ends_script(script: str, args: list[str], busy, tmp_path: Path, sig: int, code: int,
+                        said: str = "") -> None:
+    """Start ``script``, wait until ``busy`` holds for the processes under it, send it
+    ``sig``: it exits with ``code``, no traceback (``said`` on stderr), and leaves no
+    process behind. It starts with SIGINT at its default: one started from a shell's
+    background job inherits it ignored (Python then raises no KeyboardInterrupt)."""
+    err = tmp_path / "stderr"
+    with open(err, "wb") as f:   # in tmp_path: what a script writes relative to it stays there
+        p = subprocess.Popen([sys.executable, str(SCRIPTS / f"{script}.py"), *args], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=f, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + 180
+        while not busy(started) and time.monotonic() < deadline and p.poll() is None:
+            started = _descendants(p.pid)
+            time.sleep(0.1)
+        assert busy(started), f"{script} did not start its processes: {err.read_text(errors='replace')[-3000:]}"
+        p.send_signal(sig)
+        assert p.wait(60) == code, err.read_text(errors="replace")[-3000:]
+        text = err.read_text(errors="replace")
+        assert "Traceback" not in text and said in text, text[-3000:]
+        deadline = time.monotonic() + 20
+        while any(map(_running, started)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in started if _running(pid)]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for pid in started:   # what the script left behind, by pid
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
 @pytest.mark.parametrize("script,args,busy", [
     ("bench_scale", ["--quick", "--skip", "b,c"], lambda pids: len(pids) >= 2),   # coordinator and workers
@@ -334,31 +369,7 @@ def test_a_script_ended_by_sigterm_ends_the_processes_it_started(script, args, b
     """A `timeout` (SIGTERM) of bench_scale left its coordinator and workers running for
     good: the signal ended the script before its finally blocks. Every script that
     starts processes now takes SIGTERM as SystemExit (exit status 143, no traceback)."""
-    err = tmp_path / "stderr"
-    with open(err, "wb") as f:   # in tmp_path: what a script writes relative to it stays there
-        p = subprocess.Popen([sys.executable, str(SCRIPTS / f"{script}.py"), *args], cwd=tmp_path,
-                             stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
-    started: list[int] = []
-    try:
-        deadline = time.monotonic() + 180
-        while not busy(started) and time.monotonic() < deadline and p.poll() is None:
-            started = _descendants(p.pid)
-            time.sleep(0.1)
-        assert busy(started), f"{script} did not start its processes: {err.read_text(errors='replace')[-3000:]}"
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(60) == 128 + signal.SIGTERM, err.read_text(errors="replace")[-3000:]
-        assert "Traceback" not in err.read_text(errors="replace"), err.read_text(errors="replace")[-3000:]
-        deadline = time.monotonic() + 20
-        while any(map(_running, started)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [pid for pid in started if _running(pid)]
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        for pid in started:   # what the script left behind, by pid
-            if _running(pid):
-                os.kill(pid, signal.SIGKILL)
+    _signal_ends_script(script, args, busy, tmp_path, signal.SIGTERM, 128 + signal.SIGTERM)
 
 
 # ---------------------------------------------------------------- experiment scripts: arguments, folders, signals
@@ -625,3 +636,52 @@ def test_bench_scale_coordinator_part_compares_view_p99_with_its_anchor(bench_sc
     v, a = out["view_p99_ms"], out["anchor_fanout_p99_ms"]
     low, high = (v - 0.005) / (a + 0.005), (v + 0.005) / max(a - 0.005, 1e-9)
     assert low - 5e-4 <= out["view_p99_vs_anchor"] <= high + 5e-4, (v, a, out["view_p99_vs_anchor"])
+
+
+# ---------------------------------------------------------------- Ctrl-C, internal modes, curve points
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+@pytest.mark.parametrize("script,args,busy", [
+    ("bench_scale", ["--quick", "--skip", "b,c"], lambda pids: len(pids) >= 2),   # coordinator and workers
+    # in its swarm run, whose launcher takes SIGINT over, ends its processes, then raises KeyboardInterrupt
+    ("compare_runs", ["codec", "--only", "fp16", "--steps", "500", "--set", "peers=2", "--out", "out"],
+     lambda pids: _peers(pids) == 2),
+], ids=["bench_scale", "compare_runs"])
+def test_a_script_ended_by_ctrl_c_ends_its_processes_and_says_so_in_one_line(script, args, busy, tmp_path):
+    """A SIGINT (Ctrl-C) ended the processes a script started, then the script died by the
+    signal with a KeyboardInterrupt traceback. It now exits 130 with one line."""
+    _signal_ends_script(script, args, busy, tmp_path, signal.SIGINT, 130, f"{script}: interrupted")
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"--count": "0"}, "--worker: --count 0 must be >= 1"),          # an IndexError
+    ({"--hz": "0"}, "--worker: --hz 0.0 must be > 0"),               # a division by zero
+    ({"--duration": "nan"}, "argument --duration: 'nan' is not a finite number"),   # it never ended
+    ({"--out": None}, "--worker needs --out"),                      # a TypeError
+], ids=["count-0", "hz-0", "duration-nan", "no-out"])
+def test_bench_scale_worker_mode_refuses_values_out_of_range(change, message, tmp_path):
+    """The internal --worker mode took any value the parent could have passed."""
+    opts = {"--coord": "tcp://127.0.0.1:9", "--first": "0", "--count": "2", "--hz": "4", "--duration": "1",
+            "--stop": str(tmp_path / "stop"), "--out": str(tmp_path / "worker.json")}
+    opts.update(change)
+    res = run_script("bench_scale", "--worker", *[x for k, v in opts.items() if v is not None for x in (k, v)],
+                     timeout=60)
+    assert res.returncode == 2 and message in res.stderr, (res.returncode, res.stderr[-2000:])
+    assert "Traceback" not in res.stderr and not (tmp_path / "worker.json").exists(), res.stderr[-2000:]
+
+
+def test_bench_scale_gossip_peer_mode_refuses_a_rank_outside_the_swarm(tmp_path):
+    """--rank 2 of --n 2 started a peer that waited for a view of 2 that it could not be in."""
+    res = run_script("bench_scale", "--gossip-peer", "--coord", "tcp://127.0.0.1:9", "--rank", "2", "--n", "2",
+                     "--d", "10", "--go", str(tmp_path / "go"), "--window", "1", "--sync", "bounded",
+                     "--ready-timeout", "1", "--out", str(tmp_path / "g.json"), timeout=60)
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert "--gossip-peer: --rank 2 must be in [0, --n) = [0, 2)" in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and not (tmp_path / "g.json").exists(), res.stderr[-2000:]
+
+
+def test_dqn_isolated_refuses_every_above_steps():
+    """--every 2000 (the default) with --steps 1500 reported a curve without a point."""
+    res = run_script("dqn_isolated", "--steps", "1500", timeout=60)
+    assert res.returncode == 2, res.stdout[-2000:]
+    assert "--every 2000 is above --steps 1500" in res.stderr, res.stderr
