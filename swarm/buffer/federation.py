@@ -21,7 +21,9 @@ to every neighbour, within a token-bucket rate, in messages of at most
 ``max_items``. The fraction is rounded down and the remainder carried to the
 next flush, so it holds however few items a flush has. Replication: with
 ``replicas=k`` every local item is pushed to the first k neighbours with
-``ack`` set; an item counts as safe once k neighbours acknowledged it
+``ack`` set, and those k get no share push of it (a receiver stores both alike:
+it would only go to them twice, and take share tokens); an item counts as safe
+once k neighbours acknowledged it
 (:meth:`Federation.take_acknowledged` hands out newly safe ids). A push
 not acknowledged within ``ack_timeout`` (or whose target left the view) is
 sent again on the next flush, to whichever neighbours are first then; to a
@@ -51,9 +53,10 @@ instead (give the federation to :class:`~swarm.gossip.GradientRelay` as its
 ``rider``): at each message of its own, a peer sends the ``share`` of the items
 added since its last one to its neighbours, in the same layout (the arrays above;
 body ``{fields, peers}``), and sends no ``buf.push`` for them. :meth:`flush` then
-only replicates. It spares a round on the peer's loop per share: with the relay's
-``direct`` sockets the items go out and come in on the training thread, between
-its steps.
+only replicates. A ride goes to every neighbour alike, so nothing rides when all
+of them are among the first k (they get every item replicated). It spares a
+round on the peer's loop per share: with the relay's ``direct`` sockets the
+items go out and come in on the training thread, between its steps.
 
 An acknowledged copy lives in the holder's memory (and its checkpoints): a
 holder that crashes and restarts from a checkpoint has lost the replicas it
@@ -130,7 +133,8 @@ class Federation:
     Args:
         buffer: the local buffer (its schema must match the neighbours').
         link: anything with the :class:`~swarm.link.Link` shape.
-        share: fraction of new local items pushed to each neighbour per flush.
+        share: fraction of new local items pushed to each neighbour per flush (but the
+            first ``replicas``, which get every item as a replication push).
         share_by: ``"newest"`` or ``"priority"`` (highest current priority first).
         replicas: k; each local item is pushed to the first k neighbours until k ack it
             (with fewer neighbours it waits for more: ``stats.under_replicated``).
@@ -315,9 +319,12 @@ class Federation:
         try:
             idx = np.concatenate(new)
             owed: dict[str, np.ndarray] = {}
-            if self.share > 0 and nbrs and not self.riding:
+            # The first `replicas` neighbours get every new item in this flush as a replication
+            # push: a share push of it too would send it to them twice, and take tokens for it.
+            sharers = nbrs[self.replicas:]
+            if self.share > 0 and sharers and not self.riding:
                 _, picked = self._live(self._pick(idx))
-                for dst in nbrs:
+                for dst in sharers:
                     allowed = self.bucket.take(picked.size) if picked.size else 0
                     self.stats.throttled += picked.size - allowed
                     if allowed:
@@ -344,7 +351,10 @@ class Federation:
         with self._new_lock:
             new, self._unridden = self._unridden, []
         again, self._reride, self._ridden = self._reride, None, (None, 0, 0)
-        if (not new and again is None) or self.share <= 0 or not nbrs:
+        # Neighbours that all are among the first `replicas` get every item as a replication
+        # push (flush): a ride would send it to them twice. A ride goes to every neighbour,
+        # so with others beside them it goes to these too.
+        if (not new and again is None) or self.share <= 0 or len(nbrs) <= self.replicas:
             return None
         credit = self._credit
         try:
@@ -460,6 +470,13 @@ class Federation:
         those after them, owed."""
         for dst in [d for d in self._owed if d not in nbrs]:
             del self._owed[dst]
+        # A neighbour that has become one of the first `replicas` since its items were owed
+        # (a send to it raised, then a target left): what it is still to be replicated
+        # goes to it in this flush's replication push, not in a share push too.
+        for dst in nbrs[:self.replicas]:
+            todo = self._owed.get(dst)
+            if todo is not None and len(self._table):
+                self._owed[dst] = todo[~np.isin(todo, self._table.idx)]
         sent = 0
         made: dict[bytes, Items] = {}   # neighbours are usually owed the same items: gathered once
         for dst in nbrs:

@@ -117,7 +117,8 @@ class BufferSpec:
     eps: float = opt(1e-6, "added to |TD| so that no item has zero priority", _pos, "must be > 0")
     decay: float = opt(0.0, "priority decay per second of age (lambda); 0 keeps priorities", _nonneg, "must be >= 0")
     sharing: bool = opt(True, "push a share of new transitions to neighbours")
-    share: float = opt(1.0, "fraction of new transitions pushed to each neighbour",
+    share: float = opt(1.0, "fraction of new transitions pushed to each neighbour (with replicas, the "
+                            "first `replicas` neighbours get every one as a replication push instead)",
                        lambda s: 0.0 <= s <= 1.0, "must be in [0, 1]")
     share_by: str = opt("newest", "which new transitions are shared: newest or priority",
                         lambda s: s in ("newest", "priority"), "must be 'newest' or 'priority'")

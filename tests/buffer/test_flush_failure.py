@@ -85,25 +85,28 @@ def test_shared_items_go_at_the_next_flush_after_a_send_raised():
 
 def test_a_share_that_raised_loses_no_item_to_replication():
     """Before: the share step raised before the new items were put in the replica
-    table: they were neither shared nor ever replicated (under_replicated 0)."""
+    table: they were neither shared nor ever replicated (under_replicated 0). The
+    share goes to c; b, the replica target, gets no share push of them."""
     async def main():
         hub = Hub()
         a = ReplayBuffer(SCHEMA, 64, first_seq=0, peer_id="a")
-        la = hub.link("a", ["b"])
+        la = hub.link("a", ["b", "c"])
         fa = Federation(a, la, share=1.0, replicas=1)
         b = ReplayBuffer(SCHEMA, 64, peer_id="b")
         Federation(b, hub.link("b", ["a"]))
-        raising_once(la, "buf.push")
+        c = ReplayBuffer(SCHEMA, 64, peer_id="c")
+        Federation(c, hub.link("c", ["a"]))
+        went = raising_once(la, "buf.push", dst="c")
         a.add(obs(3))
         try:
             with pytest.raises(RuntimeError):
                 await fa.flush()
-            assert fa.stats.under_replicated == 3
+            assert fa.stats.under_replicated == 3 and went == [("b", "buf.resync"), ("c", "buf.resync")]
             await fa.flush()
             await hub.settle()
         finally:
             await hub.close()
-        assert seqs(b) == [0, 1, 2]
+        assert seqs(b) == [0, 1, 2] and seqs(c) == [0, 1, 2]
         assert sorted(fa.take_acknowledged()) == [("a", 0), ("a", 1), ("a", 2)]
         assert fa.stats.under_replicated == 0
     asyncio.run(main())
