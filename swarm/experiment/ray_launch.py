@@ -4,7 +4,8 @@ Ray only *places* the peers; it is not on the data path. The launcher
 
 1. connects to the cluster (``ADDRESS``, else ``RAY_ADDRESS``, else a local
    Ray instance) and lists the alive nodes that have CPUs;
-2. sets ``peers`` = nodes × ``per_node`` and writes the resolved spec to
+2. sets ``peers`` = nodes × ``per_node`` (a ``peers`` that the spec file or a
+   ``--set`` gives and that differs is refused) and writes the resolved spec to
    ``runs/<name>-<time>/config.json``;
 3. starts ``swarm coordinator`` as a child process of its own, bound to this
    node's address (failover stays the coordinator's job);
@@ -32,6 +33,7 @@ own node; with a shared file system the run folder is complete. With ``-v``
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -42,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
-from ..config import PeerConfig
+from ..config import PeerConfig, read_file
 from ..errors import ConfigError, SwarmError
 from .launch import POLL_S, Launch, _Interrupt, _new_run_dir, _Output, _Progress, _status, _table, _warn
 from .launch import _wait_coordinator, summarize, write_plots
@@ -150,14 +152,66 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None, address: str | None = None,
+def _not_ipv4(host: str) -> str:
+    """Why ``host`` cannot be bound and dialled by swarm, or "" when it can: the
+    transport does not enable IPv6 (see :func:`swarm.transport.member_address_error`)."""
+    from ..transport import member_address_error  # noqa: PLC0415 - zmq only when needed
+
+    if not member_address_error(f"tcp://{host}:1"):
+        return ""
+    try:
+        ipaddress.IPv6Address(host.strip("[]"))
+    except ValueError:
+        return "is not a host name or IPv4 address"
+    return "is an IPv6 address"
+
+
+def _coordinator_port(host: str) -> int:
+    """A free port on ``host`` for the coordinator; a host this machine cannot bind is an error."""
+    try:
+        return _free_port(host)
+    except OSError as e:   # socket.gaierror too: a name that resolves to IPv6 only, or not at all
+        raise SwarmError(f"cannot bind the coordinator to {host}: {e.strerror or e}; swarm binds IPv4 "
+                         "addresses of this machine (give --host with one)") from None
+
+
+def _peers_given(spec_path: str | Path | Spec | None, overrides: list[str]) -> str | None:
+    """Where ``peers`` is set by the user: ``"--set peers=5"``, ``"spec.toml"``, or None
+    when neither sets it (the default). ``"?"`` for a :class:`Spec` made in code, whose
+    ``peers`` may be its default or set on purpose: there is no telling."""
+    given = [o for o in overrides if o.split("=", 1)[0].strip() == "peers"]
+    if given:
+        return f"--set {given[-1].strip()}"
+    if isinstance(spec_path, Spec):
+        return "?"
+    if spec_path and "peers" in read_file(spec_path):
+        return str(spec_path)
+    return None
+
+
+def _why(e: BaseException) -> str:
+    """``Kind: first line`` of a Ray error, for a summary row. A task's own error comes
+    wrapped in a RayTaskError whose ``cause`` is the peer's exception (a PeerTimeout...)."""
+    for _ in range(3):
+        cause = getattr(e, "cause", None)
+        if not isinstance(cause, BaseException):
+            break
+        e = cause
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    first = lines[0] if lines else "(no message)"
+    if len(first) > 200:
+        first = first[:197] + "..."
+    return f"{type(e).__name__}: {first}"
+
+
+def launch_ray(spec_path: str | Path | Spec | None, overrides: list[str] | None = None, address: str | None = None,
                *, per_node: int = 1, cpus_per_peer: float = 1.0, host: str | None = None,
                runs_root: str | Path = "runs", stream: TextIO | None = None,
                init_kwargs: dict[str, Any] | None = None, verbose: int = 0) -> int:
     """Run the experiment ``spec_path`` with ``per_node`` peers on every Ray node.
 
     Args:
-        spec_path: spec file (None: the built-in default); ``overrides`` as ``--set``.
+        spec_path: spec file (None: the built-in default; or a :class:`Spec`); ``overrides`` as ``--set``.
         address: the Ray cluster (``auto``, ``HOST:PORT``, ``ray://HOST:10001``); None:
             ``RAY_ADDRESS`` or a new local instance. Ignored when Ray is already
             initialised in this process (then that cluster is used and left running).
@@ -171,13 +225,19 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
             lines to their logs in ``logs/``, 2 DEBUG too (as ``swarm run -v``).
 
     Returns the exit code: 0 when every peer finished, 1 when one failed (the
-    others went on: the coordinator routes around it), 130 when interrupted.
+    others went on: the coordinator routes around it) or the coordinator crashed
+    (the peers went on without it), 130 when interrupted.
     """
     if per_node < 1:
         raise ConfigError(f"--per-node must be >= 1, got {per_node}")
     if not 0 < cpus_per_peer <= 1024:   # also refuses nan
         raise ConfigError(f"--cpus-per-peer must be > 0, got {cpus_per_peer}")
-    load_spec(spec_path, overrides)  # a bad spec fails before Ray is imported or a cluster touched
+    if host is not None and (what := _not_ipv4(host)):
+        raise ConfigError(f"--host {host!r} {what}: swarm connects over IPv4 only; give a host name or an "
+                          "IPv4 address")
+    # a bad spec fails before Ray is imported or a cluster touched
+    asked = load_spec(spec_path, overrides)
+    peers_from = _peers_given(spec_path, list(overrides or []))
     ray = _ray()
     # messages start on a line of their own, not at the end of the progress line
     out = _Output(stream or sys.stderr)
@@ -196,6 +256,23 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
                               + ", ".join(f"{n['ip']} ({n['cpus']:g} CPUs)" for n in short)
                               + "; lower --per-node or cpus_per_peer")
         n_peers = len(nodes) * per_node
+        if asked.peers != n_peers and peers_from == "?":
+            print(f"swarm launch: warning: the spec's peers = {asked.peers} becomes {n_peers} "
+                  f"({len(nodes)} Ray node(s) × --per-node {per_node})", file=out, flush=True)
+        elif asked.peers != n_peers and peers_from is not None:
+            raise ConfigError(f"peers = {asked.peers} ({peers_from}) but the Ray cluster takes {n_peers} peers "
+                              f"({len(nodes)} node(s) × --per-node {per_node}): swarm launch --ray sets peers "
+                              "itself; leave it out of the spec and --set, or make --per-node agree")
+        coord_host = host or ray.util.get_node_ip_address()
+        if host is None:   # the coordinator binds this node's address, each peer its node's (--host: checked)
+            named = [("this node's Ray address", coord_host), *((f"Ray node {n['id']}'s address", n["ip"])
+                                                                for n in nodes)]
+            for what, ip in named:
+                if why := _not_ipv4(ip):
+                    raise SwarmError(f"{what} {ip!r} {why}: swarm connects over IPv4 only; start Ray on IPv4 "
+                                     "addresses (ray start --node-ip-address), or on one machine give "
+                                     "--host 127.0.0.1")
+        addr = f"tcp://{coord_host}:{_coordinator_port(coord_host)}"
         spec = load_spec(spec_path, [*(overrides or []), f"peers={n_peers}"])
         run_dir = _new_run_dir(Path(runs_root), spec.name).resolve()
         save_resolved(spec, run_dir)
@@ -204,8 +281,6 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
         _warn(spec, run_dir, out, "swarm launch")
 
         launch = Launch(run_dir, verbose=verbose)
-        coord_host = host or ray.util.get_node_ip_address()
-        addr = f"tcp://{coord_host}:{_free_port(coord_host)}"
         coord = launch.start("coordinator", ["coordinator", "--bind", addr, "--set",
                                              f"coordinator.run_name={spec.name}"])
         _wait_coordinator(launch, coord, addr)
@@ -222,14 +297,10 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
             ).remote()
             actors.append(a)
             refs[a.run.remote(spec, r, addr, str(run_dir), host, verbose)] = r
-        try:
-            where = ray.get([a.where.remote() for a in actors], timeout=START_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            raise SwarmError(f"the peer actors did not start within {START_TIMEOUT_S:.0f} s; is swarm "
-                             "installed on every node, with the same Python?") from None
+        where = _where(ray, actors, nodes, per_node)
         (run_dir / "placement.json").write_text(json.dumps(
             {"coordinator": addr, "peers": {f"peer{r}": w for r, w in enumerate(where)}}, indent=2) + "\n")
-        code, summaries = _supervise(ray, spec, actors, refs, coord, addr, out)
+        code, summaries = _supervise(ray, spec, actors, refs, coord, addr, out, launch.given_up)
     finally:
         for a in actors:
             try:
@@ -247,6 +318,9 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text(json.dumps(s, indent=2) + "\n")
     rows = summarize(run_dir, spec)
+    for row in rows:   # a failed peer's row says what Ray reported, as swarm run's given_up rows do
+        if row.get("id") in launch.given_up:
+            row["reason"] = launch.given_up[row["id"]]
     (run_dir / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(_table(rows), file=out)
     try:
@@ -257,13 +331,35 @@ def launch_ray(spec_path: str | Path | None, overrides: list[str] | None = None,
     return code
 
 
+def _where(ray: Any, actors: list[Any], nodes: list[dict[str, Any]], per_node: int) -> list[dict[str, Any]]:
+    """Where each peer actor runs (node, ip, pid), waiting up to :data:`START_TIMEOUT_S` for
+    them all. An actor Ray cannot place or start (its node is gone, its worker died) is an
+    error that names the peer and its node."""
+    refs = [a.where.remote() for a in actors]
+    deadline = time.monotonic() + START_TIMEOUT_S
+    where = []
+    for r, ref in enumerate(refs):
+        try:
+            where.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+        except ray.exceptions.GetTimeoutError:
+            raise SwarmError(f"the peer actors did not start within {START_TIMEOUT_S:.0f} s; is swarm "
+                             "installed on every node, with the same Python?") from None
+        except ray.exceptions.RayError as e:
+            node = nodes[r // per_node]
+            raise SwarmError(f"peer{r}'s actor on Ray node {node['id']} ({node['ip']}) did not start: "
+                             f"{_why(e)}") from None
+    return where
+
+
 def _supervise(ray: Any, spec: Spec, actors: list[Any], refs: dict[Any, int], coord: Any, addr: str,
-               out: TextIO) -> tuple[int, dict[int, dict[str, Any]]]:
-    """Wait for the peers, drawing progress; a failed peer is reported, not fatal."""
+               out: TextIO, given_up: dict[str, str] | None = None) -> tuple[int, dict[int, dict[str, Any]]]:
+    """Wait for the peers, drawing progress; a failed peer is reported, not fatal. Each
+    failed peer (``peer{r}``), and a crashed coordinator, goes into ``given_up`` with why;
+    any makes the exit code 1."""
     progress = _Progress(spec, out)
     out = progress.out   # each message clears the progress line first
+    given_up = {} if given_up is None else given_up
     summaries: dict[int, dict[str, Any]] = {}
-    failed: list[int] = []
     pending = list(refs)
     stop_sent = 0.0
     code = 0
@@ -286,16 +382,19 @@ def _supervise(ray: Any, spec: Spec, actors: list[Any], refs: dict[Any, int], co
                     try:
                         summaries[r] = ray.get(ref)
                     except Exception as e:  # RayActorError (node or process lost) or run_peer's own error
-                        failed.append(r)
+                        given_up[f"peer{r}"] = f"failed: {_why(e)}"
                         progress.done()
-                        print(f"swarm launch: peer{r} failed: {type(e).__name__}: {str(e).strip()[-2000:]}\n"
-                              "swarm launch: the coordinator routes around it; the others go on",
+                        print(f"swarm launch: peer{r} failed: {type(e).__name__}: {str(e).strip()[-2000:]}",
                               file=out, flush=True)
+                        if pending:
+                            print("swarm launch: the coordinator routes around it; the others go on",
+                                  file=out, flush=True)
                 if coord.proc.poll() is not None and not coord.ended_by_us:
                     print(f"swarm launch: the coordinator exited with code {coord.proc.returncode}; "
                           "peers keep training without it (see logs/coordinator.log)", file=out, flush=True)
+                    given_up["coordinator"] = f"exited with {coord.how()}"
                     coord.ended_by_us = True   # reported once
                 progress.update(_status(addr) if coord.proc.poll() is None else None, len(pending))
         finally:
             progress.done()
-    return (code or (1 if failed else 0)), summaries
+    return (code or (1 if given_up else 0)), summaries

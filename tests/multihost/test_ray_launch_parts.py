@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from swarm import cli
-from swarm.errors import SwarmError
+from swarm.errors import ConfigError, SwarmError
 from swarm.experiment import ray_launch
 from swarm.experiment.launch import _Child
 from swarm.experiment.spec import load_spec
@@ -182,8 +182,226 @@ def test_a_message_starts_on_a_line_of_its_own_not_after_the_progress_line(tmp_p
         if coord.proc.poll() is None:
             coord.proc.kill()
             coord.proc.wait()
-    assert (code, summaries) == (0, {0: {"rank": 0}})
+    assert (code, summaries) == (1, {0: {"rank": 0}})   # the coordinator crashed: the run counts it
     rows = _screen(out.getvalue())
     said = [r for r in rows if "the coordinator exited" in r]
     assert len(said) == 1 and said[0].startswith("swarm launch: the coordinator exited with code -9"), rows
     assert any(r.startswith("[") for r in rows), rows    # the progress line is there too
+
+
+# Failures: an actor Ray cannot start, IPv6 addresses, a crashed coordinator, a `peers`
+# given by hand, a failed peer's row.
+
+
+class RayError(Exception):
+    pass
+
+
+class RayActorError(RayError):
+    pass
+
+
+class _ClusterRay(_FakeRay):
+    """_FakeRay with Ray's error classes and two nodes, n0 and n1 (``ips``), 2 CPUs each,
+    whose actors start: ``where`` answers, except for actor ``where_fail`` (Ray cannot place
+    it), and ``ray.wait`` hands back one peer's run at a time, a summary or, for the ranks
+    in ``run_fail``, a RayActorError (its worker died)."""
+
+    class GetTimeoutError(RayError):
+        pass
+
+    DIED = "The actor died unexpectedly before finishing this task.\n\tclass_name: PeerActor\n\tpid: 4242"
+
+    def __init__(self, ips=("127.0.0.1", "127.0.0.1"), where_fail=None, run_fail=()):
+        super().__init__()
+        self.exceptions = types.SimpleNamespace(RayError=RayError, RayActorError=RayActorError,
+                                                GetTimeoutError=self.GetTimeoutError)
+        self.ips, self.where_fail, self.run_fail = ips, where_fail, set(run_fail)
+        self.started = 0
+
+    def nodes(self) -> list[dict]:
+        return [{"NodeID": f"n{i}", "NodeManagerAddress": ip, "Alive": True,
+                 "Resources": {"CPU": 2.0, **({"node:__internal_head__": 1.0} if i == 0 else {})}}
+                for i, ip in enumerate(self.ips)]
+
+    def remote(self, cls):
+        fake = self
+
+        class Actor:
+            def __init__(self):
+                idx = fake.started
+                fake.started += 1
+                self.where = types.SimpleNamespace(remote=lambda: ("where", idx))
+                self.run = types.SimpleNamespace(remote=lambda *a: fake.runs.append(a) or ("run", a[1]))
+
+        class Options:
+            def options(self, **kw):
+                return types.SimpleNamespace(remote=Actor)
+        return Options()
+
+    def get(self, ref, timeout=None):
+        if isinstance(ref, list):
+            return [self.get(r, timeout) for r in ref]
+        what, i = ref
+        if what == "where":
+            if i == self.where_fail:
+                raise RayActorError(f"The actor {i} died: ActorUnschedulableError: node n{i} is gone\n\tmore")
+            return {"node": f"n{i}", "ip": "127.0.0.1", "pid": 1000 + i}
+        if i in self.run_fail:
+            raise RayActorError(self.DIED)
+        return {"rank": i, "id": f"peer{i}", "reason": "budget", "env_steps": 300}
+
+    def wait(self, pending, num_returns, timeout):
+        return pending[:1], pending[1:]
+
+
+def _use(monkeypatch, ray: _FakeRay) -> _FakeRay:
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.util", ray.util)
+    monkeypatch.setitem(sys.modules, "ray.util.scheduling_strategies", ray.util.scheduling_strategies)
+    return ray
+
+
+def _coordinator_ended(run: Path) -> None:
+    """The launch's coordinator is gone (killed here if not, and the test fails)."""
+    coordinator = json.loads((run / "pids.json").read_text())["children"]["coordinator"]
+    try:
+        assert not Path(f"/proc/{coordinator}").exists(), "the coordinator outlived the launch"
+    finally:
+        if Path(f"/proc/{coordinator}").exists():
+            os.kill(coordinator, signal.SIGKILL)
+
+
+def test_an_actor_ray_cannot_start_is_an_error_that_names_its_peer_and_node(monkeypatch, tmp_path):
+    """A RayActorError from an actor's where() (it could not be placed, its node was lost)
+    came out as a raw traceback; now a SwarmError, and the clean-up is as before."""
+    ray = _use(monkeypatch, _ClusterRay(where_fail=1))
+    with pytest.raises(SwarmError) as e:
+        ray_launch.launch_ray(None, [], host="127.0.0.1", runs_root=tmp_path / "runs", stream=io.StringIO())
+    assert str(e.value) == ("peer1's actor on Ray node n1 (127.0.0.1) did not start: RayActorError: "
+                            "The actor 1 died: ActorUnschedulableError: node n1 is gone")
+    (run,) = (tmp_path / "runs").iterdir()
+    _coordinator_ended(run)
+    assert ray.killed == 2 and not (run / "placement.json").exists()
+
+
+@pytest.mark.parametrize("host", ["::1", "[::1]", "fe80::1%eth0"])
+def test_an_ipv6_host_is_refused_before_anything_is_made(fake_ray, tmp_path, host):
+    with pytest.raises(SwarmError) as e:
+        ray_launch.launch_ray(None, [], host=host, runs_root=tmp_path / "runs", stream=io.StringIO())
+    assert str(e.value) == (f"--host {host!r} is an IPv6 address: swarm connects over IPv4 only; give a "
+                            "host name or an IPv4 address")
+    assert not (tmp_path / "runs").exists() and fake_ray.runs == []
+
+
+@pytest.mark.parametrize("ips, driver, named", [
+    (("::1", "::1"), "::1", "this node's Ray address '::1'"),
+    (("127.0.0.1", "fe80::2"), "127.0.0.1", "Ray node n1's address 'fe80::2'"),
+])
+def test_ipv6_node_addresses_are_refused_before_anything_is_made(monkeypatch, tmp_path, ips, driver, named):
+    """Without --host the coordinator binds the driver's node address and each peer its own
+    node's: an IPv6 one failed in a socket.gaierror traceback (the driver's), leaving a run
+    folder with only config.json, or went on to peers that cannot bind."""
+    ray = _use(monkeypatch, _ClusterRay(ips=ips))
+    ray.util.get_node_ip_address = lambda: driver
+    with pytest.raises(SwarmError) as e:
+        ray_launch.launch_ray(None, [], runs_root=tmp_path / "runs", stream=io.StringIO())
+    assert str(e.value).startswith(f"{named} is an IPv6 address: swarm connects over IPv4 only; ")
+    assert not (tmp_path / "runs").exists() and ray.runs == []
+
+
+def test_a_coordinator_crash_makes_the_exit_code_1(tmp_path):
+    """The peers go on without it, as before, but the run counts it (swarm run exits 1 too)."""
+    coord = _Child("coordinator", subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]),
+                   tmp_path / "coordinator.log")
+    coord.proc.wait()
+    ref = object()
+    ray = types.SimpleNamespace(wait=lambda pending, num_returns, timeout: ([ref], []),
+                                get=lambda r: {"rank": 0})
+    out = io.StringIO()
+    code, summaries = ray_launch._supervise(ray, load_spec(None, ["peers=1"]), [], {ref: 0}, coord,
+                                            "tcp://127.0.0.1:9", out)
+    assert (code, summaries) == (1, {0: {"rank": 0}})
+    assert "swarm launch: the coordinator exited with code 3; peers keep training" in out.getvalue()
+    given_up: dict = {}
+    ray_launch._supervise(ray, load_spec(None, ["peers=1"]), [], {ref: 0}, coord, "tcp://127.0.0.1:9",
+                          io.StringIO(), given_up)
+    assert given_up == {}   # reported once: it is marked as seen
+    coord.ended_by_us = False
+    ray_launch._supervise(ray, load_spec(None, ["peers=1"]), [], {ref: 0}, coord, "tcp://127.0.0.1:9",
+                          io.StringIO(), given_up)
+    assert given_up == {"coordinator": "exited with code 3"}
+
+
+@pytest.mark.parametrize("where", ["set", "file"])
+def test_a_peers_given_by_hand_that_the_cluster_does_not_make_is_refused(fake_ray, tmp_path, where):
+    """`--set peers=5` (or peers = 5 in the spec file) was silently replaced by nodes ×
+    --per-node."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text("peers = 5\n" if where == "file" else "seed = 1\n")
+    sets = ["peers=5"] if where == "set" else []
+    with pytest.raises(ConfigError) as e:
+        ray_launch.launch_ray(spec, sets, per_node=2, host="127.0.0.1", runs_root=tmp_path / "runs",
+                              stream=io.StringIO())
+    said = "--set peers=5" if where == "set" else str(spec)
+    assert str(e.value) == (f"peers = 5 ({said}) but the Ray cluster takes 2 peers (1 node(s) × --per-node 2): "
+                            "swarm launch --ray sets peers itself; leave it out of the spec and --set, or make "
+                            "--per-node agree")
+    assert not (tmp_path / "runs").exists() and fake_ray.runs == []
+
+
+@pytest.mark.parametrize("sets", [[], ["peers=2"]])
+def test_a_peers_left_out_or_that_agrees_goes_on(fake_ray, tmp_path, sets):
+    out = io.StringIO()
+    with pytest.raises(SwarmError, match="did not start"):   # the stand-in's actors never start
+        ray_launch.launch_ray(None, sets, per_node=2, host="127.0.0.1", runs_root=tmp_path / "runs", stream=out)
+    (run,) = (tmp_path / "runs").iterdir()
+    _coordinator_ended(run)
+    assert json.loads((run / "config.json").read_text())["peers"] == 2 and len(fake_ray.runs) == 2
+    assert "peers = " not in out.getvalue()
+
+
+def test_a_spec_made_in_code_whose_peers_differs_gets_a_warning(fake_ray, tmp_path):
+    """Its peers may be the default or set on purpose (no telling): one line says it changes."""
+    out = io.StringIO()
+    with pytest.raises(SwarmError, match="did not start"):
+        ray_launch.launch_ray(load_spec(None, ["peers=5"]), [], per_node=2, host="127.0.0.1",
+                              runs_root=tmp_path / "runs", stream=out)
+    (run,) = (tmp_path / "runs").iterdir()
+    _coordinator_ended(run)
+    said = [line for line in out.getvalue().splitlines() if "peers = " in line]
+    assert said == ["swarm launch: warning: the spec's peers = 5 becomes 2 (1 Ray node(s) × --per-node 2)"]
+
+
+def test_a_failed_peers_row_says_what_ray_reported(monkeypatch, tmp_path):
+    """Its row said "no summary (crashed, or a full disk?)", and "the others go on" came
+    after the last peer too. 2 nodes × 2: peer1 and peer3 (the last) fail."""
+    _use(monkeypatch, _ClusterRay(run_fail={1, 3}))
+    out = io.StringIO()
+    code = ray_launch.launch_ray(None, ["budget.env_steps=300"], per_node=2, host="127.0.0.1",
+                                 runs_root=tmp_path / "runs", stream=out)
+    (run,) = (tmp_path / "runs").iterdir()
+    _coordinator_ended(run)
+    assert code == 1
+    died = "failed: RayActorError: The actor died unexpectedly before finishing this task."
+    rows = json.loads((run / "summary.json").read_text())
+    assert [(r["id"], r["reason"]) for r in rows] == [("peer0", "budget"), ("peer1", died), ("peer2", "budget"),
+                                                      ("peer3", died)]
+    lines = out.getvalue().splitlines()
+    fails = [i for i, line in enumerate(lines) if line.startswith("swarm launch: peer")]
+    assert [lines[i].split(":")[1] for i in fails] == [" peer1 failed", " peer3 failed"]
+    goes_on = [i for i, line in enumerate(lines) if "the others go on" in line]
+    assert len(goes_on) == 1 and fails[0] < goes_on[0] < fails[1], lines   # after peer1's, not peer3's
+    assert any(line.startswith("peer3") and line.endswith(died) for line in lines)   # the table
+
+
+def test_a_failure_is_told_by_the_peers_own_error_not_rays_wrapper():
+    """Ray hands a peer's own error back in a RayTaskError whose cause is that error."""
+    class RayTaskError(RayError):
+        def __init__(self, cause):
+            super().__init__("ray::PeerActor.run() (pid=7, ip=10.0.0.2)\n  File ...\nPeerTimeout: ...")
+            self.cause = cause
+
+    wrapped = RayTaskError(ConfigError("peer0: 1 of the spec's 2 peers joined within 60 s\nstart the others"))
+    assert ray_launch._why(wrapped) == "ConfigError: peer0: 1 of the spec's 2 peers joined within 60 s"
+    assert ray_launch._why(RayActorError("x" * 300)) == "RayActorError: " + "x" * 197 + "..."
