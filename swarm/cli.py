@@ -595,9 +595,24 @@ def cmd_run(args: argparse.Namespace) -> int:
                           verbose=args.verbose).exit_code
 
 
+def _policies_in(folder: Path) -> list[Path]:
+    """The policies `swarm eval FOLDER` plays: each peer's best.pt (peer2 before peer10),
+    or its checkpoint.pt when it has none (eval.every = 0, or a swarm from before best.pt);
+    of a peer folder given itself, its own."""
+    def policy(d: Path) -> Path | None:
+        return next((f for f in (d / "best.pt", d / "checkpoint.pt") if f.is_file()), None)
+
+    peers = sorted((d for d in folder.glob("peer*") if d.is_dir()), key=lambda d: (len(d.name), d.name))
+    for ds in (peers, [folder]):
+        found = [f for f in map(policy, ds) if f is not None]
+        if found:
+            return found
+    return []
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """`swarm eval PATH...`: greedy episodes of saved policies (best.pt, checkpoint.pt,
-    or a run folder: each peer's best.pt)."""
+    or a run folder: each peer's best.pt, else its checkpoint.pt)."""
     if args.episodes < 1:
         raise SwarmError(f"--episodes must be >= 1, got {args.episodes}")
     if args.seed < 0:
@@ -606,10 +621,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for given in args.paths:
         p = Path(given)
         if p.is_dir():
-            found = (sorted(p.glob("peer*/best.pt"), key=lambda q: (len(q.parent.name), q.parent.name))
-                     or sorted(p.glob("best.pt")))    # peer2 before peer10
+            found = _policies_in(p)
             if not found:
-                raise SwarmError(f"{p}: no peer*/best.pt in it (a run folder written by swarm run)")
+                raise SwarmError(f"{p}: no peer*/best.pt nor peer*/checkpoint.pt in it (a run folder written "
+                                 "by swarm run, or one of its peer folders)")
+            for f in found:
+                if f.name != "best.pt":
+                    print(f"swarm eval: {f.parent} has no best.pt (no evaluation ran, or a swarm from before "
+                          f"best.pt); playing its {f.name}, the policy at the end of its training",
+                          file=sys.stderr, flush=True)
             files += found
         elif p.is_file():
             files.append(p)
@@ -622,6 +642,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     # every file is read before any episode runs: a bad one is refused before minutes of play
     policies = [(f, *load_policy(f)) for f in files]
+    for f, _, spec, meta in policies:
+        if "spec_error" in meta:
+            print(f"swarm eval: {f}: its spec no longer loads whole ({meta['spec_error']}); playing it with its "
+                  f"env ({spec.env}) and dqn settings", file=sys.stderr, flush=True)
     width = max(len("policy"), *(len(str(f)) for f in files))
     print(f"{'policy':<{width}} {'steps':>7} {'eval then':>9} {'mean':>7} {'min':>6} {'max':>6}")
     for f, agent, spec, meta in policies:
@@ -723,7 +747,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="greedy episodes of saved policies: best.pt, checkpoint.pt or run folders",
                        parents=[loud])
     e.add_argument("paths", nargs="+", metavar="PATH",
-                   help="a peer's best.pt or checkpoint.pt, or a run folder (each peer's best.pt)")
+                   help="a peer's best.pt or checkpoint.pt, or a run folder (each peer's best.pt, else its "
+                        "checkpoint.pt)")
     e.add_argument("--episodes", type=int, default=10, help="episodes per policy (default 10)")
     e.add_argument("--seed", type=int, default=20_000,
                    help="seed of the first episode (default 20000; training evaluations use 10000 + 100 * rank)")

@@ -578,7 +578,11 @@ def continued_folder(peer_folder: str | Path) -> Path | None:
     """The peer folder of the old run that ``peer_folder`` continues (``swarm run --resume``,
     ``swarm peer --resume OLD``), as its ``resumed.json`` records it: the resume that started
     this run there wrote it and every restart into the folder keeps it. None when it
-    continues no other run, or the record cannot be read (logged)."""
+    continues no other run, or the record cannot be read (logged).
+
+    A record that an older swarm wrote, before ``continues``, names only the
+    ``checkpoint`` it resumed from: the old run's peer folder is the one that holds it
+    (see :func:`_checkpoint_folder`)."""
     path = Path(peer_folder) / "resumed.json"
     if not path.is_file():
         return None
@@ -587,8 +591,35 @@ def continued_folder(peer_folder: str | Path) -> Path | None:
     except (OSError, ValueError) as e:
         log.warning("%s cannot be read (%s); the run it continues is not known", path, e)
         return None
-    old = rec.get("continues") if isinstance(rec, dict) else None
+    if not isinstance(rec, dict):
+        return None
+    if "continues" not in rec:   # null says it continues none; absent, the record predates the key
+        return _checkpoint_folder(rec.get("checkpoint"), Path(peer_folder))
+    old = rec["continues"]
     return Path(old) if isinstance(old, str) and old else None
+
+
+def _checkpoint_folder(checkpoint: Any, peer_folder: Path) -> Path | None:
+    """The peer folder that holds ``checkpoint`` (``.../peer0/ckpt/full-000002`` or
+    ``.../peer0/checkpoint.pt``), as an old ``resumed.json`` records it, resolved; None
+    when there is none, or it is ``peer_folder`` itself (a restart of that run there).
+
+    The old code wrote the path as its launcher was given it, often relative to the
+    folder ``swarm run`` ran in, and opened it from there: it is taken from this
+    process's working folder, as the old code took it, else from the nearest folder
+    above ``peer_folder`` under which it exists (``swarm run`` was run in the folder
+    that holds ``runs/``, so that is where a relative ``runs/...`` starts)."""
+    if not isinstance(checkpoint, str) or not checkpoint:
+        return None
+    ck = Path(checkpoint)
+    folder = ck.parent.parent if ck.parent.name == "ckpt" else ck.parent
+    if not folder.name:   # a bare file name: no folder recorded
+        return None
+    if not folder.is_absolute() and not folder.is_dir():
+        here = Path(peer_folder).resolve()
+        folder = next((a / folder for a in here.parents if (a / folder).is_dir()), folder)
+    folder = folder.resolve()
+    return None if folder == Path(peer_folder).resolve() else folder
 
 
 #: how many runs back a restart looks for a checkpoint that loads (the chain of resumes)
@@ -736,14 +767,24 @@ def read_checkpoint_pt(path: str | Path) -> dict[str, Any]:
 def load_policy(path: str | Path) -> tuple[Any, Any, dict[str, Any]]:
     """The DQN agent saved in a peer's ``checkpoint.pt`` or ``best.pt``, ready to act
     greedily (``agent.act``), with the run's spec and the file's other entries
-    (``rank``, ``env_steps``, ``eval_return`` for ``best.pt``)."""
+    (``rank``, ``env_steps``, ``eval_return`` for ``best.pt``).
+
+    Greedy play needs the env, the network (the spec's ``env`` and ``dqn`` sections) and
+    the Q-network's weights (the agent's ``q``), and only those are checked and loaded:
+    a file written by an older swarm plays although its optimizer state is of another
+    format, or its spec holds a value that is refused now in a section play does not use
+    (``seed``, ``gossip.round_timeout_s``). The spec returned is then the file's ``env``
+    and ``dqn`` with the rest at their defaults, and the entries say why the whole spec
+    did not load (``spec_error``).
+
+    Raises ConfigError for a file that is not a peer's checkpoint, a spec whose ``env`` or
+    ``dqn`` section is refused, or a Q-network state that does not fit that network or
+    holds NaN or infinite values."""
     import torch  # noqa: PLC0415
 
     from ..buffer import ReplayBuffer  # noqa: PLC0415
-    from ..config import from_dict  # noqa: PLC0415
     from ..rl import DQNAgent, dqn_schema  # noqa: PLC0415
     from ..rl.train import make_env  # noqa: PLC0415
-    from .spec import Spec  # noqa: PLC0415
 
     path = Path(path)
     try:
@@ -757,7 +798,7 @@ def load_policy(path: str | Path) -> tuple[Any, Any, dict[str, Any]]:
     if lacks:
         raise ConfigError(f"{path}: not a peer's checkpoint.pt or best.pt ({lacks})")
     try:
-        spec = from_dict(Spec, ck["spec"])
+        spec, spec_error = _play_spec(ck["spec"])
     except ConfigError as e:
         raise ConfigError(f"{path}: its spec: {e}") from None
     env = make_env(spec.env)
@@ -765,13 +806,47 @@ def load_policy(path: str | Path) -> tuple[Any, Any, dict[str, Any]]:
         agent = DQNAgent.for_env(env, ReplayBuffer(dqn_schema(env.observation_space.shape), 1), spec.dqn)
     finally:
         env.close()
-    try:
-        agent.load_state_dict(ck["agent"])
+    if "q" not in ck["agent"]:
+        raise ConfigError(f"{path}: its agent holds no Q-network (no 'q' in it: "
+                          f"{', '.join(sorted(map(str, ck['agent'])))})")
+    q = ck["agent"]["q"]
+    try:   # the Q-network only: the target net, optimizer, counters and RNG are the agent's own, as built
+        agent.load_state_dict({**agent.state_dict(), "q": q, "target": q})
     except SwarmError as e:
         raise ConfigError(f"{path}: {e}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ConfigError(f"{path}: its agent is not a DQN agent's state ({type(e).__name__}: {e})") from None
-    return agent, spec, {k: v for k, v in ck.items() if k not in ("agent", "spec", "params")}
+    meta = {k: v for k, v in ck.items() if k not in ("agent", "spec", "params")}
+    if spec_error is not None:
+        meta["spec_error"] = spec_error
+    return agent, spec, meta
+
+
+def _play_spec(data: dict[str, Any]) -> tuple[Any, str | None]:
+    """The :class:`Spec` recorded in a ``checkpoint.pt`` or ``best.pt``, and None; or, when
+    the whole no longer loads, one of its ``env`` and ``dqn`` sections alone (checked, the
+    rest at the defaults) and why the whole did not. ConfigError when those two are refused."""
+    from ..config import from_dict, to_dict  # noqa: PLC0415
+    from ..rl.hparams import DQNConfig  # noqa: PLC0415
+    from .spec import ALGORITHMS, Spec, _check_env, swarm_dqn  # noqa: PLC0415
+
+    try:
+        return from_dict(Spec, data), None
+    except ConfigError as e:
+        why = str(e)
+    env = data.get("env", Spec().env)
+    if not isinstance(env, str):
+        raise ConfigError(f"env = {env!r}: expected a Gymnasium environment id")
+    algorithm = data.get("algorithm", "dqn")
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"algorithm = {algorithm!r}: unknown; choose one of {', '.join(ALGORITHMS)}")
+    _check_env(env)
+    dqn = data.get("dqn", {})
+    if not isinstance(dqn, dict):
+        raise ConfigError(f"dqn: expected a table, got {dqn!r}")
+    cfg = from_dict(DQNConfig, {**to_dict(swarm_dqn()), **dqn}, "dqn")   # as Spec's own dqn section merges
+    cfg.check("dqn.")
+    return Spec(env=env, algorithm=algorithm, dqn=cfg), why
 
 
 def _unreadable(path: Path, e: Exception) -> str:

@@ -71,6 +71,7 @@ import json
 import math
 import io
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -496,7 +497,12 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         if not (prev / "config.json").is_file():
             raise ConfigError(f"resume: {prev} has no config.json; is it a run folder?")
         spec_path = prev / "config.json"
-    spec = load_spec(spec_path, overrides)
+    try:
+        spec = load_spec(spec_path, overrides)
+    except ConfigError as e:
+        if prev is None:
+            raise
+        raise _refused_config(spec_path, list(overrides or []), e) from None
     _check_memory(spec)
     if prev is not None:
         from .checkpoint import latest  # noqa: PLC0415 - needs no torch, but keep import cost off `swarm run -h`
@@ -720,6 +726,26 @@ def _size(n: float) -> str:
             return f"{n:.3g} {unit}"
         n /= 1000
     return f"{n:.3g} EB"
+
+
+def _refused_config(config: Path, overrides: list[str], e: ConfigError) -> ConfigError:
+    """The error of ``swarm run --resume`` when the spec does not load. One that the old
+    run's ``config.json`` causes (a value an older swarm took, as ``gossip.round_timeout_s
+    = 5000`` before the limit of 3600), not an override, names that file and the ``--set``
+    that overrides the value; one that an override causes is left as it is."""
+    msg = str(e)
+    key = re.match(r"([A-Za-z_][\w.]*) = ", msg)   # the key a field's check or validate() names first
+    if key is not None:
+        if any(k and k in msg for k in (o.split("=", 1)[0].strip() for o in overrides)):
+            return e   # it names a key that an override sets: the override's
+        return ConfigError(f"resume: {config}: {msg}; that run's config.json holds a value this swarm refuses: "
+                           f"override it with --set {key.group(1)}=VALUE")
+    try:   # no key to tell by (an unknown key, a torn file): the file's own when it is refused alone the same way
+        load_spec(config)
+    except ConfigError as alone:
+        if str(alone) == msg and str(config) not in msg:
+            return ConfigError(f"resume: {config}: {msg}")
+    return e
 
 
 def _check_memory(spec: Spec) -> None:
