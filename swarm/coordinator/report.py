@@ -4,7 +4,8 @@ Peers put their figures in the ``stats`` map of one heartbeat a second (the
 peer's message and byte counters, its neighbours; the experiment runner adds
 env steps, rounds, buffer size ...). Rates are not sent: the coordinator
 derives them from successive figures with :class:`PeerRates`, so a peer that
-restarts or a counter that goes backwards only resets its own history.
+restarts, a counter that goes backwards or one that starts being sent only
+resets its own history, and a peer whose figures stop coming has no rates.
 
 Everything in ``stats`` comes off the wire, so it is treated as untrusted:
 the coordinator keeps a bounded copy of each member's (:func:`bound_stats`),
@@ -17,8 +18,10 @@ they show, and the terminal table shows control characters as escapes
     >>> rates = PeerRates()
     >>> rates.observe("p0", 1, 0.0, {"env_steps": 0})
     >>> rates.observe("p0", 1, 2.0, {"env_steps": 500})
-    >>> rates.rates("p0")["env_steps"]
+    >>> rates.rates("p0", now=2.5)["env_steps"]
     250.0
+    >>> rates.rates("p0", now=9.0)["env_steps"] is None   # no figures for 7 s
+    True
 """
 
 from __future__ import annotations
@@ -155,6 +158,12 @@ class PeerRates:
     ``observe`` is cheap and idempotent for a heartbeat already seen (same
     time stamp), so it can be fed from a periodic sampler of the member table
     or from successive ``status`` replies.
+
+    The history restarts when a counter goes backwards (the peer restarted its
+    counting) and when one that was not sent comes: the experiment runner sends its
+    figures once it trains, and a peer resumed from a checkpoint then counts the
+    traffic carried over from it too, so its byte counters jump by the traffic of the
+    processes before (a rate over that jump showed 5-20 times the real one).
     """
 
     def __init__(self, window_s: float = 5.0, min_span_s: float = 0.2) -> None:
@@ -175,21 +184,31 @@ class PeerRates:
                 return   # seen already (sampled again before new figures came)
         vals = tuple(num(stats.get(k)) for k in RATE_KEYS)
         if dq:
-            # a counter that went backwards: the peer restarted its counting
-            if any(a is not None and b is not None and b < a for a, b in zip(last, vals)):
+            # a counter that went backwards: the peer restarted its counting; one that
+            # came: the peer started other figures, which may go on from a checkpoint's
+            if any(b is not None and (a is None or b < a) for a, b in zip(last, vals)):
                 dq.clear()
         dq.append((t, vals))
         while len(dq) > 2 and t - dq[1][0] >= self.window_s:
             dq.popleft()
 
-    def rates(self, peer_id: str) -> dict[str, float | None]:
-        """``{counter: per second}`` over the window; None where not yet known."""
+    def rates(self, peer_id: str, now: float | None = None) -> dict[str, float | None]:
+        """``{counter: per second}`` over the window; None where not yet known.
+
+        ``now``: the time on the clock of ``observe``'s stamps. With it, a peer whose
+        newest figures are older than the window (or than twice the gap between its
+        last two, when its figures come further apart) has no rates: its figures stopped
+        coming, and the last window's rate would be shown as current.
+        """
         entry = self._hist.get(peer_id)
         out: dict[str, float | None] = dict.fromkeys(RATE_KEYS)
         if entry is None or len(entry[1]) < 2:
             return out
-        (t0, v0), (t1, v1) = entry[1][0], entry[1][-1]
+        dq = entry[1]
+        (t0, v0), (t1, v1) = dq[0], dq[-1]
         if t1 - t0 < self.min_span_s:
+            return out
+        if now is not None and now - t1 > max(self.window_s, 2 * (t1 - dq[-2][0])):
             return out
         for k, a, b in zip(RATE_KEYS, v0, v1):
             if a is not None and b is not None:
@@ -220,12 +239,14 @@ class PeerRates:
         self.forget_except(seen)
 
 
-def peer_rows(status: dict[str, Any], rates: PeerRates) -> list[dict[str, Any]]:
-    """One flat row per member: the table's fields, the figures from its stats, its rates."""
+def peer_rows(status: dict[str, Any], rates: PeerRates, now: float | None = None) -> list[dict[str, Any]]:
+    """One flat row per member: the table's fields, the figures from its stats, its rates
+    (as of ``now`` on ``rates``' clock, by default ``time.monotonic()``: see :meth:`PeerRates.rates`)."""
+    now = time.monotonic() if now is None else now
     out = []
     for r in status.get("members", []):
         s = r.get("stats") if isinstance(r.get("stats"), dict) else {}
-        rt = rates.rates(r["id"]) if r.get("state") != "dead" else dict.fromkeys(RATE_KEYS)
+        rt = rates.rates(r["id"], now) if r.get("state") != "dead" else dict.fromkeys(RATE_KEYS)
         last_error = _text(s.get("last_error")) or (r.get("cause") or "")
         out.append({
             "id": r["id"], "rank": r.get("rank"), "addr": r.get("addr"), "state": r.get("state"),
@@ -246,10 +267,12 @@ def peer_rows(status: dict[str, Any], rates: PeerRates) -> list[dict[str, Any]]:
     return out
 
 
-def status_document(status: dict[str, Any], rates: PeerRates, run: str = "", http: str = "") -> dict[str, Any]:
+def status_document(status: dict[str, Any], rates: PeerRates, run: str = "", http: str = "",
+                    now: float | None = None) -> dict[str, Any]:
     """What ``/status.json`` serves and the page renders: run, epoch, peers, the event log,
-    and with standby coordinators this one's mode and how it sees the others."""
-    peers = peer_rows(status, rates)
+    and with standby coordinators this one's mode and how it sees the others (rates as
+    of ``now``: :func:`peer_rows`)."""
+    peers = peer_rows(status, rates, now)
     others = status.get("others")
     return {
         "run": run, "coordinator": status.get("coordinator"), "http": http, "pid": status.get("pid"),
@@ -285,6 +308,8 @@ _PEER_METRICS = [
     ("swarm_peer_rounds_per_second", "gauge", "gossip rounds per second (from heartbeats)", "rounds_per_s"),
     ("swarm_peer_bytes_in_total", "counter", "bytes received by the peer", "bytes_in"),
     ("swarm_peer_bytes_out_total", "counter", "bytes sent by the peer", "bytes_out"),
+    ("swarm_peer_bytes_in_per_second", "gauge", "bytes received per second (from heartbeats)", "bytes_in_per_s"),
+    ("swarm_peer_bytes_out_per_second", "gauge", "bytes sent per second (from heartbeats)", "bytes_out_per_s"),
     ("swarm_peer_codec_ratio", "gauge", "compressed size / dense size of gossip deltas", "codec_ratio"),
     ("swarm_peer_staleness_rounds", "gauge", "rounds the peer's freshest neighbour data lags", "staleness"),
     ("swarm_peer_buffer_items", "gauge", "items in the peer's replay buffer", "buffer_size"),

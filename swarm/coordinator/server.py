@@ -539,10 +539,12 @@ class Coordinator:
         self.heartbeats += 1
         if rec.state == SUSPECT:
             rec.state, rec.cause = ALIVE, ""
-        if stats is not None and type(stats) is dict and len(stats) <= 64:
+        if stats is not None and type(stats) is dict:
             # peers send their figures on some heartbeats only (once a second);
             # the others are bare liveness beats and the last figures stay. A bounded copy
-            # (strings cut, about 8 KiB in all): each member's share of a status reply is small
+            # (strings cut, maps to their first 64 items, about 8 KiB in all): each member's
+            # share of a status reply is small. A map of more items is cut, not dropped:
+            # dropped whole, a peer's figures froze at the last that fitted
             rec.stats, rec.stats_at = bound_stats(stats), now
         if (epoch < self.table.epoch and now >= self._grace_until and now - rec.view_sent > 0.25
                 and now - self._published_at.get(epoch + 1, 0.0) > 0.2):

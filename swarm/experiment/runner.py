@@ -12,7 +12,9 @@ It writes into ``DIR/peer{R}/``:
 
 ``metrics.csv``   one row per finished episode (return, mean of the last 10,
                   rounds, bytes, loss, epsilon, buffer size, wall time)
-``rounds.csv``    one row per gossip round (participants, bytes, wait, disagreement)
+``rounds.csv``    one row per gossip round: ``round`` the run's count of rounds (as in
+                  metrics.csv), ``gossip_round`` the gossip engine's round number (empty
+                  without averaging), participants, bytes, wait, disagreement
 ``evals.csv``     greedy evaluations (when ``eval.every`` > 0)
 ``tb/``           TensorBoard event files (when tensorboard is installed)
 ``ckpt/``         full and incremental checkpoints (see :mod:`swarm.experiment.checkpoint`)
@@ -59,7 +61,8 @@ A peer that continues its own folder (restarted with ``--replace`` or resumed fr
 its own run folder) appends to its CSV files, after rewriting them without the rows
 past the env steps it continues from (:func:`_keep_rows_upto`), which it trains and
 logs again; a resumed or restarted peer starts
-from the counters of its checkpoint (env steps, episodes, rounds, bytes) and from
+from the counters of its checkpoint (env steps, episodes, rounds, bytes, and the wall
+and CPU seconds that the CSVs' ``wall_s`` and ``cpu_s`` go on from) and from
 the best evaluation of the process or run it continues (``best.pt``, copied into
 a new run folder).
 """
@@ -104,10 +107,12 @@ EPISODE_FIELDS = ["wall_s", "env_steps", "episode", "episode_return", "mean_retu
                   "gossip_bytes_out", "gossip_bytes_in", "bytes_out", "bytes_in", "loss", "epsilon",
                   "buffer_size"]
 ROUND_FIELDS = ["round", "env_steps", "wall_s", "participants", "missing", "bytes_out", "bytes_in",
-                "waited_s", "disagreement", "shared_items"]
+                "waited_s", "disagreement", "shared_items", "gossip_round"]
 EVAL_FIELDS = ["wall_s", "cpu_s", "env_steps", "eval_return"]
 #: the byte counters that a checkpoint carries over to the process that resumes from it
 TRAFFIC_KEYS = ("gossip_bytes_out", "gossip_bytes_in", "bytes_out", "bytes_in")
+#: ... and the seconds (the CSVs' wall_s, and evals.csv's cpu_s: CPU time since training started)
+SECONDS_KEYS = ("wall_s", "cpu_s")
 #: with gossip.exchange = gradients, summary.json keeps a digest of the parameters every this many updates
 DIGEST_EVERY = 100
 #: ... all of the last 2 × this many, and fewer of the older ones the older they are (:func:`_thin_digests`,
@@ -309,6 +314,12 @@ def _keep_rows_upto(path: Path, env_steps: int) -> int:
     return len(lines) - len(keep)
 
 
+def _header(path: Path) -> list[str]:
+    """The column names on the first line of the CSV file ``path`` ([] if it has none)."""
+    with open(path, newline="") as f:
+        return next(csv.reader([f.readline()]), [])
+
+
 class _Unwritten:
     """The peer's result files that could not be written (a full disk, one gone read only),
     counted by file; training goes on without them.
@@ -341,8 +352,8 @@ class _Unwritten:
 class _Rows:
     """A CSV writer whose rows a full disk loses instead of ending the run (see :class:`_Unwritten`)."""
 
-    def __init__(self, f: Any, fields: list[str], failed: _Unwritten) -> None:
-        self._w = csv.DictWriter(f, fieldnames=fields)
+    def __init__(self, f: Any, fields: list[str], failed: _Unwritten, extra: str = "raise") -> None:
+        self._w = csv.DictWriter(f, fieldnames=fields, extrasaction=extra)
         self._name, self._failed = Path(f.name).name, failed
 
     def writeheader(self) -> None:
@@ -359,7 +370,10 @@ class _Logs:
     """The peer's CSV files and (optionally) TensorBoard writer.
 
     With ``append``, existing files are continued; ``upto`` (env steps) then first drops
-    their rows past it, which the peer is about to train and log again.
+    their rows past it, which the peer is about to train and log again, and TensorBoard
+    hides the events past it (``purge_step``). A file that an earlier version wrote with
+    other columns is continued with its own (the new ones left out), so that its rows
+    still line up with its header.
 
     A write that fails (a full disk) goes to ``failed`` and training goes on: rows that
     wait in a file's buffer are written at its next flush that succeeds, those that did
@@ -385,7 +399,9 @@ class _Logs:
                 except ImportError:
                     log.warning("tensorboard is not installed; no event files (pip install 'swarm[plots]')")
                 else:
-                    self.tb = SummaryWriter(str(out / "tb"), flush_secs=10)
+                    # the events past upto, like the CSV rows dropped, are logged again now
+                    purge = upto + 1 if append and upto is not None else None
+                    self.tb = SummaryWriter(str(out / "tb"), flush_secs=10, purge_step=purge)
         except BaseException:
             # the files opened before the one that failed are closed now, not whenever the
             # error's traceback (which holds them) goes
@@ -403,11 +419,15 @@ class _Logs:
                 if dropped:
                     log.info("%s: dropped %d rows past env step %d (trained again now)", path, dropped, self._upto)
             fresh = not (self._append and path.is_file() and path.stat().st_size > 0)
+            there = [] if fresh else _header(path)
             f = open(path, "w" if fresh else "a", newline="")
         except OSError as e:   # named by the file, not by its temporary one (or by none: a failed write)
             raise OSError(e.errno, e.strerror, str(path)) from e
         self._files.append(f)
-        w = _Rows(f, fields, self._failed)
+        if "env_steps" in there and there != fields:   # an earlier version's columns
+            w = _Rows(f, there, self._failed, extra="ignore")
+        else:
+            w = _Rows(f, fields, self._failed)
         if fresh:
             w.writeheader()
         return w
@@ -474,6 +494,13 @@ class _State:
         # Traffic of the processes before this one (restored from a checkpoint): the
         # counters above are this process's, the figures logged are the run's.
         self.carried = dict.fromkeys(TRAFFIC_KEYS, 0)
+        # ... and their seconds, so that the CSVs' wall_s and cpu_s go on as their counters do
+        self.carried_s = dict.fromkeys(SECONDS_KEYS, 0.0)
+
+    def seconds(self, wall: float, cpu: float) -> dict[str, float]:
+        """The run's seconds so far: this process's (``wall`` since it started, ``cpu`` since
+        it started training) on top of what the checkpoint it resumed from had counted."""
+        return {"wall_s": round(self.carried_s["wall_s"] + wall, 3), "cpu_s": round(self.carried_s["cpu_s"] + cpu, 3)}
 
     def traffic(self, sent: int, received: int) -> dict[str, int]:
         """The run's traffic so far: this process's (``sent``, ``received`` and the gossip
@@ -799,7 +826,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         peer = sp.peer
         assert peer is not None
         tag = spec_tag(spec)
-        peer.stats = lambda: {"spec": tag}   # until training starts and stats() takes over
+        # Until training starts and stats() takes over. No byte counts: those then go on
+        # from the checkpoint's, and a jump to them would read as traffic (a rate, /metrics).
+        peer.stats = lambda: {"spec": tag, "bytes_in": None, "bytes_out": None}
         # A peer restarted into a running swarm (swarm run's restart_dead) trains as soon as
         # it is in: the others may be restarting too, and waiting for all of them could
         # outlast join_timeout and crash it again.
@@ -907,8 +936,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             cnt = restored.counters
             done_steps = int(cnt["env_steps"])
             state.episodes, state.rounds = int(cnt.get("episodes", 0)), int(cnt.get("rounds", 0))
-            state.rounds_ok = int(cnt.get("rounds_ok", 0))
+            # a checkpoint from before rounds_ok counted rounds only: not known to have failed
+            state.rounds_ok = int(cnt.get("rounds_ok", state.rounds))
             state.carried = {k: int(cnt.get(k, 0)) for k in TRAFFIC_KEYS}
+            state.carried_s = {k: float(cnt.get(k, 0.0)) for k in SECONDS_KEYS}
             state.returns.extend(cnt.get("returns", []))
             summary["resumed_from"] = str(restored.path)
         elif ck is not None:
@@ -1054,6 +1085,11 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                        if relay is not None else {})}
 
         peer.stats = stats
+
+        def seconds() -> dict[str, float]:
+            # wall_s and cpu_s for the CSVs and checkpoints: the run's (cpu0 is reset when training starts)
+            return state.seconds(time.monotonic() - t0, time.process_time() - cpu0)
+
         # A peer restarted into its own folder continues its files, with or without a
         # checkpoint, less the rows past the env steps it continues from.
         logs = _at_start(run_dir, lambda: _Logs(out, tensorboard, append=rejoin or same_run, upto=done_steps,
@@ -1064,7 +1100,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                             lambda: {"env_steps": state.env_steps, "episodes": state.episodes,
                                      "rounds": state.rounds, "rounds_ok": state.rounds_ok,
                                      "returns": list(state.returns),
-                                     **state.traffic(*_traffic(peer.counters, relay))},
+                                     **state.traffic(*_traffic(peer.counters, relay)), **seconds()},
                             full_every_s=c.full_every_s, full_every_steps=c.full_every_steps,
                             incremental_every_steps=c.incremental_every_steps, run=run)
         last_loss: list[float] = [float("nan")]
@@ -1111,9 +1147,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 state.relay_sent = r.sent
             if res is None:   # averaging is off: the round shared replay, and gradients went by
                 logs.rounds.writerow({
-                    "round": state.rounds, "env_steps": step, "wall_s": round(time.monotonic() - t0, 3),
+                    "round": state.rounds, "env_steps": step, "wall_s": seconds()["wall_s"],
                     "participants": "", "missing": "", "bytes_out": bytes_out, "bytes_in": bytes_in,
-                    "waited_s": 0, "disagreement": "", "shared_items": shared})
+                    "waited_s": 0, "disagreement": "", "shared_items": shared, "gossip_round": ""})
                 logs.scalars(step, {"gossip/bytes_out": bytes_out, "gossip/bytes_in": bytes_in})
                 return
             state.dense_bytes_out += res.sent * x.nbytes
@@ -1125,11 +1161,14 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             # with exact gossip this is the RMS distance to the neighbourhood average.
             if res.ok:
                 state.disagreement = float(np.sqrt(np.mean(np.square(x - before)))) / g.step_size
+            # round: the run's count (metrics.csv's rounds, which a resume goes on from);
+            # the engine numbers its rounds itself, from its own start
             logs.rounds.writerow({
-                "round": res.round, "env_steps": step, "wall_s": round(time.monotonic() - t0, 3),
+                "round": state.rounds, "env_steps": step, "wall_s": seconds()["wall_s"],
                 "participants": len(res.participants), "missing": len(res.missing),
                 "bytes_out": res.bytes_out, "bytes_in": bytes_in, "waited_s": round(res.waited_s, 4),
-                "disagreement": f"{state.disagreement:.6g}" if res.ok else "", "shared_items": shared})
+                "disagreement": f"{state.disagreement:.6g}" if res.ok else "", "shared_items": shared,
+                "gossip_round": res.round})
             logs.scalars(step, {"gossip/bytes_out": res.bytes_out, "gossip/bytes_in": bytes_in,
                                 "gossip/disagreement": state.disagreement if res.ok else None,
                                 "gossip/participants": len(res.participants)})
@@ -1198,7 +1237,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 if "loss" in m:
                     last_loss[0] = m["loss"]
                 logs.episodes.writerow({
-                    "wall_s": round(time.monotonic() - t0, 3), "env_steps": step, "episode": state.episodes,
+                    "wall_s": seconds()["wall_s"], "env_steps": step, "episode": state.episodes,
                     "episode_return": info.episode_return, "mean_return": f"{state.mean_return:.4g}",
                     "rounds": state.rounds, **state.traffic(*_traffic(peer.counters, relay)),
                     "loss": f"{m['loss']:.6g}" if "loss" in m else "", "epsilon": f"{m['epsilon']:.4f}",
@@ -1213,9 +1252,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             if ev.every and step % ev.every == 0:
                 state.eval_return = float(np.mean(evaluate(spec.env, agent, episodes=ev.episodes,
                                                            seed=10_000 + 100 * rank)))
-                logs.evals.writerow({"wall_s": round(time.monotonic() - t0, 3),
-                                     "cpu_s": round(time.process_time() - cpu0, 3), "env_steps": step,
-                                     "eval_return": state.eval_return})
+                logs.evals.writerow({**seconds(), "env_steps": step, "eval_return": state.eval_return})
                 logs.scalars(step, {"eval/return": state.eval_return})
                 logs.flush()
                 if state.eval_return > summary.get("best_eval_return", -math.inf):

@@ -148,6 +148,9 @@ def test_an_old_resume_killed_before_its_first_checkpoint_goes_on_from_the_run_i
 
     s = _peer(coordinator, b, 400, resume_from=b)
     assert s["resumed_from"] == str(was) and s["env_steps"] == 400, s
+    # its counters have no rounds_ok: the rounds before are not failures (it said 0 of them were ok)
+    restored = json.loads((was / "manifest.json").read_text())["counters"]["rounds"]
+    assert restored > 0 and s["rounds_ok"] >= restored, s
 
 
 # ------------------------------------------------------------------ swarm eval of old files
