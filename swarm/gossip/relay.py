@@ -13,9 +13,16 @@ Messages go only to neighbours (ring, grid, ... as the peer's topology says). A
 peer that receives a gradient for the first time passes it on, unchanged (the
 compressed frames, not re-encoded), to its other neighbours, with one hop less;
 copies that come round another way are recognised by (origin, number) and
-dropped. A peer's copy then differs from the others' only in the order in which
-it applied the gradients (Adam's update depends on it) and in what was lost on
-full queues. Peers that take turns apply them in one order (:meth:`take` with
+dropped, but one with more hops left than every earlier copy is passed on (not
+applied): the first may have come the long way with too few to reach the peers
+behind. A peer's copy then differs from the others' only in the order in which
+it applied the gradients (Adam's update depends on it) and in what was lost: on
+full queues (``stats.dropped``), and in a peer that died before it passed on
+what it had. At a view that a member left, each peer sends its last turn's
+messages again along the new routes (``stats.resent``; the numbers make the
+repeats safe), which brings what was on the way through that member then; what
+went into it earlier, between its death and that view, stays lost, and nothing
+counts it. Peers that take turns apply them in one order (:meth:`take` with
 ``before``) and stay the same; parameter gossip (:class:`~swarm.gossip.Gossip`)
 pulls back what drift is left.
 
@@ -79,7 +86,8 @@ optimizer and target network, as a body and arrays), the relay repairs that:
   for its copy; that peer sends it (``grad_state``) at one of its turn boundaries,
   with the clock up to which the copy holds every update and the gradients it has
   for later clocks. The asking peer waits for it before its next turn, adopts it
-  (:meth:`snapshot`, :meth:`adopt`), keeps only what comes after that clock, and,
+  (:meth:`snapshot`, :meth:`adopt`), keeps only what comes after that clock (the
+  gradients it came with are dropped when their own messages come later), and,
   when the sender's turns had gone past its own, starts its turns again a round
   after the copy's clock: it tells the others so itself, and the sender's next
   message does too; they then wait for it again. From then on it applies the same
@@ -150,6 +158,8 @@ _MAX_COPY_PENDING = 256
 _QUIET_S = 1.0
 #: Message numbers remembered per origin below its highest (a copy that comes later counts as seen).
 _SEQ_WINDOW = 4096
+#: Messages sent again at a view change (see GradientRelay._resend) remembered, as (origin, number).
+_RESENT_KEPT = 4096
 #: Ids that left the view whose entries stay (copies of their messages may still come round).
 _GONE = 16
 #: Direct, with keys: gradients held on the inbox until the view lists their sender (see
@@ -197,6 +207,8 @@ class RelayStats:
     held_in: int = 0           # direct, with keys: gradients held until the view listed their sender
     held_dropped: int = 0      # direct, with keys: such gradients dropped (hold full, waited too long, sender gone)
     stale: int = 0             # of the duplicates, those over _SEQ_WINDOW behind their origin's newest (see _Seqs)
+    reforwarded: int = 0       # of the duplicates, those with more hops left than every earlier copy: passed on
+    resent: int = 0            # own messages of the last turn sent again at a view that a member left (see _resend)
 
     @property
     def mean_lag_s(self) -> float:
@@ -341,8 +353,15 @@ class GradientRelay:
         self._max_pending = max_pending
         self._clocks: dict[str, int] = {}    # origin -> clock of its newest gradient here
         self._got: dict[str, set[int]] = {}  # origin -> clocks of its recent gradients and passes here
+        self._brought: dict[str, set[int]] = {}   # origin -> clocks of its gradients that adopted copies brought
         self._complete: dict[str, int] = {}  # origin -> last clock of its newest turn waited for (with first)
         self._held: list[tuple[int, dict[str, Any] | None, list[np.ndarray]]] = []   # publish(hold=True)
+        # this peer's own messages (body, gradient frames) of its turn going on, and of its last
+        # one: sent again at a view that a member left (see _resend)
+        self._turn: collections.deque[tuple[dict[str, Any], list[np.ndarray]]] = collections.deque(maxlen=_MAX_BUNDLE)
+        self._last_turn: tuple[tuple[dict[str, Any], list[np.ndarray]], ...] = ()
+        self._members = {m.id for m in link.view.members}   # the last view's, to see who left
+        self._resent_in: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()   # (origin, number)
         self._cond = threading.Condition()
         self.stats = RelayStats()
         self._bad = tp.BadInput(f"relay {link.id}")
@@ -393,6 +412,7 @@ class GradientRelay:
         self._closed = False
         self._on(GRAD, self._on_grad)
         self._on_view(self._forget)
+        self._on_view(self._resend)
         if state is not None:
             for t in (GRAD_LATE, GRAD_SYNC, GRAD_STATE):
                 self._on(t, self._on_side)
@@ -472,6 +492,9 @@ class GradientRelay:
         if extra is not None:   # the rider's arrays go last: [its body, their count]
             body["x"] = [extra[0], len(extra[1])]
         self._send_own(body, frames, [] if extra is None else extra[1])
+        self._turn.append((body, frames))
+        if not hold:   # the turn ends here (a held update went because the message was full)
+            self._last_turn, self._turn = tuple(self._turn), collections.deque(maxlen=_MAX_BUNDLE)
         return out
 
     def _fit(self) -> tuple[int, int, int]:
@@ -967,7 +990,9 @@ class GradientRelay:
     def adopt(self, snap: Snapshot) -> None:
         """Consumer thread, after loading ``snap``'s copy: keep only the gradients after
         its clock, add those it came with, and take turns from its clock on (from
-        ``snap.next`` when that is set: the caller's turns then start there)."""
+        ``snap.next`` when that is set: the caller's turns then start there). The
+        messages of the gradients it came with may still be on their way here: those
+        gradients are dropped then, as duplicates (the messages are passed on)."""
         if snap is not self._arrived or self._sched is None:
             raise ConfigError("adopt: not the copy that snapshot() returned, or adopted already")
         every, _, span = self._sched
@@ -981,6 +1006,11 @@ class GradientRelay:
                 if (c, o) not in have and not (snap.next is not None and o == me):
                     keep.append((c, o, g, now))
                     have.add((c, o))
+                if o != me:   # its message, still on the way here, brings it again: a duplicate then
+                    brought = self._brought.setdefault(o, set())
+                    brought.add(c)
+                    if len(brought) > 2 * _RECENT_CLOCKS:   # keep the newest
+                        self._brought[o] = set(sorted(brought)[-_RECENT_CLOCKS:])
             self._inbox.clear()
             self._inbox.extend(keep)
             for o, cs in snap._clocks.items():
@@ -1030,7 +1060,9 @@ class GradientRelay:
         On a ring the two directions split the way round (to the right ceil((n-1)/2)
         hops, to the left the rest), so every peer gets exactly one copy; on other
         graphs each neighbour gets as many hops as our farthest peer is away, and
-        copies that meet are dropped as duplicates.
+        copies that meet are dropped as duplicates (one with more hops left than
+        every earlier copy is passed on, not applied: see _again). A view that a
+        member left changes the routes, and the last turn goes again (_resend).
         """
         view = self.link.view
         if self._routes_cache is not None and self._routes_cache[0] == view.epoch:
@@ -1077,7 +1109,7 @@ class GradientRelay:
         (a crashed peer comes back under a new id), all but the last ``_GONE`` to leave,
         whose gradients, copies and announcements may still be on their way."""
         present = {m.id for m in view.members}
-        keyed: tuple[dict[str, Any], ...] = (self._seen, self._clocks, self._got, self._complete,
+        keyed: tuple[dict[str, Any], ...] = (self._seen, self._clocks, self._got, self._brought, self._complete,
                                              self._digests_in, self._noticed, self._endpoints, self._greeted)
         with self._cond:   # the consumer iterates some of them under it
             for pid in present:
@@ -1089,11 +1121,35 @@ class GradientRelay:
                 for d in keyed:
                     d.pop(pid, None)
 
+    def _resend(self, view: Any) -> None:
+        """On the loop, at a view that a member left: send this peer's messages of its last
+        turn again, once, along the new routes (without their ride), marked ``r``. Copies
+        that went through the member that left, and that it had not passed on yet, are lost
+        for the peers behind it; those that have the message drop this one as a copy (by
+        its number), and those whose turn went past it drop it as late without telling its
+        origin. Only the last turn: what went into the member between its death and this
+        view, before that turn, stays lost (nothing counts it)."""
+        present = {m.id for m in view.members}
+        left, self._members = self._members - present, present
+        msgs = self._last_turn
+        if not left or not msgs or self._closed:
+            return
+        if self._last_turn is msgs:   # (a turn published meanwhile on another thread is sent on the new routes)
+            self._last_turn = ()
+        routes = self._routes()
+        for body, frames in msgs:
+            again = {k: v for k, v in body.items() if k != "x"}
+            again["r"] = 1
+            n = _nbytes(frames)
+            for dst, hops in routes:
+                self._send(dst, dict(again, h=hops), frames, n, forwarding=False)
+            self.stats.resent += 1
+
     def _accept(self, msg: Message, send: Any) -> None:
         """Check, decode and queue a received gradient (or note a pass), hand what rode
         on it to the rider, and pass it on with ``send``."""
         b = msg.body
-        arrays, ride = list(msg.arrays), b.get("x")
+        arrays, ride, ride_arrays = list(msg.arrays), b.get("x"), []
         if ride is not None:   # a rider: [its body, the count of its arrays, which come last]
             if not (isinstance(ride, list) and len(ride) == 2 and isinstance(ride[0], dict)
                     and isinstance(ride[1], int) and 0 <= ride[1] <= len(arrays)):
@@ -1109,8 +1165,11 @@ class GradientRelay:
             raise WireError(f"grad from {msg.src}: body needs o (str), s (int >= 0), h (int) and meta (dict)")
         seen = self._seen.get(origin)   # checked again under the lock, before anything is queued
         if origin == self.link.id or (seen is not None and seen.has(seq)):
-            self._seen_before(seen, seq)
+            self._again(msg, None if origin == self.link.id else seen, arrays, nbytes, ride_arrays, send)
             return
+        if b.get("r", 1) != 1:
+            self.stats.rejected += 1
+            raise WireError(f"grad {origin}#{seq} from {msg.src}: r must be 1 (sent again) when given")
         t, c = b.get("t"), b.get("c")
         if not _is_clock(c):   # publish sends no other (a wait or take(before) would misplace it)
             self.stats.rejected += 1
@@ -1168,61 +1227,128 @@ class GradientRelay:
                 raise WireError(f"grad {origin}#{seq} from {msg.src}: not {self.d} finite values")
             items.append((pc, g))
         sent_at = float(t) if isinstance(t, (int, float)) else time.time()
+        again, late = False, -1
         with self._cond:   # with direct, the loop and the consumer thread both take gradients in
             seen = self._seen.get(origin)
             if seen is None:
-                self._seen[origin] = _Seqs(seq)
-            elif not seen.add(seq):
-                self._seen_before(seen, seq)
-                return
-            late = -1
-            for pc, g in items:
-                if (self._state is not None and pc < self._taken_to
-                        and not (g is None and pc == back)):
-                    # this peer's turn went past it: applied now, it would take another place
-                    # in this peer's order than in the others'
-                    self.stats.late += 1
-                    late = max(late, pc)
-                elif g is None:
-                    self.stats.passes_in += 1
-                else:
-                    if len(self._inbox) >= self._max_pending:
-                        self._inbox.popleft()
-                        self.stats.overflow += 1
-                    self._inbox.append((pc, origin, g, sent_at))
-                    self.stats.received += 1
-                if pc > self._clocks.get(origin, -1):
-                    self._clocks[origin] = pc
-                got = self._got.setdefault(origin, set())
-                got.add(pc)
-                if len(got) > 2 * _RECENT_CLOCKS:   # keep the newest
-                    self._got[origin] = set(sorted(got)[-_RECENT_CLOCKS:])
-            if self._state is not None:
-                for pid, c in ann or ():   # a peer that adopted a copy: its turns up to c passed
-                    if pid != self.link.id:
-                        # set, not raised: a wait meanwhile may have counted its next turn as
-                        # passed too (it was out of step), and that turn is coming
-                        self._clocks[pid] = max(self._clocks.get(pid, -1), c)
-                        self._complete[pid] = c
-                if dg is not None:
-                    ds = self._digests_in.setdefault(origin, {})
-                    ds[dg[0]] = dg[1]
-                    if len(ds) > _DIGESTS:
-                        del ds[min(ds)]
-                    self._digests_new = True
-            self._cond.notify_all()
-        if late >= 0:
+                self._seen[origin] = _Seqs(seq, hops, msg.src == origin)
+            elif not seen.add(seq, hops, msg.src == origin):   # another thread took a copy in meanwhile
+                again = True
+            if not again:
+                self._first_resent(origin, seq, b)
+                late = self._queue(origin, items, back, sent_at)
+                self._note(origin, ann, dg)
+                self._cond.notify_all()
+        if again:
+            self._again(msg, seen, forward, nbytes, ride_arrays, send)
+            return
+        if late >= 0 and "r" not in b:   # a message sent again is late for the loss, not its origin
             self._notice(origin, late)
         if ride is not None and msg.src == origin and self.rider is not None:   # only the origin's copy
-            self.stats.rider_bytes_in += _nbytes(ride_arrays)
-            self.stats.riders_in += 1
-            self.rider.arrive(origin, ride[0], ride_arrays)
-        if hops > 1:   # pass it on, away from where it came from
+            self._arrive(origin, ride, ride_arrays)
+        self._pass_on(msg, forward, nbytes, send)
+
+    def _queue(self, origin: str, items: list[tuple[int, np.ndarray | None]], back: int, sent_at: float) -> int:
+        """Under the lock: queue a new message's gradients and note its clocks; returns the
+        largest clock of those that came late (-1: none). A gradient that a copy adopted
+        from another peer brought (:meth:`adopt`) is in this peer's inbox or applied
+        already: it is dropped as a duplicate (its message is still passed on)."""
+        late = -1
+        brought = self._brought.get(origin, ())
+        for pc, g in items:
+            if g is not None and pc in brought:
+                self.stats.duplicates += 1
+            elif (self._state is not None and pc < self._taken_to
+                    and not (g is None and pc == back)):
+                # this peer's turn went past it: applied now, it would take another place
+                # in this peer's order than in the others'
+                self.stats.late += 1
+                late = max(late, pc)
+            elif g is None:
+                self.stats.passes_in += 1
+            else:
+                if len(self._inbox) >= self._max_pending:
+                    self._inbox.popleft()
+                    self.stats.overflow += 1
+                self._inbox.append((pc, origin, g, sent_at))
+                self.stats.received += 1
+            if pc > self._clocks.get(origin, -1):
+                self._clocks[origin] = pc
+            got = self._got.setdefault(origin, set())
+            got.add(pc)
+            if len(got) > 2 * _RECENT_CLOCKS:   # keep the newest
+                self._got[origin] = set(sorted(got)[-_RECENT_CLOCKS:])
+        return late
+
+    def _note(self, origin: str, ann: list[list[Any]] | None, dg: list[Any] | None) -> None:
+        """Under the lock, with state: what a new message announces (``j``) and its digest."""
+        if self._state is None:
+            return
+        for pid, c in ann or ():   # a peer that adopted a copy: its turns up to c passed
+            if pid != self.link.id:
+                # set, not raised: a wait meanwhile may have counted its next turn as
+                # passed too (it was out of step), and that turn is coming
+                self._clocks[pid] = max(self._clocks.get(pid, -1), c)
+                self._complete[pid] = c
+        if dg is not None:
+            ds = self._digests_in.setdefault(origin, {})
+            ds[dg[0]] = dg[1]
+            if len(ds) > _DIGESTS:
+                del ds[min(ds)]
+            self._digests_new = True
+
+    def _arrive(self, origin: str, ride: list[Any], ride_arrays: list[np.ndarray]) -> None:
+        assert self.rider is not None
+        self.stats.rider_bytes_in += _nbytes(ride_arrays)
+        self.stats.riders_in += 1
+        self.rider.arrive(origin, ride[0], ride_arrays)
+
+    def _pass_on(self, msg: Message, forward: list[np.ndarray], nbytes: int, send: Any) -> None:
+        """Pass a message on with one hop less, away from where it came from (without its ride)."""
+        b = msg.body
+        hops, origin = b["h"], b["o"]
+        if hops > 1:
             fwd = dict(b, h=hops - 1)
             fwd.pop("x", None)
             for dst in self.link.neighbours():
                 if dst != msg.src and dst != origin:
                     send(dst, fwd, forward, nbytes, forwarding=True)
+
+    def _first_resent(self, origin: str, seq: int, b: dict[str, Any]) -> bool:
+        """Under the lock: whether ``b`` is the first copy here of a message sent again
+        (:meth:`_resend`). Its earlier copies went the old routes, through the member that
+        left, so a copy seen before is passed on once more, whatever its hops. The last
+        _RESENT_KEPT are remembered (one forgotten only costs a copy more)."""
+        if "r" not in b or (origin, seq) in self._resent_in:
+            return False
+        self._resent_in[(origin, seq)] = None
+        if len(self._resent_in) > _RESENT_KEPT:
+            self._resent_in.popitem(last=False)
+        return True
+
+    def _again(self, msg: Message, seen: _Seqs | None, forward: list[np.ndarray], nbytes: int,
+               ride_arrays: list[np.ndarray], send: Any) -> None:
+        """A message seen before (or this peer's own, ``seen`` None): a duplicate, not applied
+        again. But when this copy has more hops left than every earlier one here, it is
+        passed on: on a graph of several paths the first copy may have come the long way
+        with fewer, and the peers behind this one, reached only through it, would never
+        get the gradient. And the origin's own copy hands what rode on it to the rider,
+        which a copy that came first the long way did not carry."""
+        b = msg.body
+        seq, origin = b["s"], b["o"]
+        self._seen_before(seen, seq)
+        if seen is None:
+            return
+        with self._cond:
+            further, first_direct = seen.again(seq, b["h"], msg.src == origin)
+            # a copy sent again at a view change goes round the member that left: passed on once
+            further = self._first_resent(origin, seq, b) or further
+        ride = b.get("x")
+        if first_direct and ride is not None and self.rider is not None:
+            self._arrive(origin, ride, ride_arrays)
+        if further and b["h"] > 1:
+            self.stats.reforwarded += 1
+            self._pass_on(msg, forward, nbytes, send)
 
     def _seen_before(self, seen: _Seqs | None, seq: int) -> None:
         """Count a message dropped as seen. One too old for its origin's window may have
@@ -1536,7 +1662,7 @@ class GradientRelay:
 
 class _Seqs:
     """The numbers of one origin's messages that came: its highest, and which of the
-    ``_SEQ_WINDOW`` numbers below it (a flag per number, in a ring). An origin numbers
+    ``_SEQ_WINDOW`` numbers below it (a byte per number, in a ring). An origin numbers
     its messages one after another (from the time, so a restarted process jumps
     ahead); a copy that comes round another way, possibly after later ones, is
     recognised while it is within the window, and one older than that counts as seen:
@@ -1548,25 +1674,32 @@ class _Seqs:
     round it) that passes on what it held once it wakes; or on a graph of several
     paths, when the fast one dropped it on a full queue. Its gradient is then lost
     here: ``RelayStats.stale`` counts them (a gradient that late would be out of place
-    if applied anyway, and with state it is dropped as late)."""
+    if applied anyway, and with state it is dropped as late).
+
+    A number's byte also holds the most hops left of its copies here (up to
+    ``_HOPS_KEPT``: one with more counts as that many; a copy with that many reaches every
+    peer of a graph no wider) and whether one came from the origin itself (``_DIRECT``):
+    a later copy with more hops left than any before is passed on again (:meth:`again`),
+    and the origin's own copy hands its rider's ride over even when a copy came first."""
 
     __slots__ = ("top", "flags")
 
-    def __init__(self, seq: int) -> None:
+    def __init__(self, seq: int, hops: int = 0, direct: bool = False) -> None:
         self.top, self.flags = seq, bytearray(_SEQ_WINDOW)
-        self.flags[seq % _SEQ_WINDOW] = 1
+        self.flags[seq % _SEQ_WINDOW] = _mark(hops, direct)
 
     def has(self, seq: int) -> bool:
         if seq > self.top:
             return False
-        return self.too_old(seq) or self.flags[seq % _SEQ_WINDOW] == 1
+        return self.too_old(seq) or self.flags[seq % _SEQ_WINDOW] != 0
 
     def too_old(self, seq: int) -> bool:
         """Whether ``seq`` is below the window, where copies cannot be told from first copies."""
         return seq <= self.top - _SEQ_WINDOW
 
-    def add(self, seq: int) -> bool:
-        """Note ``seq``; False if it was seen already."""
+    def add(self, seq: int, hops: int = 0, direct: bool = False) -> bool:
+        """Note ``seq`` (its copy has ``hops`` left; ``direct``: it came from the origin);
+        False if it was seen already."""
         w, flags, top = _SEQ_WINDOW, self.flags, self.top
         if seq > top:
             # clear the flags of the numbers the window moves over (before top moves:
@@ -1583,8 +1716,33 @@ class _Seqs:
             self.top = seq
         elif seq <= top - w or flags[seq % w]:
             return False
-        flags[seq % w] = 1
+        flags[seq % w] = _mark(hops, direct)
         return True
+
+    def again(self, seq: int, hops: int, direct: bool) -> tuple[bool, bool]:
+        """Note another copy of ``seq``, seen already: (whether it has more hops left than
+        any copy before, whether it is the first that came from the origin). Both False
+        for a number below the window (nothing is known of it any more)."""
+        if seq > self.top or self.too_old(seq):
+            return False, False
+        i = seq % _SEQ_WINDOW
+        old = self.flags[i]
+        if not old:
+            return False, False
+        new = _mark(hops, direct)
+        further, first_direct = new & _HOPS > old & _HOPS, direct and not old & _DIRECT
+        self.flags[i] = max(new & _HOPS, old & _HOPS) | ((old | new) & _DIRECT)
+        return further, first_direct
+
+
+#: A number's byte in _Seqs: 0 while not seen; else in its low bits (_HOPS) the most hops
+#: left of its copies plus one (hops up to _HOPS_KEPT), and _DIRECT once a copy came from
+#: the origin itself.
+_DIRECT, _HOPS, _HOPS_KEPT = 0x80, 0x7F, 126
+
+
+def _mark(hops: int, direct: bool) -> int:
+    return (_DIRECT if direct else 0) | (min(max(hops, 0), _HOPS_KEPT) + 1)
 
 
 def _int(x: Any, lo: int) -> bool:

@@ -1,0 +1,280 @@
+"""The relay on graphs of several paths, through a view change and after a copy was
+adopted: every peer applies every gradient once. A copy with more hops left than the
+first is passed on (not applied); a peer's last turn goes again when a member leaves;
+a gradient an adopted copy brought is not applied again when its own message comes."""
+
+import asyncio
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+from gossip.test_relay import JitterHub, Numbered, settle
+from gossip.test_relay_resync import Copy
+
+from swarm import wire
+from swarm.errors import WireError
+from swarm.gossip import GradientRelay
+from swarm.gossip.relay import _RECENT_CLOCKS, GRAD, GRAD_LATE, Snapshot, _Seqs
+from swarm.gossip.sim import SimHub
+
+D = 8
+META = {"codec": "identity", "n": D}
+
+
+class HoldHub(SimHub):
+    """A hub whose messages on the links in ``hold`` wait until :meth:`release`."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.hold, self.waiting = set(), []
+
+    def _deliver(self, key, frames):
+        if key in self.hold:
+            self.waiting.append((key, frames))
+            return
+        super()._deliver(key, frames)
+
+    def release(self):
+        self.hold, (waiting, self.waiting) = set(), (self.waiting, [])
+        for key, frames in waiting:
+            super()._deliver(key, frames)
+
+
+class SlowHub(SimHub):
+    """A hub whose links in ``slow`` take ``delay_s`` longer than the others (in order)."""
+
+    def __init__(self, *, slow, delay_s=0.05, **kw):
+        super().__init__(**kw)
+        self.slow, self.delay_s = slow, delay_s
+
+    def _send(self, src, dst, t, body, arrays, seq):
+        if (src, dst) not in self.slow:
+            return super()._send(src, dst, t, body, arrays, seq)
+        frames = [f if isinstance(f, bytes) else self._copy(f)
+                  for f in wire.encode(t, src, epoch=self.view.epoch, seq=seq, body=body, arrays=arrays)]
+        self.messages_sent += 1
+        self._in_flight[(src, dst)] += 1
+        asyncio.get_running_loop().call_later(self.delay_s, self._deliver, (src, dst), frames)
+        return True
+
+
+async def until(check, timeout=10.0):
+    """Let the hub deliver until ``check()`` holds (or ``timeout`` seconds passed)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check() and loop.time() < deadline:
+        await asyncio.sleep(0.005)
+    await settle(None, [])
+
+
+def test_a_gradient_an_adopted_copy_brought_is_applied_once_when_its_message_comes_later():
+    """Ring of 3 with state (every = 3, first = 0). p0 holds p2's gradient of clock 2;
+    p2's own message to p1 is held on the link. p1 takes p0's copy, which brings that
+    gradient, and then p2's message arrives: p1 applies the gradient once, and counts
+    the message's copy of it as a duplicate (before, take() returned it twice)."""
+    async def main():
+        hub = HoldHub(topology="ring")
+        links = hub.add_many(3)
+        relays = [GradientRelay(lk, D, state=Copy().state, resync_timeout=3.0, topology="ring") for lk in links]
+        p0, p1, p2 = relays
+        assert await asyncio.to_thread(p0.wait, 0, 1.0, every=3, first=0)
+        p0.publish(np.ones(D), clock=0)
+        hub.hold = {(links[2].id, links[1].id)}
+        p2.publish(np.full(D, 2.0), clock=2)
+        await settle(hub, relays)
+        assert [(c, o) for c, o, _, _ in p0._inbox] == [(2, links[2].id)]
+        p1._wish(links[0].id, "digests differ")   # as a digest mismatch does
+        stop = threading.Event()
+
+        def serve():   # p0's consumer thread: answers requests between its turns
+            while not stop.is_set():
+                p0.poll()
+                stop.wait(0.005)
+        server = threading.Thread(target=serve)
+        server.start()
+        try:
+            assert not await asyncio.to_thread(p1.wait, 1, 5.0, every=3, first=0)   # a copy came
+            snap = p1.snapshot()
+            assert snap is not None and [(c, o) for c, o, _ in snap._pending] == [(2, links[2].id)]
+            p1.adopt(snap)
+        finally:
+            stop.set()
+            await asyncio.to_thread(server.join)
+        hub.release()   # p2's own message reaches p1 now
+        await until(lambda: p1.stats.duplicates >= 1)
+        taken = Counter(float(g[0]) for g in p1.take(before=4))
+        assert taken == {2.0: 1}, taken
+        assert p1.stats.duplicates == 1 and p1.stats.received == 1 and p1.stats.late == 0
+        assert not hub.errors
+    asyncio.run(main())
+
+
+def _grid_with_a_slow_link(riders=None):
+    """3x3 grid, p005's link to p004 slower than the others: p004 first gets p005's
+    gradient the long way (p005-p002-p001-p004) with one hop left, then the direct copy
+    with three. Returns the hub, links and relays after p005 published once."""
+    async def main():
+        hub = SlowHub(topology="grid", slow={("p005", "p004")})
+        links = hub.add_many(9)
+        relays = [GradientRelay(lk, D, topology="grid", rider=None if riders is None else riders[i])
+                  for i, lk in enumerate(links)]
+        relays[5].publish(np.ones(D), clock=0)
+        await until(lambda: hub._in_flight[("p005", "p004")] == 0 and not any(hub._in_flight.values()))
+        return hub, links, relays
+    return asyncio.run(main())
+
+
+def test_a_later_copy_with_more_hops_left_is_passed_on_and_not_applied():
+    hub, links, relays = _grid_with_a_slow_link()
+    for i, r in enumerate(relays):
+        if i != 5:
+            got = r.take()
+            assert len(got) == 1 and got[0].tolist() == [1.0] * D, (links[i].id, len(got))   # p003 got none before
+    s4 = relays[4].stats
+    assert s4.reforwarded == 1 and s4.received == 1 and s4.duplicates == 2
+    assert sum(r.stats.reforwarded for r in relays) >= 1
+    # every send arrived once, as a first copy or a duplicate, and the byte counters follow the sends
+    sent = sum(r.stats.sent for r in relays)
+    assert sent == hub.messages_sent
+    assert sum(r.stats.received + r.stats.duplicates for r in relays) == sent
+    assert sum(r.stats.forwarded for r in relays) == sent - relays[5].stats.sent
+    for r in relays:
+        assert r.stats.bytes_out == 4 * D * r.stats.sent
+        assert r.stats.bytes_in == 4 * D * (r.stats.received + r.stats.duplicates)
+        assert r.stats.dropped == r.stats.rejected == r.stats.stale == 0
+    assert not hub.errors
+
+
+def test_the_origins_ride_arrives_when_a_copy_came_first_the_long_way():
+    """What rides on p005's own messages goes to its neighbours: p004 gets it from the
+    direct copy, though a copy without it came first (before, it was dropped with it)."""
+    riders = [Numbered() for _ in range(9)]
+    hub, links, relays = _grid_with_a_slow_link(riders)
+    for i in (2, 4, 8):   # p005's neighbours on the 3x3 grid
+        assert riders[i].got == [("p005", 1, [[1, 1, 1]])], (i, riders[i].got)
+        assert relays[i].stats.riders_in == 1
+    assert all(riders[i].got == [] for i in (0, 1, 3, 6, 7))
+    assert not hub.errors
+
+
+@pytest.mark.parametrize("topology,n", [("ring", 6), ("ring", 5), ("full", 5)])
+def test_rings_and_full_graphs_keep_one_copy_each_under_jitter(topology, n):
+    """Deliveries that overtake each other: on a ring and a full graph every peer still
+    applies every gradient exactly once, and no copy is passed on again."""
+    async def main():
+        hub = JitterHub(topology=topology)
+        links = hub.add_many(n)
+        relays = [GradientRelay(lk, D, topology=topology) for lk in links]
+        for k in range(5):
+            for i, r in enumerate(relays):
+                r.publish(np.full(D, 100 * k + i, np.float32), clock=k * n + i)
+            await asyncio.sleep(0.001)
+        await until(lambda: sum(r.stats.received for r in relays) == 5 * n * (n - 1))
+        for i, r in enumerate(relays):
+            got = Counter(int(g[0]) for g in r.take())
+            assert got == Counter(100 * k + j for k in range(5) for j in range(n) if j != i), i
+        assert all(r.stats.reforwarded == 0 and r.stats.duplicates == 0 for r in relays)
+        assert sum(r.stats.sent for r in relays) == 5 * n * (n - 1)   # one send per peer reached
+        assert not hub.errors
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("turns", [0, 1, 2])
+def test_gradients_on_their_way_through_a_peer_that_dies_are_sent_again(turns):
+    """6-ring: every peer publishes; p003 dies ``turns`` loop passes later, with copies
+    on their way through it. At the view without it each survivor sends its last turn
+    again on the new routes: every survivor gets every surviving origin's gradient, once
+    (before, one to four of them were lost and nothing counted them)."""
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(6)
+        relays = [GradientRelay(lk, D, topology="ring") for lk in links]
+        for i, r in enumerate(relays):
+            r.publish(np.full(D, i, np.float32), clock=i)
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        hub.remove("p003")
+        await settle(hub, relays)
+        survivors = [i for i in range(6) if i != 3]
+        wrong = {}   # survivor -> {origin: times applied}, where not once
+        for i in survivors:
+            got = Counter(int(g[0]) for g in relays[i].take())
+            if any(got[o] != 1 for o in survivors if o != i):
+                wrong[links[i].id] = {o: got[o] for o in survivors if o != i}
+        assert wrong == {}
+        for i in survivors:
+            s = relays[i].stats
+            assert s.resent == 1 and s.dropped == 0 and s.rejected == 0, s
+        assert not hub.errors
+        # a later view that a member leaves sends nothing more: the turn went again once
+        hub.remove("p005")
+        await settle(hub, relays)
+        assert all(r.stats.resent == 1 for i, r in enumerate(relays) if i not in (3, 5))
+    asyncio.run(main())
+
+
+def test_a_message_sent_again_that_comes_late_does_not_tell_its_origin():
+    """With state, a gradient that comes after this peer's turn went past it is dropped as
+    late; marked as sent again (r = 1) its lateness is the lost first copy's, not its
+    origin's: no grad_late. Any other r refuses the message."""
+    async def main():
+        hub = SimHub(topology="ring")
+        la, lb = hub.add_many(2)
+        notices = []
+        a = GradientRelay(la, D, state=Copy().state)
+        lb.on(GRAD_LATE, notices.append)
+        assert a.take(before=6) == []
+        body = {"o": lb.id, "h": 1, "c": 3, "meta": META, "r": 1}
+        await lb.send(la.id, GRAD, dict(body, s=1), [np.ones(D, np.float32)])
+        await settle(hub, [a])
+        assert a.stats.late == 1 and a.pending == 0 and notices == []
+        with pytest.raises(WireError, match="r must be 1"):
+            a._accept(wire.Message(GRAD, lb.id, body=dict(body, s=2, c=7, r=2), arrays=[np.ones(D, np.float32)]),
+                      a._send)
+        assert a.stats.rejected == 1 and a.pending == 0 and a._seen[lb.id].has(2) is False
+        await lb.send(la.id, GRAD, dict(body, s=3, c=7), [np.ones(D, np.float32)])   # r = 1, in time
+        await settle(hub, [a])
+        assert a.pending == 1 and a.stats.received == 1
+        assert not hub.errors
+    asyncio.run(main())
+
+
+def test_the_clocks_copies_brought_are_kept_bounded():
+    """Ten copies of 256 pending gradients each: the relay keeps the newest clocks per
+    origin, as many as it keeps of the clocks it got, and forgets an origin that left."""
+    async def main():
+        hub = SimHub(topology="full")
+        links = hub.add_many(2)
+        a = GradientRelay(links[0], D, state=Copy().state)
+        a._sched = (3, 0, 1)
+        zero = np.zeros(D, np.float32)
+        for k in range(10):
+            clock = 1000 * k
+            snap = Snapshot(links[1].id, clock, None, "test", {}, [],
+                            _pending=[(clock + 1 + j, links[1].id, zero) for j in range(256)])
+            a._arrived = snap
+            a.adopt(snap)
+            assert len(a._brought[links[1].id]) <= 2 * _RECENT_CLOCKS
+        assert max(a._brought[links[1].id]) == 9000 + 256
+        hub.remove(links[1].id)
+        for _ in range(17):   # more ids that it has entries of leave than it keeps
+            (lx,) = hub.add_many(1)
+            await lx.send(links[0].id, GRAD, {"o": lx.id, "s": 1, "h": 1, "c": 0, "meta": META},
+                          [np.ones(D, np.float32)])
+            await settle(hub, [a])
+            hub.remove(lx.id)
+        assert links[1].id not in a._brought
+    asyncio.run(main())
+
+
+def test_seqs_keep_the_most_hops_left_and_whether_the_origin_sent_a_copy():
+    s = _Seqs(100, hops=1, direct=False)
+    assert s.has(100) and not s.has(99)
+    assert s.again(100, 1, False) == (False, False)    # as many hops: a plain copy
+    assert s.again(100, 3, True) == (True, True)       # more, and the origin's own
+    assert s.again(100, 2, True) == (False, False)     # fewer, and the origin's again
+    assert s.again(100, 4, False) == (True, False)
+    assert s.add(101, hops=300) and s.again(101, 10_000, False) == (False, False)   # past 126 hops: as many
+    assert s.again(50, 5, True) == (False, False)      # never seen
+    assert s.add(100 + 4096 * 2) and s.again(100, 9, True) == (False, False)   # below the window now
