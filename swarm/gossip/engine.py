@@ -22,7 +22,9 @@ Streams and copies
 
     A receiver that is new to a stream, whose send failed, or that reports a gap
     (``gsp_nack``) is sent the *full* public copy (dense float32) instead of a
-    delta, so nobody ever applies a delta to a copy it never had.
+    delta, so nobody ever applies a delta to a copy it never had. A stream that
+    restarts (forgotten, or after bootstrap()) takes versions above every version
+    the engine has sent, so none is one the receiver still holds from before.
 
     With the identity codec x̂ becomes x exactly each round, so every message is
     the full state (a snapshot of x: the same bytes as the delta) and receivers
@@ -90,6 +92,12 @@ MODES = ("params", "pseudo_gradient")
 # streams the least recently used is forgotten (its next meeting starts full).
 # The one-peer exponential graph keeps its τ = ceil(log2 n) receivers' streams.
 _MAX_EDGE_STREAMS = 8
+
+# Streams dropped because their receiver left the view are remembered (their keys
+# only) for this many receivers, the latest to leave: one that comes back gets a
+# restarted stream, full and above the old versions (see Gossip._stream_for), not a
+# new one from version 1 that its old copy could take for its own.
+_FORGOTTEN_LEFT = 256
 
 # Receivers keep the copies of this many times as many senders as a sender keeps
 # streams (see Gossip._drop_unused_copies), the most recently heard from. A copy is
@@ -378,7 +386,13 @@ class Gossip:
         self._per_edge = topology in topo.TIME_VARYING
         self._sends_state = probe.name == "identity"   # see round()
         self._out: OrderedDict[str, _OutStream] = OrderedDict()  # key "" = broadcast stream
-        self._forgotten: set[str] = set()   # keys of streams dropped mid-run (see _stream_for)
+        # keys of streams dropped mid-run, oldest first (see _stream_for, _drop_stream)
+        self._forgotten: dict[str, None] = {}
+        # Above every version a dropped stream of this engine reached: a restarted
+        # stream's versions start here (see _stream_for). From the time in µs, as the
+        # relay numbers its gradients: a process restarted under its old id (and
+        # bootstrapped) does not reuse its dead process's versions either.
+        self._ver_floor = time.time_ns() // 1000
         self._in: OrderedDict[str, _InCopy] = OrderedDict()   # least recently heard from first
         self._arrived = asyncio.Event()
         # Senders a round waited for until its deadline, in vain: later rounds do not
@@ -506,8 +520,10 @@ class Gossip:
         return i, snd, rcv, w
 
     def _on_view(self, view: View) -> None:
-        # Neighbours follow the new view at the next round; copies of peers that
-        # left are dropped so a later return starts from a full state.
+        # Neighbours follow the new view at the next round (a round in flight mixes
+        # by it: see _senders_now); copies of peers that left are dropped so a later
+        # return starts from a full state, and so are streams to them, remembered
+        # as forgotten (the latest _FORGOTTEN_LEFT to leave) for the same reason.
         if view.epoch < self._view.epoch:
             return
         self._view = view
@@ -515,8 +531,10 @@ class Gossip:
         for src in [s for s in self._in if s not in present]:
             del self._in[src]
         for key in [k for k in self._out if k and k not in present]:
-            del self._out[key]
-        self._forgotten = {k for k in self._forgotten if not k or k in present}
+            self._drop_stream(key)
+        left = [k for k in self._forgotten if k and k not in present]
+        for k in left[:max(0, len(left) - _FORGOTTEN_LEFT)]:
+            del self._forgotten[k]
         self._late &= present   # a member that comes back under its id is waited for again
         for s in self._out.values():
             s.synced &= present
@@ -751,8 +769,8 @@ class Gossip:
         got = await asyncio.gather(*(fetch(i) for i in range(k)))
         for i, (_, a) in enumerate(got):
             self.x[bounds[i]:bounds[i + 1]] = a
-        self._forgotten.update(self._out)   # our old public copies are void:
-        self._out.clear()                   # receivers get full states
+        for key in list(self._out):   # our old public copies are void:
+            self._drop_stream(key)    # receivers get full states
         self.reset_anchor()
         self.t = max(self.t, self._boot_round)   # and we join the swarm's round, not round 0
         return [d for d, _ in got]
@@ -767,19 +785,37 @@ class Gossip:
             return s
         s = _OutStream(self.d, make_codec(self.codec_spec), self._shared_delta, written)
         if key in self._forgotten and not self._sends_state:
-            # A forgotten stream (random pairing past _MAX_EDGE_STREAMS partners, or
-            # after bootstrap()) restarts from x itself, sent full. From zero, its
-            # first deltas (top-k of x) left both ends' copies sparse and pulled x
-            # towards them at every restart: top-10% over 16 live peers stayed at
-            # 0.25 of the starting consensus error after 800 rounds (8 peers: 2e-5).
+            # A forgotten stream (random pairing past _MAX_EDGE_STREAMS partners, a
+            # receiver that left the view and came back, or after bootstrap())
+            # restarts from x itself, sent full. From zero, its first deltas (top-k
+            # of x) left both ends' copies sparse and pulled x towards them at every
+            # restart: top-10% over 16 live peers stayed at 0.25 of the starting
+            # consensus error after 800 rounds (8 peers: 2e-5).
             if not _fill_finite(s.hat, self.x):
                 raise self._nonfinite()
-            s.ver, s.zeroed = 1, False   # a version the receiver never had: sent full
-            self._forgotten.discard(key)
+            # Its versions start above every version this engine has sent, so the
+            # receiver never holds one of them from the stream's earlier life. From
+            # version 1 again, its first message (a full state at version 2) can be
+            # lost on the way with send reporting it sent, and the next delta
+            # (version 3) applied to the receiver's copy of version 2 from before:
+            # the two ends' copies differed for good, and nothing counted it
+            # (random pairing, topk:0.5: the pair's sum went from 706 to −9,427 over
+            # 300 loss-free rounds). Now that delta finds no copy of its base: the
+            # receiver counts it out of sync and nacks, and gets a full state.
+            s.ver, s.zeroed = self._ver_floor + 1, False   # sent full (never synced)
+        self._forgotten.pop(key, None)
         self._out[key] = s
         if self._per_edge and len(self._out) > self._stream_cap():
-            self._forgotten.add(self._out.popitem(last=False)[0])
+            self._drop_stream(next(iter(self._out)))
         return s
+
+    def _drop_stream(self, key: str) -> None:
+        """Drop the stream ``key`` and remember it as forgotten: the next stream for
+        that key restarts from x, sent full, at versions above all of this one's."""
+        s = self._out.pop(key)
+        self._ver_floor = max(self._ver_floor, s.ver)
+        self._forgotten.pop(key, None)   # latest last (see _on_view)
+        self._forgotten[key] = None
 
     def _stream_cap(self) -> int:
         """Per-receiver streams a peer keeps on a time-varying graph (see ``_MAX_EDGE_STREAMS``)."""
@@ -891,6 +927,7 @@ class Gossip:
             t = max([t] + [r - slack for r in newest])
         res = RoundResult(round=t)
         me, senders, receivers, w = self._positions(t)
+        began = bool(senders)
         if me < 0:
             res.reason = "not a member of the current view"
         # 1. compress and send our deltas (full state to anyone not in sync).
@@ -989,6 +1026,10 @@ class Gossip:
             # a sender whose copy broke this round (gap, bad delta) is repaired by a
             # full state next round; waiting for it now would only burn the timeout
             broken |= await self._drain(upto)
+            # the view may have changed (while we sent, waited or nacked): wait for
+            # and mix the senders it decides, with its weights; nothing below awaits
+            # before the mix
+            senders, w = self._senders_now(t, senders, w)
             waiting = [] if need is None else [j for j in senders if self._copy_round(j) < need
                                                and j not in broken and j not in self._late
                                                and not self._went_past(j, t)]
@@ -1009,11 +1050,12 @@ class Gossip:
                 await asyncio.wait_for(self._arrived.wait(), left)
             except TimeoutError:
                 pass
-            # the view may have changed while we waited
-            senders = [j for j in senders if self._view.index(j) >= 0]
         res.waited_s = time.monotonic() - t0
 
-        # 3. mix with every sender whose copy is usable.
+        # 3. mix with every sender whose copy is usable (w: the weights of the view
+        # that decided the senders, above)
+        if me >= 0 and self._view.index(self.link.id) < 0 and not res.reason:
+            res.reason = "left the view during the round"
         usable = [j for j in senders if j in self._in and self._in[j].ver >= 0
                   and (need is None or self._in[j].round >= need)]
         res.missing = [j for j in senders if j not in usable]
@@ -1032,8 +1074,9 @@ class Gossip:
         else:
             self.stats.rounds_alone += 1
             if not res.reason:
-                res.reason = ("alone in the view" if not senders
-                              else "no neighbour's state arrived in time")
+                res.reason = ("no neighbour's state arrived in time" if senders
+                              else "the view changed during the round and left it no sender" if began
+                              else "alone in the view")
         self._drop_unused_copies(senders)
         # what arrived since the last round, not only during this one: neighbours'
         # messages mostly land while this peer trains between rounds
@@ -1057,6 +1100,30 @@ class Gossip:
     def _has_averaged(self) -> bool:
         """Whether any round so far mixed with a neighbour."""
         return self.stats.rounds > self.stats.rounds_alone
+
+    def _senders_now(self, t: int, senders: list[str], w: dict[str, float]) -> tuple[list[str], dict[str, float]]:
+        """Of ``senders`` (round ``t``'s, as the round began), those that the current
+        view makes senders of round ``t`` too, and that view's weights.
+
+        Both ends of an edge must mix it with the same weight, or the pair's terms do
+        not cancel and the swarm's sum moves. A view change that lands while this
+        round waits is the view of a neighbour whose round starts after it, so this
+        round mixes by it too: it kept the weights of the view the round began in
+        while its senders followed the new one (a 3-ring losing a peer mid-round: one
+        survivor mixed with weight 1/3, the other with 1/2, and their sum went from
+        120 to 100). A sender that the new view does not make one this round is left
+        out (under that view it does not mix this peer). Ends that see the view
+        change at different times still mix with different weights (docs/gossip.md).
+        A view the topology cannot take (a hypercube of 3) raises at the next round;
+        this one keeps its weights and drops only the senders that left."""
+        try:
+            _, now, _, w_now = self._positions(t)   # cached per view: the same w while it stands
+        except ConfigError:
+            return [j for j in senders if self._view.index(j) >= 0], w
+        if w_now is w:
+            return senders, w
+        now = set(now)
+        return [j for j in senders if j in now], w_now
 
     def _went_past(self, j: str, t: int) -> bool:
         """Whether ``j`` has sent a message of a round after ``t``: its messages arrive
