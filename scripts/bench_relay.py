@@ -116,7 +116,7 @@ def coordinator_main(addr: str) -> None:
 
 
 def swarm_peer(rank: int, addr: str, n: int, d: int, every: float, out: "mp.Queue | None",
-               direct: bool = False) -> None:
+               ready: "mp.Event", direct: bool = False) -> None:
     import uvloop
 
     from swarm.gossip import GradientRelay
@@ -132,8 +132,12 @@ def swarm_peer(rank: int, addr: str, n: int, d: int, every: float, out: "mp.Queu
         relay = sp.call(build())
         if direct:
             relay.ready(timeout=30)
-        else:
-            time.sleep(0.5)   # the other's relay handles gradients by then
+        if out is not None:
+            ready.set()   # the receiver's relay handles gradients from now on
+        elif not ready.wait(timeout=30):
+            # (it slept 0.5 s for it: under load the receiver's relay came later, and the
+            # peer dropped the first gradients as of a type nothing handled)
+            raise SystemExit("the receiving peer's relay was not ready within 30 s")
         if out is None:          # the publisher
             g = gradient(d)
             for i in range(n):
@@ -168,10 +172,12 @@ def run(kind: str, n: int, d: int, every: float, timeout: float = LEG_TIMEOUT_S)
                      ctx.Process(target=raw_sender, args=(port, n, d, every), name="raw sender")]
         else:
             addr = f"tcp://127.0.0.1:{free_port()}"
-            direct = kind == "direct"
+            direct, ready = kind == "direct", ctx.Event()
             procs = [ctx.Process(target=coordinator_main, args=(addr,), daemon=True, name="coordinator"),
-                     ctx.Process(target=swarm_peer, args=(1, addr, n, d, every, out, direct), name="receiving peer"),
-                     ctx.Process(target=swarm_peer, args=(0, addr, n, d, every, None, direct), name="sending peer")]
+                     ctx.Process(target=swarm_peer, args=(1, addr, n, d, every, out, ready, direct),
+                                 name="receiving peer"),
+                     ctx.Process(target=swarm_peer, args=(0, addr, n, d, every, None, ready, direct),
+                                 name="sending peer")]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout
