@@ -206,13 +206,7 @@ def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
     """
     env = os.environ if environ is None else environ
     if env.get("SWARM_COORDINATOR"):
-        from .transport import member_address_error  # noqa: PLC0415 - zmq only when needed
-        addrs = [a.strip() for a in env["SWARM_COORDINATOR"].split(",") if a.strip()]
-        for a in addrs:
-            if why := member_address_error(a):
-                raise SwarmError(f"SWARM_COORDINATOR={env['SWARM_COORDINATOR']!r}: {why} "
-                                 "(a comma-separated list of coordinator addresses)")
-        return addrs
+        return _coordinators(env["SWARM_COORDINATOR"], f"SWARM_COORDINATOR={env['SWARM_COORDINATOR']!r}")
     host = env.get("MASTER_ADDR", "").strip()
     if not host:
         return []
@@ -226,6 +220,44 @@ def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
         raise SwarmError(f"SWARM_COORDINATOR_PORT={env['SWARM_COORDINATOR_PORT']!r} is not a port: "
                          "expected a number in 1..65535")
     return [f"tcp://{host}:{int(port)}"]
+
+
+def _coordinators(text: str, source: str) -> list[str]:
+    """The coordinator addresses in ``text`` (comma-separated), each checked as the
+    coordinator checks a member's address; ``source`` (``--coordinator 'TEXT'``,
+    ``SWARM_COORDINATOR='TEXT'``) names where they came from in the error. Checked
+    here, as libzmq would take some (an IPv6 address) and retry them in vain until
+    the join timeout."""
+    from .transport import member_address_error  # noqa: PLC0415 - zmq only when needed
+
+    addrs = [a.strip() for a in text.split(",") if a.strip()]
+    for a in addrs:
+        if why := member_address_error(a):
+            raise SwarmError(f"{source}: {why}{_ipv4_only(a)} (a comma-separated list of coordinator addresses)")
+    return addrs
+
+
+def _bind_error(addr: str) -> str:
+    """Why ``addr`` cannot be a peer's bind address, or "": ``tcp://HOST:PORT`` as a
+    member's address must be (neighbours dial what it binds), where HOST may also be
+    ``*`` (every interface) and PORT ``*`` or 0 (a free one)."""
+    from .transport import member_address_error  # noqa: PLC0415 - zmq only when needed
+
+    head, sep, port = addr.rpartition(":")
+    if sep and port in ("*", "0"):
+        port = "1"
+    if head == "tcp://*":
+        head = "tcp://0.0.0.0"
+    if not member_address_error(f"{head}{sep}{port}"):
+        return ""
+    return (f"{addr!r:.80} is not tcp://HOST:PORT (HOST a host name, an IPv4 address or *; PORT in 1..65535, "
+            f"or * for a free one){_ipv4_only(addr)}")
+
+
+def _ipv4_only(addr: str) -> str:
+    """A hint for an address that looks like IPv6 (the transport does not enable it), else ""."""
+    host = addr.removeprefix("tcp://").rpartition(":")[0]
+    return "; swarm connects over IPv4 only" if "[" in host or ":" in host else ""
 
 
 def _is_ipv6(text: str) -> bool:
@@ -262,6 +294,25 @@ def _env_rank(env: Mapping[str, str]) -> tuple[str, int] | None:
         if r < 0:
             raise SwarmError(f"{key}={r} must be >= 0")
         return f"{key}={value!r}", r
+    return None
+
+
+#: the variables that give the launcher's number of processes, for each that gives a rank
+#: (SWARM_RANK has none: swarm's own launchers pass --rank)
+_WORLD_KEYS = {"SLURM_PROCID": ("SLURM_NTASKS", "SLURM_NPROCS"), "RANK": ("WORLD_SIZE",)}
+
+
+def _env_world(env: Mapping[str, str], from_env: str) -> tuple[str, int] | None:
+    """``(KEY='VALUE', n)``: the number of processes that the launcher which set the rank
+    variable of ``from_env`` (``KEY='VALUE'``, from :func:`_env_rank`) started, from its
+    own variable (Slurm's SLURM_NTASKS, torchrun's WORLD_SIZE); None when it sets none."""
+    for key in _WORLD_KEYS.get(from_env.partition("=")[0], ()):
+        value = env.get(key, "").strip()
+        if value == "":
+            continue
+        if not (value.isascii() and value.isdigit() and int(value) > 0):
+            raise SwarmError(f"{key}={env[key]!r} is not a number of processes ({from_env} gives the rank)")
+        return f"{key}={env[key]!r}", int(value)
     return None
 
 
@@ -324,19 +375,29 @@ def cmd_peer(args: argparse.Namespace) -> int:
     from .peer import Peer
 
     cfg: PeerConfig = _config(args, *([f"peer.topology={args.topology}"] if args.topology else [])).peer
-    coords = ([a.strip() for a in args.coordinator.split(",") if a.strip()] if args.coordinator
-              else (cfg.coordinators or env_coordinator()))
+    # every address is checked before anything starts: libzmq would take an IPv6 one and
+    # retry it in vain until the join timeout ("no coordinator answered")
+    if args.coordinator:
+        coords = _coordinators(args.coordinator, f"--coordinator {args.coordinator!r}")
+    elif cfg.coordinators:
+        coords = _coordinators(",".join(cfg.coordinators), f"peer.coordinators = {cfg.coordinators!r}")
+    else:
+        coords = env_coordinator()
     if not coords:
         raise SwarmError("no coordinator: pass --coordinator tcp://HOST:PORT or set SWARM_COORDINATOR")
     cfg.coordinators = coords
     if args.bind:
         cfg.bind = args.bind
+    if why := _bind_error(cfg.bind):
+        raise SwarmError(f"{'--bind' if args.bind else 'peer.bind'}: {why}")
     if args.id:
         cfg.id = args.id
     from_env = None
     if args.rank is not None:
         cfg.rank = args.rank
-    elif cfg.rank < 0:
+    elif cfg.rank < 0 and not args.replace:
+        # a replacement takes the dead member's rank (the coordinator's, or with --spec the
+        # one its id names), not the launcher's: in an sbatch shell SLURM_PROCID is 0
         from_env, cfg.rank = _env_rank(os.environ) or (None, -1)
     if args.replace:
         if args.id and args.id != args.replace:
@@ -361,6 +422,11 @@ def cmd_peer(args: argparse.Namespace) -> int:
             cfg.rank = named
         if cfg.rank < 0:
             raise SwarmError("--spec needs a rank: pass --rank N (or set SWARM_RANK)")
+        if from_env and (world := _env_world(os.environ, from_env)) and world[1] != spec.peers:
+            # each task would wait for peers that never come (60 s), or be refused its rank
+            raise SwarmError(f"{world[0]}: the launcher started {world[1]} processes (this one's rank is "
+                             f"{from_env}), but the spec {args.spec} has peers = {spec.peers}; start one "
+                             "process per peer, or change the spec's peers")
         if named is None and from_env and cfg.rank >= spec.peers:
             raise SwarmError(f"{from_env} gives rank = {cfg.rank}: the spec has peers = {spec.peers}, "
                              f"so ranks are 0..{spec.peers - 1}")
@@ -699,7 +765,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--bind", help="address to bind (default tcp://127.0.0.1:*)")
     q.add_argument("--id", help="peer id (default HOSTNAME-PID)")
     q.add_argument("--replace", metavar="ID", help="take over the role (rank, seeds) of dead member ID")
-    q.add_argument("--rank", type=int, help="requested rank (else SWARM_RANK, SLURM_PROCID or RANK)")
+    q.add_argument("--rank", type=int, help="requested rank (else SWARM_RANK, SLURM_PROCID or RANK; with "
+                   "--replace, the dead member's)")
     q.add_argument("--topology", help="ring, grid, torus, exponential, full ...")
     q.add_argument("--keys", help="CurveZMQ key folder (from `swarm keys generate`)")
     q.add_argument("--key-name", default=None, help="this peer's key pair in --keys (default peer)")

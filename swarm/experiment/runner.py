@@ -224,6 +224,28 @@ def _at_start(run_dir: str | Path, change: Callable[[], Any], path: Path | None 
                           "room on its disk, or pass a --run-dir this process can write") from None
 
 
+def _check_room(path: Path, data: bytes) -> None:
+    """Raise the OSError (naming ``path``) that writing ``data`` to ``path`` would meet now
+    (a full or read-only disk), without touching ``path``: ``data`` goes to a temporary
+    file of this process beside it, synced (a full disk may fail only there), then removed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.check")   # not write_whole's: another process may use that
+    try:
+        write_synced(tmp, data)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from e
+    finally:
+        _discard(tmp)
+
+
+def _discard(path: Path) -> None:
+    """Remove ``path`` if it is there (a temporary file, or a file that must not stay):
+    a failure is logged, as it must not hide the error that led here."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("cannot remove %s: %s", path, e)
+
+
 def _record_resume(out: Path, rec: dict[str, Any], starts: Lineage | None = None) -> None:
     """Write ``out/resumed.json`` (``rec``) and, for a run that ``starts`` there, its
     ``run.json``: both or neither. run.json's temporary file is written first, then
@@ -774,33 +796,39 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         raise ConfigError(f"run folder {run_dir}: cannot create {out} ({e.strerror or e}); "
                           "pass a --run-dir this process can write") from None
     # The run this process trains (run.json): the one the folder holds when it goes on
-    # with it, else a new one. A fresh run records itself at once (and drops the record
-    # of another run's resume, resumed.json), so that a restart after a crash at any
-    # point takes only its own checkpoints for its own; a run resumed from another
-    # folder does once its checkpoint has loaded (a resume that fails leaves the
-    # folder's record as it was). A process killed before that wrote nothing here: the
-    # folder still holds the run it held, which is what a restart then reads.
+    # with it, else a new one. A fresh run records itself as soon as the coordinator has
+    # admitted it (and drops the record of another run's resume, resumed.json), so that a
+    # restart after a crash at any later point takes only its own checkpoints for its own;
+    # a run resumed from another folder does once its checkpoint has loaded (a resume that
+    # fails leaves the folder's record as it was). Not before the join: a second process
+    # started for a rank that is alive (the same command run twice) is refused there, and
+    # must leave the live one's folder as it is, or a later --replace of it would take its
+    # checkpoints for another run's. Whether the folder can take the record (a full or
+    # read-only disk cannot) is checked before the join, though: that is a ConfigError
+    # before anything else, as every later start would meet it. A process killed before
+    # the record wrote nothing here: the folder still holds the run it held, which is
+    # what a restart then reads.
     run = _goes_on(out, peer_dir(resume_from, rank) if resume_from is not None else None, rejoin, new_run)
     same_run = run is not None
-    if run is None and resume_from is None:
+    fresh = resume_from is None and not rejoin   # a start that writes its own summary.json whatever happens
+    new_here = run is None and resume_from is None   # a run starts here now (resumed: once its checkpoint loads)
+    if new_here:
         run = Lineage.new()
-        _at_start(run_dir, lambda: write_lineage(out, run), out / "run.json")
-        _at_start(run_dir, lambda: (out / "resumed.json").unlink(missing_ok=True), out / "resumed.json", "remove")
 
     def drop_summary() -> None:
         # summary.json holds the figures of the process that wrote it. One that writes its own
-        # (a fresh start, whether it trains or not; a resume or restart once it trains: see
-        # `keep` below) removes the one there first, so that an own summary.json that cannot be
-        # written (a full disk) leaves none: the launcher's table would show an earlier one as
-        # this process's figures.
+        # (a fresh start once admitted, whether it trains or not; a resume or restart once it
+        # trains: see `keep` below) removes the one there first, so that an own summary.json
+        # that cannot be written (a full disk) leaves none: the launcher's table would show an
+        # earlier one as this process's figures.
         _at_start(run_dir, lambda: (out / "summary.json").unlink(missing_ok=True), out / "summary.json", "remove")
-
-    if resume_from is None and not rejoin:
-        drop_summary()
 
     coordinators = [coordinator] if isinstance(coordinator, str) else list(coordinator)
     sp = SyncPeer(peer_config, coordinators=coordinators, id=f"peer{rank}", rank=rank, topology=g.topology,
                   edges=g.edges, loop_factory=loop_factory)
+    if new_here:
+        record = json_bytes(run.record(), indent=1)   # what write_lineage writes once it is in
+        _at_start(run_dir, lambda: _check_room(out / "run.json", record), out / "run.json")
     try:
         sp.start(stop=stop)
     except SwarmError:
@@ -812,17 +840,25 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         log.info("peer%d: stopped while joining", rank)
         summary.update(reason="stopped", env_steps=0, episodes=0, rounds=0, final_mean_return=None,
                        eval_return=None, wall_s=time.monotonic() - t0, cpu_s=time.process_time() - cpu0)
-        if not ((resume_from is not None or rejoin) and (out / "summary.json").is_file()):
+        if fresh or not (out / "summary.json").is_file():
             try:
                 write_json(out / "summary.json", summary, indent=2)
-            except OSError as e:   # a full disk: none is left; the process still ends
+            except OSError as e:   # a full disk: none is left (a fresh start's earlier one goes); it still ends
                 log.error("peer%d: summary.json not written: %s", rank, e)
+                if fresh:
+                    _discard(out / "summary.json")
         return summary
     logs: _Logs | None = None
     agent = None
     relay = fed = None
     ckpt: Checkpointer | None = None
     try:
+        if new_here:   # admitted: the fresh run is this folder's now
+            _at_start(run_dir, lambda: write_lineage(out, run), out / "run.json")
+            _at_start(run_dir, lambda: (out / "resumed.json").unlink(missing_ok=True), out / "resumed.json",
+                      "remove")
+        if fresh:
+            drop_summary()
         peer = sp.peer
         assert peer is not None
         tag = spec_tag(spec)
