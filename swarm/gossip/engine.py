@@ -521,7 +521,7 @@ class Gossip:
 
     def _on_view(self, view: View) -> None:
         # Neighbours follow the new view at the next round (a round in flight mixes
-        # by it: see _senders_now); copies of peers that left are dropped so a later
+        # by it when a sender of the round left: see _senders_now); copies of peers that left are dropped so a later
         # return starts from a full state, and so are streams to them, remembered
         # as forgotten (the latest _FORGOTTEN_LEFT to leave) for the same reason.
         if view.epoch < self._view.epoch:
@@ -1026,9 +1026,9 @@ class Gossip:
             # a sender whose copy broke this round (gap, bad delta) is repaired by a
             # full state next round; waiting for it now would only burn the timeout
             broken |= await self._drain(upto)
-            # the view may have changed (while we sent, waited or nacked): wait for
-            # and mix the senders it decides, with its weights; nothing below awaits
-            # before the mix
+            # the view may have changed (while we sent, waited or nacked): when a
+            # sender of the round left it, wait for and mix the senders it decides,
+            # with its weights; nothing below awaits before the mix
             senders, w = self._senders_now(t, senders, w)
             waiting = [] if need is None else [j for j in senders if self._copy_round(j) < need
                                                and j not in broken and j not in self._late
@@ -1102,25 +1102,29 @@ class Gossip:
         return self.stats.rounds > self.stats.rounds_alone
 
     def _senders_now(self, t: int, senders: list[str], w: dict[str, float]) -> tuple[list[str], dict[str, float]]:
-        """Of ``senders`` (round ``t``'s, as the round began), those that the current
-        view makes senders of round ``t`` too, and that view's weights.
+        """Round ``t``'s senders and weights now: those the round began with, unless the
+        view changed since and a sender of the round (or this peer) left it; then those
+        of ``senders`` that the current view makes senders of round ``t`` too, and that
+        view's weights.
 
         Both ends of an edge must mix it with the same weight, or the pair's terms do
-        not cancel and the swarm's sum moves. A view change that lands while this
-        round waits is the view of a neighbour whose round starts after it, so this
-        round mixes by it too: it kept the weights of the view the round began in
-        while its senders followed the new one (a 3-ring losing a peer mid-round: one
-        survivor mixed with weight 1/3, the other with 1/2, and their sum went from
-        120 to 100). A sender that the new view does not make one this round is left
-        out (under that view it does not mix this peer). Ends that see the view
-        change at different times still mix with different weights (docs/gossip.md).
-        A view the topology cannot take (a hypercube of 3) raises at the next round;
-        this one keeps its weights and drops only the senders that left."""
+        not cancel and the swarm's sum moves. A round that waits on a sender that left
+        waits for a view without it, and its neighbours, waiting on it too or starting
+        their rounds after that view, mix by the new view: keeping the old weights here
+        moved a 3-ring that lost a peer mid-round from 120 to 100 (one survivor mixed
+        with 1/3, the other with 1/2). A view that keeps every sender (a member joined)
+        changes nothing in the round: a neighbour may have finished it under the old
+        view already, and following the new one here (a 3-ring joined by a fourth:
+        an edge the new view drops mixed at one end only) moved the sum from 360 to
+        280. Ends that see the view at different points of the round still mix with
+        different weights (docs/gossip.md). A view the topology cannot take (a
+        hypercube of 3) raises at the next round; this one keeps its weights and drops
+        only the senders that left."""
         try:
             _, now, _, w_now = self._positions(t)   # cached per view: the same w while it stands
         except ConfigError:
             return [j for j in senders if self._view.index(j) >= 0], w
-        if w_now is w:
+        if w_now is w or all(self._view.index(j) >= 0 for j in (*senders, self.link.id)):
             return senders, w
         now = set(now)
         return [j for j in senders if j in now], w_now

@@ -209,6 +209,7 @@ class RelayStats:
     stale: int = 0             # of the duplicates, those over _SEQ_WINDOW behind their origin's newest (see _Seqs)
     reforwarded: int = 0       # of the duplicates, those with more hops left than every earlier copy: passed on
     resent: int = 0            # own messages of the last turn sent again at a view that a member left (see _resend)
+    resent_old: int = 0        # of the duplicates, messages sent again of turns before this relay's first view
 
     @property
     def mean_lag_s(self) -> float:
@@ -356,11 +357,16 @@ class GradientRelay:
         self._brought: dict[str, set[int]] = {}   # origin -> clocks of its gradients that adopted copies brought
         self._complete: dict[str, int] = {}  # origin -> last clock of its newest turn waited for (with first)
         self._held: list[tuple[int, dict[str, Any] | None, list[np.ndarray]]] = []   # publish(hold=True)
-        # this peer's own messages (body, gradient frames) of its turn going on, and of its last
-        # one: sent again at a view that a member left (see _resend)
-        self._turn: collections.deque[tuple[dict[str, Any], list[np.ndarray]]] = collections.deque(maxlen=_MAX_BUNDLE)
-        self._last_turn: tuple[tuple[dict[str, Any], list[np.ndarray]], ...] = ()
+        # this peer's own messages (body, gradient frames, view epoch when published) of its
+        # turn going on (its last _MAX_BUNDLE) and of its last one: sent again at a view that
+        # a member left (see _resend); written and read under _cond
+        self._turn: collections.deque[tuple[dict[str, Any], list[np.ndarray], int]] = \
+            collections.deque(maxlen=_MAX_BUNDLE)
+        self._last_turn: tuple[tuple[dict[str, Any], list[np.ndarray], int], ...] = ()
         self._members = {m.id for m in link.view.members}   # the last view's, to see who left
+        # the epoch of the first view listing this peer (None: none yet): what is sent again
+        # of turns from before it is not applied here (see _predates)
+        self._since: int | None = link.view.epoch if link.id in self._members else None
         self._resent_in: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()   # (origin, number)
         self._cond = threading.Condition()
         self.stats = RelayStats()
@@ -491,10 +497,13 @@ class GradientRelay:
             frames = [f for _, _, hf in held for f in hf] + frames
         if extra is not None:   # the rider's arrays go last: [its body, their count]
             body["x"] = [extra[0], len(extra[1])]
+        # noted before it goes: a view that a member left, coming while it is sent (on the
+        # loop, or on the old routes from this thread), sends it again (see _resend)
+        with self._cond:
+            self._turn.append((body, frames, self.link.view.epoch))
+            if not hold:   # the turn ends here (a held update went because the message was full)
+                self._last_turn, self._turn = tuple(self._turn), collections.deque(maxlen=_MAX_BUNDLE)
         self._send_own(body, frames, [] if extra is None else extra[1])
-        self._turn.append((body, frames))
-        if not hold:   # the turn ends here (a held update went because the message was full)
-            self._last_turn, self._turn = tuple(self._turn), collections.deque(maxlen=_MAX_BUNDLE)
         return out
 
     def _fit(self) -> tuple[int, int, int]:
@@ -1123,23 +1132,31 @@ class GradientRelay:
 
     def _resend(self, view: Any) -> None:
         """On the loop, at a view that a member left: send this peer's messages of its last
-        turn again, once, along the new routes (without their ride), marked ``r``. Copies
-        that went through the member that left, and that it had not passed on yet, are lost
-        for the peers behind it; those that have the message drop this one as a copy (by
-        its number), and those whose turn went past it drop it as late without telling its
-        origin. Only the last turn: what went into the member between its death and this
-        view, before that turn, stays lost (nothing counts it)."""
+        turn again, once each, and those sent so far of the turn going on (publish(hold=True);
+        its last _MAX_BUNDLE), along the new routes (without their ride), marked ``r`` and
+        with the epoch of the view they were published in (``e``). Copies that went through the
+        member that left, and that it had not passed on yet, are lost for the peers behind
+        it; those that have the message drop this one as a copy (by its number), those
+        whose turn went past it drop it as late without telling its origin, and those that
+        joined after it was published do not apply it (see _predates). Only the last turn:
+        what went into the member between its death and this view, before that turn, stays
+        lost (nothing counts it)."""
         present = {m.id for m in view.members}
         left, self._members = self._members - present, present
-        msgs = self._last_turn
-        if not left or not msgs or self._closed:
+        if self._since is None and self.link.id in present:
+            self._since = view.epoch
+        if not left or self._closed:
             return
-        if self._last_turn is msgs:   # (a turn published meanwhile on another thread is sent on the new routes)
+        with self._cond:   # publish notes its messages under it, from any thread
+            msgs = self._last_turn + tuple(self._turn)
             self._last_turn = ()
+            self._turn.clear()   # the turn goes on; what was sent of it goes again only once
+        if not msgs:
+            return
         routes = self._routes()
-        for body, frames in msgs:
+        for body, frames, epoch in msgs:
             again = {k: v for k, v in body.items() if k != "x"}
-            again["r"] = 1
+            again["r"], again["e"] = 1, epoch
             n = _nbytes(frames)
             for dst, hops in routes:
                 self._send(dst, dict(again, h=hops), frames, n, forwarding=False)
@@ -1163,13 +1180,14 @@ class GradientRelay:
         if not (isinstance(origin, str) and _int(seq, 0) and isinstance(hops, int) and isinstance(meta, dict)):
             self.stats.rejected += 1
             raise WireError(f"grad from {msg.src}: body needs o (str), s (int >= 0), h (int) and meta (dict)")
+        if b.get("r", 1) != 1 or not _int(b.get("e", 0), 0):   # copies seen before too
+            self.stats.rejected += 1
+            raise WireError(f"grad {origin}#{seq} from {msg.src}: r must be 1 (sent again) and e a view "
+                            f"epoch (an int >= 0) when given")
         seen = self._seen.get(origin)   # checked again under the lock, before anything is queued
         if origin == self.link.id or (seen is not None and seen.has(seq)):
             self._again(msg, None if origin == self.link.id else seen, arrays, nbytes, ride_arrays, send)
             return
-        if b.get("r", 1) != 1:
-            self.stats.rejected += 1
-            raise WireError(f"grad {origin}#{seq} from {msg.src}: r must be 1 (sent again) when given")
         t, c = b.get("t"), b.get("c")
         if not _is_clock(c):   # publish sends no other (a wait or take(before) would misplace it)
             self.stats.rejected += 1
@@ -1236,9 +1254,13 @@ class GradientRelay:
                 again = True
             if not again:
                 self._first_resent(origin, seq, b)
-                late = self._queue(origin, items, back, sent_at)
-                self._note(origin, ann, dg)
-                self._cond.notify_all()
+                if self._predates(b):
+                    self.stats.duplicates += 1
+                    self.stats.resent_old += 1
+                else:
+                    late = self._queue(origin, items, back, sent_at)
+                    self._note(origin, ann, dg)
+                    self._cond.notify_all()
         if again:
             self._again(msg, seen, forward, nbytes, ride_arrays, send)
             return
@@ -1313,6 +1335,15 @@ class GradientRelay:
             for dst in self.link.neighbours():
                 if dst != msg.src and dst != origin:
                     send(dst, fwd, forward, nbytes, forwarding=True)
+
+    def _predates(self, b: dict[str, Any]) -> bool:
+        """Whether ``b`` was sent again (:meth:`_resend`) of a turn published before the
+        first view listing this peer: a peer that joins starts from parameters that the
+        others' earlier turns went into. It is passed on, not applied; before, a peer that
+        joined took the members' last turns at the first view that one of them left. One
+        without ``e`` (an older peer's) is applied as before."""
+        e = b.get("e")
+        return "r" in b and e is not None and (self._since is None or e < self._since)
 
     def _first_resent(self, origin: str, seq: int, b: dict[str, Any]) -> bool:
         """Under the lock: whether ``b`` is the first copy here of a message sent again

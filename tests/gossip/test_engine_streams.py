@@ -233,3 +233,67 @@ def test_streams_to_members_that_left_are_remembered_for_the_latest_to_leave_onl
         return [k for k in g._forgotten if k and k not in present], had
     left, had = asyncio.run(main())
     assert left == had[-2:]
+
+
+@pytest.mark.parametrize("topology", ["ring", "full"])
+def test_a_member_joining_mid_round_leaves_the_round_as_it_began(topology):
+    # 3 peers (ring and full: the same triangle, weights 1/3). p001's state to p000 is
+    # held, so p001 and p002 finish round 0 under the old view (mixing p000 with 1/3)
+    # while p000 waits; then p003 joins. The round p000 began keeps its senders and
+    # weights: following the new view it dropped the edge to p002 (4-ring) or mixed
+    # with 1/4 (full of 4) while its neighbours had mixed it by the old one, and the
+    # three's sum moved (ring: 360 to 280).
+    from gossip.test_relay_paths import HoldHub
+
+    async def main():
+        hub = HoldHub(topology=topology)
+        links = hub.add_many(3)
+        xs = [np.full(4, v, np.float32) for v in (0.0, 30.0, 60.0)]
+        engines = [Gossip(lk, x, topology=topology, round_timeout=30.0) for lk, x in zip(links, xs)]
+        s0 = total(xs)
+        hub.hold = {("p001", "p000")}
+        first = asyncio.create_task(engines[0].round())
+        try:
+            await asyncio.sleep(0)                   # p000 has sent and waits
+            r1, r2 = await asyncio.wait_for(asyncio.gather(engines[1].round(), engines[2].round()), 30.0)
+            assert not first.done()
+            hub.add_many(1)                          # p003 joins (it runs no round 0)
+            await asyncio.sleep(0.01)
+            hub.release()
+            r0 = await asyncio.wait_for(first, 30.0)
+        finally:
+            first.cancel()
+        assert not hub.errors
+        return s0, total(xs), r0, r1, r2
+    s0, s1, r0, r1, r2 = asyncio.run(main())
+    assert r0.participants == ["p001", "p002"], r0
+    assert r1.participants == ["p000", "p002"] and r2.participants == ["p000", "p001"]
+    assert s1 == pytest.approx(s0, rel=1e-6)
+
+
+def test_a_member_leaving_a_full_graph_mid_round_moves_every_survivor_to_the_new_weights():
+    # Full graph of 4 (weights 1/4); p003 leaves while all three survivors wait on it.
+    # A sender of their round left, so each mixes by the new view (1/3): the same
+    # weight at both ends of every edge, and the survivors' sum stays.
+    async def main():
+        hub = SimHub(topology="full")
+        links = hub.add_many(4)
+        xs = [np.full(4, v, np.float32) for v in (0.0, 30.0, 60.0, 90.0)]
+        engines = [Gossip(lk, x, topology="full", round_timeout=30.0) for lk, x in zip(links, xs)]
+        engines[3].close()                           # p003 runs no round: it is leaving
+        s0 = total(xs[:3])
+        tasks = [asyncio.create_task(g.round()) for g in engines[:3]]
+        try:
+            await asyncio.sleep(0.01)
+            assert not any(t.done() for t in tasks)
+            hub.remove("p003")
+            res = await asyncio.wait_for(asyncio.gather(*tasks), 30.0)
+        finally:
+            for t in tasks:
+                t.cancel()
+        return s0, total(xs[:3]), res, xs
+    s0, s1, res, xs = asyncio.run(main())
+    assert [len(r.participants) for r in res] == [2, 2, 2]
+    assert s1 == pytest.approx(s0, rel=1e-6)
+    for x in xs[:3]:
+        np.testing.assert_allclose(x, 30.0, rtol=1e-6)   # exact gossip of three: all at the mean

@@ -278,3 +278,132 @@ def test_seqs_keep_the_most_hops_left_and_whether_the_origin_sent_a_copy():
     assert s.add(101, hops=300) and s.again(101, 10_000, False) == (False, False)   # past 126 hops: as many
     assert s.again(50, 5, True) == (False, False)      # never seen
     assert s.add(100 + 4096 * 2) and s.again(100, 9, True) == (False, False)   # below the window now
+
+
+def test_a_peer_that_joined_after_a_turn_does_not_apply_it_when_it_is_sent_again():
+    """4-ring: every peer publishes and every gradient is taken. p004 joins (it starts
+    from what the others hold), then p001 leaves: the survivors send their last turns
+    again, and p004 passes them on without applying them (before, it took the gradients
+    of origins 0, 2 and 3). The others drop them as copies, as before."""
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(4)
+        relays = [GradientRelay(lk, D, topology="ring") for lk in links]
+        for i, r in enumerate(relays):
+            r.publish(np.full(D, i, np.float32), clock=i)
+        await settle(hub, relays)
+        assert all(len(r.take()) == 3 for r in relays)
+        (l4,) = hub.add_many(1)
+        r4 = GradientRelay(l4, D, topology="ring")
+        await settle(hub, relays)
+        hub.remove("p001")
+        await until(lambda: r4.stats.duplicates >= 3)
+        assert [int(g[0]) for g in r4.take()] == [] and r4.pending == 0
+        assert r4.stats.resent_old == r4.stats.duplicates == 3 and r4.stats.received == 0 and r4.stats.rejected == 0
+        assert all(relays[i].take() == [] for i in (0, 2, 3))
+        assert [relays[i].stats.resent for i in (0, 2, 3)] == [1, 1, 1]
+        assert not hub.errors
+    asyncio.run(main())
+
+
+def test_a_message_sent_again_carries_the_epoch_it_was_first_sent_in():
+    """A peer whose first view came after the epoch ``e`` of a message sent again does not
+    apply it; one whose first view came at or before it does, and so does one that got it
+    without ``e`` (an older peer's). A bad ``e`` refuses the message."""
+    async def main():
+        hub = SimHub(topology="ring")
+        la, lb = hub.add_many(2)
+        a = GradientRelay(la, D, topology="ring")
+        since = hub.view.epoch
+        body = {"o": lb.id, "h": 1, "c": 0, "meta": META, "r": 1}
+        for s, extra in [(1, {"e": since - 1}), (2, {"e": since}), (3, {})]:
+            await lb.send(la.id, GRAD, dict(body, s=s, **extra), [np.full(D, s, np.float32)])
+        await settle(hub, [a])
+        assert [int(g[0]) for g in a.take()] == [2, 3]
+        assert a.stats.resent_old == 1 and a.stats.duplicates == 1 and a.stats.received == 2
+        with pytest.raises(WireError, match="e a view epoch"):
+            a._accept(wire.Message(GRAD, lb.id, body=dict(body, s=4, e="1"), arrays=[np.ones(D, np.float32)]),
+                      a._send)
+        assert a.stats.rejected == 1 and a.pending == 0 and not a._seen[lb.id].has(4)
+        assert not hub.errors
+    asyncio.run(main())
+
+
+def test_a_turn_published_while_a_member_leaves_is_sent_again():
+    """6-ring: p002 publishes from a training thread; the loop sends its message (to p001
+    and p003) and installs a view without p003, which took it with it, before publish
+    returned. The turn was noted after it was sent, so the view sent the turn before it
+    again (and forgot it): p004 and p005 never got p002's gradient. It is noted first now."""
+    async def main():
+        hub = SimHub(topology="ring", latency_s=0.01)
+        links = hub.add_many(6)
+        relays = [GradientRelay(lk, D, topology="ring") for lk in links]
+        for i, r in enumerate(relays):
+            r.publish(np.full(D, i, np.float32), clock=i)
+        await asyncio.sleep(0.1)
+        for r in relays:
+            r.take()
+        p2 = relays[2]
+        handed, go = threading.Event(), threading.Event()
+        send_own = p2._send_own
+
+        def held_up(body, frames, extra):   # the thread is descheduled after handing the send over
+            send_own(body, frames, extra)
+            handed.set()
+            go.wait(10)
+        p2._send_own = held_up
+        t = threading.Thread(target=p2.publish, args=(np.full(D, 100, np.float32),), kwargs={"clock": 20})
+        t.start()
+        try:
+            await until(handed.is_set)
+            await asyncio.sleep(0.002)        # the loop sends it on the old routes
+            hub.remove("p003")                # p003 leaves with it on the way
+        finally:
+            go.set()
+            await asyncio.to_thread(t.join)
+        await until(lambda: all(r.pending for i, r in enumerate(relays) if i not in (2, 3)))
+        got = {links[i].id: [int(g[0]) for g in relays[i].take()] for i in (0, 1, 4, 5)}
+        assert got == {lk: [100] for lk in ("p000", "p001", "p004", "p005")}, got
+        assert p2.stats.resent == 1 and not hub.errors
+    asyncio.run(main())
+
+
+def test_the_messages_sent_so_far_of_a_turn_going_on_are_sent_again():
+    """6-ring; p002's turn is too large for one message (two updates each here), and p003
+    leaves after two of its messages went, on their way through it. Both go again (before,
+    only the last finished turn did: p004 and p005 lost the four gradients), and the rest
+    of the turn takes the new routes."""
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(6)
+        relays = [GradientRelay(lk, D, topology="ring") for lk in links]
+        p2 = relays[2]
+        p2._bundle = 2
+        for k in range(4):
+            p2.publish(np.full(D, k, np.float32), clock=k, hold=True)
+        hub.remove("p003")
+        p2.publish(np.full(D, 4, np.float32), clock=4)
+        await settle(hub, relays)
+        for i in (0, 1, 4, 5):
+            got = Counter(int(g[0]) for g in relays[i].take())
+            assert got == dict.fromkeys(range(5), 1), (links[i].id, got)
+        assert p2.stats.resent == 2 and p2.stats.dropped == 0 and not hub.errors
+    asyncio.run(main())
+
+
+def test_a_copy_seen_before_with_a_bad_r_is_refused():
+    """Any r but 1 refuses a message, a copy of one seen before too (before, a copy with
+    r = 7 was taken for one sent again and passed on)."""
+    async def main():
+        hub = SimHub(topology="ring")
+        la, lb, _ = hub.add_many(3)
+        a = GradientRelay(la, D, topology="ring")
+        body = {"o": lb.id, "s": 1, "h": 2, "c": 0, "meta": META}
+        await lb.send(la.id, GRAD, body, [np.ones(D, np.float32)])
+        await settle(hub, [a])
+        sent = a.stats.sent
+        with pytest.raises(WireError, match="r must be 1"):
+            a._accept(wire.Message(GRAD, lb.id, body=dict(body, r=7), arrays=[np.ones(D, np.float32)]), a._send)
+        assert (a.stats.rejected, a.stats.reforwarded, a.stats.duplicates, a.stats.sent) == (1, 0, 0, sent)
+        assert a.pending == 1
+    asyncio.run(main())
