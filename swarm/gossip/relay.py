@@ -210,6 +210,7 @@ class RelayStats:
     reforwarded: int = 0       # of the duplicates, those with more hops left than every earlier copy: passed on
     resent: int = 0            # own messages of the last turn sent again at a view that a member left (see _resend)
     resent_old: int = 0        # of the duplicates, messages sent again of turns before this relay's first view
+    late_resent: int = 0       # with state: grad_late notices about a clock this peer sent again, ignored (see _on_side)
 
     @property
     def mean_lag_s(self) -> float:
@@ -367,7 +368,14 @@ class GradientRelay:
         # the epoch of the first view listing this peer (None: none yet): what is sent again
         # of turns from before it is not applied here (see _predates)
         self._since: int | None = link.view.epoch if link.id in self._members else None
+        # id -> the epoch of the first view listing it, for members that joined after this
+        # relay's first view (of the others it is not known); replaced, never changed, on
+        # the loop: the consumer thread reads it when it passes messages on (direct)
+        self._joined: dict[str, int] = {}
         self._resent_in: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()   # (origin, number)
+        # the clocks of this peer's messages sent again (the newest _RECENT_CLOCKS), on the loop:
+        # a grad_late about one is not about this peer's own lateness (see _on_side)
+        self._resent_clocks: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._cond = threading.Condition()
         self.stats = RelayStats()
         self._bad = tp.BadInput(f"relay {link.id}")
@@ -1140,9 +1148,22 @@ class GradientRelay:
         whose turn went past it drop it as late without telling its origin, and those that
         joined after it was published do not apply it (see _predates). Only the last turn:
         what went into the member between its death and this view, before that turn, stays
-        lost (nothing counts it)."""
+        lost (nothing counts it).
+
+        A neighbour seen to join after a message was published does not get it at all, nor
+        from the peers that pass it on (see _pass_on): a peer older than ``e`` would apply
+        it, though its parameters, taken from the others, hold it. On a ring, whose two
+        routes go half way round each, the other then goes all the way round, so that the
+        peers behind the newcomer get it. The clocks sent again are noted: such a peer
+        whose turn went past one tells its origin (grad_late), as of a first copy, and
+        the origin ignores that (see _on_side)."""
         present = {m.id for m in view.members}
-        left, self._members = self._members - present, present
+        left, joined = self._members - present, present - self._members
+        self._members = present
+        if left or joined:
+            since = {pid: e for pid, e in self._joined.items() if pid in present}
+            since.update(dict.fromkeys(joined, view.epoch))
+            self._joined = since
         if self._since is None and self.link.id in present:
             self._since = view.epoch
         if not left or self._closed:
@@ -1153,14 +1174,31 @@ class GradientRelay:
             self._turn.clear()   # the turn goes on; what was sent of it goes again only once
         if not msgs:
             return
-        routes = self._routes()
+        for body, _, _ in msgs:
+            for c in [body["c"], *(hc for hc, _, _ in body.get("b", ()))]:
+                self._resent_clocks[c] = None
+                self._resent_clocks.move_to_end(c)
+        while len(self._resent_clocks) > _RECENT_CLOCKS:
+            self._resent_clocks.popitem(last=False)
+        routes, n = self._routes(), len(view.members)
+        split = self.topology == "ring" and self.hops is None   # see _routes
         for body, frames, epoch in msgs:
             again = {k: v for k, v in body.items() if k != "x"}
             again["r"], again["e"] = 1, epoch
-            n = _nbytes(frames)
-            for dst, hops in routes:
-                self._send(dst, dict(again, h=hops), frames, n, forwarding=False)
+            to = [(dst, hops) for dst, hops in routes if not self._joined_after(dst, epoch)]
+            if len(to) < len(routes):   # the way through a newcomer is closed
+                log.debug("relay %s: message %d (clock %d) goes again without %d neighbour(s) that joined "
+                          "after it", self.link.id, body["s"], body["c"], len(routes) - len(to))
+                if split:
+                    to = [(dst, max(hops, n - 1)) for dst, hops in to]
+            nbytes = _nbytes(frames)
+            for dst, hops in to:
+                self._send(dst, dict(again, h=hops), frames, nbytes, forwarding=False)
             self.stats.resent += 1
+
+    def _joined_after(self, dst: str, epoch: int) -> bool:
+        """Whether ``dst`` is known here to have joined after the view of ``epoch``."""
+        return self._joined.get(dst, -1) > epoch
 
     def _accept(self, msg: Message, send: Any) -> None:
         """Check, decode and queue a received gradient (or note a pass), hand what rode
@@ -1326,14 +1364,16 @@ class GradientRelay:
         self.rider.arrive(origin, ride[0], ride_arrays)
 
     def _pass_on(self, msg: Message, forward: list[np.ndarray], nbytes: int, send: Any) -> None:
-        """Pass a message on with one hop less, away from where it came from (without its ride)."""
+        """Pass a message on with one hop less, away from where it came from (without its ride);
+        one sent again not to the neighbours seen to join after its epoch (see _resend)."""
         b = msg.body
         hops, origin = b["h"], b["o"]
         if hops > 1:
             fwd = dict(b, h=hops - 1)
             fwd.pop("x", None)
+            e = b.get("e") if "r" in b else None   # checked in _accept
             for dst in self.link.neighbours():
-                if dst != msg.src and dst != origin:
+                if dst != msg.src and dst != origin and not (e is not None and self._joined_after(dst, e)):
                     send(dst, fwd, forward, nbytes, forwarding=True)
 
     def _predates(self, b: dict[str, Any]) -> bool:
@@ -1394,6 +1434,14 @@ class GradientRelay:
         if msg.t == GRAD_LATE:
             if not (_int(b.get("c"), 0) and _int(b.get("at"), 0)):
                 raise WireError(f"grad_late from {src}: c and at must be clocks (int >= 0)")
+            if b["c"] in self._resent_clocks:
+                # from a peer older than r, whose turn went past a message sent again (one that
+                # came before it was sent again is about the first copy): the lateness is the
+                # lost first copy's, and that peer's copy lacks this one's gradient
+                self.stats.late_resent += 1
+                log.debug("relay %s: %s says the message at clock %d came late, which was sent again "
+                          "(see _resend): ignored", self.link.id, src, b["c"])
+                return
         elif msg.t == GRAD_SYNC:
             if not (_int(b.get("r"), 1) and _int(b.get("b"), -1)):
                 raise WireError(f"grad_sync from {src}: needs r (int >= 1) and b (int >= -1)")

@@ -15,7 +15,7 @@ from gossip.test_relay_resync import Copy
 from swarm import wire
 from swarm.errors import WireError
 from swarm.gossip import GradientRelay
-from swarm.gossip.relay import _RECENT_CLOCKS, GRAD, GRAD_LATE, Snapshot, _Seqs
+from swarm.gossip.relay import _RECENT_CLOCKS, GRAD, GRAD_LATE, GRAD_SYNC, Snapshot, _Seqs
 from swarm.gossip.sim import SimHub
 
 D = 8
@@ -284,7 +284,9 @@ def test_a_peer_that_joined_after_a_turn_does_not_apply_it_when_it_is_sent_again
     """4-ring: every peer publishes and every gradient is taken. p004 joins (it starts
     from what the others hold), then p001 leaves: the survivors send their last turns
     again, and p004 passes them on without applying them (before, it took the gradients
-    of origins 0, 2 and 3). The others drop them as copies, as before."""
+    of origins 0, 2 and 3). The others drop them as copies, as before. (Peers that saw
+    p004 join do not send them to it at all: here they are blind to it, as an older
+    peer passing them on is, with their e.)"""
     async def main():
         hub = SimHub(topology="ring")
         links = hub.add_many(4)
@@ -295,6 +297,8 @@ def test_a_peer_that_joined_after_a_turn_does_not_apply_it_when_it_is_sent_again
         assert all(len(r.take()) == 3 for r in relays)
         (l4,) = hub.add_many(1)
         r4 = GradientRelay(l4, D, topology="ring")
+        for r in relays:
+            r._joined_after = lambda dst, epoch: False
         await settle(hub, relays)
         hub.remove("p001")
         await until(lambda: r4.stats.duplicates >= 3)
@@ -406,4 +410,71 @@ def test_a_copy_seen_before_with_a_bad_r_is_refused():
             a._accept(wire.Message(GRAD, lb.id, body=dict(body, r=7), arrays=[np.ones(D, np.float32)]), a._send)
         assert (a.stats.rejected, a.stats.reforwarded, a.stats.duplicates, a.stats.sent) == (1, 0, 0, sent)
         assert a.pending == 1
+    asyncio.run(main())
+
+
+def test_an_older_peers_late_notice_about_a_message_sent_again_is_ignored():
+    """A peer older than r, whose turn went past a message sent again, tells its origin
+    that it came late (grad_late), as of a first copy. The origin knows the clocks it
+    sent again and ignores the notice (late_resent), where it asked that peer for its
+    copy, which lacks the origin's own gradient, and adopted it (the gradient was then
+    lost everywhere). A notice about a clock not sent again still makes it ask."""
+    async def main():
+        hub = SimHub(topology="ring")
+        la, lb, _, ld = hub.add_many(4)
+        a = GradientRelay(la, D, state=Copy().state, resync_timeout=0.3)
+        syncs = []
+        lb.on(GRAD_SYNC, syncs.append)
+        assert await asyncio.to_thread(a.wait, 0, 1.0, every=4, first=0)
+        a.publish(np.ones(D, np.float32), clock=0)
+        hub.remove(ld.id)   # a sends its turn at clock 0 again
+        await settle(hub, [a])
+        assert a.stats.resent == 1
+        await lb.send(la.id, GRAD_LATE, {"c": 0, "at": 1})   # as an older peer does
+        await settle(hub, [a])
+        assert not await asyncio.to_thread(a.wait, 4, 0.2, every=4, first=0)   # the others' turns never came
+        await settle(hub, [a])
+        assert syncs == [] and a.stats.late_resent == 1
+        assert a.stats.resyncs == a.stats.resync_failed == 0 and a.snapshot() is None
+        a.publish(np.ones(D, np.float32), clock=4)
+        await lb.send(la.id, GRAD_LATE, {"c": 4, "at": 5})
+        await settle(hub, [a])
+        await asyncio.to_thread(a.wait, 8, 0.2, every=4, first=0)   # asks, and gives up after 0.3 s
+        await settle(hub, [a])
+        assert [m.body["b"] for m in syncs] == [4] and a.stats.late_resent == 1
+        assert a.stats.resync_failed == 1   # lb sent no copy
+        assert not hub.errors
+    asyncio.run(main())
+
+
+def test_a_turn_sent_again_skips_the_peers_that_joined_after_it():
+    """5-ring; p003's message to p004 is held, so p000 lacks p003's gradient. p005 joins,
+    a peer older than r and e here (it applies whatever is sent again), and p004 dies with
+    the message. The survivors send their turns again, but not to p005, which joined after
+    them (its parameters hold them): neither their origins nor the peers that pass them on
+    and saw it join (before, p005 applied all four). p003's way to p000 through p005 is
+    closed, so its other route goes round the ring: p000 still gets p003's gradient."""
+    async def main():
+        hub = HoldHub(topology="ring")
+        links = hub.add_many(5)
+        relays = [GradientRelay(lk, D, topology="ring") for lk in links]
+        hub.hold = {("p003", "p004")}
+        for i, r in enumerate(relays):
+            r.publish(np.full(D, i, np.float32), clock=i)
+        await settle(hub, relays)
+        assert Counter(int(g[0]) for g in relays[0].take()) == {1: 1, 2: 1, 4: 1}
+        for r in relays[1:]:
+            r.take()
+        (l5,) = hub.add_many(1)
+        r5 = GradientRelay(l5, D, topology="ring")
+        r5._predates = lambda body: False   # an older peer knows neither r nor e
+        await settle(hub, relays + [r5])
+        hub.hold, hub.waiting = set(), []   # p004 dies with p003's message
+        hub.remove("p004")
+        await settle(hub, relays + [r5])
+        got = {links[i].id: Counter(int(g[0]) for g in relays[i].take()) for i in range(4)}
+        assert got == {"p000": {3: 1}, "p001": {}, "p002": {}, "p003": {}}, got
+        assert [int(g[0]) for g in r5.take()] == [] and r5.stats.received == r5.stats.duplicates == 0
+        assert [relays[i].stats.resent for i in range(4)] == [1] * 4
+        assert not hub.errors
     asyncio.run(main())
