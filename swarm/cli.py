@@ -331,14 +331,23 @@ def _config(args: argparse.Namespace, *later: str) -> SwarmConfig:
 
 # ---------------------------------------------------------------- commands
 
+def _keys_folder(value: str | None) -> str:
+    """``--keys`` as given ("" when left out). An empty or blank value is refused: it is
+    what `--keys "$KEYS"` gives with KEYS unset, and it ran the swarm in plaintext."""
+    if value is not None and not value.strip():
+        raise ConfigError(f"--keys {value!r} is empty (an unset variable?): give the key folder from "
+                          "`swarm keys generate`, or leave --keys out to run without keys")
+    return value or ""
+
+
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from .coordinator import Coordinator
 
     cfg = _config(args).coordinator
     if args.bind:
         cfg.bind = args.bind
-    if args.keys:
-        cfg.keys_dir = args.keys
+    if args.keys is not None:
+        cfg.keys_dir = _keys_folder(args.keys)
     if args.others:
         cfg.others = [a.strip() for a in args.others.split(",") if a.strip()]
 
@@ -403,9 +412,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
         if args.id and args.id != args.replace:
             raise SwarmError(f"--replace {args.replace} and --id {args.id} disagree; --replace sets the id")
         cfg.id, cfg.replace = args.replace, True
-    if args.keys:
-        cfg.keys_dir = args.keys
-    if args.key_name:
+    if args.keys is not None:
+        cfg.keys_dir = _keys_folder(args.keys)
+    if args.key_name is not None:   # "" too: the key folder's check names it, not a silent "peer"
         cfg.key_name = args.key_name
     if args.spec:
         # Train this peer's share of an experiment (see swarm.experiment.runner).
@@ -573,9 +582,10 @@ def format_status(st: dict[str, Any]) -> str:
 
 def _status_of_any(addrs: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """The status of the first of ``addrs`` that answers (a standby answers too)."""
+    keys = _keys_folder(args.keys)
     for addr in addrs:
         try:
-            return asyncio.run(query_status(addr, args.timeout, args.keys or "", args.key_name))
+            return asyncio.run(query_status(addr, args.timeout, keys, args.key_name))
         except (TransportError, StatusUnavailable):
             # a bad address stays bad: no point in asking the next one; and one that
             # answered is the answer (the next may be a standby, with an empty table)

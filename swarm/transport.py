@@ -10,11 +10,13 @@ message with non-blocking receives on a plain (shadow) socket. Awaiting each
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import socket as _socket
-from pathlib import Path
+import struct
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import zmq
@@ -308,6 +310,60 @@ def srcfd(frame: zmq.Frame) -> int:
 Callback = Callable[..., Any]
 
 
+#: a key pair's name: a plain file name (no separators, no "..", no leading "-" or ".",
+#: which would make a hidden file or an option)
+_KEY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+#: a CurveZMQ key as key files hold it: 32 bytes in Z85, 40 characters
+_Z85_KEY = re.compile(rb"[0-9a-zA-Z.:+=^!/*?&<>()\[\]{}@%$#-]{40}")
+#: seconds between two warnings about the same file in ``authorized/`` (or the folder)
+KEYS_WARNING_S = 60.0
+
+
+def _key_name_error(name: Any) -> str:
+    """Why ``name`` cannot name a key pair, or "" when it can."""
+    if isinstance(name, str) and _KEY_NAME.fullmatch(name):
+        return ""
+    return (f"bad key name {name!r}: use letters, digits, '_', '-' and '.' (not first), at most "
+            "100 characters")
+
+
+def _z85_key(value: bytes | None) -> bool:
+    """Whether ``value`` is a CurveZMQ key in Z85 (libzmq refuses anything else with a
+    bare "Invalid argument" when it is set on a socket)."""
+    if value is None or not _Z85_KEY.fullmatch(value):
+        return False
+    from zmq.utils import z85
+
+    try:
+        return len(z85.decode(value)) == 32
+    except (ValueError, KeyError, struct.error):   # a group of 5 characters above 2**32
+        return False
+
+
+def _load_key(path: Path, *, secret: bool = False) -> tuple[bytes, bytes | None]:
+    """The public key (and with ``secret`` the secret one) of a key file, each checked to
+    be 40 Z85 characters; a :class:`ConfigError` naming the file otherwise."""
+    import zmq.auth
+
+    try:
+        public, secret_key = zmq.auth.load_certificate(str(path))
+    except OSError as e:
+        raise ConfigError(f"keys: cannot read {path}: {e.strerror or e}") from None
+    except (ValueError, IndexError):   # no public-key line; a key line without "="
+        raise ConfigError(f"keys: {path} is not a key file (no public-key = \"...\" line; empty?)") from None
+    redo = "; copy it again, or make a new pair with `swarm keys generate`"
+    if not _z85_key(public):
+        raise ConfigError(f"keys: {path}: its public-key is not 40 Z85 characters (the file is cut "
+                          f"short or edited){redo}")
+    if secret:
+        if secret_key is None:
+            raise ConfigError(f"keys: {path} holds no secret key (a public NAME.key in its place?)")
+        if not _z85_key(secret_key):
+            raise ConfigError(f"keys: {path}: its secret-key is not 40 Z85 characters (the file is cut "
+                              f"short or edited){redo}")
+    return public, secret_key
+
+
 class Curve:
     """CurveZMQ keys of one process, and the allow-list of clients it admits.
 
@@ -317,14 +373,22 @@ class Curve:
     (every ROUTER) check clients against it through a ZAP handler; clients
     (every DEALER) must know the server's public key: peers learn each other's
     from the view, the coordinator's from ``coordinator.key``.
+
+    Every key is checked when the folder is loaded: a file cut short is a
+    :class:`ConfigError` naming it, not libzmq's "Invalid argument" later. One
+    zmq context checks keys for one Curve: give each keyed coordinator or peer of a
+    process its own context.
     """
 
     def __init__(self, keys_dir: str, name: str) -> None:
-        import zmq.auth
-
         base = Path(keys_dir)
+        why = _key_name_error(name)
+        if why:   # "../x" read a secret from outside the folder; "" named ".key_secret"
+            raise ConfigError(f"keys: {why}; give the NAME of a NAME.key_secret in {base}")
         secret = base / f"{name}.key_secret"
         coord = base / "coordinator.key"
+        self.name = name
+        self.public_file = base / f"{name}.key"
         self.authorized = base / "authorized"
         if base.exists() and not base.is_dir():
             raise ConfigError(f"keys: {base} is not a folder; give the folder `swarm keys generate` made")
@@ -333,26 +397,47 @@ class Curve:
                 how = (f"swarm keys generate {base} --names {name}" if base.is_dir() and p == secret
                        else f"swarm keys generate {base}")
                 raise ConfigError(f"keys: {p} does not exist; create keys with `{how}`")
+        if not self.authorized.is_dir():   # else it admitted nobody, in silence
+            raise ConfigError(f"keys: {self.authorized} is not a folder; it must be the folder of the "
+                              "public keys allowed to connect (`swarm keys generate` makes it)")
+        self.public, self.secret = _load_key(secret, secret=True)
+        self.coordinator_public = _load_key(coord)[0]
         mode = secret.stat().st_mode & 0o077
         if mode:   # ssh refuses such a key; a running swarm is not stopped for it, but told
             log.warning("keys: %s is readable or writable by others (mode %o); anyone who can read "
                         "it can join as %s: chmod 600 it", secret, secret.stat().st_mode & 0o777, name)
+        self._allowed = _AuthorizedKeys(self.authorized)
         try:
-            self.public, self.secret = zmq.auth.load_certificate(str(secret))
-            self.coordinator_public = zmq.auth.load_certificate(str(coord))[0]
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"keys: cannot load {secret} or {coord}: {e}") from None
-        if self.secret is None:
-            raise ConfigError(f"keys: {secret} holds no secret key")
+            self._allowed.refresh()
+        except OSError as e:
+            raise ConfigError(f"keys: cannot read {self.authorized}: {e.strerror or e}") from None
+        _warn_writable([base, self.authorized, coord, *self._allowed.files()])
+        n = len(self._allowed.keys)
+        if n:
+            log.info("keys: %s from %s; %d public key%s admitted from %s", name, base, n,
+                     "" if n == 1 else "s", self.authorized)
+        else:
+            log.warning("keys: %s lists no usable public key: no client can connect to this process's "
+                        "sockets until one is copied in", self.authorized)
         self._auth: Any = None
 
     def start(self, ctx: zmq.Context) -> None:
         """Start the ZAP handler (a thread) that checks clients on ``ctx``'s servers."""
         from zmq.auth.thread import ThreadAuthenticator
 
-        self._auth = ThreadAuthenticator(zmq.Context.shadow(ctx.underlying))
-        self._auth.start()
-        self._auth.configure_curve_callback(domain="*", credentials_provider=_AuthorizedKeys(self.authorized))
+        auth = ThreadAuthenticator(zmq.Context.shadow(ctx.underlying))
+        try:
+            auth.start()
+        except zmq.ZMQError as e:
+            auth.stop()   # closes its ZAP socket, which would hold the context's term() for ever
+            if e.errno != zmq.EADDRINUSE:
+                raise TransportError(f"keys: cannot start the key check: {e.strerror}") from None
+            # one ZAP handler per context (inproc://zeromq.zap.01), and each Curve may have
+            # another authorized/: a shared handler would admit the other one's keys
+            raise ConfigError("keys: another keyed coordinator or peer already checks keys on this zmq "
+                              "context; give each keyed one its own context (leave context= out)") from None
+        self._auth = auth
+        auth.configure_curve_callback(domain="*", credentials_provider=self._allowed)
 
     def stop(self) -> None:
         if self._auth is not None:
@@ -370,31 +455,87 @@ class Curve:
         s.curve_serverkey = server_public.encode() if isinstance(server_public, str) else server_public
 
 
+def _warn_writable(paths: list[Path]) -> None:
+    """Warn about key files and folders others than their owner may write: whoever can add
+    a file to ``authorized/`` (read again while the swarm runs) or swap ``coordinator.key``
+    is admitted, or poses as the coordinator."""
+    loose = []
+    for p in paths:
+        try:
+            mode = p.stat().st_mode
+        except OSError:
+            continue
+        if mode & 0o022:
+            loose.append(f"{p} (mode {mode & 0o777:o})")
+    if loose:
+        log.warning("keys: writable by others than their owner: %s; anyone who can write there can add "
+                    "a key to authorized/ and be admitted (or swap coordinator.key): chmod go-w them",
+                    ", ".join(loose))
+
+
 class _AuthorizedKeys:
     """The public keys in an ``authorized/`` folder, for the ZAP handler.
 
-    Read again whenever the folder changes, at the next connection: a key copied in
-    admits its host without restarting the swarm, and a key removed admits no new
-    connection (one already open stays until it closes).
+    Read again whenever the folder or one of its ``*.key`` files changes, at the
+    next connection: a key copied in admits its host without restarting the swarm,
+    and a key removed admits no new connection (one already open stays until it
+    closes). Each file counts on its own: one that cannot be read (empty, cut short,
+    not a key) is skipped with a warning naming it, at most one per file per
+    :data:`KEYS_WARNING_S`, and the others count.
     """
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self._stamp: tuple[int, tuple[str, ...]] | None = None
-        self._keys: set[bytes] = set()
+        self.keys: set[bytes] = set()
+        self._stamp: Any = None
+        self._warned: dict[str, float] = {}    # file name ("" for the folder) -> when last warned
+
+    def files(self) -> list[Path]:
+        """The ``*.key`` files found at the last read."""
+        return [self.folder / name for name, *_ in self._stamp[1]] if self._stamp else []
+
+    def _now_stamp(self) -> Any:
+        entries = []
+        with os.scandir(self.folder) as it:
+            for e in it:
+                if e.name.endswith(".key") and not e.name.startswith("."):   # as pyzmq's glob
+                    try:
+                        st = e.stat()
+                        entries.append((e.name, st.st_mtime_ns, st.st_size))
+                    except OSError:
+                        entries.append((e.name, -1, -1))
+        # the files' sizes and times too: a key copied in is an empty file for a moment,
+        # and its content changes neither the folder nor the names
+        return self.folder.stat().st_mtime_ns, tuple(sorted(entries))
+
+    def refresh(self) -> None:
+        """Read the folder again if it changed (OSError if it cannot be listed)."""
+        stamp = self._now_stamp()
+        if stamp == self._stamp:
+            return
+        keys = set()
+        for name, *_ in stamp[1]:
+            try:
+                keys.add(_load_key(self.folder / name)[0])
+            except ConfigError as e:
+                self._warn(name, "%s; skipping it (the other keys in %s count)", e, self.folder)
+        self.keys, self._stamp = keys, stamp
+
+    def _warn(self, what: str, fmt: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(what, -math.inf) >= KEYS_WARNING_S:
+            if len(self._warned) > 4096:   # bounded under a folder that fills with junk
+                self._warned.clear()
+            self._warned[what] = now
+            log.warning(fmt, *args)
 
     def callback(self, domain: str, key: bytes) -> bool:
-        import zmq.auth
-
         try:
-            # the names too: a key copied in within the mtime's resolution of the last read
-            stamp = (self.folder.stat().st_mtime_ns, tuple(sorted(os.listdir(self.folder))))
-            if stamp != self._stamp:
-                self._keys = set(zmq.auth.load_certificates(str(self.folder)))
-                self._stamp = stamp
-        except (OSError, ValueError) as e:   # a folder being edited: keep what was read last
-            log.warning("keys: cannot read %s (%s); admitting the keys read before", self.folder, e)
-        return key in self._keys
+            self.refresh()
+        except OSError as e:   # a folder being replaced: keep what was read last
+            self._warn("", "keys: cannot read %s (%s); admitting the keys read before", self.folder,
+                       e.strerror or e)
+        return key in self.keys
 
 
 def generate_keys(keys_dir: str, names: list[str]) -> list[Path]:
@@ -416,10 +557,9 @@ def generate_keys(keys_dir: str, names: list[str]) -> list[Path]:
     if not names:
         raise ConfigError("keys: no key names given")
     for name in names:
-        # a plain file name: no separators, no "..", no leading "-" or "." (hidden files, options)
-        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
-            raise ConfigError(f"keys: bad key name {name!r}: use letters, digits, '_', '-' and '.' "
-                              "(not first), at most 100 characters")
+        why = _key_name_error(name)
+        if why:
+            raise ConfigError(f"keys: {why}")
         if names.count(name) > 1:
             raise ConfigError(f"keys: key name {name!r} given more than once")
     nearest = next(p for p in (auth, base, *base.parents) if p.exists())
@@ -435,16 +575,21 @@ def generate_keys(keys_dir: str, names: list[str]) -> list[Path]:
     written: list[Path] = []
     made = []
     try:
-        auth.mkdir(parents=True, exist_ok=True)
+        # Modes given, not left to the umask (at most what it allows): under umask 000 or
+        # 002 the folders and public keys came out writable by others, and whoever can
+        # add a file to authorized/ (read again while the swarm runs) is admitted.
+        for d in new_dirs:
+            d.mkdir(mode=0o755, exist_ok=True)
         for name in names:
             public, secret, authorized = base / f"{name}.key", base / f"{name}.key_secret", auth / f"{name}.key"
             written += [public, secret, authorized]     # listed first: a half-written pair goes too
-            # made private before pyzmq writes the key into it (it opens with "w",
-            # which keeps the mode), so the secret is never readable by others
+            # made before pyzmq writes the keys into them (it opens with "w", which keeps
+            # the mode), so the secret is never readable by others
             os.close(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            os.close(os.open(public, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
             zmq.auth.create_certificates(str(base), name)
             secret.chmod(0o600)
-            shutil.copy(public, authorized)
+            shutil.copy(public, authorized)    # with public's mode
             made.append(public)
     except OSError as e:
         for p in written:

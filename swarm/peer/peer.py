@@ -175,6 +175,133 @@ class _Dial:
     backoff: float = REDIAL_MIN_S
 
 
+#: what a data link's monitor reports: a lost connection (a suspicion), and how its
+#: handshakes end: a neighbour that refused our key is one libzmq never dials again (its
+#: ``authorized/`` may list the key later), so the peer does, as for a coordinator
+#: (REDIAL_MIN_S, doubling, up to REDIAL_MAX_S)
+_LINK_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+#: the same for the relay's outbox (:meth:`Peer.open_outbox`), less the lost connections
+_OUTBOX_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+#: seconds between two looks of an outbox at how its handshakes ended (at its owner's sends)
+OUTBOX_LOOK_S = 0.1
+
+
+def _link_refusal(event: int, value: int, keyed: bool) -> str:
+    """Why a neighbour refused the handshake of a link or an outbox, after which libzmq
+    never dials it again; "" for an event that is no such refusal."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return f"it refused this peer's key (ZAP status {value})"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            return ("it runs without --keys and this peer with them" if keyed
+                    else "it runs with --keys and this peer without them")
+        return f"CURVE protocol error {value:#x}: it holds another key pair than the view gives it"
+    return ""
+
+
+def _refusal_text(curve: tp.Curve | None, pid: str, why: str) -> str:
+    """``why``, and for a refused key what to copy where."""
+    if curve is None or not why.startswith("it refused this peer's key"):
+        return why
+    return (f"{why}: {pid}'s key folder (its --keys) must list this peer's public key in its "
+            f"authorized/: copy {curve.public_file} there")
+
+
+_SEND = zmq.Socket.send
+_SNDMORE = int(zmq.SNDMORE)
+
+
+class _OutboxWatch:
+    """How the handshakes of one outbox end (see :class:`_Outbox`); a plain object, as
+    setting an attribute of a zmq socket costs a search of its class's options."""
+
+    __slots__ = ("peer_id", "pid", "endpoint", "curve", "events", "dial", "look_at", "more")
+
+    def __init__(self, peer_id: str, pid: str, endpoint: str, curve: tp.Curve | None,
+                 events: zmq.Socket) -> None:
+        self.peer_id, self.pid, self.endpoint, self.curve = peer_id, pid, endpoint, curve
+        self.events = events         # the monitor's PAIR socket
+        self.dial = _Dial()
+        self.look_at = 0.0
+        self.more = 0                # the last frame sent has more to come: not between messages
+
+    def look(self, s: zmq.Socket, now: float) -> None:
+        """Take the monitor's events: log a refusal once, and dial again when due."""
+        self.look_at = now + OUTBOX_LOOK_S
+        d = self.dial
+        while True:
+            try:
+                frames = self.events.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:   # Again: none left
+                break
+            ev = parse_monitor_message(frames)
+            if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                if d.failure:
+                    log.warning("peer %s: the handshake with %s's inbox at %s succeeds again",
+                                self.peer_id, self.pid, self.endpoint)
+                d = self.dial = _Dial()
+                continue
+            why = _link_refusal(ev["event"], ev["value"], keyed=self.curve is not None)
+            if not why:
+                continue
+            d.redial_at = now + d.backoff
+            d.backoff = min(2 * d.backoff, REDIAL_MAX_S)
+            if why != d.failure:
+                d.failure = why
+                log.error("peer %s: the handshake with %s's inbox at %s (the direct gradient relay) fails: "
+                          "%s. Dialling it again, every %g s at most, until it succeeds", self.peer_id,
+                          self.pid, self.endpoint, _refusal_text(self.curve, self.pid, why), REDIAL_MAX_S)
+        if d.redial_at and now >= d.redial_at:
+            d.redial_at = 0.0
+            try:
+                s.disconnect(self.endpoint)
+            except zmq.ZMQError:
+                pass    # libzmq may have dropped the endpoint already
+            try:
+                s.connect(self.endpoint)
+            except zmq.ZMQError as e:    # it connected before: not expected
+                log.warning("peer %s: cannot dial %s's inbox at %s again: %s", self.peer_id, self.pid,
+                            self.endpoint, e.strerror)
+
+
+class _Outbox(zmq.Socket):
+    """The PUSH socket :meth:`Peer.open_outbox` hands out: a plain socket that also
+    follows how its handshakes end. An inbox that refused our key (its host's
+    ``authorized/`` lacks it) is one libzmq never dials again; at its owner's sends
+    (between messages, at most every OUTBOX_LOOK_S) this socket logs the refusal once
+    and dials again with the links' backoff, so a key copied in later takes effect.
+    Only its owner's thread touches it and its monitor (it closes both)."""
+
+    _watch: _OutboxWatch | None = None
+
+    def follow(self, peer_id: str, pid: str, endpoint: str, curve: tp.Curve | None) -> None:
+        self._watch = _OutboxWatch(peer_id, pid, endpoint, curve, self.get_monitor_socket(_OUTBOX_EVENTS))
+
+    def send(self, data: Any, flags: int = 0, copy: bool = True, track: bool = False, **kw: Any) -> Any:
+        w = self._watch
+        if w is None:
+            return _SEND(self, data, flags, copy, track, **kw)
+        if not w.more:
+            now = time.monotonic()
+            if now >= w.look_at:
+                w.look(self, now)
+        out = _SEND(self, data, flags, copy, track, **kw)
+        w.more = flags & _SNDMORE
+        return out
+
+    def close(self, linger: int | None = None) -> None:
+        w, self._watch = self._watch, None
+        if w is not None:
+            if not self.closed:
+                try:
+                    self.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+            w.events.close(0)
+        super().close(linger)
+
+
 class PeerState(enum.Enum):
     NEW = "new"
     JOINING = "joining"
@@ -211,6 +338,7 @@ class _Link:
     hello_sent: float = 0.0
     used: float = 0.0     # when a message was last sent on it (monotonic)
     waiting: int = 0      # sends waiting for room in its queue
+    dial: _Dial = field(default_factory=_Dial)   # how its handshakes go (a refused one is dialled again)
 
 
 @dataclass
@@ -343,6 +471,7 @@ class Peer:
         self._readers: dict[int, Any] = {}   # fd -> socket registered with the loop
         self._last_suspect: dict[str, float] = {}
         self._bad_addrs: set[tuple[str, str]] = set()   # (member, address) that cannot be dialled
+        self._link_redial_at = math.inf   # the earliest redial of a link whose neighbour refused it
         self._join_sent = 0.0
         self._rejoining = False
         self._bad = tp.BadInput(f"peer {self.id}")
@@ -474,7 +603,8 @@ class Peer:
     def open_outbox(self, pid: str, endpoint: str) -> zmq.Socket | None:
         """A PUSH socket to member ``pid``'s inbox at ``endpoint``, secured as links are
         (with keys: only the holder of ``pid``'s key in the view can take the
-        connection). None when ``pid`` is not in the view or has no key, this peer
+        connection; one whose ``authorized/`` refuses this peer's key is logged once and
+        dialled again at the owner's sends, with a backoff, until it admits it). None when ``pid`` is not in the view or has no key, this peer
         is closed, or ``endpoint`` (which ``pid`` sent) is not ``tcp://HOST:PORT``: that
         is logged once. The caller's thread owns it, as for :meth:`open_inbox`.
         """
@@ -486,7 +616,7 @@ class Peer:
             self._unlinkable(pid, endpoint, f"inbox endpoint {why}")
             return None
         cfg = self.config
-        s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH)
+        s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH, socket_class=_Outbox)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, cfg.data_hwm)
         # a connection gone silent (its host vanished without a reset) is dropped and
@@ -497,6 +627,7 @@ class Peer:
         s.setsockopt(zmq.CONNECT_TIMEOUT, int(LINK_CONNECT_TIMEOUT_S * 1000))
         if self._curve is not None:
             self._curve.client(s, m.key)
+        s.follow(self.id, pid, endpoint, self._curve)
         self._side.append(s)
         try:
             tp.connect(s, endpoint)
@@ -1196,7 +1327,7 @@ class Peer:
                       else "libzmq dials it again until it succeeds")
 
     def _redial(self, now: float) -> None:
-        """Dial again the coordinator addresses whose redial is due."""
+        """Dial again the coordinator addresses and the links whose redial is due."""
         for c, d, addr in zip(self._coords, self._dials, self.config.coordinators):
             if d.redial_at and now >= d.redial_at:
                 d.redial_at = 0.0
@@ -1205,6 +1336,23 @@ class Peer:
                 except zmq.ZMQError:
                     pass    # libzmq may have dropped the endpoint already
                 tp.connect(c, addr)
+        if now >= self._link_redial_at:   # and the links a neighbour refused
+            due = math.inf
+            for pid, link in self._links.items():
+                d = link.dial
+                if d.redial_at and now >= d.redial_at:
+                    d.redial_at = 0.0
+                    try:
+                        link.sock.disconnect(link.addr)
+                    except zmq.ZMQError:
+                        pass
+                    try:
+                        tp.connect(link.sock, link.addr)
+                    except TransportError as e:   # it connected before: not expected
+                        log.warning("peer %s: cannot dial neighbour %s again: %s", self.id, pid, e)
+                elif d.redial_at:
+                    due = min(due, d.redial_at)
+            self._link_redial_at = due
 
     def _sockets_changed(self) -> None:
         """A link was opened or closed: rebuild the receive loop's poller now.
@@ -1400,12 +1548,41 @@ class Peer:
             except zmq.ZMQError:
                 return
             ev = parse_monitor_message(frames)
-            if ev["event"] == zmq.EVENT_DISCONNECTED and pid in self._view.ids:
+            link = self._links.get(pid)
+            if link is None or link.monitor is not sock:
+                return   # a link closed since (its events are stale)
+            if ev["event"] != zmq.EVENT_DISCONNECTED:
+                self._on_link_handshake(pid, link, ev["event"], ev["value"])
+            elif link.dial.redial_at:
+                pass   # the end of a handshake it refused: it is alive, and dialled again
+            elif pid in self._view.ids:
                 now = time.monotonic()
                 if now - self._last_suspect.get(pid, 0) > 0.2:
                     self._last_suspect[pid] = now
                     self.counters.suspicions += 1
                     self._send_coord("suspect", {"id": pid})
+
+    def _on_link_handshake(self, pid: str, link: _Link, event: int, value: int) -> None:
+        """Follow how the handshakes of the link to ``pid`` end: log a refusal once (until
+        one succeeds), and dial it again with a backoff (libzmq gave the address up)."""
+        d = link.dial
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if d.failure:
+                log.warning("peer %s: the handshake with neighbour %s at %s succeeds again", self.id, pid,
+                            link.addr)
+            link.dial = _Dial()
+            return
+        why = _link_refusal(event, value, keyed=self._curve is not None)
+        if not why:
+            return
+        d.redial_at = time.monotonic() + d.backoff
+        d.backoff = min(2 * d.backoff, REDIAL_MAX_S)
+        self._link_redial_at = min(self._link_redial_at, d.redial_at)
+        if why != d.failure:
+            d.failure = why
+            log.error("peer %s: the handshake with neighbour %s at %s fails: %s. Dialling it again, every "
+                      "%g s at most, until it succeeds", self.id, pid, link.addr,
+                      _refusal_text(self._curve, pid, why), REDIAL_MAX_S)
 
     # -- view and links
 
@@ -1484,7 +1661,7 @@ class Peer:
                       heartbeat_timeout_s=cfg.link_timeout_s, connect_timeout_s=LINK_CONNECT_TIMEOUT_S)
         if self._curve is not None:
             self._curve.client(s, m.key)
-        mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        mon = s.get_monitor_socket(_LINK_EVENTS)
         try:
             tp.connect(s, m.addr)
         except TransportError as e:   # what the check lets through and libzmq still refuses
