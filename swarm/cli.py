@@ -431,8 +431,10 @@ def cmd_peer(args: argparse.Namespace) -> int:
             cfg.rank = named
         if cfg.rank < 0:
             raise SwarmError("--spec needs a rank: pass --rank N (or set SWARM_RANK)")
-        if from_env and (world := _env_world(os.environ, from_env)) and world[1] != spec.peers:
-            # each task would wait for peers that never come (60 s), or be refused its rank
+        if from_env and (world := _env_world(os.environ, from_env)) and world[1] < spec.peers:
+            # each task would wait for peers that never come (60 s). More tasks than peers may
+            # be on purpose (srun --multi-prog: the last ones standby coordinators); a task of
+            # a rank past the spec's peers is refused just below
             raise SwarmError(f"{world[0]}: the launcher started {world[1]} processes (this one's rank is "
                              f"{from_env}), but the spec {args.spec} has peers = {spec.peers}; start one "
                              "process per peer, or change the spec's peers")

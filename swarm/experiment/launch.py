@@ -731,20 +731,24 @@ def _size(n: float) -> str:
 def _refused_config(config: Path, overrides: list[str], e: ConfigError) -> ConfigError:
     """The error of ``swarm run --resume`` when the spec does not load. One that the old
     run's ``config.json`` causes (a value an older swarm took, as ``gossip.round_timeout_s
-    = 5000`` before the limit of 3600), not an override, names that file and the ``--set``
-    that overrides the value; one that an override causes is left as it is."""
+    = 5000`` before the limit of 3600) names that file and the ``--set`` that overrides
+    the value. One that an override causes is left as it is: the file loads without the
+    overrides (a cross-check between a key set and one in the file may name either), or
+    the error names a key that an override sets."""
     msg = str(e)
+    try:
+        load_spec(config)
+        return e
+    except ConfigError as alone:
+        refused_alone = str(alone)
     key = re.match(r"([A-Za-z_][\w.]*) = ", msg)   # the key a field's check or validate() names first
     if key is not None:
         if any(k and k in msg for k in (o.split("=", 1)[0].strip() for o in overrides)):
             return e   # it names a key that an override sets: the override's
         return ConfigError(f"resume: {config}: {msg}; that run's config.json holds a value this swarm refuses: "
                            f"override it with --set {key.group(1)}=VALUE")
-    try:   # no key to tell by (an unknown key, a torn file): the file's own when it is refused alone the same way
-        load_spec(config)
-    except ConfigError as alone:
-        if str(alone) == msg and str(config) not in msg:
-            return ConfigError(f"resume: {config}: {msg}")
+    if refused_alone == msg and str(config) not in msg:   # no key to tell by (an unknown key, a torn file)
+        return ConfigError(f"resume: {config}: {msg}")
     return e
 
 

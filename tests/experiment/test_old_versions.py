@@ -269,3 +269,14 @@ def test_resume_of_an_old_config_json_names_it_and_the_override(tmp_path, capsys
     said = resume("budget.env_steps=900")
     assert said.startswith(f"swarm: error: resume: {cfg}: unknown key gossip.fanout; known keys: "), said
     assert old.is_dir()
+
+
+def test_resume_whose_override_clashes_with_a_value_of_the_file_blames_the_override(tmp_path, capsys, monkeypatch):
+    """A cross-check between an override and a value the file holds names the file's key;
+    the file loads alone, so the error is the override's (it named the file and told to
+    override gossip.sync, which was never refused)."""
+    monkeypatch.chdir(tmp_path)
+    _old_run(tmp_path, gossip__exchange="gradients", gossip__average=False, gossip__sync="bounded")
+    rc = main(["run", "--resume", str(Path("runs", "old")), "--set", "gossip.average=true"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "gossip.sync" in err and "config.json" not in err and "--set" not in err, err

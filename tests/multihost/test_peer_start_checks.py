@@ -1,7 +1,7 @@
 """What `swarm peer` checks before it joins, and what it leaves alone until it is in
 (docs/multihost.md): a second start of a live rank changes nothing in that peer's
 folder; a `--replace` takes the dead member's rank, not the launcher's; a launcher's
-number of processes that is not the spec's `peers`, and a `--coordinator` or `--bind`
+number of processes below the spec's `peers`, and a `--coordinator` or `--bind`
 address that cannot work, stop it at start with one line."""
 
 from __future__ import annotations
@@ -147,16 +147,16 @@ def test_spec_replace_takes_the_rank_its_id_names_whatever_the_launcher_says(spe
 
 @pytest.mark.parametrize("env, world, rank", [
     ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, "SLURM_NTASKS='2'", "SLURM_PROCID='1'"),
-    ({"SLURM_PROCID": "0", "SLURM_NPROCS": "8"}, "SLURM_NPROCS='8'", "SLURM_PROCID='0'"),
+    ({"SLURM_PROCID": "0", "SLURM_NPROCS": "3"}, "SLURM_NPROCS='3'", "SLURM_PROCID='0'"),
     ({"RANK": "1", "WORLD_SIZE": "2"}, "WORLD_SIZE='2'", "RANK='1'"),
     # srun torchrun: the rank is torchrun's, and so is the number of processes
     ({"TORCHELASTIC_RUN_ID": "none", "RANK": "1", "WORLD_SIZE": "3", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"},
      "WORLD_SIZE='3'", "RANK='1'"),
 ])
-def test_a_launcher_that_started_another_number_of_peers_is_refused_at_start(spec_peer, capsys, env, world,
-                                                                            rank):
+def test_a_launcher_that_started_fewer_processes_than_peers_is_refused_at_start(spec_peer, capsys, env, world,
+                                                                               rank):
     """srun with 2 tasks and a spec of peers = 4: each task waited 60 s for the two that
-    never come, then failed."""
+    never come, then failed. (More tasks than peers may be on purpose: below.)"""
     assert spec_peer([], env) == ("error", 2)
     err = _error(capsys)
     assert world in err and rank in err and "has peers = 4" in err, err
@@ -168,6 +168,8 @@ def test_a_launcher_that_started_another_number_of_peers_is_refused_at_start(spe
      2),
     ([], {"SWARM_RANK": "1", "SLURM_NTASKS": "2"}, 1),        # swarm's own variable: no launcher to compare
     (["--rank", "1"], {"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, 1),    # by hand in an allocation
+    # srun --multi-prog: tasks 0-3 peers, 4-5 standby coordinators (a task of rank 4 is refused its rank)
+    ([], {"SLURM_PROCID": "0", "SLURM_NTASKS": "6"}, 0),
 ])
 def test_a_launcher_of_as_many_peers_or_a_rank_given_by_hand_starts(spec_peer, args, env, rank):
     assert spec_peer(args, env) == ("started", rank, False)
