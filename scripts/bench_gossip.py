@@ -37,6 +37,9 @@ Targets (issue 4): ≥ 50 rounds/s at d = 1e5; sign ≥ 12× and top-1% ≥ 2× 
 bytes than exact gossip to reach 1e-3 on a 16-ring; ≥ 5× faster to 1e-3 than
 dense under a 100 Mbit/s link (emulated: `slow_link_speedup`; per-host
 model: `slow_link_speedup_per_host_model`). Wall-clock figures come with the load average.
+A ratio (speed-up or byte saving) is null in the JSON line when either of its two
+runs missed its target (1e-3, or the model's check failed), and each time to 1e-3 has
+a `..._reached` flag beside it (the time is null when not reached).
 Last line: one JSON object.
 """
 
@@ -170,6 +173,17 @@ async def per_host_model(d, codec, gamma, max_rounds, eps=1e-3, bps=SLOW_BPS, la
             "reached": err < eps and not failure, "failure": failure,
             "compute_s": compute, "link_s": link, "latency_s": lat, "total_s": compute + link + lat,
             "total_per_link_s": compute + link_per_msg + lat}
+
+
+def ratio_if(a: float, b: float, ok: bool) -> float | None:
+    """``a / b`` rounded to 2 places when ``ok`` (both runs reached their target), else
+    None: a run that missed gives no speed-up or saving, not 0.0 or a partial figure."""
+    return round(a / b, 2) if ok else None
+
+
+def fmt_x(v: float | None) -> str:
+    """A ratio for the tables: ``3.2x``, or ``-`` for none."""
+    return "-" if v is None else f"{v:.1f}x"
 
 
 def best(runs):
@@ -346,13 +360,13 @@ async def slow_link(d: int, sign_gamma: float, quick: bool, topk: bool) -> dict:
     slow = dict(bandwidth_bps=SLOW_BPS, latency_s=SLOW_LATENCY_S)
     sd = await to_epsilon(d, "identity", 1.0, 400, **slow)
     sc = await to_epsilon(d, "ef+sign", sign_gamma, 200 if quick else 400, **slow)
-    speedup = sd["wall_s"] / sc["wall_s"] if sc["reached"] and sd["reached"] else 0.0
+    speedup = ratio_if(sd["wall_s"], sc["wall_s"], sc["reached"] and sd["reached"])
     print(f"\n4. wall time to 1e-3, d={d}, emulated 100 Mbit/s + 0.5 ms per directed link, {N}-ring "
           f"(all {N} peers' compute shares this process, so it counts too)   (load {load()})")
     for r in (sd, sc):
         print(f"{r['codec']:>10} gamma {r['gamma']:<4} rounds {r['rounds']:>5}  wall {r['wall_s']:>7.2f} s  "
-              f"error {r['error']:.2e}")
-    print(f"speed-up to 1e-3: {speedup:.1f}x")
+              f"error {r['error']:.2e}{'' if r['reached'] else '  (not reached)'}")
+    print(f"speed-up to 1e-3: {fmt_x(speedup)}")
 
     # 4b. each peer on its own host: the same rounds, with compute and link time modelled per peer
     md = await per_host_model(d, "identity", 1.0, 400)
@@ -380,15 +394,18 @@ async def slow_link(d: int, sign_gamma: float, quick: bool, topk: bool) -> dict:
           f"{d * 4 / 1e3:.0f} kB x 8 / 100 Mbit/s = {theory:.3f} s: {check}")
 
     def ratio(a, b, key):
-        return a[key] / b[key] if a["reached"] and b["reached"] and check == "ok" else 0.0
+        return ratio_if(a[key], b[key], a["reached"] and b["reached"] and check == "ok")
 
     ms = ratio(md, mc, "total_s")
-    print(f"modelled speed-up to 1e-3, dense / ef+sign: {ms:.1f}x "
-          f"(one link per directed edge instead of one uplink per peer: {ratio(md, mc, 'total_per_link_s'):.1f}x)")
-    out = {"slow_link_speedup": round(speedup, 2),
-           "slow_link_dense_s": round(sd["wall_s"], 2), "slow_link_sign_s": round(sc["wall_s"], 2),
-           "slow_link_speedup_per_host_model": round(ms, 2),
-           "slow_link_speedup_per_host_model_per_edge": round(ratio(md, mc, "total_per_link_s"), 2),
+    print(f"modelled speed-up to 1e-3, dense / ef+sign: {fmt_x(ms)} "
+          f"(one link per directed edge instead of one uplink per peer: {fmt_x(ratio(md, mc, 'total_per_link_s'))})")
+    out = {"slow_link_speedup": speedup,
+           "slow_link_dense_s": round(sd["wall_s"], 2) if sd["reached"] else None,
+           "slow_link_dense_reached": sd["reached"],
+           "slow_link_sign_s": round(sc["wall_s"], 2) if sc["reached"] else None,
+           "slow_link_sign_reached": sc["reached"],
+           "slow_link_speedup_per_host_model": ms,
+           "slow_link_speedup_per_host_model_per_edge": ratio(md, mc, "total_per_link_s"),
            "slow_link_model": SLOW_LINK_MODEL, "slow_link_model_check": check,
            "slow_link_model_dense_link_theory_s": round(theory, 3)}
     for r, name in zip(models, ("dense", "sign", "topk")):
@@ -398,8 +415,8 @@ async def slow_link(d: int, sign_gamma: float, quick: bool, topk: bool) -> dict:
                                           "link_s": round(r["link_s"], 3), "latency_s": round(r["latency_s"], 3),
                                           "total_s": round(r["total_s"], 3)}
     if topk:
-        out["slow_link_speedup_per_host_model_topk"] = round(ratio(md, models[2], "total_s"), 2)
-        print(f"modelled speed-up to 1e-3, dense / ef+topk:0.01: {ratio(md, models[2], 'total_s'):.2f}x")
+        out["slow_link_speedup_per_host_model_topk"] = ratio(md, models[2], "total_s")
+        print(f"modelled speed-up to 1e-3, dense / ef+topk:0.01: {fmt_x(out['slow_link_speedup_per_host_model_topk'])}")
     return out
 
 
@@ -418,21 +435,24 @@ async def bytes_to_epsilon(d: int, quick: bool) -> dict:
           f"the bytes its target allows: dense/12 for sign, dense/2 for top-1%)   (load {load()})")
     print(f"{'codec':>26} {'gamma':>6} {'rounds':>7} {'MB':>9} {'saving':>7} {'error':>9}")
     for r in [dense, *signs, *topks, topk16]:
-        # no saving for a run that did not reach 1e-3 (0.0 in the JSON line), not bytes spent so far
-        saving = f"{dense['bytes'] / r['bytes']:>6.1f}x" if r["reached"] else f"{'-':>7}"
+        # no saving for a run that did not reach 1e-3, nor against a dense run that did not
+        # (null in the JSON line), not bytes spent so far
+        saving = f"{dense['bytes'] / r['bytes']:>6.1f}x" if r["reached"] and dense["reached"] else f"{'-':>7}"
         print(f"{r['codec']:>26} {r['gamma']:>6} {r['rounds']:>7} {r['bytes'] / 1e6:>9.2f} "
               f"{saving} {r['error']:>9.2e}{'' if r['reached'] else '  (not reached)'}")
     bs = best(signs)
-    sign_saving = dense["bytes"] / bs["bytes"] if bs["reached"] else 0.0
-    topk_saving = dense["bytes"] / bt["bytes"] if bt["reached"] else 0.0
-    topk16_saving = dense["bytes"] / topk16["bytes"] if topk16["reached"] else 0.0
+    sign_saving = ratio_if(dense["bytes"], bs["bytes"], bs["reached"] and dense["reached"])
+    topk_saving = ratio_if(dense["bytes"], bt["bytes"], bt["reached"] and dense["reached"])
+    topk16_saving = ratio_if(dense["bytes"], topk16["bytes"], topk16["reached"] and dense["reached"])
     tk = "reached" if bt["reached"] else "best error %.2e" % bt["error"]
     print(f"best gamma: ef+sign {bs['gamma']} ({'reached' if bs['reached'] else 'not reached'}), "
-          f"ef+topk:0.01 {bt['gamma']} ({tk})")
-    return {"bytes_d": d, "sign_bytes_saving": round(sign_saving, 2), "sign_gamma": bs["gamma"],
-            "topk_bytes_saving": round(topk_saving, 2), "topk_gamma": bt["gamma"],
+          f"ef+topk:0.01 {bt['gamma']} ({tk})"
+          + ("" if dense["reached"] else "; dense (the anchor) did NOT reach 1e-3: no savings"))
+    return {"bytes_d": d, "bytes_dense_reached": dense["reached"],
+            "sign_bytes_saving": sign_saving, "sign_gamma": bs["gamma"], "sign_reached": bs["reached"],
+            "topk_bytes_saving": topk_saving, "topk_gamma": bt["gamma"], "topk_reached": bt["reached"],
             "topk_best_error": float(f"{bt['error']:.3g}"),
-            "topk_fp16_values_bytes_saving": round(topk16_saving, 2)}
+            "topk_fp16_values_bytes_saving": topk16_saving, "topk_fp16_values_reached": topk16["reached"]}
 
 
 async def main(quick: bool, netns: bool, topk: bool, bytes_d: int) -> dict:
@@ -478,10 +498,11 @@ async def main(quick: bool, netns: bool, topk: bool, bytes_d: int) -> dict:
                     print(f"{r['codec']:>10} gamma {r['gamma']:<4} rounds {r['rounds']}  "
                           f"wall {r['wall_s'] if r['wall_s'] is None else round(r['wall_s'], 2)} s  "
                           f"{'reached' if r['reached'] else 'NOT reached'} 1e-3")
-                rs = rd["wall_s"] / rc["wall_s"] if rd["reached"] and rc["reached"] else 0.0
-                print(f"speed-up to 1e-3: {rs:.1f}x")
-                real = {"status": "run", "speedup": round(rs, 2), "n": n_real, "d": d_real,
-                        "dense_s": rd["wall_s"], "sign_s": rc["wall_s"]}
+                rs = ratio_if(rd["wall_s"], rc["wall_s"], rd["reached"] and rc["reached"])
+                print(f"speed-up to 1e-3: {fmt_x(rs)}")
+                real = {"status": "run", "speedup": rs, "n": n_real, "d": d_real,
+                        "dense_s": rd["wall_s"], "dense_reached": rd["reached"],
+                        "sign_s": rc["wall_s"], "sign_reached": rc["reached"]}
             except (RuntimeError, subprocess.SubprocessError, OSError) as e:
                 real = {"status": f"failed: {e}"[:300]}
                 print(f"real links: {real['status']}")

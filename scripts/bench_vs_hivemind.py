@@ -22,9 +22,10 @@ that many rounds back to back and measure the error after the clock stops, as
 hivemind's single step is timed, and count only if every peer is within the
 tolerance. Bytes: the engine's ``RoundResult.bytes_out`` (wire bytes of every
 message, headers included), summed over peers: measured, not modelled. Payload:
-messages sent × d × itemsize, the array bytes alone, which is what hivemind's
-figure below counts; the bytes comparisons use it (the difference is about 300 B
-of header per message). The peers and the coordinator run with failure detection
+the array frames of every message the peers sent, summed as sent (a codec's
+encoded frames: d × 2 B for fp16, about d B for int8, k values and indices for
+top-k), which is what hivemind's figure below counts; the bytes comparisons use
+it (the difference is about 300 B of header per message). The peers and the coordinator run with failure detection
 as patient as hivemind's ``request_timeout`` (10 s), see ``_coordinator_proc`` and
 ``_swarm_peer_proc`` for why.
 
@@ -213,6 +214,17 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
                     raise TimeoutError(f"peer {rank}: views did not agree: epochs {e}")
                 await asyncio.sleep(0.01)
             await peer.wait_linked(60.0)
+            # the payload: the array frames of every message that went out, as encoded
+            sent_frames = 0
+            send = peer.send
+
+            async def counting_send(dst, t, body=None, arrays=(), **kw) -> bool:
+                nonlocal sent_frames
+                ok = await send(dst, t, body, arrays, **kw)
+                if ok:
+                    sent_frames += sum(int(np.asarray(a).nbytes) for a in arrays)
+                return ok
+            peer.send = counting_send
             g = Gossip(peer, x, topology=topology, codec=codec, gamma=1.0, round_timeout=60.0,
                        send_timeout=30.0)
             # warm the codec outside the clock (fp16 imports torch on first use, ~seconds),
@@ -254,6 +266,7 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
             return dict(rank=rank, t0=t0, t_conv=t_conv, t_end=t_end,
                         cpu_s=None if cpu_conv is None else cpu_conv - cpu0, rounds=rounds, err=err, err0=err0,
                         bytes_out=bytes_out, bytes_in=bytes_in, failed_rounds=fails, sent=sent,
+                        payload=sent_frames,
                         dropped=g.stats.dropped_sends,
                         stats={k: v for k, v in vars(g.stats).items() if v and k not in ("bytes_out", "bytes_in")},
                         first=[(r.ok, r.reason, r.rejected, r.full_sent) for r in history[:3]])
@@ -340,9 +353,10 @@ def run_swarm(topology: str, codec: str, d: int, n: int = N, max_rounds: int = 6
         err=max(o["err"] for o in out),
         err0=max(o["err0"] for o in out),
         bytes=sum(o["bytes_out"] for o in out),
-        # array bytes alone (messages × d × itemsize, dense codecs), comparable with
-        # hivemind's payload model, which leaves out its own framing as well
-        payload=sum(o["sent"] for o in out) * d * (2 if codec == "fp16" else 4),
+        # array bytes alone (the frames as encoded and sent, any codec), comparable
+        # with hivemind's payload model, which leaves out its own framing as well
+        payload=sum(o["payload"] for o in out),
+        messages=sum(o["sent"] for o in out),
         cpu_s=sum(o["cpu_s"] for o in out) if converged else None,
         bytes_per_peer=max(o["bytes_out"] for o in out),
         failed_rounds=sum(o["failed_rounds"] for o in out),
@@ -760,7 +774,8 @@ def main() -> None:
         "hivemind_final_err": hm_top[1]["err"] if hm_top else None,
         "hivemind_bytes_model": hm_top[1]["bytes_model"] if hm_top else None,
         "hivemind_status": hm_status if hm_ok else f"not run: {hm_status}",
-        "swarm": {k: (None if b is None else {x: b[x] for x in ("wall_s", "cpu_s", "rounds", "err", "bytes")})
+        "swarm": {k: (None if b is None else {x: b[x] for x in ("wall_s", "cpu_s", "rounds", "err", "bytes",
+                                                                   "payload", "messages")})
                   for k, b in sw_best.items()},
         "hivemind": {k: (None if b is None else {x: b[x] for x in ("wall_s", "cpu_s", "err", "bytes_model")})
                      for k, b in hm_best.items()},

@@ -133,8 +133,11 @@ def test_bench_scale_in_process_part(bench_scale_a_b):
 def test_bench_gossip_bytes_section():
     out = last_json(run_script("bench_gossip", "--quick", "--only", "bytes", "--bytes-d", "100"))
     assert out["only"] == "bytes" and out["bytes_d"] == 100 and out["quick"] is True
-    has(out, "sign_bytes_saving", "sign_gamma", "topk_bytes_saving", "topk_gamma", "topk_best_error",
-        "topk_fp16_values_bytes_saving")
+    has(out, "sign_gamma", "topk_gamma", "topk_best_error")
+    # at d = 100 the codecs miss 1e-3 within the quick caps: their savings are null, not 0.0
+    # (tests/test_bench_fairness.py checks them against the reached flags)
+    for name in ("sign", "topk", "topk_fp16_values"):
+        assert f"{name}_bytes_saving" in out and isinstance(out[f"{name}_reached"], bool)
 
 
 def test_bench_buffer_without_cpprb_says_what_is_missing():
