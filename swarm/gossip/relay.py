@@ -1185,7 +1185,10 @@ class GradientRelay:
         for body, frames, epoch in msgs:
             again = {k: v for k, v in body.items() if k != "x"}
             again["r"], again["e"] = 1, epoch
-            to = [(dst, hops) for dst, hops in routes if not self._joined_after(dst, epoch)]
+            # Only on a ring, where the other direction can go all the way round: on other
+            # graphs a newcomer may be the only way within the hops to the peers behind it,
+            # and one of this release passes the turn on without applying it (_predates)
+            to = [(dst, hops) for dst, hops in routes if not (split and self._joined_after(dst, epoch))]
             if len(to) < len(routes):   # the way through a newcomer is closed
                 log.debug("relay %s: message %d (clock %d) goes again without %d neighbour(s) that joined "
                           "after it", self.link.id, body["s"], body["c"], len(routes) - len(to))
@@ -1371,7 +1374,8 @@ class GradientRelay:
         if hops > 1:
             fwd = dict(b, h=hops - 1)
             fwd.pop("x", None)
-            e = b.get("e") if "r" in b else None   # checked in _accept
+            # checked in _accept; on a ring only (see _resend)
+            e = b.get("e") if "r" in b and self.topology == "ring" and self.hops is None else None
             for dst in self.link.neighbours():
                 if dst != msg.src and dst != origin and not (e is not None and self._joined_after(dst, e)):
                     send(dst, fwd, forward, nbytes, forwarding=True)
@@ -1434,7 +1438,7 @@ class GradientRelay:
         if msg.t == GRAD_LATE:
             if not (_int(b.get("c"), 0) and _int(b.get("at"), 0)):
                 raise WireError(f"grad_late from {src}: c and at must be clocks (int >= 0)")
-            if b["c"] in self._resent_clocks:
+            if b["c"] in self._resent_clocks and "f" not in b:
                 # from a peer older than r, whose turn went past a message sent again (one that
                 # came before it was sent again is about the first copy): the lateness is the
                 # lost first copy's, and that peer's copy lacks this one's gradient
@@ -1641,7 +1645,9 @@ class GradientRelay:
         now = time.monotonic()
         if now - self._noticed.get(origin, -math.inf) >= _QUIET_S:
             self._noticed[origin] = now
-            self._side_send(origin, GRAD_LATE, {"c": clock, "at": self._taken_to})
+            # f: about a first copy (this release sends none about one sent again; an older one,
+            # which knows no r, does: see _on_side)
+            self._side_send(origin, GRAD_LATE, {"c": clock, "at": self._taken_to, "f": 1})
 
     def _side_send(self, dst: str, t: str, body: dict[str, Any], arrays: list[np.ndarray] | None = None) -> None:
         """Send a notice, request or copy through the peer's loop, from any thread."""

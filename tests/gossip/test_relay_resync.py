@@ -333,7 +333,7 @@ def test_late_gradients_are_dropped_and_their_origin_told_once_a_second():
                                                  "meta": {"codec": "identity", "n": D}}, [np.ones(D, np.float32)])
         await settle(hub)
         assert a.stats.late == 2 and a.stats.received == 1 and a.pending == 1
-        assert [m.body for m in notices] == [{"c": 3, "at": 6}]
+        assert [m.body for m in notices] == [{"c": 3, "at": 6, "f": 1}]   # f: about a first copy
     asyncio.run(main())
 
 
