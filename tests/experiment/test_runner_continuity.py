@@ -8,7 +8,8 @@ import csv
 import time
 
 import pytest
-from swarmtest import free_port, status, wait_for
+# a coordinator process for in-process peers (tests/ is on the path)
+from experiment.test_runner import coordinator  # noqa: F401 - a fixture
 
 from swarm.experiment import load_spec
 from swarm.experiment.checkpoint import load_newest
@@ -18,20 +19,12 @@ ONE = ["peers=1", "budget.env_steps=200", "dqn.learning_starts=50", "dqn.batch_s
        "eval.episodes=1", "gossip.codec=identity", "gossip.step_size=1.0"]
 
 
-@pytest.fixture
-def coordinator(procs):
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coordinator")
-    wait_for(lambda: status(addr, 0.5), timeout=15, what="coordinator")
-    return addr
-
-
 def _rows(path) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
 
 
-def test_a_peer_resumed_into_its_folder_continues_its_figures(coordinator, tmp_path):
+def test_a_peer_resumed_into_its_folder_continues_its_figures(coordinator, tmp_path):  # noqa: F811
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter

@@ -413,6 +413,22 @@ def test_a_copy_seen_before_with_a_bad_r_is_refused():
     asyncio.run(main())
 
 
+async def _resent_clock_0() -> tuple:
+    """A 4-ring whose p000 (with state) published its turn at clock 0 and sent it again
+    when p003 left: (hub, p000's relay, p001's link, the grad_sync requests p001 gets)."""
+    hub = SimHub(topology="ring")
+    la, lb, _, ld = hub.add_many(4)
+    a = GradientRelay(la, D, state=Copy().state, resync_timeout=0.3)
+    syncs: list = []
+    lb.on(GRAD_SYNC, syncs.append)
+    assert await asyncio.to_thread(a.wait, 0, 1.0, every=4, first=0)
+    a.publish(np.ones(D, np.float32), clock=0)
+    hub.remove(ld.id)   # a sends its turn at clock 0 again
+    await settle(hub, [a])
+    assert a.stats.resent == 1
+    return hub, a, lb, syncs
+
+
 def test_an_older_peers_late_notice_about_a_message_sent_again_is_ignored():
     """A peer older than r, whose turn went past a message sent again, tells its origin
     that it came late (grad_late), as of a first copy. The origin knows the clocks it
@@ -420,24 +436,15 @@ def test_an_older_peers_late_notice_about_a_message_sent_again_is_ignored():
     copy, which lacks the origin's own gradient, and adopted it (the gradient was then
     lost everywhere). A notice about a clock not sent again still makes it ask."""
     async def main():
-        hub = SimHub(topology="ring")
-        la, lb, _, ld = hub.add_many(4)
-        a = GradientRelay(la, D, state=Copy().state, resync_timeout=0.3)
-        syncs = []
-        lb.on(GRAD_SYNC, syncs.append)
-        assert await asyncio.to_thread(a.wait, 0, 1.0, every=4, first=0)
-        a.publish(np.ones(D, np.float32), clock=0)
-        hub.remove(ld.id)   # a sends its turn at clock 0 again
-        await settle(hub, [a])
-        assert a.stats.resent == 1
-        await lb.send(la.id, GRAD_LATE, {"c": 0, "at": 1})   # as an older peer does
+        hub, a, lb, syncs = await _resent_clock_0()
+        await lb.send(a.link.id, GRAD_LATE, {"c": 0, "at": 1})   # as an older peer does
         await settle(hub, [a])
         assert not await asyncio.to_thread(a.wait, 4, 0.2, every=4, first=0)   # the others' turns never came
         await settle(hub, [a])
         assert syncs == [] and a.stats.late_resent == 1
         assert a.stats.resyncs == a.stats.resync_failed == 0 and a.snapshot() is None
         a.publish(np.ones(D, np.float32), clock=4)
-        await lb.send(la.id, GRAD_LATE, {"c": 4, "at": 5})
+        await lb.send(a.link.id, GRAD_LATE, {"c": 4, "at": 5})
         await settle(hub, [a])
         await asyncio.to_thread(a.wait, 8, 0.2, every=4, first=0)   # asks, and gives up after 0.3 s
         await settle(hub, [a])
@@ -452,17 +459,8 @@ def test_a_late_notice_of_this_release_about_a_clock_sent_again_still_counts():
     comes from a peer whose turn went past that copy before it was sent again: it still
     makes the origin ask for that peer's copy (it was ignored as an older peer's)."""
     async def main():
-        hub = SimHub(topology="ring")
-        la, lb, _, ld = hub.add_many(4)
-        a = GradientRelay(la, D, state=Copy().state, resync_timeout=0.3)
-        syncs = []
-        lb.on(GRAD_SYNC, syncs.append)
-        assert await asyncio.to_thread(a.wait, 0, 1.0, every=4, first=0)
-        a.publish(np.ones(D, np.float32), clock=0)
-        hub.remove(ld.id)   # a sends its turn at clock 0 again
-        await settle(hub, [a])
-        assert a.stats.resent == 1
-        await lb.send(la.id, GRAD_LATE, {"c": 0, "at": 1, "f": 1})
+        hub, a, lb, syncs = await _resent_clock_0()
+        await lb.send(a.link.id, GRAD_LATE, {"c": 0, "at": 1, "f": 1})
         await settle(hub, [a])
         await asyncio.to_thread(a.wait, 4, 0.2, every=4, first=0)   # asks, and gives up after 0.3 s
         await settle(hub, [a])

@@ -101,34 +101,40 @@ def _child(a: SyncPeer, w: int) -> None:
     os.write(w, "\n".join(out).encode())
 
 
+def in_child(child) -> str:
+    """Fork; in the child run ``child(w)``, which writes its report to the pipe ``w``, and
+    exit; return that report. The child is reaped (killed by its pid if it overstays)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            child(w)
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        deadline = time.monotonic() + CHILD_DEADLINE_S
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the forked child did not exit within {CHILD_DEADLINE_S} s")
+            time.sleep(0.05)
+        pid = 0   # reaped
+        return os.read(r, 1 << 16).decode()
+    finally:
+        os.close(r)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
 def test_a_forked_child_is_refused_at_once_and_its_close_leaves_the_parent_be(coordinator):
     got = []
     with SyncPeer(coordinators=[coordinator], id="a", heartbeat_s=0.2) as a, \
             SyncPeer(coordinators=[coordinator], id="b", heartbeat_s=0.2) as b:
         a.wait_view(lambda v: len(v.members) == 2, timeout=10)
         b.on("x", lambda msg: got.append(msg.body["from"]))
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(r)
-                _child(a, w)
-            finally:
-                os._exit(0)
-        os.close(w)
-        try:
-            deadline = time.monotonic() + CHILD_DEADLINE_S
-            while os.waitpid(pid, os.WNOHANG) == (0, 0):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the forked child did not exit within {CHILD_DEADLINE_S} s")
-                time.sleep(0.05)
-            pid = 0   # reaped
-            report = os.read(r, 1 << 16).decode()
-        finally:
-            os.close(r)
-            if pid:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+        report = in_child(lambda w: _child(a, w))
         refusal = f"SwarmError: this SyncPeer was started in process {os.getpid()}; a forked child"
         for what in ("send", "call", "wait_view", "call_soon", "on"):
             # before the fix: PeerTimeout after the call's own timeout (10.5 s for a send)

@@ -5,13 +5,10 @@ for a peer that the child cannot use."""
 from __future__ import annotations
 
 import os
-import signal
-import time
 
-import pytest
 # a coordinator process for in-process peers (tests/ is on the path)
 from peer.test_syncpeer import coordinator  # noqa: F401 - a fixture
-from peer.test_syncpeer_cancel_fork import CHILD_DEADLINE_S
+from peer.test_syncpeer_cancel_fork import in_child
 
 from swarm.peer import PeerState, SyncPeer
 
@@ -19,44 +16,22 @@ READS = {"id": lambda p: p.id, "view": lambda p: p.view, "address": lambda p: p.
          "neighbours": lambda p: p.neighbours()}
 
 
-def _in_child(a: SyncPeer) -> str:
-    """Fork; in the child, read each of READS from ``a`` and report what happened. The
-    child is reaped (killed by its pid if it overstays)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
+def _reads(a: SyncPeer, w: int) -> None:
+    """In the child: read each of READS from ``a`` and write what happened to ``w``."""
+    out = []
+    for what, read in READS.items():
         try:
-            os.close(r)
-            out = []
-            for what, read in READS.items():
-                try:
-                    out.append(f"{what}: returned {read(a)!r:.60}")
-                except BaseException as e:   # noqa: BLE001 - reported to the parent
-                    out.append(f"{what}: {type(e).__name__}: {e}")
-            os.write(w, "\n".join(out).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    try:
-        deadline = time.monotonic() + CHILD_DEADLINE_S
-        while os.waitpid(pid, os.WNOHANG) == (0, 0):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the forked child did not exit within {CHILD_DEADLINE_S} s")
-            time.sleep(0.05)
-        pid = 0   # reaped
-        return os.read(r, 1 << 16).decode()
-    finally:
-        os.close(r)
-        if pid:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            out.append(f"{what}: returned {read(a)!r:.60}")
+        except BaseException as e:   # noqa: BLE001 - reported to the parent
+            out.append(f"{what}: {type(e).__name__}: {e}")
+    os.write(w, "\n".join(out).encode())
 
 
 def test_a_forked_child_cannot_read_the_parents_id_view_or_address(coordinator):  # noqa: F811
     with SyncPeer(coordinators=[coordinator], id="a", heartbeat_s=0.2) as a, \
             SyncPeer(coordinators=[coordinator], id="b", heartbeat_s=0.2):
         a.wait_view(lambda v: len(v.members) == 2, timeout=10)
-        report = _in_child(a)
+        report = in_child(lambda w: _reads(a, w))
         refusal = f"SwarmError: this SyncPeer was started in process {os.getpid()}; a forked child"
         for what in READS:
             # before the fix: "id: returned 'a'", the parent's view, address and neighbours
