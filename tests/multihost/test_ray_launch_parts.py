@@ -93,12 +93,7 @@ def test_launch_ray_gives_v_to_its_coordinator_and_its_peers(fake_ray, tmp_path)
         ray_launch.launch_ray(None, [], host="127.0.0.1", runs_root=tmp_path / "runs", stream=io.StringIO(),
                               verbose=1)
     (run,) = (tmp_path / "runs").iterdir()
-    coordinator = json.loads((run / "pids.json").read_text())["children"]["coordinator"]
-    try:
-        assert not Path(f"/proc/{coordinator}").exists(), "the coordinator outlived the launch"
-    finally:
-        if Path(f"/proc/{coordinator}").exists():
-            os.kill(coordinator, signal.SIGKILL)
+    _coordinator_ended(run)
     assert " swarm.coordinator INFO coordinator listening on " in (run / "logs" / "coordinator.log").read_text()
     assert len(fake_ray.runs) == 1 and fake_ray.killed == 1
     spec, rank, addr, run_dir, host, verbose = fake_ray.runs[0]
