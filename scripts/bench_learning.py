@@ -331,6 +331,22 @@ def isolated_together(seeds: list[int], cfg: DQNConfig, procs: int, max_steps: i
     return [out[s] for s in seeds]
 
 
+#: The spec keys each swarm run sets itself, which --set may not change (a --set of one was
+#: silently replaced), and where each comes from: the env and the solve threshold are the
+#: isolated side's too (ENV, SOLVE), the others this script's options.
+SET_HERE = {
+    "env": f"both sides train on {ENV}", "eval.solve_return": f"both sides solve at {SOLVE:g}",
+    "seed": "set by --seeds", "budget.env_steps": "set by --max-steps",
+    "budget.stop_when_solved": "on, off in the dense run", "eval.every": "set by --eval-every",
+    "eval.episodes": "set by --eval-episodes", "eval.solver": "set by --solver",
+}
+
+
+def changed_keys(sets: list[str]) -> set[str]:
+    """The dotted keys that ``KEY=VALUE`` overrides set, as ``apply_overrides`` reads them."""
+    return {".".join(p for p in item.split("=", 1)[0].strip().split(".") if p) for item in sets}
+
+
 def swarm_sets(seed: int, extra: list[str], max_steps: int, every: int, episodes: int,
                until_solved: bool = True, base: list[str] = SWARM, solver: int = 0) -> list[str]:
     """The spec overrides of one ``swarm run`` (see :func:`swarm`)."""
@@ -449,7 +465,8 @@ def main() -> None:
     ap.add_argument("--swarm", choices=("gradients", "params"), default="gradients",
                     help="the swarm's exchange: relayed gradients (SWARM) or parameter averaging (SWARM_PARAMS)")
     ap.add_argument("--set", dest="overrides", action="append", default=[],
-                    help="a spec override for the swarm runs, e.g. --set gossip.codec=ef+topk:0.25:values=fp16")
+                    help="a spec override for the swarm runs, e.g. --set gossip.codec=ef+topk:0.25:values=fp16 "
+                         "(not of a key each run sets itself: " + ", ".join(SET_HERE) + ")")
     ap.add_argument("--iso-set", dest="iso_overrides", action="append", default=[],
                     help="an override of the isolated learner's DQN settings, e.g. --iso-set hidden=[64,64]")
     ap.add_argument("--skip-dense", action="store_true", help="no uncompressed run (no bytes_saving)")
@@ -467,6 +484,10 @@ def main() -> None:
         ap.error(f"--eval-every {args.eval_every} is above --max-steps {args.max_steps}: nothing would be evaluated")
     if min(args.seeds) < 0:
         ap.error("--seeds must be >= 0")
+    taken = sorted(changed_keys(args.overrides) & set(SET_HERE))
+    if taken:
+        ap.error(f"--set {', '.join(taken)}: each swarm run sets {'it' if len(taken) == 1 else 'them'} itself ("
+                 + "; ".join(f"{k}: {SET_HERE[k]}" for k in taken) + ")")
     base = (SWARM if args.swarm == "gradients" else SWARM_PARAMS) + args.overrides
     try:   # both sides' settings, before any run starts
         cfg = from_dict(DQNConfig, apply_overrides(to_dict(ISOLATED), args.iso_overrides))

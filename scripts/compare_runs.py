@@ -20,7 +20,10 @@ topology and codec, with a greedy evaluation of 5 episodes every 500 env steps
 (so ``--steps`` must be at least that). ``--set`` overrides them, except the keys
 the experiment varies and ``seed`` and ``name``, which it refuses: each run sets
 those itself; "isolated" also refuses ``gossip.exchange = gradients`` (the relay
-would share gradients). A figure a run does not have (no evaluation, no finished
+would share gradients). A peer counts as solved at its first greedy evaluation that
+reaches its run's ``eval.solve_return`` (from the run's ``config.json``: the env's
+reward_threshold unless ``--set`` gives one; an env with neither leaves the solve
+figures empty). A figure a run does not have (no evaluation, no finished
 episode) is left empty in the CSV, ``-`` in the table and null in the JSON.
 """
 
@@ -40,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_learning import SOLVE, SWARM_PARAMS, _sigterm_exits
+from bench_learning import SWARM_PARAMS, _sigterm_exits, changed_keys
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
 from swarm.experiment.launch import read_csv
@@ -79,11 +82,6 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def changed_keys(sets: list[str]) -> set[str]:
-    """The dotted keys that ``KEY=VALUE`` overrides set, as ``apply_overrides`` reads them."""
-    return {".".join(p for p in item.split("=", 1)[0].strip().split(".") if p) for item in sets}
-
-
 def one_run(sets: list[str], root: Path) -> dict:
     """Run ``swarm run`` with ``sets``; the run's figures, averaged over its peers."""
     root.mkdir(parents=True, exist_ok=True)
@@ -94,17 +92,20 @@ def one_run(sets: list[str], root: Path) -> dict:
     if result.exit_code != 0:
         raise SystemExit(f"swarm run failed ({result.exit_code}) in {run_dir}:\n{log.getvalue()[-3000:]}")
     spec = load_spec(run_dir / "config.json")
+    solve = spec.eval.solve_return   # the run's own: its env's reward_threshold unless --set
     curves, solved = [], []
     for r in range(spec.peers):
         eps = read_csv(run_dir / f"peer{r}" / "metrics.csv")
         curves.append(([int(e["env_steps"]) for e in eps], [float(e["mean_return"]) for e in eps]))
-        solved += [int(e["env_steps"]) for e in read_csv(run_dir / f"peer{r}" / "evals.csv")
-                   if float(e["eval_return"]) >= SOLVE][:1]
+        if solve is not None:
+            solved += [int(e["env_steps"]) for e in read_csv(run_dir / f"peer{r}" / "evals.csv")
+                       if float(e["eval_return"]) >= solve][:1]
     return {
         "final_mean_return": _mean([r.get("final_mean_return") for r in rows]),
         "final_eval_return": _mean([r.get("eval_return") for r in rows]),
+        "solve_return": solve,
         "first_solve_steps": min(solved) if solved else None,
-        "peers_solved": len(solved),
+        "peers_solved": len(solved) if solve is not None else None,
         "gossip_mb_per_peer": float(np.mean([r.get("gossip_bytes_out", 0) for r in rows])) / 1e6,
         "mb_per_peer": float(np.mean([r.get("bytes_out", 0) for r in rows])) / 1e6,
         "max_cpu_s": max(float(r.get("cpu_s") or 0.0) for r in rows),
@@ -187,7 +188,7 @@ def main() -> None:
         ap.error(f"--out {args.out}: is a file, not a folder")
     common = (BASE + EXTRA[args.experiment]
               + [f"budget.env_steps={args.steps}", "budget.stop_when_solved=false", "eval.every=500",
-                 "eval.episodes=5", f"eval.solve_return={SOLVE}"] + args.overrides)
+                 "eval.episodes=5"] + args.overrides)
 
     # every run's settings checked before any starts (a bad one would fail deep in the runs)
     plan: list[tuple[str, int, str, list[str]]] = []
@@ -230,8 +231,8 @@ def main() -> None:
               f"first solve {r['first_solve_steps'] or '-'}, {r['gossip_mb_per_peer']:.2f} MB gossip per "
               f"peer, {r['max_cpu_s']:.1f} s CPU ({time.monotonic() - t0:.0f} s)", flush=True)
 
-    fields = ["variant", "seed", "final_mean_return", "final_eval_return", "first_solve_steps", "peers_solved",
-              "gossip_mb_per_peer", "mb_per_peer", "max_cpu_s", "run_dir"]
+    fields = ["variant", "seed", "final_mean_return", "final_eval_return", "solve_return", "first_solve_steps",
+              "peers_solved", "gossip_mb_per_peer", "mb_per_peer", "max_cpu_s", "run_dir"]
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -257,7 +258,7 @@ def main() -> None:
         first = (f"{row['first_solve_steps']:.0f} ({len(solves)}/{len(runs)} runs)" if solves
                  else f"- (0/{len(runs)} runs)")
         lines.append(f"| {name} | {_fmt(row['final_mean_return'])} | {_fmt(row['final_eval_return'])} | {first} | "
-                     f"{row['peers_solved']:.1f} | {row['gossip_mb_per_peer']:.2f} | {row['max_cpu_s']:.1f} |")
+                     f"{_fmt(row['peers_solved'])} | {row['gossip_mb_per_peer']:.2f} | {row['max_cpu_s']:.1f} |")
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
     print("\n" + table)

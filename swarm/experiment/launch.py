@@ -507,6 +507,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     if prev is not None:
         from .checkpoint import latest  # noqa: PLC0415 - needs no torch, but keep import cost off `swarm run -h`
 
+        _check_resume_env(prev, spec)
         missing = [r for r in range(spec.peers) if not (peer_dir(prev, r) / "checkpoint.pt").is_file()
                    and latest(peer_dir(prev, r) / "ckpt") is None]
         if missing:
@@ -750,6 +751,39 @@ def _refused_config(config: Path, overrides: list[str], e: ConfigError) -> Confi
     if refused_alone == msg and str(config) not in msg:   # no key to tell by (an unknown key, a torn file)
         return ConfigError(f"resume: {config}: {msg}")
     return e
+
+
+def _check_resume_env(prev: Path, spec: Spec) -> None:
+    """Refuse to resume the run in ``prev`` on an env (``--set env=...``) whose observations or
+    number of actions differ from that run's: every peer's checkpoint and replay buffer hold
+    the old env's, and each peer would fail on its own, after the launch."""
+    from ..config import read_file  # noqa: PLC0415
+    from ..rl.train import make_env  # noqa: PLC0415 - gymnasium, not torch
+
+    old = read_file(prev / "config.json").get("env", Spec().env)
+    if old == spec.env:
+        return
+
+    def sizes(env_id: Any) -> tuple[tuple[int, ...] | None, int | None]:
+        try:
+            env = make_env(env_id)
+        except ConfigError as e:
+            raise ConfigError(f"resume: {prev} trained env = {old!r} and this run asks for env = {spec.env!r}; "
+                              f"cannot compare them: {e}") from None
+        try:
+            shape = getattr(env.observation_space, "shape", None)
+            n = getattr(env.action_space, "n", None)
+            return (None if shape is None else tuple(shape)), (None if n is None else int(n))
+        finally:
+            env.close()
+
+    was, now = sizes(old), sizes(spec.env)
+    if was != now:
+        def say(s: tuple[tuple[int, ...] | None, int | None]) -> str:
+            return f"observations of shape {s[0]}, {s[1]} actions"
+        raise ConfigError(f"resume: {prev} trained env = {old!r} ({say(was)}), but env = {spec.env!r} has "
+                          f"{say(now)}: the peers' checkpoints and replay buffers hold the old env's; resume "
+                          f"with env = {old!r}, or start a new run")
 
 
 def _check_memory(spec: Spec) -> None:

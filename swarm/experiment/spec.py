@@ -19,6 +19,7 @@ as a spec.
 from __future__ import annotations
 
 import difflib
+import importlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -155,7 +156,11 @@ class EvalSpec:
     every: int = opt(1_000, "env steps between evaluations; 0 disables; above budget.env_steps none runs "
                             "and there is no best.pt (swarm run warns)", _nonneg, "must be >= 0")
     episodes: int = opt(5, "episodes per evaluation", _pos, "must be > 0")
-    solve_return: float = opt(475.0, "mean greedy return that counts as solved")
+    solve_return: float | None = opt(None, "mean greedy return that counts as solved; unset: the env's "
+                                           "Gymnasium reward_threshold (CartPole-v1 475, CartPole-v0 195, "
+                                           "Acrobot-v1 -100, MountainCar-v0 -110), which the resolved spec "
+                                           "(config.json, --show) records; an env without one needs it set "
+                                           "for budget.stop_when_solved")
     solver: int = opt(-1, "whose evaluation ends a run with budget.stop_when_solved: -1, any peer's "
                           "(the first to reach solve_return); a rank, only that peer's. With identical "
                           "copies (gossip.exchange = gradients) any peer's is a best of n evaluations of "
@@ -228,7 +233,14 @@ class Spec:
         """Check what single fields cannot: names against registries, cross-field ranges."""
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"algorithm = {self.algorithm!r}: unknown; choose one of {', '.join(ALGORITHMS)}")
-        _check_env(self.env)
+        threshold = _check_env(self.env)
+        if self.eval.solve_return is None:
+            # Resolved here, so that config.json records the number each peer compares against.
+            if threshold is None and self.budget.stop_when_solved:
+                raise ConfigError(f"eval.solve_return is unset and env = {self.env!r} has no reward_threshold "
+                                  "in its Gymnasium spec: budget.stop_when_solved = true needs one; set "
+                                  "eval.solve_return to the mean greedy return that counts as solved")
+            self.eval.solve_return = threshold
         g = self.gossip
         if g.sync not in SYNC_MODES:
             raise ConfigError(f"gossip.sync = {g.sync!r}: choose one of {', '.join(SYNC_MODES)}")
@@ -335,14 +347,31 @@ class Spec:
         return said
 
 
-def _check_env(env_id: str) -> None:
+def _check_env(env_id: str) -> float | None:
+    """Check that the peers can make ``env_id`` and train DQN on it; return its Gymnasium
+    ``reward_threshold`` (None when it has none).
+
+    ``module:EnvId`` imports ``module`` first (which registers ``EnvId``), as ``gymnasium.make``
+    does in each peer process: an env registered only in the calling process is unknown there.
+    """
     import gymnasium  # noqa: PLC0415 - slow to import; only needed here
 
+    module, sep, name = env_id.rpartition(":")
+    if sep:
+        if not module or not name:
+            raise ConfigError(f"env = {env_id!r}: expected a Gymnasium id, or module:EnvId to import the "
+                              "module that registers it first")
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # the module's own code runs: it can fail any way
+            raise ConfigError(f"env = {env_id!r}: cannot import module {module!r}, which should register "
+                              f"{name!r}: {type(e).__name__}: {e}") from None
     known = gymnasium.envs.registry
-    if env_id not in known:
-        close = difflib.get_close_matches(env_id, list(known), n=3)
+    if name not in known:
+        close = difflib.get_close_matches(name, list(known), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ConfigError(f"env = {env_id!r}: not a registered Gymnasium environment{hint}")
+        where = f" after importing {module!r}" if sep else ""
+        raise ConfigError(f"env = {env_id!r}: not a registered Gymnasium environment{where}{hint}")
     # Made once here (milliseconds for CartPole), an env the peers cannot use fails
     # before `swarm run` makes a run folder, not inside every peer.
     try:
@@ -351,6 +380,7 @@ def _check_env(env_id: str) -> None:
         raise ConfigError(f"env = {env_id!r}: cannot be made: {e}") from None
     try:
         actions, observations = env.action_space, env.observation_space
+        threshold = env.spec.reward_threshold if env.spec is not None else None
     finally:
         env.close()
     if not isinstance(actions, gymnasium.spaces.Discrete):
@@ -360,6 +390,7 @@ def _check_env(env_id: str) -> None:
         # DQN's network flattens each observation into its input layer.
         raise ConfigError(f"env = {env_id!r}: its observation space {observations} is not a Box of at least "
                           "one dimension; DQN needs observations that are arrays of numbers")
+    return None if threshold is None else float(threshold)
 
 
 def _check_topology(topology: str, peers: int, edges: list[list[int]]) -> None:
@@ -433,7 +464,9 @@ def _check_codec(codec: str) -> None:
 
 #: The built-in experiment: CartPole-v1, 4 peers on a ring, error-feedback top-k, sharing on.
 #: One shared instance: change a copy (``load_spec()`` or ``dataclasses.replace``), not it.
-DEFAULT_SPEC = Spec(name="cartpole-ring")   # the name load_spec() gives it (default_name)
+#: Its eval.solve_return is CartPole-v1's reward_threshold, as load_spec() resolves it.
+DEFAULT_SPEC = Spec(name="cartpole-ring",   # the name load_spec() gives it (default_name)
+                    eval=EvalSpec(solve_return=475.0))
 
 
 def load_spec(path: str | Path | Spec | None = None, overrides: list[str] | None = None) -> Spec:

@@ -163,11 +163,18 @@ class DQNAgent(BaseAgent):
     @classmethod
     def for_env(cls, env: Any, buffer: Any, config: DQNConfig | None = None, seed: int = 0,
                 init_seed: int | None = None) -> "DQNAgent":
-        """Build an agent sized for a Gymnasium env with a Discrete action space."""
+        """Build an agent sized for a Gymnasium env with a Discrete action space and a Box
+        observation space of at least one dimension."""
         n = getattr(env.action_space, "n", None)
         if n is None:
             raise ConfigError(f"env action space {env.action_space} is not Discrete; DQN needs discrete actions")
-        return cls(env.observation_space.shape, int(n), buffer, config, seed, init_seed)
+        space = env.observation_space
+        shape = getattr(space, "shape", None)
+        if not shape:   # None: a Tuple or Dict space; (): a Discrete one
+            hint = "; one-hot encode a Discrete observation" if shape == () else ""
+            raise ConfigError(f"env observation space {space} is not a Box of at least one dimension; DQN needs "
+                              f"observations that are arrays of numbers{hint}")
+        return cls(shape, int(n), buffer, config, seed, init_seed)
 
     # ------------------------------------------------------------ the update rule
 

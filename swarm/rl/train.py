@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..checks import is_int
 from ..errors import ConfigError
 from ..peer.agent import BaseAgent
 
@@ -55,13 +56,16 @@ class RunResult:
 
 
 def make_env(env_id: str, **kwargs: Any) -> Any:
-    """``gymnasium.make`` with an error naming the env when the id is unknown."""
+    """``gymnasium.make`` with a ConfigError naming the env when it cannot be made: an
+    unknown id, or any failure of the env's module or constructor (a missing package)."""
     import gymnasium as gym
 
     try:
         return gym.make(env_id, **kwargs)
     except gym.error.Error as e:
         raise ConfigError(f"env = {env_id!r}: gymnasium cannot make it ({e})") from None
+    except Exception as e:  # the env's own code runs: it can fail any way (ModuleNotFoundError: jax)
+        raise ConfigError(f"env = {env_id!r}: gymnasium cannot make it ({type(e).__name__}: {e})") from None
 
 
 def run_agent(env_id: str, agent: BaseAgent, steps: int, seed: int = 0,
@@ -107,20 +111,36 @@ def run_agent(env_id: str, agent: BaseAgent, steps: int, seed: int = 0,
     return result
 
 
-def evaluate(env_id: str, agent: BaseAgent, episodes: int = 5, seed: int = 10_000) -> list[float]:
-    """Returns of ``episodes`` greedy episodes (``agent.act``), no learning."""
+#: The most steps of a greedy episode in :func:`evaluate` when the env has no time limit
+#: of its own: a policy that never ends an episode must not stall a peer for ever.
+EVAL_MAX_STEPS = 10_000
+
+
+def evaluate(env_id: str, agent: BaseAgent, episodes: int = 5, seed: int = 10_000,
+             max_steps: int | None = None) -> list[float]:
+    """Returns of ``episodes`` greedy episodes (``agent.act``), no learning.
+
+    An episode ends, as truncated, after ``max_steps`` steps: by default the env's own
+    ``max_episode_steps``, or :data:`EVAL_MAX_STEPS` when it has none.
+    """
     if episodes < 1:
         raise ConfigError(f"episodes = {episodes}: must be >= 1")
+    if max_steps is not None and not (is_int(max_steps) and max_steps >= 1):
+        raise ConfigError(f"max_steps = {max_steps!r}: must be an integer >= 1")
     env = make_env(env_id)
     returns = []
     try:
+        if max_steps is None:
+            limit = getattr(env.spec, "max_episode_steps", None)
+            max_steps = limit if isinstance(limit, int) and limit > 0 else EVAL_MAX_STEPS
         for i in range(episodes):
             obs, _ = env.reset(seed=seed + i)
-            total, done = 0.0, False
-            while not done:
+            total = 0.0
+            for _ in range(max_steps):
                 obs, reward, terminated, truncated, _ = env.step(agent.act(obs))
                 total += float(reward)
-                done = terminated or truncated
+                if terminated or truncated:
+                    break
             returns.append(total)
     finally:
         env.close()
