@@ -368,10 +368,6 @@ class GradientRelay:
         # the epoch of the first view listing this peer (None: none yet): what is sent again
         # of turns from before it is not applied here (see _predates)
         self._since: int | None = link.view.epoch if link.id in self._members else None
-        # id -> the epoch of the first view listing it, for members that joined after this
-        # relay's first view (of the others it is not known); replaced, never changed, on
-        # the loop: the consumer thread reads it when it passes messages on (direct)
-        self._joined: dict[str, int] = {}
         self._resent_in: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()   # (origin, number)
         # the clocks of this peer's messages sent again (the newest _RECENT_CLOCKS), on the loop:
         # a grad_late about one is not about this peer's own lateness (see _on_side)
@@ -1150,20 +1146,15 @@ class GradientRelay:
         what went into the member between its death and this view, before that turn, stays
         lost (nothing counts it).
 
-        A neighbour seen to join after a message was published does not get it at all, nor
-        from the peers that pass it on (see _pass_on): a peer older than ``e`` would apply
-        it, though its parameters, taken from the others, hold it. On a ring, whose two
-        routes go half way round each, the other then goes all the way round, so that the
-        peers behind the newcomer get it. The clocks sent again are noted: such a peer
-        whose turn went past one tells its origin (grad_late), as of a first copy, and
-        the origin ignores that (see _on_side)."""
+        The clocks sent again are noted: a peer of an older release (which knows no ``r``)
+        whose turn went past one tells its origin (grad_late), as of a first copy, and the
+        origin ignores that (see _on_side). Such a peer that joined after the turn applies
+        it, though its parameters, taken from the others, hold it (one of this release
+        passes it on without applying it): its copy is off by that turn until the digests
+        (with state) or parameter averaging bring it back. Leaving newcomers out of the
+        resend was tried: a newcomer may be the only way to the peers behind it."""
         present = {m.id for m in view.members}
-        left, joined = self._members - present, present - self._members
-        self._members = present
-        if left or joined:
-            since = {pid: e for pid, e in self._joined.items() if pid in present}
-            since.update(dict.fromkeys(joined, view.epoch))
-            self._joined = since
+        left, self._members = self._members - present, present
         if self._since is None and self.link.id in present:
             self._since = view.epoch
         if not left or self._closed:
@@ -1180,28 +1171,14 @@ class GradientRelay:
                 self._resent_clocks.move_to_end(c)
         while len(self._resent_clocks) > _RECENT_CLOCKS:
             self._resent_clocks.popitem(last=False)
-        routes, n = self._routes(), len(view.members)
-        split = self.topology == "ring" and self.hops is None   # see _routes
+        routes = self._routes()
         for body, frames, epoch in msgs:
             again = {k: v for k, v in body.items() if k != "x"}
             again["r"], again["e"] = 1, epoch
-            # Only on a ring, where the other direction can go all the way round: on other
-            # graphs a newcomer may be the only way within the hops to the peers behind it,
-            # and one of this release passes the turn on without applying it (_predates)
-            to = [(dst, hops) for dst, hops in routes if not (split and self._joined_after(dst, epoch))]
-            if len(to) < len(routes):   # the way through a newcomer is closed
-                log.debug("relay %s: message %d (clock %d) goes again without %d neighbour(s) that joined "
-                          "after it", self.link.id, body["s"], body["c"], len(routes) - len(to))
-                if split:
-                    to = [(dst, max(hops, n - 1)) for dst, hops in to]
             nbytes = _nbytes(frames)
-            for dst, hops in to:
+            for dst, hops in routes:
                 self._send(dst, dict(again, h=hops), frames, nbytes, forwarding=False)
             self.stats.resent += 1
-
-    def _joined_after(self, dst: str, epoch: int) -> bool:
-        """Whether ``dst`` is known here to have joined after the view of ``epoch``."""
-        return self._joined.get(dst, -1) > epoch
 
     def _accept(self, msg: Message, send: Any) -> None:
         """Check, decode and queue a received gradient (or note a pass), hand what rode
@@ -1367,17 +1344,14 @@ class GradientRelay:
         self.rider.arrive(origin, ride[0], ride_arrays)
 
     def _pass_on(self, msg: Message, forward: list[np.ndarray], nbytes: int, send: Any) -> None:
-        """Pass a message on with one hop less, away from where it came from (without its ride);
-        one sent again not to the neighbours seen to join after its epoch (see _resend)."""
+        """Pass a message on with one hop less, away from where it came from (without its ride)."""
         b = msg.body
         hops, origin = b["h"], b["o"]
         if hops > 1:
             fwd = dict(b, h=hops - 1)
             fwd.pop("x", None)
-            # checked in _accept; on a ring only (see _resend)
-            e = b.get("e") if "r" in b and self.topology == "ring" and self.hops is None else None
             for dst in self.link.neighbours():
-                if dst != msg.src and dst != origin and not (e is not None and self._joined_after(dst, e)):
+                if dst != msg.src and dst != origin:
                     send(dst, fwd, forward, nbytes, forwarding=True)
 
     def _predates(self, b: dict[str, Any]) -> bool:

@@ -284,9 +284,7 @@ def test_a_peer_that_joined_after_a_turn_does_not_apply_it_when_it_is_sent_again
     """4-ring: every peer publishes and every gradient is taken. p004 joins (it starts
     from what the others hold), then p001 leaves: the survivors send their last turns
     again, and p004 passes them on without applying them (before, it took the gradients
-    of origins 0, 2 and 3). The others drop them as copies, as before. (Peers that saw
-    p004 join do not send them to it at all: here they are blind to it, as an older
-    peer passing them on is, with their e.)"""
+    of origins 0, 2 and 3). The others drop them as copies, as before."""
     async def main():
         hub = SimHub(topology="ring")
         links = hub.add_many(4)
@@ -297,8 +295,6 @@ def test_a_peer_that_joined_after_a_turn_does_not_apply_it_when_it_is_sent_again
         assert all(len(r.take()) == 3 for r in relays)
         (l4,) = hub.add_many(1)
         r4 = GradientRelay(l4, D, topology="ring")
-        for r in relays:
-            r._joined_after = lambda dst, epoch: False
         await settle(hub, relays)
         hub.remove("p001")
         await until(lambda: r4.stats.duplicates >= 3)
@@ -469,36 +465,39 @@ def test_a_late_notice_of_this_release_about_a_clock_sent_again_still_counts():
     asyncio.run(main())
 
 
-def test_a_turn_sent_again_skips_the_peers_that_joined_after_it():
-    """5-ring; p003's message to p004 is held, so p000 lacks p003's gradient. p005 joins,
-    a peer older than r and e here (it applies whatever is sent again), and p004 dies with
-    the message. The survivors send their turns again, but not to p005, which joined after
-    them (its parameters hold them): neither their origins nor the peers that pass them on
-    and saw it join (before, p005 applied all four). p003's way to p000 through p005 is
-    closed, so its other route goes round the ring: p000 still gets p003's gradient."""
+def test_a_turn_sent_again_goes_through_newcomers_to_the_peers_behind_them():
+    """A 7-ring whose p000 lost its neighbours p001 and p004; its gradient is lost on its
+    way to p002; X1 and X4 join in the dead ranks, one of them next to p000; then p006
+    leaves and p000 sends its turn again. It goes through the newcomers, which pass it on
+    without applying it (a first version left newcomers out: p000 then sent it to nobody,
+    and p002 never got it)."""
+    from swarm.gossip.sim import SimLink
+
     async def main():
         hub = HoldHub(topology="ring")
-        links = hub.add_many(5)
-        relays = [GradientRelay(lk, D, topology="ring") for lk in links]
-        hub.hold = {("p003", "p004")}
-        for i, r in enumerate(relays):
-            r.publish(np.full(D, i, np.float32), clock=i)
-        await settle(hub, relays)
-        assert Counter(int(g[0]) for g in relays[0].take()) == {1: 1, 2: 1, 4: 1}
-        for r in relays[1:]:
-            r.take()
-        (l5,) = hub.add_many(1)
-        r5 = GradientRelay(l5, D, topology="ring")
-        r5._predates = lambda body: False   # an older peer knows neither r nor e
-        await settle(hub, relays + [r5])
-        hub.hold, hub.waiting = set(), []   # p004 dies with p003's message
-        hub.remove("p004")
-        await settle(hub, relays + [r5])
-        got = {links[i].id: Counter(int(g[0]) for g in relays[i].take()) for i in range(4)}
-        assert got == {"p000": {3: 1}, "p001": {}, "p002": {}, "p003": {}}, got
-        assert [int(g[0]) for g in r5.take()] == [] and r5.stats.received == r5.stats.duplicates == 0
-        assert [relays[i].stats.resent for i in range(4)] == [1] * 4
-        assert not hub.errors
+        relays = {lk.id: GradientRelay(lk, D, topology="ring") for lk in hub.add_many(7)}
+        for dead in ("p001", "p004"):
+            hub.remove(dead)
+            relays.pop(dead)
+        await settle(hub, list(relays.values()))
+        hub.hold = {("p000", "p002")}
+        relays["p000"].publish(np.full(D, 7, np.float32), clock=0)
+        await settle(hub, list(relays.values()))
+        hub.hold, hub.waiting = set(), []   # lost on the way to p002
+        member = type(hub.view.members[0])
+        for pid, rank in (("X1", 1), ("X4", 4)):
+            hub.links[pid] = SimLink(hub, pid)
+            hub._install([*hub.view.members, member(pid, f"inproc://{pid}", rank)])
+            relays[pid] = GradientRelay(hub.links[pid], D, topology="ring")
+        await settle(hub, list(relays.values()))
+        hub.remove("p006")
+        relays.pop("p006")
+        for _ in range(5):
+            await settle(hub, list(relays.values()))
+        got = {k: Counter(int(g[0]) for g in r.take()) for k, r in relays.items() if k != "p000"}
+        assert got["p002"] == Counter({7: 1}), got
+        assert got["X1"] == got["X4"] == Counter(), got   # joined after the turn: not applied
+        assert relays["p000"].stats.resent == 1 and not hub.errors
     asyncio.run(main())
 
 
