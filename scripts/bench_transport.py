@@ -8,8 +8,6 @@
     pairs are made for the run in a temporary folder, removed at the end);
 (b) small messages (one msgpack header, 16-byte body): raw pyzmq with the same
     drain loop, then swarm's receive loop with a handler per message.
-The raw sender copies its frames below swarm.transport.ZERO_COPY_MIN (64 KiB) and
-sends larger ones zero-copy, as swarm's transport does.
 Each leg is timed from the first send to the receiver's acknowledgement of the
 last message. Last line: one JSON object.
 """
@@ -65,22 +63,17 @@ def raw_receiver(port: int, n: int) -> None:
 
 def raw_sender(port: int, n: int, payload: np.ndarray, out: "mp.Queue") -> None:
     import zmq
-
-    from swarm.transport import ZERO_COPY_MIN
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.SNDHWM, 8)
     s.connect(f"tcp://127.0.0.1:{port}")
     head = b"h" * 40
-    # as swarm's transport sends: zero-copy only from ZERO_COPY_MIN bytes up (below it a
-    # zero-copy frame costs more than a memcpy; the small-message leg ran ~1.3x slower so)
-    copy = payload.nbytes < ZERO_COPY_MIN
-    s.send_multipart([head, payload], copy=copy)
+    s.send_multipart([head, payload], copy=False)
     s.recv()
     t0 = time.perf_counter()
     for _ in range(n):
-        s.send_multipart([head, payload], copy=copy)
+        s.send_multipart([head, payload], copy=False)
     s.recv()
     out.put(time.perf_counter() - t0)
     s.close()

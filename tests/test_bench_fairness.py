@@ -1,9 +1,8 @@
 """The benchmarks' anchors do the same work as swarm, and a failed side gives null.
 
 Each scripts/bench_*.py compares swarm with an anchor in the same run; these tests
-check what makes such a comparison fair, not the figures themselves: the raw
-transport anchor copies small frames as swarm does, bench_vs_hivemind counts the
-payload a codec really sends, bench_gossip reports no ratio for a run that missed
+check what makes such a comparison fair, not the figures themselves: bench_vs_hivemind
+counts the payload a codec really sends, bench_gossip reports no ratio for a run that missed
 its target, and bench_compress times its anchor as often as the codecs.
 """
 
@@ -11,37 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 
 import numpy as np
 import pytest
 from test_scripts import last_json, load_script, run_script
-
-# ---------------------------------------------------------------- bench_transport
-
-
-@pytest.mark.parametrize("nbytes", [16, 64 * 1024 - 4, 64 * 1024, 4 * 2**20])
-def test_transport_raw_anchor_copies_frames_below_swarms_zero_copy_threshold(monkeypatch, nbytes):
-    """swarm's transport copies a frame below ZERO_COPY_MIN (a zero-copy frame costs more
-    than a small memcpy); the raw anchor sent its 16 B bodies zero-copy, ~1.3x slower."""
-    import zmq
-
-    from swarm.transport import ZERO_COPY_MIN
-
-    bt = load_script("bench_transport")
-    copies: list[bool] = []
-
-    def send_multipart(self, frames, flags=0, copy=True, track=False, **kw):
-        copies.append(copy)
-
-    # no peer: the sends are recorded, and each wait for an ack returns one at once
-    monkeypatch.setattr(zmq.Socket, "send_multipart", send_multipart)
-    monkeypatch.setattr(zmq.Socket, "recv", lambda self, *a, **kw: b"ack")
-    out: queue.Queue = queue.Queue()
-    bt.raw_sender(bt.free_port(), 3, np.zeros(nbytes // 4, np.float32), out)
-    assert copies == [nbytes < ZERO_COPY_MIN] * 4     # the warm-up message and 3 timed ones
-    assert out.get_nowait() >= 0
-
 
 # ---------------------------------------------------------------- bench_vs_hivemind
 
