@@ -196,7 +196,9 @@ def _link_refusal(event: int, value: int, keyed: bool) -> str:
         if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
             return ("it runs without --keys and this peer with them" if keyed
                     else "it runs with --keys and this peer without them")
-        return f"CURVE protocol error {value:#x}: it holds another key pair than the view gives it"
+        if keyed:
+            return f"CURVE protocol error {value:#x}: it holds another key pair than the view gives it"
+        return f"ZMTP protocol error {value:#x}"
     return ""
 
 
@@ -204,8 +206,10 @@ def _refusal_text(curve: tp.Curve | None, pid: str, why: str) -> str:
     """``why``, and for a refused key what to copy where."""
     if curve is None or not why.startswith("it refused this peer's key"):
         return why
+    key = curve.public_file if curve.public_file.is_file() else curve.public_file.parent / "authorized" / \
+        curve.public_file.name   # a host's folder holds its secret and authorized/, maybe not NAME.key
     return (f"{why}: {pid}'s key folder (its --keys) must list this peer's public key in its "
-            f"authorized/: copy {curve.public_file} there")
+            f"authorized/: copy {key} there")
 
 
 _SEND = zmq.Socket.send
@@ -627,7 +631,8 @@ class Peer:
         s.setsockopt(zmq.CONNECT_TIMEOUT, int(LINK_CONNECT_TIMEOUT_S * 1000))
         if self._curve is not None:
             self._curve.client(s, m.key)
-        s.follow(self.id, pid, endpoint, self._curve)
+            # only a keyed inbox refuses a handshake that libzmq then never dials again
+            s.follow(self.id, pid, endpoint, self._curve)
         self._side.append(s)
         try:
             tp.connect(s, endpoint)

@@ -325,3 +325,19 @@ def test_two_keyed_objects_on_one_context_are_a_config_error(tmp_path):
     ended.start()
     ended.join(20)
     assert not ended.is_alive()
+
+
+def test_an_outbox_without_keys_has_no_handshake_monitor():
+    """Without keys no inbox refuses a handshake: an outbox watched it anyway, with a
+    monitor of two more sockets (and fds) each."""
+    async def run() -> None:
+        async with Coordinator(bind="tcp://127.0.0.1:*", http_bind="") as c:
+            a = Peer(id="a", coordinators=[c.address], topology="full")
+            b = Peer(id="b", coordinators=[c.address], topology="full")
+            async with a, b:
+                await b.wait_view(lambda v: len(v.members) == 2)
+                _, ep = a.open_inbox()
+                out = b.open_outbox("a", ep)
+                assert out is not None and out._watch is None
+
+    asyncio.run(run())
