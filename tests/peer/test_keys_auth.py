@@ -45,6 +45,12 @@ def _per_host(tmp_path):
 # ------------------------------------------------- a neighbour that refuses our key
 
 
+def _hosts(c: Coordinator, ka, kb) -> tuple[Peer, Peer]:
+    """Peers a (host1's keys) and b (host2's) of ``c``'s swarm, each with its host's folder."""
+    return (Peer(id="a", coordinators=[c.address], keys_dir=str(ka), key_name="host1", topology="full"),
+            Peer(id="b", coordinators=[c.address], keys_dir=str(kb), key_name="host2", topology="full"))
+
+
 def test_a_link_refused_for_its_key_is_logged_once_and_dialled_again_once_listed(tmp_path, caplog):
     # libzmq never dials an address again after its ZAP handler refused the key: b stayed
     # cut off from a, in silence, although the docs say a key copied in admits the host
@@ -53,8 +59,7 @@ def test_a_link_refused_for_its_key_is_logged_once_and_dialled_again_once_listed
 
     async def run() -> None:
         async with Coordinator(bind="tcp://127.0.0.1:*", keys_dir=str(k), http_bind="") as c:
-            a = Peer(id="a", coordinators=[c.address], keys_dir=str(ka), key_name="host1", topology="full")
-            b = Peer(id="b", coordinators=[c.address], keys_dir=str(kb), key_name="host2", topology="full")
+            a, b = _hosts(c, ka, kb)
             got: list[int] = []
             a.on("x", lambda m: got.append(m.body["i"]))
             async with a, b:
@@ -91,8 +96,7 @@ def test_an_outbox_refused_for_its_key_is_dialled_again_once_listed(tmp_path, ca
 
     async def run() -> None:
         async with Coordinator(bind="tcp://127.0.0.1:*", keys_dir=str(k), http_bind="") as c:
-            a = Peer(id="a", coordinators=[c.address], keys_dir=str(ka), key_name="host1", topology="full")
-            b = Peer(id="b", coordinators=[c.address], keys_dir=str(kb), key_name="host2", topology="full")
+            a, b = _hosts(c, ka, kb)
             async with a, b:
                 await b.wait_view(lambda v: len(v.members) == 2)
                 inbox, ep = a.open_inbox()
