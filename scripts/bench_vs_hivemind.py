@@ -170,14 +170,9 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
                      max_rounds: int, fixed: bool, ready, done, conv, fin, epoch, q) -> None:
     import asyncio
 
-    import torch
-
     from swarm.gossip import Gossip
     from swarm.peer import Peer
 
-    # one thread per peer process, as `swarm peer` does: 4 peers on 2 cores with torch's
-    # default pool measured 3x slower fp16 casts (1.23 s against 0.39 s at d = 2M)
-    torch.set_num_threads(1)
     meter = ErrorMeter(true_mean(n, d))
     x = vector(rank, d)
     err0 = meter(x)
@@ -231,6 +226,11 @@ def _swarm_peer_proc(coord: str, rank: int, n: int, d: int, topology: str, codec
             # as hivemind's side is timed after its own set-up
             from swarm.compress import get_codec
             get_codec(codec).encode(x[:1024].copy())
+            torch = sys.modules.get("torch")   # only the codecs that cast to fp16 import it (~3 s a process)
+            if torch is not None:
+                # one thread per peer process, as `swarm peer` does: 4 peers on 2 cores with torch's
+                # default pool measured 3x slower fp16 casts (1.23 s against 0.39 s at d = 2M)
+                torch.set_num_threads(1)
             ready[rank] = 1
             await wait_all(ready, 1)
             t0, cpu0 = time.monotonic(), tree_cpu()
