@@ -138,6 +138,9 @@ OUTBOX_TIMEOUT_S = 10.0
 #: every message does not fill the log with a traceback per message.
 FAILURE_LOG_S = 10.0
 
+# pyzmq's enum constants cost an enum operation at each use (the receive loop's every pass)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+
 #: what a coordinator socket's monitor reports: a lost connection, and how handshakes end
 _COORD_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
@@ -1150,7 +1153,7 @@ class Peer:
                 for fd, sock, plain, handle in due:
                     # .closed of the socket itself: a shadow does not know it was closed
                     try:
-                        ready = not sock.closed and plain.getsockopt(zmq.EVENTS) & zmq.POLLIN
+                        ready = not sock.closed and plain.getsockopt(_EVENTS) & _POLLIN
                     except zmq.ZMQError:
                         continue
                     if ready:
