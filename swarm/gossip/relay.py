@@ -111,6 +111,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
+import msgpack
 import numpy as np
 import zmq
 
@@ -172,6 +173,15 @@ _HOLD_S = 2.0
 #: The largest clock (and update count) the relay sends: a signed 64-bit int, which the wire
 #: carries (it refuses ints of 2**64 and more) with room for the sums of clocks made from it.
 _MAX_CLOCK = 2**63 - 1
+# pyzmq's enum constants cost an enum operation at each use: a poll() runs every step
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+#: The dtypes the wire carries as they are (native byte order: those of wire.DTYPES)
+_WIRE_DTYPES = frozenset(np.dtype(n) for n in wire.DTYPES)
+#: Header bytes a message takes at most beside its body and its arrays' descriptors: the
+#: envelope's keys, version, type, epoch and seq (the src's UTF-8 bytes come on top); and per
+#: array, the bytes of its [dtype, shape] descriptor beside 9 per dimension (see _ride_fits)
+_ENVELOPE_BYTES = 64
+_DESC_BYTES = 16
 
 
 @dataclass
@@ -343,6 +353,14 @@ class GradientRelay:
         self._limits: wire.Limits = getattr(link, "limits", wire.DEFAULT_LIMITS)
         # one update's frames and bytes at most, and the updates one message carries
         self._update_frames, self._update_bytes, self._bundle = self._fit()
+        # a header's bytes at most beside its body and descriptors (see _ride_fits); None where
+        # the wire refuses this peer's id: the trial encode of _ride then says so, as ever
+        self._envelope: int | None = None
+        try:
+            wire.encode(GRAD, link.id, limits=self._limits)
+            self._envelope = _ENVELOPE_BYTES + len(link.id.encode())
+        except WireError:
+            pass
         self._loop = loop
         self._loop_thread = threading.get_ident()
         # Numbered from the time in microseconds: a peer restarted under the same id numbers
@@ -557,9 +575,12 @@ class GradientRelay:
         # the least a header takes (a gradient near the limit still carries a small ride)
         room = _HEADER_ROOM if lim.max_message_bytes - data >= 2 * _HEADER_ROOM else _HEADER_MIN
         nbytes = data + room
+        ride = {"x": [body, len(arrays)]}
+        if self._ride_fits(ride, arrays, lim.max_frames - frames, lim.max_message_bytes - nbytes,
+                           lim.max_header_bytes - room):
+            return body, arrays
         left = replace(lim, max_frames=lim.max_frames - frames, max_message_bytes=lim.max_message_bytes - nbytes,
                        max_header_bytes=lim.max_header_bytes - room)
-        ride = {"x": [body, len(arrays)]}
         try:
             wire.encode(GRAD, self.link.id, body=ride, arrays=arrays, limits=left)
         except WireError as e:
@@ -581,6 +602,38 @@ class GradientRelay:
                 refused()
             return None
         return body, arrays
+
+    def _ride_fits(self, ride: dict[str, Any], arrays: list[np.ndarray], frames: int, nbytes: int,
+                   header: int) -> bool:
+        """Whether the trial encode of _ride surely takes ``ride`` and ``arrays`` within
+        ``frames`` frames, ``nbytes`` bytes and ``header`` header bytes, reckoned without
+        building the message (the trial encode checks every array and packs and unpacks a
+        whole header): arrays the wire carries as they are, a body that packs, that a
+        receiver unpacks, and whose header, bounded from above, is within every limit.
+        False when not sure: the trial encode then decides, and says what is wrong."""
+        lim = self._limits
+        if self._envelope is None or len(arrays) > frames:
+            return False
+        data, head = 0, self._envelope
+        for a in arrays:
+            if type(a) is not np.ndarray or a.dtype not in _WIRE_DTYPES or a.ndim > lim.max_ndim:
+                return False
+            data += a.nbytes
+            head += _DESC_BYTES + 9 * a.ndim
+        try:
+            packed = msgpack.packb(ride, use_bin_type=True)
+        except Exception:   # what msgpack refuses, the trial encode words (or raises again)
+            return False
+        head += len(packed)
+        # no str, bin, list or map in a header is longer than the header
+        if (head > header or data + head > nbytes
+                or head > min(lim.max_str_len, lim.max_bin_len, lim.max_array_len, lim.max_map_len)):
+            return False
+        try:
+            wire._unpack(packed, lim)   # what a receiver refuses of what msgpack packs: int keys, ext types
+        except WireError:
+            return False
+        return True
 
     def _closed_error(self) -> GossipError:
         return GossipError(f"relay {self.link.id} is closed (it sends and receives nothing); build a new one")
@@ -730,8 +783,9 @@ class GradientRelay:
                 if self._inbox_sock is None:
                     self._cond.wait(min(left, 0.05))   # also notices view changes
             if self._inbox_sock is not None:
-                # direct: the inbox wakes us; what still comes through the loop, within 10 ms
-                self._inbox_sock.poll(max(1, int(1000 * min(left, 0.01))))
+                # direct: the inbox wakes us; what still comes through the loop, within 10 ms.
+                # zmq_poll itself: Socket.poll builds and registers a new Poller at each call
+                zmq.zmq_poll([(self._inbox_sock, _POLLIN)], max(1, int(1000 * min(left, 0.01))))
             self.stats.waited_s += time.monotonic() - t0
 
     def _behind(self, clock: int, every: int, rounds: int, first: int | None, span: int = 1,
@@ -808,17 +862,25 @@ class GradientRelay:
             self._look_at_held(time.monotonic())
         n = 0
         limits = getattr(self.link, "limits", wire.DEFAULT_LIMITS)
+        recv = s.recv
         # ZMQ_EVENTS first: an empty receive would raise (an exception per step costs
         # more than the check)
-        while n < tp.DRAIN_BATCH and s.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            frames = s.recv_multipart(copy=False)
+        while n < tp.DRAIN_BATCH and s.getsockopt(_EVENTS) & _POLLIN:
+            # frame by frame, as recv_multipart(copy=False) does, but each received Frame
+            # says whether more follow (``more``), where recv_multipart asks the socket
+            # (ZMQ_RCVMORE, through an enum) after each of a message's 9 to 18 frames
+            f = recv(0, copy=False)
+            frames = [f]
+            while f.more:
+                f = recv(0, copy=False)
+                frames.append(f)
             n += 1
-            nbytes = tp.frames_nbytes(frames)
-            self.stats.direct_bytes_in += nbytes
             src: Any = "?"
+            nbytes = -1
             try:
                 msg = wire.decode(frames, limits)
-                src = msg.src
+                src, nbytes = msg.src, msg.nbytes   # decode summed the frames' bytes
+                self.stats.direct_bytes_in += nbytes
                 if msg.t != GRAD:
                     raise WireError(f"{msg.t!r} message on the gradient inbox")
                 # read before the key check: should a newer view come meanwhile, the
@@ -830,6 +892,8 @@ class GradientRelay:
                         continue
                     raise WireError(f"src {msg.src!r} does not match the sender's CURVE key")
             except WireError as e:
+                if nbytes < 0:   # not decoded: counted here
+                    self.stats.direct_bytes_in += tp.frames_nbytes(frames)
                 self.stats.rejected += 1
                 self._bad(src, e)
                 continue
@@ -1705,7 +1769,8 @@ class GradientRelay:
         if tp.try_send(s, frames):
             self.stats.sent += 1
             self.stats.direct_out += 1
-            self.stats.direct_bytes_out += tp.frames_nbytes(frames)
+            # every frame but the header is one of the arrays, whose bytes are nbytes + rider
+            self.stats.direct_bytes_out += len(frames[0]) + nbytes + rider
             self.stats.bytes_out += nbytes
             self.stats.rider_bytes_out += rider
             self.stats.forwarded += int(forwarding)
