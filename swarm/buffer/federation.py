@@ -377,7 +377,8 @@ class Federation:
         self.stats.throttled += (len(items) - allowed) * len(nbrs)
         if allowed == 0:
             return None
-        items = _slice(items, slice(len(items) - allowed, None))
+        if allowed < len(items):
+            items = _slice(items, slice(len(items) - allowed, None))
         self.stats.pushed += len(items) * len(nbrs)
         self._ridden = (picked[picked.size - allowed:], len(items), len(nbrs))
         return {"fields": self._names, "peers": items.peers}, self._arrays(items)

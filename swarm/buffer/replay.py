@@ -306,20 +306,25 @@ class ReplayBuffer:
                 raise ReplayError(f"items.{name}: expected shape ({n},) of kind {kind!r}, "
                                   f"got {a.shape} {a.dtype}")
         # Local seqs count up from a floor >= 0; a uint64 past int64's range would wrap to a negative id.
-        if n and (seqs.min() < 0 or seqs.max() > _SEQ_MAX):
+        if n and (_below(seqs, 0) or _above(seqs, _SEQ_MAX)):
             raise ReplayError(f"items.seqs must be in [0, {_SEQ_MAX}], got [{seqs.min()}, {seqs.max()}]")
-        if n and (origins.min() < 0 or origins.max() >= len(items.peers)):
+        if n and (_below(origins, 0) or _above(origins, len(items.peers) - 1)):
             raise ReplayError(f"items.origins must index items.peers (0..{len(items.peers) - 1})")
         if not all(isinstance(p, str) and p for p in items.peers):
             raise ReplayError("items.peers must be non-empty strings")
-        if not (np.isfinite(times).all() and np.isfinite(pri).all() and (pri >= 0).all()):
+        # A min and a max find a NaN too (it passes through both, and fails every comparison).
+        if n and not (-math.inf < float(_min(times)) and float(_max(times)) < math.inf
+                      and 0 <= float(_min(pri)) and float(_max(pri)) < math.inf):
             raise ReplayError("items.times and items.priorities must be finite, priorities >= 0")
         with self._lock:
             now = self._now()
             # A name listed twice in items.peers is one origin: use its first position.
-            first_of: dict[str, int] = {}
-            canon = np.array([first_of.setdefault(p, i) for i, p in enumerate(items.peers)], dtype=np.int64)
-            origins = canon[origins] if n else origins.astype(np.int64)
+            if len(set(items.peers)) == len(items.peers):   # as a message's peers are: no renumbering
+                origins = origins.astype(np.int64)
+            else:
+                first_of: dict[str, int] = {}
+                canon = np.array([first_of.setdefault(p, i) for i, p in enumerate(items.peers)], dtype=np.int64)
+                origins = canon[origins] if n else origins.astype(np.int64)
             # Origin numbers in this buffer for the message's peers (-1: not known here yet).
             known = np.array([self._peer_index.get(p, -1) for p in items.peers], dtype=np.int64)
             lo = known[origins]
@@ -337,16 +342,20 @@ class ReplayBuffer:
             sel = sel[over:]
             if not sel.size:
                 return np.zeros(0, dtype=np.int64), over
-            for o in sorted(set(origins[sel].tolist())):
+            if sel.size < n:   # else every item is stored: no copies to pick them out
+                arrays = {k: v[sel] for k, v in arrays.items()}
+                origins, sseq, pri, times = origins[sel], sseq[sel], pri[sel], times[sel]
+            for o in sorted(set(origins.tolist())):
                 if known[o] < 0:
                     known[o] = self._peer_index[items.peers[o]] = len(self._peers)
                     self._peers.append(items.peers[o])
-            lo = known[origins[sel]].astype(np.int32)
+            lo = known[origins].astype(np.int32)
             clip = self._max_p if priority_clip is None else float(priority_clip)
-            raw = np.minimum(pri[sel].astype(np.float64), clip)
-            raw = np.maximum(raw, self.eps ** self.alpha)
-            t = np.minimum(times[sel].astype(np.float64), now)
-            idx = self._write({k: v[sel] for k, v in arrays.items()}, sel.size, lo, sseq[sel], t, raw)
+            # dtype=float64 casts before comparing, as astype() did: new arrays, never the caller's
+            raw = np.minimum(pri, clip, dtype=np.float64)
+            np.maximum(raw, self.eps ** self.alpha, out=raw)
+            t = np.minimum(times, now, dtype=np.float64)
+            idx = self._write(arrays, sel.size, lo, sseq, t, raw)
             # Only the newest `capacity` of a huge batch were written.
             self._foreign.add(idx % self.capacity)
             if len(self._peers) > self._compact_at:
@@ -426,21 +435,27 @@ class ReplayBuffer:
         runs = [(start, min(cap, start + n), 0)]
         if start + n > cap:
             runs.append((0, start + n - cap, cap - start))
-        if self._saver is not None or self._foreign.count:
-            slots = idx % cap
         if self._saver is not None:
-            self._saver.preserve(slots)
-        if self._foreign.count:   # overwritten items from others leave the id index
+            self._saver.preserve(idx % cap)
+        # Overwritten items from others leave the id index. Only a slot that holds an item
+        # (ticket >= 0) can be in it: while the ring fills, one look at the tickets of the
+        # runs says there is nothing to remove (three fancy indexings less per add).
+        if self._foreign.count and any(np.maximum.reduce(self._ticket[a:b]) >= 0 for a, b, _ in runs):
+            slots = idx % cap
             hit = (self._origin[slots] != 0) & (self._ticket[slots] >= 0)
             self._foreign.remove(slots[hit])
+        whole = len(runs) == 1   # the arrays go in as they are, without slicing them
         for a, b, off in runs:
             m = b - a
             for name, col in self._data.items():
-                col[a:b] = arrays[name][off:off + m]
-            self._ticket[a:b] = idx[off:off + m]
-            self._origin[a:b] = origin[off:off + m] if isinstance(origin, np.ndarray) else origin
-            self._seq[a:b] = seqs[off:off + m]
-            self._time[a:b] = times[off:off + m]
+                col[a:b] = arrays[name] if whole else arrays[name][off:off + m]
+            self._ticket[a:b] = idx if whole else idx[off:off + m]
+            if isinstance(origin, np.ndarray):
+                self._origin[a:b] = origin if whole else origin[off:off + m]
+            else:
+                self._origin[a:b] = origin
+            self._seq[a:b] = seqs if whole else seqs[off:off + m]
+            self._time[a:b] = times if whole else times[off:off + m]
         self._next += n
         self.limiter.inserted += n
         if self.sampler == "prioritized":
@@ -450,13 +465,13 @@ class ReplayBuffer:
                     self._tree.fill_range(a, b - a, self._max_p)
                 return idx
             if self.decay:
-                self._maybe_rebase(float(times.max()))
+                self._maybe_rebase(float(np.maximum.reduce(times)))
             p = np.full(n, self._max_p) if raw is None else raw
             if raw is not None:
-                self._max_p = max(self._max_p, float(raw.max()))
+                self._max_p = max(self._max_p, float(np.maximum.reduce(raw)))
             leaf = self._leaf(p, times)
             for a, b, off in runs:
-                self._tree.set_range(a, leaf[off:off + b - a])
+                self._tree.set_range(a, leaf if whole else leaf[off:off + b - a])
         return idx
 
     def _leaf(self, raw: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -707,10 +722,16 @@ class ReplayBuffer:
             else:
                 raw = np.full(slots.size, self._max_p)
             origins = self._origin[slots]
-            used, inv = np.unique(origins, return_inverse=True)
-            return Items({k: c[slots] for k, c in self._data.items()},
+            if origins.size and _min(origins) == _max(origins):
+                # One origin (a peer's own new items, as a ride carries them): what np.unique
+                # gives, without its sort, several times the cost on a few items.
+                used, inv = origins[:1], np.zeros(origins.size, np.int32)
+            else:
+                used, inv = np.unique(origins, return_inverse=True)
+            # take() and fancy indexing copy: the seqs and times need no copy() of their own
+            return Items({k: c.take(slots, axis=0) for k, c in self._data.items()},
                          [self._peers[i] for i in used], inv.astype(np.int32).reshape(-1),
-                         self._seq[slots].copy(), self._time[slots].copy(), raw)
+                         self._seq[slots], self._time[slots], raw)
 
     def contains(self, peer: str, seq: int) -> bool:
         """Whether the item with id ``(peer, seq)`` is in the buffer now."""
@@ -741,6 +762,24 @@ def _first_copies(origins: np.ndarray, seqs: np.ndarray) -> np.ndarray:
     once = np.zeros(n, dtype=bool)
     once[order[first]] = True
     return once
+
+
+# The ufuncs' own reductions: ndarray.min and .max go through a Python wrapper that costs
+# a fifth again on the few items of a message.
+_min, _max = np.minimum.reduce, np.maximum.reduce
+
+
+def _below(a: np.ndarray, lo: int) -> bool:
+    """Whether the non-empty integer array ``a`` has a value below ``lo`` (<= 0): never
+    for an unsigned dtype, which is not looked at."""
+    return a.dtype.kind != "u" and int(_min(a)) < lo   # Python ints compare faster than numpy's
+
+
+def _above(a: np.ndarray, hi: int) -> bool:
+    """Whether the non-empty integer array ``a`` has a value above ``hi``: never for a
+    signed dtype whose range ``hi`` covers (``_SEQ_MAX`` covers int64's), which is not looked at."""
+    signed_max = (1 << (8 * a.dtype.itemsize - 1)) - 1   # np.iinfo costs more than the reduction
+    return not (a.dtype.kind == "i" and hi >= signed_max) and int(_max(a)) > hi
 
 
 def _as_indices(indices: Any) -> np.ndarray:
