@@ -226,7 +226,8 @@ def drain(s: zmq.Socket, batch: int = DRAIN_BATCH) -> Iterator[list[zmq.Frame]]:
             return
         frames = [f]
         # a received Frame says whether more follow (pyzmq reads RCVMORE as it takes it):
-        # asking the socket again cost more than the receive
+        # asking the socket again cost more than the receive. (So does pyzmq's Cython
+        # backend, CPython's; not the CFFI one of PyPy, which torch rules out anyway.)
         while f.more:
             f = recv(_NOBLOCK, copy=False)
             frames.append(f)

@@ -630,7 +630,9 @@ class GradientRelay:
                 or head > min(lim.max_str_len, lim.max_bin_len, lim.max_array_len, lim.max_map_len)):
             return False
         try:
-            wire._unpack(packed, lim)   # what a receiver refuses of what msgpack packs: int keys, ext types
+            # what a receiver refuses of what msgpack packs (int keys, ext types, nesting past its
+            # stack), with the ride as deep as in a header: the value of its "body" key
+            wire._unpack(b"\x81\xa4body" + packed, lim)
         except WireError:
             return False
         return True
@@ -785,7 +787,10 @@ class GradientRelay:
             if self._inbox_sock is not None:
                 # direct: the inbox wakes us; what still comes through the loop, within 10 ms.
                 # zmq_poll itself: Socket.poll builds and registers a new Poller at each call
-                zmq.zmq_poll([(self._inbox_sock, _POLLIN)], max(1, int(1000 * min(left, 0.01))))
+                s = self._inbox_sock
+                if s.closed:   # as Socket.poll: zmq_poll would poll fd 0 for a closed socket's handle
+                    raise zmq.ZMQError(zmq.ENOTSUP)
+                zmq.zmq_poll([(s, _POLLIN)], max(1, int(1000 * min(left, 0.01))))
             self.stats.waited_s += time.monotonic() - t0
 
     def _behind(self, clock: int, every: int, rounds: int, first: int | None, span: int = 1,

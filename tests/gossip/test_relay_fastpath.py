@@ -121,9 +121,18 @@ def test_a_ride_near_the_header_limit_goes_or_is_left_off_as_the_wire_says(n):
     asyncio.run(main())
 
 
+def _nested(depth: int) -> list:
+    x: list = []
+    for _ in range(depth):
+        x = [x]
+    return x
+
+
 @pytest.mark.parametrize("gives,match", [
     (({1: 2}, []), "key 1 is not a str"),                                  # msgpack packs it; receivers refuse it
     (({"e": msgpack.ExtType(1, b"x")}, []), "header is not valid msgpack"),   # likewise
+    # past the receiver's unpack stack only as deep as a header holds it (the ride alone unpacks)
+    (({"k": _nested(1020)}, []), "header is not valid msgpack"),
 ])
 def test_a_ride_that_packs_but_that_receivers_refuse_is_still_refused(gives, match):
     async def main():
