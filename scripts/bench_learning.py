@@ -57,14 +57,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
-import torch
 
 from swarm.buffer import ReplayBuffer
 from swarm.config import apply_overrides, from_dict, to_dict
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
-from swarm.rl import DQNAgent, DQNConfig, dqn_schema
-from swarm.rl.train import evaluate, make_env, run_agent
+# DQNConfig alone: torch (~3 s a process) is imported where a learner runs, so that the
+# scripts that take this one's settings (compare_runs, eval_schedules) start without it
+from swarm.rl import DQNConfig
 
 ENV = "CartPole-v1"
 SOLVE = 475.0
@@ -250,6 +250,9 @@ def isolated(seed: int, cfg: DQNConfig, max_steps: int, every: int, episodes: in
     every 100 steps), so that it keeps loading the machine as a swarm peer does
     until the launcher stops it.
     """
+    from swarm.rl import DQNAgent, dqn_schema
+    from swarm.rl.train import evaluate, make_env, run_agent
+
     env = make_env(ENV)
     buf = ReplayBuffer(dqn_schema(env.observation_space.shape), capacity=50_000, alpha=0.6, eps=1e-6,
                        decay=0.0, prioritized=True, seed=seed)
@@ -281,6 +284,8 @@ def isolated(seed: int, cfg: DQNConfig, max_steps: int, every: int, episodes: in
 
 def _isolated_child(seed: int, cfg: dict, max_steps: int, every: int, episodes: int, results: Any,
                     stop: Any) -> None:
+    import torch
+
     torch.set_num_threads(1)
     isolated(seed, from_dict(DQNConfig, cfg), max_steps, every, episodes, on_result=results.put, stop=stop.is_set)
 
@@ -501,6 +506,8 @@ def main() -> None:
     if args.max_steps <= cfg.learning_starts:
         ap.error(f"--max-steps {args.max_steps} is not above the isolated learner's learning_starts = "
                  f"{cfg.learning_starts}: it would never learn")
+    import torch
+
     torch.set_num_threads(1)
     print(f"isolated DQN settings: {to_dict(cfg)}")
     swarm_settings = {k: to_dict(getattr(spec, k)) for k in ("gossip", "buffer", "dqn")}
