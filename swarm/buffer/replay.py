@@ -313,8 +313,9 @@ class ReplayBuffer:
         if not all(isinstance(p, str) and p for p in items.peers):
             raise ReplayError("items.peers must be non-empty strings")
         # A min and a max find a NaN too (it passes through both, and fails every comparison).
-        if n and not (-math.inf < float(_min(times)) and float(_max(times)) < math.inf
-                      and 0 <= float(_min(pri)) and float(_max(pri)) < math.inf):
+        # Compared in their own dtype: a long double past float64's range is finite.
+        if n and not (-math.inf < _min(times) and _max(times) < math.inf
+                      and 0 <= _min(pri) and _max(pri) < math.inf):
             raise ReplayError("items.times and items.priorities must be finite, priorities >= 0")
         with self._lock:
             now = self._now()

@@ -334,6 +334,22 @@ def test_insert_refuses_a_bad_priority_clip_and_changes_nothing():
     assert np.isfinite(buf._tree.total)
 
 
+def test_insert_takes_long_doubles_past_float64_that_are_finite():
+    """Finite is judged in the values' own dtype: a long-double time or priority past
+    float64's range is stored (clipped as any large value), not refused as infinite."""
+    big = np.longdouble(10) ** 400
+    if not np.isfinite(big):
+        pytest.skip("long double is float64 on this platform")
+    buf = ReplayBuffer(SCHEMA, 4, seed=0, clock=lambda: 2000.0)
+    for seq, (t, p) in enumerate(((big, np.longdouble(1)), (np.longdouble(1000), big))):
+        got = Items(items(1), ["b"], np.zeros(1, np.int32), np.array([seq]), np.array([t]), np.array([p]))
+        idx = buf.insert(got)
+        assert idx.size == 1 and np.isfinite(buf.items(idx).priorities).all()
+    with pytest.raises(ReplayError, match="must be finite"):
+        buf.insert(Items(items(1), ["b"], np.zeros(1, np.int32), np.array([2]), np.array([np.longdouble("inf")]),
+                         np.ones(1)))
+
+
 def test_insert_within_the_limiter_room_counts_only_new_items():
     # room 2: the items held already (seqs 0, 1) take none of it; the last new ones are kept
     buf = ReplayBuffer(SCHEMA, 16, seed=0, limiter=RateLimiter(min_size=1, samples_per_insert=1.0, tolerance=3))
