@@ -113,8 +113,10 @@ EVAL_FIELDS = ["wall_s", "cpu_s", "env_steps", "eval_return"]
 TRAFFIC_KEYS = ("gossip_bytes_out", "gossip_bytes_in", "bytes_out", "bytes_in")
 #: ... and the seconds (the CSVs' wall_s, and evals.csv's cpu_s: CPU time since training started)
 SECONDS_KEYS = ("wall_s", "cpu_s")
-#: TensorBoard events (one per _Logs.scalars call) go to its writer together at each flush, or once this many wait
+#: TensorBoard events (one per _Logs.scalars call) go to its writer together at each flush, or once this many wait,
+#: or once the oldest has waited _TB_WAIT_S (the writer's own flush period: a live view lags no more than before)
 _TB_BATCH = 32
+_TB_WAIT_S = 10.0
 #: with gossip.exchange = gradients, summary.json keeps a digest of the parameters every this many updates
 DIGEST_EVERY = 100
 #: ... all of the last 2 × this many, and fewer of the older ones the older they are (:func:`_thin_digests`,
@@ -468,16 +470,19 @@ class _Logs:
         Python per record and a wake-up per event, which for the two scalars of a gossip
         round cost more CPU than the round's own work. So one call is one event (its
         values share a step and a wall time), and events go to the writer at
-        :meth:`flush` (the peer's, every 200 steps; its own comes every 10 s) or once
-        ``_TB_BATCH`` wait, together, with the wall time of their call.
+        :meth:`flush` (the peer's, every 200 steps; its own comes every 10 s), once
+        ``_TB_BATCH`` wait, or once the oldest has waited ``_TB_WAIT_S``, together, with
+        the wall time of their call. A process killed outright (SIGKILL) loses those
+        still waiting, as it loses the CSV rows since the last flush.
         """
         if self.tb is None:
             return
         kept = [self._summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()
                 if v is not None and math.isfinite(v)]
         if kept:
-            self._events.append((self._summary(value=kept), step, time.time()))
-            if len(self._events) >= _TB_BATCH:
+            now = time.time()
+            self._events.append((self._summary(value=kept), step, now))
+            if len(self._events) >= _TB_BATCH or now - self._events[0][2] >= _TB_WAIT_S:
                 self._hand_over()
 
     def _hand_over(self) -> None:
