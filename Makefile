@@ -32,8 +32,9 @@ run: $(STAMP)
 	$(BIN)/swarm run
 
 # Two workers, each taking whole files (a file's tests run in order, as alone): most
-# tests wait on real processes and sockets, so two cores carry two at once (2,076 tests
-# in 8.6 min on this 2-core machine). `.venv/bin/python -m pytest` runs them one by one.
+# tests wait on real processes and sockets, so two cores carry two at once (2,094 tests
+# in 8.6-13.3 min on this 2-core machine, as loaded or slow as it is that day; each peer
+# process pays ~3 s of `import torch`). `.venv/bin/python -m pytest` runs them one by one.
 test: $(STAMP)
 	@$(PYC)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
