@@ -867,18 +867,9 @@ class GradientRelay:
             self._look_at_held(time.monotonic())
         n = 0
         limits = getattr(self.link, "limits", wire.DEFAULT_LIMITS)
-        recv = s.recv
-        # ZMQ_EVENTS first: an empty receive would raise (an exception per step costs
-        # more than the check)
-        while n < tp.DRAIN_BATCH and s.getsockopt(_EVENTS) & _POLLIN:
-            # frame by frame, as recv_multipart(copy=False) does, but each received Frame
-            # says whether more follow (``more``), where recv_multipart asks the socket
-            # (ZMQ_RCVMORE, through an enum) after each of a message's 9 to 18 frames
-            f = recv(0, copy=False)
-            frames = [f]
-            while f.more:
-                f = recv(0, copy=False)
-                frames.append(f)
+        # ZMQ_EVENTS first: drain's first receive on an empty inbox would raise (an
+        # exception per step costs more than the check); it checks before the others
+        for frames in tp.drain(s) if s.getsockopt(_EVENTS) & _POLLIN else ():
             n += 1
             src: Any = "?"
             nbytes = -1
