@@ -177,7 +177,8 @@ def test_a_handler_replies_with_send_and_is_refused_a_blocking_call(coordinator)
         b.wait_linked()
         t0 = time.monotonic()
         assert a.send("b", "ask", {"n": 1}, timeout=1)
-        wait_for(lambda: replies, 3, what="the reply")
+        # the refusal comes on b's thread after its send: the reply may reach a first
+        wait_for(lambda: replies and refused, 3, what="the reply and the refusal")
         assert replies == [{"n": 1}] and time.monotonic() - t0 < 3
         assert len(refused) == 1 and "on the peer's own thread, would wait for itself" in refused[0]
         assert b.peer.counters.malformed == 0
