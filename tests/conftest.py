@@ -1,10 +1,36 @@
 """Shared fixtures. Helpers live in swarmtest.py (importable from tests)."""
 
+import asyncio
+import io
 import sys
 from pathlib import Path
 
 import pytest
 from swarmtest import Procs
+
+
+def pytest_configure(config):
+    """A test that times out inside ``asyncio.run`` shows, in pytest-timeout's dump, only
+    its loop waiting in ``select``: print the loop's tasks too, each with the line it
+    awaits on, so that the await that never returned is named."""
+    try:
+        import pytest_timeout
+    except ImportError:
+        return
+    threads = pytest_timeout.dump_stacks
+
+    def dump_stacks(terminal) -> None:
+        threads(terminal)
+        loop = asyncio._get_running_loop()   # the hung test's, on the thread the timeout interrupted
+        if loop is None:
+            return
+        for task in asyncio.all_tasks(loop):
+            out = io.StringIO()
+            task.print_stack(file=out)
+            terminal.sep("~", title=f"asyncio task {task.get_name()}")
+            terminal.write(out.getvalue())
+
+    pytest_timeout.dump_stacks = dump_stacks
 
 
 @pytest.fixture
