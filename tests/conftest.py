@@ -2,6 +2,7 @@
 
 import asyncio
 import io
+import signal
 import sys
 from pathlib import Path
 
@@ -10,6 +11,20 @@ from swarmtest import Procs
 
 
 def pytest_configure(config):
+    _default_signals()
+    _asyncio_tasks_on_timeout()
+
+
+def _default_signals() -> None:
+    """Run under nohup, or as a background job of a shell, this process and every child it
+    starts would ignore SIGHUP or SIGINT, and the tests of how swarm ends on them (a closed
+    terminal, Ctrl-C) would wait out their timeouts: give both their defaults back."""
+    for sig, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, signal.SIG_DFL)):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, handler)
+
+
+def _asyncio_tasks_on_timeout() -> None:
     """A test that times out inside ``asyncio.run`` shows, in pytest-timeout's dump, only
     its loop waiting in ``select``: print the loop's tasks too, each with the line it
     awaits on, so that the await that never returned is named."""
