@@ -94,6 +94,24 @@ def wait_for(pred, timeout: float = 10.0, interval: float = 0.05, what: str = "c
     raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
 
 
+def freeze(pid: int, timeout: float = 10.0) -> None:
+    """Stop process ``pid`` (SIGSTOP) and return once every thread of it has stopped.
+    ``kill`` only queues the signal: the stop begins when one of its threads next runs,
+    and on a loaded machine the others (libzmq's I/O threads) went on for a while, long
+    enough to answer a connection that the test meant to be met by a frozen process."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: all(_thread_state(t) in "TtZX" for t in Path(f"/proc/{pid}/task").iterdir()), timeout,
+             interval=0.002, what=f"every thread of process {pid} stopped")
+
+
+def _thread_state(task: Path) -> str:
+    try:
+        stat = (task / "stat").read_text()
+    except OSError:   # the thread ended
+        return "X"
+    return stat[stat.rindex(")") + 2]   # after "pid (comm) ", whatever comm holds
+
+
 async def start_ticking_peers(ids: list[str], coordinators: list[str]):
     """Start in-process Peers that count the "tick" messages they receive.
 

@@ -736,6 +736,7 @@ class Coordinator:
         """Follow how the attempts to reach another coordinator end. A handshake that fails
         means someone is there whom this one cannot talk to: it may be up, and active."""
         event = ev["event"]
+        log.debug("coordinator %s: %s: %s (value %s)", self.address, addr, zmq.Event(event).name, ev["value"])
         if event == zmq.EVENT_CONNECT_DELAYED:
             o["dialing_at"] = now     # a connect under way (every attempt that is not answered at once)
             return

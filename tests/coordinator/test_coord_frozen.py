@@ -10,7 +10,7 @@ import os
 import signal
 
 import pytest
-from swarmtest import free_port, until, wait_for
+from swarmtest import free_port, freeze, until, wait_for
 
 from swarm import Coordinator
 from swarm.cli import query_status
@@ -24,7 +24,7 @@ def test_a_frozen_other_coordinator_did_not_answer_it_has_no_other_keys(procs, t
     # the handshake that timed out 30 s later was reported as "most likely it runs with
     # another coordinator key pair" (or "with --keys")
     monkeypatch.setattr(server, "HANDSHAKE_TIMEOUT_S", 2.0)
-    caplog.set_level("WARNING", logger="swarm.coordinator")
+    caplog.set_level("DEBUG", logger="swarm.coordinator")   # the watch's connection events too, should it fail
     kd = str(tmp_path / "keys") if keyed else ""
     if keyed:
         generate_keys(kd, ["coordinator", "peer"])
@@ -33,7 +33,7 @@ def test_a_frozen_other_coordinator_did_not_answer_it_has_no_other_keys(procs, t
                      name="primary")
     wait_for(lambda: asyncio.run(query_status(primary, 1.0, kd))["mode"] == "active", 15,
              what="the primary active")
-    os.kill(cp.pid, signal.SIGSTOP)
+    freeze(cp.pid)
     try:
         async def main() -> None:
             c = Coordinator(bind=standby, others=[primary], keys_dir=kd, http_bind="")

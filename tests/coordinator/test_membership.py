@@ -8,7 +8,7 @@ import time
 
 import pytest
 import zmq
-from swarmtest import free_port, status, wait_for
+from swarmtest import free_port, freeze, status, wait_for
 
 from swarm import wire
 from swarm.gossip.topology import neighbours as topo_neighbours
@@ -116,7 +116,7 @@ def test_sigstop_detected_then_rejoins(procs):
     addr, _, peers = start_swarm(procs, 5)
     pid = peers["p1"].pid
     t0 = time.monotonic()
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         st = settled(addr, 4, timeout=5)
         assert time.monotonic() - t0 < 3.0

@@ -14,7 +14,7 @@ import time
 import pytest
 import zmq
 import zmq.asyncio
-from swarmtest import free_port, start_ticking_peers, status, tick_neighbours, until, wait_for
+from swarmtest import free_port, freeze, start_ticking_peers, status, tick_neighbours, until, wait_for
 
 from swarm import Coordinator, wire
 from swarm.cli import query_status
@@ -236,7 +236,7 @@ def test_a_frozen_active_coordinator_that_comes_back_stands_by_for_the_newer_vie
         try:
             await until(lambda: b.mode == "standby" and [o["state"] for o in b.status()["others"]] == ["active"], 10,
                         what="the higher address standing by")
-            os.kill(ca.pid, signal.SIGSTOP)
+            freeze(ca.pid)
             await until(lambda: b.mode == "active", 10, what="the takeover")
             peer.connect(higher)   # a peer that saw epoch 1000 from before a restart
             await peer.send_multipart(wire.encode("join", "p0", body={"addr": "tcp://127.0.0.1:40001", "rank": -1,

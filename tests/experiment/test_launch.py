@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from swarmtest import ROOT, reaped, wait_for
+from swarmtest import ROOT, freeze, reaped, wait_for
 # the helpers of the other `swarm run` tests (tests/ is on the path; experiment/ is a namespace package)
 from experiment.test_run import LONG, _Exited, alive, finish, recorded_pids, run_dir_of, training
 
@@ -66,7 +66,7 @@ def test_a_crash_after_the_runs_deadline_is_reported(tmp_path):
         with reaped(p):
             d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
             pids = recorded_pids(d)
-            os.kill(pids["peer0"], signal.SIGSTOP)
+            freeze(pids["peer0"])
             # peer1 stops at the run's deadline and writes its summary: the time is up
             wait_for(lambda: (d / "peer1" / "summary.json").exists(), timeout=45, what="peer1's summary")
             os.kill(pids["peer0"], signal.SIGKILL)
@@ -213,7 +213,7 @@ def test_a_second_ctrl_c_hurries_the_end(tmp_path):
         with reaped(p):
             d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
             pids = recorded_pids(d)
-            os.kill(pids["peer0"], signal.SIGSTOP)
+            freeze(pids["peer0"])
             p.send_signal(signal.SIGINT)
             wait_for(lambda: "interrupted;" in log.read_text(), timeout=20, what="the first Ctrl-C's line")
             p.send_signal(signal.SIGINT)

@@ -13,7 +13,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from swarmtest import wait_for
+from swarmtest import freeze, wait_for
 # the other `swarm run` tests' helper (tests/ is on the path; experiment/ is a namespace package)
 from experiment.test_run import swarm_run
 
@@ -84,7 +84,7 @@ def test_a_frozen_peer_takes_a_copy_and_the_copies_agree_again(tmp_path):
         d = wait_for(lambda: (d := run_dir(tmp_path)) and all(steps(d, r) >= 250 for r in range(3)) and d,
                      timeout=60, what="three peers past env step 250")
         stopped = pid_of(d, 1)
-        os.kill(stopped, signal.SIGSTOP)
+        freeze(stopped)
         # The others' turns time out on it, and they go on without it: 200 steps take them
         # through dozens of its turns, and they pass the first only when their wait times out.
         was = {r: steps(d, r) for r in (0, 2)}

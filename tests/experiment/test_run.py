@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from swarmtest import ROOT, reaped, wait_for
+from swarmtest import ROOT, freeze, reaped, wait_for
 
 from swarm.errors import ConfigError, SwarmError
 from swarm.experiment import load_spec
@@ -565,7 +565,7 @@ def test_a_restarted_peer_appends_to_its_files_and_keeps_its_best(tmp_path):
             if d is None or len((d / "peer1" / "evals.csv").read_text().splitlines()) < 2:
                 return None
             pid = recorded_pids(d)["peer1"]
-            os.kill(pid, signal.SIGSTOP)
+            freeze(pid)
             with open(d / "peer1" / "evals.csv") as f:
                 rows = list(csv.DictReader(f))
             try:   # written just after the row: it may be missing or half written

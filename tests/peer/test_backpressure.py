@@ -11,7 +11,7 @@ import subprocess
 import time
 
 import numpy as np
-from swarmtest import free_port, status, wait_for
+from swarmtest import free_port, freeze, status, wait_for
 
 from swarm.peer import Peer
 
@@ -43,7 +43,7 @@ async def a_linked_to_stopped(addr: str, b: subprocess.Popen):
     async with a:
         await a.wait_view(lambda v: v.member("B") is not None, timeout=20)
         await a.wait_linked()
-        os.kill(b.pid, signal.SIGSTOP)
+        freeze(b.pid)
         try:
             yield a
         finally:
