@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from swarmtest import ROOT, wait_for
+from swarmtest import ROOT, freeze, wait_for
 # a coordinator process for in-process peers (tests/ is on the path)
 from experiment.test_runner import coordinator  # noqa: F401 - a fixture
 
@@ -239,7 +239,7 @@ def test_swarm_run_resumed_restarts_a_peer_whose_new_checkpoints_are_damaged_fro
 
         new = wait_for(new_checkpoint, timeout=90, what="peer1's first checkpoint in the new folder")
         pid = json.loads((new / "pids.json").read_text())["children"]["peer1"]
-        os.kill(pid, signal.SIGSTOP)          # no checkpoint after the damage
+        freeze(pid)          # no checkpoint after the damage
         for c in (new / "peer1" / "ckpt").iterdir():
             if (c / "state.pt").is_file():
                 _tear(c / "state.pt")

@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 
+from swarmtest import freeze
 
 from swarm.coordinator import Coordinator
 from swarm.peer import Peer
@@ -22,7 +23,7 @@ def test_frozen_peer_replaced_under_its_id_stops_when_it_wakes(procs):
                 try:
                     await a.wait_view(lambda v: v.member("B") is not None, timeout=20)
                     old_addr = a.view.member("B").addr
-                    os.kill(old.pid, signal.SIGSTOP)       # frozen: declared dead, then replaced
+                    freeze(old.pid)       # frozen: declared dead, then replaced
                     await a.wait_view(lambda v: v.member("B") is None, timeout=10)
                     got: list[dict] = []
                     new = Peer(id="B", coordinators=[coord.address])   # another port, same id
