@@ -404,10 +404,14 @@ class Coordinator:
         fds = (router.getsockopt(zmq.FD), mon.getsockopt(zmq.FD))
         pollin = zmq.POLLIN
         while True:
+            closed = []
             if mon.getsockopt(zmq.EVENTS) & pollin:
-                for frames in tp.drain(mon):
-                    self._on_monitor([f.bytes for f in frames])
+                closed = [pid for frames in tp.drain(mon) if (pid := self._closed([f.bytes for f in frames]))]
             n = self._drain_router() if router.getsockopt(zmq.EVENTS) & pollin else 0
+            # probed after the messages: what a member sent before its connection closed (a
+            # leave, from one that stopped waiting for its bye) is read first, as it came
+            for pid in closed:
+                self._probe(pid, "disconnected")
             if self._publish_due(time.monotonic()):
                 self._publish()
             if n >= tp.DRAIN_BATCH:
@@ -500,12 +504,13 @@ class Coordinator:
         self._heartbeat(route, src, epoch, inc, body.get("stats"), frame, now)
         return True
 
-    def _on_monitor(self, frames: list[bytes]) -> None:
+    def _closed(self, frames: list[bytes]) -> str | None:
+        """The member whose connection a monitor event says closed, if any. Its fd is
+        forgotten at once: a join read next may come on a new connection with that fd."""
         ev = parse_monitor_message(frames)
         if ev["event"] == zmq.EVENT_DISCONNECTED:
-            pid = self._fds.pop(int(ev["value"]), None)
-            if pid is not None:
-                self._probe(pid, "disconnected")
+            return self._fds.pop(int(ev["value"]), None)
+        return None
 
     def _on_message(self, route: bytes, frames: list[zmq.Frame], now: float) -> None:
         try:
