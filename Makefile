@@ -31,13 +31,15 @@ run: $(STAMP)
 	@$(PYC)
 	$(BIN)/swarm run
 
-# Two workers, each taking whole files (a file's tests run in order, as alone): most
-# tests wait on real processes and sockets, so two cores carry two at once (2,094 tests
-# in 8.6-13.3 min on this 2-core machine, as loaded or slow as it is that day; each peer
-# process pays ~3 s of `import torch`). `.venv/bin/python -m pytest` runs them one by one.
+# Three workers, each taking whole files (a file's tests run in order, as alone). Many
+# tests wait on real processes, sockets and timeouts, so on two workers this 2-core
+# machine idled part of a run: 2,095 tests took 10.7 min on two workers, 10.1 on three
+# (the machine 88% busy), 8.9 on four, as loaded as it was at each. Most of the CPU is
+# real runs' peer processes, each paying ~2.7 s of `import torch`. Three leave a timing
+# test more slack than four. `.venv/bin/python -m pytest` runs them one by one.
 test: $(STAMP)
 	@$(PYC)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/pip install --disable-pip-version-check -q -e '.[bench]'
