@@ -886,7 +886,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         return summary
     logs: _Logs | None = None
     agent = None
-    relay = fed = None
+    gossip = relay = fed = None
     ckpt: Checkpointer | None = None
     try:
         if new_here:   # admitted: the fresh run is this folder's now
@@ -1380,6 +1380,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                        final_mean_return=_finite(result.mean_return(10)), train_seconds=result.seconds)
     finally:
         state.done = True
+        if gossip is not None:
+            # the counters as they end: the relay's turns go on between rounds, and each
+            # round took the totals only as they were then (the last one missed the turns after it)
+            r = relay.stats if relay is not None else None
+            state.gossip_bytes_out = gossip.stats.bytes_out + (r.bytes_out if r else 0)
+            state.gossip_bytes_in = gossip.stats.bytes_in + (r.bytes_in if r else 0)
         traffic = state.traffic(*_traffic(sp.peer.counters if sp.peer is not None else None, relay))
         summary.update(
             env_steps=state.env_steps, episodes=state.episodes, rounds=state.rounds, rounds_ok=state.rounds_ok,
