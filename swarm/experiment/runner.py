@@ -560,6 +560,17 @@ class _State:
         it started training) on top of what the checkpoint it resumed from had counted."""
         return {"wall_s": round(self.carried_s["wall_s"] + wall, 3), "cpu_s": round(self.carried_s["cpu_s"] + cpu, 3)}
 
+    def gossip_totals(self, gossip: Any, relay: GradientRelay | None) -> tuple[int, int]:
+        """Take this process's gossip bytes (out, in) from the engine's and the relay's
+        cumulative counters (relayed gradients are gossip traffic too); return what they
+        grew by since the last call."""
+        r = relay.stats if relay is not None else None
+        out = gossip.stats.bytes_out + (r.bytes_out if r else 0)
+        into = gossip.stats.bytes_in + (r.bytes_in if r else 0)
+        grew = (out - self.gossip_bytes_out, into - self.gossip_bytes_in)
+        self.gossip_bytes_out, self.gossip_bytes_in = out, into
+        return grew
+
     def traffic(self, sent: int, received: int) -> dict[str, int]:
         """The run's traffic so far: this process's (``sent``, ``received`` and the gossip
         counters) on top of what the checkpoint it resumed from had counted."""
@@ -1205,18 +1216,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             if res is not None:
                 agent.on_parameters_changed()
                 state.rounds_ok += int(res.ok)
-            # From cumulative counters, the engine's and the relay's: relayed gradients
-            # are gossip traffic too (gossip.exchange = gradients).
-            r = relay.stats if relay is not None else None
-            total_in = gossip.stats.bytes_in + (r.bytes_in if r else 0)
-            bytes_in = total_in - state.gossip_bytes_in
-            bytes_out = -state.gossip_bytes_out
-            state.gossip_bytes_out = gossip.stats.bytes_out + (r.bytes_out if r else 0)
-            bytes_out += state.gossip_bytes_out
-            state.gossip_bytes_in = total_in
-            if r is not None:
-                state.dense_bytes_out += (r.sent - state.relay_sent) * x.nbytes
-                state.relay_sent = r.sent
+            bytes_out, bytes_in = state.gossip_totals(gossip, relay)   # (gossip.exchange = gradients)
+            if relay is not None:
+                state.dense_bytes_out += (relay.stats.sent - state.relay_sent) * x.nbytes
+                state.relay_sent = relay.stats.sent
             if res is None:   # averaging is off: the round shared replay, and gradients went by
                 logs.rounds.writerow({
                     "round": state.rounds, "env_steps": step, "wall_s": seconds()["wall_s"],
@@ -1383,9 +1386,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         if gossip is not None:
             # the counters as they end: the relay's turns go on between rounds, and each
             # round took the totals only as they were then (the last one missed the turns after it)
-            r = relay.stats if relay is not None else None
-            state.gossip_bytes_out = gossip.stats.bytes_out + (r.bytes_out if r else 0)
-            state.gossip_bytes_in = gossip.stats.bytes_in + (r.bytes_in if r else 0)
+            state.gossip_totals(gossip, relay)
         traffic = state.traffic(*_traffic(sp.peer.counters if sp.peer is not None else None, relay))
         summary.update(
             env_steps=state.env_steps, episodes=state.episodes, rounds=state.rounds, rounds_ok=state.rounds_ok,

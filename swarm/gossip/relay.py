@@ -122,6 +122,7 @@ from ..compress import Encoded, get_codec, split_ef
 from ..compress.sparse import _Sparse
 from ..errors import ConfigError, GossipError, WireError
 from ..link import Link
+from ..transport import _EVENTS, _POLLIN   # ints: pyzmq's enums cost an operation per use
 from ..wire import Message
 from . import topology as topo
 
@@ -173,8 +174,6 @@ _HOLD_S = 2.0
 #: The largest clock (and update count) the relay sends: a signed 64-bit int, which the wire
 #: carries (it refuses ints of 2**64 and more) with room for the sums of clocks made from it.
 _MAX_CLOCK = 2**63 - 1
-# pyzmq's enum constants cost an enum operation at each use: a poll() runs every step
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 #: The dtypes the wire carries as they are (native byte order: those of wire.DTYPES)
 _WIRE_DTYPES = frozenset(np.dtype(n) for n in wire.DTYPES)
 #: Header bytes a message takes at most beside its body and its arrays' descriptors: the

@@ -45,6 +45,7 @@ from ..config import PeerConfig, from_dict, to_dict
 from ..errors import ConfigError, MembershipError, PeerTimeout, SwarmError, TransportError, WireError
 from ..link import Handler, View
 from ..tasks import supervise
+from ..transport import _EVENTS, _POLLIN   # ints: pyzmq's enums cost an operation per use
 from ..wire import Limits, Message
 
 log = logging.getLogger("swarm.peer")
@@ -137,9 +138,6 @@ OUTBOX_TIMEOUT_S = 10.0
 #: traceback logged says how many there were. A sender that trips a buggy handler with
 #: every message does not fill the log with a traceback per message.
 FAILURE_LOG_S = 10.0
-
-# pyzmq's enum constants cost an enum operation at each use (the receive loop's every pass)
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 #: what a coordinator socket's monitor reports: a lost connection, and how handshakes end
 _COORD_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
