@@ -310,11 +310,13 @@ def _running(pid: int) -> bool:
 
 
 def _peers(pids: list[int]) -> int:
-    """How many of ``pids`` are `swarm peer` processes."""
+    """How many of ``pids`` are `swarm peer` processes: started with ``--rank``, or forked by
+    `swarm run`'s fork server, which names them ``swarm peer{r}``."""
     n = 0
     for pid in pids:
         try:
-            n += b"--rank" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            n += (b"--rank" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                  or Path(f"/proc/{pid}/comm").read_text().startswith("swarm peer"))
         except OSError:
             pass
     return n

@@ -2,7 +2,9 @@
 
 :func:`run_experiment` resolves the spec, makes ``runs/<name>-<YYYYmmdd-HHMMSS>/``
 with ``config.json``, starts ``swarm coordinator`` and one ``swarm peer --spec``
-process per rank (their output goes to ``logs/``), and polls the coordinator
+process per rank (their output goes to ``logs/``; the peers are forked from a
+fork server that imported torch once, :mod:`swarm.experiment.forkserver`, where it
+answers, else started as fresh interpreters), and polls the coordinator
 for the figures the peers put on their heartbeats to draw one progress line.
 Whatever happens — the budget is spent, Ctrl-C, a child crashes — it ends
 every process it started, by its handle, and then writes the plots and a
@@ -12,9 +14,10 @@ Run folder::
 
     config.json         the resolved spec (loads back with load_spec)
     warnings.txt        what `swarm run` warned of before it started (Spec.warnings), if anything
-    pids.json           the processes this run started
+    pids.json           the processes this run started (``forkserver``: the peers' parent)
     logs/               coordinator.log, peer{r}.log (a restarted process appends to its predecessor's;
-                        warnings and errors, and with `swarm run -v` INFO lines too, -vv DEBUG)
+                        warnings and errors, and with `swarm run -v` INFO lines too, -vv DEBUG),
+                        forkserver.log (what the fork server said: empty unless an import failed)
     peer{r}/            metrics.csv, rounds.csv, evals.csv, tb/, ckpt/, checkpoint.pt, best.pt, summary.json
     plots/              returns.png, bytes_per_round.png, consensus.png
     summary.json        the summary table as JSON (each row with ``restarts``)
@@ -80,11 +83,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ..errors import ConfigError, SwarmError
 from .runner import DIGEST_EVERY, peer_dir
 from .spec import Spec, load_spec, save_resolved
+
+if TYPE_CHECKING:
+    from .forkserver import ForkServer
 
 __all__ = ["run_experiment", "RunResult", "Launch", "write_plots", "summarize"]
 
@@ -136,6 +142,8 @@ class _Child:
     def how(self) -> str:
         """How it ended: ``signal 9`` or ``code 2``."""
         rc = self.proc.returncode
+        if getattr(self.proc, "lost", False):
+            return "an unknown status (the fork server that started it died first)"
         return f"signal {-rc}" if rc < 0 else f"code {rc}"
 
     def exited(self) -> str:
@@ -166,7 +174,23 @@ class Launch:
     #: each child gets this many ``-v`` (``swarm run -v``): 1 logs INFO to its log file, 2 DEBUG
     verbose: int = 0
 
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> _Child:
+    #: the fork server that starts the peers (:meth:`preload`), else None
+    forks: ForkServer | None = None
+
+    def preload(self) -> None:
+        """Start the fork server, which imports what a peer needs while the coordinator
+        starts; :meth:`start` with ``fork=True`` then forks the peers from it."""
+        # (imported here: `python -m swarm.experiment.forkserver` would find it imported already)
+        from .forkserver import ForkServer, enabled  # noqa: PLC0415
+
+        if enabled():
+            (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+            self.forks = ForkServer(self.run_dir / "logs" / "forkserver.log", dict(os.environ, PYTHONUNBUFFERED="1"))
+            self._write_pids()
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None, fork: bool = False) -> _Child:
+        """Start ``swarm ARGS`` as ``name``: with ``fork`` from the fork server where it
+        answers (its peers import nothing), else as a fresh ``python -m swarm.cli``."""
         log_path = self.run_dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", SWARM_PARENT_PID=str(os.getpid()), **(env or {}))
@@ -177,9 +201,14 @@ class Launch:
         # The child writes through its own copy of the descriptor, so the launcher closes its
         # copy at once (kept open, each restart held one more until the run ended).
         with open(log_path, "a" if any(c.name == name for c in self.children) else "w") as f:
-            p = subprocess.Popen([sys.executable, "-m", "swarm.cli", *loud, *args], stdout=f,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                 start_new_session=True)
+            p: Any = None
+            if fork and self.forks is not None and self.forks.alive:
+                # its parent is the server: the peer watches that one (which ends with us)
+                p = self.forks.fork([*loud, *args], dict(env, SWARM_PARENT_PID=str(self.forks.pid)), log_path, name)
+            if p is None:
+                p = subprocess.Popen([sys.executable, "-m", "swarm.cli", *loud, *args], stdout=f,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
         c = _Child(name, p, log_path)
         self.children.append(c)
         self._write_pids()
@@ -187,6 +216,8 @@ class Launch:
 
     def _write_pids(self) -> None:
         pids = {c.name: c.proc.pid for c in self.children}
+        if self.forks is not None:
+            pids["forkserver"] = self.forks.pid
         (self.run_dir / "pids.json").write_text(json.dumps({"launcher": os.getpid(), "children": pids}) + "\n")
 
     def end(self, children: list[_Child] | None = None, grace: float = TERM_GRACE_S,
@@ -216,8 +247,10 @@ class Launch:
             c.proc.wait()
 
     def close(self) -> None:
-        """End every child (immediately)."""
+        """End every child (immediately), then the fork server."""
         self.end(grace=2.0)
+        if self.forks is not None:
+            self.forks.close()
 
 
 class _Interrupt:
@@ -526,6 +559,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     with _Interrupt(out) as intr:
         try:
             addr = f"tcp://127.0.0.1:{_free_port()}"
+            launch.preload()
             coord = launch.start("coordinator", _coordinator_args(spec, addr))
             _wait_coordinator(launch, coord, addr)
             again = ["--resume-from", str(prev)] if prev is not None else []
@@ -533,8 +567,8 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
                 launch.deadline = time.time() + spec.budget.max_seconds
             # The peers stop at the run's deadline, not max_seconds after their own start
             # (importing torch and joining take seconds of the run's time).
-            peers = [launch.start(f"peer{r}", _peer_args(config, r, addr, run_dir) + again, env=_deadline_env(launch))
-                     for r in range(spec.peers)]
+            peers = [launch.start(f"peer{r}", _peer_args(config, r, addr, run_dir) + again, env=_deadline_env(launch),
+                                  fork=True) for r in range(spec.peers)]
             code = _supervise(launch, spec, coord, peers, addr, progress, intr, out)
         finally:
             progress.done()
@@ -977,7 +1011,8 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
             extra += ["--resume-from", str(launch.resumed)]
         config = launch.run_dir / "config.json"
         # budget.max_seconds limits the whole run: the new process gets what is left of it.
-        peers[r] = launch.start(name, _peer_args(config, r, addr, launch.run_dir) + extra, env=_deadline_env(launch))
+        peers[r] = launch.start(name, _peer_args(config, r, addr, launch.run_dir) + extra, env=_deadline_env(launch),
+                                fork=True)
     return coord
 
 

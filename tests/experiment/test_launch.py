@@ -136,7 +136,7 @@ def test_a_predecessors_summary_does_not_count(tmp_path, monkeypatch):
     such peer is restarted as any crash before the deadline."""
     started = []
     monkeypatch.setattr(launch_mod, "_status", lambda addr: {"members": [{"id": "peer0", "state": "dead"}]})
-    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None: started.append(name) or "new")
+    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None, fork=False: started.append(name) or "new")
     _summary(tmp_path, 0, "budget")
     _summary(tmp_path, 1, "error")
     coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)
@@ -171,7 +171,7 @@ def test_a_coordinator_that_exits_0_is_restarted(tmp_path, monkeypatch):
     restarted as a crash is (it was left down, and the run polled it in a busy loop)."""
     started = []
     monkeypatch.setattr(launch_mod, "_status", lambda addr: None)
-    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None: started.append(name) or "new")
+    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None, fork=False: started.append(name) or "new")
     coord = _Child("coordinator", _Exited(0), tmp_path / "c.log")
     peers = [_Child(f"peer{r}", _Exited(0), tmp_path / f"p{r}.log") for r in range(2)]
     out = io.StringIO()
@@ -453,7 +453,7 @@ def test_a_peer_whose_start_fails_on_a_config_error_is_not_restarted(tmp_path, m
     launch = Launch(tmp_path / "new", resumed=tmp_path / "old")
     started = []
     monkeypatch.setattr(launch_mod, "_status", lambda addr: {"members": [{"id": "peer1", "state": "dead"}]})
-    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None: started.append(name) or "new")
+    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None, fork=False: started.append(name) or "new")
     (tmp_path / "p0.log").write_text("swarm peer peer0: cartpole-ring, ...\nswarm: error: checkpoint "
                                      "old/peer0/ckpt/full-000001: 4610 parameters, the agent has 226\n"
                                      f"{CONFIG_ERROR_NOTE}\n")

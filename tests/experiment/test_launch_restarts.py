@@ -51,10 +51,10 @@ def supervised(monkeypatch, tmp_path: Path, most_starts: int):
     launch = Launch(tmp_path)
     real_start = Launch.start
 
-    def start(self, name, args, env=None):
+    def start(self, name, args, env=None, fork=False):
         if len(self.children) >= most_starts:
             pytest.fail(f"a start too many: {[c.name for c in self.children]} and now {name}")
-        return real_start(self, name, args, env)
+        return real_start(self, name, args, env, fork)
 
     monkeypatch.setattr(Launch, "start", start)
     monkeypatch.setattr(launch_mod, "_status", lambda addr: None)
@@ -141,7 +141,7 @@ def test_a_coordinator_that_served_a_while_before_it_died_is_restarted_again(tmp
     (scripts/chaos.py kills it every minute or so) was left down at the 21st kill, and the
     run ended with exit 1."""
     started = []
-    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None: started.append(name) or
+    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None, fork=False: started.append(name) or
                         _Child(name, _Exited(-9), tmp_path / "c.log"))
     launch = Launch(tmp_path, restarts={"coordinator": 50}, in_a_row={"coordinator": launch_mod.MAX_RESTARTS})
     served = _Child("coordinator", _Exited(-9), tmp_path / "c.log", started=time.time() - launch_mod.SERVED_S)

@@ -320,8 +320,10 @@ def test_ctrl_c_leaves_no_child(tmp_path):
     with reaped(swarm_run(tmp_path, LONG)) as p:
         d = wait_for(lambda: training(tmp_path, 2), timeout=45, what="both peers training")
         pids = recorded_pids(d)
-        assert set(pids) == {"coordinator", "peer0", "peer1"}
-        assert sorted(children_of(p.pid)) == sorted(pids.values())
+        assert set(pids) == {"coordinator", "peer0", "peer1", "forkserver"}
+        # the launcher's children, and the fork server's (the peers), are exactly those it lists
+        assert sorted(children_of(p.pid)) == sorted([pids["coordinator"], pids["forkserver"]])
+        assert sorted(children_of(pids["forkserver"])) == sorted([pids["peer0"], pids["peer1"]])
         p.send_signal(signal.SIGINT)
         out = finish(p, 40)
     assert p.returncode == 130, out
@@ -396,7 +398,7 @@ def test_a_resumed_runs_peer_restarts_from_the_newest_checkpoint(tmp_path, monke
     launch = Launch(new, resumed=old)
     started = []
     monkeypatch.setattr(launch_mod, "_status", lambda addr: {"members": [{"id": "peer1", "state": "dead"}]})
-    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None: started.append((name, args)) or "new")
+    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None, fork=False: started.append((name, args)) or "new")
     coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)
     peers = [_Child("peer0", _Exited(), tmp_path / "p0.log", ended_by_us=True),   # only peer1 crashed
              _Child("peer1", _Exited(), tmp_path / "p1.log")]
@@ -444,7 +446,7 @@ def test_a_peer_whose_start_fails_for_good_is_not_restarted(tmp_path, monkeypatc
     launch = Launch(tmp_path / "new", resumed=tmp_path / "old")
     started = []
     monkeypatch.setattr(launch_mod, "_status", lambda addr: {"members": [{"id": "peer0", "state": "dead"}]})
-    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None: started.append(name) or "new")
+    monkeypatch.setattr(Launch, "start", lambda self, name, args, env=None, fork=False: started.append(name) or "new")
     (tmp_path / "p0.log").write_text("swarm: error: peer0: no such member to take over\n")
     (tmp_path / "p1.log").write_text("swarm: error: resume: no checkpoint of peer1 in old/peer1 can be read: "
                                      "old/peer1/checkpoint.pt cannot be read (damaged?)\n")

@@ -1,0 +1,303 @@
+"""A fork server for `swarm run`'s peers: torch is imported once per run, not once per peer.
+
+A peer process spends ~2.7 s of CPU importing torch before it does anything (and its
+pages of torch are its own). `swarm run` therefore starts one fork server per run, while
+the coordinator starts: it imports what a peer needs (torch, gymnasium, swarm's runner)
+and then forks each peer (``swarm peer --spec ...``) from itself. The peer runs
+:func:`swarm.cli.main` as ``python -m swarm.cli`` would, in a session of its own, with the
+launcher's environment, its log on stdout and stderr, /dev/null on stdin. It starts in
+milliseconds and shares the server's imported pages until it writes them.
+
+The launcher talks to the server through its stdin and stdout, one JSON object a line:
+
+- launcher -> server: ``{"argv": [...], "env": {...}, "log": PATH}`` forks a peer;
+  ``{"reap": PID}`` reaps one whose end the launcher has taken note of.
+- server -> launcher: ``{"pid": PID}`` (or ``{"error": ...}``) for each fork, in order;
+  ``{"exit": PID, "returncode": RC}`` when a child ends (RC as Popen's: -N for signal N).
+
+The server reaps a child only when told (``reap``): until then the ended child holds its
+pid, so the launcher's signals (through a pidfd, besides) can never reach another process
+that took the number. Each peer's ``SWARM_PARENT_PID`` is the server's pid: a peer stops
+once the server is gone, and the server ends when its stdin closes, which the launcher's
+end closes, also a SIGKILLed launcher's. Where the server cannot start or answer, `swarm
+run` starts the peer as before, a fresh ``python -m swarm.cli``; ``SWARM_FORKSERVER=0``
+makes it always do so.
+
+This module imports nothing heavy at the top: the launcher side needs none of it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ForkServer", "Forked", "enabled"]
+
+#: seconds the launcher waits for the server's answer to a fork (the first waits for its imports)
+ANSWER_S = 60.0
+#: the modules a peer imports, imported once in the server
+PRELOAD = ("swarm.cli", "swarm.experiment.runner", "swarm.rl", "swarm.peer", "torch", "gymnasium", "uvloop")
+#: the returncode of a forked peer whose end was not reported (its fork server died first)
+LOST = 255
+
+
+def enabled() -> bool:
+    """Whether `swarm run` forks its peers (``SWARM_FORKSERVER`` unset, or not ``0``), and
+    this system lets it watch them (pidfds: Linux 5.3 and later)."""
+    return os.environ.get("SWARM_FORKSERVER", "1") != "0" and hasattr(os, "pidfd_open") and sys.platform == "linux"
+
+
+# -- the launcher's side ------------------------------------------------------------------
+
+
+class ForkServer:
+    """The launcher's handle on its fork server (started at once; it imports in the background)."""
+
+    def __init__(self, log: Path, env: dict[str, str] | None = None) -> None:
+        with open(log, "w") as f:
+            self.proc = subprocess.Popen([sys.executable, "-m", "swarm.experiment.forkserver"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=f,
+                                         env=env, start_new_session=True)
+        self.pid = self.proc.pid
+        #: pid -> returncode, of children that ended and that no handle has taken yet
+        self.exits: dict[int, int] = {}
+        self._answers: list[dict[str, Any]] = []
+        self._buf = b""
+        self.alive = True
+
+    def fork(self, argv: list[str], env: dict[str, str], log: Path, name: str = "") -> "Forked | None":
+        """Start ``swarm ARGV`` as a child of the server, called ``swarm NAME`` in ps and
+        top (its command line is the server's); None when the server cannot (it is then
+        closed, and the caller starts the process otherwise)."""
+        if not self._send({"argv": argv, "env": env, "log": str(log), "name": name}):
+            return None
+        deadline = time.monotonic() + ANSWER_S
+        while not self._answers and self.alive:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.collect(left)
+        if not self._answers:
+            # no answer within a minute (a sick machine): the server goes, and what it forks
+            # meanwhile stops at once (its parent is gone) while the caller starts the peer afresh
+            self.close()
+            return None
+        answer = self._answers.pop(0)
+        if "pid" not in answer:
+            return None
+        pid = answer["pid"]
+        try:
+            # exact: the server keeps the child's pid (a zombie, once it ends) until told to reap
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            self.close()
+            return None
+        return Forked(self, pid, pidfd, argv)
+
+    def _send(self, msg: dict[str, Any]) -> bool:
+        if not self.alive:
+            return False
+        try:
+            self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, ValueError):
+            self.alive = False
+            return False
+
+    def collect(self, timeout: float = 0.0) -> None:
+        """Take in what the server has said, waiting up to ``timeout`` s for a first word."""
+        if not self.alive:
+            return
+        fd = self.proc.stdout.fileno()
+        while select.select([fd], [], [], timeout)[0]:
+            timeout = 0.0
+            data = os.read(fd, 65536)
+            if not data:
+                self.alive = False   # it died: the children it had are reparented and watched by pidfd
+                break
+            self._buf += data
+            *lines, self._buf = self._buf.split(b"\n")
+            for line in lines:
+                msg = json.loads(line)
+                if "exit" in msg:
+                    self.exits[msg["exit"]] = msg["returncode"]
+                else:
+                    self._answers.append(msg)
+
+    def reap(self, pid: int) -> None:
+        self._send({"reap": pid})
+
+    def close(self) -> None:
+        """End the server (its stdin closes) and wait for it; it ends no child of its own."""
+        self.alive = False
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+class Forked:
+    """A peer forked by the server, with the calls `swarm run` makes of a Popen: ``pid``,
+    ``returncode``, ``poll``, ``wait``, ``send_signal``, ``kill``, ``terminate``."""
+
+    def __init__(self, server: ForkServer, pid: int, pidfd: int, args: list[str]) -> None:
+        self.server, self.pid, self.args = server, pid, args
+        self._pidfd: int | None = pidfd
+        self.returncode: int | None = None
+        #: True when it ended without a report: its fork server died first (returncode LOST)
+        self.lost = False
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        self.server.collect()
+        code = self.server.exits.pop(self.pid, None)
+        if code is None and not self.server.alive and select.select([self._pidfd], [], [], 0)[0]:
+            code, self.lost = LOST, True   # its server is gone, and so is it; how, no one can say now
+        if code is not None:
+            self.returncode = code
+            self.server.reap(self.pid)
+            os.close(self._pidfd)
+            self._pidfd = None
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            # the server tells how it ended; without the server, the pidfd tells that it did
+            select.select([self.server.proc.stdout.fileno() if self.server.alive else self._pidfd], [], [], left)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+# -- the server's side --------------------------------------------------------------------
+
+
+def _serve(orders: int, answers: int) -> dict[str, Any] | None:
+    """Fork a child for each order until ``orders`` closes (then return None). In a child,
+    return its order (the server's descriptors closed), for :func:`_child` to run."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: set[int] = set()
+    told: set[int] = set()
+    buf = b""
+
+    def say(msg: dict[str, Any]) -> None:
+        os.write(answers, json.dumps(msg).encode() + b"\n")
+
+    while True:
+        ready = select.select([orders, wake_r], [], [], 1.0)[0]
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        if orders in ready:
+            data = os.read(orders, 65536)
+            if not data:
+                return None   # the launcher is done, or dead: its children watch their parent (us)
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                order = json.loads(line)
+                if "reap" in order:
+                    if order["reap"] in children:
+                        os.waitpid(order["reap"], 0)
+                        children.discard(order["reap"])
+                        told.discard(order["reap"])
+                    continue
+                sys.stderr.flush()
+                try:
+                    pid = os.fork()
+                except OSError as e:
+                    say({"error": f"fork: {e}"})
+                    continue
+                if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for fd in (orders, answers, wake_r, wake_w):
+                        os.close(fd)
+                    return order
+                children.add(pid)
+                say({"pid": pid})
+        for pid in children - told:
+            ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if ended is not None:
+                told.add(pid)
+                rc = ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
+                say({"exit": pid, "returncode": rc})
+
+
+def _child(order: dict[str, Any]) -> int:
+    """Become ``swarm ARGV`` as ``python -m swarm.cli`` would, in a session of its own."""
+    os.setsid()
+    if order.get("name"):
+        # what ps -o comm and top show (15 bytes at most)
+        with open("/proc/self/comm", "w") as f:
+            f.write(f"swarm {order['name']}"[:15])
+    log = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(null)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(order["env"])
+    sys.argv = [sys.argv[0], *order["argv"]]
+    from swarm.__main__ import main  # noqa: PLC0415 - preloaded
+
+    return main()
+
+
+def main() -> int:
+    orders, answers = os.dup(0), os.dup(1)
+    # what an import prints goes to the log, not into the answers; stdin is no one's
+    os.dup2(2, 1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except Exception as e:   # noqa: BLE001 - the peer imports it again, and says what fails
+            print(f"swarm fork server: cannot preload {name}: {e}", file=sys.stderr, flush=True)
+    # the imported objects move out of the collector's sight: a child's collections would
+    # otherwise visit (and so copy) every page that holds them
+    gc.freeze()
+    order = _serve(orders, answers)
+    return 0 if order is None else _child(order)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
