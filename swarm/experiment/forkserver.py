@@ -19,9 +19,16 @@ The server reaps a child only when told (``reap``): until then the ended child h
 pid, so the launcher's signals (through a pidfd, besides) can never reach another process
 that took the number. Each peer's ``SWARM_PARENT_PID`` is the server's pid: a peer stops
 once the server is gone, and the server ends when its stdin closes, which the launcher's
-end closes, also a SIGKILLed launcher's. Where the server cannot start or answer, `swarm
-run` starts the peer as before, a fresh ``python -m swarm.cli``; ``SWARM_FORKSERVER=0``
+end closes, also a SIGKILLed launcher's. So a server killed mid-run ends the run: its
+peers stop and write their results (reason ``launcher gone``), the launcher says each
+"exited with an unknown status" (the server took their statuses with it) and exits 1.
+Where the server cannot start or answer, `swarm run` starts the peer as before, a fresh
+``python -m swarm.cli`` (a restart after the server died too); ``SWARM_FORKSERVER=0``
 makes it always do so.
+
+A forked peer's ``/proc/PID/cmdline`` and ``environ`` are the server's (``python -m
+swarm.experiment.forkserver``); its name (``ps -o comm``, top) is ``swarm peer{r}``, and
+``pids.json`` in the run folder maps each name to its pid.
 
 This module imports nothing heavy at the top: the launcher side needs none of it.
 """
