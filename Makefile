@@ -34,9 +34,11 @@ run: $(STAMP)
 # Three workers, each taking whole files (a file's tests run in order, as alone). Many
 # tests wait on real processes, sockets and timeouts, so on two workers this 2-core
 # machine idled part of a run: 2,095 tests took 10.7 min on two workers, 10.1 on three
-# (the machine 88% busy), 8.9 on four, as loaded as it was at each. Most of the CPU is
-# real runs' peer processes, each paying ~2.7 s of `import torch`. Three leave a timing
-# test more slack than four. `.venv/bin/python -m pytest` runs them one by one.
+# (the machine 88% busy), 8.9 on four, as loaded as it was at each. Much of the CPU is
+# real runs' peer processes; since `swarm run` forks them from one process that imported
+# torch (swarm/experiment/forkserver.py), 2,099 tests took 8.2 min on three (8.9 the same
+# hour before it). Three leave a timing test more slack than four.
+# `.venv/bin/python -m pytest` runs them one by one.
 test: $(STAMP)
 	@$(PYC)
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile
