@@ -403,15 +403,23 @@ class Coordinator:
         router, mon = self._plain, tp.shadow(self._monitor)
         fds = (router.getsockopt(zmq.FD), mon.getsockopt(zmq.FD))
         pollin = zmq.POLLIN
+        #: members whose connections closed, to probe once what they sent before is read
+        closed: list[str] = []
+        closed_at = 0.0
         while True:
-            closed = []
             if mon.getsockopt(zmq.EVENTS) & pollin:
-                closed = [pid for frames in tp.drain(mon) if (pid := self._closed([f.bytes for f in frames]))]
+                more = [pid for frames in tp.drain(mon) if (pid := self._closed([f.bytes for f in frames]))]
+                if more and not closed:
+                    closed_at = time.monotonic()
+                closed += more
             n = self._drain_router() if router.getsockopt(zmq.EVENTS) & pollin else 0
             # probed after the messages: what a member sent before its connection closed (a
-            # leave, from one that stopped waiting for its bye) is read first, as it came
-            for pid in closed:
-                self._probe(pid, "disconnected")
+            # leave, from one that stopped waiting for its bye) is read first, as it came,
+            # also behind more than a batch of others' (under a flood, after 1 s at most)
+            if closed and (n < tp.DRAIN_BATCH or time.monotonic() - closed_at > 1.0):
+                for pid in closed:
+                    self._probe(pid, "disconnected")
+                closed = []
             if self._publish_due(time.monotonic()):
                 self._publish()
             if n >= tp.DRAIN_BATCH:
