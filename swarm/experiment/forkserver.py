@@ -10,7 +10,8 @@ milliseconds and shares the server's imported pages until it writes them.
 
 The launcher talks to the server through its stdin and stdout, one JSON object a line:
 
-- launcher -> server: ``{"argv": [...], "env": {...}, "log": PATH}`` forks a peer;
+- launcher -> server: ``{"argv": [...], "env": {...}, "log": PATH, "name": NAME}`` forks
+  a peer (``swarm ARGV``, named ``swarm NAME`` in ps);
   ``{"reap": PID}`` reaps one whose end the launcher has taken note of.
 - server -> launcher: ``{"pid": PID}`` (or ``{"error": ...}``) for each fork, in order;
   ``{"exit": PID, "returncode": RC}`` when a child ends (RC as Popen's: -N for signal N).
@@ -56,10 +57,27 @@ PRELOAD = ("swarm.cli", "swarm.experiment.runner", "swarm.rl", "swarm.peer", "to
 LOST = 255
 
 
+#: seconds a child that has ended waits for the server's report of how, before it is ``lost``
+REPORT_S = 5.0
+
+
 def enabled() -> bool:
     """Whether `swarm run` forks its peers (``SWARM_FORKSERVER`` unset, or not ``0``), and
-    this system lets it watch them (pidfds: Linux 5.3 and later)."""
-    return os.environ.get("SWARM_FORKSERVER", "1") != "0" and hasattr(os, "pidfd_open") and sys.platform == "linux"
+    this system lets it watch them (pidfds: Linux 5.3 and later, not blocked by seccomp)."""
+    if os.environ.get("SWARM_FORKSERVER", "1") == "0" or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    return True
+
+
+def _readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` is readable within ``timeout`` s (poll: any fd number, unlike select)."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(max(0.0, timeout) * 1000))
 
 
 # -- the launcher's side ------------------------------------------------------------------
@@ -78,13 +96,23 @@ class ForkServer:
         self.exits: dict[int, int] = {}
         self._answers: list[dict[str, Any]] = []
         self._buf = b""
+        #: whether the server is there to talk to (its stdout has not ended)
         self.alive = True
+        #: whether it is asked for forks: not after one went unanswered or unwatchable
+        self.forking = True
+        #: fork answers still to come for requests given up on, and the children they name
+        self._late = 0
+        self._unwanted: set[int] = set()
+        #: children with a handle that has not taken their end yet (a report of another, e.g.
+        #: of one declared lost before the server said how it ended, is dropped)
+        self.watched: set[int] = set()
 
     def fork(self, argv: list[str], env: dict[str, str], log: Path, name: str = "") -> "Forked | None":
         """Start ``swarm ARGV`` as a child of the server, called ``swarm NAME`` in ps and
-        top (its command line is the server's); None when the server cannot (it is then
-        closed, and the caller starts the process otherwise)."""
-        if not self._send({"argv": argv, "env": env, "log": str(log), "name": name}):
+        top (its command line is the server's); None when the server cannot (the caller
+        then starts the process otherwise, and this server is asked for no more forks; the
+        children it has go on)."""
+        if not self.forking or not self._send({"argv": argv, "env": env, "log": str(log), "name": name}):
             return None
         deadline = time.monotonic() + ANSWER_S
         while not self._answers and self.alive:
@@ -93,9 +121,10 @@ class ForkServer:
                 break
             self.collect(left)
         if not self._answers:
-            # no answer within a minute (a sick machine): the server goes, and what it forks
-            # meanwhile stops at once (its parent is gone) while the caller starts the peer afresh
-            self.close()
+            # no answer within a minute (a sick machine): the child it may still fork is killed
+            # when its answer comes, as the caller starts the peer afresh
+            self.forking = False
+            self._late += self.alive
             return None
         answer = self._answers.pop(0)
         if "pid" not in answer:
@@ -105,9 +134,19 @@ class ForkServer:
             # exact: the server keeps the child's pid (a zombie, once it ends) until told to reap
             pidfd = os.pidfd_open(pid)
         except OSError:
-            self.close()
+            self.forking = False
+            self._unwant(pid)    # no way to watch it: the caller starts the peer afresh
             return None
+        self.watched.add(pid)
         return Forked(self, pid, pidfd, argv)
+
+    def _unwant(self, pid: int) -> None:
+        """Kill a child no handle will watch (safe by pid: the server holds it unreaped)."""
+        self._unwanted.add(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def _send(self, msg: dict[str, Any]) -> bool:
         if not self.alive:
@@ -125,7 +164,7 @@ class ForkServer:
         if not self.alive:
             return
         fd = self.proc.stdout.fileno()
-        while select.select([fd], [], [], timeout)[0]:
+        while _readable(fd, timeout):
             timeout = 0.0
             data = os.read(fd, 65536)
             if not data:
@@ -136,7 +175,15 @@ class ForkServer:
             for line in lines:
                 msg = json.loads(line)
                 if "exit" in msg:
-                    self.exits[msg["exit"]] = msg["returncode"]
+                    if msg["exit"] in self._unwanted:
+                        self._unwanted.discard(msg["exit"])
+                        self.reap(msg["exit"])
+                    elif msg["exit"] in self.watched:
+                        self.exits[msg["exit"]] = msg["returncode"]
+                elif self._late:
+                    self._late -= 1
+                    if "pid" in msg:
+                        self._unwant(msg["pid"])
                 else:
                     self._answers.append(msg)
 
@@ -166,18 +213,26 @@ class Forked:
         self.server, self.pid, self.args = server, pid, args
         self._pidfd: int | None = pidfd
         self.returncode: int | None = None
-        #: True when it ended without a report: its fork server died first (returncode LOST)
+        #: True when it ended without a report (returncode LOST): its fork server died first,
+        #: or did not say within REPORT_S (stopped, stuck)
         self.lost = False
+        self._ended_at: float | None = None
 
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
         self.server.collect()
         code = self.server.exits.pop(self.pid, None)
-        if code is None and not self.server.alive and select.select([self._pidfd], [], [], 0)[0]:
-            code, self.lost = LOST, True   # its server is gone, and so is it; how, no one can say now
+        if code is None and _readable(self._pidfd, 0):
+            # it has ended; how, only the server can say
+            now = time.monotonic()
+            if self._ended_at is None:
+                self._ended_at = now
+            if not self.server.alive or now - self._ended_at > REPORT_S:
+                code, self.lost = LOST, True
         if code is not None:
             self.returncode = code
+            self.server.watched.discard(self.pid)
             self.server.reap(self.pid)
             os.close(self._pidfd)
             self._pidfd = None
@@ -190,7 +245,10 @@ class Forked:
             if left <= 0:
                 raise subprocess.TimeoutExpired(self.args, timeout)
             # the server tells how it ended; without the server, the pidfd tells that it did
-            select.select([self.server.proc.stdout.fileno() if self.server.alive else self._pidfd], [], [], left)
+            if self.server.alive:
+                self.server.collect(left)
+            else:
+                _readable(self._pidfd, left)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -242,6 +300,7 @@ def _serve(orders: int, answers: int) -> dict[str, Any] | None:
                         children.discard(order["reap"])
                         told.discard(order["reap"])
                     continue
+                sys.stdout.flush()
                 sys.stderr.flush()
                 try:
                     pid = os.fork()

@@ -17,7 +17,8 @@ Run folder::
     pids.json           the processes this run started (``forkserver``: the peers' parent)
     logs/               coordinator.log, peer{r}.log (a restarted process appends to its predecessor's;
                         warnings and errors, and with `swarm run -v` INFO lines too, -vv DEBUG),
-                        forkserver.log (what the fork server said: empty unless an import failed)
+                        forkserver.log (what the fork server said: empty unless an import failed,
+                        or a forked peer failed before its output went to its own log)
     peer{r}/            metrics.csv, rounds.csv, evals.csv, tb/, ckpt/, checkpoint.pt, best.pt, summary.json
     plots/              returns.png, bytes_per_round.png, consensus.png
     summary.json        the summary table as JSON (each row with ``restarts``)
@@ -90,7 +91,7 @@ from .runner import DIGEST_EVERY, peer_dir
 from .spec import Spec, load_spec, save_resolved
 
 if TYPE_CHECKING:
-    from .forkserver import ForkServer
+    from .forkserver import ForkServer, Forked
 
 __all__ = ["run_experiment", "RunResult", "Launch", "write_plots", "summarize"]
 
@@ -133,7 +134,8 @@ def _tail(path: Path, lines: int = 15) -> str:
 @dataclass
 class _Child:
     name: str
-    proc: subprocess.Popen
+    #: a Popen, or a peer forked by the fork server (which answers the same calls)
+    proc: subprocess.Popen | Forked
     log: Path
     ended_by_us: bool = False
     #: time.time() when it was started: a summary.json older than that is a predecessor's
@@ -202,7 +204,7 @@ class Launch:
         # copy at once (kept open, each restart held one more until the run ended).
         with open(log_path, "a" if any(c.name == name for c in self.children) else "w") as f:
             p: Any = None
-            if fork and self.forks is not None and self.forks.alive:
+            if fork and self.forks is not None:
                 # its parent is the server: the peer watches that one (which ends with us)
                 p = self.forks.fork([*loud, *args], dict(env, SWARM_PARENT_PID=str(self.forks.pid)), log_path, name)
             if p is None:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from swarmtest import ROOT, free_port, reaped, wait_for
+from swarmtest import ROOT, free_port, freeze, reaped, wait_for
 
 from swarm.experiment import forkserver
 from swarm.experiment.forkserver import LOST, ForkServer
@@ -111,6 +111,40 @@ def test_when_the_server_dies_its_children_end_and_say_so(server, tmp_path):
     assert stat(p.pid) is None or stat(p.pid)[0] == "Z"   # (a zombie where pid 1 does not reap)
     assert "is gone; stopping" in log.read_text()
     assert server.fork(["run", "--show"], dict(os.environ), tmp_path / "x.log") is None
+
+
+def test_a_child_it_cannot_watch_is_killed_and_no_more_forks_are_asked(server, tmp_path, monkeypatch):
+    """pidfd_open refused after the fork (seccomp, no fds left): the child has no handle, so
+    it is killed (not left training beside the fresh one the launcher starts instead)."""
+    def refused(pid):
+        raise OSError(38, "Function not implemented")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "pidfd_open", refused)
+        assert server.fork(["run", "--show"], dict(os.environ), tmp_path / "x.log") is None
+    assert not server.forking
+    wait_for(lambda: (server.collect(0.1), children_of(server.pid))[1] == [], timeout=15,
+             what="the unwatched child killed and reaped")
+    assert server.fork(["run", "--show"], dict(os.environ), tmp_path / "y.log") is None
+
+
+def test_an_unanswered_fork_is_given_up_and_its_late_child_killed(server, tmp_path, monkeypatch):
+    """A server that does not answer within ANSWER_S (frozen here): fork gives up (the
+    launcher starts the peer afresh); the child it forks once thawed is killed and reaped."""
+    first, _ = coordinator(server, tmp_path)
+    monkeypatch.setattr(forkserver, "ANSWER_S", 1.0)
+    freeze(server.pid)
+    try:
+        assert server.fork(["run", "--show"], dict(os.environ), tmp_path / "x.log") is None
+        assert not server.forking
+        # a child that ends while the server cannot say how is ``lost`` after REPORT_S
+        first.kill()
+        assert first.wait(forkserver.REPORT_S + 20) == LOST and first.lost
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    wait_for(lambda: (server.collect(0.1), children_of(server.pid))[1] == [], timeout=30,
+             what="the late child killed and both reaped")
+    assert server.alive and server.exits == {}
 
 
 def test_launch_starts_a_fresh_interpreter_without_the_server(tmp_path, monkeypatch):
