@@ -6,7 +6,9 @@ the coordinator starts: it imports what a peer needs (torch, gymnasium, swarm's 
 and then forks each peer (``swarm peer --spec ...``) from itself. The peer runs
 :func:`swarm.cli.main` as ``python -m swarm.cli`` would, in a session of its own, with the
 launcher's environment, its log on stdout and stderr, /dev/null on stdin. It starts in
-milliseconds and shares the server's imported pages until it writes them.
+milliseconds and shares the server's imported pages until it writes them: a 4-peer run's
+peers and server came to 376 MB of PSS, against 748 MB for 4 fresh interpreters (RSS
+~1 GB either way), and 10-11 s of CPU against 17-22 s for a 500-step run.
 
 The launcher talks to the server through its stdin and stdout, one JSON object a line:
 
