@@ -215,9 +215,9 @@ class Forked:
         self.server, self.pid, self.args = server, pid, args
         self._pidfd: int | None = pidfd
         self.returncode: int | None = None
-        #: True when it ended without a report (returncode LOST): its fork server died first,
-        #: or did not say within REPORT_S (stopped, stuck)
-        self.lost = False
+        #: why it ended without a report (returncode LOST), else "": its fork server died
+        #: first, or did not say within REPORT_S (stopped, stuck)
+        self.lost = ""
         self._ended_at: float | None = None
 
     def poll(self) -> int | None:
@@ -230,8 +230,10 @@ class Forked:
             now = time.monotonic()
             if self._ended_at is None:
                 self._ended_at = now
-            if not self.server.alive or now - self._ended_at > REPORT_S:
-                code, self.lost = LOST, True
+            if not self.server.alive:
+                code, self.lost = LOST, "the fork server that started it died first"
+            elif now - self._ended_at > REPORT_S:
+                code, self.lost = LOST, f"its fork server did not say within {REPORT_S:.0f} s"
         if code is not None:
             self.returncode = code
             self.server.watched.discard(self.pid)

@@ -144,8 +144,8 @@ class _Child:
     def how(self) -> str:
         """How it ended: ``signal 9`` or ``code 2``."""
         rc = self.proc.returncode
-        if getattr(self.proc, "lost", False):
-            return "an unknown status (the fork server that started it died first)"
+        if getattr(self.proc, "lost", ""):
+            return f"an unknown status ({self.proc.lost})"
         return f"signal {-rc}" if rc < 0 else f"code {rc}"
 
     def exited(self) -> str:

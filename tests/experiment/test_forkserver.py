@@ -107,7 +107,7 @@ def test_when_the_server_dies_its_children_end_and_say_so(server, tmp_path):
     known by pidfd, how they ended is not (``lost``), and nothing is left."""
     p, log = coordinator(server, tmp_path)
     os.kill(server.pid, signal.SIGKILL)
-    assert p.wait(30) == LOST and p.lost
+    assert p.wait(30) == LOST and p.lost == "the fork server that started it died first"
     assert stat(p.pid) is None or stat(p.pid)[0] == "Z"   # (a zombie where pid 1 does not reap)
     assert "is gone; stopping" in log.read_text()
     assert server.fork(["run", "--show"], dict(os.environ), tmp_path / "x.log") is None
@@ -139,7 +139,7 @@ def test_an_unanswered_fork_is_given_up_and_its_late_child_killed(server, tmp_pa
         assert not server.forking
         # a child that ends while the server cannot say how is ``lost`` after REPORT_S
         first.kill()
-        assert first.wait(forkserver.REPORT_S + 20) == LOST and first.lost
+        assert first.wait(forkserver.REPORT_S + 20) == LOST and first.lost.startswith("its fork server did not say")
     finally:
         os.kill(server.pid, signal.SIGCONT)
     wait_for(lambda: (server.collect(0.1), children_of(server.pid))[1] == [], timeout=30,
