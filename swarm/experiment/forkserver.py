@@ -64,9 +64,16 @@ REPORT_S = 5.0
 
 
 def enabled() -> bool:
-    """Whether `swarm run` forks its peers (``SWARM_FORKSERVER`` unset, or not ``0``), and
-    this system lets it watch them (pidfds: Linux 5.3 and later, not blocked by seccomp)."""
-    if os.environ.get("SWARM_FORKSERVER", "1") == "0" or not hasattr(os, "pidfd_open"):
+    """Whether `swarm run` forks its peers (``SWARM_FORKSERVER`` unset, empty or ``1``; ``0``
+    says no), and this system lets it watch them (pidfds: Linux 5.3 and later, not blocked
+    by seccomp). Another value is a ConfigError."""
+    value = os.environ.get("SWARM_FORKSERVER", "").strip()
+    if value not in ("", "0", "1"):
+        from ..errors import ConfigError  # noqa: PLC0415 - this module imports nothing of swarm's at the top
+
+        raise ConfigError(f"SWARM_FORKSERVER={value!r}: use 1 (fork the peers from one process that "
+                          "imported torch) or 0 (start each peer as a fresh interpreter)")
+    if value == "0" or not hasattr(os, "pidfd_open"):
         return False
     try:
         os.close(os.pidfd_open(os.getpid()))

@@ -539,6 +539,9 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
             raise
         raise _refused_config(spec_path, list(overrides or []), e) from None
     _check_memory(spec)
+    from .forkserver import enabled  # noqa: PLC0415 - see Launch.preload
+
+    enabled()   # a bad SWARM_FORKSERVER is refused before anything is made
     if prev is not None:
         from .checkpoint import latest  # noqa: PLC0415 - needs no torch, but keep import cost off `swarm run -h`
 

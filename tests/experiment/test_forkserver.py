@@ -16,7 +16,8 @@ from swarmtest import ROOT, free_port, freeze, reaped, wait_for
 
 from swarm.experiment import forkserver
 from swarm.experiment.forkserver import LOST, ForkServer
-from swarm.experiment.launch import Launch
+from swarm.errors import ConfigError
+from swarm.experiment.launch import Launch, run_experiment
 
 pytestmark = pytest.mark.skipif(not forkserver.enabled(), reason="no pidfds here (Linux 5.3 and later)")
 
@@ -166,6 +167,14 @@ def test_launch_starts_a_fresh_interpreter_without_the_server(tmp_path, monkeypa
             assert "peers = " in c.log.read_text()
         finally:
             launch.close()
+
+
+@pytest.mark.parametrize("value", ["off", "false", "2"])
+def test_a_bad_swarm_forkserver_is_refused_before_anything_starts(value, tmp_path, monkeypatch):
+    monkeypatch.setenv("SWARM_FORKSERVER", value)
+    with pytest.raises(ConfigError, match=f"SWARM_FORKSERVER='{value}': use 1 .* or 0"):
+        run_experiment(None, ["peers=1"], runs_root=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_run_whose_fork_server_dies_ends_with_its_peers_results(tmp_path):
