@@ -25,9 +25,9 @@ once the server is gone, and the server ends when its stdin closes, which the la
 end closes, also a SIGKILLed launcher's. So a server killed mid-run ends the run: its
 peers stop and write their results (reason ``launcher gone``), the launcher says each
 "exited with an unknown status" (the server took their statuses with it) and exits 1.
-Where the server cannot start or answer, `swarm run` starts the peer as before, a fresh
-``python -m swarm.cli`` (a restart after the server died too); ``SWARM_FORKSERVER=0``
-makes it always do so.
+Where the server cannot start or answer (nor a pidfd be had), `swarm run` starts the peer
+as before, a fresh ``python -m swarm.cli``, and asks that server for no more forks (the
+peers it has go on); ``SWARM_FORKSERVER=0`` makes it always do so.
 
 A forked peer's ``/proc/PID/cmdline`` and ``environ`` are the server's (``python -m
 swarm.experiment.forkserver``); its name (``ps -o comm``, top) is ``swarm peer{r}``, and
@@ -55,7 +55,8 @@ __all__ = ["ForkServer", "Forked", "enabled"]
 ANSWER_S = 60.0
 #: the modules a peer imports, imported once in the server
 PRELOAD = ("swarm.cli", "swarm.experiment.runner", "swarm.rl", "swarm.peer", "torch", "gymnasium", "uvloop")
-#: the returncode of a forked peer whose end was not reported (its fork server died first)
+#: the returncode of a forked peer whose end was not reported (its fork server died first,
+#: or did not say within REPORT_S)
 LOST = 255
 
 
