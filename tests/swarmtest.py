@@ -94,6 +94,33 @@ def wait_for(pred, timeout: float = 10.0, interval: float = 0.05, what: str = "c
     raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (state, ppid, pgrp, session,
+    ...), or None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def children_of(pid: int, zombies: bool = False) -> list[int]:
+    """The processes whose parent is ``pid`` (a /proc scan, no psutil); with ``zombies``,
+    also those ended and not yet reaped."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and (fields := proc_stat(int(d.name))) is not None:
+            if int(fields[1]) == pid and (zombies or fields[0] != "Z"):
+                found.append(int(d.name))
+    return found
+
+
 def freeze(pid: int, timeout: float = 10.0) -> None:
     """Stop process ``pid`` (SIGSTOP) and return once every thread of it has stopped.
     ``kill`` only queues the signal: the stop begins when one of its threads next runs,

@@ -10,20 +10,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import zmq
-from swarmtest import ROOT, SWARM, free_port, status, wait_for
+from swarmtest import ROOT, SWARM, alive, free_port, status, wait_for
 
 from swarm import wire
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_peer_prints_no_epoch_after_leaving(procs):
@@ -121,13 +113,13 @@ def test_a_coordinator_ends_with_its_killed_swarm_run(tmp_path):
         wait_for(lambda: status(addr, timeout=0.5), timeout=30, what="the coordinator answering")
         lp.kill()
         lp.wait()
-        wait_for(lambda: not _alive(coord), timeout=30, what="the coordinator ending after its swarm run")
+        wait_for(lambda: not alive(coord), timeout=30, what="the coordinator ending after its swarm run")
     finally:
         if lp.poll() is None:
             lp.kill()
             lp.wait()
         lp.stdout.close()
-        if coord and _alive(coord):
+        if coord and alive(coord):
             os.kill(coord, signal.SIGKILL)
     assert f"its swarm run (pid {lp.pid}) is gone; stopping" in (tmp_path / "coord.log").read_text()
 

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
+from swarmtest import alive
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -302,13 +303,6 @@ def _descendants(pid: int) -> list[int]:
     return [d for k in kids for d in (k, *_descendants(k))]
 
 
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _peers(pids: list[int]) -> int:
     """How many of ``pids`` are `swarm peer` processes: started with ``--rank``, or forked by
     `swarm run`'s fork server, which names them ``swarm peer{r}``."""
@@ -345,15 +339,15 @@ def _signal_ends_script(script: str, args: list[str], busy, tmp_path: Path, sig:
         text = err.read_text(errors="replace")
         assert "Traceback" not in text and said in text, text[-3000:]
         deadline = time.monotonic() + 20
-        while any(map(_running, started)) and time.monotonic() < deadline:
+        while any(map(alive, started)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not [pid for pid in started if _running(pid)]
+        assert not [pid for pid in started if alive(pid)]
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
         for pid in started:   # what the script left behind, by pid
-            if _running(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

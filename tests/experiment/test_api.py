@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from swarmtest import ROOT, wait_for
+from swarmtest import ROOT, alive, children_of, wait_for
 
 from swarm.errors import ConfigError
 from swarm.experiment import RunResult, load_spec, run_experiment
@@ -26,27 +26,6 @@ from swarm.experiment.launch import read_csv, write_plots
 
 TINY = ["peers=2", "budget.env_steps=300", "dqn.learning_starts=100", "dqn.batch_size=32",
         "eval.every=0", "buffer.capacity=2000"]
-
-
-def children_of(pid: int) -> list[int]:
-    """Live processes whose parent is ``pid`` (a /proc scan)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(d.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_script_runs_changed_specs_one_after_another(tmp_path):

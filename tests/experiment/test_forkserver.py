@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from swarmtest import ROOT, free_port, freeze, reaped, wait_for
+from swarmtest import ROOT, alive, children_of, free_port, freeze, proc_stat, reaped, wait_for
 
 from swarm.experiment import forkserver
 from swarm.experiment.forkserver import LOST, ForkServer
@@ -20,20 +20,6 @@ from swarm.errors import ConfigError
 from swarm.experiment.launch import Launch, run_experiment
 
 pytestmark = pytest.mark.skipif(not forkserver.enabled(), reason="no pidfds here (Linux 5.3 and later)")
-
-
-def stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command's name (state, ppid, pgrp, session, ...)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def children_of(pid: int) -> list[int]:
-    """Processes (zombies too) whose parent is ``pid``."""
-    return [int(d.name) for d in Path("/proc").iterdir()
-            if d.name.isdigit() and (s := stat(int(d.name))) is not None and int(s[1]) == pid]
 
 
 @pytest.fixture
@@ -78,12 +64,12 @@ def test_a_forked_command_runs_as_the_cli_would(server, tmp_path):
     assert bad.wait(60) == 2
     assert "swarm: error:" in (tmp_path / "bad.log").read_text()
     # each was reaped once its end was taken: the server holds no zombie
-    wait_for(lambda: children_of(server.pid) == [], timeout=10, what="the server's children reaped")
+    wait_for(lambda: children_of(server.pid, zombies=True) == [], timeout=10, what="the server's children reaped")
 
 
 def test_a_forked_process_is_the_servers_child_in_a_session_of_its_own(server, tmp_path):
     p, log = coordinator(server, tmp_path)
-    fields = stat(p.pid)
+    fields = proc_stat(p.pid)
     assert int(fields[1]) == server.pid                    # its parent: the server
     assert int(fields[3]) == p.pid                         # its own session: Ctrl-C reaches only swarm run
     assert Path(f"/proc/{p.pid}/fd/0").resolve() == Path(os.devnull)
@@ -100,7 +86,7 @@ def test_a_killed_child_reports_its_signal(server, tmp_path):
     p, _ = coordinator(server, tmp_path)
     p.kill()
     assert p.wait(30) == -signal.SIGKILL
-    wait_for(lambda: children_of(server.pid) == [], timeout=10, what="the killed child reaped")
+    wait_for(lambda: children_of(server.pid, zombies=True) == [], timeout=10, what="the killed child reaped")
 
 
 def test_when_the_server_dies_its_children_end_and_say_so(server, tmp_path):
@@ -109,7 +95,7 @@ def test_when_the_server_dies_its_children_end_and_say_so(server, tmp_path):
     p, log = coordinator(server, tmp_path)
     os.kill(server.pid, signal.SIGKILL)
     assert p.wait(30) == LOST and p.lost == "the fork server that started it died first"
-    assert stat(p.pid) is None or stat(p.pid)[0] == "Z"   # (a zombie where pid 1 does not reap)
+    assert proc_stat(p.pid) is None or proc_stat(p.pid)[0] == "Z"   # (a zombie where pid 1 does not reap)
     assert "is gone; stopping" in log.read_text()
     assert server.fork(["run", "--show"], dict(os.environ), tmp_path / "x.log") is None
 
@@ -124,7 +110,7 @@ def test_a_child_it_cannot_watch_is_killed_and_no_more_forks_are_asked(server, t
         m.setattr(os, "pidfd_open", refused)
         assert server.fork(["run", "--show"], dict(os.environ), tmp_path / "x.log") is None
     assert not server.forking
-    wait_for(lambda: (server.collect(0.1), children_of(server.pid))[1] == [], timeout=15,
+    wait_for(lambda: (server.collect(0.1), children_of(server.pid, zombies=True))[1] == [], timeout=15,
              what="the unwatched child killed and reaped")
     assert server.fork(["run", "--show"], dict(os.environ), tmp_path / "y.log") is None
 
@@ -143,7 +129,7 @@ def test_an_unanswered_fork_is_given_up_and_its_late_child_killed(server, tmp_pa
         assert first.wait(forkserver.REPORT_S + 20) == LOST and first.lost.startswith("its fork server did not say")
     finally:
         os.kill(server.pid, signal.SIGCONT)
-    wait_for(lambda: (server.collect(0.1), children_of(server.pid))[1] == [], timeout=30,
+    wait_for(lambda: (server.collect(0.1), children_of(server.pid, zombies=True))[1] == [], timeout=30,
              what="the late child killed and both reaped")
     assert server.alive and server.exits == {}
 
@@ -201,6 +187,6 @@ def test_a_run_whose_fork_server_dies_ends_with_its_peers_results(tmp_path):
     rows = json.loads((d / "summary.json").read_text())
     assert [r["reason"].split(",")[0] for r in rows] == ["launcher gone", "launcher gone"], rows
     deadline = time.monotonic() + 10
-    while any(stat(pid) is not None and stat(pid)[0] != "Z" for pid in pids.values()):
+    while any(alive(pid) for pid in pids.values()):
         assert time.monotonic() < deadline, f"left running: {pids}"
         time.sleep(0.1)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from swarmtest import ROOT, freeze, reaped, wait_for
+from swarmtest import ROOT, alive, children_of, freeze, reaped, wait_for
 
 from swarm.errors import ConfigError, SwarmError
 from swarm.experiment import forkserver, load_spec
@@ -58,29 +58,6 @@ def run_dir_of(cwd: Path) -> Path:
     dirs = list((cwd / "runs").glob("cartpole-ring-*"))
     assert len(dirs) == 1, dirs
     return dirs[0]
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def children_of(pid: int) -> list[int]:
-    """Live processes whose parent is ``pid`` (a /proc scan, no psutil)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(d.name))
-    return found
 
 
 def recorded_pids(run_dir: Path) -> dict[str, int]:
