@@ -94,7 +94,9 @@ def test_replace_takes_the_dead_members_rank_not_the_launchers(procs, tmp_path):
                     env={"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
     wait_for(lambda: r.poll() is not None or alive(addr) == {"a": 0, "b": 1}, 20, what="b back in its place")
     assert r.poll() is None, procs.log(r)
-    assert "rank 1" in procs.log(r)
+    # the coordinator's table shows b before the replacement printed its first line
+    wait_for(lambda: "rank 1" in procs.log(r) or r.poll() is not None, 10, what="the replacement's first line")
+    assert "rank 1" in procs.log(r), procs.log(r)
 
 
 class _Called(Exception):
