@@ -87,6 +87,13 @@ async def serve(coord: Coordinator, body) -> None:
         await coord.close()
 
 
+def coordinator(**overrides) -> Coordinator:
+    """A coordinator for the raw client, which sends no heartbeats: with the default 5 s
+    timeout (and 1 s probe), a test stalled that long on a loaded machine saw its members
+    declared dead, and the views it waited for never came."""
+    return Coordinator(bind=f"tcp://127.0.0.1:{free_port()}", http_bind="", heartbeat_timeout_s=600, **overrides)
+
+
 def running(coord: Coordinator) -> bool:
     return coord._runner is not None and not coord._runner.done() and coord._failure is None
 
@@ -123,7 +130,7 @@ def test_a_join_past_what_a_view_message_holds_is_refused_and_the_coordinator_go
         await c.join(long_id(n), long_addr(n))
         await until(lambda: len(c.of("welcome")) == welcomed + 1, 5, what="the next join admitted")
 
-    asyncio.run(serve(Coordinator(bind=f"tcp://127.0.0.1:{free_port()}", http_bind=""), body))
+    asyncio.run(serve(coordinator(), body))
 
 
 def test_a_view_that_does_not_encode_is_logged_and_the_coordinator_goes_on(monkeypatch, caplog):
@@ -149,7 +156,7 @@ def test_a_view_that_does_not_encode_is_logged_and_the_coordinator_goes_on(monke
                     what="the view of the 10 left")
         assert running(coord)
 
-    asyncio.run(serve(Coordinator(bind=f"tcp://127.0.0.1:{free_port()}", http_bind=""), body))
+    asyncio.run(serve(coordinator(), body))
 
 
 def test_ids_that_share_a_connection_get_one_view_per_change():
@@ -165,7 +172,7 @@ def test_ids_that_share_a_connection_get_one_view_per_change():
         views = c.of("view")
         assert [len(v.body["members"]) for v in views] == [n]
 
-    asyncio.run(serve(Coordinator(bind=f"tcp://127.0.0.1:{free_port()}", http_bind=""), body))
+    asyncio.run(serve(coordinator(), body))
 
 
 def test_a_join_past_max_members_is_refused():
@@ -178,7 +185,7 @@ def test_a_join_past_max_members_is_refused():
             f"the swarm is full: 3 members, the coordinator's max_members = 3; 'p{i}' is not admitted" for i in (3, 4)]
         assert sorted(coord.table.members) == ["p0", "p1", "p2"]
 
-    asyncio.run(serve(Coordinator(bind=f"tcp://127.0.0.1:{free_port()}", http_bind="", max_members=3), body))
+    asyncio.run(serve(coordinator(max_members=3), body))
 
 
 @pytest.mark.parametrize("value", [0, MAX_VIEW_MEMBERS + 1])
@@ -202,7 +209,7 @@ def test_a_rank_out_of_range_is_refused():
         assert [m.body["rank"] for m in c.of("welcome")] == [0, MAX_RANK]
         assert sorted(coord.table.members) == ["any", "top"]
 
-    asyncio.run(serve(Coordinator(bind=f"tcp://127.0.0.1:{free_port()}", http_bind=""), body))
+    asyncio.run(serve(coordinator(), body))
 
 
 def test_the_table_keeps_ranks_and_view_bytes_as_a_full_scan_would():
