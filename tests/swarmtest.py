@@ -44,6 +44,18 @@ class Procs:
     def log(self, p: subprocess.Popen) -> str:
         return Path(p.log_path).read_text()  # type: ignore[attr-defined]
 
+    def coordinator(self, addr: str, *args: str, name: str = "coord", timeout: float = 30.0) -> subprocess.Popen:
+        """Start ``swarm coordinator --bind addr ARGS`` and return once it answers a status
+        query. A peer started before then waits only its join_timeout_s (5 s) for it,
+        which a coordinator starting on a loaded machine can outlast (`swarm run` waits
+        for its coordinator so too)."""
+        p = self.start("coordinator", "--bind", addr, *args, name=name)
+        try:
+            wait_for(lambda: p.poll() is None and status(addr, 0.5), timeout, what=f"the coordinator at {addr}")
+        except AssertionError as e:
+            raise AssertionError(f"{e} (exit {p.poll()}); its log:\n{self.log(p)}") from None
+        return p
+
     def close(self) -> None:
         for p in self.procs:
             if p.poll() is None:

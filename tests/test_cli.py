@@ -140,7 +140,7 @@ def test_a_peer_that_finished_no_episode_says_so(procs, tmp_path):
     config = save_resolved(load_spec(None, ["peers=1", "budget.env_steps=5", "dqn.learning_starts=1",
                                             "dqn.batch_size=1"]), tmp_path)
     addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coord")
+    procs.coordinator(addr)
     peer = procs.start("peer", "--spec", str(config), "--rank", "0", "--coordinator", addr,
                        "--run-dir", str(tmp_path / "run"), name="peer0")
     assert peer.wait(60) == 0, procs.log(peer)
@@ -153,7 +153,7 @@ def test_a_closing_terminal_ends_a_peer_and_a_coordinator_cleanly(procs):
     spot: the peer did not leave, so its neighbours waited for the coordinator to declare it
     dead. Now it leaves as on Ctrl-C, and the coordinator closes; both exit 0."""
     addr = f"tcp://127.0.0.1:{free_port()}"
-    coord = procs.start("coordinator", "--bind", addr, name="coord")
+    coord = procs.coordinator(addr)
     peer = procs.start("peer", "--id", "p0", "--coordinator", addr, name="p0")
     wait_for(lambda: "epoch" in procs.log(peer), timeout=30, what="the peer to join")
     peer.send_signal(signal.SIGHUP)
@@ -173,7 +173,7 @@ def test_a_closing_terminal_ends_a_training_peer_cleanly(procs, tmp_path):
 
     config = save_resolved(load_spec(None, ["peers=1", "budget.env_steps=1000000", "eval.every=0"]), tmp_path)
     addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coord")
+    procs.coordinator(addr)
     peer = procs.start("peer", "--spec", str(config), "--rank", "0", "--coordinator", addr,
                        "--run-dir", str(tmp_path / "run"), name="peer0")
     csv = tmp_path / "run" / "peer0" / "rounds.csv"

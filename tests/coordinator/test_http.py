@@ -444,7 +444,7 @@ def _fetch(url: str) -> bytes:
 
 def test_status_watch_redraws_until_ctrl_c(procs):
     addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coord")
+    procs.coordinator(addr)
     for i in range(2):
         procs.start("peer", "--coordinator", addr, "--id", f"w{i}", name=f"w{i}")
     watch = procs.start("status", "--coordinator", addr, "--watch", "--interval", "0.2", name="watch")

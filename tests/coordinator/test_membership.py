@@ -17,7 +17,7 @@ from swarm.gossip.topology import within
 
 def start_swarm(procs, n: int, topology: str = "ring", extra: tuple[str, ...] = (), edges=None):
     addr = f"tcp://127.0.0.1:{free_port()}"
-    coord = procs.start("coordinator", "--bind", addr, name="coord")
+    coord = procs.coordinator(addr)
     peers = {}
     if edges:
         extra = (*extra, "--set", f"peer.edges={edges}")

@@ -22,7 +22,7 @@ async def _exchange(peers: list[Peer], got: dict[str, int], rounds: int) -> None
 
 def test_coordinator_restart_keeps_data_path(procs):
     addr = f"tcp://127.0.0.1:{free_port()}"
-    coord = procs.start("coordinator", "--bind", addr, name="coord")
+    coord = procs.coordinator(addr)
 
     async def main() -> None:
         peers, got = await start_ticking_peers([f"q{i}" for i in range(4)], [addr])

@@ -14,7 +14,7 @@ EXAMPLE = ROOT / "examples" / "custom_simulator.py"
 
 def test_custom_simulator_example_learns_together(procs, tmp_path):
     addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coordinator")
+    procs.coordinator(addr, name="coordinator")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     rooms = [subprocess.Popen([sys.executable, str(EXAMPLE), "--coordinator", addr, "--rank", str(r),
                                "--steps", "600", "--gossip-every", "50"],

@@ -221,7 +221,7 @@ def test_processes_peer_killed_mid_run_survivors_relink_and_converge(procs, tmp_
 
     n, d, rounds, victim = 7, 2000, 60, 3
     addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coord")
+    procs.coordinator(addr)
     workers: list[subprocess.Popen] = []
     try:
         for r in range(n):
@@ -235,7 +235,14 @@ def test_processes_peer_killed_mid_run_survivors_relink_and_converge(procs, tmp_
                 return all(int((tmp_path / f"w{r}.round").read_text() or 0) >= k for r in who)
             return ok
 
-        wait_for(at_round(3, range(n)), 60, what="every peer past round 3")
+        def logs():
+            return "\n".join(f"--- w{r} (exit {w.poll()}):\n" + (tmp_path / f"w{r}.log").read_text()[-2000:]
+                             for r, w in enumerate(workers))
+
+        try:
+            wait_for(at_round(3, range(n)), 60, what="every peer past round 3")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{logs()}") from None
         workers[victim].send_signal(signal.SIGKILL)
         workers[victim].wait(5)
         assert not (tmp_path / f"w{victim}.npy").exists(), "the victim finished before it was killed"
