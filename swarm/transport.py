@@ -9,6 +9,7 @@ message with non-blocking receives on a plain (shadow) socket. Awaiting each
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -167,6 +168,44 @@ def unresolved_hint(addrs: list[str]) -> str:
         return ""
     return (f"; {', '.join(bad)} {'does' if len(bad) == 1 else 'do'} not resolve to an IPv4 address "
             "(swarm connects over IPv4 only: check the name, or give the address)")
+
+
+#: what a ZMTP 3 greeting starts with: its signature and major version (ZMTP 3.0, rfc 23)
+_ZMTP_HELLO = b"\xff" + bytes(8) + b"\x7f" + b"\x03"
+#: a ZMTP 3 greeting's length, and where its mechanism's name (NUL-padded) lies
+_GREETING, _MECHANISM = 64, slice(12, 32)
+
+
+async def zmtp_mechanism(addr: str, timeout: float) -> str:
+    """The security mechanism (``"NULL"``, ``"CURVE"``) that the ZMTP endpoint at ``addr``
+    (``tcp://HOST:PORT``) names in its greeting, or "" where none comes within ``timeout``
+    (nothing there, not ZMTP 3, another address form).
+
+    libzmq reports a mechanism mismatch only when its own side reads the other's greeting
+    first; when the other side does, it closes, and this side sees a closed connection
+    (on loopback most times). A libzmq endpoint sends its whole greeting once it has the
+    other side's signature and major version, before any security handshake: this sends
+    just those, reads the greeting and closes, which the other side takes for a handshake
+    cut short."""
+    m = _MEMBER_ADDR.fullmatch(addr) if isinstance(addr, str) else None
+    if m is None:
+        return ""
+    host, port = addr[len("tcp://"):addr.rindex(":")], int(m.group(1))
+    writer = None
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port, family=_socket.AF_INET)
+            writer.write(_ZMTP_HELLO)
+            greeting = await reader.readexactly(_GREETING)
+    except (OSError, UnicodeError, asyncio.IncompleteReadError, TimeoutError):
+        return ""
+    finally:
+        if writer is not None:
+            writer.close()
+    if greeting[0] != 0xFF or greeting[9] != 0x7F or greeting[10] < 3:
+        return ""
+    name = greeting[_MECHANISM].rstrip(b"\x00")
+    return name.decode("ascii") if name.isalnum() and name.isascii() else ""
 
 
 def advertised(endpoint: str) -> str:

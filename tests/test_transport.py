@@ -1,10 +1,16 @@
-"""What a peer bound to a wildcard address advertises (swarm.transport.advertised)."""
+"""What a peer bound to a wildcard address advertises (swarm.transport.advertised), and
+the mechanism an endpoint's greeting names (swarm.transport.zmtp_mechanism)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
+import threading
 
 import pytest
+import zmq
+from swarmtest import free_port
 
 from swarm import transport
 
@@ -25,3 +31,64 @@ def test_a_routable_guess_and_an_explicit_address_are_advertised_quietly(monkeyp
         assert transport.advertised("tcp://*:4321") == "tcp://10.1.2.3:4321"
         assert transport.advertised("tcp://127.0.0.1:4321") == "tcp://127.0.0.1:4321"
     assert caplog.text == ""
+
+
+# --- zmtp_mechanism: the security mechanism an endpoint's ZMTP greeting names
+
+
+def _router(ctx: zmq.Context, curve: bool) -> tuple[zmq.Socket, str]:
+    s = ctx.socket(zmq.ROUTER)
+    s.linger = 0
+    if curve:
+        public, secret = zmq.curve_keypair()
+        s.curve_publickey, s.curve_secretkey, s.curve_server = public, secret, True
+    return s, f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}"
+
+
+@pytest.mark.parametrize("curve", [False, True])
+def test_the_mechanism_of_a_zmq_endpoint_is_read_from_its_greeting(curve):
+    ctx = zmq.Context()
+    router, addr = _router(ctx, curve)
+    client = ctx.socket(zmq.DEALER)
+    client.linger = 0
+    try:
+        assert asyncio.run(transport.zmtp_mechanism(addr, 10.0)) == ("CURVE" if curve else "NULL")
+        if not curve:   # the endpoint goes on serving after the greeting read and cut short
+            client.connect(addr)
+            client.send(b"hi")
+            assert router.poll(10_000) and router.recv_multipart()[1] == b"hi"
+    finally:
+        client.close()
+        router.close()
+        ctx.term()
+
+
+def test_no_mechanism_where_no_zmtp_greeting_comes():
+    silent = socket.socket()   # accepts (the kernel does) and never says anything
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    talker = socket.socket()   # answers in another protocol
+    talker.bind(("127.0.0.1", 0))
+    talker.listen()
+    talker.settimeout(10)
+
+    def talk() -> None:
+        try:
+            conn, _ = talker.accept()
+        except OSError:
+            return
+        with conn:
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n" * 3)
+
+    t = threading.Thread(target=talk)
+    t.start()
+    try:
+        for addr, timeout in [(f"tcp://127.0.0.1:{free_port()}", 10.0),       # nothing there
+                              (f"tcp://127.0.0.1:{silent.getsockname()[1]}", 0.3),
+                              (f"tcp://127.0.0.1:{talker.getsockname()[1]}", 10.0),
+                              ("ipc:///tmp/swarm-nothing", 10.0), ("tcp://127.0.0.1", 10.0)]:
+            assert asyncio.run(transport.zmtp_mechanism(addr, timeout)) == "", addr
+    finally:
+        talker.close()
+        t.join(15)
+        silent.close()

@@ -97,6 +97,9 @@ HELD_IN_MAX = 1024
 #: fixed later (its ``authorized/``, its ``--keys``, a restart) takes the peer back.
 REDIAL_MIN_S = 0.5
 REDIAL_MAX_S = 10.0
+#: seconds to read the greeting of a coordinator that closes our handshakes (its mechanism
+#: tells whether it runs with keys, see tp.zmtp_mechanism)
+GREETING_S = 2.0
 
 #: seconds a coordinator's host has to answer a connection (SYN to SYN-ACK): the
 #: coordinator's CONNECT_TIMEOUT_S for its dials to the others (a third of libzmq's 30 s
@@ -152,8 +155,7 @@ def _coord_handshake_error(event: int, value: int, keyed: bool) -> tuple[str, bo
                 "coordinator's authorized/"), True
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
         if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-            return ("it runs without --keys and this peer with them" if keyed
-                    else "it runs with --keys and this peer without them"), True
+            return _mechanism_mismatch(keyed), True
         return f"CURVE protocol error {value:#x}: other keys", True
     if value in (errno.EPIPE, errno.ECONNRESET):
         # it closed the connection in the handshake: it could not open our hello, sealed
@@ -164,6 +166,12 @@ def _coord_handshake_error(event: int, value: int, keyed: bool) -> tuple[str, bo
         return "it closes the connection in the handshake: most likely it runs with --keys", False
     # a handshake that timed out (a frozen coordinator), or one a dying process cut short
     return "", False
+
+
+def _mechanism_mismatch(keyed: bool) -> str:
+    """What a coordinator or neighbour with the other security mechanism than this peer's is."""
+    return ("it runs without --keys and this peer with them" if keyed
+            else "it runs with --keys and this peer without them")
 
 
 @dataclass
@@ -195,8 +203,7 @@ def _link_refusal(event: int, value: int, keyed: bool) -> str:
         return f"it refused this peer's key (ZAP status {value})"
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
         if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-            return ("it runs without --keys and this peer with them" if keyed
-                    else "it runs with --keys and this peer without them")
+            return _mechanism_mismatch(keyed)
         if keyed:
             return f"CURVE protocol error {value:#x}: it holds another key pair than the view gives it"
         return f"ZMTP protocol error {value:#x}"
@@ -484,6 +491,7 @@ class Peer:
         self._coords: list[zmq.asyncio.Socket] = []        # one DEALER per coordinator address
         self._coord_monitors: list[zmq.asyncio.Socket] = []
         self._dials: list[_Dial] = []                       # how dialling each of them goes
+        self._probes: set[asyncio.Task] = set()              # greetings read for a close's cause
         self._active = 0                                    # which coordinator we talk to
         self._rotated = 0.0
         self._heard = 0.0            # last message from the coordinator we talk to
@@ -1028,6 +1036,8 @@ class Peer:
                 runner.cancel()
             elif not runner.cancelled():
                 runner.exception()   # seen here: no "exception was never retrieved" at gc
+        for probe in list(self._probes):
+            probe.cancel()
         self._close_sockets()
         self._expire_held(math.inf)   # what was held for a view that never came is dropped
         self._expire_held_in(math.inf)
@@ -1326,11 +1336,35 @@ class Peer:
         if why and why != d.failure and (gave_up or (d.closes >= 2 and not d.failure)):
             # A close in the handshake counts from the second in a row (the first may be a
             # coordinator going down), and never over a precise reason: a mechanism
-            # mismatch, for one, also shows as a close when the coordinator saw it first.
+            # mismatch, for one, also shows as a close when the coordinator saw it first
+            # (most times, on loopback), so its greeting is read for the mechanism it
+            # names, and the close's guess stands meanwhile.
             d.failure = why
-            log.error("peer %s: the handshake with coordinator %s fails: %s. %s", self.id, addr, why,
-                      f"Dialling it again, every {REDIAL_MAX_S:g} s at most, until it succeeds" if gave_up
-                      else "libzmq dials it again until it succeeds")
+            if gave_up:
+                self._log_dial_failure(addr, why, gave_up)
+            else:
+                probe = asyncio.get_running_loop().create_task(self._read_greeting(i, d, addr))
+                self._probes.add(probe)
+                probe.add_done_callback(self._probes.discard)
+
+    async def _read_greeting(self, i: int, d: _Dial, addr: str) -> None:
+        """Log why coordinator ``i`` closes this peer's handshakes: the mechanism its
+        greeting names, where that is not this peer's, else the guess in ``d.failure``."""
+        theirs = await tp.zmtp_mechanism(addr, GREETING_S)
+        if self._dials[i] is not d or self._closing():   # a handshake succeeded meanwhile, or closing
+            return
+        keyed = self._curve is not None
+        if theirs in ("NULL", "CURVE") and theirs != ("CURVE" if keyed else "NULL"):
+            d.failure = _mechanism_mismatch(keyed)
+        elif theirs == "CURVE":   # it has keys, and could not open our hello: sealed for another key
+            d.failure = ("it closes the connection in the CURVE handshake: most likely it runs with another "
+                         "coordinator key pair than this peer's coordinator.key")
+        self._log_dial_failure(addr, d.failure, False)
+
+    def _log_dial_failure(self, addr: str, why: str, gave_up: bool) -> None:
+        log.error("peer %s: the handshake with coordinator %s fails: %s. %s", self.id, addr, why,
+                  f"Dialling it again, every {REDIAL_MAX_S:g} s at most, until it succeeds" if gave_up
+                  else "libzmq dials it again until it succeeds")
 
     def _redial(self, now: float) -> None:
         """Dial again the coordinator addresses and the links whose redial is due."""

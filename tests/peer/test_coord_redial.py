@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
+import struct
+import threading
 
 import pytest
 from swarmtest import free_port, until
@@ -115,3 +118,71 @@ def test_a_key_admitted_during_the_join_lets_the_peer_in(tmp_path):
                 await peer.close()
 
     asyncio.run(main())
+
+
+class _ClosesFirst:
+    """A CURVE coordinator as a peer without keys meets it most times on loopback: it reads
+    the peer's whole greeting before the peer reads its own, finds the peer's NULL, and
+    closes (a reset), so libzmq on the peer's side reports a closed connection, not a
+    mechanism mismatch. A client that waits after the signature and major version (one
+    that reads the greeting) gets the rest of it, which names CURVE."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.1)
+        self.address = f"tcp://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.resets = self.greetings = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"\xff" + bytes(8) + b"\x7f\x03")
+                conn.settimeout(0.5)
+                got = b""
+                try:
+                    while len(got) < 64:
+                        more = conn.recv(64 - len(got))
+                        if not more:
+                            break
+                        got += more
+                except OSError:   # no more within 0.5 s: a reader of greetings
+                    pass
+                if len(got) >= 64:   # a whole greeting, NULL: reset, as libzmq does
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.resets += 1
+                elif len(got) >= 11:
+                    conn.sendall(b"\x01" + b"CURVE".ljust(20, b"\x00") + b"\x00" + bytes(31))
+                    self.greetings += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+        self.sock.close()
+
+
+def test_a_coordinator_that_closes_the_handshake_first_is_named_by_its_greeting():
+    # libzmq reports a mechanism mismatch only where its side reads the other's greeting
+    # first: on loopback the coordinator mostly did, and the join said only "most likely
+    # it runs with --keys"; the peer now reads the coordinator's greeting and names it
+    fake = _ClosesFirst()
+
+    async def main() -> None:
+        with pytest.raises(MembershipError, match=f"the handshake fails with {fake.address}: it runs with --keys "
+                                                  "and this peer without them"):
+            async with Peer(id="p", coordinators=[fake.address], join_timeout_s=3.0):
+                pass
+
+    try:
+        asyncio.run(main())
+    finally:
+        fake.close()
+    assert fake.resets >= 2 and fake.greetings == 1, (fake.resets, fake.greetings)
