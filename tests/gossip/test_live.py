@@ -5,7 +5,6 @@ checked against the same theory as the in-memory tests."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import time
 from pathlib import Path
 
