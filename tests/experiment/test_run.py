@@ -227,8 +227,17 @@ def test_gradient_exchange_relays_every_gradient(tmp_path, per_turn, ride):
         complete += relay["received"] >= others - 25
         ck = torch.load(d / f"peer{r}" / "checkpoint.pt", weights_only=False)
         # every update it took was its own or one it received (what arrives after its last
-        # step is received but not applied)
-        assert ck["agent"]["updates"] == published[r] + relay["applied"]
+        # step is received but not applied) ...
+        if not relay["resynced"]:
+            assert ck["agent"]["updates"] == published[r] + relay["applied"], relay
+        else:
+            # ... unless it took a neighbour's copy, with that copy's count. Seen once, in a
+            # full suite beside a CPU burner: every peer had sent its last turn again at a
+            # view that a member left (relay.resent = 1 each, 0 in a quiet run), so the
+            # others' turns went on without peer1's, which then came late, and peer1 took
+            # peer2's copy. The digests below still find the copies the same.
+            assert relay["resyncs"] == len(relay["resynced"]) and relay["resent"] > 0, relay
+            assert "out of step" in (d / "logs" / f"peer{r}.log").read_text()
         finals.append(ck["agent"]["updates"])
         assert relay["applied"] <= relay["received"]
         # without averaging the relay is all the gossip traffic: the summary counts its turns to
