@@ -86,7 +86,8 @@ def test_no_mechanism_where_no_zmtp_greeting_comes():
         for addr, timeout in [(f"tcp://127.0.0.1:{free_port()}", 10.0),       # nothing there
                               (f"tcp://127.0.0.1:{silent.getsockname()[1]}", 0.3),
                               (f"tcp://127.0.0.1:{talker.getsockname()[1]}", 10.0),
-                              ("ipc:///tmp/swarm-nothing", 10.0), ("tcp://127.0.0.1", 10.0)]:
+                              ("ipc:///tmp/swarm-nothing", 10.0), ("tcp://127.0.0.1", 10.0),
+                              ("tcp://127.0.0.1:0", 10.0), ("tcp://127.0.0.1:99999", 10.0)]:
             assert asyncio.run(transport.zmtp_mechanism(addr, timeout)) == "", addr
     finally:
         talker.close()
