@@ -1351,7 +1351,7 @@ class Peer:
         """Log why coordinator ``i`` closes this peer's handshakes: the mechanism its
         greeting names, where that is not this peer's, else the guess in ``d.failure``."""
         theirs = await tp.zmtp_mechanism(addr, GREETING_S)
-        if self._dials[i] is not d or self._closing():   # a handshake succeeded meanwhile, or closing
+        if self._closing() or i >= len(self._dials) or self._dials[i] is not d:   # or a handshake succeeded
             return
         keyed = self._curve is not None
         if theirs in ("NULL", "CURVE") and theirs != ("CURVE" if keyed else "NULL"):
@@ -1359,6 +1359,8 @@ class Peer:
         elif theirs == "CURVE":   # it has keys, and could not open our hello: sealed for another key
             d.failure = ("it closes the connection in the CURVE handshake: most likely it runs with another "
                          "coordinator key pair than this peer's coordinator.key")
+        elif theirs == "NULL":    # no keys on either side: not a matter of keys
+            d.failure = "it closes the connection in the handshake, though it runs without --keys as this peer does"
         self._log_dial_failure(addr, d.failure, False)
 
     def _log_dial_failure(self, addr: str, why: str, gave_up: bool) -> None:

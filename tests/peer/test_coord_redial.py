@@ -121,13 +121,14 @@ def test_a_key_admitted_during_the_join_lets_the_peer_in(tmp_path):
 
 
 class _ClosesFirst:
-    """A CURVE coordinator as a peer without keys meets it most times on loopback: it reads
-    the peer's whole greeting before the peer reads its own, finds the peer's NULL, and
-    closes (a reset), so libzmq on the peer's side reports a closed connection, not a
-    mechanism mismatch. A client that waits after the signature and major version (one
-    that reads the greeting) gets the rest of it, which names CURVE."""
+    """A coordinator as a peer with the other mechanism meets it most times on loopback:
+    it reads the peer's whole greeting before the peer reads its own, and closes (a
+    reset), so libzmq on the peer's side reports a closed connection, not a mechanism
+    mismatch. A client that waits after the signature and major version (one that reads
+    the greeting) gets the rest of it, which names ``mechanism``."""
 
-    def __init__(self) -> None:
+    def __init__(self, mechanism: bytes) -> None:
+        self.mechanism = mechanism
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen()
@@ -156,11 +157,11 @@ class _ClosesFirst:
                         got += more
                 except OSError:   # no more within 0.5 s: a reader of greetings
                     pass
-                if len(got) >= 64:   # a whole greeting, NULL: reset, as libzmq does
+                if len(got) >= 64:   # a whole greeting: reset, as libzmq does at a mismatch
                     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.resets += 1
                 elif len(got) >= 11:
-                    conn.sendall(b"\x01" + b"CURVE".ljust(20, b"\x00") + b"\x00" + bytes(31))
+                    conn.sendall(b"\x01" + self.mechanism.ljust(20, b"\x00") + b"\x00" + bytes(31))
                     self.greetings += 1
 
     def close(self) -> None:
@@ -169,16 +170,22 @@ class _ClosesFirst:
         self.sock.close()
 
 
-def test_a_coordinator_that_closes_the_handshake_first_is_named_by_its_greeting():
+@pytest.mark.parametrize("theirs,keyed,why", [
+    (b"CURVE", False, "it runs with --keys and this peer without them"),
+    (b"NULL", True, "it runs without --keys and this peer with them"),
+    (b"NULL", False, "it closes the connection in the handshake, though it runs without --keys as this peer does")])
+def test_a_coordinator_that_closes_the_handshake_first_is_named_by_its_greeting(tmp_path, theirs, keyed, why):
     # libzmq reports a mechanism mismatch only where its side reads the other's greeting
     # first: on loopback the coordinator mostly did, and the join said only "most likely
-    # it runs with --keys"; the peer now reads the coordinator's greeting and names it
-    fake = _ClosesFirst()
+    # it runs with --keys" (or "another coordinator key pair, or without --keys"); the peer
+    # now reads the coordinator's greeting and names what it finds
+    good, _ = _keys(tmp_path)
+    fake = _ClosesFirst(theirs)
 
     async def main() -> None:
-        with pytest.raises(MembershipError, match=f"the handshake fails with {fake.address}: it runs with --keys "
-                                                  "and this peer without them"):
-            async with Peer(id="p", coordinators=[fake.address], join_timeout_s=3.0):
+        with pytest.raises(MembershipError, match=f"the handshake fails with {fake.address}: {why}"):
+            async with Peer(id="p", coordinators=[fake.address], join_timeout_s=3.0,
+                            **(dict(keys_dir=str(good), key_name="peer") if keyed else {})):
                 pass
 
     try:
