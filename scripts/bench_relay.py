@@ -121,8 +121,8 @@ def swarm_peer(rank: int, addr: str, n: int, d: int, every: float, out: "mp.Queu
 
     from swarm.gossip import GradientRelay
     from swarm.peer import SyncPeer
-    sp = SyncPeer(coordinators=[addr], id=f"r{rank}", rank=rank, topology="ring",
-                  loop_factory=uvloop.new_event_loop).start()
+    sp = SyncPeer(coordinators=[addr], id=f"r{rank}", rank=rank, topology="ring", join_timeout_s=30,
+                  loop_factory=uvloop.new_event_loop).start()   # the coordinator starts beside it
     try:
         sp.call(sp.peer.wait_view(lambda v: len(v.members) >= 2, timeout=30), timeout=35)
         sp.wait_linked(timeout=10)

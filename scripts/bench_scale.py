@@ -623,7 +623,9 @@ def gossip_peer(args: argparse.Namespace) -> None:
     res: dict = {"rounds": 0, "ok": 0, "late_s": 0.0, "error": ""}
 
     async def main() -> None:
-        peer = Peer(coordinators=[args.coord], id=f"g{args.rank}", rank=args.rank, topology="ring")
+        # its coordinator starts beside it: wait for it as long as for the others
+        peer = Peer(coordinators=[args.coord], id=f"g{args.rank}", rank=args.rank, topology="ring",
+                    join_timeout_s=args.ready_timeout)
         await peer.start()
         try:
             await peer.wait_view(lambda v: len(v.members) == args.n, timeout=args.ready_timeout)
