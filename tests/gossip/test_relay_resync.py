@@ -35,12 +35,14 @@ class Copy:
 
     def __init__(self):
         self.x, self.n = np.zeros(D, np.float32), 0
+        self.history: dict[int, bytes] = {}   # update count -> the copy after it
 
     def state(self):
         return {"n": self.n}, [self.x.copy()]
 
     def apply(self, relay, g):
         self.x, self.n = update(self.x, g), self.n + 1
+        self.history[self.n] = self.x.tobytes()
         if self.n % 10 == 0:
             relay.note_digest(self.n, hashlib.blake2b(self.x.tobytes(), digest_size=8).hexdigest())
 
@@ -84,26 +86,45 @@ def test_a_frozen_peer_takes_a_copy_and_the_copies_end_the_same(repair):
     those, tell it so, and it takes a copy from one of them, then its turns start again
     a round later; all three end bit for bit the same. Without, they differ for good."""
     frozen = threading.Event()
+    relays: list[GradientRelay] = []
+
+    def went_past(clock):
+        """Whether peer 0 or 2 took a turn after ``clock`` (its last turn's clock: rank + N ·
+        (turns - 1)); one that did gave up waiting for peer 1's turn at ``clock``."""
+        return any(r.stats.published and i + N * (r.stats.published - 1) > clock
+                   for i, r in enumerate(relays) if i != 1)
 
     def freeze(clock, copy):
+        # stopped until another peer's turns went past this one's next turn too (it gave
+        # up waiting twice). It slept 0.5 s, which the others' 0.2 s waits could sit out
+        # in a process that the machine left off-CPU meanwhile (beside CPU burners the
+        # copies once ended the same without state: that, or the catching up below)
         if clock >= 60 and not frozen.is_set():
             frozen.set()
-            time.sleep(0.5)
+            deadline = time.monotonic() + 30
+            while not went_past(clock + N) and time.monotonic() < deadline:
+                time.sleep(0.01)
 
     async def main():
         hub = SimHub(topology="ring")
         copies = [Copy() for _ in range(N)]
-        relays = [GradientRelay(link, D, state=c.state if repair else None, resync_timeout=2.0)
-                  for link, c in zip(hub.add_many(N), copies)]
+        relays[:] = [GradientRelay(link, D, state=c.state if repair else None, resync_timeout=2.0)
+                     for link, c in zip(hub.add_many(N), copies)]
         await asyncio.gather(*(asyncio.to_thread(take_turns, r, c, i, 0.2, event=freeze if i == 1 else None)
                                for i, (r, c) in enumerate(zip(relays, copies))))
         xs = await finish(hub, relays, copies)
         assert not hub.errors
-        return relays, xs
-    relays, xs = asyncio.run(main())
+        return copies, xs
+    copies, xs = asyncio.run(main())
+    assert went_past(61 + N) and frozen.is_set()
     same = all(np.array_equal(x, xs[0]) for x in xs[1:])
-    if not repair:   # the event does make them differ
-        assert not same
+    if not repair:
+        # The event does make them differ, after the same number of updates. Whether they
+        # still differ at the end depends on the timing: once peer 1 is back in step (it
+        # may catch up on a loaded machine), this update rule, a contraction, forgets
+        # the disorder within some dozens of updates.
+        counts = set.intersection(*(set(c.history) for c in copies))
+        assert any(len({c.history[n] for c in copies}) > 1 for n in counts)
         return
     assert same, [x[:3] for x in xs]
     first = relays[1].resynced[0]
