@@ -108,11 +108,23 @@ def test_a_simulated_member_records_the_size_of_each_view_message(bs, tmp_path):
         small = wire.encode("view", "coordinator", epoch=3, body={"joined": [["x", "tcp://127.0.0.1:9", 5]]})
         big = wire.encode("view", "coordinator", epoch=4, body={"members": [[f"m{i}", "tcp://h:1", i]
                                                                             for i in range(200)]})
-        nbytes = [sum(len(bytes(f)) for f in fr) for fr in (small, big)]
+        last = wire.encode("view", "coordinator", epoch=5, body={"left": ["x"]})
+        nbytes = [sum(len(bytes(f)) for f in fr) for fr in (small, big, last)]
         for route in sorted(routes):
             router.send_multipart([route, *small])
             router.send_multipart([route, *big])
             router.send_multipart([route, *small])   # an old epoch again: not a new view
+            router.send_multipart([route, *last])
+        # Stopped only once both members beat at epoch 5: they took in all four (in
+        # order). Stopped at once, a worker that looked at the stop file before its
+        # first receive recorded nothing (seen in a fresh clone's run: sizes {}).
+        caught_up = set()
+        while len(caught_up) < 2:
+            assert router.poll(20_000), "the simulated members stopped beating"
+            frames = router.recv_multipart()
+            h = bs._peek(frames[1])
+            if h.get("t") == "heartbeat" and h.get("epoch") == 5:
+                caught_up.add(frames[0])
     finally:
         stop.touch()
         t.join(30)
@@ -120,8 +132,8 @@ def test_a_simulated_member_records_the_size_of_each_view_message(bs, tmp_path):
         ctx.term()
     assert not t.is_alive(), "the worker did not stop"
     res = json.loads(out.read_text())
-    assert res["sizes"] == {"3": [nbytes[0]] * 2, "4": [nbytes[1]] * 2}, (res["sizes"], nbytes)
-    assert sorted(res["seen"]) == ["3", "4"] and res["views"] == 6
+    assert res["sizes"] == {"3": [nbytes[0]] * 2, "4": [nbytes[1]] * 2, "5": [nbytes[2]] * 2}, (res["sizes"], nbytes)
+    assert sorted(res["seen"]) == ["3", "4", "5"] and res["views"] == 8
 
 
 # ---------------------------------------------------------------- (b) the sparse numpy anchor
