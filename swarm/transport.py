@@ -188,9 +188,10 @@ async def zmtp_mechanism(addr: str, timeout: float) -> str:
     just those, reads the greeting and closes, which the other side takes for a handshake
     cut short."""
     m = _MEMBER_ADDR.fullmatch(addr) if isinstance(addr, str) else None
-    if m is None or not 1 <= int(m.group(1)) <= 65535:
+    port = int(m.group(1)) if m is not None else 0
+    if not 1 <= port <= 65535:
         return ""
-    host, port = addr[len("tcp://"):addr.rindex(":")], int(m.group(1))
+    host = addr[len("tcp://"):addr.rindex(":")]
     writer = None
     try:
         async with asyncio.timeout(timeout):

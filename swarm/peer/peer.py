@@ -1354,12 +1354,14 @@ class Peer:
         if self._closing() or i >= len(self._dials) or self._dials[i] is not d:   # or a handshake succeeded
             return
         keyed = self._curve is not None
-        if theirs in ("NULL", "CURVE") and theirs != ("CURVE" if keyed else "NULL"):
+        if theirs not in ("NULL", "CURVE"):
+            pass   # no greeting: the guess stands
+        elif theirs != ("CURVE" if keyed else "NULL"):
             d.failure = _mechanism_mismatch(keyed)
-        elif theirs == "CURVE":   # it has keys, and could not open our hello: sealed for another key
+        elif keyed:   # both have keys, and it could not open our hello: sealed for another key
             d.failure = ("it closes the connection in the CURVE handshake: most likely it runs with another "
                          "coordinator key pair than this peer's coordinator.key")
-        elif theirs == "NULL":    # no keys on either side: not a matter of keys
+        else:         # no keys on either side: not a matter of keys
             d.failure = "it closes the connection in the handshake, though it runs without --keys as this peer does"
         self._log_dial_failure(addr, d.failure, False)
 
