@@ -18,7 +18,8 @@ leaves no time between the two (at most ``--warmup`` + 25 s) is refused:
 Report:
 
 faults          faults injected, by kind
-survived        faults after which the other peers' env steps kept increasing (within 15 s)
+survived        faults after which the other peers' env steps kept increasing (within 15 s, or
+                by the run's end where that came sooner)
 not_judged      faults taken before any other peer had reported env steps: nothing to compare
                 with, so they count neither as survived nor as failed
 steps_lost      env steps a killed peer had done minus the steps its checkpoint kept (sum)
@@ -267,6 +268,18 @@ def judge(others: dict[str, int], steps: dict[str, int]) -> bool | None:
     return any(steps.get(k, 0) > v for k, v in others.items())
 
 
+def tally(checks: list, steps: dict[str, int]) -> tuple[int, int]:
+    """(survived, not judged) of the faults in ``checks`` ((when, victim, others' steps at
+    the fault) each), judged on ``steps``.
+
+        >>> tally([(0.0, "peer0", {"peer1": 10}), (1.0, "peer1", {"peer0": 7}), (2.0, "peer0", {})],
+        ...       {"peer0": 7, "peer1": 12})
+        (1, 1)
+    """
+    verdicts = [judge(others, steps) for _, _, others in checks]
+    return sum(v is True for v in verdicts), sum(v is None for v in verdicts)
+
+
 def chaos(args: argparse.Namespace, root: Path) -> dict:
     rng = random.Random(args.seed)
     p, run = start_run(root, spec_overrides(args.peers, args.seed, args.duration))
@@ -289,11 +302,10 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
             st = status(addr)
             last_steps.update(steps_by_peer(st))
             rss.sample(children(run))
-            for chk in [k for k in pending_checks if now - k[0] >= 15.0]:
-                pending_checks.remove(chk)
-                verdict = judge(chk[2], last_steps)
-                survived += verdict is True
-                not_judged += verdict is None
+            due = [k for k in pending_checks if now - k[0] >= 15.0]
+            pending_checks = [k for k in pending_checks if k not in due]
+            ok, unjudged = tally(due, last_steps)
+            survived, not_judged = survived + ok, not_judged + unjudged
             if now >= next_fault and now < end_faults:
                 kind = rng.choice(["kill", "kill", "freeze", "coordinator"])
                 kids = children(run)
@@ -323,6 +335,11 @@ def chaos(args: argparse.Namespace, root: Path) -> dict:
             time.sleep(0.5)
             if now - t0 > args.duration + 120:
                 break
+        # The run ended within 15 s of a fault (it stopped early: its budget spent, or a
+        # crash): judged on the steps last seen, the peers' figures up to the end. Left out,
+        # such a fault counted as not survived.
+        ok, unjudged = tally(pending_checks, last_steps)
+        survived, not_judged = survived + ok, not_judged + unjudged
     finally:
         if frozen is not None:
             try:

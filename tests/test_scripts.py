@@ -407,6 +407,43 @@ def test_chaos_does_not_judge_a_fault_taken_before_any_other_peer_reported_steps
     assert judge({"peer1": 10}, {}) is False   # an other that stopped reporting did not go on
 
 
+def test_chaos_judges_the_faults_its_run_ended_within_15_s_of(tmp_path, monkeypatch):
+    """A run that ends early (its budget spent) left the faults of its last 15 s unjudged,
+    and they counted as not survived. They are judged on the steps last seen.
+
+    chaos() runs against a stand-in `swarm run` (a process that ends 4 s in) whose
+    "children" are real sleeping processes, with faults every 0.3 s from the start and the
+    others' steps growing at every status."""
+    chaos = load_script("chaos")
+    checks = [(0.0, "peer0", {"peer1": 10}), (1.0, "peer1", {"peer0": 7}), (2.0, "peer0", {})]
+    assert chaos.tally(checks, {"peer0": 7, "peer1": 12}) == (1, 1)
+    assert chaos.tally(checks, {"peer0": 8, "peer1": 12}) == (2, 1)
+    assert chaos.tally([], {"peer0": 8}) == (0, 0)
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    kids = {name: subprocess.Popen(sleeper) for name in ("coordinator", "peer0", "peer1")}
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"])
+    polls = iter(range(10**6))
+    try:
+        monkeypatch.setattr(chaos, "start_run", lambda root, overrides: (run, tmp_path))
+        monkeypatch.setattr(chaos, "coordinator_addr", lambda r: "tcp://127.0.0.1:9")
+        monkeypatch.setattr(chaos, "children", lambda r: {k: p.pid for k, p in kids.items()})
+        monkeypatch.setattr(chaos, "status", lambda addr: {"members": [
+            {"id": f"peer{i}", "stats": {"env_steps": 10 * next(polls)}} for i in range(2)]})
+        args = chaos.parse_args(["--duration", "26", "--warmup", "0", "--every", "0.3", "--freeze", "0.05",
+                                 "--peers", "2", "--no-clean", "--root", str(tmp_path)])
+        c = chaos.chaos(args, tmp_path)
+    finally:
+        for p in [run, *kids.values()]:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+            p.wait(10)
+    faults = sum(c["faults"].values())
+    # every fault came within 15 s of the end; one before the first status would be unjudged
+    assert faults >= 2 and c["survived"] >= 1 and c["survived"] + c["not_judged"] == faults, c
+
+
 @pytest.mark.parametrize("failed", [False, True, "raises"])
 def test_chaos_removes_its_temporary_folder_unless_something_failed(failed, tmp_path, monkeypatch, capsys):
     """Without --root it kept a temporary folder (33 MB after 8 s of 2 peers) after every run,
