@@ -73,6 +73,9 @@ HANDSHAKE_TIMEOUT_S = 30.0
 #: network slower than this to answer a connection has its coordinator taken as down (and
 #: libzmq dials again at once)
 CONNECT_TIMEOUT_S = HANDSHAKE_TIMEOUT_S / 3
+#: how long the greeting of another coordinator that closes this one's handshakes is
+#: waited for (:meth:`Coordinator._read_greeting`)
+GREETING_S = 2.0
 #: the highest ``last_epoch`` a join may report: a view a microsecond for 146,000
 #: years, and far enough below the wire's 64-bit limit that later epochs still fit
 MAX_LAST_EPOCH = 2**62
@@ -106,16 +109,35 @@ def _handshake_error(event: int, value: int, keyed: bool) -> tuple[str, bool]:
         return f"it refused this coordinator's key (ZAP status {value}): not in its authorized/", True
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
         if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-            return "one of the two runs with --keys and the other without", True
+            return _mechanism_mismatch(keyed), True
         return f"CURVE protocol error {value:#x}: other keys", True
     if value in (errno.EPIPE, errno.ECONNRESET):
         # the other side closed the connection in the handshake: it could not decrypt our hello,
         # sealed for another coordinator key, or it found the other mechanism before we did
+        # (most times, on loopback): a guess, until _read_greeting says which
         if keyed:
             return ("it closed the connection in the CURVE handshake: most likely it runs with another "
                     "coordinator key pair, or without --keys"), False
         return "it closed the connection in the handshake: most likely it runs with --keys", False
     return f"the handshake failed ({errno.errorcode.get(value, value)})", False
+
+
+def _mechanism_mismatch(keyed: bool) -> str:
+    """What another coordinator with the other security mechanism than this one's is."""
+    return ("it runs without --keys and this coordinator with them" if keyed
+            else "it runs with --keys and this coordinator without them")
+
+
+def _closed_because(theirs: str, keyed: bool) -> str:
+    """Why another coordinator closed this one's handshakes, from the mechanism its
+    greeting names (:func:`swarm.transport.zmtp_mechanism`); "" where it named none."""
+    if theirs not in ("NULL", "CURVE"):
+        return ""
+    if theirs != ("CURVE" if keyed else "NULL"):
+        return _mechanism_mismatch(keyed)
+    if keyed:   # both have keys, and it could not open our hello: sealed for another key
+        return "it closed the connection in the CURVE handshake: most likely it runs with another coordinator key pair"
+    return "it closed the connection in the handshake, though it runs without --keys as this one does"
 
 
 class Coordinator:
@@ -170,6 +192,7 @@ class Coordinator:
         self._watch: dict[str, zmq.asyncio.Socket] = {}   # a DEALER to each of the others
         self._watch_monitors: dict[str, zmq.asyncio.Socket] = {}
         self._held_back = False      # logged that a failed handshake keeps this standby from taking over
+        self._probes: set[asyncio.Task[None]] = set()   # greetings read for a close's cause
         self._alone_warned: set[str] = set()
         # ranks coordinators of equal address: hosts that each bind tcp://0.0.0.0:5555 all
         # report that address, and would each find themselves the lowest
@@ -249,6 +272,8 @@ class Coordinator:
                 await asyncio.wait([self._runner], timeout=2.0)
                 if not self._runner.done():
                     self._runner.cancel()
+            for probe in list(self._probes):
+                probe.cancel()
             if self._http is not None:
                 await self._http.close()
         finally:
@@ -792,12 +817,33 @@ class Coordinator:
         first = not o["handshake"]
         if first or gave_up:
             o["handshake"] = why    # the precise reason over a connection closed in the handshake
-        if first:
-            log.error("coordinator %s cannot talk to coordinator %s: the handshake fails (%s). This one cannot "
-                      "tell whether it is up and serving views, so it does not take over while this lasts. "
-                      "Give every coordinator the same coordinator key pair (--keys folders from one `swarm "
-                      "keys generate`, with coordinator.key in authorized/), or --keys to none",
-                      self.address, addr, why)
+        if not first:
+            return
+        if gave_up or ev["value"] not in (errno.EPIPE, errno.ECONNRESET):
+            self._log_cannot_talk(addr, why)
+            return
+        # A close is a guess (libzmq reports a mechanism mismatch only when its side reads the
+        # other's greeting first): read the greeting, and log once that says which it is
+        probe = asyncio.get_running_loop().create_task(self._read_greeting(addr, o, why))
+        self._probes.add(probe)
+        probe.add_done_callback(self._probes.discard)
+
+    async def _read_greeting(self, addr: str, o: dict[str, Any], guess: str) -> None:
+        """Say why coordinator ``addr`` closes this one's handshakes: the mechanism its
+        greeting names, in place of the ``guess`` (where it still stands)."""
+        precise = _closed_because(await tp.zmtp_mechanism(addr, GREETING_S), self._curve is not None)
+        if self._stop.is_set() or not o["handshake"]:
+            return   # closing, or it answers since
+        if precise and o["handshake"] == guess:
+            o["handshake"] = precise
+        self._log_cannot_talk(addr, o["handshake"])
+
+    def _log_cannot_talk(self, addr: str, why: str) -> None:
+        log.error("coordinator %s cannot talk to coordinator %s: the handshake fails (%s). This one cannot "
+                  "tell whether it is up and serving views, so it does not take over while this lasts. "
+                  "Give every coordinator the same coordinator key pair (--keys folders from one `swarm "
+                  "keys generate`, with coordinator.key in authorized/), or --keys to none",
+                  self.address, addr, why)
 
     def _silent(self, addr: str, o: dict[str, Any], why: str, after: str) -> None:
         """Another coordinator is taken as down although nothing refused it (a timeout):
