@@ -46,6 +46,7 @@ from .. import transport as tp
 from .. import wire
 from ..config import CoordinatorConfig, from_dict, to_dict
 from ..errors import MembershipError, SwarmError, WireError
+from ..link import View
 from ..wire import Limits
 from ..tasks import supervise
 from .http import StatusServer
@@ -584,7 +585,7 @@ class Coordinator:
             # share of a status reply is small. A map of more items is cut, not dropped:
             # dropped whole, a peer's figures froze at the last that fitted
             rec.stats, rec.stats_at = bound_stats(stats), now
-        if (epoch < self.table.epoch and now >= self._grace_until and now - rec.view_sent > 0.25
+        if (epoch < self.table.view.epoch and now >= self._grace_until and now - rec.view_sent > 0.25
                 and now - self._published_at.get(epoch + 1, 0.0) > 0.2):
             # a lagging peer (it missed a delta, not a heartbeat that crossed the newest
             # view on the wire): the full view, at most 4 times a second
@@ -635,9 +636,12 @@ class Coordinator:
                 return
             self._fds[tp.srcfd(frame)] = src
             self._send(route, "welcome", {"rank": rec.rank, "epoch": self.table.epoch})
-            if self._listed(src, addr):
+            if self._listed(src, addr) and self.table.epoch == self.table.view.epoch:
                 self._send_view(route)
             else:
+                # new to the view, or a member's repeated join named a later epoch than the
+                # view's (another coordinator served it since): the view it holds is newer
+                # than ours, so everyone gets a new one above it
                 self._dirty = True
             return
         if t == "heartbeat":
@@ -761,7 +765,11 @@ class Coordinator:
                     try:
                         b = wire.decode(frames, self.limits).body
                         watches = b.get("watches", 1)   # a coordinator from before the field watches
-                        o.update(seen=now, epoch=_int(b, "epoch"), mode=str(b.get("mode")),
+                        epoch = _int(b, "epoch")
+                        if not 0 <= epoch <= MAX_LAST_EPOCH:
+                            # followed, it would be this one's epoch: past 64 bits no view could go out
+                            raise WireError(f"epoch {epoch} of another coordinator is not in 0..{MAX_LAST_EPOCH}")
+                        o.update(seen=now, epoch=epoch, mode=str(b.get("mode")),
                                  name=str(b.get("coordinator", addr)), token=str(b.get("token", "")),
                                  watches=watches if type(watches) is int else 1)
                     except WireError as e:
@@ -913,6 +921,10 @@ class Coordinator:
             self.mode = "active"
             self.table.clear()   # peers re-join; a stale table would only hold stale routes
             self._fds.clear()
+            # nor the view it held before it stood by: joins were checked against it, status
+            # showed it, and the first view went out as a change from it
+            self.table.view = View(self.table.epoch)
+            self._view_cache = None
             self._grace_until = now + cfg.rejoin_grace_s
             self._dirty = True
             self.table.log_event("takeover", self.address)
