@@ -230,7 +230,7 @@ class Federation:
         self._resync_sent = False
         self._resynced: set[str] = set()           # told so far, while the first resync goes out
         self._credit = 0.0                         # share of new items owed but not yet sent (< 1)
-        self._pulls: dict[int, asyncio.Future] = {}
+        self._pulls: dict[int, tuple[str, asyncio.Future]] = {}   # rid -> (peer asked, its answer)
         buffer.on_add(self._on_add)
         self._handlers = [(PUSH, self._on_push), (PULL, self._on_pull), (ITEMS, self._on_items),
                           (ACK, self._on_ack), (RESYNC, self._on_resync)]
@@ -256,7 +256,7 @@ class Federation:
             for t, h in self._handlers:
                 off(t, h)
         self.buffer.off_add(self._on_add)
-        for fut in self._pulls.values():
+        for _, fut in self._pulls.values():
             if not fut.done():
                 fut.set_result(0)   # its answer would no longer reach this federation
 
@@ -430,7 +430,7 @@ class Federation:
             raise ReplayError(f"pull from {peer!r}: this federation is closed")
         rid = next(self._rid)
         fut = asyncio.get_running_loop().create_future()
-        self._pulls[rid] = fut
+        self._pulls[rid] = (peer, fut)
         try:
             if not await self.link.send(peer, PULL, {"rid": rid, "n": min(int(n), self.max_items)},
                                         timeout=self.send_timeout):
@@ -725,8 +725,8 @@ class Federation:
     async def _on_pull(self, msg: Message) -> None:
         n = msg.body.get("n")
         rid = msg.body.get("rid")
-        if not isinstance(n, int) or n < 1 or not isinstance(rid, int):
-            self._drop(msg, f"bad pull request {msg.body!r}")
+        if type(n) is not int or n < 1 or type(rid) is not int:   # a bool is no count
+            self._drop(msg, f"bad pull request {msg.body!r:.200}")
             return
         want = min(n, self._per_message)
         k = self.bucket.take(want)
@@ -752,7 +752,11 @@ class Federation:
         if not isinstance(rid, int):
             self._drop(msg, f"bad rid {rid!r:.100} in buf.items")
             return
-        fut = self._pulls.get(rid)
+        peer, fut = self._pulls.get(rid, ("", None))
+        if fut is not None and msg.src != peer:
+            # rids count up and pushes carry them too: a third peer could answer our pull
+            self._drop(msg, f"buf.items for a pull sent to {peer!r}")
+            return
         items = self._decode(msg)
         if items is None or fut is None:
             if fut is not None and not fut.done():
@@ -798,5 +802,12 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def _slice(items: Items, sel: Any) -> Items:
-    return Items({k: v[sel] for k, v in items.fields.items()}, items.peers, items.origins[sel],
+    """Items ``sel`` of ``items``, naming only the origins they hold: a smaller message the
+    wire refused for its header (many long origin ids) is smaller there too."""
+    origins, peers = items.origins[sel], items.peers
+    used = np.unique(origins)
+    if used.size < len(peers):
+        peers = [peers[i] for i in used.tolist()]
+        origins = np.searchsorted(used, origins).astype(origins.dtype)
+    return Items({k: v[sel] for k, v in items.fields.items()}, peers, origins,
                  items.seqs[sel], items.times[sel], items.priorities[sel])

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..checks import is_int, is_real
 from ..errors import ReplayError
+from ..wire import MAX_SRC_LEN
 from .idindex import IdIndex
 from .limiter import RateLimiter
 from .schema import Schema
@@ -162,8 +163,9 @@ class ReplayBuffer:
         sampler = sampler if sampler is not None else ("prioritized" if prioritized else "uniform")
         if sampler not in SAMPLERS:
             raise ReplayError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
-        if not isinstance(peer_id, str) or not peer_id:
-            raise ReplayError(f"peer_id must be a non-empty str, got {peer_id!r}")
+        if not isinstance(peer_id, str) or not peer_id or len(peer_id) > MAX_SRC_LEN:
+            raise ReplayError(f"peer_id must be a str of 1 to {MAX_SRC_LEN} chars (a peer id), "
+                              f"got {peer_id!r:.100}")
         # The seed goes into snapshots' meta.json: an int or None, nothing numpy-only.
         if seed is not None and not (is_int(seed) and seed >= 0):
             raise ReplayError(f"seed must be an int >= 0 or None, got {seed!r}")
@@ -310,8 +312,9 @@ class ReplayBuffer:
             raise ReplayError(f"items.seqs must be in [0, {_SEQ_MAX}], got [{seqs.min()}, {seqs.max()}]")
         if n and (_below(origins, 0) or _above(origins, len(items.peers) - 1)):
             raise ReplayError(f"items.origins must index items.peers (0..{len(items.peers) - 1})")
-        if not all(isinstance(p, str) and p for p in items.peers):
-            raise ReplayError("items.peers must be non-empty strings")
+        if not all(isinstance(p, str) and 0 < len(p) <= MAX_SRC_LEN for p in items.peers):
+            # no peer has a longer id (the wire's bound); kept, each would stay while its items do
+            raise ReplayError(f"items.peers must be strings of 1 to {MAX_SRC_LEN} chars (peer ids)")
         # A min and a max find a NaN too (it passes through both, and fails every comparison).
         # Compared in their own dtype: a long double past float64's range is finite.
         if n and not (-math.inf < _min(times) and _max(times) < math.inf

@@ -9,7 +9,9 @@ import pytest
 
 from fakelink import Hub
 from swarm.buffer import Federation, Items, RateLimiter, ReplayBuffer
-from swarm.errors import ConfigError, ReplayError
+from swarm.buffer.federation import _slice
+from swarm.errors import ConfigError, PeerTimeout, ReplayError
+from swarm.wire import MAX_SRC_LEN
 
 SCHEMA = {"obs": ("float32", (2,))}
 
@@ -344,3 +346,78 @@ def test_rereplicate_s_must_be_finite(bad):
     with pytest.raises(ReplayError, match="rereplicate_s"):
         Federation(ReplayBuffer(SCHEMA, 8), Hub().link("a", []), rereplicate_s=bad)
     Federation(ReplayBuffer(SCHEMA, 8), Hub().link("b", []), rereplicate_s=0)
+
+
+# ------------------------------------------------------ what other peers send
+@pytest.mark.parametrize("body", [{"n": True, "rid": 1}, {"n": 2, "rid": True}, {"n": 2.0, "rid": 1}],
+                         ids=["n True", "rid True", "n float"])
+def test_a_pull_request_with_a_bool_count_or_rid_is_dropped_and_answered_with_nothing(body):
+    # n=True passed as a count and reached the sampler, whose TypeError left the handler
+    async def main():
+        hub = Hub()
+        a = ReplayBuffer(SCHEMA, 8, peer_id="a")
+        a.add(obs(4))
+        fa = Federation(a, hub.link("a", ["evil"]), share=0.0)
+        evil = hub.link("evil", ["a"])
+        answers = []
+        evil.on("buf.items", answers.append)
+        assert await evil.send("a", "buf.pull", body)
+        await hub.settle()      # a handler's exception would be raised here
+        await hub.close()
+        return fa, answers
+
+    fa, answers = asyncio.run(main())
+    assert fa.stats.dropped_messages == 1 and "bad pull request" in fa.stats.errors[0]
+    assert answers == [] and fa.stats.served == 0
+
+
+def test_a_pull_answer_from_a_peer_not_asked_is_dropped():
+    # answers were matched by rid alone (rids count up from 1 and pushes carry them too):
+    # a third peer's answer was stored as the asked peer's, and the real answer ignored
+    async def main():
+        hub = Hub()
+        hub.link("a", ["b"])                    # asked, and never answers
+        b = ReplayBuffer(SCHEMA, 8, peer_id="b")
+        fb = Federation(b, hub.link("b", ["a", "evil"]), share=0.0)
+        e = ReplayBuffer(SCHEMA, 8, peer_id="evil")
+        e.add(obs(2, 9.0))
+        fe = Federation(e, hub.link("evil", ["b"]), share=0.0)
+        pulling = asyncio.create_task(fb.pull("a", 2, timeout=1.0))
+        await asyncio.sleep(0.05)
+        (rid,) = fb._pulls
+        assert await fe._send_items("b", "buf.items", e.items([0, 1]), {"rid": rid})
+        await hub.settle()
+        with pytest.raises(PeerTimeout, match="'a'"):
+            await pulling
+        await hub.close()
+        return b, fb
+
+    b, fb = asyncio.run(main())
+    assert len(b) == 0 and b.ids() == []
+    assert fb.stats.dropped_messages == 1 and "sent to 'a'" in fb.stats.errors[0]
+
+
+@pytest.mark.parametrize("n", [0, MAX_SRC_LEN + 1])
+def test_origin_ids_that_cannot_be_peer_ids_are_refused(n):
+    # any length was kept, as long as the origin's items stayed (and went into meta.json)
+    buf = ReplayBuffer(SCHEMA, 8, peer_id="b")
+    buf.insert(Items(obs(1), ["x" * MAX_SRC_LEN], np.zeros(1, np.int32), np.array([5]), np.zeros(1), np.ones(1)))
+    before = state(buf)
+    with pytest.raises(ReplayError, match=f"1 to {MAX_SRC_LEN} chars"):
+        buf.insert(Items(obs(1), ["y" * n], np.zeros(1, np.int32), np.array([5]), np.zeros(1), np.ones(1)))
+    assert state(buf) == before
+    with pytest.raises(ReplayError, match="peer_id"):
+        ReplayBuffer(SCHEMA, 8, peer_id="y" * n)
+
+
+def test_a_cut_answer_names_only_the_origins_it_holds():
+    # a pull answer the wire refused for its header is cut in half and tried again; the
+    # halves named every origin of the whole, so a header of long ids never got smaller
+    peers = [f"p{i}" * 40 for i in range(4)]
+    items = Items(obs(5), peers, np.array([3, 1, 3, 0, 2], np.int32), np.arange(10, 15), np.zeros(5),
+                  np.ones(5))
+    for sel in (slice(0, 3), slice(1, 3), slice(3, None), slice(0, 0)):
+        cut = _slice(items, sel)
+        ids = [(items.peers[o], int(s)) for o, s in zip(items.origins[sel], items.seqs[sel])]
+        assert [(cut.peers[o], int(s)) for o, s in zip(cut.origins, cut.seqs)] == ids
+        assert sorted(cut.peers) == sorted({p for p, _ in ids}) and cut.origins.dtype == np.int32
