@@ -539,7 +539,9 @@ class Peer:
         check_handler_type(t, f"peer {self.id}")
         if not callable(handler):   # else it fails on each message, on the peer's loop
             raise ConfigError(f"peer {self.id}: on({t!r}, {handler!r:.80}): the handler must be callable")
-        self._handlers.setdefault(t, []).append(handler)
+        # a new list, as off() makes: a dispatch running over the old one (a handler that
+        # registers another) does not call the new handler for the message in hand
+        self._handlers[t] = [*self._handlers.get(t, ()), handler]
 
     def off(self, t: str, handler: Handler) -> bool:
         """Stop calling ``handler`` for messages of type ``t`` (undo one :meth:`on`);
@@ -566,7 +568,7 @@ class Peer:
         """Call ``callback(view)`` each time a new view is installed."""
         if not callable(callback):   # else it fails at each new view, on the peer's loop
             raise ConfigError(f"peer {self.id}: on_view({callback!r:.80}): the callback must be callable")
-        self._view_callbacks.append(callback)
+        self._view_callbacks = [*self._view_callbacks, callback]   # a new list: see on()
 
     def off_view(self, callback: Callable[[View], None]) -> bool:
         """Stop calling ``callback`` for new views (undo one :meth:`on_view`); False if
@@ -729,6 +731,11 @@ class Peer:
                     f"{cfg.join_timeout_s} s: {', '.join(sorted(self._standby_heard))} answered as standby "
                     "and none is active; `swarm status --coordinator ADDR --json` shows why (its "
                     "\"others\")") from None
+            if self.counters.malformed:
+                raise MembershipError(
+                    f"peer {self.id}: no coordinator at {', '.join(cfg.coordinators)} took the join within "
+                    f"{cfg.join_timeout_s} s, and {self.counters.malformed} malformed message(s) from them "
+                    "were dropped (the log says why): is that a swarm coordinator of this version?") from None
             failed = [f"{addr}: {d.failure}" for addr, d in zip(cfg.coordinators, self._dials) if d.failure]
             if failed:
                 raise MembershipError(
@@ -1527,13 +1534,16 @@ class Peer:
             self._heard = time.monotonic()
         try:
             if t == "welcome":
+                rank = body["rank"]
+                if type(rank) is not int or rank < 0:
+                    # checked before start() is handed it: there, a bad one left the peer half-started
+                    raise ValueError(f"rank {rank!r:.60} is not an int >= 0")
                 self._rejoining = False
                 self._rotated = time.monotonic()
                 self._standby_since = 0.0
                 if self._welcome is not None and not self._welcome.done():
                     self._welcome.set_result(body)
-                if "rank" in body:
-                    self.rank = int(body["rank"])
+                self.rank = rank
             elif t == "refuse":
                 err = MembershipError(f"peer {self.id}: coordinator refused the join: {body.get('reason')}")
                 if self._welcome is not None and not self._welcome.done():
@@ -1578,7 +1588,8 @@ class Peer:
                 fut = getattr(self, "_bye", None)
                 if fut is not None and not fut.done():
                     fut.set_result(None)
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError) as e:
+            # IndexError: a member entry of fewer than three items; OverflowError: int(inf)
             self.counters.malformed += 1
             self._bad("coordinator", WireError(f"bad {t} body: {e!r}"))
 
@@ -1644,8 +1655,17 @@ class Peer:
         else:
             from ..gossip import topology as topo
             n, cfg = len(view.members), self.config
-            edges = topo.within(cfg.edges, n) if cfg.topology == "custom" else None
-            pos = topo.neighbours(cfg.topology, n, idx, edges=edges)
+            try:
+                edges = topo.within(cfg.edges, n) if cfg.topology == "custom" else None
+                pos = topo.neighbours(cfg.topology, n, idx, edges=edges)
+            except ConfigError as e:
+                # the view stands all the same (it says who is alive; the rest of this
+                # installs it): no neighbours until one the topology takes, such as a
+                # hypercube of 3 while its peers join. Before, half-installed, it counted as
+                # a malformed message
+                log.warning("peer %s: epoch %d: %s; no neighbours until a view it can take",
+                            self.id, view.epoch, e)
+                pos = []
             self._neighbours = [view.members[j].id for j in pos]
         ids = set(view.ids)
         for pid in [p for p in self._links if p not in ids or view.member(p).addr != self._links[p].addr]:

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
-from swarmtest import free_port, status, wait_for
+from swarmtest import free_port, status, until, wait_for
 
 from swarm import wire
 from swarm.coordinator import Coordinator
-from swarm.errors import ConfigError, PeerTimeout, SwarmError, WireError
+from swarm.errors import ConfigError, MembershipError, PeerTimeout, SwarmError, WireError
 from swarm.link import Member, View
 from swarm.peer import Peer, PeerState, SyncPeer
 
@@ -339,4 +339,162 @@ def test_wait_linked_says_when_the_peer_is_not_a_member():
         p = Peer(id="lonely", coordinators=["tcp://127.0.0.1:1"])
         with pytest.raises(PeerTimeout, match=r"lonely: not in the current view \(epoch"):
             await p.wait_linked(timeout=0.05)
+    asyncio.run(main())
+
+
+class _FakeCoordinator:
+    """A ROUTER that plays the coordinator: each join gets ``welcome`` (a body given per
+    test), and views go out by hand."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, welcome: dict) -> None:
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind("tcp://127.0.0.1:*")
+        self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.welcome = welcome
+        self.routes: dict[str, bytes] = {}
+        self.joins = 0
+        self._task = asyncio.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while True:
+            route, *frames = await self.router.recv_multipart()
+            msg = wire.decode(frames)
+            if msg.t == "join":
+                self.joins += 1
+                self.routes[msg.src] = route
+                await self.router.send_multipart([route, *wire.encode("welcome", "coord", body=self.welcome)])
+
+    async def send(self, t: str, body: dict, epoch: int = 0) -> None:
+        for route in self.routes.values():
+            await self.router.send_multipart([route, *wire.encode(t, "coord", epoch=epoch, body=body)])
+
+    def close(self) -> None:
+        self._task.cancel()
+        self.router.close()
+
+
+@pytest.mark.parametrize("welcome", [{}, {"rank": "0"}, {"rank": -1}, {"rank": True}, {"rank": math.inf}],
+                         ids=["no rank", "str", "negative", "bool", "inf"])
+def test_a_welcome_without_a_good_rank_fails_the_start_and_leaves_nothing_running(welcome):
+    # the body reached start() before its rank was checked: start() raised a bare KeyError
+    # (or ValueError) and left the peer JOINING, its runner heartbeating and its sockets open
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        coord = _FakeCoordinator(ctx, welcome)
+        p = Peer(id="a", coordinators=[coord.address], context=ctx, join_timeout_s=1.0)
+        try:
+            with pytest.raises(MembershipError, match="malformed"):
+                await p.start()
+            assert coord.joins >= 1 and p.counters.malformed >= 1
+            assert p.state is PeerState.CLOSED
+            joins = coord.joins
+            await asyncio.sleep(0.5)
+            assert coord.joins == joins        # nothing goes on joining
+        finally:
+            await p.close()
+            coord.close()
+            ctx.destroy(0)
+
+    asyncio.run(main())
+
+
+def test_a_view_with_a_short_member_or_an_infinite_number_is_dropped_and_the_peer_goes_on():
+    # IndexError (a member of two items) and OverflowError (int(inf)) were not caught as
+    # a malformed body: they ended the peer's receive loop
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        coord = _FakeCoordinator(ctx, {"rank": 0, "epoch": 0})
+        p = Peer(id="a", coordinators=[coord.address], context=ctx, topology="full")
+        try:
+            starting = asyncio.create_task(p.start())
+            await until(lambda: coord.routes, 5, what="the join")
+            good = [Member("a", p.address, 0)]
+            await coord.send("view", View(1, tuple(good)).to_wire(), epoch=1)
+            await starting
+            bad = [{"epoch": 2, "members": [["a", p.address, 0, ""], ["b", "tcp://127.0.0.1:9"]]},
+                   {"epoch": 2, "members": [[]]},
+                   {"epoch": math.inf, "members": [["a", p.address, 0, ""]]},
+                   {"epoch": 2, "members": [["a", p.address, math.inf, ""]]},
+                   {"base": 1, "epoch": 2, "add": [["b", "tcp://127.0.0.1:9"]], "gone": []}]
+            for body in bad:
+                await coord.send("view", body, epoch=2)
+            await coord.send("welcome", {"rank": math.inf})
+            await until(lambda: p.counters.malformed >= len(bad) + 1, 5, what="the bad messages dropped")
+            assert p.view.epoch == 1 and p.state is PeerState.RUNNING
+            more = good + [Member("b", "tcp://127.0.0.1:9", 1)]
+            await coord.send("view", View(3, tuple(more)).to_wire(), epoch=3)
+            await p.wait_view(lambda v: v.epoch == 3, timeout=5)
+            assert p.view.ids == ["a", "b"] and p.rank == 0 and p.state is PeerState.RUNNING
+        finally:
+            await p.close()
+            coord.close()
+            ctx.destroy(0)
+
+    asyncio.run(main())
+
+
+def test_a_view_the_topology_cannot_take_is_installed_with_no_neighbours():
+    # a hypercube of 3 (a peer joining a hypercube of 2, or one of 4 dying) raised in the
+    # middle of installing: the epoch stood, but links, hellos and view callbacks did not
+    # follow, and the coordinator's view counted as malformed
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        coord = _FakeCoordinator(ctx, {"rank": 0, "epoch": 0})
+        p = Peer(id="a", coordinators=[coord.address], context=ctx, topology="hypercube")
+        seen: list[int] = []
+        p.on_view(lambda v: seen.append(v.epoch))
+        members = [Member("a", "", 0)] + [Member(f"m{i}", f"tcp://127.0.0.1:{free_port()}", i) for i in (1, 2, 3)]
+        try:
+            starting = asyncio.create_task(p.start())
+            await until(lambda: coord.routes, 5, what="the join")
+            members[0] = Member("a", p.address, 0)
+            for epoch, n in ((1, 2), (2, 3), (3, 4)):
+                await coord.send("view", View(epoch, tuple(members[:n])).to_wire(), epoch=epoch)
+                await p.wait_view(lambda v: v.epoch == epoch, timeout=5)
+                await until(lambda: seen and seen[-1] == epoch, 5, what=f"view {epoch}'s callback")
+                if epoch == 1:
+                    await starting
+                    assert p.neighbours() == ["m1"]
+                elif epoch == 2:
+                    assert p.neighbours() == []
+                    await p.wait_linked(timeout=2)    # no hello pending from the old neighbours
+                else:
+                    assert sorted(p.neighbours()) == ["m1", "m2"]
+            assert p.counters.malformed == 0 and p.state is PeerState.RUNNING and seen == [1, 2, 3]
+        finally:
+            await p.close()
+            coord.close()
+            ctx.destroy(0)
+
+    asyncio.run(main())
+
+
+def test_a_handler_registered_while_a_message_is_dispatched_gets_the_next_one_only():
+    async def main() -> None:
+        async with Coordinator(bind=f"tcp://127.0.0.1:{free_port()}", http_bind="") as c:
+            a = Peer(id="a", coordinators=[c.address], topology="full")
+            b = Peer(id="b", coordinators=[c.address], topology="full")
+            calls: list[tuple[str, int]] = []
+
+            def first(m) -> None:
+                calls.append(("first", m.body["k"]))
+                if len(calls) == 1:
+                    b.on("x", lambda m: calls.append(("late", m.body["k"])))
+
+            b.on("x", first)
+            try:
+                await a.start()
+                await b.start()
+                await a.wait_view(lambda v: len(v.members) == 2)
+                await a.wait_linked()
+                for k in (1, 2):
+                    assert await a.send("b", "x", {"k": k}, timeout=2)
+                await until(lambda: len(calls) >= 3, 5, what="the messages")
+                await asyncio.sleep(0.1)
+                assert calls == [("first", 1), ("first", 2), ("late", 2)]
+            finally:
+                await a.close()
+                await b.close()
+
     asyncio.run(main())
