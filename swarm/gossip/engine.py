@@ -86,6 +86,8 @@ T_BOOT_REQ = wire.register_type("gsp_boot_req")
 T_BOOT = wire.register_type("gsp_boot")
 
 SYNC_MODES = ("lockstep", "bounded", "async")
+#: seconds a bootstrap waits before asking the next donor when a send was refused at once
+BOOT_RETRY_S = 0.05
 MODES = ("params", "pseudo_gradient")
 
 # Random pairing meets many partners over time; past this many per-receiver
@@ -369,6 +371,8 @@ class Gossip:
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
         if topology == "custom":
+            if edges is not None and not isinstance(edges, (str, bytes)) and hasattr(edges, "__iter__"):
+                edges = list(edges)   # kept for every view: a generator would be spent by the check below
             topo.within(edges, 0)   # pairs of positions; each view uses those it has
 
         self.link = link
@@ -413,20 +417,22 @@ class Gossip:
         self._pos_cache: tuple[View, int | None, tuple[int, list[str], list[str], dict[str, float]]] | None = None
         self._handlers = [(T_DELTA, self._on_message), (T_FULL, self._on_message), (T_NACK, self._on_nack),
                           (T_BOOT_REQ, self._on_boot_req), (T_BOOT, self._on_boot)]
-        for t, h in self._handlers:
-            link.on(t, h)
         self._closed = False
         self._running: str | None = None   # "a round" or "a bootstrap" under way (see _may_run)
-        self._boot: dict[int, tuple[int, int, asyncio.Future[np.ndarray]]] = {}
+        self._boot: dict[int, tuple[str, int, int, asyncio.Future[np.ndarray]]] = {}
         self._boot_nonce = 0
         self._boot_round = 0
-        link.on_view(self._on_view)
         # identity snapshots: written buffers that come back once sent and replaced
         self._free_snapshots: list[np.ndarray] = []
         if self._sends_state:
             self._free_snapshots += [_zeros(self.d, written=True) for _ in range(2)]
         else:
             self._preallocate()
+        # last: a constructor that raised left no handlers behind (an engine nobody could
+        # close, handling every gossip message beside the next one built)
+        for t, h in self._handlers:
+            link.on(t, h)
+        link.on_view(self._on_view)
 
     def close(self) -> None:
         """Take this engine's handlers off the link: it receives nothing more, and once
@@ -484,7 +490,10 @@ class Gossip:
             return
         rounds = max(1, (n - 1).bit_length()) if self.topology == "one_peer_exponential" else 1
         for t in range(self.t, self.t + rounds):
-            _, senders, receivers, _ = self._positions_uncached(t)
+            try:
+                _, senders, receivers, _ = self._positions_uncached(t)
+            except ConfigError:   # a view the topology cannot take (a hypercube of 3): the round says so
+                return
             for j in senders:
                 if j not in self._in:
                     self._in[j] = _InCopy(self.d, make_codec(self.codec_spec), written=True)
@@ -685,7 +694,10 @@ class Gossip:
         want = self._boot.get(nonce) if isinstance(nonce, int) else None
         if want is None:
             return
-        lo, hi, fut = want
+        donor, lo, hi, fut = want
+        if msg.src != donor:   # nonces count up: anyone could answer a request sent to another
+            self._reject(msg.src, "rejected_malformed", f"bootstrap slice from {msg.src!r:.40}, asked of {donor!r}")
+            return
         a = msg.arrays[0].reshape(-1) if len(msg.arrays) == 1 else None
         if (msg.body.get("lo"), msg.body.get("hi")) != (lo, hi) or a is None \
                 or a.dtype != np.float32 or a.size != hi - lo or not _finite(a):
@@ -750,7 +762,7 @@ class Gossip:
                 self._boot_nonce += 1
                 nonce = self._boot_nonce
                 fut: asyncio.Future[np.ndarray] = loop.create_future()
-                self._boot[nonce] = (lo, hi, fut)
+                self._boot[nonce] = (donor, lo, hi, fut)
                 try:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -763,6 +775,10 @@ class Gossip:
                             return donor, await asyncio.wait_for(fut, per_try)
                         except TimeoutError:
                             pass
+                    else:
+                        # refused at once (it left the view, its queue is full): a pause before
+                        # the next donor, or this loop would spin without yielding to the peer's
+                        await asyncio.sleep(min(BOOT_RETRY_S, left))
                 finally:
                     del self._boot[nonce]
 

@@ -12,6 +12,7 @@ from swarm.errors import GossipError
 from swarm.gossip import Gossip
 from swarm.gossip.engine import T_BOOT, T_BOOT_REQ, T_DELTA, T_FULL, T_NACK
 from swarm.gossip.sim import SimHub, run_rounds
+from swarm.wire import Message
 
 
 def three(engines_on=3, **kw):
@@ -264,3 +265,90 @@ def test_a_view_installed_while_a_nack_waits_does_not_break_the_round():
         await g.round()   # and the next round runs
 
     asyncio.run(main())
+
+
+def test_a_bootstrap_whose_donors_left_pauses_between_refused_sends():
+    # a send refused at once (the donor left the view) went straight to the next donor: the
+    # loop never yielded, and the peer's loop read nothing (views, heartbeats) until the
+    # deadline; here it asked ~600,000 times in 2 s
+    async def main():
+        hub = SimHub()
+        links = hub.add_many(3)
+        x = np.ones(1000, np.float32)
+        g = Gossip(links[0], x, topology="ring", codec="fp16")   # the others run no engine: no answer
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        tk = asyncio.ensure_future(ticker())
+        task = asyncio.ensure_future(g.bootstrap(donors=2, timeout=2.0))
+        await asyncio.sleep(0.1)
+        hub.remove("p001")
+        hub.remove("p002")
+        with pytest.raises(GossipError, match="no neighbour sent"):
+            await task
+        tk.cancel()
+        return g, ticks, x
+
+    g, ticks, x = asyncio.run(main())
+    assert g._boot_nonce < 200, g._boot_nonce     # at most one ask per BOOT_RETRY_S per slice
+    assert ticks > 50 and (x == 1).all()
+
+
+def test_a_bootstrap_slice_from_a_peer_not_asked_is_refused():
+    # nonces count up from 1: a stranger's slice (or another member's) was taken as the
+    # donor's, its values written into x and its round taken as the peer's
+    async def main():
+        hub = SimHub()
+        links = hub.add_many(3)
+        x = np.ones(1000, np.float32)
+        g = Gossip(links[0], x, topology="ring", codec="fp16")
+        task = asyncio.ensure_future(g.bootstrap(donors=2, timeout=1.0))
+        await asyncio.sleep(0.05)
+        for nonce, (donor, lo, hi, _) in list(g._boot.items()):
+            for src in ("stranger", "p001" if donor != "p001" else "p002"):
+                g._on_boot(Message(T_BOOT, src, body={"lo": lo, "hi": hi, "nonce": nonce, "r": 2**40},
+                                   arrays=[np.full(hi - lo, 123.0, np.float32)]))
+        with pytest.raises(GossipError, match="no neighbour sent"):
+            await task
+        return g, x
+
+    g, x = asyncio.run(main())
+    assert (x == 1).all() and g.t == 0 and g.stats.rejected_malformed >= 4
+
+
+def test_custom_edges_from_a_generator_are_kept_for_every_view():
+    # the constructor's check spent the generator, and every view then had no edges:
+    # each round ended "alone in the view"
+    async def main():
+        hub = SimHub()
+        links = hub.add_many(3)
+        xs = [np.full(10, float(i), np.float32) for i in range(3)]
+        gs = [Gossip(ln, x, topology="custom", edges=((i, (i + 1) % 3) for i in range(3)), round_timeout=2.0)
+              for ln, x in zip(links, xs)]
+        res = await run_rounds(gs, 3)
+        return res, xs
+
+    res, xs = asyncio.run(main())
+    assert all(r.ok for rs in res for r in rs), res
+    assert sum(float(x[0]) for x in xs) == pytest.approx(3.0, abs=1e-4)
+    assert max(float(x[0]) for x in xs) - min(float(x[0]) for x in xs) < 1.0
+
+
+def test_an_engine_made_on_a_view_its_topology_cannot_take_is_made_and_closes_cleanly():
+    # a hypercube of 3 raised from the constructor's preallocation after the handlers were
+    # registered: the caller had no engine to close, and it kept handling every message
+    async def main():
+        hub = SimHub()
+        links = hub.add_many(3)
+        g = Gossip(links[0], np.ones(100, np.float32), topology="hypercube", codec="fp16")
+        assert set(links[0]._handlers) >= {T_DELTA, T_FULL, T_BOOT}
+        g.close()
+        return links[0]
+
+    link = asyncio.run(main())
+    assert not {T_DELTA, T_FULL, T_NACK, T_BOOT_REQ, T_BOOT} & set(link._handlers) and not link._view_cbs
