@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
+from ..checks import is_int
 from ..errors import ReplayError
 from .limiter import RateLimiter
 
@@ -565,6 +566,10 @@ def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuf
     if meta.get("schema") != buf.schema.to_dict() or meta.get("capacity") != buf.capacity:
         raise ReplayError(f"{path}: taken from a buffer of another schema or capacity")
     _check_meta(path, meta)
+    lim = meta.get("limiter")   # snapshots write it; the counters go on from the increment's
+    counts = (lim.get("inserted"), lim.get("sampled")) if isinstance(lim, dict) else None
+    if lim is not None and not (counts and all(is_int(c) and c >= 0 for c in counts)):
+        raise ReplayError(f"{path}: meta.json's limiter holds no counts of inserts and samples: {lim!r:.100}")
     if meta["since"] != buf._next:
         raise ReplayError(f"{path}: taken since item {meta['since']}, but the base buffer has written "
                           f"{buf._next} items; it belongs to another full snapshot")
@@ -599,6 +604,8 @@ def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuf
             else:
                 c[slots] = rows[k]
         _apply_meta(buf, meta)
+        if counts is not None:   # they stood at the full snapshot's before
+            buf.limiter.inserted, buf.limiter.sampled = int(counts[0]), int(counts[1])
     return buf
 
 

@@ -79,9 +79,9 @@ __all__ = ["Checkpointer", "DivergedCheckpoint", "Lineage", "Restored", "committ
            "load_newest", "load_policy", "newest_lineage", "nonfinite", "read_checkpoint_pt", "read_lineage",
            "state_digest", "write_json", "write_lineage", "write_whole"]
 
-_FULL = re.compile(r"^full-(\d{6})$")
-_INC = re.compile(r"^full-(\d{6})-inc-(\d{4})$")
-_TMP = re.compile(r"^\.tmp-full-(\d{6})(-inc-\d{4})?$")   # a checkpoint being written, or left by a crash
+_FULL = re.compile(r"^full-(\d{6,})$")
+_INC = re.compile(r"^full-(\d{6,})-inc-(\d{4,})$")   # past 9999 the names grow a digit
+_TMP = re.compile(r"^\.tmp-full-(\d{6,})(-inc-\d{4,})?$")   # a checkpoint being written, or left by a crash
 
 
 def array_digest(a: np.ndarray) -> str:
@@ -548,12 +548,15 @@ def load_checkpoint(path: str | Path) -> Restored:
             buf = load_incremental(ReplayBuffer.load(base / "buffer"), path / "buffer")
             bits = np.bitwise_xor(full["params"].numpy().view(np.uint32), st["params_xor"].numpy().view(np.uint32))
             params = bits.view(np.float32).copy()
+        agent, counters = st["agent"], dict(st["counters"])
     except ReplayError as e:
         raise ConfigError(f"checkpoint {path}: replay buffer: {e}") from None
-    except (KeyError, TypeError, AttributeError) as e:
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
+        # ValueError, IndexError: a full checkpoint's state.pt of other parameters than its
+        # increment's (a foreign or damaged one that still loads), which load_newest skips
         raise ConfigError(f"checkpoint {path}: not a peer's checkpoint ({type(e).__name__}: {e})") from None
     _check_digest(path, manifest, params, buf)
-    return Restored(path, manifest, buf, params, st["agent"], dict(st["counters"]), st.get("torch_rng"))
+    return Restored(path, manifest, buf, params, agent, counters, st.get("torch_rng"))
 
 
 def _check_digest(path: Path, manifest: dict[str, Any], params: np.ndarray, buf: Any) -> None:

@@ -302,3 +302,32 @@ def test_an_increment_taken_after_the_origin_list_was_compacted_applies_to_its_f
     with pytest.raises(ReplayError, match="r50"):
         load_incremental(base, tmp_path / "inc")
     assert digest(base) == before
+
+
+def test_an_increment_restores_the_rate_limiters_counts(tmp_path):
+    # the increment's meta.json held the limiter's counts, but the restored buffer kept the
+    # full snapshot's: a samples_per_insert ratio went on from the wrong place
+    from swarm.buffer import RateLimiter
+
+    buf = ReplayBuffer({"x": ("float32", ())}, 16, seed=0, first_seq=0,
+                       limiter=RateLimiter(min_size=1, samples_per_insert=100.0, tolerance=1e9))
+    buf.add({"x": np.zeros(4, np.float32)})
+    buf.save(tmp_path / "full")
+    since = buf.total_added
+    buf.add({"x": np.ones(6, np.float32)})
+    buf.sample(8)
+    save_incremental(buf, tmp_path / "inc", since)
+    want = (buf.limiter.inserted, buf.limiter.sampled)
+    assert want == (10, 8)
+    got = load_incremental(ReplayBuffer.load(tmp_path / "full"), tmp_path / "inc")
+    assert (got.limiter.inserted, got.limiter.sampled) == want
+    assert got.limiter.samples_per_insert == 100.0
+
+    meta = json.loads((tmp_path / "inc" / "meta.json").read_text())
+    meta["limiter"]["sampled"] = -1
+    (tmp_path / "inc" / "meta.json").write_text(json.dumps(meta))
+    base = ReplayBuffer.load(tmp_path / "full")
+    before = (len(base), base.limiter.inserted, base.limiter.sampled)
+    with pytest.raises(ReplayError, match="limiter"):
+        load_incremental(base, tmp_path / "inc")
+    assert (len(base), base.limiter.inserted, base.limiter.sampled) == before

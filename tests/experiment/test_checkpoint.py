@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -362,3 +360,44 @@ def test_a_checkpoint_holding_nan_is_a_config_error_naming_it(tmp_path, where):
             r.apply(fresh)
         assert np.array_equal(fresh.parameters(), before[0]), path
         assert torch.equal(fresh.target_flat, before[1]) and torch.equal(fresh.optimizer.exp_avg, before[2])
+
+
+def test_increments_past_9999_are_found_and_pruned(tmp_path):
+    # the names' patterns took four digits: increment 10,000 of one full checkpoint was not
+    # found (a resume took 9,999 and lost what came after) nor ever pruned
+    agent = _agent()
+    ck = Checkpointer(tmp_path / "ckpt", agent, agent.buffer, lambda: {"env_steps": agent.steps})
+    _train(agent, 30)
+    ck.full(background=False)
+    ck._inc = 9998                       # stands for 9,998 increments taken against it
+    for _ in range(2):
+        _train(agent, 2)
+        ck.incremental()
+    assert latest(tmp_path / "ckpt").name == "full-000001-inc-10000"
+    assert load_checkpoint(tmp_path / "ckpt" / "full-000001-inc-10000").manifest["digest"] == \
+        state_digest(agent.parameters(), agent.buffer)
+    (tmp_path / "ckpt" / ".tmp-full-000001-inc-10001").mkdir()     # left by a crash
+    ck.full(background=False)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["full-000002"]
+
+
+@pytest.mark.parametrize("base", ["other length", "a bare tensor"])
+def test_an_increment_whose_full_checkpoint_holds_other_parameters_is_a_clear_error(tmp_path, base):
+    # a full state.pt that still loads but holds other parameters raised ValueError
+    # (np.bitwise_xor of two lengths) or IndexError out of load_checkpoint, past
+    # load_newest, which skips only ConfigError
+    import torch
+
+    agent = _agent()
+    ck = Checkpointer(tmp_path / "ckpt", agent, agent.buffer, lambda: {"env_steps": agent.steps})
+    _train(agent, 30)
+    full = ck.full(background=False)
+    _train(agent, 5)
+    inc = ck.incremental()
+    st = tmp_path / "ckpt" / full / "state.pt"
+    if base == "other length":
+        torch.save({"kind": "full", "params": torch.zeros(3)}, st)
+    else:
+        torch.save(torch.zeros(3), st)
+    with pytest.raises(ConfigError, match=f"checkpoint .*{inc}"):
+        load_checkpoint(tmp_path / "ckpt" / inc)
