@@ -414,6 +414,22 @@ def _check_sendable(t: Any, peer_id: str) -> None:
                                   f"('ping' may be sent: the receiver answers 'pong')"))
 
 
+def _own_context() -> zmq.asyncio.Context:
+    """A peer's own context. libzmq allows 1,023 sockets per context unless told more, and
+    a link takes three (its DEALER and its monitor's two ends): a full topology ran out
+    at ~340 members. Here as many as the process may open files, up to libzmq's limit."""
+    ctx = zmq.asyncio.Context(io_threads=1)
+    try:
+        import resource   # noqa: PLC0415 - POSIX only
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        want = min(ctx.get(zmq.SOCKET_LIMIT), 65536 if soft == resource.RLIM_INFINITY else soft)
+        if want > ctx.get(zmq.MAX_SOCKETS):
+            ctx.set(zmq.MAX_SOCKETS, want)
+    except (ImportError, OSError, ValueError, zmq.ZMQError):
+        pass   # the default stands
+    return ctx
+
+
 class Peer:
     """A swarm peer: joins through a coordinator, links to its neighbours.
 
@@ -448,7 +464,9 @@ class Peer:
         self.incarnation = time.time_ns()
         self.stats: Callable[[], dict[str, Any]] | None = None   # extra figures for heartbeats
         self._own_ctx = context is None
-        self._ctx = context or zmq.asyncio.Context(io_threads=1)
+        self._ctx = context or _own_context()
+        self._link_failures = 0          # links that could not be opened (no sockets left)
+        self._link_failure_logged = -math.inf
         self._view = View(0)
         self._neighbours: list[str] = []
         self._links: dict[str, _Link] = {}
@@ -1721,11 +1739,21 @@ class Peer:
         if why:
             self._unlinkable(pid, m.addr, why)
             return None
-        s = tp.dealer(self._ctx, limits=self.limits, hwm=cfg.data_hwm, heartbeat_s=cfg.link_heartbeat_s,
-                      heartbeat_timeout_s=cfg.link_timeout_s, connect_timeout_s=LINK_CONNECT_TIMEOUT_S)
-        if self._curve is not None:
-            self._curve.client(s, m.key)
-        mon = s.get_monitor_socket(_LINK_EVENTS)
+        s = None
+        try:
+            s = tp.dealer(self._ctx, limits=self.limits, hwm=cfg.data_hwm, heartbeat_s=cfg.link_heartbeat_s,
+                          heartbeat_timeout_s=cfg.link_timeout_s, connect_timeout_s=LINK_CONNECT_TIMEOUT_S)
+            if self._curve is not None:
+                self._curve.client(s, m.key)
+            mon = s.get_monitor_socket(_LINK_EVENTS)
+        except zmq.ZMQError as e:
+            # no sockets left (the context's or the process's limit), or a key libzmq refuses:
+            # this neighbour stays unlinked for now (sends to it are dropped, a later send or
+            # view tries again); raised, it ended the receive loop and the peer with it
+            if s is not None:
+                s.close(0)
+            self._link_failed(pid, e)
+            return None
         try:
             tp.connect(s, m.addr)
         except TransportError as e:   # what the check lets through and libzmq still refuses
@@ -1736,6 +1764,16 @@ class Peer:
         self._links[pid] = link
         self._sockets_changed()
         return link
+
+    def _link_failed(self, pid: str, e: zmq.ZMQError) -> None:
+        self._link_failures += 1
+        now = time.monotonic()
+        if now - self._link_failure_logged >= 10.0:
+            self._link_failure_logged = now
+            hint = (f" (this context allows {self._ctx.get(zmq.MAX_SOCKETS)} sockets, and a link takes three)"
+                    if e.errno == errno.EMFILE else "")
+            log.warning("peer %s: cannot open a link to %s: %s%s; it stays unlinked for now, sends to it are "
+                        "dropped (%d such failures so far)", self.id, pid, e, hint, self._link_failures)
 
     def _unlinkable(self, pid: str, addr: str, why: str) -> None:
         """A neighbour whose address cannot be dialled (a view from an old coordinator, which

@@ -498,3 +498,51 @@ def test_a_handler_registered_while_a_message_is_dispatched_gets_the_next_one_on
                 await b.close()
 
     asyncio.run(main())
+
+
+def test_a_link_that_finds_no_socket_left_leaves_its_neighbour_unlinked_and_the_peer_running(caplog):
+    # libzmq allows a context 1,023 sockets unless told more, and a link takes three: a
+    # full topology of ~340 members ran out, and the ZMQError from opening a link ended the
+    # peer's receive loop (here a context of 16 sockets and 9 members play it)
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        ctx.set(zmq.MAX_SOCKETS, 16)
+        other = zmq.asyncio.Context()
+        coord = _FakeCoordinator(other, {"rank": 0, "epoch": 0})
+        p = Peer(id="a", coordinators=[coord.address], context=ctx, topology="full")
+        try:
+            starting = asyncio.create_task(p.start())
+            await until(lambda: coord.routes, 5, what="the join")
+            many = [Member("a", p.address, 0)] + [Member(f"m{i}", f"tcp://127.0.0.1:{free_port()}", i)
+                                                  for i in range(1, 9)]
+            await coord.send("view", View(1, tuple(many)).to_wire(), epoch=1)
+            await starting
+            assert p.state is PeerState.RUNNING and len(p.neighbours()) == 8
+            assert 0 < len(p._links) < 8 and p._link_failures > 0
+            assert await p.send("m8", "x", timeout=0.1) is False       # not linked: dropped
+            await coord.send("view", View(2, tuple(many[:2])).to_wire(), epoch=2)
+            await p.wait_view(lambda v: v.epoch == 2, timeout=5)
+            assert p.state is PeerState.RUNNING and p.neighbours() == ["m1"] and "m1" in p._links
+        finally:
+            await p.close()
+            coord.close()
+            ctx.destroy(0)
+            other.destroy(0)
+
+    with caplog.at_level(logging.WARNING, logger="swarm.peer"):
+        asyncio.run(main())
+    assert caplog.text.count("cannot open a link to") == 1, caplog.text
+    assert "this context allows 16 sockets" in caplog.text
+
+
+def test_a_peers_own_context_allows_as_many_sockets_as_the_process_may_open_files():
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    p = Peer(id="a", coordinators=["tcp://127.0.0.1:9"])
+    try:
+        allowed = p._ctx.get(zmq.MAX_SOCKETS)
+        files = 65536 if soft == resource.RLIM_INFINITY else soft
+        assert allowed == max(1023, min(p._ctx.get(zmq.SOCKET_LIMIT), files))
+    finally:
+        asyncio.run(p.close())
