@@ -535,6 +535,8 @@ def load_checkpoint(path: str | Path) -> Restored:
     if want is not None and want != _bytes_digest(data):   # a changed byte that still loads
         raise ConfigError(f"checkpoint {path} is damaged: state.pt does not match the digest in its manifest.json")
     try:
+        if not isinstance(st, dict):   # indexed, a tensor warns, and may mean something else to a later torch
+            raise TypeError(f"state.pt holds a {type(st).__name__}, not a dict")
         if st["kind"] == "full":
             buf = ReplayBuffer.load(path / "buffer")
             params = st["params"].numpy().copy()
@@ -545,6 +547,8 @@ def load_checkpoint(path: str | Path) -> Restored:
             except Exception as e:
                 raise ConfigError(f"checkpoint {path}: its full checkpoint {base} cannot be read (damaged?): "
                                   f"{_unreadable(base / 'state.pt', e)}") from None
+            if not isinstance(full, dict):
+                raise TypeError(f"its full checkpoint's state.pt holds a {type(full).__name__}, not a dict")
             buf = load_incremental(ReplayBuffer.load(base / "buffer"), path / "buffer")
             bits = np.bitwise_xor(full["params"].numpy().view(np.uint32), st["params_xor"].numpy().view(np.uint32))
             params = bits.view(np.float32).copy()
