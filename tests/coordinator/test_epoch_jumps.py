@@ -8,7 +8,7 @@ import asyncio
 
 import zmq
 import zmq.asyncio
-from swarmtest import free_port
+from swarmtest import free_port, until
 
 from swarm import Coordinator, wire
 from swarm.coordinator.server import MAX_LAST_EPOCH
@@ -36,12 +36,29 @@ async def _read(d: zmq.asyncio.Socket, seconds: float) -> list[wire.Message]:
     return got
 
 
-async def _until(pred, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not pred():
-        assert loop.time() < end, "timed out"
-        await asyncio.sleep(0.01)
+class _Other:
+    """A raw ROUTER at another coordinator's address: it answers each status request with
+    ``body`` while that is not None, and is silent otherwise."""
+
+    def __init__(self, ctx: zmq.asyncio.Context) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.address = f"tcp://127.0.0.1:{free_port()}"
+        self.sock.bind(self.address)
+        self.body: dict | None = None
+        self.answers = 0
+        self._task = asyncio.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            if self.body is not None:
+                await self.sock.send_multipart([frames[0]] + wire.encode("status_reply", "other", body=self.body))
+                self.answers += 1
+
+    def close(self) -> None:
+        self._task.cancel()
+        self.sock.close()
 
 
 def _dealer(ctx: zmq.asyncio.Context, addr: str) -> zmq.asyncio.Socket:
@@ -63,7 +80,7 @@ def test_a_repeated_join_that_names_a_later_epoch_publishes_a_view_above_it():
             try:
                 await a.send_multipart(_join("a", 7, 9))
                 await b.send_multipart(_join("b", 8, 10))
-                await _until(lambda: [m.id for m in coord.table.view.members] == ["a", "b"])
+                await until(lambda: [m.id for m in coord.table.view.members] == ["a", "b"])
                 await _read(a, 0.3)
                 await _read(b, 0.3)
 
@@ -98,33 +115,18 @@ def test_an_epoch_from_another_coordinator_past_the_cap_is_refused_and_a_takeove
     # ending the coordinator
     async def main():
         ctx = zmq.asyncio.Context()
-        other = ctx.socket(zmq.ROUTER)
-        other.setsockopt(zmq.LINGER, 0)
-        other_addr = f"tcp://127.0.0.1:{free_port()}"
-        other.bind(other_addr)
-        answers = 0
-
-        async def answer() -> None:
-            # a standby that names an epoch no view can follow
-            nonlocal answers
-            while True:
-                frames = await other.recv_multipart()
-                body = {"mode": "standby", "epoch": 2**64 - 1, "coordinator": other_addr, "token": "z",
-                        "watches": 1}
-                await other.send_multipart([frames[0]] + wire.encode("status_reply", "other", body=body))
-                answers += 1
-
-        server = asyncio.create_task(answer())
+        other = _Other(ctx)     # a standby that names an epoch no view can follow
+        other.body = {"mode": "standby", "epoch": 2**64 - 1, "coordinator": other.address, "token": "z",
+                      "watches": 1}
         d = None
         try:
-            async with Coordinator(bind="tcp://127.0.0.1:0", http_bind="", others=[other_addr],
+            async with Coordinator(bind="tcp://127.0.0.1:0", http_bind="", others=[other.address],
                                    takeover_s=0.5, rejoin_grace_s=0.0) as coord:
-                await _until(lambda: answers >= 3)
+                await until(lambda: other.answers >= 3)
                 assert coord.table.epoch <= MAX_LAST_EPOCH
                 assert any("epoch" in r for r in coord._bad.by_reason), coord._bad.by_reason
-                server.cancel()
                 other.close()
-                await _until(lambda: coord.mode == "active", 10)
+                await until(lambda: coord.mode == "active", 10)
                 d = _dealer(ctx, coord.address)
                 await d.send_multipart(_join("a", 1, 9))
                 msgs = await _read(d, 1.5)
@@ -132,9 +134,8 @@ def test_an_epoch_from_another_coordinator_past_the_cap_is_refused_and_a_takeove
                 assert any(m.t == "view" for m in msgs)
                 assert [m.id for m in coord.table.view.members] == ["a"]
                 await d.send_multipart(_hb("a", 1, coord.table.view.epoch))
-                await _until(lambda: coord.heartbeats >= 1)
+                await until(lambda: coord.heartbeats >= 1)
         finally:
-            server.cancel()
             other.close()
             if d is not None:
                 d.close()
@@ -149,36 +150,23 @@ def test_a_takeover_serves_no_view_it_held_before_it_stood_by():
     # the swarm had gone on to 40 meanwhile) and was sent that, which it ignores as old
     async def main():
         ctx = zmq.asyncio.Context()
-        other = ctx.socket(zmq.ROUTER)
-        other.setsockopt(zmq.LINGER, 0)
-        other_addr = f"tcp://127.0.0.1:{free_port()}"
-        other.bind(other_addr)
-        active = False
-
-        async def answer() -> None:
-            # silent until told to answer; then an active coordinator at epoch 40
-            while True:
-                frames = await other.recv_multipart()
-                if active:
-                    body = {"mode": "active", "epoch": 40, "coordinator": other_addr, "token": "z", "watches": 1}
-                    await other.send_multipart([frames[0]] + wire.encode("status_reply", "other", body=body))
-
-        server = asyncio.create_task(answer())
+        other = _Other(ctx)     # silent at first
         a = None
         try:
-            async with Coordinator(bind="tcp://127.0.0.1:0", http_bind="", others=[other_addr],
+            async with Coordinator(bind="tcp://127.0.0.1:0", http_bind="", others=[other.address],
                                    takeover_s=0.5, rejoin_grace_s=1.0) as coord:
-                await _until(lambda: coord.mode == "active", 10)
+                await until(lambda: coord.mode == "active", 10)
                 a = _dealer(ctx, coord.address)
                 await a.send_multipart(_join("a", 1, 9))
-                await _until(lambda: [m.id for m in coord.table.view.members] == ["a"])
+                await until(lambda: [m.id for m in coord.table.view.members] == ["a"])
                 assert coord.table.view.epoch < 40
                 await _read(a, 0.3)
-                active = True                   # the other is active at a later epoch: this one stands by
-                await _until(lambda: coord.mode == "standby", 10)
-                active = False
-                server.cancel()                 # and goes: this one takes over
-                await _until(lambda: coord.mode == "active", 10)
+                # the other is active at a later epoch: this one stands by
+                other.body = {"mode": "active", "epoch": 40, "coordinator": other.address, "token": "z",
+                              "watches": 1}
+                await until(lambda: coord.mode == "standby", 10)
+                other.close()                   # and goes: this one takes over
+                await until(lambda: coord.mode == "active", 10)
                 # within its grace for re-joins (no view goes out before it ends)
                 await a.send_multipart(_join("a", 1, 9, last_epoch=40))   # a held view 40 from the other
                 msgs = await _read(a, 2.0)
@@ -187,7 +175,6 @@ def test_a_takeover_serves_no_view_it_held_before_it_stood_by():
                 assert views[0].epoch > 40, [(m.t, m.epoch) for m in msgs]
                 assert [m.id for m in coord.table.view.members] == ["a"] and coord.table.view.epoch > 40
         finally:
-            server.cancel()
             other.close()
             if a is not None:
                 a.close()
