@@ -1321,7 +1321,8 @@ class GradientRelay:
                 self.stats.rejected += 1
                 raise WireError(f"grad {origin}#{seq} from {msg.src}: not {self.d} finite values")
             items.append((pc, g))
-        sent_at = float(t) if isinstance(t, (int, float)) else time.time()
+        # a sender's clock: not finite (-inf), it made the lag figures infinite for good
+        sent_at = float(t) if isinstance(t, (int, float)) and math.isfinite(t) else time.time()
         again, late = False, -1
         with self._cond:   # with direct, the loop and the consumer thread both take gradients in
             seen = self._seen.get(origin)
@@ -1500,14 +1501,17 @@ class GradientRelay:
                 raise WireError(f"grad_state from {src}: no must say why (str)")
             return
         c, n, app, na, po, g = (b.get(k) for k in ("c", "n", "app", "na", "po", "g"))
-        if not _int(c, -1) or not (n is None or (_int(n, 0) and n > c)):
-            raise WireError(f"grad_state from {src}: c must be a clock (int >= -1) and n None or a clock after c")
+        # clocks as publish may send them (<= 2**63 - 1): one past it taken in, the next wait
+        # on the training thread raised, and every gradient after was dropped as late
+        if not (c == -1 or _is_clock(c)) or not (n is None or (_is_clock(n) and n > c)):
+            raise WireError(f"grad_state from {src}: c must be a clock (0 to 2**63 - 1, or -1) and n None "
+                            f"or a clock after c")
         if not isinstance(app, dict) or not _int(na, 0) or na > len(arrays):
             raise WireError(f"grad_state from {src}: app must be a map and na the count of its arrays "
                             f"(at most the {len(arrays)} sent)")
         if not (isinstance(po, list) and len(po) <= _MAX_COPY_PENDING
-                and all(isinstance(e, list) and len(e) == 2 and _int(e[0], c + 1) and isinstance(e[1], str)
-                        for e in po)):
+                and all(isinstance(e, list) and len(e) == 2 and _is_clock(e[0]) and e[0] > c
+                        and isinstance(e[1], str) for e in po)):
             raise WireError(f"grad_state from {src}: po must list up to {_MAX_COPY_PENDING} [clock after c, origin]")
         if len(arrays) != na + (1 if po else 0):
             raise WireError(f"grad_state from {src}: {len(arrays)} arrays for na = {na} and {len(po)} pending")
@@ -1517,7 +1521,7 @@ class GradientRelay:
                 raise WireError(f"grad_state from {src}: pending gradients must be {len(po)} x {self.d} finite "
                                 f"float32, got {a.dtype} {a.shape}")
         if not (isinstance(g, dict) and all(isinstance(k, str) and isinstance(v, list) and len(v) <= 4 * _RECENT_CLOCKS
-                                            and all(_int(x, 0) for x in v) for k, v in g.items())):
+                                            and all(_is_clock(x) for x in v) for k, v in g.items())):
             raise WireError(f"grad_state from {src}: g must map origins to lists of clocks")
 
     def _tend(self) -> None:

@@ -384,3 +384,21 @@ def test_a_dense_gradient_that_fits_a_message_with_its_header_is_taken():
         assert ra.stats.rider_refused == 0 and riders[1].got == [(a.id, {"n": 1}, [[0, 1, 2, 3]])]
         await hub.close()
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("t", [-math.inf, math.inf, math.nan])
+def test_a_send_time_that_is_not_finite_leaves_the_lag_figures_finite(t):
+    # a sender's t of -inf made lag_s and mean_lag_s infinite for good
+    async def main():
+        hub = SimHub(topology="ring")
+        a, b, _ = hub.add_many(["A", "B", "C"])
+        ra = GradientRelay(a, 4)
+        await b.send("A", GRAD, {"o": "B", "s": 1, "h": 1, "c": 0, "t": t, "meta": {"codec": "identity", "n": 4}},
+                     [np.ones(4, np.float32)])
+        await settle()
+        got = ra.take()
+        return ra, got
+
+    ra, got = asyncio.run(main())
+    assert [g.tolist() for g in got] == [[1.0] * 4]
+    assert math.isfinite(ra.stats.lag_s) and math.isfinite(ra.stats.mean_lag_s) and ra.stats.lag_s < 60

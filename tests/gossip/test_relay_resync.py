@@ -277,6 +277,13 @@ def _asking(links):
     ({"r": 1, "c": 5, "n": None, "app": {}, "na": 0, "po": [[7, "p001"]], "g": {}},
      [np.full((1, D), np.nan, np.float32)], f"1 x {D} finite"),
     ({"r": 1, "c": 5, "n": None, "app": {}, "na": 0, "po": [], "g": {"p001": ["x"]}}, [], "g must map"),
+    # clocks past what publish sends (2**63 - 1): taken in, the next wait on the training
+    # thread raised, and every gradient after was dropped as late
+    ({"r": 1, "c": 0, "n": 2**64 - 1, "app": {}, "na": 0, "po": [], "g": {}}, [], "n None or a clock after c"),
+    ({"r": 1, "c": 2**63, "n": None, "app": {}, "na": 0, "po": [], "g": {}}, [], "c must be a clock"),
+    ({"r": 1, "c": 5, "n": None, "app": {}, "na": 0, "po": [[2**63, "p001"]], "g": {}},
+     [np.zeros((1, D), np.float32)], "po must list"),
+    ({"r": 1, "c": 5, "n": None, "app": {}, "na": 0, "po": [], "g": {"p001": [2**63]}}, [], "g must map"),
     ({"r": 0, "no": "busy"}, [], "r must be a request number"),
 ])
 def test_a_malformed_copy_is_refused_and_changes_nothing(body, arrays, match):
