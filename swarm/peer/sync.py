@@ -409,7 +409,9 @@ class SyncPeer:
             self._early_handlers.append((t, _Guarded(handler, self)))
             return
         self._refuse_closed()   # the closed peer would take it and never call it
-        self._peer().on(t, _Guarded(handler, self))
+        # on the peer's thread, as off(): the peer's lists are replaced, not changed in place,
+        # and two threads registering at once would each replace the other's
+        self._on_loop(lambda: self._peer().on(t, _Guarded(handler, self)))
 
     def off(self, t: str, handler: Callable[..., Any]) -> bool:
         """Stop calling ``handler`` for messages of type ``t`` (undo one :meth:`on`);
@@ -428,7 +430,7 @@ class SyncPeer:
             self._early_view_callbacks.append(_Guarded(callback, self))
             return
         self._refuse_closed()
-        self._peer().on_view(_Guarded(callback, self))
+        self._on_loop(lambda: self._peer().on_view(_Guarded(callback, self)))   # see on()
 
     def off_view(self, callback: Callable[[View], None]) -> bool:
         """Stop calling ``callback`` for new views (undo one :meth:`on_view`); False if

@@ -546,3 +546,35 @@ def test_a_peers_own_context_allows_as_many_sockets_as_the_process_may_open_file
         assert allowed == max(1023, min(p._ctx.get(zmq.SOCKET_LIMIT), files))
     finally:
         asyncio.run(p.close())
+
+
+def test_handlers_registered_from_several_threads_at_once_are_all_kept(sync_pair):
+    # the peer replaces its handler lists (a dispatch keeps the one it runs over); made
+    # from the callers' threads, two registrations at once each replaced the other's
+    import sys
+    import threading
+
+    s, _, _ = sync_pair
+    n = 300
+
+    def register(k: int) -> None:
+        for i in range(n):
+            s.on(f"t{k}", lambda m: None)
+            s.on("shared", lambda m: None)
+            s.on_view(lambda v: None)
+
+    before = len(s.peer._view_callbacks)
+    threads = [threading.Thread(target=register, args=(k,)) for k in range(3)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)    # threads switch often: a race shows in a few hundred calls
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+    finally:
+        sys.setswitchinterval(switch)
+    assert not any(th.is_alive() for th in threads)
+    handlers = s.peer._handlers
+    assert [len(handlers[f"t{k}"]) for k in range(3)] == [n] * 3
+    assert len(handlers["shared"]) == 3 * n and len(s.peer._view_callbacks) == before + 3 * n
