@@ -46,7 +46,6 @@ from .. import transport as tp
 from .. import wire
 from ..config import CoordinatorConfig, from_dict, to_dict
 from ..errors import MembershipError, SwarmError, WireError
-from ..link import View
 from ..wire import Limits
 from ..tasks import supervise
 from .http import StatusServer
@@ -921,10 +920,6 @@ class Coordinator:
             self.mode = "active"
             self.table.clear()   # peers re-join; a stale table would only hold stale routes
             self._fds.clear()
-            # nor the view it held before it stood by: joins were checked against it, status
-            # showed it, and the first view went out as a change from it
-            self.table.view = View(self.table.epoch)
-            self._view_cache = None
             self._grace_until = now + cfg.rejoin_grace_s
             self._dirty = True
             self.table.log_event("takeover", self.address)

@@ -199,11 +199,13 @@ class MemberTable:
         return True
 
     def clear(self) -> None:
-        """Forget every member (a standby that takes over: its peers re-join)."""
+        """Forget every member (a standby that takes over: its peers re-join), and the view
+        of them: joins were checked against it, and the next view went out as a change from it."""
         self.members.clear()
         self._ranks.clear()
         self._low = 0
         self.view_bytes = 0
+        self.view = View(self.epoch)
 
     def log_event(self, event: str, who: str) -> None:
         """Record a coordinator event (takeover, standby) in the log."""
