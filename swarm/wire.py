@@ -33,6 +33,7 @@ __all__ = [
     "Message",
     "encode",
     "decode",
+    "unpack_header",
     "register_type",
     "known_types",
 ]
@@ -92,6 +93,14 @@ class Limits:
     max_array_len: int = 100_000
     max_map_len: int = 10_000
     max_ndim: int = 8
+
+    @property
+    def max_containers(self) -> int:
+        """Maps and arrays a header may hold: one per 8 bytes of ``max_header_bytes``.
+        The other limits bound each container, not their number; an empty list is one
+        byte on the wire and ~60 in memory, so 4 MiB of them took ~0.6 s and ~270 MB to
+        unpack. An honest header is far below (a view of 10,000 members holds ~10,000)."""
+        return self.max_header_bytes // 8
 
 
 DEFAULT_LIMITS = Limits()
@@ -196,7 +205,7 @@ def encode(
         _check_unpacks(head, limits)   # what msgpack packs but a receiver refuses: long strings, int keys
     except Exception:  # msgpack raises several unrelated types
         try:
-            _unpack(head, limits)   # refuses it too, and says why as a receiver would
+            unpack_header(head, limits)   # refuses it too, and says why as a receiver would
         except WireError as e:
             raise WireError(_body_problem(body, limits) or str(e)) from None
     frames[0] = head
@@ -204,15 +213,40 @@ def encode(
 
 
 def _check_unpacks(head: bytes, limits: Limits) -> None:
-    """Raise where :func:`_unpack` would refuse ``head``, which msgpack packed, at less cost:
+    """Raise where :func:`unpack_header` would refuse ``head``, which msgpack packed, at less cost:
     bytes for str and tuples for lists are cheaper to make, and refused alike (msgpack
     packs no invalid UTF-8, and takes only str and bytes as keys with ``strict_map_key``)."""
+    hooks = {} if len(head) <= limits.max_containers else _hooks(limits)
     msgpack.unpackb(
-        head, raw=True, strict_map_key=True, use_list=False,
+        head, raw=True, strict_map_key=True, use_list=False, **hooks,
         max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
         max_array_len=limits.max_array_len, max_map_len=limits.max_map_len,
         max_ext_len=0,
     )
+
+
+def _hooks(limits: Limits) -> dict[str, Any]:
+    count = _Counter(limits.max_containers)
+    return {"list_hook": count, "object_hook": count}
+
+
+class _TooManyContainers(Exception):
+    pass
+
+
+class _Counter:
+    """msgpack's hook for each map and array unpacked: raises past ``left`` of them."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def __call__(self, x: Any) -> Any:
+        self.left -= 1
+        if self.left < 0:
+            raise _TooManyContainers
+        return x
 
 
 def _body_problem(body: dict[str, Any], limits: Limits) -> str | None:
@@ -302,7 +336,7 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
         raise WireError(f"message of {total} bytes exceeds the limit {limits.max_message_bytes}")
     if sizes[0] > limits.max_header_bytes:
         raise WireError(f"header of {sizes[0]} bytes exceeds the limit {limits.max_header_bytes}")
-    h = _unpack(head, limits)
+    h = unpack_header(head, limits)
     if type(h) is not dict:
         raise WireError("header is not a map")
     v = h.get("v")
@@ -327,17 +361,26 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
     return Message(t=t, src=src, epoch=epoch, seq=seq, body=body, arrays=arrays, nbytes=total)
 
 
-def _unpack(head: Any, limits: Limits) -> Any:
-    """Unpack a header under the limits; :func:`encode` checks its output with it too."""
+def unpack_header(head: Any, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """Unpack a header frame's msgpack under ``limits`` (its size is the caller's to check)
+    and return it, not yet checked as a header; raises :class:`WireError`. :func:`decode`
+    unpacks with it, :func:`encode` checks its output with it, and the coordinator's
+    heartbeat fast path reads with it."""
+    # each map or array takes a byte at least, so a header no longer than the cap needs no count
+    hooks = {} if len(head) <= limits.max_containers else _hooks(limits)
     try:
         return msgpack.unpackb(
-            head, raw=False, strict_map_key=True, use_list=True,
+            head, raw=False, strict_map_key=True, use_list=True, **hooks,
             max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
             max_array_len=limits.max_array_len, max_map_len=limits.max_map_len,
             max_ext_len=0,
         )
+    except _TooManyContainers:
+        raise WireError(f"header holds more than {limits.max_containers} maps and arrays "
+                        f"(one per 8 bytes of the header limit)") from None
     except Exception as e:  # msgpack raises several unrelated types
         raise WireError(f"header is not valid msgpack: {type(e).__name__}: {e}") from None
+
 
 
 def _arrays(descs: list[Any], bufs: list[Any], sizes: list[int], max_ndim: int) -> list[np.ndarray]:

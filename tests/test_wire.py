@@ -73,6 +73,26 @@ def test_limits_enforced():
         wire.decode([big_str])
 
 
+
+def test_header_holds_at_most_one_container_per_8_bytes_of_its_limit():
+    # An empty list is one byte on the wire and ~60 in memory: 4 MiB of them took ~0.6 s
+    # and ~270 MB to unpack. The header map, body and arrays are 3; the body's list 1 more.
+    lim = wire.Limits(max_header_bytes=8000)
+    assert lim.max_containers == 1000 and wire.DEFAULT_LIMITS.max_containers == 512 * 1024
+    fits = {"l": [[]] * 996}
+    assert wire.decode(wire.encode("ping", "p", body=fits, limits=lim), lim).body == fits
+    over = {"l": [[]] * 997}
+    with pytest.raises(WireError, match="more than 1000 maps and arrays"):
+        wire.encode("ping", "p", body=over, limits=lim)
+    head = msgpack.packb({"v": 1, "t": "ping", "src": "p", "body": {"l": [{}] * 500 + [[]] * 500}})
+    assert len(head) < lim.max_header_bytes
+    with pytest.raises(WireError, match="more than 1000 maps and arrays"):
+        wire.decode([head], lim)
+    # the default: a 1 MB header of a million empty lists is refused, not built
+    flood = msgpack.packb({"v": 1, "t": "ping", "src": "p", "body": {"l": [[[]] * 100_000] * 10}})
+    with pytest.raises(WireError, match="more than 524288 maps and arrays"):
+        wire.decode([flood])
+
 @pytest.mark.parametrize("kw,match", [
     (dict(body={"x": np.float32(1)}), r"body\['x'\]: np.float32 cannot go on the wire; use float\(\)"),
     (dict(body={"m": {"n": np.int64(1)}}), r"body\['m'\]\['n'\]: np.int64 .* use int\(\)"),

@@ -37,7 +37,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import msgpack
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
@@ -163,9 +162,6 @@ class Coordinator:
         lim = self.limits
         # the heartbeat fast path unpacks under the same limits as wire.decode
         self._max_header = min(lim.max_header_bytes, lim.max_message_bytes)
-        self._unpack_limits = dict(raw=False, strict_map_key=True, use_list=True, max_str_len=lim.max_str_len,
-                                   max_bin_len=lim.max_bin_len, max_array_len=lim.max_array_len,
-                                   max_map_len=lim.max_map_len, max_ext_len=0)
         self.table = MemberTable(max_members=cfg.max_members, max_view_bytes=self._view_room(name))
         self.address = ""
         self.started = 0.0
@@ -522,8 +518,8 @@ class Coordinator:
         if buf.nbytes > self._max_header:
             return False
         try:
-            h = msgpack.unpackb(buf, **self._unpack_limits)
-        except Exception:
+            h = wire.unpack_header(buf, self.limits)
+        except WireError:
             return False
         if type(h) is not dict or h.get("t") != "heartbeat" or h.get("v") != wire.VERSION:
             return False

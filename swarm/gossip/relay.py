@@ -631,7 +631,7 @@ class GradientRelay:
         try:
             # what a receiver refuses of what msgpack packs (int keys, ext types, nesting past its
             # stack), with the ride as deep as in a header: the value of its "body" key
-            wire._unpack(b"\x81\xa4body" + packed, lim)
+            wire.unpack_header(b"\x81\xa4body" + packed, lim)
         except WireError:
             return False
         return True

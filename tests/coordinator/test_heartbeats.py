@@ -67,6 +67,8 @@ def test_heartbeats_keep_figures_and_reject_bad_beats():
                     _hb("a", 7, epoch="1"),                   # epoch not an integer
                     _hb("a", 7) + [b"\0" * 8],                # a frame the header does not describe
                     [b"\xc1"],                                # not msgpack at all
+                    _hb("a", 7, {"junk": [[[]] * 70_000] * 2}),  # more maps and arrays than its
+                                                              # 1 MiB header limit allows (131,072)
                 ]
                 for frames in bad_beats:
                     await d.send_multipart(frames)
