@@ -69,7 +69,7 @@ class RateLimiter:
             return 1 << 62
         # Solve  spi*(inserted + n - min) - sampled <= tol  for the largest n.
         room = (self.tolerance + self.sampled) / self.samples_per_insert + self.min_size - self.inserted
-        return max(0, int(room))
+        return max(0, int(min(room, 1 << 62)))   # a tiny ratio (1e-310) makes it inf
 
     def state(self) -> dict:
         return {"min_size": self.min_size, "samples_per_insert": self.samples_per_insert,
@@ -77,8 +77,13 @@ class RateLimiter:
 
     @classmethod
     def from_state(cls, d: dict) -> "RateLimiter":
-        r = cls(int(d["min_size"]), d["samples_per_insert"], float(d["tolerance"]))
-        r.inserted, r.sampled = int(d["inserted"]), int(d["sampled"])
+        """A limiter from :meth:`state`'s dict (a snapshot's meta.json), checked as the
+        constructor checks its arguments; the counters must be ints >= 0."""
+        r = cls(d["min_size"], d["samples_per_insert"], d["tolerance"])
+        counts = d["inserted"], d["sampled"]
+        if not all(is_int(c) and c >= 0 for c in counts):
+            raise ReplayError(f"the limiter's counts of inserts and samples must be ints >= 0, got {counts!r:.100}")
+        r.inserted, r.sampled = int(counts[0]), int(counts[1])
         return r
 
 

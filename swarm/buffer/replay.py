@@ -25,6 +25,7 @@ neighbours still hold (they would drop the new items as duplicates).
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -185,6 +186,9 @@ class ReplayBuffer:
         self._rng = np.random.default_rng(seed)
         self._lock = threading.RLock()
         cap = self.capacity
+        # The largest raw priority kept: the tree's sum of every leaf stays finite
+        # (alpha 8 takes a float32 TD error of 3e38 to 6e305, and three of them to inf).
+        self._max_raw = sys.float_info.max / (4 * cap)
         # Fixed capacity, memory committed up front: every column is written once
         # here (np.zeros alone maps pages lazily, so a process would grow as the
         # ring fills). A buffer that does not fit fails now, not hours into a run.
@@ -504,7 +508,14 @@ class ReplayBuffer:
                 return
             now = self._now()
             t = now if t is None else min(float(t), now)
-            self._tree.scale(math.exp(-self.decay * (t - self._base)))
+            try:   # a base moved far back scales every priority up
+                factor = math.exp(-self.decay * (t - self._base))
+            except OverflowError:
+                factor = math.inf
+            if not math.isfinite(self._tree.total * factor):
+                raise ReplayError(f"rebase to t={t!r}: the priorities scaled by exp({-self.decay * (t - self._base):.4g}) "
+                                  f"would overflow; the base stays at {self._base!r}")
+            self._tree.scale(factor)
             self._base = t
 
     # --------------------------------------------------------------- sampling
@@ -606,7 +617,8 @@ class ReplayBuffer:
 
         Indices whose slot has been overwritten since they were sampled are
         ignored; an index this buffer never handed out (negative, or not yet
-        added) raises :class:`ReplayError` and nothing changes. A no-op for
+        added) raises :class:`ReplayError` and nothing changes. A priority past
+        ``float max / (4 * capacity)`` is taken as that, so that their sum stays finite. A no-op for
         uniform and FIFO sampling (beyond the checks).
         """
         try:
@@ -622,13 +634,17 @@ class ReplayBuffer:
                 raise ReplayError(f"td has shape {td.shape}, expected {indices.shape} like indices")
         if indices.size == 0:
             return 0
-        # One pass gives the priorities and, through their max, the NaN/Inf check.
+        # One pass gives the priorities and, through their max, the NaN/Inf check
+        # (with alpha 0 every power is 1, NaN's too: then the TD errors are looked at).
         raw = np.abs(td)
         raw += self.eps
         raw **= self.alpha
         m = float(raw.max())
-        if not math.isfinite(m):
+        if not math.isfinite(m) or (self.alpha == 0 and not np.isfinite(td).all()):
             raise ReplayError("td contains NaN or Inf; priorities left unchanged")
+        if m > self._max_raw:   # finite priorities whose sum would not be
+            np.minimum(raw, self._max_raw, out=raw)
+            m = self._max_raw
         with self._lock:
             slots = indices % self.capacity
             live = self._ticket[slots] == indices

@@ -124,7 +124,10 @@ class Schema:
         for f in self.fields:
             a = items[f.name]
             if type(a) is not np.ndarray:
-                a = np.asarray(a)
+                try:
+                    a = np.asarray(a)
+                except (ValueError, TypeError) as e:   # ragged nested lists, for one
+                    raise ReplayError(f"field {f.name!r}: not an array numpy can make ({e})") from None
             # Fast path: the exact dtype needs no cast checks (the common case). Native
             # builtin dtypes are singletons, so identity settles it without ``==``.
             if a.dtype is not f.dtype and a.dtype != f.dtype:
@@ -149,10 +152,11 @@ class Schema:
     def _check_fits(self, f: Field, a: np.ndarray) -> None:
         """Raise unless every value of ``a`` survives the cast to the narrower ``f.dtype``."""
         lo, hi = self._bounds[f.name]
-        # NaN compares False: only values past the field's range (or inf, for floats)
-        # get beyond these cheap reductions.
+        # Only values past the field's range (inf, for floats; a NaN, whose max is NaN,
+        # for floats too, so that a NaN beside a 1e39 cannot hide it) get beyond these
+        # cheap reductions.
         if a.dtype.kind == "f":
-            if not np.abs(a).max() > hi:
+            if np.abs(a).max() <= hi:
                 return
         else:
             amin, amax = np.minimum.reduce(a, axis=None), np.maximum.reduce(a, axis=None)

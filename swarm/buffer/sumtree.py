@@ -15,7 +15,9 @@ over the eight or so remaining levels, not over items:
   kept ancestors with a single ``np.add.at``. Adding differences lets rounding
   error build up in the sums, so they are rebuilt exactly from the leaves after
   every ``capacity`` leaf writes (amortised, well under a microsecond per
-  write); :meth:`SumTree.set_range` recomputes its ancestors exactly.
+  write), and at once after a change more than 2^26 times the parent sum it
+  leaves, which would cancel out the other leaves' share;
+  :meth:`SumTree.set_range` recomputes its ancestors exactly.
 
 Beside the sums the tree keeps the smallest *positive* leaf of every block of
 ``_BLOCK`` leaves, which gives prioritized replay its largest importance
@@ -45,6 +47,9 @@ _BLOCK = 64
 # as a ring that is not full yet always has); over many blocks the plain one is faster.
 _FEW_BLOCKS = 4
 _INF = np.inf
+# A leaf's change past this many times its parent's new sum loses more than 2**-26 of
+# that sum to rounding (float64 keeps 2**-52 of the change).
+_SWING = float(2 ** 26)
 
 
 class SumTree:
@@ -134,10 +139,17 @@ class SumTree:
             # contiguous operands keep numpy on its fast path (and numpy 2.4's
             # add.at mis-adds when left to broadcast itself).
             # (Filling an array is a tenth of np.broadcast_to's Python cost.)
+            # Only a leaf that falls by more than _SWING times can change by more than
+            # _SWING times the sum it leaves (which holds the new leaf).
+            fall = old > _SWING * v
             v -= old
             d = np.empty((self._levels, heap.size))
             d[...] = v
             np.add.at(t, (heap >> self._shifts).ravel(), d.ravel())
+            # A change far larger than the sum it leaves (a leaf of 1e20 set back to 1)
+            # cancels out the other leaves' share of that sum: rebuild exactly now.
+            if fall.any() and (-v[fall] > _SWING * t[heap[fall] >> 1]).any():
+                self._writes = self._cap
         self._total = None
         # Added differences let rounding error build up in the sums: recompute them
         # exactly from the leaves after every `capacity` leaf writes (amortised,

@@ -421,3 +421,79 @@ def test_a_cut_answer_names_only_the_origins_it_holds():
         ids = [(items.peers[o], int(s)) for o, s in zip(items.origins[sel], items.seqs[sel])]
         assert [(cut.peers[o], int(s)) for o, s in zip(cut.origins, cut.seqs)] == ids
         assert sorted(cut.peers) == sorted({p for p, _ in ids}) and cut.origins.dtype == np.int32
+
+
+# --------------------------------------------------------------- found by the thirty-eighth session's review
+
+def test_a_nan_beside_a_float32_overflow_does_not_hide_it():
+    buf = ReplayBuffer(SCHEMA, 8)
+    before = state(buf)
+    with pytest.raises(ReplayError, match="'obs': 1e\\+39 overflows float32"):
+        buf.add({"obs": np.array([[np.nan, 1e39]])})
+    assert state(buf) == before
+    buf.add({"obs": np.array([[np.nan, 1.0]])})   # a NaN alone is stored as given
+    assert len(buf) == 1
+
+
+def test_ragged_items_are_a_replay_error_naming_the_field():
+    buf = ReplayBuffer(SCHEMA, 8)
+    before = state(buf)
+    with pytest.raises(ReplayError, match="field 'obs': not an array numpy can make"):
+        buf.add({"obs": [[1.0, 2.0], [3.0]]})
+    assert state(buf) == before
+
+
+def test_a_nan_td_error_is_refused_also_with_alpha_0():
+    # NaN ** 0 is 1: the priorities alone would not show it
+    buf = ReplayBuffer(SCHEMA, 8, alpha=0.0)
+    idx = buf.add(obs(3))
+    buf.update_priorities(idx, [1.0, 2.0, 3.0])
+    before = buf.priorities(idx).tolist()
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ReplayError, match="NaN or Inf"):
+            buf.update_priorities(idx, [bad, 1.0, 1.0])
+    assert buf.priorities(idx).tolist() == before
+
+
+def test_finite_priorities_never_add_up_to_an_infinite_total():
+    buf = ReplayBuffer(SCHEMA, 8, alpha=8.0, seed=0)
+    idx = buf.add(obs(8))
+    big = np.float32(3e38)   # a float32 TD error's largest: 6e305 to the 8th, three of them inf
+    assert buf.update_priorities(idx[:3], [big] * 3) == 3
+    assert math.isfinite(buf._tree.total)
+    drawn = set(buf.sample(64).indices.tolist())
+    assert drawn <= set(idx[:3].tolist()) and drawn
+
+
+def test_a_rebase_far_back_that_would_overflow_is_refused_and_changes_nothing():
+    now = [100.0]
+    buf = ReplayBuffer(SCHEMA, 4, decay=0.01, clock=lambda: now[0])
+    idx = buf.add(obs(2))
+    before = buf.priorities(idx).tolist(), buf._tree.total
+    with pytest.raises(ReplayError, match="would overflow"):
+        buf.rebase(-1e6)
+    assert (buf.priorities(idx).tolist(), buf._tree.total) == before
+    buf.rebase(50.0)   # a base moved back within range still works
+    assert buf.priorities(idx).tolist() == pytest.approx(before[0])
+
+
+def test_a_tiny_ratio_leaves_insert_room_unbounded_instead_of_overflowing():
+    lim = RateLimiter(1, 1e-310)
+    assert lim.insert_room() == 1 << 62
+    buf = ReplayBuffer(SCHEMA, 8, limiter=lim)
+    items = Items(obs(2), ["b"], np.zeros(2, np.int32), np.arange(2), np.zeros(2), np.ones(2))
+    assert buf.insert(items, limit=True).size == 2
+
+
+@pytest.mark.parametrize("key,bad", [("inserted", -1000), ("sampled", 2.5), ("min_size", 1.5),
+                                     ("tolerance", "x"), ("inserted", True)])
+def test_a_snapshot_whose_limiter_counts_are_no_counts_is_refused(tmp_path, key, bad):
+    import json
+    buf = ReplayBuffer(SCHEMA, 8)
+    buf.add(obs(2))
+    buf.save(tmp_path / "snap")
+    meta = json.loads((tmp_path / "snap" / "meta.json").read_text())
+    meta["limiter"][key] = bad
+    (tmp_path / "snap" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ReplayError, match="meta.json"):
+        ReplayBuffer.load(tmp_path / "snap")

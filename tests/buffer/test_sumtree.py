@@ -117,3 +117,18 @@ def test_sums_are_rebuilt_once_per_capacity_writes_not_on_every_write(capacity, 
     # one per `capacity` distinct writes (repeats within a batch count once): not one per set()
     assert 1 <= len(rebuilds) <= 6400 // capacity
     np.testing.assert_allclose(t.total, t.leaves.sum(), rtol=1e-12)
+
+
+def test_a_leaf_that_falls_far_does_not_cancel_out_its_neighbours():
+    # Below the top level (capacity > 4096) set() adds differences to the sums: a leaf
+    # of 1e20 set back to 1 took 1e20 off a sum that held 1e20 + 1, and its neighbour's 1
+    # was lost in the rounding (leaves 0 and 1 were then never drawn, until a rebuild).
+    t = SumTree(8192)
+    t.set_range(0, np.ones(8192))
+    t.set(np.array([0]), np.array([1e20]))
+    t.set(np.array([0]), np.array([1.0]))
+    assert t.total == 8192.0
+    assert t.find(np.array([0.5, 1.5, 2.5])).tolist() == [0, 1, 2]
+    # a leaf set to 0 where its neighbour is 0 too
+    t.set(np.array([2, 3]), np.array([0.0, 0.0]))
+    assert t.total == 8190.0 and t.find(np.array([1.5, 2.5])).tolist() == [1, 4]
