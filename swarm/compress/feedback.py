@@ -71,15 +71,15 @@ class ErrorFeedback(Codec):
 
     def encode(self, x: Any) -> Encoded:
         """Compress ``x + residual`` with the inner codec; keep what it dropped."""
-        p, enc, _ = self._start(x)
+        p, e, enc, _ = self._start(x)
         self.inner.decode_into(enc, p, -1.0)
-        self._e, self._spare = p, self._e
+        self._e, self._spare = p, e
         return enc
 
     def encode_decoded(self, x: Any) -> tuple[Encoded, np.ndarray]:
         """:meth:`encode`, and the decoded vector: decoded once, for both the caller and
         the residual (``p - decoded``: the same floats as :meth:`encode` keeps)."""
-        p, enc, sparse = self._start(x, sparse=True)
+        p, e, enc, sparse = self._start(x, sparse=True)
         if sparse is None:
             dec = self.inner.decode(enc, p.size)
             np.subtract(p, dec, out=p)
@@ -87,35 +87,37 @@ class ErrorFeedback(Codec):
             idx, vals = sparse
             dec = scatter(p.size, idx, vals)
             p[idx] -= vals
-        self._e, self._spare = p, self._e
+        self._e, self._spare = p, e
         return enc, dec
 
     def _start(self, x: Any, sparse: bool = False
-               ) -> tuple[np.ndarray, Encoded, tuple[np.ndarray, np.ndarray] | None]:
-        """``p = x + residual`` (in the spare buffer) and the inner codec's encoding of
-        it; with ``sparse``, also its kept indices and decoded values where the inner
-        codec gives them (:meth:`Codec._encode_sparse`), else None."""
+               ) -> tuple[np.ndarray, np.ndarray, Encoded, tuple[np.ndarray, np.ndarray] | None]:
+        """``p = x + e`` (in the spare buffer), the residual ``e`` itself, and the inner
+        codec's encoding of ``p``; with ``sparse``, also its kept indices and decoded
+        values where the inner codec gives them (:meth:`Codec._encode_sparse`), else None.
+        The caller keeps ``p`` (less what was sent) as the residual and ``e`` as the spare."""
         v = as_vector(x)
         n = v.size
+        # p goes into the spare buffer so that an error in the inner codec leaves e intact;
+        # on the first call both are new, and become state only when the caller keeps them
         if self._e is None:
-            self._e = np.zeros(n, np.float32)
-            self._spare = np.empty(n, np.float32)
+            e, p = np.zeros(n, np.float32), np.empty(n, np.float32)
         elif self._e.size != n:
             raise GossipError(f"ErrorFeedback({self.inner.spec}): vector of length {n}, but the "
                               f"residual has length {self._e.size}; call reset() after resizing")
-        # p goes into the spare buffer so that an error in the inner codec leaves e intact.
-        p = self._spare
+        else:
+            e, p = self._e, self._spare
         try:
             with np.errstate(over="raise"):   # the flag is set anyway: no extra pass
-                np.add(v, self._e, out=p)
+                np.add(v, e, out=p)
         except FloatingPointError:
-            _add_saturating(v, self._e, p)
+            _add_saturating(v, e, p)
         q = p.copy() if self.inner.aliases_input else p
         if sparse:
             got = self.inner._encode_sparse(q)
             if got is not None:
-                return p, got[0], (got[1], got[2])
-        return p, self.inner._encode_contracting(q), None
+                return p, e, got[0], (got[1], got[2])
+        return p, e, self.inner._encode_contracting(q), None
 
     def decode(self, enc: Encoded, n: int | None = None) -> np.ndarray:
         """Decode with the inner codec (the residual is a sender-side matter)."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GossipError, WireError
+from ..errors import ConfigError, GossipError, WireError
 from . import _torch
 from ._base import Codec, Encoded, Scratch, meta_float, meta_int
 
@@ -39,6 +39,12 @@ _TINY = np.float32(2.0 ** -100)
 
 def _rng(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(seed)
+
+
+def _check_int(codec: str, key: str, v: Any, lo: int, hi: int) -> None:
+    """:class:`ConfigError` unless ``v`` is an int in ``[lo, hi]``."""
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ConfigError(f"{codec}: {key} must be an integer in [{lo}, {hi}], got {v!r}")
 
 
 class _BlockQuantizer(Codec):
@@ -194,6 +200,8 @@ class Int8(_BlockQuantizer):
 
     def __init__(self, spec: str | None = None, *, block: int = 256, stochastic: bool = False,
                  seed: int | None = None) -> None:
+        # get_codec checks first with the spec in the message; this guards direct use
+        _check_int("int8", "block", block, 1, 1 << 24)
         super().__init__(spec, 127, block, stochastic, seed)
 
     def _block_scale(self, X):
@@ -220,6 +228,9 @@ class QSGD(_BlockQuantizer):
 
     def __init__(self, spec: str | None = None, *, s: int = 16, bucket: int = 512,
                  seed: int | None = None) -> None:
+        # levels travel as int16 and decoders refuse blocks past 2**24 (as get_codec checks)
+        _check_int("qsgd", "s", s, 1, 32767)
+        _check_int("qsgd", "bucket", bucket, 1, 1 << 24)
         super().__init__(spec, s, bucket, True, seed)
 
     def omega(self, n: int) -> float:

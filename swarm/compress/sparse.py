@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import WireError
+from ..errors import GossipError, WireError
 from ._base import Codec, Encoded, Scratch, meta_float, meta_int, meta_scale
 from .dense import to_fp16
 
@@ -120,7 +120,8 @@ class TopK(_Sparse):
     of a float16: sign, 5 exponent and 2 mantissa bits, round to nearest even) of
     the value divided by ``scale`` (in the meta), which maps the largest magnitude
     to 2¹⁵. Relative error ≤ 2⁻³ down to 2⁻¹⁴ of the largest (coarser below, zero
-    under 2⁻³²): ~2.1 bytes per kept element. Meant for gradients applied by Adam,
+    under 2⁻³²; a kept NaN raises :class:`~swarm.errors.GossipError`, as no code
+    stands for it): ~2.1 bytes per kept element. Meant for gradients applied by Adam,
     whose step depends on which coordinates arrive more than on their exact size;
     error feedback (``ef+``) carries the rounding into the next message.
     """
@@ -185,7 +186,7 @@ class TopK(_Sparse):
             if scale != 1.0:
                 meta["scale"] = scale
         elif self.values == "fp8":
-            vals, meta["scale"] = to_fp8(vals, self.FP8_TOP)
+            vals, meta["scale"] = to_fp8(vals, self.FP8_TOP, self.name)
         codes = pack_gaps(idx)
         meta["ib"] = int(codes.size)
         return Encoded(meta, [codes, vals])
@@ -324,13 +325,23 @@ class TopK(_Sparse):
             out[idx] += np.float32(alpha) * vals
 
 
-def to_fp8(vals: np.ndarray, top: float) -> tuple[np.ndarray, float]:
-    """(e5m2 codes of ``vals / scale``, scale), with the largest magnitude scaled to ``top``."""
-    v = np.clip(vals, -3e38, 3e38)   # Inf would make the scale Inf; NaN never reaches here (top-k)
+#: the smallest positive float32 (a subnormal): the least scale that is not 0 in float32
+_F32_LEAST = float(np.finfo(np.float32).smallest_subnormal)
+
+
+def to_fp8(vals: np.ndarray, top: float, codec: str = "topk") -> tuple[np.ndarray, float]:
+    """(e5m2 codes of ``vals / scale``, scale), with the largest magnitude scaled to ``top``;
+    :class:`GossipError` for a NaN, which no code that :func:`from_fp8` accepts stands for."""
+    v = np.clip(vals, -3e38, 3e38)   # Inf would make the scale Inf
     amax = float(np.max(np.abs(v))) if v.size else 0.0
-    scale = amax / top if amax > 0 else 1.0
-    h = (v / np.float32(scale)).astype(np.float16).view(np.uint16).astype(np.uint32)
-    return ((h + 0x7F + ((h >> 8) & 1)) >> 8).astype(np.uint8), scale
+    if math.isnan(amax):   # top-k keeps NaN only when fewer than k numbers exist
+        raise GossipError(f"{codec}: a kept value is NaN, which values=fp8 cannot send")
+    # The float32 the receiver multiplies by, at least the least float32: below
+    # amax = 2**-135 the quotient rounds to 0 and the codes would be Inf. It may round
+    # down by up to a third, so the largest code is at most 1.5 * top, still finite.
+    scale = np.float32(max(amax / top, _F32_LEAST)) if amax > 0 else np.float32(1.0)
+    h = (v / scale).astype(np.float16).view(np.uint16).astype(np.uint32)
+    return ((h + 0x7F + ((h >> 8) & 1)) >> 8).astype(np.uint8), float(scale)
 
 
 def from_fp8(codes: np.ndarray, scale: float, codec: str) -> np.ndarray:
