@@ -59,10 +59,10 @@ by ``nohup``) end the run cleanly: the peers write their results, then the summa
 and the exit code is 130. One that comes once every peer has ended (while it writes
 the summary and the plots) lets it finish them, and the exit code is the peers'
 outcome. A second Ctrl-C or SIGTERM gives the children :data:`HURRY_S` more seconds,
-not :data:`TERM_GRACE_S`. ``summary.json`` and the plots are written whole (a
-temporary file renamed) or not at all. On a terminal the progress line is drawn in
-place, cut to the terminal's width, and each message clears it first, so that it
-starts a line of its own; output that cannot be written (a closed terminal) is
+not :data:`TERM_GRACE_S`. ``summary.json``, ``pids.json``, ``warnings.txt`` and the plots
+are written whole (a temporary file renamed) or not at all. On a terminal the progress
+line is drawn in place, cut to the terminal's width, and each message clears it first,
+so that it starts a line of its own; output that cannot be written (a closed terminal) is
 dropped, and the run ends as it would.
 """
 
@@ -220,7 +220,10 @@ class Launch:
         pids = {c.name: c.proc.pid for c in self.children}
         if self.forks is not None:
             pids["forkserver"] = self.forks.pid
-        (self.run_dir / "pids.json").write_text(json.dumps({"launcher": os.getpid(), "children": pids}) + "\n")
+        from .checkpoint import write_json  # noqa: PLC0415 - numpy: off `swarm run --show`'s path
+
+        # replaced whole: it is read while the run goes on (to clean up after a killed launcher)
+        write_json(self.run_dir / "pids.json", {"launcher": os.getpid(), "children": pids}, indent=None)
 
     def end(self, children: list[_Child] | None = None, grace: float = TERM_GRACE_S,
             hurry: Callable[[], bool] | None = None) -> None:
@@ -636,7 +639,11 @@ def _warn(spec: Spec, run_dir: Path, out: Any, who: str) -> None:
     for line in warned:
         print(f"{who}: warning: {line}", file=out, flush=True)
     if warned:
-        (run_dir / "warnings.txt").write_text("".join(f"{line}\n" for line in warned))
+        from ..buffer.persist import write_synced  # noqa: PLC0415 - numpy: off `swarm run --show`'s path
+        from .checkpoint import write_whole  # noqa: PLC0415
+
+        text = "".join(f"{line}\n" for line in warned).encode()
+        write_whole(run_dir / "warnings.txt", lambda tmp: write_synced(tmp, text))   # whole or not at all
 
 
 def _replay_bytes(capacity: int, obs_size: int, replicas: int = 0) -> int:
@@ -1108,13 +1115,20 @@ def _num(v: Any) -> float:
         return float("nan")
 
 
+def _peer_folders(run_dir: Path) -> dict[int, Path]:
+    """The peers' folders in ``run_dir`` by rank: only ``peer{r}`` as a peer names it, not a
+    user's ``peer0-old/`` nor ``peer01`` (peer1's?), nor ``peer²`` (str.isdigit, but no int)."""
+    found = (re.fullmatch(r"peer(0|[1-9][0-9]*)", p.name) for p in run_dir.glob("peer*") if p.is_dir())
+    return {int(m[1]): run_dir / m[0] for m in found if m}
+
+
 def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, Any]]:
     """One row per peer from its ``summary.json``, or from its metrics.csv when it has none (it
     crashed, or its summary.json did not fit on disk: a peer that trains removes an earlier
     process's first, so that one is not shown as its figures)."""
     run_dir = Path(run_dir)
     ranks = (range(spec.peers) if spec
-             else sorted(int(p.name[4:]) for p in run_dir.glob("peer*") if p.name[4:].isdigit()))
+             else sorted(_peer_folders(run_dir)))
     rows = []
     for r in ranks:
         d = peer_dir(run_dir, r)
@@ -1179,7 +1193,7 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     run_dir = Path(run_dir)
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)
-    peers = sorted((p for p in run_dir.glob("peer*") if p.is_dir()), key=lambda p: int(p.name[4:] or 0))
+    peers = [folder for _, folder in sorted(_peer_folders(run_dir).items())]
     written = []
 
     fig = Figure(figsize=(7, 4))

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import logging
 import os
 import socket
@@ -46,6 +45,7 @@ from typing import Any, Iterator, TextIO
 
 from ..config import PeerConfig, read_file
 from ..errors import ConfigError, SwarmError
+from .checkpoint import write_json
 from .launch import POLL_S, Launch, _Interrupt, _new_run_dir, _Output, _Progress, _status, _table, _warn
 from .launch import _wait_coordinator, summarize, write_plots
 from .runner import peer_dir
@@ -166,6 +166,15 @@ def _not_ipv4(host: str) -> str:
     return "is an IPv6 address"
 
 
+def _unspecified(host: str) -> bool:
+    """Whether ``host`` is 0.0.0.0 (also written short, as ``0``): it binds every
+    interface, but dialled it reaches only the dialler's own machine."""
+    try:
+        return socket.inet_aton(host) == bytes(4)
+    except OSError:   # a host name, or junk that _not_ipv4 refuses
+        return False
+
+
 def _coordinator_port(host: str) -> int:
     """A free port on ``host`` for the coordinator; a host this machine cannot bind is an error."""
     try:
@@ -231,10 +240,15 @@ def launch_ray(spec_path: str | Path | Spec | None, overrides: list[str] | None 
     if per_node < 1:
         raise ConfigError(f"--per-node must be >= 1, got {per_node}")
     if not 0 < cpus_per_peer <= 1024:   # also refuses nan
-        raise ConfigError(f"--cpus-per-peer must be > 0, got {cpus_per_peer}")
+        raise ConfigError(f"--cpus-per-peer must be > 0 and at most 1024, got {cpus_per_peer}")
     if host is not None and (what := _not_ipv4(host)):
         raise ConfigError(f"--host {host!r} {what}: swarm connects over IPv4 only; give a host name or an "
                           "IPv4 address")
+    if host is not None and _unspecified(host):
+        # the coordinator binds it, but every peer is handed tcp://HOST:PORT to dial
+        raise ConfigError(f"--host {host!r} is no address to dial: the peers connect to the coordinator at it; "
+                          "give this machine's IPv4 address or host name (127.0.0.1 on one machine), or leave "
+                          "--host out to use each node's Ray address")
     # a bad spec fails before Ray is imported or a cluster touched
     asked = load_spec(spec_path, overrides)
     peers_from = _peers_given(spec_path, list(overrides or []))
@@ -298,8 +312,8 @@ def launch_ray(spec_path: str | Path | Spec | None, overrides: list[str] | None 
             actors.append(a)
             refs[a.run.remote(spec, r, addr, str(run_dir), host, verbose)] = r
         where = _where(ray, actors, nodes, per_node)
-        (run_dir / "placement.json").write_text(json.dumps(
-            {"coordinator": addr, "peers": {f"peer{r}": w for r, w in enumerate(where)}}, indent=2) + "\n")
+        write_json(run_dir / "placement.json",
+                   {"coordinator": addr, "peers": {f"peer{r}": w for r, w in enumerate(where)}}, indent=2)
         code, summaries = _supervise(ray, spec, actors, refs, coord, addr, out, launch.given_up)
     finally:
         for a in actors:
@@ -312,16 +326,7 @@ def launch_ray(spec_path: str | Path | Spec | None, overrides: list[str] | None 
         if owns_ray:
             ray.shutdown()
 
-    for r, s in summaries.items():
-        f = peer_dir(run_dir, r) / "summary.json"
-        if not f.exists():   # that peer ran on a node without our file system
-            f.parent.mkdir(parents=True, exist_ok=True)
-            f.write_text(json.dumps(s, indent=2) + "\n")
-    rows = summarize(run_dir, spec)
-    for row in rows:   # a failed peer's row says what Ray reported, as swarm run's given_up rows do
-        if row.get("id") in launch.given_up:
-            row["reason"] = launch.given_up[row["id"]]
-    (run_dir / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    rows = _write_results(run_dir, spec, summaries, launch.given_up)
     print(_table(rows), file=out)
     try:
         write_plots(run_dir)
@@ -329,6 +334,25 @@ def launch_ray(spec_path: str | Path | Spec | None, overrides: list[str] | None 
         print("no plots: matplotlib is not installed (pip install 'swarm[plots]')", file=out)
     print(f"run folder: {run_dir}", file=out, flush=True)
     return code
+
+
+def _write_results(run_dir: Path, spec: Spec, summaries: dict[int, dict[str, Any]],
+                   given_up: dict[str, str]) -> list[dict[str, Any]]:
+    """Put each peer's summary that Ray handed back in its folder where its node did not
+    (no shared file system), then the run's ``summary.json``; returns the rows. Each is
+    written whole or not at all, as `swarm run` writes them: a kill or a full disk
+    meanwhile leaves the previous file (or none), not a torn one."""
+    for r, s in summaries.items():
+        f = peer_dir(run_dir, r) / "summary.json"
+        if not f.exists():   # that peer ran on a node without our file system
+            f.parent.mkdir(parents=True, exist_ok=True)
+            write_json(f, s, indent=2)
+    rows = summarize(run_dir, spec)
+    for row in rows:   # a failed peer's row says what Ray reported, as swarm run's given_up rows do
+        if row.get("id") in given_up:
+            row["reason"] = given_up[row["id"]]
+    write_json(run_dir / "summary.json", rows, indent=2)
+    return rows
 
 
 def _where(ray: Any, actors: list[Any], nodes: list[dict[str, Any]], per_node: int) -> list[dict[str, Any]]:
