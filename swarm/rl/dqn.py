@@ -38,6 +38,8 @@ from .hparams import DQNConfig
 
 __all__ = ["DQNAgent", "QNetwork", "dqn_schema"]
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
 
 def dqn_schema(obs_shape: tuple[int, ...]) -> dict[str, tuple[str, tuple[int, ...]]]:
     """The replay schema DQN needs, for a buffer built outside the agent."""
@@ -152,6 +154,7 @@ class DQNAgent(BaseAgent):
         #: gradients take turns by rank.
         self.phase = 0
         self.skipped = 0    # updates not taken for a non-finite loss or gradient (with publish: passed)
+        self.unusable = 0   # sampled items no update could learn from (see _unusable), left out
         self._obs: np.ndarray | None = None
         self._action: int | None = None
         self._pending: tuple[np.ndarray, int, float] | None = None  # (obs, action, reward) awaiting next obs
@@ -241,9 +244,25 @@ class DQNAgent(BaseAgent):
             self._pass()
             return None
         sample = self.buffer.sample(self.cfg.batch_size, beta=self.beta)
-        batch = {k: torch.as_tensor(v) for k, v in sample.batch.items()}
-        weights = torch.as_tensor(np.asarray(sample.weights, dtype=np.float32))
-        loss, td = self.gradient(batch, weights)
+        items, weights = sample.batch, np.asarray(sample.weights, dtype=np.float32)
+        bad = self._unusable(items)
+        if bad is not None:
+            # A neighbour's items pass the buffer's schema (dtypes, shapes) only: one with
+            # an action outside this agent's range failed every update that drew it, and a
+            # NaN reward made each such update a skipped one. They take no part in this one
+            # and get the lowest priority, so that they are rarely drawn again.
+            self.unusable += int(bad.sum())
+            if bad.all():
+                self.buffer.update_priorities(sample.indices, np.zeros(bad.size))
+                self._pass()
+                return None
+            items = {k: v.copy() for k, v in items.items()}
+            good = int(np.flatnonzero(~bad)[0])
+            for v in items.values():   # stand-ins that compute finite (and unweighted) losses
+                v[bad] = v[good]
+            weights = np.where(bad, np.float32(0), weights)
+        batch = {k: torch.as_tensor(v) for k, v in items.items()}
+        loss, td = self.gradient(batch, torch.as_tensor(weights))
         if not (math.isfinite(loss) and np.isfinite(self._grad_vec).all()):
             # A NaN or Inf in the batch: stepping would make every parameter NaN, and the
             # peers that share gradients would refuse it. Skip it and count it.
@@ -254,8 +273,21 @@ class DQNAgent(BaseAgent):
             self.apply_gradient()
         else:  # the swarm shares this gradient; apply what the others will apply
             self.apply_gradient(self.publish(self._grad_vec))
-        self.buffer.update_priorities(sample.indices, td.abs().numpy())
+        td = td.abs().numpy()
+        if bad is not None:
+            td[bad] = 0.0
+        self.buffer.update_priorities(sample.indices, td)
         return loss
+
+    def _unusable(self, batch: dict[str, np.ndarray]) -> np.ndarray | None:
+        """The items of a sampled batch that no update can learn from (an action outside
+        ``[0, n_actions)``, a NaN or infinite reward, done or observation), as a mask;
+        None when there is none (the usual case)."""
+        a = batch["action"]
+        bad = (a < 0) | (a >= self.n_actions) | ~np.isfinite(batch["reward"]) | ~np.isfinite(batch["done"])
+        for k in ("obs", "next_obs"):
+            bad |= ~np.isfinite(batch[k].reshape(a.size, -1)).all(axis=1)
+        return bad if bad.any() else None
 
     def _pass(self) -> None:
         """No update at this turn: tell the peers that share gradients (see publish)."""
@@ -317,6 +349,9 @@ class DQNAgent(BaseAgent):
         if self._obs is None or self._action is None:
             raise SwarmError("reflect() before deliberate(): there is no action to learn from")
         reward = check_outcome(reward, terminal, truncated)   # a finite real; bool flags
+        if abs(reward) > _F32_MAX:   # stored as float32: inf, and every update that drew it skipped
+            raise SwarmError(f"reflect(reward={reward!r}): past float32's largest value {_F32_MAX:.8g}, "
+                             "which the replay buffer stores rewards in")
         # Everything is checked before anything changes: a refused call can be retried.
         nxt = None if next_observations is None else self._check_obs(next_observations)
         if truncated and not terminal and nxt is None:
@@ -452,7 +487,7 @@ class DQNAgent(BaseAgent):
     def metrics(self) -> dict[str, float]:
         """Means since the last call (loss, |TD|, Q) plus epsilon and counters."""
         out = {"epsilon": self.epsilon, "updates": float(self.updates), "steps": float(self.steps),
-               "skipped": float(self.skipped)}
+               "skipped": float(self.skipped), "unusable": float(self.unusable)}
         if self._n_logged:
             n = self._n_logged
             out.update(loss=self._loss_sum / n, td_abs=self._td_sum / n, q_mean=self._q_sum / n)

@@ -318,9 +318,9 @@ def test_a_complex_observation_is_refused(replay):
 
 
 def test_learn_skips_a_non_finite_batch_counts_it_and_changes_nothing(replay):
-    # A NaN that reached the buffer by another way (a neighbour, a restored file):
-    # the update would make every parameter NaN, so it is not taken.
-    _fill(replay, 16, next_obs=np.nan)
+    # Finite items whose loss is not (observations of 3e38 overflow the network): the
+    # update would make every parameter NaN, so it is not taken.
+    _fill(replay, 16, next_obs=3e38)
     agent = DQNAgent((4,), 2, replay, DQNConfig(batch_size=8), seed=0)
     before = _snapshot(agent)
     loss = agent.learn()
@@ -454,3 +454,46 @@ def test_non_numeric_input_is_a_clear_error_and_changes_nothing(replay):
         agent.reflect(1.0, False, truncated=True)
     agent.reflect(1.0, True)   # the action is still there to reflect on
     assert len(replay) == 1
+
+
+def test_a_reward_past_float32_is_refused_and_nothing_is_stored(replay):
+    """Stored as float32 it was inf, and every update that drew it was skipped."""
+    agent = DQNAgent((4,), 2, replay, DQNConfig(learning_starts=10**6), seed=0)
+    obs = np.zeros(4, np.float32)
+    agent.perceive(obs); agent.deliberate()
+    for bad in (1e39, -1e39, 10**40):
+        with pytest.raises(SwarmError, match="past float32's largest value"):
+            agent.reflect(bad, True, next_observations=obs)
+    assert len(replay) == 0
+    agent.reflect(3e38, True, next_observations=obs)
+    assert len(replay) == 1
+
+
+@pytest.mark.parametrize("field, value", [("action", 5), ("action", -1), ("done", np.inf), ("reward", np.nan),
+                                          ("obs", np.inf), ("next_obs", np.nan)])
+def test_items_no_update_can_learn_from_are_left_out_and_drawn_less(replay, field, value):
+    # A neighbour's items pass the buffer's schema only: an action of 5 for a 2-action
+    # agent made every update that drew it raise torch's IndexError, a NaN reward made
+    # it a skipped one. They weigh nothing now, and get the lowest priority.
+    _fill(replay, 24)
+    _fill(replay, 8, **{field: value})
+    bad = set(range(24, 32))
+    agent = DQNAgent((4,), 2, replay, DQNConfig(batch_size=16), seed=0)
+    for _ in range(20):
+        assert np.isfinite(agent.learn())
+    assert agent.updates == 20 and agent.skipped == 0 and np.isfinite(agent.parameters()).all()
+    assert agent.unusable > 0 and agent.metrics()["unusable"] == agent.unusable
+    for idx, td in replay.priority_updates:
+        assert all(t == 0 for i, t in zip(idx, td) if i in bad)
+        assert any(t > 0 for i, t in zip(idx, td) if i not in bad)
+
+
+def test_a_batch_of_nothing_but_unusable_items_takes_no_update(replay):
+    _fill(replay, 16, next_obs=np.nan)
+    agent = DQNAgent((4,), 2, replay, DQNConfig(batch_size=8), seed=0)
+    before = _snapshot(agent)
+    assert agent.learn() is None
+    assert agent.unusable == 8 and agent.skipped == 0
+    assert _same(_snapshot(agent), before)
+    [(idx, td)] = replay.priority_updates
+    assert len(idx) == 8 and not np.any(td)
