@@ -33,6 +33,7 @@ import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ..errors import ConfigError, TransportError
 from .report import PeerRates, fixed, plain, prometheus, si, status_document
@@ -73,6 +74,24 @@ def parse_bind(bind: str) -> tuple[str, int]:
     if not 0 <= p <= 65535:
         raise ConfigError(f"coordinator.http_bind = {bind!r}: port must be 0..65535")
     return host, p
+
+
+def _path(method: str, target: str, version: str) -> str:
+    """The path a request line asks for (its query left out), or :class:`_Reject`."""
+    if not version.startswith("HTTP/1."):
+        raise _Reject(505, "only HTTP/1.x is served")
+    if method not in ("GET", "HEAD"):
+        raise _Reject(405, f"method {method[:20]} not allowed; use GET")
+    if target[:7].lower() == "http://":
+        # RFC 9112 §3.2.2: a server MUST accept the absolute form (what clients send a
+        # proxy). Whatever host it names, this server has only its own pages to serve.
+        try:
+            target = urlsplit(target).path or "/"
+        except ValueError:
+            raise _Reject(400, "malformed request target") from None
+    if not target.startswith("/"):
+        raise _Reject(400, "request target must be a path")
+    return target.split("?", 1)[0]
 
 
 class StatusServer:
@@ -156,11 +175,12 @@ class StatusServer:
 
         At 1,000 members building it and rendering the page take tens of ms of
         the coordinator's loop, so a large swarm's document is kept longer: for
-        at least 4 times what it cost, which leaves the loop 4/5 of its time
-        however many clients ask.
+        5 times what it cost, counted from when its build began (so the build
+        is part of that time), which leaves the loop 4/5 of its time however
+        many clients ask.
         """
         now = time.monotonic()
-        if self._doc is None or now - self._doc[0] >= max(self.cache_s, 4 * self._cost):
+        if self._doc is None or now - self._doc[0] >= max(self.cache_s, 5 * self._cost):
             t0 = time.perf_counter()
             self.sample()
             doc = status_document(self.coordinator.status(), self.rates, run=self.run_name, http=self.url)
@@ -210,16 +230,18 @@ class StatusServer:
                 await self._respond(writer, 503, "text/plain", b"too many connections\n", head_only=False)
                 await self._linger(reader, writer)
                 return
-            method = "GET"   # until the request line is read: a refused head gets a body
+            method = "GET"   # until the request line is read: a request refused before it gets a body
             try:
+                # The request line first, on its own: an answer to HEAD has no body, also
+                # when the rest of the head is too slow (408), too large (431) or wrong.
                 async with asyncio.timeout(self.header_timeout_s):
-                    method, path = await self._read_head(reader)
-                ctype, body = self._route(path)
+                    method, target, version, size = await self._read_request_line(reader)
+                    await self._read_headers(reader, size)
+                ctype, body = self._route(_path(method, target, version))
                 code = 200
             except TimeoutError:
                 code, ctype, body = 408, "text/plain", b"request head too slow\n"
             except _Reject as e:
-                # HEAD /nope: a 404 without a body, as for any answer to HEAD
                 code, ctype, body = e.code, "text/plain", f"{e}\n".encode()
             if code != 200:
                 self.rejected += 1
@@ -243,34 +265,42 @@ class StatusServer:
         finally:
             self._clients.discard(task)
 
-    async def _read_head(self, reader: asyncio.StreamReader) -> tuple[str, str]:
-        total, lines = 0, []
+    async def _read_request_line(self, reader: asyncio.StreamReader) -> tuple[str, str, str, int]:
+        """(method, target, version, bytes of the head read so far); checked by :func:`_path`."""
+        size = 0
         while True:
-            try:
-                line = await reader.readline()
-            except (ValueError, asyncio.LimitOverrunError):
-                raise _Reject(431, "header line too long") from None
-            if not line:
-                raise asyncio.IncompleteReadError(b"", None)
-            total += len(line)
-            if total > self.max_header_bytes or len(lines) > 100:
+            line = await self._read_line(reader)
+            size += len(line)
+            if size > self.max_header_bytes:
                 raise _Reject(431, "request head too large")
-            if line in (b"\r\n", b"\n"):
-                if lines:
-                    break
-                continue   # RFC 9112: ignore empty lines before the request line
-            lines.append(line)
+            if line not in (b"\r\n", b"\n"):
+                break   # RFC 9112: ignore empty lines before the request line
         try:
-            method, target, version = lines[0].decode("ascii").split()
+            method, target, version = line.decode("ascii").split()
         except (UnicodeDecodeError, ValueError):
             raise _Reject(400, "malformed request line") from None
-        if not version.startswith("HTTP/1."):
-            raise _Reject(505, "only HTTP/1.x is served")
-        if method not in ("GET", "HEAD"):
-            raise _Reject(405, f"method {method[:20]} not allowed; use GET")
-        if not target.startswith("/"):
-            raise _Reject(400, "request target must be a path")
-        return method, target.split("?", 1)[0]
+        return method, target, version, size
+
+    async def _read_headers(self, reader: asyncio.StreamReader, size: int) -> None:
+        """Read past the header lines (none is used) to the empty line that ends the head."""
+        for _ in range(100):
+            line = await self._read_line(reader)
+            size += len(line)
+            if size > self.max_header_bytes:
+                raise _Reject(431, "request head too large")
+            if line in (b"\r\n", b"\n"):
+                return
+        raise _Reject(431, "request head too large")
+
+    @staticmethod
+    async def _read_line(reader: asyncio.StreamReader) -> bytes:
+        try:
+            line = await reader.readline()
+        except (ValueError, asyncio.LimitOverrunError):
+            raise _Reject(431, "header line too long") from None
+        if not line:
+            raise asyncio.IncompleteReadError(b"", None)
+        return line
 
     async def _respond(self, writer: asyncio.StreamWriter, code: int, ctype: str, body: bytes,
                        head_only: bool) -> None:
@@ -317,7 +347,8 @@ class StatusServer:
 _COLUMNS = ["peer", "rank", "state", "heartbeat age", "neighbours", "env steps/s", "rounds/s",
             "bytes in", "bytes out", "codec ratio", "staleness", "buffer", "last error"]
 
-# Must format exactly like _cells below, so the page looks the same before and after a refresh.
+# Must format exactly like _cells below, so the page looks the same before and after a refresh
+# (report.si and report.fixed round as toFixed does; test_http_review runs both on the same numbers).
 _SCRIPT = r"""
 "use strict";
 function si(v, unit) {

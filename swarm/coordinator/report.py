@@ -377,14 +377,34 @@ def si(v: Any, unit: str = "") -> str:
         return "-"
     for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(v) >= div:
-            return f"{v / div:.1f}{suffix}{unit}"
-    return (f"{v:.0f}" if abs(v) >= 10 or v == int(v) else f"{v:.1f}") + unit
+            return f"{_to_fixed(v / div, 1)}{suffix}{unit}"
+    return _to_fixed(v, 0 if abs(v) >= 10 or v == int(v) else 1) + unit
 
 
 def fixed(v: Any, digits: int) -> str:
     """``v`` with ``digits`` decimals, ``-`` for none."""
     v = num(v)
-    return "-" if v is None else f"{v:.{digits}f}"
+    return "-" if v is None else _to_fixed(v, digits)
+
+
+def _to_fixed(v: float, digits: int) -> str:
+    """``v`` with ``digits`` decimals as JavaScript's ``toFixed`` writes it (ECMA-262
+    Number.prototype.toFixed), so that the page reads the same before and after its JS
+    redraws it. Python's format() differs: it rounds an exact tie to even (1.25 → 1.2,
+    JS 1.3), writes -0.0 with its sign and 1e21 in full."""
+    v = float(v)   # what the page's JSON.parse makes of an int, too
+    if abs(v) >= 1e21:
+        return repr(v)   # toFixed gives up on decimals here: JS's shortest form, as repr's (1e+21)
+    # the exact value of the double times 10**digits, rounded to the nearer integer and
+    # on a tie to the larger magnitude, as the spec says
+    n, d = abs(v).as_integer_ratio()
+    q, r = divmod(n * 10**digits, d)
+    if 2 * r >= d:
+        q += 1
+    text = str(q).rjust(digits + 1, "0")
+    if digits:
+        text = f"{text[:-digits]}.{text[-digits:]}"
+    return ("-" if v < 0 else "") + text
 
 
 def format_table(doc: dict[str, Any], width: int = 160) -> str:

@@ -209,7 +209,7 @@ def test_bad_requests_are_answered_and_never_hurt_the_coordinator():
                 (b"POST /status.json HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 405),
                 (b"GET /nope HTTP/1.1\r\n\r\n", 404),
                 (b"GET /status.json HTTP/2.0\r\n\r\n", 505),
-                (b"GET http://evil/ HTTP/1.1\r\n\r\n", 400),
+                (b"GET ftp://evil/ HTTP/1.1\r\n\r\n", 400),
                 (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n", 431),
                 (b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * 3000 + b"\r\n", 431),
             ]
