@@ -156,6 +156,10 @@ def encode(
                         f"give a non-empty str of <= {MAX_TYPE_LEN} chars")
     if type(src) is not str or not src or len(src) > MAX_SRC_LEN:
         raise WireError(f"bad src {src!r}: a str of 1 to {MAX_SRC_LEN} chars")
+    for name, v in (("epoch", epoch), ("seq", seq)):
+        # int() would take "7" and 3.9 as 7 and 3; a receiver refuses a bool
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise WireError(f"{name} must be an int, got {v!r:.40}")
     if body is None:
         body = {}
     elif not isinstance(body, dict):
@@ -305,15 +309,19 @@ def _buffer(frame: Any) -> memoryview:
     tp = type(frame)
     if tp is bytes or tp is bytearray:
         return memoryview(frame)
-    if tp is memoryview:
-        return frame if frame.format == "B" and frame.ndim == 1 else frame.cast("B")
     buf = getattr(frame, "buffer", None)   # zmq.Frame
     if buf is not None:
         return buf
     try:
+        if tp is memoryview:
+            if frame.format == "B" and frame.ndim == 1 and frame.c_contiguous:
+                return frame
+            return frame.cast("B")
         return memoryview(frame).cast("B")
-    except TypeError:
-        raise WireError(f"frame of type {tp.__name__} is not bytes") from None
+    except TypeError:   # not a buffer, or one that is not contiguous
+        raise WireError(f"frame of type {tp.__name__} is not contiguous bytes") from None
+    except ValueError as e:   # a released memoryview
+        raise WireError(f"frame of type {tp.__name__} cannot be read: {e}") from None
 
 
 #: a wire dtype's name -> (the dtype, its itemsize)

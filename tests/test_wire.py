@@ -194,3 +194,23 @@ def test_view_lookup_by_id():
     assert v.member("a").addr == "x"   # a repeated id: the first, as before
     assert View(4).apply(v.delta(View(4))).index("b") == 1   # a view built from a delta looks up its own members
     assert View(1).index("a") == -1
+
+
+@pytest.mark.parametrize("epoch", ["7", 3.9, True, None])
+def test_encode_takes_only_an_int_epoch_and_seq(epoch):
+    # int() read "7" and 3.9 as 7 and 3; a receiver refuses a bool
+    for kw in ({"epoch": epoch}, {"seq": epoch}):
+        with pytest.raises(WireError, match="must be an int"):
+            wire.encode("ping", "p", **kw)
+    assert wire.decode(wire.encode("ping", "p", epoch=np.int64(5), seq=np.uint32(2))).epoch == 5
+
+
+def test_frames_that_are_no_contiguous_bytes_are_a_wire_error():
+    head = bytes(wire.encode("ping", "p")[0])
+    strided = memoryview(np.frombuffer(head * 2, np.uint8)[::2])
+    released = memoryview(head)
+    released.release()
+    for frame, match in ((strided, "not contiguous"), (released, "cannot be read")):
+        with pytest.raises(WireError, match=match):
+            wire.decode([frame])
+    assert wire.decode([memoryview(head)]).t == "ping"
