@@ -38,12 +38,13 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Mapping
 
-from .config import PeerConfig, SwarmConfig, load_config
+from .config import PeerConfig, SwarmConfig, from_dict, load_config, to_dict
 from .errors import ConfigError, SwarmError, TransportError
 
 log = logging.getLogger("swarm.cli")
@@ -202,10 +203,11 @@ def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
     """Coordinator addresses from SWARM_COORDINATOR (comma-separated) or MASTER_ADDR.
 
     MASTER_ADDR must be a host name or an IPv4 address: the transport does not
-    enable IPv6, so an IPv6 address is refused rather than tried in vain.
+    enable IPv6, so an IPv6 address is refused rather than tried in vain, as is one
+    that is no address to dial (``0.0.0.0``, ``bad host``).
     """
     env = os.environ if environ is None else environ
-    if env.get("SWARM_COORDINATOR"):
+    if env.get("SWARM_COORDINATOR"):   # set but empty is unset; set but blank is refused
         return _coordinators(env["SWARM_COORDINATOR"], f"SWARM_COORDINATOR={env['SWARM_COORDINATOR']!r}")
     host = env.get("MASTER_ADDR", "").strip()
     if not host:
@@ -219,7 +221,11 @@ def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
     if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
         raise SwarmError(f"SWARM_COORDINATOR_PORT={env['SWARM_COORDINATOR_PORT']!r} is not a port: "
                          "expected a number in 1..65535")
-    return [f"tcp://{host}:{int(port)}"]
+    addr = f"tcp://{host}:{int(port)}"
+    if why := _dial_error(addr):
+        raise ConfigError(f"MASTER_ADDR={env['MASTER_ADDR']!r} is not a host name or IPv4 address to dial: "
+                          f"{why}; give the coordinator's host name or IPv4 address, or set SWARM_COORDINATOR")
+    return [addr]
 
 
 def _coordinators(text: str, source: str) -> list[str]:
@@ -227,14 +233,38 @@ def _coordinators(text: str, source: str) -> list[str]:
     coordinator checks a member's address; ``source`` (``--coordinator 'TEXT'``,
     ``SWARM_COORDINATOR='TEXT'``) names where they came from in the error. Checked
     here, as libzmq would take some (an IPv6 address) and retry them in vain until
-    the join timeout."""
+    the join timeout. An empty entry (a stray comma) or a repeated one is refused too:
+    a list that is only commas read as no list at all ("no coordinator ... set
+    SWARM_COORDINATOR", when it was set)."""
+    addrs = [a.strip() for a in text.split(",")]
+    for a in addrs:
+        why = ("no address in it" if not any(addrs) else "an empty entry (a stray comma?)" if not a
+               else f"{a!r} is listed twice" if addrs.count(a) > 1 else _dial_error(a))
+        if why:
+            raise ConfigError(f"{source}: {why} (a comma-separated list of coordinator addresses)")
+    return addrs
+
+
+def _dial_error(addr: str) -> str:
+    """Why ``addr`` cannot be dialled as a coordinator's address, or "": the check the
+    coordinator applies to a member's address (``tcp://HOST:PORT``), and HOST neither
+    0.0.0.0 (what a coordinator binds to listen on every interface: dialled, it reaches
+    only the dialler's own host) nor a name starting with '-' (no host name does).
+    libzmq takes both, and retries them in vain."""
     from .transport import member_address_error  # noqa: PLC0415 - zmq only when needed
 
-    addrs = [a.strip() for a in text.split(",") if a.strip()]
-    for a in addrs:
-        if why := member_address_error(a):
-            raise SwarmError(f"{source}: {why}{_ipv4_only(a)} (a comma-separated list of coordinator addresses)")
-    return addrs
+    if why := member_address_error(addr):
+        return why + _ipv4_only(addr)
+    host = addr.removeprefix("tcp://").rpartition(":")[0]
+    try:   # inet_aton, as the resolver reads it: "0" and "0.0" are 0.0.0.0 too
+        unspecified = socket.inet_aton(host) == bytes(4)
+    except OSError:
+        unspecified = False
+    if unspecified:
+        return f"{addr!r} is an address to listen on (every interface), not one to dial"
+    if host.startswith("-"):
+        return f"{addr!r} has {host!r}, which is not a host name"
+    return ""
 
 
 def _bind_error(addr: str) -> str:
@@ -348,8 +378,12 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         cfg.bind = args.bind
     if args.keys is not None:
         cfg.keys_dir = _keys_folder(args.keys)
+    # the others are dialled, as a peer dials its coordinators: the same check (a port 0
+    # or an IPv6 one started a coordinator that watched nothing)
     if args.others:
-        cfg.others = [a.strip() for a in args.others.split(",") if a.strip()]
+        cfg.others = _coordinators(args.others, f"--others {args.others!r}")
+    elif cfg.others:
+        cfg.others = _coordinators(",".join(cfg.others), f"coordinator.others = {cfg.others!r}")
 
     parent = _parent_pid()
     say = _Lines()
@@ -412,6 +446,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
         if args.id and args.id != args.replace:
             raise SwarmError(f"--replace {args.replace} and --id {args.id} disagree; --replace sets the id")
         cfg.id, cfg.replace = args.replace, True
+    # the flags and variables above skip the config's checks: an id longer than a message's
+    # sender or a rank past a C int failed only at the join, with errors that named neither
+    from_dict(PeerConfig, to_dict(cfg), prefix="peer")
     if args.keys is not None:
         cfg.keys_dir = _keys_folder(args.keys)
     if args.key_name is not None:   # "" too: the key folder's check names it, not a silent "peer"
@@ -600,7 +637,8 @@ def _status_of_any(addrs: list[str], args: argparse.Namespace) -> dict[str, Any]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    addrs = ([a.strip() for a in args.coordinator.split(",") if a.strip()] if args.coordinator
+    # checked as a peer checks them: a port 0 waited out the timeout, then blamed --keys
+    addrs = (_coordinators(args.coordinator, f"--coordinator {args.coordinator!r}") if args.coordinator
              else env_coordinator())
     if not addrs:
         raise SwarmError("no coordinator: pass --coordinator tcp://HOST:PORT or set SWARM_COORDINATOR")
@@ -847,11 +885,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: The options, by dest, that name a file, a folder, an address or an id (SPEC and DIR
+#: are positional). An empty value is what `"$SPEC"` gives with the variable unset, and
+#: each was taken for one left out: `swarm run ""` ran the built-in default, `swarm keys
+#: generate ""` wrote keys into the current folder. (--keys has its own: _keys_folder.)
+_NOT_EMPTY = {"config": "--config", "bind": "--bind", "others": "--others", "coordinator": "--coordinator",
+              "id": "--id", "replace": "--replace", "topology": "--topology", "spec": "--spec",
+              "run_dir": "--run-dir", "resume_from": "--resume", "resume": "--resume", "dir": "DIR",
+              "host": "--host"}
+
+
+def _refuse_empty(args: argparse.Namespace) -> None:
+    """Raise :class:`ConfigError` for an option of :data:`_NOT_EMPTY` given an empty or blank value."""
+    for dest, flag in _NOT_EMPTY.items():
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and not value.strip():
+            if dest == "spec" and args.cmd != "peer":
+                flag = "SPEC"   # the positional of `swarm run` and `swarm launch`
+            raise ConfigError(f"{flag} {value!r} is empty (an unset variable?)"
+                              + ("" if dest == "dir" else f"; leave {flag} out for its default"))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line parsed; ``verbose`` counts each -v, before and after the
-    command's name (``swarm -v run -v`` is -vv)."""
+    command's name (``swarm -v run -v`` is -vv). An empty value of an option that
+    names a file, folder, address or id is refused (:class:`ConfigError`)."""
     args = build_parser().parse_args(argv)
     args.verbose += vars(args).pop("verbose_after")
+    _refuse_empty(args)
     return args
 
 

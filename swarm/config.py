@@ -77,6 +77,15 @@ MAX_VIEW_MEMBERS = 100_000
 MAX_ZMTP_S = 6553.0
 
 
+#: longest ``peer.id``: every message carries its sender's id, and a peer decodes none
+#: longer than wire.MAX_SRC_LEN (not imported: this module stays free of zmq and numpy)
+MAX_PEER_ID = 256
+
+#: largest ``peer.rank``: far more members than a view holds (MAX_VIEW_MEMBERS); a rank
+#: past a C int is a typo, which failed only at the join (past 64 bits msgpack cannot send it)
+MAX_RANK = 2**31 - 1
+
+
 def _hwm(x: Any) -> bool:
     return 0 < x <= MAX_HWM
 
@@ -108,7 +117,8 @@ def _advertisable(x: Any) -> bool:
 class PeerConfig:
     """How a peer joins, heartbeats and links to its neighbours."""
 
-    id: str = opt("", "peer id; empty means HOSTNAME-PID")
+    id: str = opt("", f"peer id, at most {MAX_PEER_ID} characters; empty means HOSTNAME-PID",
+                  lambda s: len(s) <= MAX_PEER_ID, f"must be at most {MAX_PEER_ID} characters (a message's sender id)")
     bind: str = opt("tcp://127.0.0.1:*", "ROUTER address to bind; a * port picks a free one")
     advertise: str = opt("", "address other peers connect to (behind NAT); empty means the bound address",
                          _advertisable, "must be tcp://HOST:PORT with a fixed port (the one bind binds), or empty")
@@ -116,7 +126,8 @@ class PeerConfig:
                              "on the bind host and advertised with the advertised host: fix it to forward it "
                              "behind NAT; 0 picks a free one", lambda p: 0 <= p <= 65535, "must be in 0..65535")
     coordinators: list[str] = opt([], "coordinator addresses, primary first")
-    rank: int = opt(-1, "requested rank; -1 lets the coordinator pick", lambda r: r >= -1, "must be >= -1")
+    rank: int = opt(-1, "requested rank; -1 lets the coordinator pick", lambda r: -1 <= r <= MAX_RANK,
+                    f"must be in -1..{MAX_RANK}")
     replace: bool = opt(False, "take over the role (rank) of the dead member whose id this peer uses")
     topology: str = opt("ring", "neighbour topology for links: ring, grid, torus, exponential, full ...")
     edges: list[list[int]] = opt([], "edge list [[i, j], ...] over ranks when topology = custom")
@@ -346,12 +357,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {item!r}: {p} is not a table")
-        node[parts[-1]] = _parse_scalar(text.strip())
+        try:
+            node[parts[-1]] = _parse_scalar(text.strip())
+        except RecursionError:   # tomllib recurses once per level of [ or {
+            raise ConfigError(f"--set {key.strip()[:80]}: the value is nested too deeply to read") from None
     return data
 
 
 def read_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML or JSON file into a dict, with an error that names the file."""
+    if not str(path).strip():   # Path("") is ".", the current folder
+        raise ConfigError(f"the config path {str(path)!r} is empty (an unset variable?): give a TOML or JSON file")
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -361,13 +377,13 @@ def read_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: not a text file (byte {e.start} is not UTF-8)") from None
     if p.suffix.lower() in (".yaml", ".yml", ".ini", ".cfg"):
         raise ConfigError(f"{p}: a {p.suffix} file; settings files are TOML (.toml) or JSON (.json)")
+    is_json = p.suffix.lower() == ".json"   # s.JSON too
     try:
-        if p.suffix == ".json":
-            data = json.loads(text)
-        else:
-            data = tomllib.loads(text)
+        data = json.loads(text) if is_json else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {e}") from None
+        raise ConfigError(f"{p}: not valid {'JSON' if is_json else 'TOML'}: {e}") from None
+    except RecursionError:   # both parsers recurse once per level of [ or {
+        raise ConfigError(f"{p}: nested too deeply to read (thousands of levels of [ or {{)") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a table")
     return data
@@ -376,6 +392,6 @@ def read_file(path: str | Path) -> dict[str, Any]:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 cls: type[T] = SwarmConfig) -> T:  # type: ignore[assignment]
     """Load a config file (TOML or JSON), apply ``--set`` overrides, validate."""
-    data = read_file(path) if path else {}
+    data = read_file(path) if path is not None else {}   # "" is refused, not taken for none
     apply_overrides(data, overrides or [])
     return from_dict(cls, data)

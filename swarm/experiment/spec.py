@@ -132,8 +132,12 @@ class BufferSpec:
     ack_timeout_max_s: float = opt(30.0, "with replicas: the longest wait between resends to a neighbour "
                                          "that acknowledges none (the wait doubles from ack_timeout_s)",
                                    _pos, "must be > 0")
-    rate: float = opt(0.0, "transitions per second a peer sends for sharing and pulls; 0 is unbounded",
-                      _nonneg, "must be >= 0")
+    # The token bucket's burst is one second of rate and must hold a whole transition:
+    # a rate below 1 stopped every peer at start.
+    rate: float = opt(0.0, "transitions per second a peer sends for sharing and pulls, at least 1; 0 is "
+                           "unbounded", lambda r: r == 0 or r >= 1,
+                      "must be 0 (unbounded) or >= 1 transition per second (a peer sends whole transitions, "
+                      "and its limiter holds one second of rate)")
     ride: bool = opt(True, "with gossip.exchange = gradients: the shared transitions go with each peer's "
                            "gradient messages (its new ones at each of its turns, every dqn.train_every "
                            "steps) instead of in pushes at the gossip rounds, which then cost nothing "
@@ -479,7 +483,8 @@ def load_spec(path: str | Path | Spec | None = None, overrides: list[str] | None
         >>> spec = load_spec(None, ["peers=2", "budget.env_steps=2000"])
         >>> spec = load_spec(dataclasses.replace(spec, seed=1))
     """
-    data = to_dict(path) if isinstance(path, Spec) else read_file(path) if path else {}
+    # "" (an unset variable) is refused by read_file, not taken for the built-in default
+    data = to_dict(path) if isinstance(path, Spec) else read_file(path) if path is not None else {}
     apply_overrides(data, list(overrides or []))
     spec = from_dict(Spec, data)
     if not spec.name:   # named after what it runs, so `--set gossip.topology=grid` is not filed as a ring

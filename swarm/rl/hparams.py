@@ -31,6 +31,11 @@ def _unit(x: float) -> bool:
     return 0.0 <= x <= 1.0
 
 
+#: The widest hidden layer. A typo guard, not a memory check: a 2**40 width passed and
+#: then failed in every peer, allocating terabytes (two layers this wide are 17 GB).
+MAX_HIDDEN = 65536
+
+
 def _has_type(value: object, tp: object) -> bool:
     """Whether ``value`` fits the field annotation ``tp`` (numpy scalars count as numbers)."""
     if tp is bool:
@@ -53,9 +58,9 @@ def _has_type(value: object, tp: object) -> bool:
 class DQNConfig:
     """DQN with double Q-learning, a target network and prioritized replay."""
 
-    hidden: list[int] = opt([64, 64], "hidden layer widths of the Q-network MLP",
-                            lambda h: len(h) >= 1 and all(w > 0 for w in h),
-                            "must be a non-empty list of positive widths")
+    hidden: list[int] = opt([64, 64], f"hidden layer widths of the Q-network MLP, each at most {MAX_HIDDEN}",
+                            lambda h: len(h) >= 1 and all(0 < w <= MAX_HIDDEN for w in h),
+                            f"must be a non-empty list of positive widths, each at most {MAX_HIDDEN}")
     # The defaults favour a stable learner over a fast one. On CartPole-v1, lr 4e-3 with
     # tau 0.06 solved seeds 0-4 in 8k, 8k, 4k, 5k, 7k env steps (16k, 11k, 6k on seeds
     # 0-2 with these), but a 4-peer `swarm run` with them fell from 500 back to about 20
