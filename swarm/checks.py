@@ -1,5 +1,5 @@
 """Argument checks that the public APIs share: what counts as an integer, a real
-number, a number of seconds. numpy's scalars count (``numbers`` registers them);
+number, a number of seconds, a seed. numpy's scalars count (``numbers`` registers them);
 a bool does not, though Python takes ``True`` for 1."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["is_int", "is_real", "seconds", "finite_arg"]
+__all__ = ["is_int", "is_real", "seconds", "rng_seed", "finite_arg"]
 
 
 def is_int(x: Any) -> bool:
@@ -27,10 +27,25 @@ def seconds(v: Any, name: str = "timeout", *, none_ok: bool = False) -> float | 
     or :class:`ConfigError` naming ``name``: a NaN or infinite deadline never ends a wait."""
     if v is None and none_ok:
         return None
-    if not (is_real(v) and 0 <= v < math.inf):
-        raise ConfigError(f"{name} = {v!r}: must be a finite number of seconds >= 0"
-                          + (" or None" if none_ok else ""))
-    return float(v)
+    if is_real(v) and 0 <= v < math.inf:
+        try:
+            return float(v)
+        except OverflowError:   # an int or Fraction past float's range: no deadline either
+            pass
+    raise ConfigError(f"{name} = {v!r}: must be a finite number of seconds >= 0"
+                      + (" or None" if none_ok else ""))
+
+
+#: Seeds are 32-bit, as an experiment spec's are (``swarm.experiment.spec.SEED_LIMIT``).
+SEED_LIMIT = 2**32
+
+
+def rng_seed(v: Any, name: str = "seed") -> int:
+    """``v`` as a seed in ``[0, 2**32)``, or :class:`ConfigError` naming ``name``. Two
+    seeds that differ must draw differently, so a larger one is refused, not masked."""
+    if not (is_int(v) and 0 <= v < SEED_LIMIT):
+        raise ConfigError(f"{name} = {v!r}: must be an integer in [0, 2**32)")
+    return int(v)
 
 
 def finite_arg(text: str) -> float:

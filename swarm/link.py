@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import numpy as np
 
+from .checks import is_int
 from .wire import Message
 
 __all__ = ["Member", "View", "Link", "Handler"]
@@ -74,14 +75,28 @@ class View:
                 "remove": [i for i in old if i not in ids]}
 
     def apply(self, d: dict[str, Any]) -> "View":
-        """This view with a delta from :meth:`delta` applied (its ``base`` must be our epoch)."""
-        if int(d["base"]) != self.epoch:
-            raise ValueError(f"delta is against epoch {d['base']}, this view is epoch {self.epoch}")
-        gone = {str(i) for i in d["remove"]}
-        added = tuple(Member(str(m[0]), str(m[1]), int(m[2]), str(m[3]) if len(m) > 3 else "") for m in d["add"])
+        """This view with a delta from :meth:`delta` applied (its ``base`` must be our epoch).
+
+        ValueError for a delta that is not one: against another epoch, going back to an
+        earlier one, or whose ``add``/``remove`` are not lists of members/ids (a str
+        ``remove`` would take ids out one character at a time)."""
+        base, epoch, add, remove = d["base"], d["epoch"], d["add"], d["remove"]
+        if not (is_int(base) and is_int(epoch)):
+            raise ValueError(f"delta epochs must be integers, got base {base!r} and epoch {epoch!r}")
+        if base != self.epoch:
+            raise ValueError(f"delta is against epoch {base}, this view is epoch {self.epoch}")
+        if epoch < base:
+            raise ValueError(f"delta goes back from epoch {base} to {epoch}")
+        if not isinstance(remove, (list, tuple)) or not all(isinstance(i, str) for i in remove):
+            raise ValueError(f"delta's remove must be a list of peer ids, got {remove!r}")
+        if not isinstance(add, (list, tuple)) or not all(isinstance(m, (list, tuple)) and 3 <= len(m) <= 4
+                                                         for m in add):
+            raise ValueError(f"delta's add must be a list of [id, addr, rank(, key)], got {add!r}")
+        gone = set(remove)
+        added = tuple(Member(str(m[0]), str(m[1]), int(m[2]), str(m[3]) if len(m) > 3 else "") for m in add)
         new_ids = {m.id for m in added}
         keep = [m for m in self.members if m.id not in gone and m.id not in new_ids]
-        return View(int(d["epoch"]), tuple(sorted(keep + list(added), key=lambda m: m.rank)))
+        return View(int(epoch), tuple(sorted(keep + list(added), key=lambda m: m.rank)))
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> "View":

@@ -69,6 +69,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .. import wire
+from ..checks import rng_seed
 from ..errors import ConfigError, GossipError
 from ..link import Link, View
 from ..wire import Message
@@ -368,8 +369,7 @@ class Gossip:
             raise ConfigError(f"outer_momentum must be in [0, 1), got {outer_momentum!r}")
         if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
             raise ConfigError(f"local_steps must be an integer >= 1, got {local_steps!r}")
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        seed = rng_seed(seed)   # in [0, 2**32): random_pairing's draws would mask a larger one
         if topology == "custom":
             if edges is not None and not isinstance(edges, (str, bytes)) and hasattr(edges, "__iter__"):
                 edges = list(edges)   # kept for every view: a generator would be spent by the check below

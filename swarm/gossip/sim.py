@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import weakref
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Sequence
@@ -29,6 +30,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .. import wire
+from ..checks import is_int, is_real, rng_seed, seconds
 from ..errors import ConfigError, WireError
 from ..link import Handler, Member, View
 from . import topology as topo
@@ -57,13 +59,17 @@ class SimLink:
         return self._hub.view
 
     def neighbours(self) -> list[str]:
-        """Neighbour ids under the hub's topology (round 0 for time-varying ones)."""
-        ids = self._hub.view.ids
-        i = self._hub.view.index(self._id)
+        """Neighbour ids under the hub's topology (round 0 for time-varying ones).
+
+        A custom graph may name more positions than the view has (peers still
+        joining): the members link what they can, as a :class:`~swarm.peer.Peer` does."""
+        hub = self._hub
+        ids = hub.view.ids
+        i = hub.view.index(self._id)
         if i < 0:
             return []
-        return [ids[j] for j in topo.neighbours(self._hub.topology, len(ids), i, 0,
-                                                 edges=self._hub.edges, seed=self._hub.seed)]
+        edges = topo.within(hub.edges, len(ids)) if hub.topology == "custom" else None
+        return [ids[j] for j in topo.neighbours(hub.topology, len(ids), i, 0, edges=edges, seed=hub.seed)]
 
     async def send(self, dst: str, t: str, body: dict[str, Any] | None = None,
                    arrays: Sequence[np.ndarray] = (), *, timeout: float | None = None) -> bool:
@@ -108,24 +114,31 @@ class SimHub:
     """An in-memory network of :class:`SimLink` s with one shared membership view.
 
     Parameters: ``topology``/``edges``/``seed`` (what :meth:`SimLink.neighbours`
-    reports), ``bandwidth_bps`` and ``latency_s`` (link emulation, None/0 = off),
-    ``queue_limit`` (messages in flight per directed link before ``send`` returns
-    False; None = unbounded).
+    reports; ``seed`` in ``[0, 2**32)``), ``bandwidth_bps`` and ``latency_s`` (link
+    emulation, None/0 = off), ``queue_limit`` (messages in flight per directed link
+    before ``send`` returns False; None = unbounded). All are checked here, so a bad
+    one fails at construction rather than at the first ``neighbours()``.
     """
 
     def __init__(self, *, topology: str = "ring", edges: Any = None, seed: int = 0,
                  bandwidth_bps: float | None = None, latency_s: float = 0.0,
                  queue_limit: int | None = None):
-        if topology not in topo.TOPOLOGIES:
+        if not isinstance(topology, str) or topology not in topo.TOPOLOGIES:
             raise ConfigError(f"unknown topology {topology!r}; choose one of {', '.join(topo.TOPOLOGIES)}")
-        if bandwidth_bps is not None and not bandwidth_bps > 0:
-            raise ConfigError(f"bandwidth_bps must be > 0 or None, got {bandwidth_bps!r}")
-        if not latency_s >= 0:
-            raise ConfigError(f"latency_s must be >= 0, got {latency_s!r}")
-        if queue_limit is not None and (not isinstance(queue_limit, int) or queue_limit < 1):
+        if topology == "custom":
+            if edges is not None and not isinstance(edges, (str, bytes)) and hasattr(edges, "__iter__"):
+                edges = list(edges)   # kept for every view: a generator would be spent by the check below
+            topo.within(edges, 0)     # pairs of positions; each view uses those it has
+        seed = rng_seed(seed)
+        if bandwidth_bps is not None and not (is_real(bandwidth_bps) and 0 < bandwidth_bps < math.inf):
+            raise ConfigError(f"bandwidth_bps must be a finite number > 0 or None, got {bandwidth_bps!r}")
+        latency_s = seconds(latency_s, "latency_s")
+        if queue_limit is not None and not (is_int(queue_limit) and queue_limit >= 1):
             raise ConfigError(f"queue_limit must be an integer >= 1 or None, got {queue_limit!r}")
         self.topology, self.edges, self.seed = topology, edges, seed
-        self.bandwidth_bps, self.latency_s, self.queue_limit = bandwidth_bps, latency_s, queue_limit
+        self.bandwidth_bps = None if bandwidth_bps is None else float(bandwidth_bps)
+        self.latency_s = latency_s
+        self.queue_limit = None if queue_limit is None else int(queue_limit)
         self.view = View(0, ())
         self.links: dict[str, SimLink] = {}
         self._next_rank = 0
@@ -139,6 +152,7 @@ class SimHub:
         self.link_bytes: dict[tuple[str, str], int] = defaultdict(int)
         self.errors: list[BaseException] = []
         self._pool: defaultdict[int, list[np.ndarray]] = defaultdict(list)  # size -> free buffers
+        self._closed = False
 
     # ------------------------------------------------------------ membership
 
@@ -147,13 +161,30 @@ class SimHub:
         return self.add_many([peer_id])[0]
 
     def add_many(self, peers: int | Iterable[str]) -> list[SimLink]:
-        """Add peers (a count gives ids ``p000``, ``p001`` ...) under one new view."""
-        ids = [f"p{self._next_rank + k:03d}" for k in range(peers)] if isinstance(peers, int) else list(peers)
+        """Add peers (a count gives ids ``p000``, ``p001`` ...) under one new view.
+
+        Every id is checked before anything changes: a refused batch adds no one.
+        An empty batch installs no view."""
+        if is_int(peers):
+            if peers < 0:
+                raise ConfigError(f"peers: a count of peers must be >= 0, got {peers!r}")
+            ids = [f"p{self._next_rank + k:03d}" for k in range(int(peers))]
+        elif isinstance(peers, (str, bytes)) or not hasattr(peers, "__iter__"):
+            # a str would add one peer per character
+            raise ConfigError(f"peers must be a count or a list of peer ids, got {peers!r}")
+        else:
+            ids = list(peers)
+        seen: set[str] = set()
+        for pid in ids:
+            if not isinstance(pid, str) or not pid or pid in self.links or pid in seen:
+                raise ConfigError(f"peer id {pid!r} is empty, not a string, already in the hub, "
+                                  f"or named twice in the batch")
+            seen.add(pid)
+        if not ids:
+            return []
         out = []
         members = list(self.view.members)
         for pid in ids:
-            if not isinstance(pid, str) or not pid or pid in self.links:
-                raise ConfigError(f"peer id {pid!r} is empty, not a string, or already in the hub")
             link = self.links[pid] = SimLink(self, pid)
             members.append(Member(pid, f"inproc://{pid}", self._next_rank))
             self._next_rank += 1
@@ -177,7 +208,7 @@ class SimHub:
     # ------------------------------------------------------------ transport
 
     def _send(self, src: str, dst: str, t: str, body: Any, arrays: Sequence[np.ndarray], seq: int) -> bool:
-        if src not in self.links or dst not in self.links:
+        if self._closed or src not in self.links or dst not in self.links:
             self.undeliverable += 1
             return False
         key = (src, dst)
@@ -224,7 +255,8 @@ class SimHub:
     def _deliver(self, key: tuple[str, str], frames: list[bytes]) -> None:
         self._in_flight[key] -= 1
         link = self.links.get(key[1])
-        if link is None or key[0] not in self.links:
+        # closed: a delivery scheduled before close() would start a handler nobody cancels
+        if self._closed or link is None or key[0] not in self.links:
             self.undeliverable += 1
             return
         try:
@@ -254,7 +286,9 @@ class SimHub:
             self.errors.append(task.exception())
 
     async def close(self) -> None:
-        """Cancel handler tasks still running."""
+        """Cancel handler tasks still running; messages still on their way are dropped,
+        and ``send`` returns False from now on."""
+        self._closed = True
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -264,13 +298,32 @@ class SimHub:
 async def run_rounds(engines: Sequence[Any], rounds: int, *,
                      until: Callable[[], bool] | None = None) -> list[list[Any]]:
     """Run ``rounds`` rounds of every engine concurrently; stop early when ``until()``
-    is true after a round. Returns the results, one list per round."""
+    is true after a round. Returns the results, one list per round.
+
+    When one engine's round fails (or this call is cancelled), the other engines'
+    rounds are cancelled and awaited before the failure is raised: none is left
+    running on its own."""
     out = []
     for _ in range(rounds):
-        out.append(list(await asyncio.gather(*(e.round() for e in engines))))
+        out.append(await _one_round(engines))
         if until is not None and until():
             break
     return out
+
+
+async def _one_round(engines: Sequence[Any]) -> list[Any]:
+    tasks: list[asyncio.Future] = []
+    try:
+        for e in engines:
+            tasks.append(asyncio.ensure_future(e.round()))
+        return list(await asyncio.gather(*tasks))
+    finally:
+        # plain gather raises the first failure and leaves the siblings running
+        pending = [t for t in tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
 
 def consensus_error(xs: Sequence[np.ndarray], scale: float | None = None) -> float:

@@ -50,6 +50,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..checks import is_int, is_real, rng_seed
 from ..errors import ConfigError
 
 __all__ = [
@@ -81,7 +82,9 @@ Edges = Iterable[Sequence[int]]
 
 # ----------------------------------------------------------------- validation
 
-def _check(topology: str, n: int, i: int | None = None, t: int = 0) -> None:
+def _check(topology: str, n: int, i: int | None = None, t: int = 0) -> tuple[int, int | None, int]:
+    """The arguments, checked, as Python ints (numpy's have no ``bit_length``, and
+    positions computed from them would come back as numpy scalars)."""
     if not isinstance(topology, str) or topology not in TOPOLOGIES:
         raise ConfigError(f"unknown topology {topology!r}; choose one of {', '.join(TOPOLOGIES)}")
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
@@ -92,18 +95,22 @@ def _check(topology: str, n: int, i: int | None = None, t: int = 0) -> None:
         raise ConfigError(f"topology {topology!r}: round t must be an integer >= 0, got {t!r}")
     if topology == "hypercube" and n & (n - 1):
         raise ConfigError(f"topology 'hypercube' needs n to be a power of two, got n={n}")
+    return int(n), None if i is None else int(i), int(t)
 
 
 def _edge_list(edges: Edges | None, n: int) -> list[tuple[int, int]]:
-    if edges is None:
-        raise ConfigError("topology 'custom' needs edges=[(a, b), ...] over positions 0..n-1")
+    if edges is None or isinstance(edges, (str, bytes)) or not hasattr(edges, "__iter__"):
+        raise ConfigError(f"topology 'custom' needs edges=[(a, b), ...] over positions 0..n-1, got {edges!r}")
     out = []
     for e in edges:
         try:
             a, b = e
-            a, b = int(a), int(b)
         except (TypeError, ValueError):
-            raise ConfigError(f"topology 'custom': edge {e!r} is not a pair of positions") from None
+            a = b = None
+        # int() would take 1.9 as 1, True as 1 and "2" as 2: a graph nobody wrote
+        if not (is_int(a) and is_int(b)):
+            raise ConfigError(f"topology 'custom': edge {e!r} is not a pair of integer positions")
+        a, b = int(a), int(b)
         if not (0 <= a < n and 0 <= b < n):
             raise ConfigError(f"topology 'custom': edge {e!r} has a position outside [0, {n})")
         if a == b:
@@ -143,9 +150,16 @@ def _tau(n: int) -> int:
     return max(1, (n - 1).bit_length())
 
 
+def _custom_edges(topology: str, edges: Edges | None, n: int) -> list[tuple[int, int]] | None:
+    """A custom graph's edges as a checked list, read once: a generator is spent after
+    one pass, and the calls for later positions would see no edges."""
+    return _edge_list(edges, n) if topology == "custom" else None
+
+
 def _pairing(n: int, t: int, seed: int) -> np.ndarray:
     """partner[i] for the round-t matching (partner == i means: sits out)."""
-    perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(t)]).permutation(n)
+    seed = rng_seed(seed)   # not masked to 32 bits: seeds 0 and 2**32 would draw alike
+    perm = np.random.default_rng([seed, int(t)]).permutation(n)
     partner = np.arange(n)
     for k in range(0, n - 1, 2):
         a, b = perm[k], perm[k + 1]
@@ -206,7 +220,7 @@ def _undirected(topology: str, n: int, i: int, t: int, edges: Edges | None, seed
 def receivers(topology: str, n: int, i: int, t: int = 0, *, edges: Edges | None = None,
               seed: int = 0) -> list[int]:
     """Positions peer ``i`` sends its delta to in round ``t`` (out-neighbours)."""
-    _check(topology, n, i, t)
+    n, i, t = _check(topology, n, i, t)
     if topology == "one_peer_exponential":
         j = (i + (1 << (t % _tau(n)))) % n
         return [] if j == i else [j]
@@ -217,17 +231,18 @@ def all_receivers(topology: str, n: int, t: int = 0, *, edges: Edges | None = No
                   seed: int = 0) -> list[list[int]]:
     """:func:`receivers` of every position in round ``t`` at once (random pairing draws its
     matching once, not once per peer)."""
+    n, _, t = _check(topology, n, None, t)
     if topology == "random_pairing" and n > 1:
-        _check(topology, n, 0, t)
         partner = _pairing(n, t, seed)
         return [[] if partner[i] == i else [int(partner[i])] for i in range(n)]
+    edges = _custom_edges(topology, edges, n)
     return [receivers(topology, n, i, t, edges=edges, seed=seed) for i in range(n)]
 
 
 def senders(topology: str, n: int, i: int, t: int = 0, *, edges: Edges | None = None,
             seed: int = 0) -> list[int]:
     """Positions peer ``i`` mixes in round ``t`` (in-neighbours: ``w_ij > 0``, j ≠ i)."""
-    _check(topology, n, i, t)
+    n, i, t = _check(topology, n, i, t)
     if topology == "one_peer_exponential":
         j = (i - (1 << (t % _tau(n)))) % n
         return [] if j == i else [j]
@@ -245,6 +260,8 @@ def neighbours(topology: str, n: int, i: int, t: int = 0, *, edges: Edges | None
     >>> neighbours("ring", 2, 0), neighbours("ring", 1, 0)
     ([1], [])
     """
+    n, i, t = _check(topology, n, i, t)
+    edges = _custom_edges(topology, edges, n)
     return sorted(set(senders(topology, n, i, t, edges=edges, seed=seed))
                   | set(receivers(topology, n, i, t, edges=edges, seed=seed)))
 
@@ -255,13 +272,13 @@ def weights(topology: str, n: int, i: int, t: int = 0, *, edges: Edges | None = 
 
     The values sum to 1; ``x_i ← Σ_j w_ij x_j`` is one step of exact gossip.
     """
-    _check(topology, n, i, t)
+    n, i, t = _check(topology, n, i, t)
     if topology == "one_peer_exponential":
         src = senders(topology, n, i, t)
         return {i: 0.5, src[0]: 0.5} if src else {i: 1.0}
     if topology == "full":
         return {j: 1.0 / n for j in range(n)}
-    edge_list = _edge_list(edges, n) if topology == "custom" else None
+    edge_list = _custom_edges(topology, edges, n)
     mine = _undirected(topology, n, i, t, edge_list, seed)
     d_i = len(mine)
     row: dict[int, float] = {}
@@ -279,8 +296,8 @@ def mixing_matrix(topology: str, n: int, t: int = 0, *, edges: Edges | None = No
     Doubly stochastic for every topology; symmetric for all but
     ``one_peer_exponential``.
     """
-    _check(topology, n, None, t)
-    edge_list = _edge_list(edges, n) if topology == "custom" else None
+    n, _, t = _check(topology, n, None, t)
+    edge_list = _custom_edges(topology, edges, n)
     w = np.zeros((n, n))
     for i in range(n):
         for j, v in weights(topology, n, i, t, edges=edge_list, seed=seed).items():
@@ -291,7 +308,7 @@ def mixing_matrix(topology: str, n: int, t: int = 0, *, edges: Edges | None = No
 def period(topology: str, n: int) -> int | None:
     """Rounds after which the graph repeats: 1 for static graphs, ``ceil(log2 n)``
     for the one-peer exponential graph, ``None`` for random pairing."""
-    _check(topology, n)
+    n, _, _ = _check(topology, n)
     if topology == "one_peer_exponential":
         return _tau(n)
     if topology == "random_pairing":
@@ -309,8 +326,8 @@ def eccentricity(topology: str, n: int, i: int, *, edges: Edges | None = None, s
     >>> eccentricity("ring", 5, 0), eccentricity("ring", 4, 0), eccentricity("full", 8, 3)
     (2, 2, 1)
     """
-    _check(topology, n, i)
-    edge_list = _edge_list(edges, n) if topology == "custom" else None
+    n, i, _ = _check(topology, n, i)
+    edge_list = _custom_edges(topology, edges, n)
     dist = {i: 0}
     frontier = [i]
     while frontier:
@@ -341,9 +358,14 @@ class Spectrum:
 
 def spectrum(w: np.ndarray) -> Spectrum:
     """Spectral figures of a (doubly stochastic) mixing matrix ``w``."""
-    w = np.asarray(w, dtype=np.float64)
+    try:
+        w = np.asarray(w, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(f"mixing matrix must be numbers, got {w!r}") from None
     if w.ndim != 2 or w.shape[0] != w.shape[1] or w.shape[0] < 1:
         raise ConfigError(f"mixing matrix must be square and non-empty, got shape {w.shape}")
+    if not np.isfinite(w).all():   # numpy's eigensolvers raise LinAlgError on these
+        raise ConfigError("mixing matrix must be finite, got a NaN or an infinity")
     n = w.shape[0]
     if np.allclose(w, w.T, atol=1e-12):
         ev = np.sort(np.linalg.eigvalsh(w))[::-1]
@@ -356,11 +378,14 @@ def spectrum(w: np.ndarray) -> Spectrum:
 
 def rounds_to_epsilon(rho: float, eps: float = 1e-3) -> int:
     """The bound ``⌈ln(1/ε) / ln(1/ρ)⌉`` on exact-gossip rounds to reach relative
-    consensus error ε, for contraction ``rho`` (0 means one round)."""
-    if not 0 < eps < 1:
-        raise ConfigError(f"eps must be in (0, 1), got {eps!r}")
-    if not 0 <= rho < 1:
-        raise ConfigError(f"rho must be in [0, 1) for gossip to converge, got {rho!r}")
+    consensus error ε, for contraction ``rho`` (0 means one round); at least 1."""
+    # the float() checks: an exact Fraction inside the range may round onto its end
+    if not (is_real(eps) and 0 < eps < 1 and float(eps) > 0):
+        raise ConfigError(f"eps must be a number in (0, 1), got {eps!r}")
+    if not (is_real(rho) and 0 <= rho < 1 and float(rho) < 1):
+        raise ConfigError(f"rho must be a number in [0, 1) for gossip to converge, got {rho!r}")
+    rho, eps = float(rho), float(eps)
     if rho == 0:
         return 1
-    return math.ceil(math.log(1 / eps) / math.log(1 / rho))
+    # log(rho), not -log(1/rho): 1/rho overflows to inf below ~5.6e-309 and made the bound 0
+    return max(1, math.ceil(math.log(eps) / math.log(rho)))

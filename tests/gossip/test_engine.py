@@ -560,6 +560,7 @@ def test_pseudo_gradient_nesterov_accelerates_common_drift():
     (dict(topology="custom"), "edges"), (dict(gamma="fast"), "gamma"), (dict(gamma=True), "gamma"),
     (dict(mode="pseudo_gradient", outer_lr=math.inf), "outer_lr"), (dict(outer_lr=math.nan), "outer_lr"),
     (dict(topology="random_pairing", seed="abc"), "seed"), (dict(seed=1.5), "seed"),
+    (dict(topology="random_pairing", seed=-1), "seed"), (dict(seed=2**32), "seed"), (dict(seed=True), "seed"),
     (dict(send_timeout=-1), "send_timeout"), (dict(send_timeout=math.nan), "send_timeout"),
     (dict(send_timeout=math.inf), "send_timeout"), (dict(send_timeout="1"), "send_timeout"),
     (dict(round_timeout=math.inf), "round_timeout"),
