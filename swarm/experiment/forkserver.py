@@ -14,7 +14,10 @@ The launcher talks to the server through its stdin and stdout, one JSON object a
 
 - launcher -> server: ``{"argv": [...], "env": {...}, "log": PATH, "name": NAME}`` forks
   a peer (``swarm ARGV``, named ``swarm NAME`` in ps);
-  ``{"reap": PID}`` reaps one whose end the launcher has taken note of.
+  ``{"reap": PID}`` reaps one whose end the launcher has taken note of;
+  ``{"cancel": true}`` gives up the last fork: the launcher stopped waiting for its answer
+  (and started that peer otherwise), so the server kills the child it forked for it, which
+  it then reports as any child's end.
 - server -> launcher: ``{"pid": PID}`` (or ``{"error": ...}``) for each fork, in order;
   ``{"exit": PID, "returncode": RC}`` when a child ends (RC as Popen's: -N for signal N).
 
@@ -131,10 +134,11 @@ class ForkServer:
                 break
             self.collect(left)
         if not self._answers:
-            # no answer within a minute (a sick machine): the child it may still fork is killed
-            # when its answer comes, as the caller starts the peer afresh
+            # No answer within a minute (a sick machine) and the caller starts the peer afresh.
+            # The server kills the child it still forks: a launcher whose peers are all Popens
+            # may never read the late answer, and that child would run beside its replacement.
             self.forking = False
-            self._late += self.alive
+            self._late += self._send({"cancel": True})
             return None
         answer = self._answers.pop(0)
         if "pid" not in answer:
@@ -147,11 +151,14 @@ class ForkServer:
             self.forking = False
             self._unwant(pid)    # no way to watch it: the caller starts the peer afresh
             return None
-        self.watched.add(pid)
         return Forked(self, pid, pidfd, argv)
 
     def _unwant(self, pid: int) -> None:
         """Kill a child no handle will watch (safe by pid: the server holds it unreaped)."""
+        self.watched.discard(pid)
+        if self.exits.pop(pid, None) is not None:
+            self.reap(pid)   # it has ended already, and said so
+            return
         self._unwanted.add(pid)
         try:
             os.kill(pid, signal.SIGKILL)
@@ -195,6 +202,10 @@ class ForkServer:
                     if "pid" in msg:
                         self._unwant(msg["pid"])
                 else:
+                    if "pid" in msg:
+                        # watched from its answer on: its end may come in this same read, before
+                        # fork() takes the answer (a peer that fails at once), and would be dropped
+                        self.watched.add(msg["pid"])
                     self._answers.append(msg)
 
     def reap(self, pid: int) -> None:
@@ -289,6 +300,7 @@ def _serve(orders: int, answers: int) -> dict[str, Any] | None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: set[int] = set()
     told: set[int] = set()
+    last: int | None = None   # the child of the last fork order (None: it failed)
     buf = b""
 
     def say(msg: dict[str, Any]) -> None:
@@ -312,11 +324,18 @@ def _serve(orders: int, answers: int) -> dict[str, Any] | None:
                         children.discard(order["reap"])
                         told.discard(order["reap"])
                     continue
+                if "cancel" in order:
+                    # the launcher gave up waiting for the last fork's answer and started that
+                    # peer otherwise: its child must not run beside it (safe by pid: unreaped)
+                    if last in children:
+                        os.kill(last, signal.SIGKILL)
+                    continue
                 sys.stdout.flush()
                 sys.stderr.flush()
                 try:
                     pid = os.fork()
                 except OSError as e:
+                    last = None
                     say({"error": f"fork: {e}"})
                     continue
                 if pid == 0:
@@ -326,6 +345,7 @@ def _serve(orders: int, answers: int) -> dict[str, Any] | None:
                         os.close(fd)
                     return order
                 children.add(pid)
+                last = pid
                 say({"pid": pid})
         for pid in children - told:
             ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)

@@ -1074,6 +1074,8 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
             launch.end(peers)
             continue
         if alive == 0:
+            if _unseen_crash(launch, peers):
+                continue    # the last one crashed after the checks above polled it: they take it now
             progress.final(launch.run_dir)
             return 1 if launch.given_up else 0   # a peer left down is a crash, as without restart_dead
         if limit and not stopping and time.monotonic() - t0 > limit + 30.0:
@@ -1084,6 +1086,14 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
         # a coordinator that is down (being restarted) shows nothing new: the last figures stand
         progress.update(_status(addr) if coord.proc.poll() is None else None, alive)
         time.sleep(POLL_S)
+
+
+def _unseen_crash(launch: Launch, peers: list[_Child]) -> bool:
+    """Whether a peer has crashed that :func:`_supervise` has not dealt with yet (reported,
+    restarted or given up on): one that ended between the poll of its checks and the count
+    of live peers. Once every peer has ended, their codes no longer change."""
+    return any(c.proc.poll() not in (None, 0) and not c.ended_by_us and c.name not in launch.given_up
+               for c in peers)
 
 
 def _solved(run_dir: Path, peers: list[_Child]) -> bool:
@@ -1100,12 +1110,16 @@ def _solved(run_dir: Path, peers: list[_Child]) -> bool:
 # ------------------------------------------------------------------ results
 
 def read_csv(path: Path) -> list[dict[str, str]]:
-    """The rows of one of a run folder's CSV files (empty when it is missing)."""
+    """The whole rows of one of a run folder's CSV files (empty when it is missing). A row
+    cut short is left out: a peer killed mid-flush, or on a full disk, leaves its last line
+    without its newline or its last fields."""
     try:
         with open(path, newline="") as f:
-            return list(csv.DictReader(f))
+            text = f.read()
     except OSError:
         return []
+    text = text[:text.rfind("\n") + 1]   # up to the last newline: a line after it is cut short
+    return [row for row in csv.DictReader(io.StringIO(text)) if None not in row.values()]
 
 
 def _num(v: Any) -> float:
@@ -1113,6 +1127,12 @@ def _num(v: Any) -> float:
         return float(v)
     except (TypeError, ValueError):
         return float("nan")
+
+
+def _count(v: Any) -> int:
+    """A counter from a CSV field: 0 where it is empty or not a finite number."""
+    x = _num(v)
+    return int(x) if math.isfinite(x) else 0
 
 
 def _peer_folders(run_dir: Path) -> dict[int, Path]:
@@ -1137,11 +1157,11 @@ def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, A
         except (OSError, ValueError):
             eps = read_csv(d / "metrics.csv")
             last = eps[-1] if eps else {}
+            mean = _num(last.get("mean_return"))
             s = {"rank": r, "id": f"peer{r}", "reason": "no summary (crashed, or a full disk?)",
-                 "env_steps": int(_num(last.get("env_steps", 0)) or 0) if last else 0,
-                 "final_mean_return": _num(last.get("mean_return")) if last else None,
-                 "rounds": int(_num(last.get("rounds", 0)) or 0) if last else 0,
-                 "bytes_out": int(_num(last.get("bytes_out", 0)) or 0) if last else 0}
+                 "env_steps": _count(last.get("env_steps")),
+                 "final_mean_return": mean if math.isfinite(mean) else None,
+                 "rounds": _count(last.get("rounds")), "bytes_out": _count(last.get("bytes_out"))}
         rows.append(s)
     return rows
 

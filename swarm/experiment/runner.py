@@ -1161,6 +1161,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     "codec_ratio": (state.gossip_bytes_out / state.dense_bytes_out
                                     if state.dense_bytes_out else None),
                     "staleness": state.staleness, "last_error": state.last_error, "spec": tag,
+                    "skipped": agent.skipped, "unusable": agent.unusable,
                     # with buffer.replicas: local items fewer than k neighbours hold (docs/buffer.md)
                     **({"under_replicated": fed.stats.under_replicated} if fed is not None and b.replicas else {}),
                     # with gradient exchange: what the relay set aside (docs/observability.md)
@@ -1280,10 +1281,19 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             return True
 
         parent_check = [0.0]   # when the launcher is next looked for (monotonic)
+        warned_skipped = [False]
 
         def on_step(info: Any) -> bool:
             step = info.step + done_steps
             state.env_steps = step
+            if agent.skipped and not warned_skipped[0]:
+                # metrics.csv shows such a loss as inf or nan, TensorBoard leaves it out: a peer
+                # whose every update is skipped learns nothing and still ends "budget"
+                warned_skipped[0] = True
+                log.warning("peer%d: an update's loss or gradient was not finite (NaN or inf) at env step %d; "
+                            "such updates are skipped and counted (skipped in summary.json and the "
+                            "heartbeat): check the env's rewards and observations, or lower dqn.lr",
+                            rank, step)
             if relay is not None:
                 relay.poll()    # take in gradients, and pass on those that travel further
                 note_digest()   # after this step's own update, if it took one
@@ -1393,6 +1403,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             final_mean_return=_finite(state.mean_return), eval_return=_finite(state.eval_return),
             **traffic, buffer_size=state.buffer_size, wall_s=time.monotonic() - t0,
             cpu_s=time.process_time() - cpu0)
+        if agent is not None:   # this process's: updates skipped for a non-finite loss or gradient,
+            summary["skipped"] = agent.skipped   # and sampled items no update could learn from
+            summary["unusable"] = agent.unusable
         if relay is not None:
             summary["relay"] = dict(dataclasses.asdict(relay.stats), applied=state.relay_applied,
                                     mean_lag_s=_finite(relay.stats.mean_lag_s),
