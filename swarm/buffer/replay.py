@@ -485,7 +485,10 @@ class ReplayBuffer:
     def _leaf(self, raw: np.ndarray, times: np.ndarray) -> np.ndarray:
         if not self.decay:
             return raw
-        return raw * np.exp(self.decay * (times - self._base))
+        # capped as raw priorities are: the factor reaches e^40 before a rebase (inf, past
+        # float's range, is capped too)
+        with np.errstate(over="ignore"):
+            return np.minimum(raw * np.exp(self.decay * (times - self._base)), self._max_raw)
 
     def _maybe_rebase(self, t: float) -> None:
         if self.decay * (t - self._base) <= _REBASE_AFTER or self._saver is not None:
@@ -665,6 +668,25 @@ class ReplayBuffer:
             if m > self._max_p:
                 self._max_p = m
             self._tree.set(slots, self._leaf(raw, self._time[slots]) if self.decay else raw)
+            return int(slots.size)
+
+    def forget(self, indices: Any) -> int:
+        """Never draw the live ``indices`` again: their priority becomes 0 (they stay in
+        the ring until overwritten, and are still shared and saved); return how many were
+        live. For items no update can learn from: a low priority instead would become the
+        buffer's smallest and shrink every other item's importance weight. Raises
+        :class:`ReplayError` for an index this buffer never handed out. A no-op for uniform
+        and FIFO sampling (beyond the checks)."""
+        indices = _as_indices(indices).reshape(-1)
+        with self._lock:
+            self._check_range(indices)
+            slots = indices % self.capacity
+            slots = slots[self._ticket[slots] == indices]
+            if self.sampler != "prioritized" or slots.size == 0:
+                return 0
+            if self._saver is not None:
+                self._saver.preserve(slots)
+            self._tree.set(slots, np.zeros(slots.size))
             return int(slots.size)
 
     def priorities(self, indices: Any) -> np.ndarray:

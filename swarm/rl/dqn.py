@@ -249,11 +249,11 @@ class DQNAgent(BaseAgent):
         if bad is not None:
             # A neighbour's items pass the buffer's schema (dtypes, shapes) only: one with
             # an action outside this agent's range failed every update that drew it, and a
-            # NaN reward made each such update a skipped one. They take no part in this one
-            # and get the lowest priority, so that they are rarely drawn again.
+            # NaN reward made each such update a skipped one. They weigh nothing in this one
+            # and are not drawn again.
             self.unusable += int(bad.sum())
+            self._forget(np.asarray(sample.indices)[bad])
             if bad.all():
-                self.buffer.update_priorities(sample.indices, np.zeros(bad.size))
                 self._pass()
                 return None
             items = {k: v.copy() for k, v in items.items()}
@@ -274,10 +274,20 @@ class DQNAgent(BaseAgent):
         else:  # the swarm shares this gradient; apply what the others will apply
             self.apply_gradient(self.publish(self._grad_vec))
         td = td.abs().numpy()
-        if bad is not None:
-            td[bad] = 0.0
-        self.buffer.update_priorities(sample.indices, td)
+        if bad is None:
+            self.buffer.update_priorities(sample.indices, td)
+        else:
+            self.buffer.update_priorities(np.asarray(sample.indices)[~bad], td[~bad])
         return loss
+
+    def _forget(self, indices: np.ndarray) -> None:
+        """Take ``indices`` out of sampling: :meth:`ReplayBuffer.forget`, or for a buffer
+        without it (a test double) the lowest priority."""
+        forget = getattr(self.buffer, "forget", None)
+        if forget is not None:
+            forget(indices)
+        else:
+            self.buffer.update_priorities(indices, np.zeros(indices.size))
 
     def _unusable(self, batch: dict[str, np.ndarray]) -> np.ndarray | None:
         """The items of a sampled batch that no update can learn from (an action outside

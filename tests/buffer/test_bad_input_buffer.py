@@ -497,3 +497,27 @@ def test_a_snapshot_whose_limiter_counts_are_no_counts_is_refused(tmp_path, key,
     (tmp_path / "snap" / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ReplayError, match="meta.json"):
         ReplayBuffer.load(tmp_path / "snap")
+
+
+def test_forget_takes_live_items_out_of_sampling_and_refuses_foreign_indices():
+    buf = ReplayBuffer(SCHEMA, 8, seed=0)
+    idx = buf.add(obs(8))
+    assert buf.forget(idx[:6]) == 6
+    assert set(buf.sample(64).indices.tolist()) <= {6, 7}
+    with pytest.raises(ReplayError, match="not from this buffer"):
+        buf.forget([8])
+    buf.add(obs(2))          # 0 and 1 overwritten: their old indices are stale, not errors
+    assert buf.forget(idx[:2]) == 0
+    assert ReplayBuffer(SCHEMA, 8, sampler="uniform").forget([]) == 0
+
+
+def test_finite_priorities_add_up_to_a_finite_total_with_age_decay_too():
+    # the leaf is the raw priority times exp(decay * age), up to e^40 before a rebase
+    now = [1000.0]
+    buf = ReplayBuffer(SCHEMA, 8, alpha=8.0, decay=1.0, clock=lambda: now[0], seed=0)
+    buf.add(obs(4))
+    now[0] += 35
+    idx = buf.add(obs(4))
+    buf.update_priorities(idx, np.full(4, 3e38, np.float32))
+    assert math.isfinite(buf._tree.total)
+    assert np.isfinite(buf.sample(8, beta=0.4).weights).all()
