@@ -245,27 +245,34 @@ class DQNAgent(BaseAgent):
             return None
         sample = self.buffer.sample(self.cfg.batch_size, beta=self.beta)
         items, weights = sample.batch, np.asarray(sample.weights, dtype=np.float32)
-        bad = self._unusable(items)
-        if bad is not None:
-            # A neighbour's items pass the buffer's schema (dtypes, shapes) only: one with
-            # an action outside this agent's range failed every update that drew it, and a
-            # NaN reward made each such update a skipped one. They weigh nothing in this one
-            # and are not drawn again.
-            self.unusable += int(bad.sum())
-            self._forget(np.asarray(sample.indices)[bad])
-            if bad.all():
-                self._pass()
-                return None
-            items = {k: v.copy() for k, v in items.items()}
-            good = int(np.flatnonzero(~bad)[0])
-            for v in items.values():   # stand-ins that compute finite (and unweighted) losses
-                v[bad] = v[good]
-            weights = np.where(bad, np.float32(0), weights)
-        batch = {k: torch.as_tensor(v) for k, v in items.items()}
-        loss, td = self.gradient(batch, torch.as_tensor(weights))
+        a, bad = items["action"], None
+        # The usual batch costs two reductions here: the full check runs only when they or
+        # the loss say something is wrong (~10 us against a learn's ~450).
+        if 0 <= np.minimum.reduce(a) and np.maximum.reduce(a) < self.n_actions:
+            loss, td = self._gradient_of(items, weights)
+        else:
+            loss = math.nan   # gather would raise for the action outside the Q-values
         if not (math.isfinite(loss) and np.isfinite(self._grad_vec).all()):
-            # A NaN or Inf in the batch: stepping would make every parameter NaN, and the
-            # peers that share gradients would refuse it. Skip it and count it.
+            bad = self._unusable(items)
+            if bad is not None:
+                # A neighbour's items pass the buffer's schema (dtypes, shapes) only: one
+                # with an action outside this agent's range failed every update that drew
+                # it, and a NaN reward made each such update a skipped one. They weigh
+                # nothing in this one and are not drawn again.
+                self.unusable += int(bad.sum())
+                self._forget(np.asarray(sample.indices)[bad])
+                if bad.all():
+                    self._pass()
+                    return None
+                items = {k: v.copy() for k, v in items.items()}
+                good = int(np.flatnonzero(~bad)[0])
+                for v in items.values():   # stand-ins that compute finite (and unweighted) losses
+                    v[bad] = v[good]
+                loss, td = self._gradient_of(items, np.where(bad, np.float32(0), weights))
+        if not (math.isfinite(loss) and np.isfinite(self._grad_vec).all()):
+            # Finite items whose loss is not (values past what the network's float32 can
+            # hold): stepping would make every parameter NaN, and the peers that share
+            # gradients would refuse it. Skip it and count it.
             self.skipped += 1
             self._pass()
             return loss
@@ -279,6 +286,9 @@ class DQNAgent(BaseAgent):
         else:
             self.buffer.update_priorities(np.asarray(sample.indices)[~bad], td[~bad])
         return loss
+
+    def _gradient_of(self, items: dict[str, np.ndarray], weights: np.ndarray) -> tuple[float, torch.Tensor]:
+        return self.gradient({k: torch.as_tensor(v) for k, v in items.items()}, torch.as_tensor(weights))
 
     def _forget(self, indices: np.ndarray) -> None:
         """Take ``indices`` out of sampling: :meth:`ReplayBuffer.forget`, or for a buffer
@@ -495,7 +505,8 @@ class DQNAgent(BaseAgent):
         self.updates = int(updates)
 
     def metrics(self) -> dict[str, float]:
-        """Means since the last call (loss, |TD|, Q) plus epsilon and counters."""
+        """Means since the last call (loss, |TD|, Q, over the batches whose loss was finite)
+        plus epsilon and counters."""
         out = {"epsilon": self.epsilon, "updates": float(self.updates), "steps": float(self.steps),
                "skipped": float(self.skipped), "unusable": float(self.unusable)}
         if self._n_logged:
@@ -549,6 +560,8 @@ class DQNAgent(BaseAgent):
         self.buffer.add(self._item(obs, action, reward, next_obs, done))
 
     def _log(self, loss: float, td: torch.Tensor, q: torch.Tensor) -> None:
+        if not math.isfinite(loss):   # a batch learn() skips (or takes again without its bad items)
+            return
         self._loss_sum += loss
         self._td_sum += float(td.detach().abs().mean())
         self._q_sum += float(q.detach().mean())

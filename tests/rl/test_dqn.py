@@ -474,7 +474,7 @@ def test_a_reward_past_float32_is_refused_and_nothing_is_stored(replay):
 def test_items_no_update_can_learn_from_are_left_out_and_drawn_less(replay, field, value):
     # A neighbour's items pass the buffer's schema only: an action of 5 for a 2-action
     # agent made every update that drew it raise torch's IndexError, a NaN reward made
-    # it a skipped one. They weigh nothing now, and get the lowest priority.
+    # it a skipped one. They weigh nothing now, and are not drawn again.
     _fill(replay, 24)
     _fill(replay, 8, **{field: value})
     bad = set(range(24, 32))
@@ -482,7 +482,8 @@ def test_items_no_update_can_learn_from_are_left_out_and_drawn_less(replay, fiel
     for _ in range(20):
         assert np.isfinite(agent.learn())
     assert agent.updates == 20 and agent.skipped == 0 and np.isfinite(agent.parameters()).all()
-    assert agent.unusable > 0 and agent.metrics()["unusable"] == agent.unusable
+    m = agent.metrics()
+    assert agent.unusable > 0 and m["unusable"] == agent.unusable and np.isfinite(m["loss"])
     pairs = [(int(i), t) for idx, td in replay.priority_updates for i, t in zip(idx, td)]
     assert all(t == 0 for i, t in pairs if i in bad) and any(i in bad for i, _ in pairs)
     assert any(t > 0 for i, t in pairs if i not in bad)
