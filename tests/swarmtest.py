@@ -337,3 +337,20 @@ def reaped(p: subprocess.Popen) -> Iterator[subprocess.Popen]:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+async def http(port: int, raw: bytes, timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+    """Send raw request bytes to an HTTP server on loopback; return (status, headers, body)
+    of the answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(raw)
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    code = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+    return code, headers, body

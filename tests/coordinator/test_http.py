@@ -16,7 +16,7 @@ import time
 import pytest
 import zmq
 import zmq.asyncio
-from swarmtest import free_port, wait_for
+from swarmtest import free_port, http, wait_for
 
 from swarm.config import load_config
 from swarm.coordinator import Coordinator
@@ -27,22 +27,6 @@ from swarm.peer import Peer
 
 
 # ---------------------------------------------------------------- helpers
-
-async def http(port: int, raw: bytes, timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
-    """Send raw request bytes; return (status, headers, body) of the answer."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(raw)
-        await writer.drain()
-        data = await asyncio.wait_for(reader.read(), timeout)
-    finally:
-        writer.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    code = int(lines[0].split()[1])
-    headers = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
-    return code, headers, body
-
 
 async def get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
     return await http(port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())

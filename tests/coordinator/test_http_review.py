@@ -17,6 +17,8 @@ from typing import Any, AsyncIterator
 
 import pytest
 
+from swarmtest import http
+
 from swarm.coordinator.http import _SCRIPT, StatusServer
 from swarm.coordinator.report import fixed, si
 
@@ -46,21 +48,6 @@ async def serving(coord: StandIn, **kw: Any) -> AsyncIterator[StatusServer]:
         yield srv
     finally:
         await srv.close()
-
-
-async def http(port: int, raw: bytes, timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
-    """Send raw request bytes; return (status, headers, body) of the answer."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(raw)
-        await writer.drain()
-        data = await asyncio.wait_for(reader.read(), timeout)
-    finally:
-        writer.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
-    return int(lines[0].split()[1]), headers, body
 
 
 # ---------------------------------------------------------------- request line

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from experiment.test_runner import coordinator  # noqa: F401 - a fixture
 from swarmtest import ROOT, children_of, free_port, freeze, proc_stat, status, wait_for
 
 from swarm.experiment import forkserver
@@ -187,12 +188,6 @@ def test_a_metrics_csv_with_no_whole_row_or_figures_that_are_not_numbers_gives_z
 # -- the peer -----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def coordinator(procs):
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coordinator")
-    wait_for(lambda: status(addr, 0.5), timeout=15, what="coordinator")
-    return addr
 
 
 def test_updates_skipped_for_a_non_finite_loss_are_counted_and_warned_of(coordinator, tmp_path, monkeypatch, caplog):
