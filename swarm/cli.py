@@ -694,13 +694,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.show:
         if args.resume:
             raise SwarmError("--show with --resume: a run's spec is its config.json")
-        from .config import to_toml
         from .experiment import load_spec
+        from .experiment.spec import show_spec
 
         spec = load_spec(args.spec, list(args.set or []))
         print(f"# swarm run {args.spec or '(built-in default)'}"
               + "".join(f" --set {o}" for o in args.set or []) + ", resolved\n")
-        print(to_toml(spec), flush=True)
+        print(show_spec(args.spec, list(args.set or [])), flush=True)
         # stderr, as `swarm run` says them: stdout stays a spec file (`--show > my.toml`)
         for line in spec.warnings():
             print(f"swarm run: warning: {line}", file=sys.stderr, flush=True)

@@ -21,7 +21,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 from .errors import ConfigError
 
@@ -304,22 +304,28 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
-def to_toml(obj: Any) -> str:
+def to_toml(obj: Any, derived: Mapping[str, str] | None = None, _at: str = "") -> str:
     """A config as a TOML file that loads back to it, each key under its help text.
 
     Top-level keys first, then one ``[table]`` per nested config. A ``None`` value
-    (unset) is written as a comment, since TOML has no null.
+    (unset) is written as a comment, since TOML has no null. So is each key of
+    ``derived`` (dotted, ``eval.solve_return``): its value, with the reason there as
+    a note, is what was derived from other keys while it was unset, and a file that
+    leaves it unset derives it again.
     """
+    derived = derived or {}
     scalars, tables = [], []
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
             doc = (type(value).__doc__ or "").strip().splitlines()
             head = [f"# {doc[0]}"] if doc else []
-            tables.append("\n".join(head + [f"[{f.name}]", to_toml(value)]))
+            tables.append("\n".join(head + [f"[{f.name}]", to_toml(value, derived, f"{_at}{f.name}.")]))
             continue
         scalars += [f"# {line}" for line in textwrap.wrap(f.metadata.get("help") or "", 86)]
-        scalars.append(f"# {f.name} is unset" if value is None else f"{f.name} = {_toml_value(value)}")
+        why = derived.get(_at + f.name)
+        line = f"# {f.name} is unset" if value is None else f"{f.name} = {_toml_value(value)}"
+        scalars.append(f"# {line}   # {why}" if why and value is not None else line)
     return "\n\n".join((["\n".join(scalars)] if scalars else []) + tables)
 
 

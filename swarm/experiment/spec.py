@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import apply_overrides, from_dict, opt, read_file, to_dict
+from ..config import apply_overrides, from_dict, opt, read_file, to_dict, to_toml
 from ..errors import ConfigError
 from ..rl.hparams import DQNConfig
 
 __all__ = [
     "Spec", "GossipSpec", "BufferSpec", "BudgetSpec", "EvalSpec", "CheckpointSpec",
-    "DEFAULT_SPEC", "ALGORITHMS", "SYNC_MODES", "load_spec", "save_resolved", "swarm_dqn",
+    "DEFAULT_SPEC", "ALGORITHMS", "SYNC_MODES", "load_spec", "show_spec", "save_resolved", "swarm_dqn",
 ]
 
 ALGORITHMS: tuple[str, ...] = ("dqn",)
@@ -490,6 +490,24 @@ def load_spec(path: str | Path | Spec | None = None, overrides: list[str] | None
     if not spec.name:   # named after what it runs, so `--set gossip.topology=grid` is not filed as a ring
         spec.name = default_name(spec)
     return spec
+
+
+def show_spec(path: str | Path | None = None, overrides: list[str] | None = None) -> str:
+    """`swarm run --show`'s TOML: the spec resolved, except that the keys derived from
+    others while unset (``name`` from the env and topology, ``eval.solve_return`` from
+    the env) and left unset by the file and the overrides are written as comments with
+    their value: a file started from it and given another env or topology derives them
+    again, instead of keeping "cartpole-ring" and CartPole's 475."""
+    spec = load_spec(path, overrides)
+    data = read_file(path) if path is not None else {}
+    apply_overrides(data, list(overrides or []))
+    ev = data.get("eval")
+    derived = {}
+    if not data.get("name"):
+        derived["name"] = "derived from env and gossip.topology while unset"
+    if not (isinstance(ev, dict) and ev.get("solve_return") is not None):
+        derived["eval.solve_return"] = "the env's reward_threshold while unset"
+    return to_toml(spec, derived)
 
 
 def default_name(spec: Spec) -> str:

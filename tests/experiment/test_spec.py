@@ -325,3 +325,19 @@ def test_an_integer_too_large_for_a_number_is_a_config_error(override):
     key = override.split("=")[0]
     with pytest.raises(ConfigError, match=rf"^{key}: must be finite, got an integer beyond the largest float"):
         load_spec(None, ID + [override])
+
+
+def test_a_spec_started_from_show_derives_name_and_threshold_again(tmp_path):
+    # `swarm run --show > my.toml` pinned name = "cartpole-ring" and solve_return = 475.0:
+    # with another env and topology set in it, the run kept both (Acrobot never reaches 475)
+    from swarm.experiment.spec import show_spec
+
+    f = tmp_path / "my.toml"
+    f.write_text(show_spec())
+    assert load_spec(f) == load_spec()
+    spec = load_spec(f, ["env=Acrobot-v1", "gossip.topology=grid"])
+    assert (spec.name, spec.eval.solve_return) == ("acrobot-grid", -100.0)
+    # what the file or the overrides set is written as set
+    f.write_text(show_spec(None, ["name=mine", "eval.solve_return=400"]))
+    spec = load_spec(f, ["env=Acrobot-v1"])
+    assert (spec.name, spec.eval.solve_return) == ("mine", 400.0)

@@ -92,7 +92,8 @@ def test_show_prints_the_envs_threshold(capsys):
     from swarm.cli import main
 
     assert main(["run", "--show", "--set", "env=Acrobot-v1"]) == 0
-    assert "\nsolve_return = -100.0\n" in capsys.readouterr().out
+    # as a comment: a file started from it and given another env takes that env's
+    assert "\n# solve_return = -100.0   # the env's reward_threshold while unset\n" in capsys.readouterr().out
 
 
 def test_an_env_without_a_threshold_needs_solve_return_to_stop_when_solved(register, tmp_path):
