@@ -609,10 +609,16 @@ class Coordinator:
             self._send(route, "standby", {"epoch": self.table.epoch})
             return
         if t == "join":
-            rank, inc, last = _int(body, "rank", -1), _int(body, "inc"), _int(body, "last_epoch", 0)
-            if last > MAX_LAST_EPOCH:
-                # taken as the table's epoch: one more, over 64 bits, could not be sent
-                raise WireError(f"last_epoch {last} is over {MAX_LAST_EPOCH}")
+            try:
+                rank, inc, last = _int(body, "rank", -1), _int(body, "inc"), _int(body, "last_epoch", 0)
+                if last > MAX_LAST_EPOCH:
+                    # taken as the table's epoch: one more, over 64 bits, could not be sent
+                    raise WireError(f"last_epoch {last} is over {MAX_LAST_EPOCH}")
+            except WireError as e:
+                # malformed as any bad message (counted, logged), and answered as a bad addr
+                # is: the joiner learns why instead of waiting out its join timeout
+                self._send(route, "refuse", {"reason": f"malformed join: {e}"})
+                raise
             addr = body.get("addr")
             why = tp.member_address_error(addr)
             if why:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import zmq
 import zmq.asyncio
 from swarmtest import free_port, until
@@ -179,5 +180,28 @@ def test_a_takeover_serves_no_view_it_held_before_it_stood_by():
             if a is not None:
                 a.close()
         ctx.term()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("body, word", [
+    ({"inc": "7"}, "inc must be an integer"), ({"inc": None}, "inc must be an integer"),
+    ({"rank": True}, "rank must be an integer"), ({"last_epoch": MAX_LAST_EPOCH + 1}, "last_epoch"),
+])
+def test_a_malformed_join_is_refused_with_the_reason_and_counted(body, word):
+    # it was dropped as malformed without an answer: the joiner waited out its join timeout
+    async def main():
+        ctx = zmq.asyncio.Context()
+        async with Coordinator(bind="tcp://127.0.0.1:0", http_bind="", rejoin_grace_s=0.0) as coord:
+            d = _dealer(ctx, coord.address)
+            try:
+                full = {"addr": "tcp://127.0.0.1:9", "rank": -1, "inc": 7, "last_epoch": 0, **body}
+                await d.send_multipart(wire.encode("join", "a", body=full))
+                got = await _read(d, 1.0)
+                assert [m.t for m in got] == ["refuse"] and word in got[0].body["reason"], got
+                assert coord.malformed == 1 and coord.table.get("a") is None
+            finally:
+                d.close()
+                ctx.term()
 
     asyncio.run(main())
