@@ -491,6 +491,14 @@ class Restored:
         if not np.isfinite(self.params).all():
             raise ConfigError(f"checkpoint {self.path}: its parameters have "
                               f"{np.count_nonzero(~np.isfinite(self.params))} NaN or infinite entries")
+        # The RNG first: one torch refuses then leaves the agent as it was (set last, it
+        # failed with the agent already loaded).
+        rng_was = torch.get_rng_state()
+        if self.torch_rng is not None:
+            try:
+                torch.set_rng_state(self.torch_rng)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise ConfigError(f"checkpoint {self.path}: its torch RNG state cannot be restored: {e}") from None
         state = dict(self.agent_state)
         was = x.copy()
         try:
@@ -500,11 +508,10 @@ class Restored:
             agent.load_state_dict(state)
         except SwarmError as e:
             np.copyto(x, was)
+            torch.set_rng_state(rng_was)
             raise ConfigError(f"checkpoint {self.path}: {e}") from None
         np.copyto(x, self.params)
         agent.on_parameters_changed()
-        if self.torch_rng is not None:
-            torch.set_rng_state(self.torch_rng)
 
 
 def load_checkpoint(path: str | Path) -> Restored:

@@ -401,3 +401,22 @@ def test_an_increment_whose_full_checkpoint_holds_other_parameters_is_a_clear_er
         torch.save(torch.zeros(3), st)
     with pytest.raises(ConfigError, match=f"checkpoint .*{inc}"):
         load_checkpoint(tmp_path / "ckpt" / inc)
+
+
+def test_a_torch_rng_state_that_cannot_be_restored_leaves_the_agent_as_it_was(tmp_path):
+    # the RNG was set last, after the agent was loaded: a refused one left it changed
+    import dataclasses
+
+    import torch
+
+    agent = _agent()
+    ck = Checkpointer(tmp_path / "ckpt", agent, agent.buffer, lambda: {"env_steps": agent.steps})
+    _train(agent, 60)
+    path = tmp_path / "ckpt" / ck.full(background=False)
+    r = dataclasses.replace(load_checkpoint(path), torch_rng=torch.zeros(3, dtype=torch.float32))
+    fresh = _agent(seed=5)
+    fresh.buffer = r.buffer
+    before, rng = fresh.parameters().copy(), torch.get_rng_state()
+    with pytest.raises(ConfigError, match="torch RNG state cannot be restored"):
+        r.apply(fresh)
+    assert np.array_equal(fresh.parameters(), before) and torch.equal(torch.get_rng_state(), rng)
