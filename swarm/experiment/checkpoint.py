@@ -550,10 +550,15 @@ def load_checkpoint(path: str | Path) -> Restored:
         else:
             base = path.parent / st["base"]
             try:
-                full = torch.load(base / "state.pt", weights_only=False)
+                raw = (base / "state.pt").read_bytes()
+                full = torch.load(io.BytesIO(raw), weights_only=False)
+                base_want = (json.loads((base / "manifest.json").read_text()).get("files") or {}).get("state.pt")
             except Exception as e:
                 raise ConfigError(f"checkpoint {path}: its full checkpoint {base} cannot be read (damaged?): "
                                   f"{_unreadable(base / 'state.pt', e)}") from None
+            if base_want is not None and base_want != _bytes_digest(raw):   # a changed byte that still loads
+                raise ConfigError(f"checkpoint {path}: its full checkpoint {base} is damaged: state.pt does "
+                                  "not match the digest in its manifest.json")
             if not isinstance(full, dict):
                 raise TypeError(f"its full checkpoint's state.pt holds a {type(full).__name__}, not a dict")
             buf = load_incremental(ReplayBuffer.load(base / "buffer"), path / "buffer")

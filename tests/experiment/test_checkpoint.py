@@ -420,3 +420,21 @@ def test_a_torch_rng_state_that_cannot_be_restored_leaves_the_agent_as_it_was(tm
     with pytest.raises(ConfigError, match="torch RNG state cannot be restored"):
         r.apply(fresh)
     assert np.array_equal(fresh.parameters(), before) and torch.equal(torch.get_rng_state(), rng)
+
+
+def test_an_increments_full_checkpoint_is_checked_against_its_own_digest(tmp_path):
+    import torch
+
+    agent = _agent()
+    ck = Checkpointer(tmp_path / "ckpt", agent, agent.buffer, lambda: {"env_steps": agent.steps})
+    _train(agent, 60)
+    full = tmp_path / "ckpt" / ck.full(background=False)
+    _train(agent, 4)
+    inc = tmp_path / "ckpt" / ck.incremental()
+    # the full one's state.pt rewritten with other counters: it loads, its parameters are the
+    # same, and the increment read it without a word
+    st = torch.load(full / "state.pt", weights_only=False)
+    st["counters"] = dict(st["counters"], env_steps=10**9)
+    torch.save(st, full / "state.pt")
+    with pytest.raises(ConfigError, match=f"its full checkpoint {re.escape(str(full))} is damaged"):
+        load_checkpoint(inc)
