@@ -89,6 +89,9 @@ T_BOOT = wire.register_type("gsp_boot")
 SYNC_MODES = ("lockstep", "bounded", "async")
 #: seconds a bootstrap waits before asking the next donor when a send was refused at once
 BOOT_RETRY_S = 0.05
+#: bootstrap slices a donor sends to one asker at once (a bootstrap asks up to its
+#: ``donors`` slices, a few of one donor after a failure); more are dropped, counted
+MAX_BOOT_SERVING = 4
 MODES = ("params", "pseudo_gradient")
 
 # Random pairing meets many partners over time; past this many per-receiver
@@ -177,6 +180,7 @@ class GossipStats:
     full_sent: int = 0
     ignored_strangers: int = 0
     boot_served: int = 0        # parameter slices sent to bootstrapping neighbours
+    boot_busy: int = 0          # bootstrap requests dropped: MAX_BOOT_SERVING to that asker under way
     backlog_dropped: int = 0    # held messages dropped, oldest first, past a sender's _MAX_PENDING
 
 
@@ -422,6 +426,8 @@ class Gossip:
         self._boot: dict[int, tuple[str, int, int, asyncio.Future[np.ndarray]]] = {}
         self._boot_nonce = 0
         self._boot_round = 0
+        self._serving: dict[str, int] = {}          # bootstrap slices being sent, by asker
+        self._serve_tasks: set[asyncio.Task[None]] = set()
         # identity snapshots: written buffers that come back once sent and replaced
         self._free_snapshots: list[np.ndarray] = []
         if self._sends_state:
@@ -456,6 +462,8 @@ class Gossip:
         if off_view is not None:
             off_view(self._on_view)
         self._arrived.set()   # a round in flight stops waiting for its neighbours
+        for task in self._serve_tasks:   # bootstrap slices still waiting to go
+            task.cancel()
 
     def _snapshot(self) -> tuple[np.ndarray, bool]:
         """A copy of x for an identity round, in a recycled buffer where one is free,
@@ -684,10 +692,26 @@ class Gossip:
                 or not 0 <= lo < hi <= self.d:
             self._reject(msg.src, "rejected_malformed", f"bootstrap request for [{lo}, {hi}) of {self.d}")
             return
+        # Sent by a task of its own: awaited here, a send to an asker whose queue is full
+        # held the peer's receive loop up to send_timeout per request, as often as it asked.
+        if self._serving.get(msg.src, 0) >= MAX_BOOT_SERVING:
+            self.stats.boot_busy += 1
+            return
+        self._serving[msg.src] = self._serving.get(msg.src, 0) + 1
         # a copy: x keeps training while the transport sends without copying
-        if await self.link.send(msg.src, T_BOOT, {"lo": lo, "hi": hi, "nonce": nonce, "r": self.t},
-                                [self.x[lo:hi].copy()], timeout=self.send_timeout):
-            self.stats.boot_served += 1
+        body = {"lo": lo, "hi": hi, "nonce": nonce, "r": self.t}
+        task = asyncio.get_running_loop().create_task(self._serve_boot(msg.src, body, self.x[lo:hi].copy()))
+        self._serve_tasks.add(task)
+        task.add_done_callback(self._serve_tasks.discard)
+
+    async def _serve_boot(self, dst: str, body: dict[str, int], values: np.ndarray) -> None:
+        try:
+            if await self.link.send(dst, T_BOOT, body, [values], timeout=self.send_timeout):
+                self.stats.boot_served += 1
+        finally:
+            left = self._serving.pop(dst) - 1
+            if left:
+                self._serving[dst] = left
 
     def _on_boot(self, msg: Message) -> None:
         nonce = msg.body.get("nonce")

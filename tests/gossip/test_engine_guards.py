@@ -10,7 +10,7 @@ import pytest
 
 from swarm.errors import GossipError
 from swarm.gossip import Gossip
-from swarm.gossip.engine import T_BOOT, T_BOOT_REQ, T_DELTA, T_FULL, T_NACK
+from swarm.gossip.engine import MAX_BOOT_SERVING, T_BOOT, T_BOOT_REQ, T_DELTA, T_FULL, T_NACK
 from swarm.gossip.sim import SimHub, run_rounds
 from swarm.wire import Message
 
@@ -352,3 +352,35 @@ def test_an_engine_made_on_a_view_its_topology_cannot_take_is_made_and_closes_cl
 
     link = asyncio.run(main())
     assert not {T_DELTA, T_FULL, T_NACK, T_BOOT_REQ, T_BOOT} & set(link._handlers) and not link._view_cbs
+
+
+def test_a_donor_does_not_wait_on_its_bootstrap_sends_and_bounds_them_per_asker():
+    # the handler awaited the send: to an asker whose queue stayed full, each request held
+    # the peer's receive loop up to send_timeout, as often as the asker asked
+    async def main():
+        hub = SimHub()
+        links = hub.add_many(2)
+        g = Gossip(links[0], np.ones(100, np.float32), topology="ring", send_timeout=5.0)
+        sends = []
+
+        async def full_queue(dst, t, body, arrays=(), timeout=None):
+            sends.append(t)
+            await asyncio.sleep(timeout)   # the queue to it stays full
+            return False
+
+        links[0].send = full_queue
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for nonce in range(1, 8):
+            await g._on_boot_req(Message(T_BOOT_REQ, "p001", body={"lo": 0, "hi": 10, "nonce": nonce}))
+        took = loop.time() - t0
+        await asyncio.sleep(0.05)
+        in_flight, busy = len(g._serve_tasks), g.stats.boot_busy
+        g.close()
+        await asyncio.sleep(0.05)
+        return took, sends, in_flight, busy, len(g._serve_tasks), dict(g._serving)
+
+    took, sends, in_flight, busy, after_close, serving = asyncio.run(main())
+    assert took < 0.5, f"the receive loop waited {took:.2f} s on bootstrap sends"
+    assert len(sends) == in_flight == MAX_BOOT_SERVING and busy == 7 - MAX_BOOT_SERVING
+    assert after_close == 0 and serving == {}   # close() ends the sends still waiting
