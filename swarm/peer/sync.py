@@ -147,6 +147,7 @@ class SyncPeer:
         # so that no message arrives before its handler
         self._early_handlers: list[tuple[str, Callable[..., Any]]] = []
         self._early_view_callbacks: list[Callable[[View], None]] = []
+        self._handed = False   # the early ones are the peer's: on() from then goes to it (under _lock)
 
     # -- lifecycle
 
@@ -172,9 +173,14 @@ class SyncPeer:
             # Kept at once, on the loop thread: a close() from another thread while the
             # Peer is built stops the loop, and the loop thread's clean-up closes it.
             self.peer = p = Peer(*self._args, **self._kwargs)
-            for t, handler in self._early_handlers:
+            # an on() from another thread while start() runs goes to the lists before this,
+            # to the peer after (it was lost between the two, or raised "not running")
+            with self._lock:
+                self._handed = True
+                handlers, callbacks = list(self._early_handlers), list(self._early_view_callbacks)
+            for t, handler in handlers:
                 p.on(t, handler)
-            for callback in self._early_view_callbacks:
+            for callback in callbacks:
                 p.on_view(callback)
             return p
 
@@ -404,10 +410,11 @@ class SyncPeer:
         takes it off."""
         _check_callable(handler, f"on({t!r}, handler)")
         self._refuse_forked()
-        if self._unstarted():
-            check_handler_type(t, "SyncPeer")
-            self._early_handlers.append((t, _Guarded(handler, self)))
-            return
+        with self._lock:
+            if self._early():
+                check_handler_type(t, "SyncPeer")
+                self._early_handlers.append((t, _Guarded(handler, self)))
+                return
         self._refuse_closed()   # the closed peer would take it and never call it
         # on the peer's thread, as off(): the peer's lists are replaced, not changed in place,
         # and two threads registering at once would each replace the other's
@@ -417,8 +424,9 @@ class SyncPeer:
         """Stop calling ``handler`` for messages of type ``t`` (undo one :meth:`on`);
         False if it was not registered for ``t``. After :meth:`close` it still
         answers (though nothing is called any more)."""
-        if self.peer is None:
-            return _remove(self._early_handlers, (t, _Guarded(handler, self)))
+        with self._lock:
+            if not self._handed:
+                return _remove(self._early_handlers, (t, _Guarded(handler, self)))
         return self._on_loop(lambda: self._peer().off(t, _Guarded(handler, self)))
 
     def on_view(self, callback: Callable[[View], None]) -> None:
@@ -426,17 +434,19 @@ class SyncPeer:
         (given before :meth:`start`, from the first view on); :meth:`off_view` takes it off."""
         _check_callable(callback, "on_view(callback)")
         self._refuse_forked()
-        if self._unstarted():
-            self._early_view_callbacks.append(_Guarded(callback, self))
-            return
+        with self._lock:
+            if self._early():
+                self._early_view_callbacks.append(_Guarded(callback, self))
+                return
         self._refuse_closed()
         self._on_loop(lambda: self._peer().on_view(_Guarded(callback, self)))   # see on()
 
     def off_view(self, callback: Callable[[View], None]) -> bool:
         """Stop calling ``callback`` for new views (undo one :meth:`on_view`); False if
         it was not registered."""
-        if self.peer is None:
-            return _remove(self._early_view_callbacks, _Guarded(callback, self))
+        with self._lock:
+            if not self._handed:
+                return _remove(self._early_view_callbacks, _Guarded(callback, self))
         return self._on_loop(lambda: self._peer().off_view(_Guarded(callback, self)))
 
     def wait_linked(self, timeout: float | None = 5.0) -> None:
@@ -487,8 +497,10 @@ class SyncPeer:
         if self._closed:
             raise self._refusal()
 
-    def _unstarted(self) -> bool:
-        return self._thread is None and not self._closed
+    def _early(self) -> bool:
+        """(Under _lock.) Whether a handler given now waits in the early lists: before
+        start(), and while start() builds the peer, which takes them in."""
+        return not self._handed and not self._closed
 
     def _peer(self) -> Peer:
         if self.peer is None:

@@ -578,3 +578,41 @@ def test_handlers_registered_from_several_threads_at_once_are_all_kept(sync_pair
     handlers = s.peer._handlers
     assert [len(handlers[f"t{k}"]) for k in range(3)] == [n] * 3
     assert len(handlers["shared"]) == 3 * n and len(s.peer._view_callbacks) == before + 3 * n
+
+
+def test_handlers_registered_while_start_runs_are_all_kept(procs):
+    # an on() between start()'s thread start and its building of the peer went to the early
+    # list after the peer had taken it in (lost), or to a peer not yet made ("not running")
+    import threading
+
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, name="coord")
+    wait_for(lambda: status(addr), 10, what="coordinator up")
+    s = SyncPeer(id="s", coordinators=[addr], join_timeout_s=10)
+    errors, n = [], [0]
+    started = threading.Event()
+
+    def register() -> None:
+        started.wait()
+        while not (s.peer is not None and s.peer.view.members):   # until the join is done
+            try:
+                s.on("x", lambda m: None)
+                s.on_view(lambda v: None)
+                n[0] += 1
+            except Exception as e:   # noqa: BLE001 - any error is the failure
+                errors.append(e)
+                return
+
+    th = threading.Thread(target=register)
+    th.start()
+    try:
+        started.set()
+        s.start()
+        th.join(30)
+        assert not th.is_alive() and errors == []
+        assert len(s.peer._handlers["x"]) == n[0] > 0
+        assert len(s.peer._view_callbacks) == n[0]
+    finally:
+        started.set()
+        th.join(30)
+        s.close()
