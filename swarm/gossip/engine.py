@@ -271,6 +271,8 @@ class _OutStream:
         self.ver = 0
         self.codec = codec
         self.synced: set[str] = set()
+        self.sending: str | None = None   # the receiver a send of this stream is waiting on
+        self.nacked = False               # and whether it nacked meanwhile
         self._shared = [] if shared is None else shared
 
     def delta(self, x: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -590,6 +592,8 @@ class Gossip:
         stream = self._out.get(msg.src if self._per_edge else "")
         if stream is not None:
             stream.synced.discard(msg.src)
+            if stream.sending == msg.src:
+                stream.nacked = True
 
     def _reject(self, src: str, kind: str, why: str) -> None:
         setattr(self.stats, kind, getattr(self.stats, kind) + 1)
@@ -1040,11 +1044,20 @@ class Gossip:
         own = (self._out[receivers[0] if self._per_edge else ""].hat if receivers
                else self._out[""].hat if "" in self._out else self.x)
         for s, dst, (typ, body, arrays, nbytes) in sends:
-            if await self._send(dst, typ, body, arrays, nbytes, res):
+            s.sending, s.nacked = dst, False
+            try:
+                ok = await self._send(dst, typ, body, arrays, nbytes, res)
+            finally:
+                s.sending = None
+            if ok:
                 if typ == T_FULL and not self._sends_state:
                     res.full_sent += 1
                     self.stats.full_sent += 1
-                s.synced.add(dst)
+                # a nack that came while this delta waited to go is for a gap this delta
+                # does not fill: it stays unsynced and gets the full state next round (a
+                # full state sent meanwhile fills it)
+                if typ == T_FULL or not s.nacked:
+                    s.synced.add(dst)
             else:
                 s.synced.discard(dst)
 

@@ -384,3 +384,33 @@ def test_a_donor_does_not_wait_on_its_bootstrap_sends_and_bounds_them_per_asker(
     assert took < 0.5, f"the receive loop waited {took:.2f} s on bootstrap sends"
     assert len(sends) == in_flight == MAX_BOOT_SERVING and busy == 7 - MAX_BOOT_SERVING
     assert after_close == 0 and serving == {}   # close() ends the sends still waiting
+
+
+def test_a_nack_that_comes_while_a_delta_waits_to_go_is_not_undone():
+    # the nack took the receiver out of `synced`; the delta's send, done after it, put it
+    # back, and the receiver, missing a version, got deltas it could not apply until it
+    # nacked again
+    async def main():
+        hub = SimHub()
+        links = hub.add_many(2)
+        ga = Gossip(links[0], np.ones(64, np.float32), topology="ring", codec="fp16", round_timeout=1.0)
+        gb = Gossip(links[1], np.zeros(64, np.float32), topology="ring", codec="fp16", round_timeout=1.0)
+        await run_rounds([ga, gb], 2)
+        (stream,) = ga._out.values()
+        assert "p001" in stream.synced
+        sent, orig = [], links[0].send
+
+        async def send(dst, t, body, arrays=(), timeout=None):
+            sent.append(t)
+            if t == T_DELTA and len(sent) == 1:   # the receiver's nack arrives meanwhile
+                ga._on_nack(Message(T_NACK, dst, body={"ver": body["ver"] - 1}))
+            return await orig(dst, t, body, arrays, timeout=timeout)
+
+        links[0].send = send
+        await run_rounds([ga, gb], 1)
+        unsynced = "p001" not in stream.synced
+        await run_rounds([ga, gb], 1)
+        return sent, unsynced
+
+    sent, unsynced = asyncio.run(main())
+    assert sent[0] == T_DELTA and unsynced and sent[1] == T_FULL, sent
