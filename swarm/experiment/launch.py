@@ -1196,10 +1196,14 @@ def _table(rows: list[dict[str, Any]]) -> str:
         best = s.get("best_eval_return")
         cpu = s.get("cpu_s")
         best_s = f"{best:.1f} @ {s.get('best_eval_at', '?')}" if best is not None else "-"
+        end = s.get("reason", "")
+        skipped = s.get("skipped")
+        if isinstance(skipped, int) and skipped > 0:   # a peer that learned nothing still ends "budget"
+            end += f" ({skipped} updates skipped: loss or gradient not finite)"
         lines.append(f"{s.get('id', '?'):<7} {s.get('env_steps', 0):>8} "
                      f"{(f'{ret:.1f}' if ret is not None and math.isfinite(ret) else '-'):>12} "
                      f"{(f'{ev:.1f}' if ev is not None else '-'):>7} {best_s:>14} {s.get('rounds', 0):>7} "
-                     f"{s.get('bytes_out', 0) / 1e6:>8.2f} {(f'{cpu:.1f}' if cpu else '-'):>7}  {s.get('reason', '')}")
+                     f"{s.get('bytes_out', 0) / 1e6:>8.2f} {(f'{cpu:.1f}' if cpu else '-'):>7}  {end}")
     return "\n".join(lines)
 
 

@@ -226,3 +226,13 @@ def test_updates_skipped_for_a_non_finite_loss_are_counted_and_warned_of(coordin
     assert summary["skipped"] == out["skipped"] and summary["unusable"] == 0   # its items are all fine
     warned = [r for r in caplog.records if "not finite" in r.getMessage()]
     assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_the_summary_table_says_how_many_updates_a_peer_skipped():
+    from swarm.experiment.launch import _table
+
+    rows = [{"id": "peer0", "env_steps": 500, "reason": "budget", "skipped": 168},
+            {"id": "peer1", "env_steps": 500, "reason": "budget", "skipped": 0}, {"id": "peer2"}]
+    lines = _table(rows).splitlines()
+    assert lines[2].endswith("budget (168 updates skipped: loss or gradient not finite)")
+    assert lines[3].endswith("budget") and "skipped" not in lines[4]
