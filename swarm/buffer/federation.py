@@ -202,7 +202,10 @@ class Federation:
         self.stats = FederationStats()
         self._names = buffer.schema.names
         self._rng = np.random.default_rng(seed)
-        self._rid = itertools.count(1)
+        # Push ids from a random start: a restarted process (or a Federation rebuilt on the
+        # same peer) counting from 1 again could take a late ack of its predecessor's push
+        # for one of its own, and mark items held that never arrived.
+        self._rid = itertools.count(int(np.random.default_rng().integers(1, 2**62)))
         self._new: list[np.ndarray] = []          # indices added locally since the last flush
         self._unridden: list[np.ndarray] = []     # ... since the last ride (ride=True)
         self._new_lock = threading.Lock()         # add() may run on the learner's thread
@@ -330,7 +333,11 @@ class Federation:
                     if allowed:
                         owed[dst] = picked[picked.size - allowed:]
             if self.replicas:
-                self._table.add(*self._live(idx))
+                seqs, live = self._live(idx)
+                self._table.add(seqs, live)
+                # overwritten before their first flush (more added than the ring holds):
+                # they went to no one
+                self.stats.unreplicated += idx.size - live.size
                 self.stats.under_replicated = len(self._table)
         except BaseException:
             self._credit = credit
@@ -554,6 +561,12 @@ class Federation:
                 again = table.mark(dst, seqs, sent=True)
                 try:
                     ok = await self._send_items(dst, PUSH, chunk, {"rid": rid, "ack": True})
+                    if rid in self._inflight:
+                        # the ack's time runs from when the push went, not from before a wait
+                        # on a full queue (up to send_timeout): that resent pushes on congested
+                        # links before an ack could have come. Registered before the send, so
+                        # that an ack that comes first still matches.
+                        self._inflight[rid] = (dst, seqs, time.monotonic() + self.ack_timeout)
                 except BaseException as e:
                     # Nothing went: the items go again at the next flush (or now, in halves),
                     # not after ack_timeout, and their target is not backed off for it.

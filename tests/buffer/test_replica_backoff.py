@@ -265,3 +265,51 @@ def test_resends_to_a_live_peer_that_never_acks_back_off():
                     await p.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_an_acks_time_runs_from_when_its_push_went_not_from_before_a_wait(clock):
+    # a push that waited 1.5 s on a full queue had its 1 s ack window set before the
+    # wait: spent when it went, and the next flush resent it before any ack could come
+    hub = Hub()
+    buf, fa = peer(hub, "a", ["b"], share=0.0, replicas=1, ack_timeout=1.0, send_timeout=2.0)
+    hub.link("b", ["a"])   # receives, acknowledges nothing (yet)
+    send = fa.link.send
+
+    async def full_queue(dst, t, body=None, arrays=(), *, timeout=None):
+        if t == "buf.push":
+            clock[0] += 1.5
+        return await send(dst, t, body, arrays, timeout=timeout)
+
+    fa.link.send = full_queue
+
+    async def main():
+        buf.add(items(4))
+        await fa.flush()
+        (deadline,) = [e[2] for e in fa._inflight.values()]
+        await fa.flush()   # at once: within the ack window
+        return deadline
+
+    deadline = asyncio.run(main())
+    assert deadline == pytest.approx(1.5 + 1.0) and fa.stats.pushed == 4 and fa.stats.resent == 0
+
+
+def test_items_the_ring_overwrites_before_their_first_flush_count_as_unreplicated(clock):
+    hub = Hub()
+    buf = ReplayBuffer(SCHEMA, 100, first_seq=0, seed=0, peer_id="a")
+    fa = Federation(buf, hub.link("a", ["b"]), share=0.0, replicas=1, seed=1)
+    hub.link("b", ["a"])
+    buf.add(items(100))
+    buf.add(items(50, 100))              # the first 50 gone before anything could send them
+    asyncio.run(fa.flush())
+    assert fa.stats.unreplicated == 50
+
+
+def test_push_ids_do_not_start_again_at_1_in_a_new_federation():
+    # a late ack of the previous process's push 1 matched the new one's push 1
+    hub = Hub()
+    rids = set()
+    for _ in range(2):
+        buf = ReplayBuffer(SCHEMA, 100, first_seq=0, seed=0, peer_id="a")
+        fa = Federation(buf, hub.link("a", ["b"]), share=0.0, replicas=1, seed=1)
+        rids.add(next(fa._rid))
+    assert len(rids) == 2 and 1 not in rids
