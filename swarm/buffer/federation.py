@@ -100,6 +100,8 @@ PULL = register_type("buf.pull")
 ITEMS = register_type("buf.items")
 ACK = register_type("buf.ack")
 RESYNC = register_type("buf.resync")
+#: flushes that try to tell a neighbour of a restart whose queue stayed full
+RESYNC_TRIES = 3
 
 log = logging.getLogger(__name__)
 _META = 4  # origins, seqs, times, priorities after the field arrays
@@ -231,6 +233,7 @@ class Federation:
         # again if it goes; acks are merged into buckets of rereplicate_s / _BUCKETS seconds (see _remember)
         self._recent: dict[str, deque[tuple[float, list[np.ndarray]]]] = {}
         self._resync_sent = False
+        self._resync_tries = 0
         self._resynced: set[str] = set()           # told so far, while the first resync goes out
         self._credit = 0.0                         # share of new items owed but not yet sent (< 1)
         self._pulls: dict[int, tuple[str, asyncio.Future]] = {}   # rid -> (peer asked, its answer)
@@ -292,13 +295,19 @@ class Federation:
         self._take_new(nbrs)
         if not self._resync_sent and nbrs:
             # Whatever this peer's own settings, it may have held its neighbours' replicas
-            # before a restart: they must hear of it to replicate them again.
+            # before a restart: they must hear of it to replicate them again. One whose
+            # queue stayed full is told at the next flush (it never heard, before), up to
+            # RESYNC_TRIES flushes.
             for dst in nbrs:
                 if dst not in self._resynced:
-                    await self.link.send(dst, RESYNC, {}, timeout=self.send_timeout)
-                    self._resynced.add(dst)
-            self._resync_sent = True
-            self._resynced.clear()
+                    if await self.link.send(dst, RESYNC, {}, timeout=self.send_timeout):
+                        self._resynced.add(dst)
+                    else:
+                        self.stats.send_failures += 1
+            self._resync_tries += 1
+            if self._resync_tries >= RESYNC_TRIES or all(d in self._resynced for d in nbrs):
+                self._resync_sent = True
+                self._resynced.clear()
         sent = 0
         if self._owed:
             sent += await self._share(nbrs)

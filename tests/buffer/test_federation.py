@@ -643,3 +643,37 @@ def test_an_ack_from_a_peer_the_push_did_not_go_to_changes_nothing():
         assert len(b) == 5
         assert sorted(fa.take_acknowledged()) == [("a", s) for s in range(5)]
     run(main())
+
+
+def test_a_resync_whose_send_failed_is_sent_again_at_the_next_flush():
+    """Its send's False was ignored: a restarted holder whose neighbour's queue was full
+    at its first flush never told it, and got back none of what it had acknowledged."""
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b"], share=0.0, replicas=1)
+        b, _ = peer(hub, "b", ["a"], cap=10_000, share=0.0)
+        a.add(items(20))
+        await fa.flush()
+        await hub.settle()
+        assert len(fa.take_acknowledged()) == 20
+        b2, fb2 = peer(hub, "b", ["a"], cap=10_000, share=0.0)   # b restarted from nothing
+        send, tries = fb2.link.send, []
+
+        async def full_once(dst, t, body=None, arrays=(), *, timeout=None):
+            if t == "buf.resync":
+                tries.append(dst)
+                if len(tries) == 1:
+                    return False   # a's queue stayed full
+            return await send(dst, t, body, arrays, timeout=timeout)
+
+        fb2.link.send = full_once
+        await fb2.flush()
+        await fb2.flush()
+        await fb2.flush()          # told once: no more
+        await hub.settle()
+        await fa.flush()
+        await hub.settle()
+        await hub.close()
+        assert tries == ["a", "a"] and fb2.stats.send_failures == 1
+        assert len(b2) == 20 and fa.stats.rereplicated == 20
+    run(main())
