@@ -793,6 +793,11 @@ class Peer:
         if self._welcome is not None and not self._welcome.done():
             # a start() in another task waits for the welcome: it ends now, and says why
             self._welcome.set_exception(self._closed_while_starting())
+        bye = getattr(self, "_bye", None)
+        if self.state is PeerState.LEAVING and bye is not None and not bye.done():
+            # another close() waits for the leave's confirmation: wait with it (closing the
+            # sockets now could drop the leave, and left that one waiting for ever)
+            await asyncio.wait([bye], timeout=timeout)
         try:
             if self.state is PeerState.RUNNING and self._runner and not self._runner.done():
                 self.state = PeerState.LEAVING
@@ -1008,7 +1013,9 @@ class Peer:
         """Return when the peer stops running: after :meth:`close`, or when it fails
         (a refused rejoin, a broken socket), whose error it then raises."""
         if self._runner is not None:
-            await asyncio.shield(self._runner)
+            # not an await of the runner: a close cut short cancels it, and that raised
+            # CancelledError in every task waiting here, which nobody had cancelled
+            await asyncio.wait([self._runner])
         self._raise_failure()
 
     # ---------------------------------------------------------------- internals
@@ -1063,6 +1070,9 @@ class Peer:
                 runner.exception()   # seen here: no "exception was never retrieved" at gc
         for probe in list(self._probes):
             probe.cancel()
+        bye = getattr(self, "_bye", None)
+        if bye is not None and not bye.done():   # a close() waiting for it returns
+            bye.set_result(None)
         self._close_sockets()
         self._expire_held(math.inf)   # what was held for a view that never came is dropped
         self._expire_held_in(math.inf)
@@ -1146,6 +1156,11 @@ class Peer:
         self._join()
 
     def _join(self) -> None:
+        if self.state in (PeerState.LEAVING, PeerState.CLOSED):
+            # close() sent leave: a "rejoin" answer to a late heartbeat, a rotation or the
+            # timer's re-join took the peer back into the view (two view changes, and
+            # neighbours linking to a peer about to be gone)
+            return
         self._join_sent = time.monotonic()
         body = {"addr": self.address, "rank": self.rank, "inc": self.incarnation, "last_epoch": self._view.epoch}
         if self.config.replace and self.state is PeerState.JOINING:
@@ -1812,8 +1827,8 @@ class Peer:
             if self._rejoining and now - self._join_sent > 0.25:
                 self._join()
             self._resend_hellos(now)
-            if now - last_hb < cfg.heartbeat_s:
-                continue
+            if now - last_hb < cfg.heartbeat_s or self.state is PeerState.LEAVING:
+                continue   # leaving: a beat after the leave reads as a dead member's, answered "rejoin"
             last_hb = now
             self._close_spare_links(now)
             body: dict[str, Any] = {"inc": self.incarnation, "linked": self._linked_epoch}

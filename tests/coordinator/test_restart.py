@@ -70,6 +70,9 @@ def test_a_join_with_an_epoch_near_the_wire_limit_changes_nothing():
                     await d.send_multipart(wire.encode("join", f"x{i}", body={
                         "addr": "tcp://127.0.0.1:9", "rank": -1, "inc": 1, "last_epoch": last}))
                 await until(lambda: coord.malformed == 2, what="both joins refused")
+                for _ in range(2):   # and told why
+                    refused = wire.decode(await asyncio.wait_for(d.recv_multipart(), 5))
+                    assert refused.t == "refuse" and "last_epoch" in refused.body["reason"]
                 await asyncio.sleep(0.2)
                 assert coord.table.epoch == 0 and not coord.table.members
                 # the coordinator still serves: the highest allowed epoch is taken as it is
