@@ -80,3 +80,24 @@ def test_wait_stopped_returns_when_a_close_is_cut_short():
             await coord.close()
 
     assert asyncio.run(main())
+
+
+def test_every_counter_goes_out_on_heartbeats():
+    # PeerCounters says so; handler_errors, unhandled, suspicions and rejoins never went
+    async def main():
+        async with Coordinator(bind="tcp://127.0.0.1:0", http_bind="") as coord:
+            p = Peer(coordinators=[coord.address], id="a", heartbeat_s=0.05)
+            await p.start()
+            try:
+                p.counters.handler_errors, p.counters.rejoins = 3, 2
+                loop = asyncio.get_running_loop()
+                end = loop.time() + 5
+                while (coord.table.get("a").stats or {}).get("handler_errors") != 3:
+                    assert loop.time() < end, coord.table.get("a").stats
+                    await asyncio.sleep(0.05)
+                return coord.table.get("a").stats
+            finally:
+                await p.close()
+
+    stats = asyncio.run(main())
+    assert {"handler_errors", "unhandled", "suspicions", "rejoins"} <= set(stats) and stats["rejoins"] == 2
