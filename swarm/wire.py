@@ -220,16 +220,19 @@ def _check_unpacks(head: bytes, limits: Limits) -> None:
     """Raise where :func:`unpack_header` would refuse ``head``, which msgpack packed, at less cost:
     bytes for str and tuples for lists are cheaper to make, and refused alike (msgpack
     packs no invalid UTF-8, and takes only str and bytes as keys with ``strict_map_key``)."""
-    hooks = {} if len(head) <= limits.max_containers else _hooks(limits)
     msgpack.unpackb(
-        head, raw=True, strict_map_key=True, use_list=False, **hooks,
+        head, raw=True, strict_map_key=True, use_list=False, **_hooks(head, limits),
         max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
         max_array_len=limits.max_array_len, max_map_len=limits.max_map_len,
         max_ext_len=0,
     )
 
 
-def _hooks(limits: Limits) -> dict[str, Any]:
+def _hooks(head: Any, limits: Limits) -> dict[str, Any]:
+    """msgpack's hooks that count the maps and arrays of ``head`` against the limit; none
+    for a header no longer than it (each takes a byte at least), so ordinary ones pay nothing."""
+    if len(head) <= limits.max_containers:
+        return {}
     count = _Counter(limits.max_containers)
     return {"list_hook": count, "object_hook": count}
 
@@ -374,11 +377,9 @@ def unpack_header(head: Any, limits: Limits = DEFAULT_LIMITS) -> Any:
     and return it, not yet checked as a header; raises :class:`WireError`. :func:`decode`
     unpacks with it, :func:`encode` checks its output with it, and the coordinator's
     heartbeat fast path reads with it."""
-    # each map or array takes a byte at least, so a header no longer than the cap needs no count
-    hooks = {} if len(head) <= limits.max_containers else _hooks(limits)
     try:
         return msgpack.unpackb(
-            head, raw=False, strict_map_key=True, use_list=True, **hooks,
+            head, raw=False, strict_map_key=True, use_list=True, **_hooks(head, limits),
             max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
             max_array_len=limits.max_array_len, max_map_len=limits.max_map_len,
             max_ext_len=0,

@@ -252,7 +252,7 @@ class DQNAgent(BaseAgent):
             loss, td = self._gradient_of(items, weights)
         else:
             loss = math.nan   # gather would raise for the action outside the Q-values
-        if not (math.isfinite(loss) and np.isfinite(self._grad_vec).all()):
+        if not self._finite(loss):
             bad = self._unusable(items)
             if bad is not None:
                 # A neighbour's items pass the buffer's schema (dtypes, shapes) only: one
@@ -269,7 +269,7 @@ class DQNAgent(BaseAgent):
                 for v in items.values():   # stand-ins that compute finite (and unweighted) losses
                     v[bad] = v[good]
                 loss, td = self._gradient_of(items, np.where(bad, np.float32(0), weights))
-        if not (math.isfinite(loss) and np.isfinite(self._grad_vec).all()):
+        if not self._finite(loss):
             # Finite items whose loss is not (values past what the network's float32 can
             # hold): stepping would make every parameter NaN, and the peers that share
             # gradients would refuse it. Skip it and count it.
@@ -280,12 +280,13 @@ class DQNAgent(BaseAgent):
             self.apply_gradient()
         else:  # the swarm shares this gradient; apply what the others will apply
             self.apply_gradient(self.publish(self._grad_vec))
-        td = td.abs().numpy()
-        if bad is None:
-            self.buffer.update_priorities(sample.indices, td)
-        else:
-            self.buffer.update_priorities(np.asarray(sample.indices)[~bad], td[~bad])
+        keep = slice(None) if bad is None else ~bad
+        self.buffer.update_priorities(np.asarray(sample.indices)[keep], td.abs().numpy()[keep])
         return loss
+
+    def _finite(self, loss: float) -> bool:
+        """Whether the gradient :meth:`gradient` left, and its loss, may be stepped."""
+        return math.isfinite(loss) and bool(np.isfinite(self._grad_vec).all())
 
     def _gradient_of(self, items: dict[str, np.ndarray], weights: np.ndarray) -> tuple[float, torch.Tensor]:
         return self.gradient({k: torch.as_tensor(v) for k, v in items.items()}, torch.as_tensor(weights))
