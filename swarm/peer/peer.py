@@ -378,6 +378,12 @@ def _cancelled_by_callback() -> bool:
     return task is not None and not task.cancelling()
 
 
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a task's exception as seen (no "exception was never retrieved" at gc)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _outgoing(e: WireError) -> WireError:
     """Mark ``e`` as this process's own refusal of what it was about to send or
     register (see :func:`_is_outgoing`); returns it."""
@@ -491,6 +497,8 @@ class Peer:
         self._welcome: asyncio.Future[dict[str, Any]] | None = None
         self._stop = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
+        self._recv_task: asyncio.Task[Any] | None = None   # the loop that runs handlers
+        self._closer: asyncio.Task[None] | None = None      # a close() a handler started
         self._failure: BaseException | None = None
         self._poll_dirty = True
         self._wake = asyncio.Event()      # set by the watched sockets' fds and by _sockets_changed
@@ -780,8 +788,19 @@ class Peer:
 
         ``timeout``: seconds to wait for the coordinator to confirm the leave (None:
         without a deadline).
+
+        Awaited from a handler (or a view callback), it starts the leave and returns
+        at once, the peer LEAVING: the handler runs on the receive loop, the only
+        reader of the confirmation, so the rest of the close runs in a task of its own
+        once the handler returns. :meth:`wait_stopped` returns when the peer is closed.
         """
         seconds(timeout, none_ok=True)
+        if self._recv_task is not None and asyncio.current_task() is self._recv_task:
+            if self._closer is None and self.state is not PeerState.CLOSED:
+                self._closer = asyncio.create_task(self.close(timeout), name=f"peer-{self.id}-close")
+                self._closer.add_done_callback(_retrieve)   # a failure is the peer's: wait_stopped raises it
+                await asyncio.sleep(0)   # the closer sends the leave before the handler goes on
+            return
         if self.state is PeerState.NEW:
             # never started: no socket to close, but the context it made has an I/O thread
             self.state = PeerState.CLOSED
@@ -1016,6 +1035,9 @@ class Peer:
             # not an await of the runner: a close cut short cancels it, and that raised
             # CancelledError in every task waiting here, which nobody had cancelled
             await asyncio.wait([self._runner])
+        closer = self._closer
+        if closer is not None and closer is not asyncio.current_task():
+            await asyncio.wait([closer])   # a close() a handler started: until the sockets are closed
         self._raise_failure()
 
     # ---------------------------------------------------------------- internals
@@ -1180,6 +1202,7 @@ class Peer:
         # case an edge was lost anyway) make a pass look at every socket.
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self._recv_task = asyncio.current_task()
         self._join()
         watched: list[tuple[int, Any, zmq.Socket, Callable[[zmq.Socket], Any]]] = []
         try:
