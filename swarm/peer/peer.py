@@ -733,18 +733,19 @@ class Peer:
         self._welcome = asyncio.get_running_loop().create_future()
         self._rotated = time.monotonic()
         self._runner = asyncio.create_task(self._run(), name=f"peer-{self.id}")
+        # one deadline for the welcome and the view that lists us (wire.md, section 5)
+        deadline = time.monotonic() + cfg.join_timeout_s
         try:
             welcome = await asyncio.wait_for(asyncio.shield(self._welcome), cfg.join_timeout_s)
-            deadline = cfg.join_timeout_s
-            t0 = time.monotonic()
             while self._view.index(self.id) < 0:
                 self._raise_failure()
                 if self._closing():
                     raise self._closed_while_starting()
-                if time.monotonic() - t0 > deadline:
-                    raise PeerTimeout(f"peer {self.id}: welcomed but no view arrived within {deadline} s")
+                if time.monotonic() > deadline:
+                    raise MembershipError(f"peer {self.id}: welcomed, but no view that lists it arrived within "
+                                          f"join_timeout_s = {cfg.join_timeout_s} s")
                 await asyncio.sleep(0.005)
-        except PeerTimeout:   # a TimeoutError too: the welcome came, the view did not
+        except MembershipError:   # the welcome came, the view did not
             await self._abort()
             raise
         except asyncio.TimeoutError:
@@ -1740,7 +1741,7 @@ class Peer:
             link = self._link(pid)
             if link is not None:
                 link.hello_sent = now
-                tp.try_send(link.plain, wire.encode("hello", self.id, epoch=view.epoch, body={"e": view.epoch}))
+                self._hello(link)
             elif (pid, view.member(pid).addr) in self._bad_addrs:
                 # it can never answer: waiting for it would stall wait_linked for ever
                 self._pending_hello.discard(pid)
@@ -1897,5 +1898,9 @@ class Peer:
             link = self._links.get(pid)
             if link is not None and now - link.hello_sent > 0.1:
                 link.hello_sent = now
-                tp.try_send(link.plain, wire.encode("hello", self.id, epoch=self._view.epoch,
-                                                    body={"e": self._view.epoch}))
+                self._hello(link)
+
+    def _hello(self, link: _Link) -> None:
+        frames = wire.encode("hello", self.id, epoch=self._view.epoch, body={"e": self._view.epoch})
+        if tp.try_send(link.plain, frames):
+            self._count_out(frames)   # as the receiver counts it in msgs_in

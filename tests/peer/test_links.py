@@ -88,3 +88,34 @@ def test_a_link_opened_to_a_non_neighbour_carries_its_message_then_closes():
                         await p.close()
 
     asyncio.run(main())
+
+
+def test_each_side_counts_out_what_the_other_counts_in():
+    # hello went out uncounted (msgs_out, bytes_out) while the receiver counted it in
+    # msgs_in: a quiet pair of peers never agreed on how many messages had passed
+    async def main():
+        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+            a = Peer(id="a", coordinators=[coord.address], heartbeat_s=0.2)
+            b = Peer(id="b", coordinators=[coord.address], heartbeat_s=0.2)
+            try:
+                await a.start()
+                await b.start()
+                for p in (a, b):
+                    await p.wait_view(lambda v: len(v.members) == 2, timeout=10)
+                    await p.wait_linked(timeout=10)
+                b.on("x", lambda msg: None)
+                await a.send("b", "x", {"n": 1}, timeout=5)
+
+                def agreed() -> bool:
+                    ca, cb = a.counters, b.counters
+                    return (ca.msgs_out, ca.bytes_out, cb.msgs_out, cb.bytes_out) == \
+                        (cb.msgs_in, cb.bytes_in, ca.msgs_in, ca.bytes_in)
+                async with asyncio.timeout(5):
+                    while not agreed():
+                        await asyncio.sleep(0.02)
+                assert a.counters.msgs_out >= 2   # a hello and the message
+            finally:
+                await b.close()
+                await a.close()
+
+    asyncio.run(main())
