@@ -43,8 +43,9 @@ it no peer could rejoin nor be restarted, so the run then ends (the peers write 
 results first) and its exit code is 1.
 
 A crash is any end of a process that the launcher did not cause, whenever it
-comes (a peer that exits 0 has spent its budget; the coordinator never ends by
-itself, so its exit 0 is someone's SIGTERM). Each is reported with the process,
+comes (a peer that exits 0 has spent its budget, unless its summary says a signal
+from outside stopped it: that one is reported, not restarted; the coordinator never
+ends by itself, so its exit 0 is someone's SIGTERM). Each is reported with the process,
 its exit code or signal and its log, and each that no restart makes good makes
 the run's exit code 1. A peer that crashed after it wrote its final
 ``summary.json`` (while it closed its sockets, or at exit) has whole results: it
@@ -138,6 +139,8 @@ class _Child:
     proc: subprocess.Popen | Forked
     log: Path
     ended_by_us: bool = False
+    #: its exit 0 was looked into (see :func:`_stopped_from_outside`)
+    exit_read: bool = False
     #: time.time() when it was started: a summary.json older than that is a predecessor's
     started: float = field(default_factory=time.time)
 
@@ -928,6 +931,22 @@ def _crashed_after_summary(launch: Launch, r: int, c: _Child, out: TextIO) -> bo
     return True
 
 
+def _stopped_from_outside(launch: Launch, peers: list[_Child], progress: _Progress, out: TextIO) -> None:
+    """Peers that exited 0 because a signal from outside swarm run stopped them (their
+    summary's reason is ``stopped``; swarm run signals a peer only while it ends it): their
+    results are whole, so they are not restarted and the others go on, but the run did not
+    train as it was told to, so each is said and makes the exit code 1."""
+    for r, c in enumerate(peers):
+        if c.exit_read or c.ended_by_us or c.proc.poll() != 0 or c.name in launch.given_up:
+            continue
+        c.exit_read = True
+        if _finished(launch.run_dir, r, c) == "stopped":
+            launch.given_up[c.name] = "stopped from outside swarm run"
+            progress.done()
+            print(f"swarm run: {c.name} (pid {c.proc.pid}) was stopped before its budget by a signal from "
+                  f"outside swarm run (its results are complete; not restarting it)", file=out, flush=True)
+
+
 def _left_down(launch: Launch, c: _Child, out: TextIO) -> bool:
     """restart_dead: whether crashed ``c`` (a peer or the coordinator) stays down, because its
     start failed on an error that every start would meet again or it crashed again after
@@ -1051,6 +1070,7 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
                       "results first)", file=out, flush=True)
                 launch.end(peers, hurry=intr.hurry)
                 return 1
+        _stopped_from_outside(launch, peers, progress, out)
         # Without restart_dead a crash ends the run, whenever it comes (the coordinator never
         # ends by itself: an exit 0 is a SIGTERM from someone else; a peer's 0 is its budget spent).
         for r, c in [(-1, coord), *enumerate(peers)]:

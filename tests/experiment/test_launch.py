@@ -130,6 +130,30 @@ def test_a_crash_after_the_final_summary_is_reported_and_not_restarted(tmp_path,
     assert launch.given_up == {"peer0": "budget, then exited with signal 11"} and launch.restarts == {}
 
 
+@pytest.mark.parametrize("restart_dead", [False, True])
+def test_a_peer_stopped_from_outside_is_reported(tmp_path, monkeypatch, restart_dead):
+    """A peer that someone else's SIGTERM stopped exits 0 with the summary of a stopped peer:
+    `swarm run` took it as a budget spent (no line, exit code 0). Its results are whole, so
+    it is not restarted and the others go on, but the line says so and the exit code is 1."""
+    spec = _spec(f"restart_dead={str(restart_dead).lower()}")
+    monkeypatch.setattr(Launch, "start", lambda *a, **k: pytest.fail("a process was started"))
+    monkeypatch.setattr(Launch, "end", lambda *a, **k: pytest.fail("the others were ended"))
+    monkeypatch.setattr(launch_mod, "_status", lambda addr: None)
+    launch = Launch(tmp_path)
+    coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)
+    peers = [_Child(f"peer{r}", _Polled(0), tmp_path / f"p{r}.log", started=time.time() - 5) for r in range(2)]
+    _summary(tmp_path, 0, "stopped")
+    _summary(tmp_path, 1, "budget")
+    out = io.StringIO()
+    code = _supervise(launch, spec, coord, peers, "tcp://127.0.0.1:9", _Progress(spec, io.StringIO()),
+                      _Interrupt(), out)
+    said = out.getvalue()
+    assert code == 1, said
+    assert "peer0 (pid 0) was stopped before its budget by a signal from outside swarm run" in said, said
+    assert "peer1" not in said
+    assert launch.given_up == {"peer0": "stopped from outside swarm run"} and launch.restarts == {}
+
+
 def test_a_predecessors_summary_does_not_count(tmp_path, monkeypatch):
     """A summary older than the process (a predecessor's), or one with reason error (written
     on the way out of a failure), does not make a crash one after the final summary: each
