@@ -29,6 +29,8 @@ the rows are hashed (about a millisecond per MB).
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import math
@@ -312,12 +314,54 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: renameat2's flag: swap two names in one step (Linux 3.15; not every file system has it)
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the directory entries ``a`` and ``b`` in one atomic step; False, with nothing
+    changed, where the system or the file system cannot."""
+    libc = _libc()
+    rename2 = getattr(libc, "renameat2", None)
+    if rename2 is None:
+        return False
+    if rename2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _libc() -> Any:
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            _LIBC = False
+    return _LIBC
+
+
+_LIBC: Any = None
+
+
 def _replace(tmp: Path, path: Path) -> None:
     """Rename the complete snapshot ``tmp`` to ``path``, replacing an earlier snapshot
-    there; when the rename fails the earlier one is put back."""
+    there; when the rename fails the earlier one is put back.
+
+    Where the file system can, the two are swapped in one step (a crash leaves the old
+    or the new snapshot at ``path``, and the old one's files under ``tmp`` at worst);
+    elsewhere the old one is renamed aside first, and a crash between the two renames
+    leaves it at ``path.old-PID-TID``, nothing at ``path``."""
     fsync_dir(tmp)
     if os.path.lexists(path):
         _check_target(path)   # checked again: something else may have been put there meanwhile
+        if _exchange(tmp, path):
+            shutil.rmtree(tmp, ignore_errors=True)   # the old snapshot, now under tmp's name
+            fsync_dir(path.parent)
+            return
         old = path.with_name(path.name + f".old-{os.getpid()}-{threading.get_ident()}")
         os.replace(path, old)
         try:

@@ -11,12 +11,15 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from swarmtest import on_small_disk
 
 from swarm.buffer import ReplayBuffer
+from swarm.buffer import persist
 from swarm.buffer.persist import digest, load_incremental, save_incremental
 from swarm.errors import ReplayError
 
@@ -62,8 +65,10 @@ def test_a_disk_that_fills_during_a_save_fails_it_cleanly_and_keeps_the_snapshot
 
 
 def _failing_replace(monkeypatch, nth: int):
-    """os.replace fails with ENOSPC at its ``nth`` call (rename(2) may, as a directory grows)."""
+    """os.replace fails with ENOSPC at its ``nth`` call (rename(2) may, as a directory grows),
+    on the path of a file system that cannot swap two names in one step."""
     real, calls = os.replace, [0]
+    monkeypatch.setattr(persist, "_exchange", lambda a, b: False)
 
     def replace(src, dst, *a, **k):
         calls[0] += 1
@@ -128,3 +133,32 @@ def test_a_file_put_at_the_path_while_a_snapshot_is_written_is_left_alone(tmp_pa
         snap.run().wait()
     assert (tmp_path / "snap").read_text() == "results"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
+
+
+def test_a_crash_while_a_snapshot_replaces_another_leaves_one_at_the_path(tmp_path):
+    """A save over an earlier snapshot renamed the old one aside, then the new one in: a
+    process that died between the two left nothing at the path (the old one under
+    ``snap.old-PID-TID``). Where the file system can swap two names in one step it now
+    does, so the path holds the old snapshot or the new one at every moment."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    if not persist._exchange(a, b):
+        pytest.skip("this file system cannot swap two names in one step (renameat2 RENAME_EXCHANGE)")
+    script = f"""
+import os, numpy as np
+from swarm.buffer import ReplayBuffer
+buf = ReplayBuffer({{"obs": ("float32", (4,))}}, 64, seed=0)
+buf.add({{"obs": np.ones((40, 4), np.float32)}})
+buf.save({str(tmp_path / "snap")!r})
+buf.add({{"obs": np.zeros((10, 4), np.float32)}})
+real = os.replace
+def replace(src, dst, *a, **k):   # the process dies right after its first rename
+    real(src, dst, *a, **k)
+    os._exit(3)
+os.replace = replace
+buf.save({str(tmp_path / "snap")!r})
+"""
+    subprocess.run([sys.executable, "-c", script], check=False, timeout=60)
+    back = ReplayBuffer.load(tmp_path / "snap")
+    assert len(back) == 50
