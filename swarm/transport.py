@@ -233,7 +233,10 @@ def advertised(endpoint: str) -> str:
 
 
 def shadow(s: zmq.asyncio.Socket) -> zmq.Socket:
-    """A plain socket over the same libzmq socket, for non-blocking calls."""
+    """A plain socket over the same libzmq socket, for non-blocking calls.
+
+    It holds only libzmq's pointer and cannot tell when ``s`` is closed: never use it
+    after that (an error is not assured; the next socket made may get the address)."""
     return zmq.Socket.shadow(s.underlying)
 
 
@@ -243,16 +246,24 @@ _MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 #: frames smaller than this are copied: a zero-copy frame costs more than a small memcpy
 ZERO_COPY_MIN = 64 * 1024
+#: frames of one received message kept by :func:`drain` (the wire's own limit is
+#: ``Limits.max_frames + 1``, 65 by default; a ROUTER adds the sender's routing id)
+KEEP_FRAMES = 1024
 #: entries of :attr:`BadInput.by_reason` at most: later reasons are counted under OTHER_REASONS
 MAX_REASONS = 64
 OTHER_REASONS = "(other reasons)"
 
 
-def drain(s: zmq.Socket, batch: int = DRAIN_BATCH) -> Iterator[list[zmq.Frame]]:
+def drain(s: zmq.Socket, batch: int = DRAIN_BATCH, keep: int = KEEP_FRAMES) -> Iterator[list[zmq.Frame]]:
     """Yield queued multipart messages without blocking, at most ``batch``.
 
     Frames are received without copying (``copy=False``): arrays decoded from
-    them are views of ZeroMQ's own buffers.
+    them are views of ZeroMQ's own buffers. Of a message of more than ``keep``
+    frames, the first ``keep + 1`` are yielded (too many for :func:`swarm.wire.decode`,
+    which refuses it) and the rest read and dropped: ``MAXMSGSIZE`` bounds each frame
+    and the high-water mark counts messages, so libzmq takes a message of millions
+    of empty frames, and a list of them all cost ~200 bytes of Python objects per
+    2 bytes on the wire.
     """
     recv, getsockopt = s.recv, s.getsockopt
     for n in range(batch):
@@ -270,7 +281,8 @@ def drain(s: zmq.Socket, batch: int = DRAIN_BATCH) -> Iterator[list[zmq.Frame]]:
         # backend, CPython's; not the CFFI one of PyPy, which torch rules out anyway.)
         while f.more:
             f = recv(_NOBLOCK, copy=False)
-            frames.append(f)
+            if len(frames) <= keep:
+                frames.append(f)
         yield frames
 
 

@@ -13,6 +13,8 @@ import zmq
 from swarmtest import free_port
 
 from swarm import transport
+from swarm.errors import WireError
+from swarm.wire import DEFAULT_LIMITS
 
 
 @pytest.mark.parametrize("resolved", ["127.0.1.1", "127.0.0.1"])
@@ -93,3 +95,33 @@ def test_no_mechanism_where_no_zmtp_greeting_comes():
         talker.close()
         t.join(15)
         silent.close()
+
+
+def test_a_message_of_very_many_frames_is_cut_short_and_the_next_one_comes_whole():
+    # MAXMSGSIZE bounds each frame and the high-water mark counts messages, so libzmq
+    # takes one message of any number of empty frames; drain made a Python Frame of
+    # every one (~200 bytes each, for 2 on the wire: seconds and a GiB for a few
+    # million) before decode refused it for its frame count
+    ctx = zmq.Context()
+    r = transport.router(ctx)
+    d = ctx.socket(zmq.DEALER)
+    try:
+        d.connect(transport.bind(r, "tcp://127.0.0.1:*"))
+        n = 50_000
+        d.send_multipart([b""] * n)
+        d.send_multipart([b"next", b"one"])
+        assert r.poll(10_000)
+        got: list[list[zmq.Frame]] = []
+        for _ in range(100):
+            got += transport.drain(r)
+            if len(got) == 2:
+                break
+            r.poll(100)
+        assert [len(m) for m in got] == [transport.KEEP_FRAMES + 1, 3]   # a ROUTER adds the routing id
+        assert [f.bytes for f in got[1][1:]] == [b"next", b"one"]
+        with pytest.raises(WireError, match="frames, more than the limit"):
+            transport.decode_routed(got[0], DEFAULT_LIMITS)
+    finally:
+        d.close(0)
+        r.close(0)
+        ctx.term()

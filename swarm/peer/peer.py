@@ -892,6 +892,11 @@ class Peer:
                         if not link.sock.closed or (task is not None and task.cancelling()):
                             raise
                         break
+                    if link.sock.closed:
+                        # closed while this task waited to resume (a view dropped dst): its
+                        # plain shadow holds only libzmq's pointer, which the next socket
+                        # made may get again, so a send through it could reach another peer
+                        break
                     if tp.try_send(link.plain, frames):
                         self._count_out(frames)
                         return True

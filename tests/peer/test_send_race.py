@@ -192,3 +192,53 @@ def test_swarm_protocol_types_cannot_be_sent(t):
         await until(lambda: pongs, 5.0, "the pong")
         assert pongs == [{"k": 1}]
     lagging(test)
+
+
+def test_a_send_resumed_after_its_link_was_closed_does_not_touch_the_closed_socket():
+    # send() waited for room on dst's link, was woken, and a view installed before it
+    # resumed closed that link: it then sent through the link's plain shadow, which holds
+    # only libzmq's pointer; once freed, the next socket made often gets the same address,
+    # and the message went to another neighbour (or read freed memory)
+    from swarm import transport as tp
+    from swarm.peer import peer as peer_mod
+
+    async def main():
+        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+            a = Peer(id="a", coordinators=[coord.address], heartbeat_s=0.2)
+            b = Peer(id="b", coordinators=[coord.address], heartbeat_s=0.2)
+            try:
+                await a.start()
+                await b.start()
+                for p in (a, b):
+                    await p.wait_view(lambda v: len(v.members) == 2, timeout=10)
+                    await p.wait_linked(timeout=10)
+                b.on("x", lambda msg: None)
+                link = a._links["b"]
+                closed_plains: list[object] = []
+                real_try_send = tp.try_send
+
+                def try_send(sock, frames):
+                    if sock is link.plain and not link.sock.closed:
+                        return False   # a full queue: send() waits for room
+                    if sock is link.plain:
+                        closed_plains.append(sock)
+                    return real_try_send(sock, frames)
+
+                async def poll(timeout=None, flags=zmq.POLLIN):
+                    a._close_link(link)   # a view closed the link while this task was waking up
+                    return zmq.POLLOUT
+
+                peer_mod.tp.try_send = try_send
+                link.sock.poll = poll
+                try:
+                    dropped = a.counters.dropped_out
+                    assert await a.send("b", "x", {}, timeout=2) is False
+                finally:
+                    peer_mod.tp.try_send = real_try_send
+                assert closed_plains == []
+                assert a.counters.dropped_out == dropped + 1
+            finally:
+                await b.close()
+                await a.close()
+
+    asyncio.run(main())
