@@ -77,10 +77,14 @@ class View:
     def apply(self, d: dict[str, Any]) -> "View":
         """This view with a delta from :meth:`delta` applied (its ``base`` must be our epoch).
 
-        ValueError for a delta that is not one: against another epoch, going back to an
-        earlier one, or whose ``add``/``remove`` are not lists of members/ids (a str
-        ``remove`` would take ids out one character at a time)."""
-        base, epoch, add, remove = d["base"], d["epoch"], d["add"], d["remove"]
+        ValueError for a delta that is not one: a key missing, against another epoch,
+        going back to an earlier one, or whose ``add``/``remove`` are not lists of
+        members/ids (a str ``remove`` would take ids out one character at a time), or
+        that adds an id twice."""
+        try:
+            base, epoch, add, remove = d["base"], d["epoch"], d["add"], d["remove"]
+        except (KeyError, TypeError):
+            raise ValueError(f"a delta has base, epoch, add and remove, got {d!r:.200}") from None
         if not (is_int(base) and is_int(epoch)):
             raise ValueError(f"delta epochs must be integers, got base {base!r} and epoch {epoch!r}")
         if base != self.epoch:
@@ -93,15 +97,41 @@ class View:
                                                          for m in add):
             raise ValueError(f"delta's add must be a list of [id, addr, rank(, key)], got {add!r}")
         gone = set(remove)
-        added = tuple(Member(str(m[0]), str(m[1]), int(m[2]), str(m[3]) if len(m) > 3 else "") for m in add)
+        added = tuple(map(_member, add))
         new_ids = {m.id for m in added}
+        if len(new_ids) < len(added):
+            raise ValueError("delta's add lists a peer id twice")
         keep = [m for m in self.members if m.id not in gone and m.id not in new_ids]
         return View(int(epoch), tuple(sorted(keep + list(added), key=lambda m: m.rank)))
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> "View":
-        return cls(int(d["epoch"]), tuple(Member(str(m[0]), str(m[1]), int(m[2]), str(m[3]) if len(m) > 3 else "")
-                                          for m in d["members"]))
+        """The view in a coordinator's message; ValueError for one that is not a view."""
+        try:
+            epoch, members = d["epoch"], d["members"]
+        except (KeyError, TypeError):
+            raise ValueError(f"a view has epoch and members, got {d!r:.200}") from None
+        if not is_int(epoch) or epoch < 0:
+            raise ValueError(f"a view's epoch must be an integer >= 0, got {epoch!r:.60}")
+        if not isinstance(members, (list, tuple)):
+            raise ValueError(f"a view's members must be a list, got {members!r:.200}")
+        ms = tuple(map(_member, members))
+        if len({m.id for m in ms}) < len(ms):
+            raise ValueError("a view lists a peer id twice")
+        return cls(int(epoch), ms)
+
+
+def _member(m: Any) -> Member:
+    """``[id, addr, rank(, key)]`` from the wire, checked: ids, addresses and keys are
+    strings (an id of None read as "None"), ranks integers >= 0."""
+    if not (isinstance(m, (list, tuple)) and 3 <= len(m) <= 4):
+        raise ValueError(f"a member is [id, addr, rank(, key)], got {m!r:.200}")
+    pid, addr, rank, key = (*m, "")[:4]
+    if not (isinstance(pid, str) and pid and isinstance(addr, str) and isinstance(key, str)):
+        raise ValueError(f"a member's id (non-empty), address and key are strings, got {m!r:.200}")
+    if not is_int(rank) or rank < 0:
+        raise ValueError(f"member {pid!r:.60}: rank must be an integer >= 0, got {rank!r:.60}")
+    return Member(pid, addr, int(rank), key)
 
 
 class Link(Protocol):

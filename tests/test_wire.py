@@ -186,13 +186,43 @@ def test_view_delta_round_trip():
         View(2).apply(d)
 
 
+@pytest.mark.parametrize("bad", [
+    {"base": 3, "epoch": 4, "add": []},                                    # no remove
+    {"base": 3, "epoch": 4, "add": [["d", "w", None]], "remove": []},      # a rank that is no integer
+    {"base": 3, "epoch": 4, "add": [["d", "w", -1]], "remove": []},
+    {"base": 3, "epoch": 4, "add": [[None, None, 1.9]], "remove": []},     # was Member('None', 'None', 1)
+    {"base": 3, "epoch": 4, "add": [["d", "w", 3], ["d", "v", 4]], "remove": []},   # an id twice
+    {"base": 3, "epoch": 4, "add": [["", "w", 3]], "remove": []},
+    [1, 2],
+], ids=["no-remove", "rank-none", "rank-negative", "id-none", "id-twice", "id-empty", "not-a-map"])
+def test_a_delta_that_is_not_one_is_a_value_error_and_changes_nothing(bad):
+    # View.apply's docstring promised a ValueError for a delta that is not one; a missing
+    # key raised KeyError, a rank of None TypeError, and [None, None, 1.9] was taken as
+    # Member('None', 'None', 1); an id added twice made a view that listed it twice
+    from swarm.link import Member, View
+    a = View(3, (Member("a", "x", 0), Member("b", "y", 1)))
+    with pytest.raises(ValueError):
+        a.apply(bad)
+    assert a == View(3, (Member("a", "x", 0), Member("b", "y", 1)))
+
+
+@pytest.mark.parametrize("bad", [{"epoch": 2}, {"epoch": "2", "members": []}, {"epoch": 2, "members": "ab"},
+                                 {"epoch": 2, "members": [["a", "x", 0], ["a", "y", 1]]},
+                                 {"epoch": 2, "members": [["a", 5, 0]]}])
+def test_a_full_view_that_is_not_one_is_a_value_error(bad):
+    from swarm.link import View
+    with pytest.raises(ValueError):
+        View.from_wire(bad)
+
+
 def test_view_lookup_by_id():
     from swarm.link import Member, View
     v = View(5, (Member("a", "x", 0), Member("b", "y", 1), Member("a", "dup", 2)))
     assert [v.index(i) for i in ("a", "b", "zz")] == [0, 1, -1]
     assert v.member("b") == Member("b", "y", 1) and v.member("zz") is None
     assert v.member("a").addr == "x"   # a repeated id: the first, as before
-    assert View(4).apply(v.delta(View(4))).index("b") == 1   # a view built from a delta looks up its own members
+    w = View(5, v.members[:2])
+    assert View(4).apply(w.delta(View(4))).index("b") == 1   # a view built from a delta looks up its own members
     assert View(1).index("a") == -1
 
 
