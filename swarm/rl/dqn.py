@@ -33,7 +33,7 @@ from torch import nn
 from ..checks import is_int
 from ..errors import ConfigError, ReplayError, SwarmError
 from ..peer.agent import BaseAgent, check_outcome
-from .flat import FlatAdam, flatten_gradients, flatten_parameters, is_flat
+from .flat import MAX_GRAD, FlatAdam, flatten_gradients, flatten_parameters, is_flat
 from .hparams import DQNConfig
 
 __all__ = ["DQNAgent", "QNetwork", "dqn_schema"]
@@ -285,8 +285,10 @@ class DQNAgent(BaseAgent):
         return loss
 
     def _finite(self, loss: float) -> bool:
-        """Whether the gradient :meth:`gradient` left, and its loss, may be stepped."""
-        return math.isfinite(loss) and bool(np.isfinite(self._grad_vec).all())
+        """Whether the gradient :meth:`gradient` left, and its loss, may be stepped: finite,
+        and no entry above :data:`swarm.rl.flat.MAX_GRAD` (FlatAdam refuses those)."""
+        g = self._grad_vec
+        return math.isfinite(loss) and (not g.size or float(np.abs(g).max()) <= MAX_GRAD)
 
     def _gradient_of(self, items: dict[str, np.ndarray], weights: np.ndarray) -> tuple[float, torch.Tensor]:
         return self.gradient({k: torch.as_tensor(v) for k, v in items.items()}, torch.as_tensor(weights))
@@ -570,10 +572,10 @@ class DQNAgent(BaseAgent):
 
 
 def _check_module_state(name: str, net: nn.Module, state: Any) -> None:
-    """Raise :class:`ConfigError` unless ``state`` fits ``net`` and is finite (a checkpoint
-    of another network, or one holding NaN: every start would meet it again). Checked
-    before loading: torch's own load copies tensor by tensor and stops at the first
-    misfit, half loaded."""
+    """Raise :class:`ConfigError` unless ``state`` fits ``net`` (its keys, shapes and dtype)
+    and is finite (a checkpoint of another network, or one holding NaN: every start would
+    meet it again). Checked before loading: torch's own load copies tensor by tensor and
+    stops at the first misfit, half loaded."""
     own = net.state_dict()
     if not isinstance(state, Mapping) or set(state) != set(own):
         keys = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
@@ -585,5 +587,8 @@ def _check_module_state(name: str, net: nn.Module, state: Any) -> None:
             shape = tuple(have.shape) if isinstance(have, torch.Tensor) else type(have).__name__
             raise ConfigError(f"DQN checkpoint does not fit this network: {name}.{key} is {shape}, "
                               f"the network's {tuple(want.shape)}")
+        if have.dtype != want.dtype:   # a float64 1e300 is finite, and loads as inf
+            raise ConfigError(f"DQN checkpoint does not fit this network: {name}.{key} is {have.dtype}, "
+                              f"the network's {want.dtype}")
         if not bool(torch.isfinite(have).all()):
             raise ConfigError(f"DQN checkpoint {name}.{key} has NaN or infinite entries")

@@ -21,18 +21,24 @@ cost of an update.
 
 from __future__ import annotations
 
+import math
 import numbers
 import threading
 
 import numpy as np
 import torch
 
-from ..errors import SwarmError
+from ..checks import is_real
+from ..errors import ConfigError, SwarmError
 from ..gossip.flat import flat_parameters
 
 __all__ = ["FlatAdam", "flatten_gradients", "flatten_parameters", "flush_denormals", "is_flat"]
 
 _thread = threading.local()
+
+#: The largest gradient entry :meth:`FlatAdam.step` takes: the square of a larger one
+#: overflows float32, and ``exp_avg_sq`` would stay infinite for good.
+MAX_GRAD = float(np.sqrt(np.finfo(np.float32).max))
 
 
 def flush_denormals() -> None:
@@ -87,8 +93,13 @@ def flatten_gradients(module: torch.nn.Module) -> torch.Tensor:
     Backward passes then accumulate into it in place (autograd adds into an
     existing ``.grad``), so clearing the gradients is ``grad.zero_()`` and their
     norm is ``grad.norm()``. Do not clear them with ``zero_grad(set_to_none=True)``,
-    which drops the views.
+    which drops the views. Raises :class:`swarm.errors.ConfigError`, and changes
+    nothing, for a module whose parameters are not float32 on the CPU.
     """
+    for name, p in module.named_parameters():
+        if p.dtype != torch.float32 or p.device.type != "cpu":
+            raise ConfigError(f"parameter {name!r} is {p.dtype} on {p.device}; flat gradients need float32 "
+                              "on cpu (flatten_parameters the module first: it says the same)")
     params = list(module.parameters())
     grad = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32)
     off = 0
@@ -109,6 +120,10 @@ class FlatAdam:
     every peer's gradients takes one such step per gradient. The step flushes
     denormals on its thread (:func:`flush_denormals`): without that, the moments
     of parameters with zero gradients make it 70 us.
+
+    Raises :class:`swarm.errors.ConfigError` for an ``lr`` that is not a finite number
+    >= 0, a beta outside [0, 1) or an ``eps`` that is not > 0: each makes steps NaN
+    (or, for a beta of 1, a division by zero).
     """
 
     def __init__(self, params: torch.Tensor, grad: torch.Tensor, lr: float,
@@ -118,6 +133,13 @@ class FlatAdam:
                              f"{tuple(params.shape)} and {tuple(grad.shape)}")
         if params.dtype != torch.float32 or grad.dtype != torch.float32 or params.device.type != "cpu":
             raise SwarmError(f"FlatAdam needs float32 CPU tensors, got {params.dtype} on {params.device}")
+        if not (is_real(lr) and 0 <= lr < math.inf):
+            raise ConfigError(f"FlatAdam lr = {lr!r}: must be a finite number >= 0")
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2
+                and all(is_real(b) and 0 <= b < 1 for b in betas)):
+            raise ConfigError(f"FlatAdam betas = {betas!r}: must be two numbers in [0, 1)")
+        if not (is_real(eps) and 0 < eps < math.inf):
+            raise ConfigError(f"FlatAdam eps = {eps!r}: must be a finite number > 0")
         self.params, self.grad = params, grad
         self.lr, self.betas, self.eps = float(lr), (float(betas[0]), float(betas[1])), float(eps)
         self.t = 0
@@ -132,21 +154,31 @@ class FlatAdam:
         """One Adam step with ``grad`` (a float32 vector of the parameters' length;
         default: the flat gradient tensor given to the constructor).
 
-        Raises :class:`SwarmError`, and changes nothing, for a gradient of another
-        shape or dtype or with a NaN or infinite entry: one such entry would make the
-        moments, and then every parameter, NaN for good.
+        Raises :class:`SwarmError`, and changes nothing, for a gradient that is not a
+        numpy array, of another shape or dtype, or with a NaN, infinite or too large
+        (above :data:`MAX_GRAD`) entry: one such entry would make its moment, and then
+        its parameter, NaN or infinite for good.
         """
         flush_denormals()
         g = self._g if grad is None else grad
+        if not isinstance(g, np.ndarray):
+            raise SwarmError(f"FlatAdam.step: the gradient is a {type(g).__name__}; needs a numpy "
+                             f"float32 array of shape {self._p.shape}")
         if g.shape != self._p.shape or g.dtype != np.float32:
             raise SwarmError(f"FlatAdam.step: gradient of shape {g.shape} and dtype {g.dtype}; "
                              f"needs float32 of shape {self._p.shape}")
-        if not np.isfinite(g).all():
+        m, v, tmp = self._m, self._v, self._tmp
+        # One pass checks both: the largest |g| is NaN if an entry is, inf if one is
+        largest = float(np.abs(g, out=tmp).max()) if g.size else 0.0
+        if not math.isfinite(largest):
             raise SwarmError("FlatAdam.step: the gradient has NaN or infinite entries; not applied "
                              "(parameters and moments unchanged)")
+        if largest > MAX_GRAD:
+            raise SwarmError(f"FlatAdam.step: a gradient entry of {largest:.3g} is too large (its square "
+                             f"overflows float32 above {MAX_GRAD:.3g}); not applied (parameters and "
+                             "moments unchanged)")
         b1, b2 = self.betas
         self.t += 1
-        m, v, tmp = self._m, self._v, self._tmp
         # m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
         np.multiply(m, b1, out=m)
         np.multiply(g, 1.0 - b1, out=tmp)
@@ -179,6 +211,8 @@ class FlatAdam:
         for name, x in (("exp_avg", m), ("exp_avg_sq", v)):
             if not isinstance(x, torch.Tensor) or x.shape != self.params.shape:
                 raise SwarmError(f"optimizer state {name} does not fit {self.params.numel()} parameters")
+            if x.dtype != torch.float32:   # a float64 1e300 is finite, and copies in as inf
+                raise SwarmError(f"optimizer state {name} is {x.dtype}; needs float32 (the parameters' dtype)")
             if not bool(torch.isfinite(x).all()):
                 raise SwarmError(f"optimizer state {name} has NaN or infinite entries")
         if bool((v < 0).any()):

@@ -35,6 +35,10 @@ def _unit(x: float) -> bool:
 #: then failed in every peer, allocating terabytes (two layers this wide are 17 GB).
 MAX_HIDDEN = 65536
 
+#: The largest learning rate, a typo guard too: the benchmarks use 1e-3 to 2.4e-2, and
+#: lr = 1e39 (for 1e-3) made every parameter NaN or infinite in the first update.
+MAX_LR = 1.0
+
 
 def _has_type(value: object, tp: object) -> bool:
     """Whether ``value`` fits the field annotation ``tp`` (numpy scalars count as numbers)."""
@@ -65,7 +69,8 @@ class DQNConfig:
     # tau 0.06 solved seeds 0-4 in 8k, 8k, 4k, 5k, 7k env steps (16k, 11k, 6k on seeds
     # 0-2 with these), but a 4-peer `swarm run` with them fell from 500 back to about 20
     # by 20k steps (scripts/bench_learning.py tunes each side for time to solve).
-    lr: float = opt(1e-3, "Adam learning rate", _pos, "must be > 0")
+    lr: float = opt(1e-3, "Adam learning rate", lambda x: 0 < x <= MAX_LR,
+                    f"must be > 0 and at most {MAX_LR:g} (a typo guard)")
     gamma: float = opt(0.99, "discount factor", lambda g: 0.0 <= g < 1.0, "must be in [0, 1)")
     batch_size: int = opt(64, "transitions per update", _pos, "must be > 0")
     learning_starts: int = opt(1000, "env steps before the first update. Acting is epsilon-greedy "
@@ -101,8 +106,11 @@ class DQNConfig:
         self._check_fields()
 
     def _check_fields(self, prefix: str = "") -> None:
-        """Each field's type and its ``opt`` check; raises :class:`ConfigError` naming the field."""
+        """Each field's type and its ``opt`` check; raises :class:`ConfigError` naming the field,
+        and changes nothing. When all pass, numpy scalars and tuples are stored as the plain
+        int, float and list that a config file gives (load_spec and to_toml take only those)."""
         hints = _hints()
+        plain = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if not _has_type(value, hints[f.name]):
@@ -110,6 +118,9 @@ class DQNConfig:
             check = f.metadata.get("check")
             if check is not None and not check(value):
                 raise ConfigError(f"{prefix}{f.name} = {value!r}: {f.metadata.get('why') or 'is not allowed'}")
+            plain[f.name] = _plain(value, hints[f.name])
+        for name, value in plain.items():
+            setattr(self, name, value)
 
     def check(self, prefix: str = "") -> None:
         """Every field's check (again: a field may have been assigned since the config
@@ -129,6 +140,18 @@ class DQNConfig:
 def _hints() -> dict[str, object]:
     # The annotations are strings (from __future__ import annotations): resolve them once.
     return typing.get_type_hints(DQNConfig)
+
+
+def _plain(value: object, tp: object) -> object:
+    """``value`` (already checked against ``tp``) as the plain Python type ``tp`` names."""
+    if tp is int:
+        return int(value)
+    if tp is float:
+        return float(value)
+    if typing.get_origin(tp) is list:
+        (item,) = typing.get_args(tp)
+        return [_plain(v, item) for v in value]
+    return value
 
 
 def _expected(tp: object) -> str:

@@ -50,8 +50,10 @@ class RunResult:
     episode_ends: list[int] = field(default_factory=list)   # env step at which each episode ended
 
     def mean_return(self, last: int = 10) -> float:
-        """Mean return of the last ``last`` finished episodes (NaN if none)."""
-        tail = self.returns[-last:]
+        """Mean return of the last ``last`` (an integer >= 1) finished episodes (NaN if none)."""
+        if not (is_int(last) and last >= 1):   # returns[-0:] is every episode, [1:] for -1
+            raise ConfigError(f"last = {last!r}: must be an integer >= 1")
+        tail = self.returns[-int(last):]
         return float(np.mean(tail)) if tail else float("nan")
 
 
@@ -75,10 +77,12 @@ def run_agent(env_id: str, agent: BaseAgent, steps: int, seed: int = 0,
     ``on_step`` is called after every step; returning True stops the run early
     (e.g. once an evaluation says the task is solved). Episodes that a time limit
     cuts off are reported to the agent as truncated with their final observation,
-    so it can still bootstrap from it.
+    so it can still bootstrap from it. ``seed`` (an integer >= 0) seeds the env's first
+    reset and its action space.
     """
-    if steps < 0:
-        raise ConfigError(f"steps = {steps}: must be >= 0")
+    if not (is_int(steps) and steps >= 0):
+        raise ConfigError(f"steps = {steps!r}: must be an integer >= 0")
+    steps, seed = int(steps), _seed(seed)
     env = make_env(env_id)
     result = RunResult()
     start = time.perf_counter()
@@ -111,6 +115,16 @@ def run_agent(env_id: str, agent: BaseAgent, steps: int, seed: int = 0,
     return result
 
 
+def _seed(seed: Any) -> int:
+    """``seed`` as the plain int >= 0 that gymnasium takes (it refuses a numpy integer).
+
+    Not :func:`swarm.checks.rng_seed`'s 32 bits: a swarm peer's seed is the spec's plus
+    its rank, and on resume plus the env steps done, and those may pass 2**32."""
+    if not (is_int(seed) and seed >= 0):
+        raise ConfigError(f"seed = {seed!r}: must be an integer >= 0")
+    return int(seed)
+
+
 #: The most steps of a greedy episode in :func:`evaluate` when the env has no time limit
 #: of its own: a policy that never ends an episode must not stall a peer for ever.
 EVAL_MAX_STEPS = 10_000
@@ -118,16 +132,20 @@ EVAL_MAX_STEPS = 10_000
 
 def evaluate(env_id: str, agent: BaseAgent, episodes: int = 5, seed: int = 10_000,
              max_steps: int | None = None) -> list[float]:
-    """Returns of ``episodes`` greedy episodes (``agent.act``), no learning.
+    """Returns of ``episodes`` greedy episodes (``agent.act``), no learning; episode ``i``
+    resets the env with seed ``seed + i`` (``seed`` an integer >= 0).
 
     An episode ends, as truncated, after ``max_steps`` steps: by default the env's own
-    ``max_episode_steps``, or :data:`EVAL_MAX_STEPS` when it has none.
+    ``max_episode_steps``, or :data:`EVAL_MAX_STEPS` when it has none. A ``max_steps``
+    given replaces the env's own limit, above it as well as below.
     """
-    if episodes < 1:
-        raise ConfigError(f"episodes = {episodes}: must be >= 1")
+    if not (is_int(episodes) and episodes >= 1):
+        raise ConfigError(f"episodes = {episodes!r}: must be an integer >= 1")
     if max_steps is not None and not (is_int(max_steps) and max_steps >= 1):
         raise ConfigError(f"max_steps = {max_steps!r}: must be an integer >= 1")
-    env = make_env(env_id)
+    seed = _seed(seed)
+    # the env's TimeLimit would otherwise end an episode before a larger max_steps
+    env = make_env(env_id) if max_steps is None else make_env(env_id, max_episode_steps=int(max_steps))
     returns = []
     try:
         if max_steps is None:

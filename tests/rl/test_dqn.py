@@ -317,6 +317,18 @@ def test_a_complex_observation_is_refused(replay):
         agent.perceive(np.array([1 + 2j, 0, 0, 0]))
 
 
+def test_learn_skips_a_finite_gradient_too_large_for_adam(replay):
+    # Without clipping, observations of 1e20 give a finite loss and gradient entries past
+    # MAX_GRAD, which FlatAdam refuses (their squares overflow float32): learn() raised
+    # out of the peer's training loop. It is a skipped update now, as a NaN one is.
+    _fill(replay, 16, obs=1e20, next_obs=1e20)
+    agent = DQNAgent((4,), 2, replay, DQNConfig(batch_size=8, max_grad_norm=0.0), seed=0)
+    before = _snapshot(agent)
+    agent.learn()
+    assert agent.skipped == 1 and replay.priority_updates == []
+    assert _same(_snapshot(agent), before)
+
+
 def test_learn_skips_a_non_finite_batch_counts_it_and_changes_nothing(replay):
     # Finite items whose loss is not (observations of 3e38 overflow the network): the
     # update would make every parameter NaN, so it is not taken.
@@ -517,3 +529,34 @@ def test_a_batch_of_nothing_but_unusable_items_takes_no_update(replay):
     assert _same(_snapshot(agent), before)
     [(idx, td)] = replay.priority_updates
     assert len(idx) == 8 and not np.any(td)
+
+
+def test_apply_gradient_refuses_a_finite_gradient_too_large_to_square(replay):
+    # A relayed gradient with one entry of 1e20 was taken: exp_avg_sq became inf for good,
+    # and the agent's own checkpoint no longer loaded ("exp_avg_sq has NaN or infinite entries").
+    agent = DQNAgent((4,), 2, replay, DQNConfig(tau=1.0), seed=0)
+    grad = np.zeros(agent.parameters().size, np.float32)
+    grad[0] = 1e20
+    before = _snapshot(agent)
+    with pytest.raises(SwarmError, match="too large"):
+        agent.apply_gradient(grad)
+    assert _same(_snapshot(agent), before)
+    DQNAgent((4,), 2, replay, seed=0).load_state_dict(agent.state_dict())
+
+
+def test_a_checkpoint_tensor_of_another_dtype_is_refused(replay):
+    # Only shape and finiteness were checked: a float64 q entry of 1e300 is finite, passed,
+    # and loaded into the float32 network as inf.
+    a = DQNAgent((4,), 2, replay, seed=0)
+    b = DQNAgent((4,), 2, replay, seed=7)
+    before = _snapshot(b)
+    state = a.state_dict()
+    state["q"] = {k: v.double() for k, v in state["q"].items()}
+    state["q"]["net.0.bias"][0] = 1e300
+    with pytest.raises(ConfigError, match="q.net.0.weight is torch.float64, the network's torch.float32"):
+        b.load_state_dict(state)
+    state = a.state_dict()
+    state["optimizer"] = dict(state["optimizer"], exp_avg_sq=state["optimizer"]["exp_avg_sq"].double())
+    with pytest.raises(ConfigError, match="exp_avg_sq is torch.float64; needs float32"):
+        b.load_state_dict(state)
+    assert _same(_snapshot(b), before) and np.isfinite(b.parameters()).all()

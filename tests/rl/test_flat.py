@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from swarm.errors import SwarmError
+from swarm.errors import ConfigError, SwarmError
 from swarm.rl.flat import FlatAdam, flatten_gradients, flatten_parameters, is_flat
 
 
@@ -208,3 +208,95 @@ def test_flat_adam_moments_decay_to_zero_not_to_a_stuck_denormal():
     stuck = _decay_first_moment(flush=False)
     assert 0.0 < stuck < tiny
     assert _decay_first_moment(flush=True) == 0.0
+
+
+def test_flat_adam_refuses_a_gradient_whose_square_overflows_and_changes_nothing():
+    # Only NaN and inf were refused: an entry of 1e20 squared past float32's range, made
+    # exp_avg_sq inf for good (that parameter never moved again), and the optimizer's own
+    # state_dict no longer loaded ("exp_avg_sq has NaN or infinite entries").
+    net = _net()
+    flat = flatten_parameters(net)
+    opt = FlatAdam(flat, flatten_gradients(net), lr=0.01)
+    opt.step(np.ones(flat.numel(), np.float32))
+    before = [x.clone() for x in (flat, opt.exp_avg, opt.exp_avg_sq)]
+    g = np.ones(flat.numel(), np.float32)
+    g[3] = -1e20
+    with pytest.raises(SwarmError, match="too large"):
+        opt.step(g)
+    assert opt.t == 1
+    assert all(torch.equal(x, b) for x, b in zip((flat, opt.exp_avg, opt.exp_avg_sq), before))
+    g[3] = 1e19                                   # just under the bound: taken, and the moments stay finite
+    opt.step(g)
+    assert opt.t == 2 and torch.isfinite(opt.exp_avg_sq).all()
+    FlatAdam(flat.clone(), torch.zeros_like(flat), lr=0.01).load_state_dict(opt.state_dict())
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"lr": float("nan")}, "lr = nan"),
+    ({"lr": float("inf")}, "lr = inf"),
+    ({"lr": -1.0}, "lr = -1.0"),
+    ({"lr": "0.1"}, "lr = '0.1'"),
+    ({"betas": (1.0, 0.999)}, r"betas = \(1.0, 0.999\)"),
+    ({"betas": (0.9, 1.0)}, r"betas = \(0.9, 1.0\)"),
+    ({"betas": (-0.1, 0.999)}, r"betas = \(-0.1, 0.999\)"),
+    ({"betas": (0.9, float("nan"))}, r"betas = \(0.9, nan\)"),
+    ({"betas": 0.9}, "betas = 0.9"),
+    ({"eps": 0.0}, "eps = 0.0"),
+    ({"eps": -1e-8}, "eps = -1e-08"),
+    ({"eps": float("nan")}, "eps = nan"),
+])
+def test_flat_adam_refuses_hyperparameters_that_make_its_steps_nan(kw, match):
+    # FlatAdam took any lr, betas and eps: lr=nan made every parameter NaN, lr=-1 climbed
+    # the gradient, eps=0 made NaN where a gradient entry was 0, and a beta of 1 raised
+    # ZeroDivisionError in step() after t and the moments had changed.
+    with pytest.raises(ConfigError, match=match):
+        FlatAdam(torch.zeros(3), torch.zeros(3), **{"lr": 1e-3, **kw})
+
+
+def test_flat_adam_takes_edge_hyperparameters_that_are_well_defined():
+    """The hyperparameter checks refuse only what makes steps NaN: lr 0, betas of 0 and a
+    tiny eps are well defined."""
+    params = torch.ones(3)
+    opt = FlatAdam(params, torch.zeros(3), lr=0, betas=(0.0, 0.0), eps=1e-12)   # lr 0: a frozen optimizer
+    opt.step(np.array([0.5, 0.0, -0.5], np.float32))
+    assert torch.equal(params, torch.ones(3)) and opt.t == 1
+
+
+def test_flat_adam_refuses_a_state_of_another_dtype():
+    # Only shape and finiteness were checked: a float64 exp_avg of 1e300 is finite, passed,
+    # and copy_ stored it as inf; the next step made the parameter NaN.
+    net = _net()
+    flat = flatten_parameters(net)
+    opt = FlatAdam(flat, flatten_gradients(net), lr=0.01)
+    n = flat.numel()
+    big = torch.zeros(n, dtype=torch.float64)
+    big[0] = 1e300
+    for state in ({"t": 5, "exp_avg": big, "exp_avg_sq": torch.ones(n)},
+                  {"t": 5, "exp_avg": torch.zeros(n), "exp_avg_sq": big},
+                  {"t": 5, "exp_avg": torch.zeros(n, dtype=torch.float64), "exp_avg_sq": torch.ones(n)}):
+        with pytest.raises(SwarmError, match="float64; needs float32"):
+            opt.load_state_dict(state)
+        assert opt.t == 0 and not opt.exp_avg.any() and not opt.exp_avg_sq.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_flatten_gradients_refuses_parameters_that_are_not_float32(dtype):
+    # A float64 or bfloat16 module raised torch's own RuntimeError ("attempting to assign a
+    # gradient with dtype 'float' ..."), after the first parameters had been given views.
+    net = _net().to(dtype)
+    with pytest.raises(ConfigError, match=f"parameter '0.weight' is {dtype}"):
+        flatten_gradients(net)
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_flat_adam_step_refuses_a_gradient_that_is_not_a_numpy_array():
+    # A list raised AttributeError ('list' object has no attribute 'shape'); a float32
+    # torch tensor was refused with "dtype torch.float32; needs float32".
+    net = _net()
+    flat = flatten_parameters(net)
+    opt = FlatAdam(flat, flatten_gradients(net), lr=0.01)
+    before = flat.clone()
+    for bad, name in (([0.0] * flat.numel(), "list"), (torch.ones(flat.numel()), "Tensor")):
+        with pytest.raises(SwarmError, match=f"FlatAdam.step: the gradient is a {name}; needs a numpy"):
+            opt.step(bad)
+    assert opt.t == 0 and torch.equal(flat, before)

@@ -4,7 +4,7 @@ import pytest
 from swarm.errors import ConfigError
 from swarm.peer.agent import BaseAgent
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
-from swarm.rl.train import evaluate, make_env, run_agent
+from swarm.rl.train import RunResult, evaluate, make_env, run_agent
 
 
 class Constant(BaseAgent):
@@ -75,3 +75,62 @@ def test_dqn_smoke_run_on_the_real_buffer():
     s = buf.sample(32, beta=1.0)
     assert np.isfinite(s.weights).all() and 0 < s.weights.min() and s.weights.max() <= 1.0 + 1e-6
     assert s.weights.min() < s.weights.max()
+
+
+class Balancer(BaseAgent):
+    """Keeps CartPole's pole up from these seeds: only a time limit ends its episodes."""
+
+    def perceive(self, observations):
+        pass
+
+    def deliberate(self):
+        return 0
+
+    def reflect(self, reward, terminal, *, truncated=False, next_observations=None):
+        pass
+
+    def act(self, observations):
+        return int(observations[2] + 0.5 * observations[3] > 0)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda env: run_agent(env, Constant(), steps=1e3), "steps = 1000.0: must be an integer >= 0"),
+    (lambda env: run_agent(env, Constant(), steps=float("nan")), "steps = nan"),
+    (lambda env: run_agent(env, Constant(), steps=True), "steps = True"),
+    (lambda env: run_agent(env, Constant(), steps=10, seed=-1), "seed = -1"),
+    (lambda env: run_agent(env, Constant(), steps=10, seed=None), "seed = None"),
+    (lambda env: evaluate(env, Constant(), episodes=2.0), "episodes = 2.0: must be an integer >= 1"),
+    (lambda env: evaluate(env, Constant(), seed=None), "seed = None"),
+    (lambda env: evaluate(env, Constant(), seed=1.5), "seed = 1.5"),
+])
+def test_bad_counts_and_seeds_are_config_errors_before_the_env_is_made(call, match):
+    # steps=1e3 or nan and episodes=2.0 were TypeErrors, steps=True ran one step, and a
+    # seed of -1 or np.int64(1) a gymnasium.error.Error, each after the env was made.
+    # An env that cannot be made shows the order: the argument's error comes first.
+    with pytest.raises(ConfigError, match=match):
+        call("NoSuchEnv-v0")
+
+
+def test_numpy_counts_and_seeds_are_taken():
+    """A numpy integer seed was a gymnasium.error.Error ("Seed must be a python integer")."""
+    res = run_agent("CartPole-v1", Constant(), steps=np.int64(20), seed=np.int64(1))
+    assert res.steps == 20 and res.returns == run_agent("CartPole-v1", Constant(), steps=20, seed=1).returns
+    assert len(evaluate("CartPole-v1", Constant(), episodes=np.int32(2), seed=np.uint16(5))) == 2
+    # a peer's seed is the spec's (up to 2**32 - 1) plus its rank and the steps done: past 32 bits
+    assert run_agent("CartPole-v1", Constant(), steps=5, seed=2**32 + 7).steps == 5
+
+
+def test_evaluate_max_steps_above_the_envs_time_limit_is_kept():
+    # max_steps only cut episodes short: above CartPole's own limit of 500, the env's
+    # TimeLimit still ended them at 500.
+    assert evaluate("CartPole-v1", Balancer(), episodes=2, max_steps=600) == [600.0, 600.0]
+    assert evaluate("CartPole-v1", Balancer(), episodes=1, max_steps=30) == [30.0]
+    assert evaluate("CartPole-v1", Balancer(), episodes=1) == [500.0]
+
+
+@pytest.mark.parametrize("last", [0, -1, 1.5, True, None])
+def test_mean_return_needs_a_positive_count(last):
+    # last=0 averaged every episode (returns[-0:]) and last=-1 all but the first.
+    with pytest.raises(ConfigError, match=f"last = {last!r}: must be an integer >= 1"):
+        RunResult(returns=[0.0, 0.0, 100.0]).mean_return(last)
+    assert RunResult(returns=[0.0, 0.0, 100.0]).mean_return(np.int64(1)) == 100.0
