@@ -52,6 +52,9 @@ Sync modes
     time-varying graph in lockstep and bounded, where only one that its sender
     could not have reached without somebody giving up waiting for this peer
     (:meth:`Gossip._left_behind`), not one a neighbour is ahead by the graph alone.
+    No round above ``_MAX_ROUND`` is ever taken (joining, catching up, bootstrap);
+    messages may carry rounds up to ``_MAX_WIRE_ROUND``, the headroom of a peer
+    that took one at the bound.
 """
 
 from __future__ import annotations
@@ -120,16 +123,24 @@ _IN_COPIES_PER_STREAM = 2
 # Past this the oldest is dropped, as if lost (a delta's gap costs a full state).
 _MAX_PENDING = 32
 
-# The largest round number a message may carry. Honest round numbers count rounds:
-# a peer starts at 0 and moves one a round, or to a round that some neighbour has
-# run (a joiner, a peer left behind catching up, bootstrap()), so none comes near
-# 2**53 (at a million rounds a second, 285 years). No bound relative to this peer's
-# own round is safe: a peer frozen for an hour, or a restarted one at round 0,
-# rightly jumps any number of rounds. Past the bound (or below 0) the message is
-# forged or corrupt, and is refused as malformed before its round is seen: a single
-# r = 2**64 − 1 was adopted, and every later round of that peer raised WireError
-# (r + 1 does not fit the wire's 64 bits), ending its gossip for good.
+# The largest round number a peer takes from a neighbour (joining, catching up,
+# bootstrap()). Honest round numbers count rounds: a peer starts at 0 and moves one a
+# round, or to a round that some neighbour has run, so none comes near 2**53 (at a
+# million rounds a second, 285 years). No bound relative to this peer's own round is
+# safe: a peer frozen for an hour, or a restarted one at round 0, rightly jumps any
+# number of rounds.
 _MAX_ROUND = 2**53
+# The largest round number a message may carry: past it (or below 0) the message is
+# forged or corrupt, and is refused as malformed before its round is seen (a single
+# r = 2**64 − 1 was adopted, and every later round of that peer raised WireError: r + 1
+# does not fit the wire's 64 bits). Far above _MAX_ROUND, so that a peer that took a
+# round at _MAX_ROUND (a forged one) still counts on from it, and its neighbours with it:
+# with one bound for both, a single r = 2**53 was taken, spread hop by hop, and from then
+# on every message carried 2**53 + 1, which every receiver refused; the swarm never
+# averaged again.
+_MAX_WIRE_ROUND = 2**62
+# Limits that refuse nothing, to measure a message rather than check it (see _most_bytes)
+_UNLIMITED = wire.Limits(max_message_bytes=2**62, max_header_bytes=2**62)
 
 
 @dataclass
@@ -173,7 +184,7 @@ class GossipStats:
     bytes_in: int = 0
     dropped_sends: int = 0
     rejected_nonfinite: int = 0
-    rejected_size: int = 0
+    rejected_size: int = 0      # wrong-size states and deltas; bootstrap requests no message could answer
     rejected_malformed: int = 0
     out_of_sync: int = 0
     nacks_sent: int = 0
@@ -238,8 +249,15 @@ def _fill_finite(out: np.ndarray, x: np.ndarray, minus: np.ndarray | None = None
 
 
 def _round_number(v: Any) -> bool:
-    """Whether ``v`` can be a round number a peer sent (see ``_MAX_ROUND``)."""
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MAX_ROUND
+    """Whether ``v`` can be a round number a peer sent (see ``_MAX_WIRE_ROUND``)."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MAX_WIRE_ROUND
+
+
+def _most_bytes(src: str, t: str, body: dict[str, Any], values: np.ndarray) -> int:
+    """Bytes on the wire, at most, of a message from ``src`` that carries ``values``: the
+    epoch and seq that the link sets are taken at their largest (9 bytes each)."""
+    head = wire.encode(t, src, epoch=2**64 - 1, seq=2**64 - 1, body=body, arrays=[values], limits=_UNLIMITED)[0]
+    return len(head) + values.nbytes
 
 
 def _real(v: Any) -> bool:
@@ -314,7 +332,10 @@ class Gossip:
     ----------
     link: the transport (a :class:`swarm.peer.Peer` or a :class:`swarm.gossip.sim.SimLink`).
     params: a 1-D contiguous float32 array, updated in place (see
-        :func:`swarm.gossip.flat.flat_parameters` for a torch module).
+        :func:`swarm.gossip.flat.flat_parameters` for a torch module). Its full state
+        (4·d bytes and a header) must fit in one message under the link's limits (a
+        Peer's ``max_message_mb``), else :class:`ConfigError`: receivers new to a stream,
+        or that lost a delta, are sent it whatever the codec.
     topology, edges, seed: as in :mod:`swarm.gossip.topology`, applied to the link's view.
     codec: codec spec for :func:`swarm.compress.get_codec`; one instance per stream.
     gamma: CHOCO consensus step in (0, 1], or ``"auto"`` for
@@ -375,6 +396,14 @@ class Gossip:
             raise ConfigError(f"outer_momentum must be in [0, 1), got {outer_momentum!r}")
         if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
             raise ConfigError(f"local_steps must be an integer >= 1, got {local_steps!r}")
+        limits: wire.Limits = getattr(link, "limits", wire.DEFAULT_LIMITS)
+        # Checked now: with a delta codec the first rounds ran, and the first full state
+        # (a member joined, a nack) raised WireError out of that round and every one after.
+        full = _most_bytes(link.id, T_FULL, {"r": _MAX_WIRE_ROUND, "ver": 2**64 - 1}, params)
+        if full > limits.max_message_bytes:
+            raise ConfigError(f"d = {params.size}: a full state takes {full} bytes on the wire, more than a "
+                              f"message on this link may carry ({limits.max_message_bytes} bytes; a Peer's "
+                              "max_message_mb sets it): raise that limit or gossip fewer parameters")
         seed = rng_seed(seed)   # in [0, 2**32): random_pairing's draws would mask a larger one
         if topology == "custom":
             if edges is not None and not isinstance(edges, (str, bytes)) and hasattr(edges, "__iter__"):
@@ -382,6 +411,7 @@ class Gossip:
             topo.within(edges, 0)   # pairs of positions; each view uses those it has
 
         self.link = link
+        self._limits = limits
         self.x = params
         self.d = params.size
         self.topology, self.edges, self.seed = topology, edges, seed
@@ -449,10 +479,11 @@ class Gossip:
         Call it on the link's loop before building another engine on the same peer,
         which otherwise gets every message too (a notebook cell run again). Closing
         twice does nothing; :meth:`round` (and :meth:`bootstrap`) on a closed engine
-        raises :class:`~swarm.errors.GossipError`, and a round in flight stops waiting for
-        its neighbours (it mixes what arrived and says so in ``reason``). A link without ``off``/``off_view`` (a test
-        double; :class:`~swarm.peer.Peer` and :class:`~swarm.gossip.sim.SimLink` have
-        them) keeps what it holds.
+        raises :class:`~swarm.errors.GossipError`, a round in flight stops waiting for
+        its neighbours (it mixes what arrived and says so in ``reason``), and a bootstrap
+        in flight stops asking and raises that error, leaving ``x`` alone. A link without
+        ``off``/``off_view`` (a test double; :class:`~swarm.peer.Peer` and
+        :class:`~swarm.gossip.sim.SimLink` have them) keeps what it holds.
         """
         if self._closed:
             return
@@ -464,6 +495,11 @@ class Gossip:
         if off_view is not None:
             off_view(self._on_view)
         self._arrived.set()   # a round in flight stops waiting for its neighbours
+        # and a bootstrap in flight for its slices (none can reach a closed engine)
+        for _, _, _, fut in self._boot.values():
+            if not fut.done():
+                fut.set_exception(self._closed_error())
+                fut.exception()   # marked retrieved: a slice between asks never awaits it (see fetch)
         for task in self._serve_tasks:   # bootstrap slices still waiting to go
             task.cancel()
 
@@ -573,7 +609,7 @@ class Gossip:
         r, ver = msg.body.get("r"), msg.body.get("ver")
         if not _round_number(r) or not isinstance(ver, int):
             self._reject(msg.src, "rejected_malformed",
-                         f"body needs a round r in [0, {_MAX_ROUND}] and an integer ver, got r={r!r:.30} "
+                         f"body needs a round r in [0, {_MAX_WIRE_ROUND}] and an integer ver, got r={r!r:.30} "
                          f"ver={ver!r:.30}")
             return
         copy = self._in.get(msg.src)
@@ -696,6 +732,14 @@ class Gossip:
                 or not 0 <= lo < hi <= self.d:
             self._reject(msg.src, "rejected_malformed", f"bootstrap request for [{lo}, {hi}) of {self.d}")
             return
+        body = {"lo": lo, "hi": hi, "nonce": nonce, "r": self.t}
+        size = _most_bytes(self.link.id, T_BOOT, body, self.x[lo:hi])
+        if size > self._limits.max_message_bytes:
+            # only a slice of nearly all of x, with a longer header than the full state the
+            # constructor checked: its send raised WireError in a task nobody awaited
+            self._reject(msg.src, "rejected_size", f"bootstrap request for [{lo}, {hi}): {size} bytes, more "
+                                                   f"than a message may carry ({self._limits.max_message_bytes})")
+            return
         # Sent by a task of its own: awaited here, a send to an asker whose queue is full
         # held the peer's receive loop up to send_timeout per request, as often as it asked.
         if self._serving.get(msg.src, 0) >= MAX_BOOT_SERVING:
@@ -703,7 +747,6 @@ class Gossip:
             return
         self._serving[msg.src] = self._serving.get(msg.src, 0) + 1
         # a copy: x keeps training while the transport sends without copying
-        body = {"lo": lo, "hi": hi, "nonce": nonce, "r": self.t}
         task = asyncio.get_running_loop().create_task(self._serve_boot(msg.src, body, self.x[lo:hi].copy()))
         self._serve_tasks.add(task)
         task.add_done_callback(self._serve_tasks.discard)
@@ -732,7 +775,7 @@ class Gossip:
             self._reject(msg.src, "rejected_malformed", "bootstrap slice does not match the request")
             return
         r = msg.body.get("r")
-        if not _round_number(r):   # bootstrap() takes the donors' round (see _MAX_ROUND)
+        if not _round_number(r) or r > _MAX_ROUND:   # bootstrap() takes the donors' round (see _MAX_ROUND)
             self._reject(msg.src, "rejected_malformed", f"bootstrap slice with round {r!r:.30}")
             return
         self._boot_round = max(self._boot_round, r)
@@ -753,8 +796,9 @@ class Gossip:
         ``timeout`` a finite number of seconds > 0 (a NaN one never ended), else
         :class:`ConfigError` before anything is asked. After :meth:`close` it raises
         :class:`GossipError` at once, as :meth:`round` does (it could receive no slice),
-        and so it does while a round or another bootstrap of this engine runs (it would
-        replace x and the public copies that the round is sending and mixing).
+        as one in flight does when the engine is closed, and so it does while a round or
+        another bootstrap of this engine runs (it would replace x and the public copies
+        that the round is sending and mixing).
         """
         self._may_run()
         if isinstance(donors, bool) or not isinstance(donors, numbers.Integral) or donors < 1:
@@ -792,6 +836,8 @@ class Gossip:
                 fut: asyncio.Future[np.ndarray] = loop.create_future()
                 self._boot[nonce] = (donor, lo, hi, fut)
                 try:
+                    if self._closed:   # no slice can reach a closed engine (see close)
+                        raise self._closed_error()
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise GossipError(f"bootstrap: no neighbour sent values [{lo}, {hi}) in {timeout} s")
@@ -952,7 +998,7 @@ class Gossip:
             newest: dict[str, int] = {}   # each sender's latest round (the one most likely to show it)
             for src, c in self._in.items():   # held messages' rounds were checked on arrival
                 for m in c.pending:
-                    if m.body["r"] > newest.get(src, t):
+                    if newest.get(src, t) < m.body["r"] <= _MAX_ROUND:   # none past it (see _MAX_WIRE_ROUND)
                         newest[src] = m.body["r"]
             if self.sync != "async" and self._per_edge and newest:
                 newest = self._left_behind(newest, t)
@@ -968,7 +1014,7 @@ class Gossip:
             # every round until it had crept forward one round at a time.
             slack = self.max_staleness if self.sync == "bounded" else 0
             newest = [c.pending[-1].body["r"] for c in self._in.values() if c.pending]
-            t = max([t] + [r - slack for r in newest])
+            t = max([t] + [r - slack for r in newest if r <= _MAX_ROUND])   # see _MAX_WIRE_ROUND
         res = RoundResult(round=t)
         me, senders, receivers, w = self._positions(t)
         began = bool(senders)
