@@ -10,7 +10,12 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["is_int", "is_real", "seconds", "rng_seed", "finite_arg"]
+__all__ = ["is_int", "is_real", "seconds", "rng_seed", "finite_arg", "MAX_GRAD"]
+
+#: The largest gradient entry a peer takes (FlatAdam, the gradient relay): the square of a
+#: larger one overflows float32 (max 3.4028235e38), and Adam's second moment would stay
+#: infinite for good.
+MAX_GRAD = math.sqrt(3.4028234663852886e38)
 
 
 def is_int(x: Any) -> bool:

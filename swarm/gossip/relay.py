@@ -117,7 +117,7 @@ import zmq
 
 from .. import transport as tp
 from .. import wire
-from ..checks import is_int, seconds
+from ..checks import MAX_GRAD, is_int, seconds
 from ..compress import Encoded, get_codec, split_ef
 from ..compress.sparse import _Sparse
 from ..errors import ConfigError, GossipError, WireError
@@ -160,6 +160,18 @@ _MAX_COPY_PENDING = 256
 _QUIET_S = 1.0
 #: Message numbers remembered per origin below its highest (a copy that comes later counts as seen).
 _SEQ_WINDOW = 4096
+#: How far past this peer's clock, in microseconds, an origin's message number may be: origins
+#: number their messages from their start time in microseconds, one a message (see _seq), so
+#: only a clock set that much apart reaches it. A number beyond (a forged 2**64 - 1) would move
+#: the origin's window there, and every later message of it would look old here for good.
+_SEQ_AHEAD_US = 86_400 * 10**6
+#: Origins outside the view (one that joined in a newer view can come before this peer's view
+#: lists it) whose entries are kept until the next view, at most; more are refused.
+_STRANGERS = 64
+#: Peers announced (j) in one message at most: receivers refuse more.
+_MAX_ANNOUNCE = 64
+#: Notices, requests and copies waiting for the consumer's poll() at most; more are refused.
+_SIDE_MAX = 1024
 #: Messages sent again at a view change (see GradientRelay._resend) remembered, as (origin, number).
 _RESENT_KEPT = 4096
 #: Ids that left the view whose entries stay (copies of their messages may still come round).
@@ -253,9 +265,12 @@ class Rider(Protocol):
         Called on the thread that publishes."""
 
     def arrive(self, src: str, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
-        """What rode on neighbour ``src``'s own message. Called on the thread that takes
-        messages in (the consumer's with ``direct``); bad input is the rider's to count
-        and drop: the gradients it came with are taken in all the same."""
+        """What rode on neighbour ``src``'s own message. Called on the thread that took that
+        message in: the peer's loop, or with ``direct`` the consumer's for what came on its
+        inbox (and the loop's for what still came through the peer: before the neighbour
+        knew the inbox, or when it could not send there), so possibly on both threads; bad
+        input is the rider's to count and drop: the gradients it came with are taken in all
+        the same."""
 
     # Optional: ``refused()``, called (on the publishing thread) when the last ride could not
     # go beside the gradients (too large for a message): the rider may send it again, smaller.
@@ -367,6 +382,7 @@ class GradientRelay:
         # would drop as copies (no process sends more than one a microsecond).
         self._seq = itertools.count(time.time_ns() // 1000)
         self._seen: dict[str, _Seqs] = {}   # origin -> the numbers of its messages that came
+        self._strangers: set[str] = set()   # origins taken in that the view did not list (see _admit)
         # (clock, origin, gradient, sent at)
         self._inbox: collections.deque[tuple[int, str, np.ndarray, float]] = collections.deque()
         self._max_pending = max_pending
@@ -422,7 +438,7 @@ class GradientRelay:
         self._quiet_until = 0.0               # no new request before this (monotonic)
         self._floor = -1                      # own clocks up to here belong to a copy already replaced
         self._noticed: dict[str, float] = {}  # origin -> when it was last told it is late
-        self._announce: list[list[Any]] = []  # [peer, clock]: its turns up to there passed (next own message)
+        self._announce: dict[str, int] = {}   # peer -> clock: its turns up to there passed (next own messages)
         self._unsent = 0                      # request number whose grad_sync could not be sent (set on the loop)
         self._digest_out: list[Any] | None = None
         self._own_digests: dict[int, str] = {}
@@ -437,6 +453,7 @@ class GradientRelay:
         self._handlers: list[tuple[str, Callable[[Message], Any]]] = []
         self._view_callbacks: list[Callable[[Any], None]] = []
         self._closed = False
+        self._peer_down = False   # closed because its peer closed (see _peer_gone)
         self._on(GRAD, self._on_grad)
         self._on_view(self._forget)
         self._on_view(self._resend)
@@ -480,10 +497,11 @@ class GradientRelay:
         dtype the wire does not carry, more arrays or bytes than a message may hold),
         with :class:`~swarm.errors.WireError`; a ride that is well formed but too large
         for the message is left off (the gradients go; ``stats.rider_refused``, and the
-        rider's ``refused()`` is called). After :meth:`close` it raises
-        :class:`~swarm.errors.GossipError`, and sends nothing.
+        rider's ``refused()`` is called). After :meth:`close`, or once the peer closed
+        (which closes the relay), it raises :class:`~swarm.errors.GossipError`, and sends
+        nothing.
         """
-        if self._closed:
+        if self._closed or self._peer_gone():
             raise self._closed_error()
         clock = _clock(clock)
         g = None if grad is None else self._gradient(grad)
@@ -512,7 +530,10 @@ class GradientRelay:
             if self._digest_out is not None:   # the newest digest point, once
                 body["d"], self._digest_out = self._digest_out, None
             if self._announce:                 # peers whose turns start again later (see _serve)
-                body["j"], self._announce = self._announce, []
+                # at most _MAX_ANNOUNCE a message (receivers refuse more): the rest go on the next
+                body["j"] = [[p, c] for p, c in itertools.islice(self._announce.items(), _MAX_ANNOUNCE)]
+                for p, _ in body["j"]:
+                    del self._announce[p]
         if held:   # earlier updates of the turn go first: [clock, meta (None: a pass), frame count]
             body["b"] = [[hc, hm, len(hf)] for hc, hm, hf in held]
             frames = [f for _, _, hf in held for f in hf] + frames
@@ -637,7 +658,33 @@ class GradientRelay:
         return True
 
     def _closed_error(self) -> GossipError:
+        if self._peer_down:
+            return GossipError(f"relay {self.link.id}: its peer closed, so it sends and receives nothing any more; "
+                               f"close a relay before its peer, and build a new one on a new peer")
         return GossipError(f"relay {self.link.id} is closed (it sends and receives nothing); build a new one")
+
+    def _peer_gone(self) -> bool:
+        """Whether the peer under this relay closed: then the relay closes too (once). A Peer
+        says so in its state, and closes the inbox (direct): the relay's sockets then raised
+        raw ZMQErrors, and a SyncPeer's loop, closed with it, ran nothing (see _to_loop)."""
+        if not (self._peer_down or self._closed):
+            s = self._inbox_sock
+            if (s is not None and s.closed) or getattr(getattr(self.link, "state", None), "value", None) == "closed":
+                self._peer_down = True
+                self.close()
+        return self._peer_down
+
+    def _to_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Hand ``fn(*args)`` to the peer's loop from another thread; GossipError once that
+        loop closed with its peer (nothing would ever run it)."""
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            if not self._loop.is_closed():
+                raise
+            self._peer_down = True
+            self.close()
+            raise self._closed_error() from None
 
     def _gradient(self, grad: Any) -> np.ndarray:
         """``grad`` as a flat float32 vector, checked: floats, length ``d``, all finite."""
@@ -650,8 +697,9 @@ class GradientRelay:
         g = a.astype(np.float32, copy=False).reshape(-1)
         if g.size != self.d:
             raise ConfigError(f"gradient of length {g.size}; this relay carries {self.d}")
-        if not np.isfinite(g).all():
-            raise ConfigError("gradient has NaN or infinite entries; not published")
+        if g.size and not float(np.abs(g).max()) <= MAX_GRAD:   # False for NaN too
+            raise ConfigError(f"gradient has NaN or infinite entries, or entries too large (above {MAX_GRAD:.3g}: "
+                              "their squares overflow float32); not published")
         return g
 
     def _body(self, clock: int, meta: dict[str, Any]) -> dict[str, Any]:
@@ -668,9 +716,9 @@ class GradientRelay:
             late = [(dst, hops) for dst, hops in self._routes()
                     if not self._push(dst, dict(body, h=hops), frames + extra, n, forwarding=False, rider=rn)]
             if late:
-                self._loop.call_soon_threadsafe(self._publish_now, body, frames, extra, late)
+                self._to_loop(self._publish_now, body, frames, extra, late)
         else:
-            self._loop.call_soon_threadsafe(self._publish_now, body, frames, extra)
+            self._to_loop(self._publish_now, body, frames, extra)
 
     def take(self, before: int | None = None) -> list[np.ndarray]:
         """The other peers' gradients received since the last call.
@@ -745,10 +793,10 @@ class GradientRelay:
         finite number of seconds >= 0, or parameters that are not ints raise
         ConfigError at once, as does, with ``state``, a wait without ``first`` or
         with ``rounds > 1`` (gradients then come after their turn by design, and the
-        copies differ anyway). After :meth:`close` it raises
+        copies differ anyway). After :meth:`close`, or once the peer closed, it raises
         :class:`~swarm.errors.GossipError` at once (nothing can arrive any more).
         """
-        if self._closed:
+        if self._closed or self._peer_gone():
             raise self._closed_error()
         clock, timeout = _clock(clock), seconds(timeout)
         if not (is_int(every) and is_int(rounds) and is_int(span) and (first is None or is_int(first))):
@@ -787,8 +835,9 @@ class GradientRelay:
                 # direct: the inbox wakes us; what still comes through the loop, within 10 ms.
                 # zmq_poll itself: Socket.poll builds and registers a new Poller at each call
                 s = self._inbox_sock
-                if s.closed:   # as Socket.poll: zmq_poll would poll fd 0 for a closed socket's handle
-                    raise zmq.ZMQError(zmq.ENOTSUP)
+                if s is None or s.closed:   # since poll() above: zmq_poll would poll fd 0 for its handle
+                    self._peer_gone()
+                    raise self._closed_error()
                 zmq.zmq_poll([(s, _POLLIN)], max(1, int(1000 * min(left, 0.01))))
             self.stats.waited_s += time.monotonic() - t0
 
@@ -854,7 +903,13 @@ class GradientRelay:
         peer passes on. With ``state`` it also answers the other peers' requests for
         this peer's copy, and takes in the notices and copies for this one (with or
         without ``direct``): call it between turns, where the copy is whole.
+
+        Once the peer closed (close the relay first) it raises
+        :class:`~swarm.errors.GossipError`, as :meth:`take`, :meth:`wait`, :meth:`publish`
+        and :meth:`ready` do, and the relay is closed.
         """
+        if self._peer_gone():
+            raise self._closed_error()
         if self._side or self._deferred or self._asked is not None or self._digests_new:
             self._tend()
         s = self._inbox_sock
@@ -963,10 +1018,10 @@ class GradientRelay:
         first publish: a gradient sent earlier goes through the loop to a peer that may
         not handle gradients yet, and is lost there (and peers that take turns then wait
         a whole ``timeout`` of :meth:`wait` for it). Takes nothing in: what arrives
-        meanwhile waits on the inbox. After :meth:`close` it raises
-        :class:`~swarm.errors.GossipError` at once.
+        meanwhile waits on the inbox. After :meth:`close`, or once the peer closed, it
+        raises :class:`~swarm.errors.GossipError` at once.
         """
-        if self._closed:
+        if self._closed or self._peer_gone():
             raise self._closed_error()
         if self._inbox_sock is None:
             raise ConfigError("ready() is for direct mode (GradientRelay(..., direct=True))")
@@ -985,7 +1040,7 @@ class GradientRelay:
         if now > self._regreet_at:
             self._regreet_at = now + 0.5
             if any(d not in self._endpoints for d in self.link.neighbours()):
-                self._loop.call_soon_threadsafe(self._greet, True)
+                self._to_loop(self._greet, True)
 
     def close(self) -> None:
         """Stop relaying: take this relay's handlers off the link, so that it receives
@@ -1184,6 +1239,12 @@ class GradientRelay:
         keyed: tuple[dict[str, Any], ...] = (self._seen, self._clocks, self._got, self._brought, self._complete,
                                              self._digests_in, self._noticed, self._endpoints, self._greeted)
         with self._cond:   # the consumer iterates some of them under it
+            # origins taken in that this view does not list either: forged, or gone again; they
+            # do not take the places of the ids that left it
+            strangers, self._strangers = self._strangers - present, set()
+            for pid in strangers:
+                for d in keyed:
+                    d.pop(pid, None)
             for pid in present:
                 self._gone.pop(pid, None)
             for pid in {k for d in keyed for k in d} - present:
@@ -1257,6 +1318,10 @@ class GradientRelay:
         if not (isinstance(origin, str) and _int(seq, 0) and isinstance(hops, int) and isinstance(meta, dict)):
             self.stats.rejected += 1
             raise WireError(f"grad from {msg.src}: body needs o (str), s (int >= 0), h (int) and meta (dict)")
+        if seq > time.time_ns() // 1000 + _SEQ_AHEAD_US:
+            self.stats.rejected += 1
+            raise WireError(f"grad {origin}#{seq} from {msg.src}: s is more than a day past this peer's clock "
+                            f"in microseconds, from which origins number their messages (set the hosts' clocks)")
         if b.get("r", 1) != 1 or not _int(b.get("e", 0), 0):   # copies seen before too
             self.stats.rejected += 1
             raise WireError(f"grad {origin}#{seq} from {msg.src}: r must be 1 (sent again) and e a view "
@@ -1300,7 +1365,7 @@ class GradientRelay:
                                    and isinstance(dg[1], str) and 0 < len(dg[1]) <= 64):
             self.stats.rejected += 1
             raise WireError(f"grad {origin}#{seq} from {msg.src}: d must be [update count, digest (str)]")
-        if ann is not None and not (isinstance(ann, list) and len(ann) <= 64 and all(
+        if ann is not None and not (isinstance(ann, list) and len(ann) <= _MAX_ANNOUNCE and all(
                 isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and _int(e[1], 0) for e in ann)):
             self.stats.rejected += 1
             raise WireError(f"grad {origin}#{seq} from {msg.src}: j must list up to 64 [peer id, clock]")
@@ -1317,9 +1382,12 @@ class GradientRelay:
             except WireError:
                 self.stats.rejected += 1
                 raise
-            if g.shape != (self.d,) or not np.isfinite(g).all():
+            # not finite, or past MAX_GRAD: FlatAdam refuses those, and the consumer's loop
+            # (swarm run's peer) ended on the first one
+            if g.shape != (self.d,) or (g.size and not float(np.abs(g).max()) <= MAX_GRAD):
                 self.stats.rejected += 1
-                raise WireError(f"grad {origin}#{seq} from {msg.src}: not {self.d} finite values")
+                raise WireError(f"grad {origin}#{seq} from {msg.src}: not {self.d} finite values of at most "
+                                f"{MAX_GRAD:.3g}")
             items.append((pc, g))
         # a sender's clock: not finite (-inf), it made the lag figures infinite for good
         sent_at = float(t) if isinstance(t, (int, float)) and math.isfinite(t) else time.time()
@@ -1327,6 +1395,7 @@ class GradientRelay:
         with self._cond:   # with direct, the loop and the consumer thread both take gradients in
             seen = self._seen.get(origin)
             if seen is None:
+                self._admit(origin, seq, msg.src)
                 self._seen[origin] = _Seqs(seq, hops, msg.src == origin)
             elif not seen.add(seq, hops, msg.src == origin):   # another thread took a copy in meanwhile
                 again = True
@@ -1347,6 +1416,19 @@ class GradientRelay:
         if ride is not None and msg.src == origin and self.rider is not None:   # only the origin's copy
             self._arrive(origin, ride, ride_arrays)
         self._pass_on(msg, forward, nbytes, send)
+
+    def _admit(self, origin: str, seq: int, src: str) -> None:
+        """Under the lock, for an origin with no entries here: WireError when the view does not
+        list it and _STRANGERS such origins are kept already. Each origin costs a few KiB
+        (its numbers, clocks, turns), and any member can name any origin; one that joined in
+        a newer view may come before this peer's view lists it, so a few are taken."""
+        if self.link.view.member(origin) is not None or origin in self._gone or origin in self._strangers:
+            return
+        if len(self._strangers) >= _STRANGERS:
+            self.stats.rejected += 1
+            raise WireError(f"grad {origin}#{seq} from {src}: origin {origin!r} is not in this peer's view, and "
+                            f"{_STRANGERS} such origins are kept until the next view already")
+        self._strangers.add(origin)
 
     def _queue(self, origin: str, items: list[tuple[int, np.ndarray | None]], back: int, sent_at: float) -> int:
         """Under the lock: queue a new message's gradients and note its clocks; returns the
@@ -1385,7 +1467,9 @@ class GradientRelay:
         if self._state is None:
             return
         for pid, c in ann or ():   # a peer that adopted a copy: its turns up to c passed
-            if pid != self.link.id:
+            # (one that this peer's view does not list, and that it keeps nothing for, would
+            # only grow the entries: it is waited for once a view lists it, as a newcomer)
+            if pid != self.link.id and (pid in self._clocks or self.link.view.member(pid) is not None):
                 # set, not raised: a wait meanwhile may have counted its next turn as
                 # passed too (it was out of step), and that turn is coming
                 self._clocks[pid] = max(self._clocks.get(pid, -1), c)
@@ -1485,6 +1569,16 @@ class GradientRelay:
                 raise WireError(f"grad_sync from {src}: needs r (int >= 1) and b (int >= -1)")
         else:
             self._check_copy(msg)
+            asked = self._asked
+            if asked is None or self._arrived is not None or src != asked[0] or b["r"] != asked[1]:
+                # an answer to a request given up, or to none: not held for the consumer (a copy
+                # is a whole state)
+                log.debug("relay %s: a copy from %s that answers no request of this peer now: dropped",
+                          self.link.id, src)
+                return
+        if len(self._side) >= _SIDE_MAX:
+            raise WireError(f"{msg.t} from {src}: {_SIDE_MAX} notices, requests and copies wait for this peer's "
+                            f"poll() already (the consumer calls it too rarely, or {src} sends too many)")
         self._side.append(msg)
         with self._cond:
             self._cond.notify_all()
@@ -1517,9 +1611,9 @@ class GradientRelay:
             raise WireError(f"grad_state from {src}: {len(arrays)} arrays for na = {na} and {len(po)} pending")
         if po:
             a = arrays[na]
-            if a.dtype != np.float32 or a.shape != (len(po), self.d) or not np.isfinite(a).all():
+            if a.dtype != np.float32 or a.shape != (len(po), self.d) or (a.size and not float(np.abs(a).max()) <= MAX_GRAD):
                 raise WireError(f"grad_state from {src}: pending gradients must be {len(po)} x {self.d} finite "
-                                f"float32, got {a.dtype} {a.shape}")
+                                f"float32 of at most {MAX_GRAD:.3g}, got {a.dtype} {a.shape}")
         if not (isinstance(g, dict) and all(isinstance(k, str) and isinstance(v, list) and len(v) <= 4 * _RECENT_CLOCKS
                                             and all(_is_clock(x) for x in v) for k, v in g.items())):
             raise WireError(f"grad_state from {src}: g must map origins to lists of clocks")
@@ -1535,7 +1629,8 @@ class GradientRelay:
                 # this one's last message (one that fell behind itself takes old ones in late)
                 if b["c"] > self._floor and b["at"] > (-1 if self._boundary is None else self._boundary):
                     self._wish(msg.src, f"its message at clock {b['c']} came after {msg.src}'s turn went past it")
-            elif msg.t == GRAD_SYNC:
+            elif msg.t == GRAD_SYNC:   # an asker waits for one copy at a time: its newest request
+                self._deferred = [d for d in self._deferred if d[0] != msg.src]
                 self._deferred.append((msg.src, b["r"], b["b"], time.monotonic() + self._resync_timeout))
             else:
                 self._took_copy(msg)
@@ -1569,8 +1664,9 @@ class GradientRelay:
         assert self._want is not None
         (dst, why), self._want = self._want, None
         rid = next(self._rids)
-        self._side_send(dst, GRAD_SYNC, {"r": rid, "b": -1 if self._boundary is None else self._boundary})
+        # noted before it goes: the loop keeps only the copy that answers it (see _on_side)
         self._asked = (dst, rid, time.monotonic() + self._resync_timeout, why)
+        self._side_send(dst, GRAD_SYNC, {"r": rid, "b": -1 if self._boundary is None else self._boundary})
         log.info("relay %s: out of step (%s); asking %s for its copy", self.link.id, why, dst)
 
     def _serve_due(self) -> None:
@@ -1617,16 +1713,22 @@ class GradientRelay:
         nxt = None
         if _turn_start(b, m.rank, every, first, span) <= clock:
             nxt = _turn_start(clock + every, m.rank, every, first, span)
+        frames = [np.ascontiguousarray(a) for a in arrays]
+        if pending:
+            frames.append(np.stack([g for _, _, g in pending]))
+        copy = {"r": rid, "c": clock, "n": nxt, "app": body, "na": len(arrays),
+                "po": [[c, o] for c, o, _ in pending], "g": clocks}
+        try:   # before anything changes: a copy the wire refuses is refused with a reason instead
+            wire.encode(GRAD_STATE, self.link.id, body=copy, arrays=frames, limits=self._limits)
+        except WireError as e:
+            return f"its copy does not go in one message: {e} (a Peer's max_message_mb sets the limit)"
+        if nxt is not None:
             upto = nxt - every + span - 1   # the last clock of its last turn that passed
             with self._cond:
                 self._clocks[src] = max(self._clocks.get(src, -1), upto)
                 self._complete[src] = upto
-            self._announce.append([src, upto])
-        frames = [np.ascontiguousarray(a) for a in arrays]
-        if pending:
-            frames.append(np.stack([g for _, _, g in pending]))
-        self._side_send(src, GRAD_STATE, {"r": rid, "c": clock, "n": nxt, "app": body, "na": len(arrays),
-                                          "po": [[c, o] for c, o, _ in pending], "g": clocks}, frames)
+            self._announce[src] = upto
+        self._side_send(src, GRAD_STATE, copy, frames)
         self.stats.served += 1
         log.info("relay %s: sent %s its copy at clock %d%s", self.link.id, src, clock,
                  f"; its turns start again at clock {nxt}" if nxt is not None else "")
@@ -1691,12 +1793,12 @@ class GradientRelay:
         if threading.get_ident() == self._loop_thread:
             self._side_now(dst, t, body, arrays or [])
         else:
-            self._loop.call_soon_threadsafe(self._side_now, dst, t, body, arrays or [])
+            self._to_loop(self._side_now, dst, t, body, arrays or [])
 
     def _side_now(self, dst: str, t: str, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
         try:
             sent = self.link.send_nowait(dst, t, body, arrays)
-        except WireError as e:   # a copy over the wire's limits
+        except WireError as e:   # what the wire refuses after all (_serve checks a copy before it goes)
             log.warning("relay %s: cannot send %s to %s: %s", self.link.id, t, dst, e)
             sent = False
         if sent:
@@ -1780,7 +1882,7 @@ class GradientRelay:
     def _push_or_hand(self, dst: str, body: dict[str, Any], arrays: list[np.ndarray], nbytes: int,
                       forwarding: bool) -> None:
         if not self._push(dst, body, arrays, nbytes, forwarding):
-            self._loop.call_soon_threadsafe(self._send, dst, body, arrays, nbytes, forwarding)
+            self._to_loop(self._send, dst, body, arrays, nbytes, forwarding)
 
 
 class _Seqs:

@@ -28,7 +28,7 @@ import threading
 import numpy as np
 import torch
 
-from ..checks import is_real
+from ..checks import MAX_GRAD, is_real
 from ..errors import ConfigError, SwarmError
 from ..gossip.flat import flat_parameters
 
@@ -36,9 +36,6 @@ __all__ = ["FlatAdam", "flatten_gradients", "flatten_parameters", "flush_denorma
 
 _thread = threading.local()
 
-#: The largest gradient entry :meth:`FlatAdam.step` takes: the square of a larger one
-#: overflows float32, and ``exp_avg_sq`` would stay infinite for good.
-MAX_GRAD = float(np.sqrt(np.finfo(np.float32).max))
 
 
 def flush_denormals() -> None:

@@ -97,8 +97,15 @@ def test_bad_gradients_are_refused():
         bad[3] = math.nan
         with pytest.raises(ConfigError, match="NaN"):
             a.publish(bad)
+        huge = np.zeros(16)
+        huge[3] = 1e20   # finite, but its square overflows float32: FlatAdam refuses it
+        with pytest.raises(ConfigError, match="too large"):
+            a.publish(huge)
         assert a.stats.published == 0
-        # Malformed and non-finite messages straight onto the wire
+        # Malformed, non-finite and too large messages straight onto the wire (a neighbour's
+        # 1e20 was passed on, and the consumer's FlatAdam raised out of its training loop)
+        await links[0].send(b.link.id, GRAD, {"o": "peer0", "s": 4, "h": 2, "meta": {"codec": "identity", "n": 16}},
+                            [huge.astype(np.float32)])
         nan = np.full(16, np.nan, np.float32)
         await links[0].send(b.link.id, GRAD, {"o": "peer0", "s": 1, "h": 2, "meta": {"codec": "identity", "n": 16}},
                             [nan])
@@ -107,8 +114,8 @@ def test_bad_gradients_are_refused():
         await links[0].send(b.link.id, GRAD, {"s": 3}, [np.zeros(16, np.float32)])
         await settle(hub, relays)
         assert b.take() == [] and relays[2].take() == []
-        assert b.stats.rejected == 3
-        assert len(hub.errors) == 3 and all(isinstance(e, WireError) for e in hub.errors)
+        assert b.stats.rejected == 4
+        assert len(hub.errors) == 4 and all(isinstance(e, WireError) for e in hub.errors)
         # a good gradient afterwards still goes through, with the same numbers
         g = a.publish(np.ones(16))
         await settle(hub, relays)
