@@ -39,6 +39,8 @@ from swarm.rl import DQNAgent, DQNConfig, dqn_schema  # noqa: E402
 from swarm.rl.dqn import QNetwork  # noqa: E402
 
 OBS, ACTIONS = 4, 2   # CartPole-v1's sizes
+#: transitions in the buffer that ``learn`` samples: a batch larger than this gets no update
+BUFFER = 20_000
 
 
 class TorchDQN:
@@ -103,7 +105,7 @@ def filled_buffer(n: int, seed: int = 0) -> ReplayBuffer:
 
 def run(batch: int, reps: int) -> dict:
     cfg = DQNConfig(batch_size=batch)
-    buf = filled_buffer(20_000)
+    buf = filled_buffer(BUFFER)
     ours = DQNAgent((OBS,), ACTIONS, buf, cfg, seed=0)
     anchor = TorchDQN(cfg, seed=0)
     s = buf.sample(batch, beta=0.4)
@@ -112,10 +114,14 @@ def run(batch: int, reps: int) -> dict:
     obs = np.random.default_rng(1).standard_normal(OBS).astype(np.float32)
     row = {"batch": batch,
            "update_ms": cpu_ms(lambda: ours.update(b, w), reps),
-           "anchor_update_ms": cpu_ms(lambda: anchor.update(b, w), reps),
-           "learn_ms": cpu_ms(ours.learn, reps),
-           "act_us": cpu_ms(lambda: ours.act(obs), 10 * reps) * 1e3,
-           "anchor_act_us": cpu_ms(lambda: anchor.act(obs), 10 * reps) * 1e3}
+           "anchor_update_ms": cpu_ms(lambda: anchor.update(b, w), reps)}
+    updates = ours.updates
+    row["learn_ms"] = cpu_ms(ours.learn, reps)
+    if ours.updates == updates:
+        # learn() returned at once (too few items for its batch): its time is no update's cost
+        raise RuntimeError(f"batch {batch}: learn() took no update (the buffer holds {len(buf)} transitions)")
+    row["act_us"] = cpu_ms(lambda: ours.act(obs), 10 * reps) * 1e3
+    row["anchor_act_us"] = cpu_ms(lambda: anchor.act(obs), 10 * reps) * 1e3
     row["update_speedup"] = row["anchor_update_ms"] / row["update_ms"]
     row["act_speedup"] = row["anchor_act_us"] / row["act_us"]
     return row
@@ -130,6 +136,9 @@ def main() -> None:
         ap.error("--reps must be >= 1")
     if min(args.batches) < 1:
         ap.error("--batches must be >= 1")
+    if max(args.batches) > BUFFER:
+        ap.error(f"--batches {max(args.batches)} is above the buffer's {BUFFER} transitions: learn() would "
+                 f"take no update; choose batches of at most {BUFFER}")
     torch.set_num_threads(1)
     rows = [run(bs, args.reps) for bs in args.batches]
     print(f"{'batch':>5} {'update ms':>10} {'torch idiom':>12} {'speed-up':>9} {'learn ms':>9} "

@@ -17,7 +17,9 @@ env steps of a learner; solved when the mean reaches 475):
   gives that count too);
 * swarm-dense: the same swarm and seed with uncompressed gossip (identity codec,
   step 1.0) for exactly as many env steps per peer as the compressed run took:
-  the bytes comparison is over the same length of run.
+  the bytes comparison is over the same length of run (the compressed run's peers
+  train on past S until the launcher stops them: their bytes are taken at S, from
+  each peer's metrics.csv, between the episodes that ended around S).
 
 Figures, per the issue: (a) time to solve with one host per peer, estimated as
 the largest per-peer process CPU time (the peers share this machine's cores, so
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import io
 import json
 import multiprocessing as mp
@@ -62,6 +63,7 @@ from swarm.buffer import ReplayBuffer
 from swarm.config import apply_overrides, from_dict, to_dict
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
+from swarm.experiment.launch import read_csv
 # DQNConfig alone: torch (~3 s a process) is imported where a learner runs, so that the
 # scripts that take this one's settings (compare_runs, eval_schedules) start without it
 from swarm.rl import DQNConfig
@@ -428,37 +430,47 @@ def swarm(seed: int, extra: list[str], max_steps: int, every: int, episodes: int
                 "cpu_s": max(float(e["cpu_s"]) for e in rows_at), "wall_s": max(float(e["wall_s"]) for e in rows_at)}
 
     res = at(min(mine) if mine else None)
+    # A solved run's bytes at S, where the dense run stops: its peers train on past S until
+    # the launcher stops them, and that gossip is not part of the solve. Other runs' at their end.
+    upto = res["steps_per_peer"] if until_solved else max(steps)
+    gossip = [_gossip_bytes_at(run_dir / f"peer{r}" / "metrics.csv", upto, steps[r], row.get("gossip_bytes_out", 0))
+              for r, row in enumerate(rows)]
     return {"seed": seed, **res, "any_peer": at(min(anyone) if anyone else None),
             "first_solve_per_peer": [f[0] if f else None for f in first],
             "steps_at_end": steps,
-            "gossip_bytes_per_peer": float(np.mean([r.get("gossip_bytes_out", 0) for r in rows])),
+            "gossip_bytes_per_peer": float(np.mean(gossip)),
             "bytes_per_peer": float(np.mean([r.get("bytes_out", 0) for r in rows])),
             "eval_returns": [r.get("eval_return") for r in rows]}   # the run folder is temporary
 
 
 def _solved_steps(evals_csv: Path) -> list[int]:
-    """Env steps of a peer's first evaluation that reached SOLVE (empty if none)."""
-    try:
-        with open(evals_csv) as f:
-            for row in csv.DictReader(f):
-                if float(row["eval_return"]) >= SOLVE:
-                    return [int(row["env_steps"])]
-    except OSError:
-        pass
+    """Env steps of a peer's first evaluation that reached SOLVE (empty if none). A row
+    cut short (the peer killed as it wrote it) is left out, as :func:`read_csv` does."""
+    for row in read_csv(evals_csv):
+        if float(row["eval_return"]) >= SOLVE:
+            return [int(row["env_steps"])]
     return []
 
 
 def _eval_at(evals_csv: Path, step: int) -> dict | None:
     """A peer's evaluation row at ``step`` env steps (cpu_s and wall_s since it started
     training), None if it has none."""
-    try:
-        with open(evals_csv) as f:
-            for row in csv.DictReader(f):
-                if int(row["env_steps"]) == step:
-                    return row
-    except OSError:
-        pass
+    for row in read_csv(evals_csv):
+        if int(row["env_steps"]) == step:
+            return row
     return None
+
+
+def _gossip_bytes_at(metrics_csv: Path, step: int, end_steps: int, end_bytes: float) -> float:
+    """A peer's gossip bytes sent by ``step`` env steps (``end_bytes``, from its summary, if
+    its run ended at ``end_steps`` <= ``step``): interpolated between the points around
+    ``step`` of 0 bytes at the start, metrics.csv's env_steps and gossip_bytes_out at the end
+    of each episode, and ``end_bytes`` at ``end_steps``."""
+    if step >= end_steps:
+        return float(end_bytes)
+    episodes = [(int(r["env_steps"]), float(r["gossip_bytes_out"])) for r in read_csv(metrics_csv)]
+    points = [(0, 0.0), *[(s, b) for s, b in episodes if s < end_steps], (end_steps, float(end_bytes))]
+    return float(np.interp(step, [s for s, _ in points], [b for _, b in points]))
 
 
 def main() -> None:

@@ -348,9 +348,13 @@ json.dump(got, open(out, "w")); [s.close(0) for s in socks]; ctx.term()
     r.setsockopt(zmq.SNDHWM, 100_000)
     r.bind(f"tcp://127.0.0.1:{port}")
     outs = [os.path.join(tmp, f"anchor{w:02d}.json") for w in range(n_workers)]
-    procs = [subprocess.Popen([sys.executable, "-c", code, f"tcp://127.0.0.1:{port}", str(per), str(rounds), o])
-             for o in outs]
+    procs = []
     try:
+        # into procs one by one: a signal while they start (SIGTERM as SystemExit) leaves
+        # none of those started behind
+        for o in outs:
+            procs.append(subprocess.Popen([sys.executable, "-c", code, f"tcp://127.0.0.1:{port}", str(per),
+                                           str(rounds), o]))
         routes = []
         while len(routes) < n_workers * per:
             if r.poll(30_000):
@@ -677,10 +681,13 @@ def bench_processes(tmp: str, n: int, d: int, window: float, sync: str = "bounde
     procs = []
     t_launch = time.monotonic()
     try:
-        procs = [subprocess.Popen([sys.executable, __file__, "--gossip-peer", "--coord", addr, "--rank", str(r),
-                                   "--n", str(n), "--d", str(d), "--go", go, "--window", str(window),
-                                   "--sync", sync, "--ready-timeout", str(ready_timeout), "--out", outs[r]],
-                                  env=env, cwd=ROOT) for r in range(n)]
+        # into procs one by one: a signal while they start (SIGTERM as SystemExit) leaves
+        # none of those started behind
+        for r in range(n):
+            procs.append(subprocess.Popen([sys.executable, __file__, "--gossip-peer", "--coord", addr, "--rank",
+                                           str(r), "--n", str(n), "--d", str(d), "--go", go, "--window", str(window),
+                                           "--sync", sync, "--ready-timeout", str(ready_timeout), "--out", outs[r]],
+                                          env=env, cwd=ROOT))
         # the window opens when every peer is linked (or the ready deadline passed)
         while time.monotonic() - t_launch < ready_timeout:
             ready = sum(Path(o + ".ready").exists() for o in outs)

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import math
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -721,3 +722,204 @@ def test_dqn_isolated_refuses_every_above_steps():
     res = run_script("dqn_isolated", "--steps", "1500", timeout=60)
     assert res.returncode == 2, res.stdout[-2000:]
     assert "--every 2000 is above --steps 1500" in res.stderr, res.stderr
+
+
+# ---------------------------------------------------------------- benchmarks report what they measured
+
+def test_bench_dqn_refuses_a_batch_larger_than_its_buffer():
+    """--batches 25000 against the 20,000-transition buffer: DQNAgent.learn() returned at
+    once (too few items for a batch) and the row reported that no-op as learn_ms (0.001 ms
+    against an update_ms of 16)."""
+    res = run_script("bench_dqn", "--batches", "64", "25000", "--reps", "1", timeout=120)
+    assert res.returncode == 2, (res.returncode, res.stdout[-1000:])
+    assert "--batches 25000 is above the buffer's 20000 transitions" in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and not res.stdout.strip(), res.stdout[-1000:]
+
+
+def test_bench_dqn_times_learn_only_when_it_updates():
+    """run() timed learn() whatever it did: with a batch larger than the buffer each call
+    took no update, and learn_ms was the cost of returning at once."""
+    dqn = load_script("bench_dqn")
+    with pytest.raises(RuntimeError, match="learn\\(\\) took no update"):
+        dqn.run(25_000, 1)   # the buffer holds 20,000 transitions
+
+
+def test_bench_relay_receives_for_as_long_as_the_sends_it_accepts_take(monkeypatch):
+    """The argument check allowed up to 180 s of sends (a leg's deadline), but both receivers
+    stopped counting after a fixed 120 s: --n 1300 --every-ms 100 (130 s of sends) gave
+    partial counts and exit 1, and sends near 180 s no JSON line at all."""
+    import threading
+    from types import SimpleNamespace
+
+    relay = load_script("bench_relay")
+    for n, every in ((1300, 0.1), (2000, 0.002), (1, 0.0), (100_000, 0.0025)):
+        receive_s, leg_s = relay.windows(n, every)
+        assert receive_s > n * every and leg_s > receive_s, (n, every, receive_s, leg_s)
+    # each leg's receiver gets that window: its processes are stand-ins that exit at once
+    started = []
+
+    def process(target, args, name, daemon=False):
+        started.append((target.__name__, args))
+        stand = _Stand(name, 0)
+        stand.start = lambda: None   # it started as it was made
+        return stand
+
+    def results():
+        q = queue.Queue()
+        q.put({"n": 1300, "cpu_us_per_msg": 1.0})
+        return q
+    ctx = SimpleNamespace(Queue=results, Event=threading.Event, Process=process)
+    monkeypatch.setattr(relay, "mp", SimpleNamespace(get_context=lambda method: ctx))
+    for kind in ("raw", "swarm", "direct"):
+        relay.run(kind, 1300, 10, 0.1)
+    window = relay.windows(1300, 0.1)[0]
+    receivers = [args for target, args in started
+                 if target == "raw_receiver" or (target == "swarm_peer" and args[5] is not None)]   # args[5]: out
+    assert len(receivers) == 3 and all(args[-1] == window for args in receivers), started
+
+
+def _fake_swarm_run(tmp_path: Path, evals: dict[int, str], metrics: dict[int, str], summary: list[dict]):
+    """A stand-in for run_experiment: a run folder with each peer's evals.csv and
+    metrics.csv, and the summary rows its peers' summary.json would give."""
+    from types import SimpleNamespace
+
+    run_dir = tmp_path / "run"
+    for r in range(len(summary)):
+        (run_dir / f"peer{r}").mkdir(parents=True)
+        (run_dir / f"peer{r}" / "evals.csv").write_text(evals.get(r, "wall_s,cpu_s,env_steps,eval_return\n"))
+        (run_dir / f"peer{r}" / "metrics.csv").write_text(metrics[r])
+
+    def run_experiment(spec, sets, runs_root=None, stream=None):
+        return SimpleNamespace(run_dir=run_dir, summary=summary, exit_code=0)
+    return run_experiment
+
+
+def test_bench_learning_counts_the_compressed_runs_gossip_bytes_at_the_solve(tmp_path, monkeypatch):
+    """bytes_saving compared the dense run's bytes over S steps per peer (the step at which
+    peer 0 solved) with the compressed run's bytes at the end of its run, which includes
+    the steps its peers took after S: the saving was understated."""
+    bl = load_script("bench_learning")
+    head = "wall_s,env_steps,episode,gossip_bytes_out\n"
+    # 10 gossip bytes per env step on both peers; peer 0 solves at step 1000, the run ends at 2000
+    metrics = {r: head + "".join(f"1.0,{s},{i},{10 * s}\n" for i, s in enumerate((400, 900, 1400, 1900), 1))
+               for r in range(2)}
+    evals = {0: "wall_s,cpu_s,env_steps,eval_return\n1.0,0.5,1000,500.0\n2.0,1.0,2000,500.0\n"}
+    summary = [{"env_steps": 2000, "gossip_bytes_out": 20_000, "bytes_out": 30_000, "cpu_s": 2.0, "wall_s": 3.0}
+               for _ in range(2)]
+    monkeypatch.setattr(bl, "run_experiment", _fake_swarm_run(tmp_path, evals, metrics, summary))
+    res = bl.swarm(0, [], 2000, 1000, 1, tmp_path / "runs")
+    assert res["solved"] and res["steps_per_peer"] == 1000, res
+    assert res["gossip_bytes_per_peer"] == 10_000, res   # at step 1000, between the episodes at 900 and 1400
+    # the dense run (no stop when solved) counts at its end, as many steps as the compressed run's S
+    dense = bl.swarm(0, bl.DENSE, 2000, 1000, 1, tmp_path / "runs", until_solved=False)
+    assert dense["gossip_bytes_per_peer"] == 20_000, dense
+
+
+def test_bench_learning_reads_evals_csv_past_a_row_cut_short(tmp_path):
+    """A last row cut short (a peer killed mid-write) made _solved_steps raise a TypeError
+    (float(None)), and _eval_at returned that row, its missing fields None."""
+    bl = load_script("bench_learning")
+    p = tmp_path / "evals.csv"
+    p.write_text("wall_s,cpu_s,env_steps,eval_return\n1.0,0.9,1000,120.5\n2.0,1.8,2000")
+    assert bl._solved_steps(p) == []
+    assert bl._eval_at(p, 2000) is None
+    assert bl._eval_at(p, 1000) == {"wall_s": "1.0", "cpu_s": "0.9", "env_steps": "1000", "eval_return": "120.5"}
+    p.write_text("wall_s,cpu_s,env_steps,eval_return\n1.0,0.9,1000,480.0\n2.0,1.8,2000,12")
+    assert bl._solved_steps(p) == [1000]
+
+
+@pytest.mark.parametrize("per_s", [10, 40])
+def test_bench_failover_counts_every_false_death_of_the_quiet_run(per_s, monkeypatch, capsys):
+    """The quiet run counted deaths in the log of one status reply after the run, which holds
+    the coordinator's last 50 log entries: a false death and its rejoin are two, so past
+    about 25 false deaths the count stopped growing. The coordinator is a stand-in that
+    declares ``per_s`` false deaths a second (each with its rejoin) from when it formed:
+    at 40 a second more entries come between two reads than a reply holds."""
+    fo = load_script("bench_failover")
+    made: list = []
+
+    class Coordinator:
+        """What main() uses of a Swarm; its log grows with the time since it formed."""
+
+        def __init__(self, logdir: Path) -> None:
+            self.declared: list[float] = []
+            made.append(self)
+
+        def start_coordinator(self) -> None:
+            self.t0 = time.time()
+            self.log = [(self.t0, "join", "p0"), (self.t0, "join", "p1")]
+
+        def add_peer(self) -> str:
+            return "p"
+
+        def close(self) -> None:
+            pass
+
+        def status(self) -> dict:
+            while self.t0 + (len(self.declared) + 1) / per_s <= time.time():
+                t = self.t0 + (len(self.declared) + 1) / per_s
+                self.declared.append(t)
+                self.log += [(t, "heartbeat timeout", "p1"), (t, "join", "p1")]
+            return {"epoch": 1 + 2 * len(self.declared), "log": [list(x) for x in self.log[-50:]],
+                    "members": [{"linked_at": self.t0}], "view": {"members": [["p0"], ["p1"]]}}
+
+        def wait_settled(self, n: int, timeout: float = 60.0) -> dict:
+            return self.status()
+
+    monkeypatch.setattr(fo, "Swarm", Coordinator)
+    monkeypatch.setattr(fo, "startup_anchor_s", lambda n: 1.0)
+    monkeypatch.setattr(fo, "detect_anchor_ms", lambda kind: 1.0)
+    monkeypatch.setattr(fo, "fault_relink_ms", lambda sw, n, kind, rng: 1.0)
+    monkeypatch.setattr(sys, "argv", ["bench_failover.py", "--sizes", "2", "--faults", "1", "--startup-peers", "2",
+                                      "--quiet-n", "2", "--quiet-s", "3"])
+    fo.main()
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    quiet = made[-1]   # each of its deaths came after it formed, up to the last status read
+    assert len(quiet.declared) >= 30, len(quiet.declared)
+    if per_s == 10:
+        assert out["false_deaths"] == len(quiet.declared) and out["false_deaths_exact"] is True, out
+    else:   # a floor, and said to be one
+        assert 25 < out["false_deaths"] < len(quiet.declared) and out["false_deaths_exact"] is False, out
+
+
+class _StopAtStart:
+    """A stand-in for bench_scale's ``subprocess`` module: each Popen starts a sleeping
+    process (what is asked for is not needed), and the ``fail_at``-th raises SystemExit
+    143, as a SIGTERM that comes while the processes start does."""
+
+    TimeoutExpired = subprocess.TimeoutExpired
+    DEVNULL, STDOUT = subprocess.DEVNULL, subprocess.STDOUT
+
+    def __init__(self, fail_at: int) -> None:
+        self.fail_at = fail_at
+        self.started: list[subprocess.Popen] = []
+
+    def Popen(self, *args, **kwargs) -> subprocess.Popen:  # noqa: N802 - subprocess's name
+        if len(self.started) + 1 == self.fail_at:
+            raise SystemExit(128 + signal.SIGTERM)
+        self.started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]))
+        return self.started[-1]
+
+
+@pytest.mark.parametrize("part", ["raw_fanout_anchor", "bench_processes"])
+def test_bench_scale_ends_the_processes_it_started_when_stopped_while_starting_them(part, tmp_path, monkeypatch):
+    """The processes were started in one list comprehension, so a SIGTERM (SystemExit)
+    while it ran left the list unassigned: the finally block ended none of those already
+    started, and they lingered for minutes (bench_processes: peers waiting ~220 s for a go
+    signal; raw_fanout_anchor: its workers, before the try altogether)."""
+    bs = load_script("bench_scale")
+    fake = _StopAtStart(fail_at=3)
+    monkeypatch.setattr(bs, "subprocess", fake)
+    try:
+        with pytest.raises(SystemExit):
+            if part == "raw_fanout_anchor":
+                bs.raw_fanout_anchor(str(tmp_path), n_workers=4, per=1, size=10, rounds=1)
+            else:
+                bs.bench_processes(str(tmp_path), n=4, d=10, window=1.0)
+        assert len(fake.started) == 2
+        assert [p.poll() is not None for p in fake.started] == [True, True], "a started process was left running"
+    finally:
+        for p in fake.started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
