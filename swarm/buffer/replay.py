@@ -284,8 +284,9 @@ class ReplayBuffer:
 
         Items already present (same id) or originating here are dropped;
         priorities are clipped to ``priority_clip`` (default: this buffer's max
-        priority) so a neighbour cannot flood the sampler; origin times in the
-        future are clipped to now. With ``limit``, only as many of the remaining
+        priority) so a neighbour cannot flood the sampler, and raised to
+        ``eps**alpha`` unless 0 (a forgotten item stays forgotten); origin times in
+        the future are clipped to now. With ``limit``, only as many of the remaining
         (new) items as the rate limiter's ``insert_room()`` allows are stored, the
         last ones in ``items``: duplicates take no room. Returns the indices of the
         items stored.
@@ -361,7 +362,15 @@ class ReplayBuffer:
             clip = self._max_p if priority_clip is None else float(priority_clip)
             # dtype=float64 casts before comparing, as astype() did: new arrays, never the caller's
             raw = np.minimum(pri, clip, dtype=np.float64)
-            np.maximum(raw, self.eps ** self.alpha, out=raw)
+            # Positive ones are raised to the floor; a 0 (forgotten, or decayed to nothing, at
+            # its sender) stays 0: the floor would make it this buffer's smallest priority,
+            # shrinking every other item's importance weight, and draw it again.
+            np.maximum(raw, self.eps ** self.alpha, out=raw, where=raw > 0)
+            if times.dtype.itemsize > 8:
+                # A long double past float64's range would be cast to an infinity: -inf, which
+                # every neighbour and a snapshot's load refuse, stored. The oldest float64 time
+                # instead (a time past the newest is clipped to now just below).
+                times = np.clip(times, -sys.float_info.max, sys.float_info.max)
             t = np.minimum(times, now, dtype=np.float64)
             idx = self._write(arrays, sel.size, lo, sseq, t, raw)
             # Only the newest `capacity` of a huge batch were written.
@@ -493,7 +502,10 @@ class ReplayBuffer:
     def _maybe_rebase(self, t: float) -> None:
         if self.decay * (t - self._base) <= _REBASE_AFTER or self._saver is not None:
             return
-        self.rebase(t)
+        # Not rebase(t): it reads the clock again, and with the columns written a bad
+        # reading would leave the items half stored. t is already clipped to this write's
+        # reading, and moves the base forward: the scaling cannot overflow.
+        self._rebase(t)
 
     def rebase(self, t: float | None = None) -> None:
         """Move the decay base to time ``t`` (default now), rescaling every stored priority.
@@ -510,16 +522,19 @@ class ReplayBuffer:
             if not self.decay or self._saver is not None:
                 return
             now = self._now()
-            t = now if t is None else min(float(t), now)
-            try:   # a base moved far back scales every priority up
-                factor = math.exp(-self.decay * (t - self._base))
-            except OverflowError:
-                factor = math.inf
-            if not math.isfinite(self._tree.total * factor):
-                raise ReplayError(f"rebase to t={t!r}: the priorities scaled by exp({-self.decay * (t - self._base):.4g}) "
-                                  f"would overflow; the base stays at {self._base!r}")
-            self._tree.scale(factor)
-            self._base = t
+            self._rebase(now if t is None else min(float(t), now))
+
+    def _rebase(self, t: float) -> None:
+        """:meth:`rebase` to ``t`` (lock held, decay on, no snapshot under way, ``t`` not past now)."""
+        try:   # a base moved far back scales every priority up
+            factor = math.exp(-self.decay * (t - self._base))
+        except OverflowError:
+            factor = math.inf
+        if not math.isfinite(self._tree.total * factor):
+            raise ReplayError(f"rebase to t={t!r}: the priorities scaled by exp({-self.decay * (t - self._base):.4g}) "
+                              f"would overflow; the base stays at {self._base!r}")
+        self._tree.scale(factor)
+        self._base = t
 
     # --------------------------------------------------------------- sampling
     def _strata(self, n: int) -> np.ndarray:
@@ -530,7 +545,10 @@ class ReplayBuffer:
     def can_sample(self, n: int) -> bool:
         """Whether ``sample(n)`` may go ahead now: the rate limiter allows ``n`` more
         (``min_size`` and the ratio, for every sampler), some item can be drawn and,
-        FIFO, ``n`` unread items remain."""
+        FIFO, ``n`` unread items remain. A batch size :meth:`sample` refuses raises
+        :class:`ReplayError` as there."""
+        if not (is_int(n) and n >= 1):
+            raise ReplayError(f"batch size must be an int >= 1, got {n!r}")
         if self.sampler == "fifo":
             if self._next - max(self._read, self._next - self.capacity) < n:
                 return False
@@ -637,15 +655,20 @@ class ReplayBuffer:
                 raise ReplayError(f"td has shape {td.shape}, expected {indices.shape} like indices")
         if indices.size == 0:
             return 0
-        # One pass gives the priorities and, through their max, the NaN/Inf check
-        # (with alpha 0 every power is 1, NaN's too: then the TD errors are looked at).
+        # One pass gives the priorities and, through their max, the NaN/Inf check; the TD
+        # errors themselves are looked at only when that max is not finite (a finite td's
+        # power can overflow: 1e200 at alpha 2) or alpha is 0 (every power is 1, NaN's too).
         raw = np.abs(td)
         raw += self.eps
-        raw **= self.alpha
+        if self.alpha > 1:   # only then can a finite td's power overflow (errstate costs 1 us)
+            with np.errstate(over="ignore"):
+                raw **= self.alpha
+        else:
+            raw **= self.alpha
         m = float(raw.max())
-        if not math.isfinite(m) or (self.alpha == 0 and not np.isfinite(td).all()):
+        if (not math.isfinite(m) or self.alpha == 0) and not np.isfinite(td).all():
             raise ReplayError("td contains NaN or Inf; priorities left unchanged")
-        if m > self._max_raw:   # finite priorities whose sum would not be
+        if m > self._max_raw:   # priorities whose sum would not be finite (inf: overflowed)
             np.minimum(raw, self._max_raw, out=raw)
             m = self._max_raw
         with self._lock:
@@ -667,14 +690,17 @@ class ReplayBuffer:
                 self._saver.preserve(slots)
             if m > self._max_p:
                 self._max_p = m
-            self._tree.set(slots, self._leaf(raw, self._time[slots]) if self.decay else raw)
+            # slots and priorities are checked above (in range, finite, capped)
+            self._tree._set(slots.astype(np.int64, copy=False),
+                            np.asarray(self._leaf(raw, self._time[slots]) if self.decay else raw, np.float64))
             return int(slots.size)
 
     def forget(self, indices: Any) -> int:
         """Never draw the live ``indices`` again: their priority becomes 0 (they stay in
-        the ring until overwritten, and are still shared and saved); return how many were
-        live. For items no update can learn from: a low priority instead would become the
-        buffer's smallest and shrink every other item's importance weight. Raises
+        the ring until overwritten, and are still shared and saved: a receiver stores them
+        at priority 0 too); return how many were live. For items no update can learn from:
+        a low priority instead would become the buffer's smallest and shrink every other
+        item's importance weight. Raises
         :class:`ReplayError` for an index this buffer never handed out. A no-op for uniform
         and FIFO sampling (beyond the checks)."""
         indices = _as_indices(indices).reshape(-1)
@@ -686,7 +712,7 @@ class ReplayBuffer:
                 return 0
             if self._saver is not None:
                 self._saver.preserve(slots)
-            self._tree.set(slots, np.zeros(slots.size))
+            self._tree._set(slots.astype(np.int64, copy=False), np.zeros(slots.size))
             return int(slots.size)
 
     def priorities(self, indices: Any) -> np.ndarray:
@@ -756,7 +782,8 @@ class ReplayBuffer:
             if self.sampler == "prioritized":
                 raw = self._tree.get(slots)
                 if self.decay:
-                    x = self.decay * (self._time[slots] - self._base)
+                    with np.errstate(over="ignore"):   # a time ~1e308 s back: -inf, see _undecayed
+                        x = self.decay * (self._time[slots] - self._base)
                     if x.size and x.min() < -700.0:
                         raw = _undecayed(raw, x, self._max_p)
                     else:
@@ -776,7 +803,16 @@ class ReplayBuffer:
                          self._seq[slots], self._time[slots], raw)
 
     def contains(self, peer: str, seq: int) -> bool:
-        """Whether the item with id ``(peer, seq)`` is in the buffer now."""
+        """Whether the item with id ``(peer, seq)`` is in the buffer now: False for a seq
+        no id has (outside ``[0, 2**63)``); a ``peer`` that is not a str, or a ``seq`` that
+        is not an int (``1.0``, ``"1"``), raises :class:`ReplayError`."""
+        if not isinstance(peer, str):
+            raise ReplayError(f"peer must be a peer id (a str), got {peer!r:.80}")
+        if not is_int(seq):
+            raise ReplayError(f"seq must be an int, got {seq!r:.80}")
+        seq = int(seq)   # a numpy uint64 against the int64 column would compare as float64
+        if not 0 <= seq <= _SEQ_MAX:
+            return False
         with self._lock:
             o = self._peer_index.get(peer)
             if o is None:
@@ -784,7 +820,7 @@ class ReplayBuffer:
             if o == 0:
                 hit = (self._origin == 0) & (self._seq == seq) & (self._ticket >= 0)
                 return bool(hit.any())
-            return bool(self._foreign.find(np.array([o]), np.array([int(seq)], np.int64))[0] >= 0)
+            return bool(self._foreign.find(np.array([o]), np.array([seq], np.int64))[0] >= 0)
 
     def ids(self) -> list[tuple[str, int]]:
         """Ids ``(origin peer, seq)`` of every item now stored, in slot order."""
@@ -840,11 +876,12 @@ def _undecayed(leaf: np.ndarray, x: np.ndarray, max_p: float) -> np.ndarray:
 
     Their leaves underflowed to 0 (or a subnormal) and ``e^-x`` overflows: the
     product would be NaN or Inf, and one such priority makes a receiver drop the
-    whole message. In the log domain a 0 leaf stays 0; no raw priority exceeds
-    the buffer's max.
+    whole message. In the log domain a subnormal leaf gives a finite priority; a 0
+    leaf stays 0 (taken apart: ``x`` is ``-inf`` for a time ~1e308 s back, and
+    ``log(0) - x`` NaN); no raw priority exceeds the buffer's max.
     """
-    with np.errstate(over="ignore", divide="ignore"):
-        return np.minimum(np.exp(np.log(leaf) - x), max_p)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        return np.where(leaf > 0, np.minimum(np.exp(np.log(leaf) - x), max_p), 0.0)
 
 
 def _allocated(what: str, shape: Any, dtype: Any, fill: int = 0) -> np.ndarray:

@@ -50,6 +50,8 @@ _INF = np.inf
 # A leaf's change past this many times its parent's new sum loses more than 2**-26 of
 # that sum to rounding (float64 keeps 2**-52 of the change).
 _SWING = float(2 ** 26)
+# The ufuncs' own reductions: ndarray.min and .max go through a Python wrapper.
+_min, _max = np.minimum.reduce, np.maximum.reduce
 
 
 class SumTree:
@@ -105,14 +107,40 @@ class SumTree:
         return self._tree[self._cap:self._cap + self.capacity]
 
     def get(self, idx: np.ndarray) -> np.ndarray:
-        """Leaf values at ``idx``."""
-        return self._tree[np.asarray(idx, dtype=np.int64) + self._cap]
+        """Leaf values at ``idx`` (integers in ``[0, capacity)``, else ValueError)."""
+        idx = _integers(idx)
+        if idx.size:
+            self._check_leaves(int(_min(idx)), int(_max(idx)))
+        return self._tree[idx + self._cap]
+
+    def _check_leaves(self, lo: int, hi: int) -> None:
+        """ValueError unless leaves ``lo..hi`` exist: past them a number would reach a
+        padding leaf (left out of every sum) or, negative, an inner node."""
+        if lo < 0 or hi >= self.capacity:
+            raise ValueError(f"leaf indices [{lo}, {hi}] out of range [0, {self.capacity})")
 
     # -------------------------------------------------------------- writing
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
-        """Set leaves ``idx`` to ``values``. Where ``idx`` repeats, the last value wins."""
-        idx = np.asarray(idx, dtype=np.int64)
+        """Set leaves ``idx`` to ``values``, one per index, finite and >= 0 (else ValueError,
+        and nothing changes). Where ``idx`` repeats, the last value wins."""
+        idx = _integers(idx)
         values = np.asarray(values, dtype=np.float64)
+        if values.shape != idx.shape:
+            raise ValueError(f"set takes one value per index: {values.shape} values for {idx.shape} indices")
+        if idx.size == 0:
+            return
+        idx, values = idx.reshape(-1), values.reshape(-1)
+        # A NaN fails both comparisons. A negative or infinite leaf would make the sums,
+        # and the sampling law, meaningless.
+        if not (0.0 <= _min(values) and _max(values) < _INF):
+            raise ValueError("leaf values must be finite and >= 0")
+        self._check_leaves(int(_min(idx)), int(_max(idx)))
+        self._set(idx, values)
+
+    def _set(self, idx: np.ndarray, values: np.ndarray) -> None:
+        """:meth:`set` for callers whose leaves and values are checked already (the replay
+        buffer's slots and priorities): flat int64 ``idx``, float64 ``values`` of its size.
+        (The checks were ~9% of a priority update.)"""
         if idx.size == 0:
             return
         # Sorted leaves give sorted parents: rows are then touched in memory order.
@@ -267,7 +295,8 @@ class SumTree:
         """Leaf index ``i`` for each prefix sum ``u`` with ``sum(leaves[:i]) <= u < sum(leaves[:i+1])``.
 
         ``u`` should lie in ``[0, total)``; a value at or past the total (or a
-        rounding slip at a boundary) is clipped to a valid index.
+        rounding slip at a boundary) is clipped to a valid index. A leaf of 0 is never
+        returned (its interval is empty) unless every leaf is 0.
         """
         u = np.array(prefix, dtype=np.float64, copy=True).reshape(-1)
         t = self._tree
@@ -284,11 +313,39 @@ class SumTree:
             right = u >= left
             np.subtract(u, left, out=u, where=right)
             idx += right
+        # Rounding can leave u at or past a node's sum (the running sum of the top level is
+        # not its pairwise total; u - (cs[j] - level[j]) may be a hair off), and the descent
+        # then ends on a zero leaf: an empty slot, a padding leaf past the last, or a
+        # forgotten item drawn again. One gather tells; the rare fix moves each such u to
+        # the positive leaf it slipped off. (No padding leaf is positive: nothing to clip.)
+        found_zero = idx.size > 0 and not _min(t[idx]) > 0
         idx -= self._cap
-        # Past the last leaf only: the descent starts at the top level and only goes down,
-        # so idx >= 0 (np.clip's Python wrapper cost 6 us of a 128-item sample).
-        np.minimum(idx, self.capacity - 1, out=idx)
+        if found_zero:
+            # The descent starts at the top level and only goes down, so idx >= 0 (np.clip's
+            # Python wrapper cost 6 us of a 128-item sample).
+            np.minimum(idx, self.capacity - 1, out=idx)
+            idx = self._off_zero(idx)
         return idx
+
+    def _off_zero(self, idx: np.ndarray) -> np.ndarray:
+        """``idx`` with each zero leaf replaced by the nearest positive leaf on its left (a
+        zero leaf's interval is empty: u slipped past the end of that one), or on its right
+        where there is none (u slipped below 0). Unchanged while every leaf is zero."""
+        pos = np.flatnonzero(self.leaves > 0)   # O(capacity), on the rare path only
+        if pos.size == 0:
+            return idx
+        zero = self.leaves[idx] == 0
+        k = np.searchsorted(pos, idx[zero]) - 1   # the last positive leaf before each
+        idx[zero] = pos[np.maximum(k, 0)]
+        return idx
+
+
+def _integers(idx: np.ndarray) -> np.ndarray:
+    """``idx`` as an int64 array, or ValueError if it holds other than integers."""
+    a = np.asarray(idx)
+    if a.size and a.dtype.kind not in "iu":
+        raise ValueError(f"leaf indices must be integers, got {a.dtype}")
+    return a.astype(np.int64, copy=False)
 
 
 def _min_positive(a: np.ndarray, axis: int | None = None) -> np.ndarray | float:
