@@ -15,7 +15,8 @@ Failure detection, fastest first:
 
 1. the TCP connection of a peer closes (crash) or its ZMTP heartbeat times out
    (frozen process): the ROUTER's monitor reports the connection's fd, which
-   maps to the peer; a probe to a route that is gone fails at once → dead;
+   maps to the peers that speak on it; a probe to a route that is gone fails
+   at once → dead;
 2. a neighbour reports a broken link (``suspect``) → direct probe → dead if
    there is no answer within ``probe_timeout_s``;
 3. no heartbeat for ``heartbeat_timeout_s`` → the same probe.
@@ -172,7 +173,14 @@ class Coordinator:
         self._router: zmq.asyncio.Socket | None = None
         self._plain: zmq.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
-        self._fds: dict[int, str] = {}
+        self._events: zmq.Socket | None = None
+        #: fd of a connection → {id: the route it had on that connection}: a close probes
+        #: every id that still has that route (one connection may carry many ids)
+        self._fds: dict[int, dict[str, bytes]] = {}
+        #: (id, route) of closed connections, to probe once the messages read with the
+        #: close are handled (_recv_loop), and when the first of them was queued
+        self._closing: list[tuple[str, bytes]] = []
+        self._closing_at = 0.0
         self._dirty = False
         self._grace_until = 0.0
         self._nonce = itertools.count(1)
@@ -234,6 +242,7 @@ class Coordinator:
             self._shutdown()
             raise
         self._plain = tp.shadow(self._router)
+        self._events = tp.shadow(self._monitor)
         if cfg.http_bind:
             try:
                 self._http = StatusServer(self, cfg.http_bind, run=cfg.run_name)
@@ -421,26 +430,22 @@ class Coordinator:
         batching pause below would spin the loop.
         """
         loop = asyncio.get_running_loop()
-        router, mon = self._plain, tp.shadow(self._monitor)
+        router, mon = self._plain, self._events
         fds = (router.getsockopt(zmq.FD), mon.getsockopt(zmq.FD))
         pollin = zmq.POLLIN
-        #: members whose connections closed, to probe once what they sent before is read
-        closed: list[str] = []
-        closed_at = 0.0
         while True:
-            if mon.getsockopt(zmq.EVENTS) & pollin:
-                more = [pid for frames in tp.drain(mon) if (pid := self._closed([f.bytes for f in frames]))]
-                if more and not closed:
-                    closed_at = time.monotonic()
-                closed += more
+            self._read_closes()
             n = self._drain_router() if router.getsockopt(zmq.EVENTS) & pollin else 0
             # probed after the messages: what a member sent before its connection closed (a
             # leave, from one that stopped waiting for its bye) is read first, as it came,
-            # also behind more than a batch of others' (under a flood, after 1 s at most)
-            if closed and (n < tp.DRAIN_BATCH or time.monotonic() - closed_at > 1.0):
-                for pid in closed:
-                    self._probe(pid, "disconnected")
-                closed = []
+            # also behind more than a batch of others' (under a flood, after 1 s at most).
+            # An id that has moved to another connection since is not probed: it is there
+            if self._closing and (n < tp.DRAIN_BATCH or time.monotonic() - self._closing_at > 1.0):
+                closing, self._closing = self._closing, []
+                for pid, route in closing:
+                    m = self.table.get(pid)
+                    if m is not None and m.route == route:
+                        self._probe(pid, "disconnected")
             if self._publish_due(time.monotonic()):
                 self._publish()
             if n >= tp.DRAIN_BATCH:
@@ -499,8 +504,13 @@ class Coordinator:
             frame = recv(_NOBLOCK, copy=False)
             if frame.more:                             # arrays or junk: the general path
                 frames = [frame]
-                while frames[-1].more:
-                    frames.append(recv(_NOBLOCK, copy=False))
+                f = frame
+                while f.more:
+                    f = recv(_NOBLOCK, copy=False)
+                    # past KEEP_FRAMES, read and dropped (decode refuses the message): a
+                    # Frame object per frame of millions of empty ones took ~1 GiB and ~6 s
+                    if len(frames) <= tp.KEEP_FRAMES:
+                        frames.append(f)
                 self._on_message(route, frames, now)
             elif fast is None or not fast(route, frame, now):
                 self._on_message(route, [frame], now)
@@ -533,13 +543,41 @@ class Coordinator:
         self._heartbeat(route, src, epoch, inc, body.get("stats"), frame, now)
         return True
 
-    def _closed(self, frames: list[bytes]) -> str | None:
-        """The member whose connection a monitor event says closed, if any. Its fd is
-        forgotten at once: a join read next may come on a new connection with that fd."""
-        ev = parse_monitor_message(frames)
-        if ev["event"] == zmq.EVENT_DISCONNECTED:
-            return self._fds.pop(int(ev["value"]), None)
-        return None
+    def _read_closes(self) -> None:
+        """Take every disconnect the monitor has queued: the ids of each closed connection
+        wait in ``_closing`` to be probed. The fds are forgotten at once: libzmq reports a
+        disconnect before it closes the fd, so once the queue is read, a connection that
+        gets one of those fds back has a mapping no queued disconnect can take (_map_fd)."""
+        mon = self._events
+        while mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            for frames in tp.drain(mon):
+                ev = parse_monitor_message([f.bytes for f in frames])
+                if ev["event"] != zmq.EVENT_DISCONNECTED:
+                    continue
+                ids = self._fds.pop(int(ev["value"]), None)
+                if ids:
+                    if not self._closing:
+                        self._closing_at = time.monotonic()
+                    self._closing += ids.items()
+
+    def _map_fd(self, pid: str, route: bytes, frame: zmq.Frame) -> None:
+        """Remember that ``pid`` speaks on ``route``, the connection ``frame`` came on, so
+        that its close probes ``pid``. The queued disconnects are read first: one of them
+        may be of an earlier connection with the same fd, which closed in this batch."""
+        self._read_closes()
+        self._fds.setdefault(tp.srcfd(frame), {})[pid] = route
+
+    def _forget_fds(self) -> None:
+        """Drop the fd entries of ids that are dead, forgotten or on another connection: a
+        close would probe none of them, and a connection that joins id after id (a client
+        of many, a hostile one) would otherwise grow its entry as long as it stays open."""
+        for fd, ids in list(self._fds.items()):
+            for pid, route in list(ids.items()):
+                m = self.table.get(pid)
+                if m is None or m.state == DEAD or m.route != route:
+                    del ids[pid]
+            if not ids:
+                del self._fds[fd]
 
     def _on_message(self, route: bytes, frames: list[zmq.Frame], now: float) -> None:
         try:
@@ -568,7 +606,7 @@ class Coordinator:
             return
         if route != rec.route:   # a new connection (the peer reconnected): map its fd
             rec.route = route
-            self._fds[tp.srcfd(frame)] = src
+            self._map_fd(src, route, frame)
         rec.last_heartbeat = now
         self.heartbeats += 1
         if rec.state == SUSPECT:
@@ -635,7 +673,7 @@ class Coordinator:
             except MembershipError as e:
                 self._send(route, "refuse", {"reason": str(e)})
                 return
-            self._fds[tp.srcfd(frame)] = src
+            self._map_fd(src, route, frame)
             self._send(route, "welcome", {"rank": rec.rank, "epoch": self.table.epoch})
             if self._listed(src, addr) and self.table.epoch == self.table.view.epoch:
                 self._send_view(route)
@@ -672,7 +710,10 @@ class Coordinator:
                 self._probe(target, f"suspected by {src}")
         elif t == "probe_ack":
             if 0 < _int(body, "nonce") <= rec.probe_nonce and _int(body, "inc") == rec.incarnation:
-                rec.route, rec.last_heartbeat = route, now
+                if route != rec.route:   # answered on a new connection: its close is the member's now
+                    rec.route = route
+                    self._map_fd(src, route, frame)
+                rec.last_heartbeat = now
                 if rec.state == SUSPECT:
                     rec.state, rec.cause = ALIVE, ""
         elif t == "linked":
@@ -714,6 +755,7 @@ class Coordinator:
             if now - self._forgot > 1.0:
                 self._forgot = now
                 self.table.forget_dead()
+                self._forget_fds()
 
     # ------------------------------------------------------------- status
 

@@ -16,6 +16,7 @@ import zmq.asyncio
 from swarmtest import free_port, until
 
 from swarm import Coordinator, wire
+from swarm import transport as tp
 from swarm.config import MAX_VIEW_MEMBERS, CoordinatorConfig, from_dict
 from swarm.coordinator import DEAD, MemberTable, server
 from swarm.coordinator.table import MAX_RANK
@@ -267,3 +268,29 @@ def test_the_table_refuses_what_would_not_fit_and_changes_nothing():
         t.join("c", "tcp://h:3", -1, 1, b"r")
     t.mark_dead("a", "left")
     assert t.join("c", "tcp://h:3", -1, 1, b"r").rank == 0
+
+
+def test_a_message_of_very_many_frames_is_cut_short_before_it_is_decoded():
+    # The coordinator's receive loop made a Frame object of every frame of a message
+    # before decode refused it for its count: 4 million empty frames (8 MB on the wire)
+    # took ~1 GiB and stalled its loop ~6 s, past heartbeat_timeout_s. It keeps the first
+    # KEEP_FRAMES + 1 now, and the rest are read and dropped.
+    async def main():
+        seen: list[int] = []
+        async with Coordinator(bind="tcp://127.0.0.1:*", http_bind="") as coord:
+            real = coord._on_message
+            coord._on_message = lambda route, frames, now: (seen.append(len(frames)), real(route, frames, now))
+            ctx = zmq.asyncio.Context()
+            d = ctx.socket(zmq.DEALER)
+            try:
+                d.connect(coord.address)
+                await d.send_multipart([b""] * 20_000)
+                async with asyncio.timeout(10):
+                    while not seen:
+                        await asyncio.sleep(0.01)
+            finally:
+                d.close(0)
+                ctx.term()
+        assert seen == [tp.KEEP_FRAMES + 1]
+
+    asyncio.run(main())
