@@ -16,7 +16,8 @@ It writes into ``DIR/peer{R}/``:
                   metrics.csv), ``gossip_round`` the gossip engine's round number (empty
                   without averaging), participants, bytes, wait, disagreement
 ``evals.csv``     greedy evaluations (when ``eval.every`` > 0)
-``tb/``           TensorBoard event files (when tensorboard is installed)
+``tb/``           TensorBoard event files (when tensorboard is installed); a run that starts
+                  in the folder removes an earlier run's (:func:`_drop_old_results`)
 ``ckpt/``         full and incremental checkpoints (see :mod:`swarm.experiment.checkpoint`)
 ``checkpoint.pt`` ``{"agent": state_dict, "params": flat float32 tensor, ...}`` at the end
 ``best.pt``       the same at the best greedy evaluation so far (with its ``eval_return``)
@@ -27,11 +28,13 @@ It writes into ``DIR/peer{R}/``:
 ``acked.bin``     with ``buffer.replicas`` > 0: int64 sequence numbers of this peer's items
                   that neighbours acknowledged (appended each round, whole entries only:
                   :func:`_append_whole`; a restarted process may append an id its
-                  predecessor did)
+                  predecessor did; a run that starts in the folder removes an earlier run's)
 ``ids.json``      with ``buffer.replicas`` > 0, at the end: ids of every item held
-``summary.json``  final figures, read by the launcher's summary table; an earlier process's
-                  goes before this one trains (on a fresh start, at once), and a resume or
-                  restart that fails before it trains leaves it, and ids.json, as they were
+``summary.json``  final figures, read by the launcher's summary table (``rounds_ok``: the
+                  rounds that averaged with a neighbour, so none with ``gossip.average``
+                  off); an earlier process's goes before this one trains (on a fresh start,
+                  at once), and a resume or restart that fails before it trains leaves it,
+                  and ids.json, as they were
 
 SIGTERM or SIGINT ends the current step, writes all of the above and leaves
 the swarm cleanly. SIGKILL loses the env steps since the last checkpoint.
@@ -122,6 +125,30 @@ DIGEST_EVERY = 100
 #: ... all of the last 2 × this many, and fewer of the older ones the older they are (:func:`_thin_digests`,
 #: run once every this many digest points)
 DIGESTS_RECENT = 100
+
+
+#: a warning that may come at every step or round (a neighbour's gradient refused, a gossip
+#: round that raised) is logged at most once per this many seconds (:class:`_Recurring`)
+RECURRING_LOG_S = 60.0
+
+
+class _Recurring:
+    """A warning that may come at every step or round: the first is logged, then at most
+    one per ``every`` seconds, with how many came since the last one logged (a neighbour
+    that sends a bad gradient every turn would otherwise flood the log). The caller still
+    counts each, and keeps the latest in ``last_error``."""
+
+    def __init__(self, every: float = RECURRING_LOG_S) -> None:
+        self.every, self._next, self._since = every, -math.inf, 0
+
+    def __call__(self, msg: str, *args: Any) -> None:
+        self._since += 1
+        now = time.monotonic()
+        if now < self._next:
+            return
+        more = f" ({self._since - 1} more since the last one logged)" if self._since > 1 else ""
+        log.warning(msg + "%s", *args, more)
+        self._next, self._since = now + self.every, 0
 
 
 def peer_dir(run_dir: str | Path, rank: int) -> Path:
@@ -275,6 +302,18 @@ def _record_resume(out: Path, rec: dict[str, Any], starts: Lineage | None = None
         record_resumed()
 
     write_whole(out / "run.json", both)
+
+
+def _drop_old_results(run_dir: str | Path, out: Path) -> None:
+    """Remove what an earlier run left in ``out`` that this run would add to: its
+    ``acked.bin`` (scripts/chaos.py counted its ids as lost against this run's
+    ``ids.json``) and ``tb/``'s event files (TensorBoard showed both runs at the same
+    steps). For a run that starts in the folder, whose CSV files start afresh too; a
+    restart that goes on with the folder's run keeps them. ConfigError (as
+    :func:`_at_start`) when one cannot be removed."""
+    _at_start(run_dir, lambda: (out / "acked.bin").unlink(missing_ok=True), out / "acked.bin", "remove")
+    for p in sorted((out / "tb").glob("events.out.tfevents.*")):
+        _at_start(run_dir, lambda p=p: p.unlink(missing_ok=True), p, "remove")
 
 
 def _append_whole(path: Path, data: bytes, entry: int = 8) -> None:
@@ -538,8 +577,9 @@ class _State:
         self.rounds = 0
         self.rounds_ok = 0
         self.gossip_bytes_out = 0
-        self.relay_sent = 0         # relayed gradient messages counted into dense_bytes_out
+        self.relay_vectors = 0      # relayed gradients (own and forwarded) counted into dense_bytes_out
         self.relay_applied = 0      # other peers' gradients applied
+        self.relay_refused = 0      # other peers' gradients that apply_gradient refused (not applied)
         self.shared_pushed = 0      # with buffer.ride: replay items sent, as logged in rounds.csv
         self.gossip_bytes_in = 0
         self.disagreement = float("nan")
@@ -906,6 +946,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                       "remove")
         if fresh:
             drop_summary()
+            _drop_old_results(run_dir, out)
         peer = sp.peer
         assert peer is not None
         tag = spec_tag(spec)
@@ -1065,6 +1106,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             _at_start(run_dir, lambda: _record_resume(out, rec, run if starts else None))
         elif starts:
             _at_start(run_dir, lambda: write_lineage(out, run), out / "run.json")
+        if starts and not rejoin:   # recorded first: a resume that fails leaves the folder as it was
+            _drop_old_results(run_dir, out)
         if skipped:
             summary["resume_skipped"] = skipped
         state.env_steps = done_steps
@@ -1196,6 +1239,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         # only logs the traffic since the last one.
         loop_work = g.average or (fed is not None and (not fed.riding or fed.replicas > 0))
 
+        round_failed = _Recurring()
+
         def gossip_round(step: int) -> None:
             res, shared, acked = None, 0, []
             if loop_work:
@@ -1204,6 +1249,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 except PeerTimeout:
                     log.warning("peer%d: gossip round did not finish within %.0f s; skipped", rank, call_timeout)
                     state.last_error = f"step {step}: gossip round timed out after {call_timeout:.0f} s"
+                    return
+                except GossipError as e:   # it sent and changed nothing (x NaN, say): training goes on
+                    round_failed("peer%d: gossip round at env step %d skipped: %s", rank, step, e)
+                    state.last_error = f"step {step}: gossip round skipped: {e}"
                     return
             if fed is not None and fed.riding:   # what rode on the relay (and was replicated) since
                 shared = fed.stats.pushed - state.shared_pushed
@@ -1218,9 +1267,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 agent.on_parameters_changed()
                 state.rounds_ok += int(res.ok)
             bytes_out, bytes_in = state.gossip_totals(gossip, relay)   # (gossip.exchange = gradients)
-            if relay is not None:
-                state.dense_bytes_out += (relay.stats.sent - state.relay_sent) * x.nbytes
-                state.relay_sent = relay.stats.sent
+            if relay is not None:   # one dense vector per gradient: a turn's go in one message, a pass has none
+                state.dense_bytes_out += (relay.stats.vectors_out - state.relay_vectors) * x.nbytes
+                state.relay_vectors = relay.stats.vectors_out
             if res is None:   # averaging is off: the round shared replay, and gradients went by
                 logs.rounds.writerow({
                     "round": state.rounds, "env_steps": step, "wall_s": seconds()["wall_s"],
@@ -1281,6 +1330,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             return True
 
         parent_check = [0.0]   # when the launcher is next looked for (monotonic)
+        refused = _Recurring()
         warned_skipped = [False]
 
         def on_step(info: Any) -> bool:
@@ -1311,7 +1361,16 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                      span=per_turn) and adopt(relay.snapshot()):
                     a = agent.steps * per_turn
                 for grad in relay.take(before=a):
-                    agent.apply_gradient(grad)
+                    try:
+                        agent.apply_gradient(grad)
+                    except SwarmError as e:
+                        # it changed nothing; the others applied it, so from here on this
+                        # copy may differ from theirs (docs/gossip.md, "Out of step")
+                        state.relay_refused += 1
+                        state.last_error = f"step {step}: a neighbour's gradient refused: {e}"
+                        refused("peer%d: a neighbour's gradient refused at env step %d (%s); not applied, "
+                                "training goes on (refused in summary.json's relay)", rank, step, e)
+                        continue
                     state.relay_applied += 1
                     note_digest()
             if info.episode_return is not None:
@@ -1408,6 +1467,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             summary["unusable"] = agent.unusable
         if relay is not None:
             summary["relay"] = dict(dataclasses.asdict(relay.stats), applied=state.relay_applied,
+                                    refused=state.relay_refused,
                                     mean_lag_s=_finite(relay.stats.mean_lag_s),
                                     digests={str(u): h for u, h in digests.items()}, resynced=relay.resynced)
         if fed is not None:

@@ -148,12 +148,13 @@ class RoundResult:
     """What one gossip round did.
 
     ``ok`` is true only if the peer actually averaged with somebody; a round
-    with no participants (alone in the view, everyone timed out) is reported
-    with ``ok = False`` and ``reason``. ``participants`` were mixed, ``missing``
-    left out; ``staleness`` is this round less the round of each participant's
-    state. ``sent``, ``full_sent``, ``bytes_out`` and ``dropped`` (sends refused)
-    are this round's; ``bytes_in`` and ``rejected`` count what arrived since the
-    previous round ended, so their sums over rounds match :class:`GossipStats`.
+    with no participants (alone in the view, everyone timed out, a mix that
+    overflowed float32 and was left out) is reported with ``ok = False`` and
+    ``reason``. ``participants`` were mixed, ``missing`` left out; ``staleness``
+    is this round less the round of each participant's state. ``sent``,
+    ``full_sent``, ``bytes_out`` and ``dropped`` (sends refused) are this round's;
+    ``bytes_in`` and ``rejected`` count what arrived since the previous round
+    ended, so their sums over rounds match :class:`GossipStats`.
     """
 
     round: int
@@ -193,6 +194,7 @@ class GossipStats:
     boot_served: int = 0        # parameter slices sent to bootstrapping neighbours
     boot_busy: int = 0          # bootstrap requests dropped: MAX_BOOT_SERVING to that asker under way
     backlog_dropped: int = 0    # held messages dropped, oldest first, past a sender's _MAX_PENDING
+    mix_overflows: int = 0      # mixes left out: their float32 sum was not finite (x unchanged; in rounds_alone)
 
 
 # Elements per block of the blockwise passes below: two float32 blocks stay in L2.
@@ -446,6 +448,7 @@ class Gossip:
         self._steps = 0
         self._scratch: np.ndarray | None = None
         self._blocks: np.ndarray | None = None
+        self._unmixed: tuple[np.ndarray, np.ndarray] | None = None   # x before the mix, a block's mask (_mix)
         self._shared_delta: list[np.ndarray] = []   # see _OutStream.delta
         self._anchor = params.copy() if mode == "pseudo_gradient" else None
         self._momentum = np.zeros(self.d, np.float32) if mode == "pseudo_gradient" else None
@@ -1160,17 +1163,25 @@ class Gossip:
         res.missing = [j for j in senders if j not in usable]
         res.participants = usable
         res.staleness = {j: max(0, t - self._in[j].round) for j in usable}
+        mixed = False
         if usable:
             # Neighbours with the same weight (all of them on regular graphs) are
             # summed first and scaled once: fewer operations than scaling each.
             groups: dict[float, list[np.ndarray]] = {}
             for j in usable:
                 groups.setdefault(w[j], []).append(self._in[j].hat)
-            self._mix(own, [(np.float32(self.gamma * wj), hats) for wj, hats in groups.items()],
-                      np.float32(self.gamma * sum(w[j] for j in usable)))
-            if self.mode == "pseudo_gradient":
+            mixed = self._mix(own, [(np.float32(self.gamma * wj), hats) for wj, hats in groups.items()],
+                              np.float32(self.gamma * sum(w[j] for j in usable)))
+            if mixed and self.mode == "pseudo_gradient":
                 self._outer_step()
-        else:
+            elif not mixed:
+                # finite copies near float32's largest (3e38) sum to Inf: taken, x would
+                # hold Inf, and every later round would raise (_nonfinite)
+                self.stats.mix_overflows += 1
+                why = "the mix overflowed float32 (a copy near ±3.4e38); x unchanged"
+                res.reason = f"{res.reason}; {why}" if res.reason else why
+                res.participants, res.missing, res.staleness = [], list(senders), {}
+        if not mixed:
             self.stats.rounds_alone += 1
             if not res.reason:
                 res.reason = ("no neighbour's state arrived in time" if senders
@@ -1310,31 +1321,43 @@ class Gossip:
         np.copyto(self.x, self._anchor)
 
     def _mix(self, own: np.ndarray, groups: list[tuple[np.float32, list[np.ndarray]]],
-             total: np.float32) -> None:
-        """``x += Σ_g c_g Σ_{h∈g} h − total · own``, i.e. x += γ Σ_j w_j (x̂_j − x̂_i).
+             total: np.float32) -> bool:
+        """``x += Σ_g c_g Σ_{h∈g} h − total · own``, i.e. x += γ Σ_j w_j (x̂_j − x̂_i);
+        whether x took it. A result that is not all finite (a float32 sum past ±3.4e38)
+        is undone: x is left exactly as it was.
 
         One pass over memory, a block at a time: each block of every copy is read
         once and x is written once, through two L2-sized scratch blocks. Whole-
         vector steps made six passes over d and needed 2·d floats of scratch,
         whose first touch cost more than the arithmetic (numpy, not torch:
         torch's thread pool spins against the other peers sharing these cores
-        and made this step 40× slower)."""
+        and made this step 40× slower). Each block of x is kept as it was before
+        it is written (one more float32[d], reused), and checked while it is in
+        cache: a block that overflows after earlier ones were written puts them back."""
         acc, tmp = self._block_buffers()
-        x, d = self.x, self.d
-        for lo in range(0, d, _BLOCK):
-            hi = min(d, lo + _BLOCK)
-            a, b = acc[:hi - lo], tmp[:hi - lo]
-            np.multiply(own[lo:hi], -total, out=a)
-            for c, hats in groups:
-                if len(hats) == 1:
-                    np.multiply(hats[0][lo:hi], c, out=b)
-                else:
-                    np.add(hats[0][lo:hi], hats[1][lo:hi], out=b)
-                    for h in hats[2:]:
-                        b += h[lo:hi]
-                    b *= c
-                a += b
-            x[lo:hi] += a
+        if self._unmixed is None:
+            self._unmixed = np.empty(self.d, np.float32), np.empty(min(self.d, _BLOCK), np.bool_)
+        (was, mask), x, d = self._unmixed, self.x, self.d
+        with np.errstate(over="ignore", invalid="ignore"):   # an overflow is handled below, not warned of
+            for lo in range(0, d, _BLOCK):
+                hi = min(d, lo + _BLOCK)
+                a, b = acc[:hi - lo], tmp[:hi - lo]
+                np.multiply(own[lo:hi], -total, out=a)
+                for c, hats in groups:
+                    if len(hats) == 1:
+                        np.multiply(hats[0][lo:hi], c, out=b)
+                    else:
+                        np.add(hats[0][lo:hi], hats[1][lo:hi], out=b)
+                        for h in hats[2:]:
+                            b += h[lo:hi]
+                        b *= c
+                    a += b
+                np.copyto(was[lo:hi], x[lo:hi])
+                x[lo:hi] += a
+                if not np.isfinite(x[lo:hi], out=mask[:hi - lo]).all():
+                    np.copyto(x[:hi], was[:hi])
+                    return False
+        return True
 
     def _block_buffers(self) -> tuple[np.ndarray, np.ndarray]:
         if self._blocks is None:

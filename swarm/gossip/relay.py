@@ -195,10 +195,17 @@ _ENVELOPE_BYTES = 64
 _DESC_BYTES = 16
 
 
+def _vectors(body: dict[str, Any]) -> int:
+    """The gradients a message carries (``vectors_out``): its last update unless it is a
+    pass (``p``), and the earlier updates of its turn (``b``) that are not passes."""
+    return int("p" not in body) + sum(e[1] is not None for e in body.get("b") or ())
+
+
 @dataclass
 class RelayStats:
     published: int = 0      # own gradients sent
     sent: int = 0           # messages sent, own and forwarded
+    vectors_out: int = 0    # gradients in the messages sent, own and forwarded (a turn's go in one; a pass has none)
     received: int = 0       # others' gradients taken in (first copies)
     forwarded: int = 0      # sends that passed a gradient on
     duplicates: int = 0     # copies that came round another way (and the stale ones)
@@ -1222,6 +1229,7 @@ class GradientRelay:
               forwarding: bool, rider: int = 0) -> None:
         if self.link.send_nowait(dst, GRAD, body, frames):
             self.stats.sent += 1
+            self.stats.vectors_out += _vectors(body)
             self.stats.bytes_out += nbytes
             self.stats.rider_bytes_out += rider
             self.stats.forwarded += int(forwarding)
@@ -1869,6 +1877,7 @@ class GradientRelay:
                              body=body, arrays=arrays, limits=self._limits)
         if tp.try_send(s, frames):
             self.stats.sent += 1
+            self.stats.vectors_out += _vectors(body)
             self.stats.direct_out += 1
             # every frame but the header is one of the arrays, whose bytes are nbytes + rider
             self.stats.direct_bytes_out += len(frames[0]) + nbytes + rider
