@@ -32,6 +32,8 @@ Each manifest also names the run that wrote it (``run``: see :class:`Lineage`) a
 the runs that one continues, so that a restarted peer resumes only from its own
 run's checkpoints or those of a run it continues, whatever else a reused folder holds.
 
+Numbers go on from the highest in the folder, of full, incremental and half-written
+checkpoints alike, so a restart never writes under the name of one left there.
 Everything is written into ``ckpt/.tmp-NAME`` and renamed to ``ckpt/NAME`` once
 complete (the manifest is written last), so a crash never leaves half a
 checkpoint under a name that :func:`latest` picks. A full checkpoint's buffer
@@ -47,7 +49,8 @@ committed checkpoint with empty files while the older ones are already gone.
 A checkpoint that cannot be written (a full disk, a ``ckpt`` folder that is read
 only, gone or replaced by a file) removes its temporary folder and leaves the
 committed ones as they were. :meth:`Checkpointer.step` logs it as an error and
-returns: training goes on, and the next checkpoint due tries again.
+returns: training goes on, and the next checkpoint due tries again. Such a folder
+when the Checkpointer is made is logged and counted so too.
 """
 
 from __future__ import annotations
@@ -114,7 +117,9 @@ class Checkpointer:
         root: the peer's ``ckpt`` folder.
         agent: the agent (``state_dict``, ``load_state_dict``, ``parameters()``).
         buf: its replay buffer.
-        counters: returns the run counters to save (must include ``env_steps``).
+        counters: returns the run counters to save (must include ``env_steps``): numbers
+            (numpy scalars too), strings, and lists and dicts of them; another value fails
+            the checkpoint (a ConfigError naming it).
         full_every_s, full_every_steps, incremental_every_steps: the cadence
             (see :class:`~swarm.experiment.spec.CheckpointSpec`).
         run: the run these checkpoints belong to, recorded in each manifest (None: no record).
@@ -125,22 +130,31 @@ class Checkpointer:
                  clock: Callable[[], float] = time.monotonic, run: Lineage | None = None) -> None:
         self.root = Path(root)
         self.run = run
-        self.root.mkdir(parents=True, exist_ok=True)
         self.agent, self.buf, self.counters = agent, buf, counters
         self.full_every_s, self.full_every_steps = full_every_s, full_every_steps
         self.incremental_every_steps = incremental_every_steps
         self.clock = clock
         # names committed by this process, in order: the newest 64 (a run of days takes thousands)
         self.written: deque[str] = deque(maxlen=64)
-        names = [m for m in (_FULL.match(p.name) for p in self.root.iterdir()) if m]
-        self._n = max((int(m.group(1)) for m in names), default=0)   # numbers go on across restarts
+        self.failures = 0                    # checkpoints that could not be written (see step)
+        self.last_error: str | None = None   # why the latest of them failed
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            # Numbers go on across restarts, from the increments and the half-written ones
+            # too: a new full-N beside a full-N-inc-* left without its full-N could not
+            # commit its increments, and the stale ones sorted newest.
+            names = [m for m in (_FULL.match(p.name) or _INC.match(p.name) or _TMP.match(p.name)
+                                 for p in self.root.iterdir()) if m]
+        except OSError as e:   # a folder that is read only, or a file: as a failed checkpoint
+            self.failures, self.last_error = 1, f"checkpoint folder {self.root}: {e}"
+            log.error("%s; training goes on, and each checkpoint due tries again", self.last_error)
+            names = []
+        self._n = max((int(m.group(1)) for m in names), default=0)
         self._base: tuple[str, np.ndarray, int] | None = None   # committed full: name, params, buffer next
         self._pending: tuple[str, Path, Any, np.ndarray, int, dict[str, Any]] | None = None
         self._inc = 0
         self._last_full_t = clock()
         self._last_full_step = self._last_inc_step = None
-        self.failures = 0                    # checkpoints that could not be written (see step)
-        self.last_error: str | None = None   # why the latest of them failed
 
     # ------------------------------------------------------------- cadence
     def step(self, env_steps: int) -> str | None:
@@ -187,7 +201,7 @@ class Checkpointer:
 
         if self._pending is not None:
             self._wait_pending()
-        c = self.counters()
+        c = _plain_counters(self.counters())
         self._last_full_t, self._last_full_step, self._last_inc_step = self.clock(), c["env_steps"], c["env_steps"]
         self._n += 1
         name = f"full-{self._n:06d}"
@@ -226,7 +240,7 @@ class Checkpointer:
         if self._base is None or self.buf.total_added - self._base[2] > self.buf.capacity:
             return self.full(background=False)  # nothing to take a delta against, or every row changed
         base_name, base_params, since = self._base
-        c = self.counters()
+        c = _plain_counters(self.counters())
         self._last_inc_step = c["env_steps"]
         self._inc += 1
         name = f"{base_name}-inc-{self._inc:04d}"
@@ -275,11 +289,16 @@ class Checkpointer:
         # Only now is the new full one safe: drop the older ones and their increments,
         # and what a crash left half written. One holding NaN or infinite values (training
         # diverged) keeps the newest older full one that does not, and its increments: the
-        # checkpoint that a resume falls back to (load_newest).
+        # checkpoint that a resume falls back to (load_newest). Increments named after this
+        # full one are not its own (none is written before it is committed): left from
+        # before, they would sort newest.
         keep = None if info["finite"] else self._newest_finite_full()
         for p in self.root.iterdir():
             m = _FULL.match(p.name) or _INC.match(p.name) or _TMP.match(p.name)
-            if m and int(m.group(1)) < self._n and (m.re is _TMP or int(m.group(1)) != keep):
+            if not m:
+                continue
+            n = int(m.group(1))
+            if (n < self._n and (m.re is _TMP or n != keep)) or (n == self._n and m.re is _INC):
                 shutil.rmtree(p, ignore_errors=True)
         return name
 
@@ -314,6 +333,31 @@ class Checkpointer:
         fsync_dir(self.root)
         self.written.append(name)
         log.info("checkpoint %s at %s env steps", name, info["counters"].get("env_steps"))
+
+
+def _plain_counters(counters: dict[str, Any]) -> dict[str, Any]:
+    """``counters`` with numpy scalars as Python numbers, as the manifest (JSON) holds
+    them; ConfigError naming a counter that JSON cannot hold."""
+    def plain(x: Any) -> Any:
+        if isinstance(x, np.generic):
+            return x.item()
+        if isinstance(x, list):
+            return [plain(v) for v in x]
+        if isinstance(x, tuple):
+            return tuple(plain(v) for v in x)
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        return x
+
+    out = {}
+    for k, v in counters.items():
+        out[k] = plain(v)
+        try:
+            json.dumps(out[k])
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"checkpoint counter {k!r} = {v!r:.80} cannot be saved in the manifest ({e}): "
+                              "counters must be numbers, strings, or lists and dicts of them") from None
+    return out
 
 
 def _bytes_digest(data: bytes) -> str:
@@ -480,14 +524,17 @@ class Restored:
     def apply(self, agent: Any) -> None:
         """Load parameters, nets, optimizer, step counters and RNGs into ``agent`` (built over ``buffer``).
 
-        A state that does not fit the agent, or holds NaN, is a ConfigError naming the
-        checkpoint (every start that loads it would fail the same way), and ``agent`` is left as it was.
+        A state that does not fit the agent (parameters of another number or dtype), or
+        holds NaN, is a ConfigError naming the checkpoint (every start that loads it
+        would fail the same way), and ``agent`` is left as it was.
         """
         import torch  # noqa: PLC0415
 
         x = agent.parameters()
         if x.shape != self.params.shape:
             raise ConfigError(f"checkpoint {self.path}: {self.params.size} parameters, the agent has {x.size}")
+        if x.dtype != self.params.dtype:   # a cast would change them (float64 1e300 is inf in float32)
+            raise ConfigError(f"checkpoint {self.path}: its parameters are {self.params.dtype}, the agent's {x.dtype}")
         if not np.isfinite(self.params).all():
             raise ConfigError(f"checkpoint {self.path}: its parameters have "
                               f"{np.count_nonzero(~np.isfinite(self.params))} NaN or infinite entries")
@@ -517,8 +564,9 @@ class Restored:
 def load_checkpoint(path: str | Path) -> Restored:
     """Read a checkpoint folder (full, or incremental with its full one beside it).
 
-    Raises ConfigError naming the checkpoint when a file is missing, torn or foreign,
-    or when what it restores does not match the digests in its ``manifest.json``.
+    Raises ConfigError naming the checkpoint when a file is missing, torn or foreign
+    (parameters that are not a float32 vector, say), or when what it restores does not
+    match the digests in its ``manifest.json``.
     """
     import torch  # noqa: PLC0415
 
@@ -546,7 +594,7 @@ def load_checkpoint(path: str | Path) -> Restored:
             raise TypeError(f"state.pt holds a {type(st).__name__}, not a dict")
         if st["kind"] == "full":
             buf = ReplayBuffer.load(path / "buffer")
-            params = st["params"].numpy().copy()
+            params = _vector(st, "params", np.float32).copy()
         else:
             base = path.parent / st["base"]
             try:
@@ -562,7 +610,8 @@ def load_checkpoint(path: str | Path) -> Restored:
             if not isinstance(full, dict):
                 raise TypeError(f"its full checkpoint's state.pt holds a {type(full).__name__}, not a dict")
             buf = load_incremental(ReplayBuffer.load(base / "buffer"), path / "buffer")
-            bits = np.bitwise_xor(full["params"].numpy().view(np.uint32), st["params_xor"].numpy().view(np.uint32))
+            bits = np.bitwise_xor(_vector(full, "params", np.float32).view(np.uint32),
+                                  _vector(st, "params_xor", np.int32).view(np.uint32))
             params = bits.view(np.float32).copy()
         agent, counters = st["agent"], dict(st["counters"])
     except ReplayError as e:
@@ -573,6 +622,15 @@ def load_checkpoint(path: str | Path) -> Restored:
         raise ConfigError(f"checkpoint {path}: not a peer's checkpoint ({type(e).__name__}: {e})") from None
     _check_digest(path, manifest, params, buf)
     return Restored(path, manifest, buf, params, agent, counters, st.get("torch_rng"))
+
+
+def _vector(st: dict[str, Any], key: str, dtype: Any) -> np.ndarray:
+    """``st[key]``, a tensor, as a 1-D array of ``dtype``; TypeError if it is not one: cast
+    from another dtype, the values would change (a float64 1e300 is inf in float32)."""
+    a = st[key].numpy()
+    if a.dtype != dtype or a.ndim != 1:
+        raise TypeError(f"{key} is {a.dtype} of shape {a.shape}, not a 1-D {np.dtype(dtype)} array")
+    return a
 
 
 def _check_digest(path: Path, manifest: dict[str, Any], params: np.ndarray, buf: Any) -> None:
@@ -689,10 +747,15 @@ class Lineage:
         rid = record.get("run")
         chain = record.get("continues") or []
         try:
-            continues = tuple((str(f), r if isinstance(r, str) else None) for f, r in chain)
+            pairs = [(f, r if isinstance(r, str) else None) for f, r in chain]
         except (TypeError, ValueError):   # hand-edited or foreign: not a chain of pairs
             log.warning("%s: the runs it continues cannot be read (%r); following none", folder, chain)
-            continues = ()
+            pairs = []
+        # a folder no path can be (a NUL in it) failed every restart, in sources()
+        bad = [f for f, _ in pairs if not (isinstance(f, str) and f and "\0" not in f)]
+        if bad:
+            log.warning("%s: the runs it continues in %r cannot be read; following the others", folder, bad)
+        continues = tuple((f, r) for f, r in pairs if f not in bad)
         return cls(rid if isinstance(rid, str) and rid else None, continues[:MAX_LINEAGE])
 
     def sources(self, folder: str | Path) -> list[tuple[Path, str | None]]:

@@ -51,6 +51,9 @@ STOP_POLL_S = 0.1
 #: seconds :meth:`SyncPeer.call` waits, past its timeout, for the cancelled coroutine
 #: to end (its ``finally`` blocks to run) before it raises PeerTimeout
 CANCEL_GRACE_S = 2.0
+#: the most seconds :meth:`SyncPeer.close` waits for the coordinator to confirm the
+#: leave (:meth:`Peer.close`'s own default), less when its own timeout is short
+LEAVE_WAIT_S = 1.0
 
 
 def _wait(fut: concurrent.futures.Future, timeout: float | None) -> bool:
@@ -91,13 +94,15 @@ class SyncPeer:
     """Blocking facade over :class:`Peer`; arguments are those of ``Peer``.
 
     ``loop_factory`` picks the background loop (e.g. ``uvloop.new_event_loop``);
-    the library itself never installs one. ``start_timeout``: seconds :meth:`start`
+    the library itself never installs one. It must return a new loop, which the
+    SyncPeer runs and closes: one already running or closed fails :meth:`start`
+    with :class:`ConfigError`. ``start_timeout``: seconds :meth:`start`
     waits for the join (default: the peer's ``join_timeout_s`` twice, plus 5).
     :attr:`peer` is the :class:`Peer` itself, for coroutines given to :meth:`call`.
 
-    After :meth:`close` (or a failed :meth:`start`) the loop is gone: calls raise
-    :class:`SwarmError` ("SyncPeer is closed"), :meth:`neighbours` is [] and it
-    cannot be started again.
+    After :meth:`close` (or a failed :meth:`start`, or its loop stopped by anything
+    else) the loop is gone: calls raise :class:`SwarmError` ("SyncPeer is closed"),
+    :meth:`neighbours` is [] and it cannot be started again.
 
     Threads: any thread may make calls, and :meth:`close` may come from any thread
     but the peer's own; a call that another thread's :meth:`close` cuts short raises
@@ -218,6 +223,12 @@ class SyncPeer:
                 loop = self._loop_factory()
                 if not isinstance(loop, asyncio.AbstractEventLoop):
                     raise TypeError(f"it returned {loop!r:.80}, not an asyncio event loop")
+                if loop.is_running() or loop.is_closed():
+                    # another thread's loop (another SyncPeer's, the caller's own): the
+                    # clean-up below would cancel that thread's tasks
+                    raise ConfigError(f"it returned an event loop that is already "
+                                      f"{'running' if loop.is_running() else 'closed'}; "
+                                      f"it must return a new loop on each call, e.g. asyncio.new_event_loop")
             except BaseException as e:   # reported by start() (SystemExit too: start() waits on ready)
                 failed.append(e)
                 ready.set()
@@ -230,21 +241,14 @@ class SyncPeer:
             except BaseException as e:   # SystemExit or KeyboardInterrupt in a coroutine given to call()
                 self._fail(e)
             finally:
-                if self._thread_error is not None and self.peer is not None:
-                    # Closed while its own task still runs, the peer leaves and closes
-                    # its sockets (left open, they hung the process at exit, in zmq's
-                    # context termination).
-                    _ended(loop, self.peer.close())
-                # What is still running (a start or a call that Ctrl-C interrupted)
-                # is cancelled and awaited, as asyncio.run does: a Peer.start
-                # cancelled so closes its sockets.
-                _cancel_all(loop)
-                if self.peer is not None and self.peer.state is not PeerState.CLOSED:
-                    # Closed by nobody: a close() from another thread came while start()
-                    # built it (its context has an I/O thread), or cut its leave short.
-                    _ended(loop, self.peer.close())
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
+                # Whoever stopped the loop (close(), a failed start, or anything else: a
+                # handler that stops it), calls refuse from now on: the loop is closed below.
+                with self._lock:
+                    self._closed, self._loop = True, None
+                # Not when run_forever() refused the loop because another thread ran (or
+                # closed) it since the check above: its tasks are not this thread's to end.
+                if not (loop.is_running() or loop.is_closed()):
+                    self._clean_up(loop)
 
         self._thread = threading.Thread(target=run, name="swarm-peer", daemon=True)
         self._thread.start()
@@ -254,10 +258,31 @@ class SyncPeer:
             self._closed = True
             raise ConfigError(f"loop_factory {self._loop_factory!r:.80} failed: {failed[0]}") from failed[0]
 
+    def _clean_up(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the peer's thread, once its loop has stopped: close the peer, end what is
+        left on the loop and close it."""
+        if self._thread_error is not None and self.peer is not None:
+            # Closed while its own task still runs, the peer leaves and closes
+            # its sockets (left open, they hung the process at exit, in zmq's
+            # context termination).
+            _ended(loop, self.peer.close())
+        # What is still running (a start or a call that Ctrl-C interrupted)
+        # is cancelled and awaited, as asyncio.run does: a Peer.start
+        # cancelled so closes its sockets.
+        _cancel_all(loop)
+        if self.peer is not None and self.peer.state is not PeerState.CLOSED:
+            # Closed by nobody: a close() from another thread came while start()
+            # built it (its context has an I/O thread), or cut its leave short.
+            _ended(loop, self.peer.close())
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
     def close(self, timeout: float = 5.0) -> None:
         """Leave the swarm, close the peer and end its thread (idempotent).
 
-        ``timeout``: seconds to wait for the peer to close. Re-raises a failure of
+        ``timeout``: seconds to wait for the peer to close; the coordinator's
+        confirmation of the leave is waited for half of it at most (and at most
+        :data:`LEAVE_WAIT_S`), the sockets are closed without it. Re-raises a failure of
         the peer's background loops. From another thread while calls wait, it cuts
         them short (they raise :class:`SwarmError`). In a child made by ``os.fork()``
         it does nothing: the peer, its sockets and its thread are the parent's."""
@@ -272,10 +297,18 @@ class SyncPeer:
             with self._lock:
                 self._closed = True
                 peer = self.peer if self._loop is not None else None
+            # The leave's confirmation gets half the deadline at most, the rest is for
+            # closing the sockets: with the coordinator gone, Peer.close waits it all out.
+            leave = LEAVE_WAIT_S if timeout is None else min(LEAVE_WAIT_S, timeout / 2)
             try:
                 if peer is not None:
                     # no grace: _stop_loop cancels what is left and waits for it
-                    self.call(peer.close(), timeout=timeout, cancel_grace=0)
+                    self.call(peer.close(leave), timeout=timeout, cancel_grace=0)
+            except SwarmError:
+                # A start() that failed meanwhile (from another thread) stopped the loop:
+                # that close is the one the loop thread makes, and _stop_loop waits for it.
+                if self._loop is not None or self._thread_error is not None:
+                    raise
             finally:
                 self._stop_loop()
             if self._thread_error is not None and not self._thread_error_told:
@@ -349,6 +382,8 @@ class SyncPeer:
             if self._closed:
                 raise SwarmError("SyncPeer was closed from another thread while this call waited; "
                                  "the call was cancelled")
+            raise SwarmError("the coroutine was cancelled on the peer's loop (by another task "
+                             "there, not by SyncPeer)")
         elif self._thread_error is not None and fut.exception() is self._thread_error:
             self._thread_error_told = True   # this coroutine raised it: its caller gets it
         return fut.result()
@@ -424,6 +459,7 @@ class SyncPeer:
         """Stop calling ``handler`` for messages of type ``t`` (undo one :meth:`on`);
         False if it was not registered for ``t``. After :meth:`close` it still
         answers (though nothing is called any more)."""
+        self._refuse_forked()
         with self._lock:
             if not self._handed:
                 return _remove(self._early_handlers, (t, _Guarded(handler, self)))
@@ -444,6 +480,7 @@ class SyncPeer:
     def off_view(self, callback: Callable[[View], None]) -> bool:
         """Stop calling ``callback`` for new views (undo one :meth:`on_view`); False if
         it was not registered."""
+        self._refuse_forked()
         with self._lock:
             if not self._handed:
                 return _remove(self._early_view_callbacks, _Guarded(callback, self))
