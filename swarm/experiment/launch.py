@@ -53,15 +53,26 @@ is not restarted, the others go on, and its row's ``reason`` reads e.g.
 ``budget, then exited with signal 11``. Any other crash ends the run without
 ``restart_dead``; with it, a peer is restarted as above unless the run's time is
 up or the run is ending (a peer solved the task), and then its row reads
-``crashed; not restarted (...)``.
+``crashed; not restarted (...)``. A child that has not left :data:`TERM_GRACE_S`
+after the launcher's SIGTERM is killed, with a line that says so; a peer killed so
+may have been cut short in its results: its row's ``reason`` reads ``killed by
+swarm run after 15 s`` (``budget, then killed by ...`` when it wrote its summary
+first) and the run's exit code is 1.
 
 Ctrl-C, SIGTERM and SIGHUP (its terminal closed; not when started with it ignored, as
 by ``nohup``) end the run cleanly: the peers write their results, then the summary,
-and the exit code is 130. One that comes once every peer has ended (while it writes
-the summary and the plots) lets it finish them, and the exit code is the peers'
-outcome. A second Ctrl-C or SIGTERM gives the children :data:`HURRY_S` more seconds,
-not :data:`TERM_GRACE_S`. ``summary.json``, ``pids.json``, ``warnings.txt`` and the plots
-are written whole (a temporary file renamed) or not at all. On a terminal the progress
+and the exit code is 130. One that comes while the run starts stops it starting peers
+(a peer whose start is under way, as the first, which waits for the fork server's
+imports, is started first) and those started are ended; the others' rows read ``not
+started (interrupted)``. One that comes while the run ends its processes for another
+reason (a crash) or once every peer has ended (while it writes the summary and the
+plots) lets it finish, and the exit code is the peers' outcome; the last line says
+whether a process was killed before it had left. A second Ctrl-C or SIGTERM gives the
+children :data:`HURRY_S` more seconds, not :data:`TERM_GRACE_S`, whatever ends them.
+``summary.json``, ``pids.json``, ``warnings.txt`` and the plots are written whole (a
+temporary file renamed) or not at all; one that cannot be written (a full disk) is
+said, and the run goes on (``pids.json``: the launcher ends its children by their
+handles) or still prints its table and keeps its exit code. On a terminal the progress
 line is drawn in place, cut to the terminal's width, and each message clears it first,
 so that it starts a line of its own; output that cannot be written (a closed terminal) is
 dropped, and the run ends as it would.
@@ -178,6 +189,12 @@ class Launch:
     resumed: Path | None = None
     #: each child gets this many ``-v`` (``swarm run -v``): 1 logs INFO to its log file, 2 DEBUG
     verbose: int = 0
+    #: where the launcher's own lines about its children go (a child killed, a pids.json
+    #: that could not be written); None: stderr
+    out: TextIO | None = None
+    #: children killed because they had not left in their time after SIGTERM -> why (a
+    #: peer's summary row's ``reason``); a peer among them makes the run's exit code 1
+    killed: dict[str, str] = field(default_factory=dict)
 
     #: the fork server that starts the peers (:meth:`preload`), else None
     forks: ForkServer | None = None
@@ -191,7 +208,7 @@ class Launch:
         if enabled():
             (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
             self.forks = ForkServer(self.run_dir / "logs" / "forkserver.log", dict(os.environ, PYTHONUNBUFFERED="1"))
-            self._write_pids()
+            self._note_pids()
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None, fork: bool = False) -> _Child:
         """Start ``swarm ARGS`` as ``name``: with ``fork`` from the fork server where it
@@ -216,8 +233,18 @@ class Launch:
                                      start_new_session=True)
         c = _Child(name, p, log_path)
         self.children.append(c)
-        self._write_pids()
+        self._note_pids()
         return c
+
+    def _note_pids(self) -> None:
+        """:meth:`_write_pids`, or a warning where it cannot be written (a full disk): the
+        child has started, and the run ends it by its handle whatever pids.json lists."""
+        try:
+            self._write_pids()
+        except OSError as e:
+            print(f"swarm run: warning: cannot write {self.run_dir / 'pids.json'}: {e.strerror or e}; it may not "
+                  "list every process of this run (swarm run ends them all the same)",
+                  file=self.out or sys.stderr, flush=True)
 
     def _write_pids(self) -> None:
         pids = {c.name: c.proc.pid for c in self.children}
@@ -230,8 +257,9 @@ class Launch:
 
     def end(self, children: list[_Child] | None = None, grace: float = TERM_GRACE_S,
             hurry: Callable[[], bool] | None = None) -> None:
-        """SIGTERM each running child, wait up to ``grace`` s, then SIGKILL what is left.
-        Once ``hurry()`` is true (a second Ctrl-C) they get at most :data:`HURRY_S` more."""
+        """SIGTERM each running child, wait up to ``grace`` s, then SIGKILL what is left,
+        each with a line (on :attr:`out`) and its reason in :attr:`killed`. Once ``hurry()``
+        is true (a second Ctrl-C) they get at most :data:`HURRY_S` more."""
         todo = [c for c in (self.children if children is None else children) if c.proc.poll() is None]
         for c in todo:
             c.ended_by_us = True
@@ -239,14 +267,21 @@ class Launch:
                 c.proc.send_signal(signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + grace
+        told = time.monotonic()
+        deadline = told + grace
+        hurried = False
         for c in todo:
             while c.proc.poll() is None:
                 now = time.monotonic()
                 if hurry is not None and deadline > now + HURRY_S and hurry():
-                    deadline = now + HURRY_S
+                    deadline, hurried = now + HURRY_S, True
                 if now >= deadline:
                     c.proc.kill()
+                    # said, and kept for its row: else it reads as a crash, with no word of why
+                    after = " (interrupted again)" if hurried else ""
+                    self.killed[c.name] = f"killed by swarm run after {deadline - told:.0f} s{after}"
+                    print(f"swarm run: {c.name} (pid {c.proc.pid}) did not leave within {deadline - told:.0f} s; "
+                          f"killed{after}", file=self.out or sys.stderr, flush=True)
                     break
                 try:
                     c.proc.wait(min(POLL_S, deadline - now))
@@ -429,13 +464,15 @@ class _Progress:
         if st is not None:
             for m in st.get("members", []):
                 s = m.get("stats") or {}
-                if "env_steps" in s:
+                if isinstance(s, dict) and "env_steps" in s:
                     self.last[m["id"]] = s
+        # A member's stats come as it sent them (any process may join): a figure that is no
+        # finite number counts as none, and the others' still make the line.
         budget = self.spec.budget.env_steps * self.spec.peers
-        steps = sum(int(s.get("env_steps", 0)) for s in self.last.values())
-        rets = [s["mean_return"] for s in self.last.values() if s.get("mean_return") is not None]
-        rounds = sum(int(s.get("rounds", 0)) for s in self.last.values())
-        mb = sum(int(s.get("bytes_out", 0)) for s in self.last.values()) / 1e6
+        steps = sum(int(_figure(s.get("env_steps")) or 0) for s in self.last.values())
+        rets = [r for r in (_figure(s.get("mean_return")) for s in self.last.values()) if r is not None]
+        rounds = sum(int(_figure(s.get("rounds")) or 0) for s in self.last.values())
+        mb = sum(int(_figure(s.get("bytes_out")) or 0) for s in self.last.values()) / 1e6
         frac = min(1.0, steps / budget) if budget else 0.0
         bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
         ret = f"{sum(rets) / len(rets):6.1f}" if rets else "     -"
@@ -466,11 +503,28 @@ class _Progress:
         self.out.end_line()
 
 
-def _wait_coordinator(launch: Launch, coord: _Child, addr: str, timeout: float = 20.0) -> None:
+def _figure(v: Any) -> float | None:
+    """A figure of a member's stats: ``v`` as a float if it is a finite int or float (not a
+    bool), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        x = float(v)
+    except OverflowError:   # an int too large for a float
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _wait_coordinator(launch: Launch, coord: _Child, addr: str, timeout: float = 20.0,
+                      intr: _Interrupt | None = None) -> None:
+    """Wait until the coordinator answers at ``addr``; return early once ``intr`` has
+    counted a signal (the caller then starts nothing more)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if intr is not None and intr.count:
+            return
         if coord.proc.poll() is not None:
-            raise SwarmError(f"the coordinator exited with code {coord.proc.returncode} before it "
+            raise SwarmError(f"the coordinator exited with {coord.how()} before it "
                              f"answered; its log ({coord.log}):\n{_tail(coord.log)}")
         if _status(addr) is not None:
             return
@@ -485,7 +539,8 @@ class RunResult:
     #: 0: every peer spent its budget (or the task was solved); 1: a process crashed, at any
     #: time (with ``restart_dead``: a peer or the coordinator was left down, see :data:`MAX_RESTARTS`,
     #: or a peer crashed after the run's time was up or after its final summary; the stream has the tail of its
-    #: log, ``run_dir/logs/`` all of it, and its summary row's ``reason`` says so)
+    #: log, ``run_dir/logs/`` all of it, and its summary row's ``reason`` says so), or a peer
+    #: was killed because it had not left :data:`TERM_GRACE_S` after its SIGTERM
     exit_code: int
     #: the run folder, ``runs_root/<name>-<YYYYmmdd-HHMMSS>/``
     run_dir: Path
@@ -564,7 +619,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
           f"codec {spec.gossip.codec}, {spec.budget.env_steps} env steps each -> {run_dir}", file=out, flush=True)
     _warn(spec, run_dir, out, "swarm run")
 
-    launch = Launch(run_dir, resumed=prev, verbose=verbose)
+    launch = Launch(run_dir, resumed=prev, verbose=verbose, out=out)
     code = 0
     progress = _Progress(spec, out)
     with _Interrupt(out) as intr:
@@ -572,14 +627,18 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
             addr = f"tcp://127.0.0.1:{_free_port()}"
             launch.preload()
             coord = launch.start("coordinator", _coordinator_args(spec, addr))
-            _wait_coordinator(launch, coord, addr)
+            _wait_coordinator(launch, coord, addr, intr=intr)
             again = ["--resume-from", str(prev)] if prev is not None else []
             if spec.budget.max_seconds:
                 launch.deadline = time.time() + spec.budget.max_seconds
             # The peers stop at the run's deadline, not max_seconds after their own start
             # (importing torch and joining take seconds of the run's time).
-            peers = [launch.start(f"peer{r}", _peer_args(config, r, addr, run_dir) + again, env=_deadline_env(launch),
-                                  fork=True) for r in range(spec.peers)]
+            peers = []
+            for r in range(spec.peers):
+                if intr.count:
+                    break   # interrupted: _supervise ends the peers started so far
+                peers.append(launch.start(f"peer{r}", _peer_args(config, r, addr, run_dir) + again,
+                                          env=_deadline_env(launch), fork=True))
             code = _supervise(launch, spec, coord, peers, addr, progress, intr, out)
         finally:
             progress.done()
@@ -593,14 +652,34 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         # plot cut short) and the exit code is the peers' outcome, as the run's results are.
         from .checkpoint import write_json  # noqa: PLC0415 - numpy: off `swarm run --show`'s path
         intr.ending = True
+        # signals counted so far came while the run ended its processes (and may have hurried them)
+        settled = intr.count
+        started = {c.name: c for c in launch.children}   # the last process of each name
         rows = summarize(run_dir, spec)
-        for row in rows:
-            row["restarts"] = launch.restarts.get(row.get("id", ""), 0)
-            if row.get("id") in launch.given_up:
-                row["reason"] = launch.given_up[row["id"]]
+        for r, row in enumerate(rows):
+            rid = row.get("id", "")
+            row["restarts"] = launch.restarts.get(rid, 0)
+            if rid in launch.given_up:
+                row["reason"] = launch.given_up[rid]
+            elif rid in launch.killed:
+                # a summary it wrote before it hung on its way out has whole figures: say both
+                done = _finished(run_dir, r, started[rid])
+                row["reason"] = f"{done}, then {launch.killed[rid]}" if done else launch.killed[rid]
+            elif rid not in started:
+                row["reason"] = "not started (interrupted)"
+        killed = [name for name in launch.killed if name != "coordinator"]
+        if killed and code == 0:
+            code = 1   # a peer killed may have been cut short in its results, as a crash
+
+        def save(name: str, obj: Any, indent: int) -> None:
+            try:
+                write_json(run_dir / name, obj, indent=indent)   # whole or not at all
+            except OSError as e:   # a full disk: the table still shows the results, and the code stands
+                print(f"swarm run: cannot write {run_dir / name}: {e.strerror or e}", file=out, flush=True)
+
         if spec.restart_dead:
-            write_json(run_dir / "restarts.json", launch.restarts, indent=1)
-        write_json(run_dir / "summary.json", rows, indent=2)   # whole or not at all
+            save("restarts.json", launch.restarts, 1)
+        save("summary.json", rows, 2)
         print(_table(rows), file=out)
         g = spec.gossip
         split = _first_divergence(rows) if g.exchange == "gradients" else None
@@ -623,10 +702,17 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
             plots = write_plots(run_dir)
         except ImportError:
             print("no plots: matplotlib is not installed (pip install 'swarm[plots]')", file=out)
+        except OSError as e:
+            print(f"no plots: cannot write them in {run_dir / 'plots'}: {e.strerror or e}", file=out)
         else:
             print(f"plots: {run_dir / 'plots'}  ({', '.join(p.name for p in plots)})", file=out)
         if intr.count and code != 130:
-            print(f"swarm run: {intr.what()} once the peers had ended; the run's results are whole", file=out)
+            when = "while the run ended its processes" if settled else "once the peers had ended"
+            one = len(killed) == 1
+            whole = (f"{', '.join(killed)} {'was' if one else 'were'} killed before {'it' if one else 'they'} had "
+                     f"left: {'its' if one else 'their'} results may be incomplete" if killed
+                     else "the run's results are whole")
+            print(f"swarm run: {intr.what()} {when}; {whole}", file=out)
         print(f"run folder: {run_dir}", file=out, flush=True)
         if any(r.get("best_eval_return") is not None for r in rows):
             print(f"replay the best policies: swarm eval {run_dir}", file=out, flush=True)
@@ -1091,18 +1177,20 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
             stopping = True
             progress.done()
             print("swarm run: a peer solved the task; ending the others", file=out, flush=True)
-            launch.end(peers)
+            launch.end(peers, hurry=intr.hurry)
             continue
         if alive == 0:
             if _unseen_crash(launch, peers):
                 continue    # the last one crashed after the checks above polled it: they take it now
+            # and one stopped from outside that exited 0 since _stopped_from_outside polled it
+            _stopped_from_outside(launch, peers, progress, out)
             progress.final(launch.run_dir)
             return 1 if launch.given_up else 0   # a peer left down is a crash, as without restart_dead
         if limit and not stopping and time.monotonic() - t0 > limit + 30.0:
             # Peers stop themselves at the limit; this is the backstop for one that does not.
             stopping = True
             print(f"swarm run: budget.max_seconds = {limit} passed; ending the peers", file=out, flush=True)
-            launch.end(peers)
+            launch.end(peers, hurry=intr.hurry)
         # a coordinator that is down (being restarted) shows nothing new: the last figures stand
         progress.update(_status(addr) if coord.proc.poll() is None else None, alive)
         time.sleep(POLL_S)
