@@ -332,6 +332,8 @@ def launch_ray(spec_path: str | Path | Spec | None, overrides: list[str] | None 
         write_plots(run_dir)
     except ImportError:
         print("no plots: matplotlib is not installed (pip install 'swarm[plots]')", file=out)
+    except OSError as e:   # a full disk: the table above and the exit code stand (as swarm run's)
+        print(f"no plots: cannot write them in {run_dir / 'plots'}: {e.strerror or e}", file=out)
     print(f"run folder: {run_dir}", file=out, flush=True)
     return code
 
