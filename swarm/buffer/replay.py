@@ -361,7 +361,11 @@ class ReplayBuffer:
             lo = known[origins].astype(np.int32)
             clip = self._max_p if priority_clip is None else float(priority_clip)
             # dtype=float64 casts before comparing, as astype() did: new arrays, never the caller's
-            raw = np.minimum(pri, clip, dtype=np.float64)
+            if pri.dtype.itemsize > 8:   # a long double past float64: inf, which the clip takes
+                with np.errstate(over="ignore"):
+                    raw = np.minimum(pri, clip, dtype=np.float64)
+            else:
+                raw = np.minimum(pri, clip, dtype=np.float64)
             # Positive ones are raised to the floor; a 0 (forgotten, or decayed to nothing, at
             # its sender) stays 0: the floor would make it this buffer's smallest priority,
             # shrinking every other item's importance weight, and draw it again.
