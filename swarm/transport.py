@@ -249,6 +249,12 @@ ZERO_COPY_MIN = 64 * 1024
 #: frames of one received message kept by :func:`drain` (the wire's own limit is
 #: ``Limits.max_frames + 1``, 65 by default; a ROUTER adds the sender's routing id)
 KEEP_FRAMES = 1024
+
+
+def keep_frames(limits: Limits) -> int:
+    """What :func:`drain` keeps for a receiver of these limits: :data:`KEEP_FRAMES`, or
+    every frame a message within larger ones has (its routing id included)."""
+    return max(KEEP_FRAMES, limits.max_frames + 2)
 #: entries of :attr:`BadInput.by_reason` at most: later reasons are counted under OTHER_REASONS
 MAX_REASONS = 64
 OTHER_REASONS = "(other reasons)"

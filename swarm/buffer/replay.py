@@ -601,7 +601,7 @@ class ReplayBuffer:
                 slots = self._tree.find(u)
                 if size < self.capacity:
                     np.minimum(slots, size - 1, out=slots)
-                p = self._tree.get(slots)
+                p = self._tree._get(slots)   # leaves: found, or range-checked above
                 prob = p / total
                 # (N·P(i))^-β / max_j (N·P(j))^-β; the max belongs to the least
                 # likely item j, so this is (p_i / p_min)^-β. Without decay j runs
@@ -733,7 +733,7 @@ class ReplayBuffer:
             if self.sampler != "prioritized":
                 p = np.ones(indices.shape)
             else:
-                p = self._tree.get(slots)
+                p = self._tree._get(slots)   # leaves: found, or range-checked above
                 if self.decay:
                     p = p * math.exp(-self.decay * (self._now() - self._base))
             return np.where(live, p, np.nan)
@@ -784,7 +784,7 @@ class ReplayBuffer:
             slots = indices % self.capacity
             slots = slots[self._ticket[slots] == indices]
             if self.sampler == "prioritized":
-                raw = self._tree.get(slots)
+                raw = self._tree._get(slots)   # range-checked above
                 if self.decay:
                     with np.errstate(over="ignore"):   # a time ~1e308 s back: -inf, see _undecayed
                         x = self.decay * (self._time[slots] - self._base)

@@ -390,6 +390,10 @@ class GradientRelay:
         self._seq = itertools.count(time.time_ns() // 1000)
         self._seen: dict[str, _Seqs] = {}   # origin -> the numbers of its messages that came
         self._strangers: set[str] = set()   # origins taken in that the view did not list (see _admit)
+        # strangers' message numbers kept over the view that dropped their other entries, newest
+        # last, at most _STRANGERS: a copy of a message taken in may still come (sent again at
+        # that view, or the long way round), and without them it was applied a second time
+        self._parked: collections.OrderedDict[str, _Seqs] = collections.OrderedDict()
         # (clock, origin, gradient, sent at)
         self._inbox: collections.deque[tuple[int, str, np.ndarray, float]] = collections.deque()
         self._max_pending = max_pending
@@ -930,7 +934,7 @@ class GradientRelay:
         limits = getattr(self.link, "limits", wire.DEFAULT_LIMITS)
         # ZMQ_EVENTS first: drain's first receive on an empty inbox would raise (an
         # exception per step costs more than the check); it checks before the others
-        for frames in tp.drain(s) if s.getsockopt(_EVENTS) & _POLLIN else ():
+        for frames in tp.drain(s, keep=tp.keep_frames(self._limits)) if s.getsockopt(_EVENTS) & _POLLIN else ():
             n += 1
             src: Any = "?"
             nbytes = -1
@@ -1251,8 +1255,16 @@ class GradientRelay:
             # do not take the places of the ids that left it
             strangers, self._strangers = self._strangers - present, set()
             for pid in strangers:
+                seen = self._seen.get(pid)
+                if seen is not None:
+                    self._parked[pid] = seen
+                    self._parked.move_to_end(pid)
                 for d in keyed:
                     d.pop(pid, None)
+            while len(self._parked) > _STRANGERS:
+                self._parked.popitem(last=False)
+            for pid in present & self._parked.keys():   # listed now: a member's numbers, as they were
+                self._seen.setdefault(pid, self._parked.pop(pid))
             for pid in present:
                 self._gone.pop(pid, None)
             for pid in {k for d in keyed for k in d} - present:
@@ -1335,6 +1347,8 @@ class GradientRelay:
             raise WireError(f"grad {origin}#{seq} from {msg.src}: r must be 1 (sent again) and e a view "
                             f"epoch (an int >= 0) when given")
         seen = self._seen.get(origin)   # checked again under the lock, before anything is queued
+        if seen is None:
+            seen = self._parked.get(origin)
         if origin == self.link.id or (seen is not None and seen.has(seq)):
             self._again(msg, None if origin == self.link.id else seen, arrays, nbytes, ride_arrays, send)
             return
@@ -1404,7 +1418,12 @@ class GradientRelay:
             seen = self._seen.get(origin)
             if seen is None:
                 self._admit(origin, seq, msg.src)
-                self._seen[origin] = _Seqs(seq, hops, msg.src == origin)
+                seen = self._parked.pop(origin, None)   # a stranger met before the last view
+                if seen is None:
+                    self._seen[origin] = _Seqs(seq, hops, msg.src == origin)
+                else:
+                    self._seen[origin] = seen
+                    again = not seen.add(seq, hops, msg.src == origin)
             elif not seen.add(seq, hops, msg.src == origin):   # another thread took a copy in meanwhile
                 again = True
             if not again:

@@ -463,6 +463,7 @@ class Peer:
         self.config = cfg
         self.id = cfg.id or f"{socket.gethostname()}-{os.getpid()}"
         self.limits = limits or Limits(max_message_bytes=cfg.max_message_mb * 1024 * 1024)
+        self._keep_frames = tp.keep_frames(self.limits)
         self.counters = PeerCounters()
         self.state = PeerState.NEW
         self.address = ""
@@ -1296,7 +1297,7 @@ class Peer:
         self._readers.clear()
 
     async def _drain_router(self, plain: zmq.Socket) -> None:
-        for frames in tp.drain(plain):
+        for frames in tp.drain(plain, keep=self._keep_frames):
             if self._released:   # a view listed held senders: their messages came first
                 await self._dispatch_released()
             msg = self._on_router(frames)
@@ -1371,11 +1372,11 @@ class Peer:
                 self.counters.malformed += 1
 
     def _drain_coord(self, plain: zmq.Socket, i: int) -> None:
-        for frames in tp.drain(plain):
+        for frames in tp.drain(plain, keep=self._keep_frames):
             self._on_coord(frames, i)
 
     def _drain_coord_monitor(self, plain: zmq.Socket, i: int) -> None:
-        for frames in tp.drain(plain):
+        for frames in tp.drain(plain, keep=self._keep_frames):
             ev = parse_monitor_message([f.bytes for f in frames])
             if ev["event"] == zmq.EVENT_DISCONNECTED:
                 if i == self._active:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import numpy as np
 import pytest
 
 from swarm.coordinator import Coordinator
@@ -114,6 +115,37 @@ def test_each_side_counts_out_what_the_other_counts_in():
                     while not agreed():
                         await asyncio.sleep(0.02)
                 assert a.counters.msgs_out >= 2   # a hello and the message
+            finally:
+                await b.close()
+                await a.close()
+
+    asyncio.run(main())
+
+
+def test_a_message_of_more_frames_than_drain_keeps_by_default_arrives_within_larger_limits():
+    # drain keeps KEEP_FRAMES (1,024) frames of a message by default (a flood of empty
+    # frames cost a Python object each); a peer whose own limits allow more arrays has
+    # the frames they allow kept, and its message of 1,100 arrays arrives whole
+    from swarm.wire import Limits
+
+    async def main():
+        lim = Limits(max_frames=2000)
+        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
+            a = Peer(id="a", coordinators=[coord.address], heartbeat_s=0.2, limits=lim)
+            b = Peer(id="b", coordinators=[coord.address], heartbeat_s=0.2, limits=lim)
+            got: list[int] = []
+            try:
+                await a.start()
+                await b.start()
+                for p in (a, b):
+                    await p.wait_view(lambda v: len(v.members) == 2, timeout=10)
+                    await p.wait_linked(timeout=10)
+                b.on("many", lambda msg: got.append(len(msg.arrays)))
+                assert await a.send("b", "many", {}, [np.full(2, i, np.float32) for i in range(1100)], timeout=5)
+                async with asyncio.timeout(5):
+                    while not got:
+                        await asyncio.sleep(0.02)
+                assert got == [1100] and b.counters.malformed == 0
             finally:
                 await b.close()
                 await a.close()
