@@ -251,7 +251,8 @@ class Federation:
         Call it on the link's loop (and stop the :meth:`run` task) before building
         another federation on the same peer or buffer, which otherwise both get every
         message and every added item. Closing twice does nothing; pulls in flight end
-        empty, and a :meth:`pull` after it raises ReplayError. A link without ``off``
+        empty, and a :meth:`pull` or :meth:`flush` after it raises ReplayError (so a
+        :meth:`run` task not cancelled ends at its next flush). A link without ``off``
         (a test double; a Peer and a SimLink have it) keeps its handlers.
         """
         if self._closed:
@@ -278,7 +279,8 @@ class Federation:
         return out
 
     async def run(self, interval: float = 0.1) -> None:
-        """Flush every ``interval`` seconds (finite, > 0) until cancelled."""
+        """Flush every ``interval`` seconds (finite, > 0) until cancelled; a task left
+        running after :meth:`close` ends there, with the ReplayError of its next flush."""
         if not seconds(interval, "interval"):
             raise ConfigError(f"interval = {interval!r}: must be > 0 seconds (0 flushes without pause)")
         while True:
@@ -289,8 +291,11 @@ class Federation:
         """Share new items, (re)send replication pushes; return the number of items sent.
 
         A send that raises sent nothing: its items go at the next flush, and the
-        error goes on up (see the module docstring).
+        error goes on up (see the module docstring). Raises
+        :class:`~swarm.errors.ReplayError` once the federation is closed.
         """
+        if self._closed:   # acks are no longer handled: replication pushes would go again for ever
+            raise ReplayError("flush: this federation is closed")
         nbrs = [n for n in self.link.neighbours() if n != self.link.id]
         self._take_new(nbrs)
         if not self._resync_sent and nbrs:
@@ -339,7 +344,7 @@ class Federation:
                 for dst in sharers:
                     allowed = self.bucket.take(picked.size) if picked.size else 0
                     self.stats.throttled += picked.size - allowed
-                    if allowed:
+                    if allowed:   # _pick puts the preferred last: the rate cuts the others
                         owed[dst] = picked[picked.size - allowed:]
             if self.replicas:
                 seqs, live = self._live(idx)
@@ -393,7 +398,7 @@ class Federation:
         self.stats.throttled += (len(items) - allowed) * len(nbrs)
         if allowed == 0:
             return None
-        if allowed < len(items):
+        if allowed < len(items):   # the last: the preferred (see _pick)
             items = _slice(items, slice(len(items) - allowed, None))
         self.stats.pushed += len(items) * len(nbrs)
         self._ridden = (picked[picked.size - allowed:], len(items), len(nbrs))
@@ -461,7 +466,8 @@ class Federation:
 
     # ------------------------------------------------------------- sending
     def _pick(self, idx: np.ndarray) -> np.ndarray:
-        """The ``share`` of the new items ``idx`` to send, by ``share_by``.
+        """The ``share`` of the new items ``idx`` to send, by ``share_by``, the preferred
+        last (the newest, or the highest current priority): a rate cut keeps the last.
 
         The fraction is rounded down and the remainder carried to the next call, so
         over a run exactly ``share`` of the items go, however few each flush has
@@ -478,7 +484,7 @@ class Federation:
             return idx[-k:]
         p = self.buffer.priorities(idx)
         p = np.where(np.isnan(p), -1.0, p)
-        return idx[np.argsort(-p, kind="stable")[:k]]
+        return idx[np.argsort(-p, kind="stable")[:k][::-1]]
 
     async def _share(self, nbrs: list[str]) -> int:
         """Send each neighbour what is owed to it, in messages of at most ``_per_message``
@@ -651,6 +657,12 @@ class Federation:
         peers = b.get("peers")
         if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers):
             self._drop(msg, "bad peers list")
+            return None
+        # The wire decodes only arrays, but a ride's come from the relay's caller: a list
+        # (ragged, say) would raise in the buffer, not be dropped.
+        if not all(isinstance(a, np.ndarray) for a in msg.arrays):
+            self._drop(msg, "items must come as numpy arrays, got "
+                            f"{[type(a).__name__ for a in msg.arrays]!r:.200}")
             return None
         f = msg.arrays[:len(self._names)]
         o, s, t, p = msg.arrays[len(self._names):]

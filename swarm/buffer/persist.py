@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from ..checks import is_int
+from ..checks import is_int, seconds
 from ..errors import ReplayError
 from .limiter import RateLimiter
 
@@ -65,16 +65,31 @@ def _columns(buf: "ReplayBuffer") -> dict[str, np.ndarray]:
     return cols
 
 
-def _check_target(path: Path) -> None:
-    """Raise unless ``path`` may be replaced by a snapshot: absent, an empty directory or a snapshot.
+def _check_target(path: Path, increment: bool = False) -> None:
+    """Raise unless ``path`` may be replaced by a snapshot (an incremental one if
+    ``increment``): absent, an empty directory or a snapshot of the same kind.
 
     Anything else would be renamed aside and deleted with the old snapshot: a
-    results directory given by mistake would lose every file in it.
+    results directory given by mistake would lose every file in it, and an
+    increment written to its full snapshot's path the base it cannot load without.
     """
     if not os.path.lexists(path):
         return
-    if path.is_dir() and not path.is_symlink() and ((path / "meta.json").is_file() or not any(path.iterdir())):
+    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
         return
+    if path.is_dir() and not path.is_symlink() and (path / "meta.json").is_file():
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):   # a damaged snapshot: replaced, as it always was
+            return
+        held = isinstance(meta, dict) and "since" in meta
+        if held == increment:
+            return
+        if increment:
+            raise ReplayError(f"{path} holds a full snapshot: an increment written there would replace it, "
+                              "and cannot be loaded without it; give the increment a path of its own")
+        raise ReplayError(f"{path} holds an incremental snapshot: a full one would replace it; "
+                          "give a new path (or remove it first)")
     raise ReplayError(f"{path} exists and is not a replay snapshot: a snapshot replaces its directory "
                       "whole, so give a new path (or remove it first)")
 
@@ -204,6 +219,9 @@ class _Hashes:
 class Snapshot(_Frozen):
     """A save in progress (or done). ``wait()`` returns once it is on disk, re-raising its error.
 
+    It writes once, by :meth:`run` or :meth:`start`: a second call raises
+    :class:`ReplayError` (call :func:`save` again for a new snapshot).
+
     With ``digest=True``, :attr:`digest` is then :func:`digest` of the buffer as it
     was when the save began (what the snapshot holds), hashed as the rows are written.
     """
@@ -216,9 +234,24 @@ class Snapshot(_Frozen):
         self._thread: threading.Thread | None = None
         self._hash = digest
         self.digest: dict[str, str] | None = None
+        self._claimed = False
         super().__init__(buf)
 
+    def _claim(self) -> None:
+        """Take this snapshot's one write, or raise: run again, it wrote the rows as they
+        were then under its first moment's meta.json (and two starts shared one cursor)."""
+        with self._buf._lock:
+            if self._claimed:
+                raise ReplayError(f"snapshot to {self.path} was already run: a snapshot is written once; "
+                                  "call save() again for a new one")
+            self._claimed = True
+
     def run(self) -> "Snapshot":
+        """Write the snapshot on this thread; :meth:`wait` raises its error, if any."""
+        self._claim()
+        return self._run()
+
+    def _run(self) -> "Snapshot":
         try:
             self._write()
         except BaseException as e:  # surfaced by wait()
@@ -229,8 +262,18 @@ class Snapshot(_Frozen):
         return self
 
     def start(self) -> "Snapshot":
-        self._thread = threading.Thread(target=self.run, name="replay-snapshot", daemon=True)
-        self._thread.start()
+        """Write the snapshot on a thread of its own; :meth:`wait` for it. Raises
+        :class:`ReplayError` if the thread cannot start (the snapshot is then done, failed)."""
+        self._claim()
+        self._thread = threading.Thread(target=self._run, name="replay-snapshot", daemon=True)
+        try:
+            self._thread.start()
+        except BaseException as e:   # RuntimeError: can't start new thread
+            # registered as the buffer's saver, it would refuse every later save for good
+            self._thread, self._error = None, e
+            self._release()
+            self._done.set()
+            raise ReplayError(f"snapshot to {self.path}: its thread cannot start ({e})") from e
         return self
 
     @property
@@ -238,7 +281,12 @@ class Snapshot(_Frozen):
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> "Snapshot":
-        """Block until written; raise :class:`ReplayError` on timeout or the save's own error."""
+        """Block until written; raise :class:`ReplayError` on timeout or the save's own error.
+
+        ``timeout``: finite seconds >= 0, or None (no deadline); anything else raises
+        :class:`~swarm.errors.ConfigError` (and the save goes on).
+        """
+        timeout = seconds(timeout, none_ok=True)
         if not self._done.wait(timeout):
             raise ReplayError(f"snapshot to {self.path} not finished after {timeout} s")
         if self._thread is not None:
@@ -347,9 +395,10 @@ def _libc() -> Any:
 _LIBC: Any = None
 
 
-def _replace(tmp: Path, path: Path) -> None:
-    """Rename the complete snapshot ``tmp`` to ``path``, replacing an earlier snapshot
-    there; when the rename fails the earlier one is put back.
+def _replace(tmp: Path, path: Path, increment: bool = False) -> None:
+    """Rename the complete snapshot ``tmp`` (an incremental one if ``increment``) to
+    ``path``, replacing an earlier snapshot of its kind there; when the rename fails
+    the earlier one is put back.
 
     Where the file system can, the two are swapped in one step (a crash leaves the old
     or the new snapshot at ``path``, and the old one's files under ``tmp`` at worst);
@@ -357,7 +406,7 @@ def _replace(tmp: Path, path: Path) -> None:
     leaves it at ``path.old-PID-TID``, nothing at ``path``."""
     fsync_dir(tmp)
     if os.path.lexists(path):
-        _check_target(path)   # checked again: something else may have been put there meanwhile
+        _check_target(path, increment)   # checked again: something else may have been put there meanwhile
         if _exchange(tmp, path):
             shutil.rmtree(tmp, ignore_errors=True)   # the old snapshot, now under tmp's name
             fsync_dir(path.parent)
@@ -424,12 +473,16 @@ def _check_meta(path: Path, meta: dict[str, Any]) -> None:
 
 def _check_values(path: Path, k: str, a: np.ndarray, meta: dict[str, Any]) -> None:
     """Stored priorities must be finite and >= 0, times finite: one NaN would poison the sum-tree.
-    Origin numbers must index the snapshot's origin list (compacting it reads them)."""
+    Origin numbers must index the snapshot's origin list (compacting it reads them), and
+    tickets be below its ``next`` (the buffer would hand out again ids it holds)."""
     if k == "_origin" and a.size and (a.min() < 0 or a.max() >= len(meta["peers"])):
         raise ReplayError(f"{path}: column '_origin' holds origin numbers outside the "
                           f"{len(meta['peers'])} origins in meta.json")
     if k == "_leaf" and not (np.isfinite(a).all() and (a >= 0).all()):
         raise ReplayError(f"{path}: column '_leaf' holds priorities that are negative, NaN or Inf")
+    if k == "_ticket" and a.size and a.max() >= int(meta["next"]):   # a snapshot written twice, before
+        raise ReplayError(f"{path}: column '_ticket' holds item numbers >= {meta['next']}, the count of "
+                          "items meta.json says were written: the snapshot is inconsistent")
     if k == "_time" and not np.isfinite(a).all():
         raise ReplayError(f"{path}: column '_time' holds NaN or Inf origin times")
 
@@ -499,10 +552,12 @@ class Increment:
 
     def write(self, path: str | os.PathLike) -> int:
         """Write the increment to the directory ``path`` (a temporary directory renamed into
-        place); returns the rows written. A write that fails (a full disk) raises
+        place); returns the rows written. ``path`` must be absent, empty or an earlier
+        increment (never the full snapshot it needs): else :class:`ReplayError`, before
+        anything is written. A write that fails (a full disk) raises
         :class:`ReplayError`, removes the temporary directory and leaves ``path`` as it was."""
         path = Path(path)
-        _check_target(path)
+        _check_target(path, increment=True)
         tmp = path.with_name(path.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
         try:
             if tmp.exists():
@@ -512,7 +567,7 @@ class Increment:
                 _save_array(tmp / f"{k}.npy", v)
             _save_array(tmp / "_slots.npy", self.slots)
             write_synced(tmp / "meta.json", json.dumps(self.meta).encode())
-            _replace(tmp, path)
+            _replace(tmp, path, increment=True)
         except OSError as e:
             raise ReplayError(f"incremental snapshot to {path} failed: {e}") from e
         finally:
@@ -537,9 +592,13 @@ def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False) -
     snapshot in progress (a ReplayError). Without it only the increment's rows (and the leaves)
     are read; while a full snapshot is being written they are copied in one hold
     of the lock, the buffer's one copy-on-write reader being taken.
-    Raises :class:`ReplayError` when more than ``capacity`` items were written
-    since (every row changed: take a full snapshot instead).
+    Raises :class:`ReplayError` when ``since`` is not an int in ``0 .. next``, or more
+    than ``capacity`` items were written since (every row changed: take a full
+    snapshot instead).
     """
+    if not is_int(since):   # a bool is no count; a float would fail in slicing
+        raise ReplayError(f"incremental snapshot since {since!r}: give an int, the full snapshot's "
+                          "`next` counter (the buffer's total_added when it was saved)")
     cap = buf.capacity
     with buf._lock:
         nxt = buf._next
@@ -590,9 +649,10 @@ def save_incremental(buf: "ReplayBuffer", path: str | os.PathLike, since: int) -
     """Write what changed in ``buf`` since a full snapshot whose ``next`` counter was ``since``
     (:func:`take_incremental`, then :meth:`Increment.write`: the lock is held a chunk copy
     at a time, not over the disk writes). Returns the rows written; raises :class:`ReplayError`
-    as those do, before anything is written when ``path`` may not be replaced."""
+    as those do, before anything is written when ``path`` may not be replaced (it holds
+    something other than an incremental snapshot: the full one it is taken against, say)."""
     path = Path(path)
-    _check_target(path)
+    _check_target(path, increment=True)
     return take_incremental(buf, since).write(path)
 
 

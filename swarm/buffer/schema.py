@@ -57,7 +57,7 @@ class Schema:
                 raise ReplayError(f"schema field {name!r}: dtype is None; use one of {sorted(DTYPES)}")
             try:
                 dt = np.dtype(dtype)
-            except TypeError:
+            except (TypeError, ValueError):   # ValueError: a malformed structured or sub-array spec
                 raise ReplayError(f"schema field {name!r}: unknown dtype {dtype!r}") from None
             if dt.name not in DTYPES:
                 raise ReplayError(f"schema field {name!r}: dtype {dt} not allowed; use one of {sorted(DTYPES)}")
