@@ -103,7 +103,15 @@ _ZMTP_WHY = f"must be in 0.001..{MAX_ZMTP_S:g} s (libzmq's bounds on ZMTP heartb
 
 def _host_port(x: Any) -> bool:
     host, sep, port = str(x).rpartition(":")
-    return x == "" or (bool(sep and host) and port.isascii() and port.isdigit() and int(port) <= 65535)
+    # the length first: int() of over 4,300 digits raises ValueError
+    return x == "" or (bool(sep and host) and port.isascii() and port.isdigit() and len(port) <= 5
+                       and int(port) <= 65535)
+
+
+def _label(x: Any) -> bool:
+    # shown on the page and in /metrics labels: a lone surrogate (a non-UTF-8 byte of argv)
+    # cannot be encoded, and took both pages down with a traceback on every request
+    return isinstance(x, str) and len(x) <= 200 and x.isprintable()
 
 
 def _advertisable(x: Any) -> bool:
@@ -187,7 +195,8 @@ class CoordinatorConfig:
                             _positive, "must be > 0")
     http_bind: str = opt("127.0.0.1:0", "HOST:PORT of the status page (/, /status.json, /metrics); "
                          "port 0 picks a free one, empty disables it", _host_port, "must be HOST:PORT or empty")
-    run_name: str = opt("", "run name shown on the status page and in /metrics labels")
+    run_name: str = opt("", "run name shown on the status page and in /metrics labels", _label,
+                        "must be at most 200 printable characters")
     max_members: int = opt(10_000, "most members in the view; a join beyond is refused (the swarm is full), "
                            "as is one whose view would not fit in a message (4 MiB); at most "
                            f"{MAX_VIEW_MEMBERS}, the longest list a peer decodes",

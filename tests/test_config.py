@@ -157,3 +157,20 @@ def test_coordinator_keyword_settings_get_the_same_checks(kw, match):
 
     with pytest.raises(ConfigError, match=match):
         Coordinator(**kw)
+
+
+@pytest.mark.parametrize("name", ["run-\udcff", "two\nlines", "x" * 201])
+def test_a_run_name_the_page_cannot_show_is_refused(name):
+    # a lone surrogate (a non-UTF-8 byte in argv) was taken, and every request for the
+    # status page and /metrics then failed with a traceback (UnicodeEncodeError)
+    from swarm.config import load_config
+
+    with pytest.raises(ConfigError, match="coordinator.run_name"):
+        load_config(None, [f"coordinator.run_name={name}"])   # as argv gives it
+
+
+def test_an_http_port_of_thousands_of_digits_is_a_config_error():
+    from swarm.config import load_config
+
+    with pytest.raises(ConfigError, match="coordinator.http_bind"):
+        load_config(None, [f'coordinator.http_bind="127.0.0.1:{"9" * 5000}"'])

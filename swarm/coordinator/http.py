@@ -197,11 +197,13 @@ class StatusServer:
         if page not in self._bodies:
             t0 = time.perf_counter()
             if page == "html":
-                self._bodies[page] = ("text/html; charset=utf-8", render_page(doc).encode())
+                # backslashreplace: one string UTF-8 cannot hold must not take the page down
+                self._bodies[page] = ("text/html; charset=utf-8", render_page(doc).encode(errors="backslashreplace"))
             elif page == "json":
                 self._bodies[page] = ("application/json", self._json(doc))
             else:
-                self._bodies[page] = ("text/plain; version=0.0.4; charset=utf-8", prometheus(doc).encode())
+                self._bodies[page] = ("text/plain; version=0.0.4; charset=utf-8",
+                                      prometheus(doc).encode(errors="backslashreplace"))
             self._cost += time.perf_counter() - t0
         return self._bodies[page]
 

@@ -152,6 +152,8 @@ class MemberTable:
                 self._check_room(size - old.view_bytes, peer_id, 0)
                 self._continue_above(last_epoch)
                 self.view_bytes += size - old.view_bytes
+                if old.state != ALIVE:   # back from suspect: its cause goes, as on a heartbeat or probe_ack
+                    old.cause = ""
                 old.route, old.addr, old.last_heartbeat, old.state, old.key = route, addr, now, ALIVE, key
                 old.view_bytes = size
                 return old

@@ -94,3 +94,17 @@ def test_a_refused_join_changes_nothing():
     # ... and one that takes a dead member's id (a rejoin after a coordinator restart)
     t.join("b", "tcp://h:2", 1, 11, b"r", last_epoch=12)
     assert t.publish().epoch == 13
+
+
+def test_a_suspect_that_joins_again_is_alive_without_its_cause():
+    # The repeated join of the same process made a suspect alive but kept the cause of the
+    # suspicion, which the page shows as a live member's last error until the next one
+    # (a heartbeat or a probe_ack clear it, but only from suspect)
+    from swarm.coordinator.table import ALIVE, SUSPECT
+
+    t = MemberTable()
+    rec = t.join("p0", "tcp://127.0.0.1:9000", -1, 7, b"r0")
+    t.publish()
+    rec.state, rec.cause = SUSPECT, "heartbeat timeout"   # what the coordinator's probe sets
+    t.join("p0", "tcp://127.0.0.1:9000", -1, 7, b"r1")
+    assert (rec.state, rec.cause) == (ALIVE, "")
