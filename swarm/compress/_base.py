@@ -72,7 +72,8 @@ def as_vector(x: Any, what: str = "x") -> np.ndarray:
 
     Accepts numpy arrays of any floating dtype and shape, and torch tensors (CPU
     tensors are viewed, not copied; other devices are moved to the CPU once).
-    Anything else raises :class:`~swarm.errors.GossipError` naming ``what``.
+    Anything else, and a tensor on the "meta" device (no data), raises
+    :class:`~swarm.errors.GossipError` naming ``what``.
     """
     if type(x).__module__.split(".")[0] == "torch":
         x = _torch_to_numpy(x, what)
@@ -93,6 +94,10 @@ def _torch_to_numpy(t: Any, what: str) -> np.ndarray:
         raise GossipError(f"{what} must be a numpy array or a torch tensor, got {type(t).__name__}")
     if not t.is_floating_point():
         raise GossipError(f"{what} must be a floating-point tensor, got dtype {t.dtype}")
+    if t.device.type == "meta":
+        raise GossipError(f"{what} is a tensor on the 'meta' device, which has a shape but no "
+                          f"data; materialize it first (e.g. module.to_empty(device='cpu'), "
+                          f"then initialize its parameters)")
     t = t.detach()
     if t.device.type != "cpu" or t.dtype != torch.float32:
         # one conversion and one move, in the order that moves the fewest bytes
@@ -181,8 +186,17 @@ class Codec:
         return out
 
     def ratio(self, n: int) -> float:
-        """Compression ratio (dense float32 bytes / payload bytes) for a vector of length n."""
-        enc = self.encode(np.zeros(n, np.float32))
+        """Compression ratio (dense float32 bytes / payload bytes) for a vector of length n.
+
+        A query: a seeded codec sends the same payloads with or without it."""
+        # encoding draws from a random codec's generator; put its state back
+        rng = getattr(self, "_rng", None)
+        state = rng.bit_generator.state if rng is not None else None
+        try:
+            enc = self.encode(np.zeros(n, np.float32))
+        finally:
+            if rng is not None:
+                rng.bit_generator.state = state
         return 4.0 * n / max(enc.nbytes, 1)
 
     # ---- hooks --------------------------------------------------------------------------
@@ -316,11 +330,12 @@ def scatter(n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
 
 
 def _device_tensor(x: Any) -> bool:
-    """Whether ``x`` is a torch tensor on an accelerator."""
+    """Whether ``x`` is a torch tensor on an accelerator (not the CPU, not "meta")."""
     if type(x).__module__.split(".")[0] != "torch":
         return False
     dev = getattr(x, "device", None)
-    return dev is not None and getattr(dev, "type", "cpu") != "cpu"
+    # "meta" tensors hold no data: as_vector refuses them
+    return dev is not None and getattr(dev, "type", "cpu") not in ("cpu", "meta")
 
 
 class Scratch:

@@ -43,9 +43,15 @@ def view(a: np.ndarray) -> Any:
         return torch.from_numpy(a)
 
 
+def _viewable(*arrays: np.ndarray) -> bool:
+    """Whether torch is present and can view every array: torch.from_numpy refuses
+    negative strides (``x[::-1]``, or a hand-built payload's frames)."""
+    return torch_or_none() is not None and all(s >= 0 for a in arrays for s in a.strides)
+
+
 def cast_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
     """``dst[:] = src`` with a dtype cast, at memory speed when torch is present."""
-    if torch_or_none() is None or dst.size == 0:
+    if dst.size == 0 or not _viewable(dst, src):
         np.copyto(dst, src, casting="unsafe")
     else:
         view(dst).copy_(view(src))
@@ -56,7 +62,7 @@ def add_into(dst: np.ndarray, src: np.ndarray, alpha: float) -> np.ndarray:
     """``dst += alpha * src`` for float32 ``dst`` and any float ``src``, without a temporary."""
     if dst.size == 0:
         return dst
-    if torch_or_none() is None:
+    if not _viewable(dst, src):
         if alpha == 1.0:
             np.add(dst, src, out=dst, casting="unsafe")
         else:

@@ -23,6 +23,7 @@ _F16_HI = 65520.0
 #: the bits of 65504 without the sign: float16 magnitudes order as integers
 _F16_BITS_HI = 0x7BFF
 _CHUNK = 1 << 16
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def fp16_scale(amax: float) -> float:
@@ -195,11 +196,18 @@ class FP16(Codec):
         # Cast cache-sized pieces into scratch and add from there: a mixed-dtype
         # in-place add runs at a fraction of memory speed in both numpy and torch.
         h, n = frames[0], out.size
-        f = np.float32(alpha * meta.get("scale", 1.0))
+        scale = meta.get("scale", 1.0)
+        # alpha folded into the scale can pass float32's range where alpha times a
+        # value does not (a 0 would decode to 0 * Inf = NaN): then multiply twice
+        if abs(alpha * scale) <= _F32_MAX:
+            factors = [np.float32(alpha * scale)]
+        else:
+            factors = [np.float32(scale), np.float32(alpha)]
         S = self._scratch.get("d", min(n, _CHUNK), np.float32)
         for a in range(0, n, _CHUNK):
             b = min(n, a + _CHUNK)
             T = _torch.cast_into(S[:b - a], h[a:b])
-            if f != 1.0:
-                T *= f
+            for f in factors:
+                if f != 1.0:
+                    T *= f
             out[a:b] += T

@@ -322,7 +322,9 @@ class TopK(_Sparse):
         if alpha == 1.0:
             out[idx] += vals
         else:
-            out[idx] += np.float32(alpha) * vals
+            # dtype=float32: under numpy 1.x a float32 scalar times float16 values
+            # stays float16 (Inf for 2 * 60000, 0 for 1e-8 * 1)
+            out[idx] += np.multiply(vals, alpha, dtype=np.float32)
 
 
 #: the smallest positive float32 (a subnormal): the least scale that is not 0 in float32

@@ -5,7 +5,9 @@
 >>> g = Gossip(peer, x, topology="ring", codec="ef+topk:0.01", gamma="auto")  # γ = 0.02
 >>> result = await g.round()
 
-torch is imported only by :func:`flat_parameters`, on first use.
+torch is imported on first use only: by :func:`flat_parameters`, by the ``fp16``
+codec (its float16 casts) and by ``identity``'s weighted adds; int8, qsgd, sign,
+topk and randomk streams do without it.
 """
 
 from ._codecs import suggested_gamma

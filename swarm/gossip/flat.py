@@ -18,7 +18,9 @@ def flat_parameters(module: Any) -> np.ndarray:
     Afterwards each ``p.data`` is a view into that buffer, so the gossip engine's
     in-place updates are the model's parameters, and optimizer steps on the model
     are seen by the engine, with no copies either way. Call it before creating the
-    optimizer (the parameter objects stay the same, only their storage moves).
+    optimizer (the parameter objects stay the same, only their storage moves). A lazy
+    module (``LazyLinear``) needs one forward pass first: until then its parameters
+    have no shape, and this raises :class:`~swarm.errors.ConfigError`.
 
     >>> x = flat_parameters(torch.nn.Linear(4, 2))
     >>> x.shape
@@ -32,6 +34,9 @@ def flat_parameters(module: Any) -> np.ndarray:
     if not params:
         raise ConfigError(f"{type(module).__name__} has no parameters to gossip")
     for name, p in module.named_parameters():
+        if isinstance(p, torch.nn.parameter.UninitializedParameter):
+            raise ConfigError(f"parameter {name!r} is uninitialized (a lazy module such as LazyLinear); "
+                              f"run one forward pass on a sample batch, then call flat_parameters")
         if p.dtype != torch.float32 or p.device.type != "cpu":
             raise ConfigError(f"parameter {name!r} is {p.dtype} on {p.device}; gossip needs float32 on cpu")
     total = sum(p.numel() for p in params)
