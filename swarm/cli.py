@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Mapping
 
-from .config import PeerConfig, SwarmConfig, from_dict, load_config, to_dict
+from .config import MAX_RANK, PeerConfig, SwarmConfig, from_dict, load_config, to_dict
 from .errors import ConfigError, SwarmError, TransportError
 
 log = logging.getLogger("swarm.cli")
@@ -187,8 +187,8 @@ def _parent_pid() -> int | None:
     value = os.environ.get("SWARM_PARENT_PID", "")
     if not value:
         return None
-    if not (value.isascii() and value.isdigit()):
-        raise SwarmError(f"SWARM_PARENT_PID={value!r} is not a pid (`swarm run` sets it for its children; "
+    if not (value.isascii() and value.isdigit() and len(value) <= 10):   # int() reads at most 4,300 digits
+        raise SwarmError(f"SWARM_PARENT_PID={value!r:.80} is not a pid (`swarm run` sets it for its children; "
                          "unset it)")
     return int(value)
 
@@ -218,8 +218,9 @@ def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
                          "give a host name or an IPv4 address (the port goes in SWARM_COORDINATOR_PORT), "
                          "or set SWARM_COORDINATOR=tcp://HOST:PORT")
     port = env.get("SWARM_COORDINATOR_PORT", "").strip() or str(DEFAULT_PORT)
-    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
-        raise SwarmError(f"SWARM_COORDINATOR_PORT={env['SWARM_COORDINATOR_PORT']!r} is not a port: "
+    # the length first: int() of over 4,300 digits raises ValueError
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
+        raise SwarmError(f"SWARM_COORDINATOR_PORT={env['SWARM_COORDINATOR_PORT']!r:.80} is not a port: "
                          "expected a number in 1..65535")
     addr = f"tcp://{host}:{int(port)}"
     if why := _dial_error(addr):
@@ -319,10 +320,13 @@ def _env_rank(env: Mapping[str, str]) -> tuple[str, int] | None:
             continue
         digits = value.strip().removeprefix("-")
         if not (digits.isascii() and digits.isdigit()):    # int() also takes "1_0" and "+1"
-            raise SwarmError(f"{key}={value!r} is not an integer rank")
-        r = int(value)
-        if r < 0:
+            raise SwarmError(f"{key}={value!r:.80} is not an integer rank")
+        r = int(value) if len(digits) <= 10 else None   # int() of over 4,300 digits raises ValueError
+        if r is not None and r < 0:
             raise SwarmError(f"{key}={r} must be >= 0")
+        if r is None or r > MAX_RANK:
+            # named here: the config's check of it would name peer.rank, which the user did not set
+            raise SwarmError(f"{key}={value!r:.80} is out of range: a rank (peer.rank) is in 0..{MAX_RANK}")
         return f"{key}={value!r}", r
     return None
 
@@ -340,8 +344,8 @@ def _env_world(env: Mapping[str, str], from_env: str) -> tuple[str, int] | None:
         value = env.get(key, "").strip()
         if value == "":
             continue
-        if not (value.isascii() and value.isdigit() and int(value) > 0):
-            raise SwarmError(f"{key}={env[key]!r} is not a number of processes ({from_env} gives the rank)")
+        if not (value.isascii() and value.isdigit() and len(value) <= 10 and int(value) > 0):
+            raise SwarmError(f"{key}={env[key]!r:.80} is not a number of processes ({from_env} gives the rank)")
         return f"{key}={env[key]!r}", int(value)
     return None
 
@@ -352,6 +356,11 @@ def _spec_rank(peer_id: str, flag: str) -> int:
     if not (digits.isascii() and digits.isdigit()) or digits != str(int(digits)):
         raise SwarmError(f"{flag} {peer_id}: with --spec peer ids are peer{{RANK}} (peer0, peer1, ...)")
     return int(digits)
+
+
+def _set_keys(overrides: list[str] | None) -> set[str]:
+    """The dotted keys of ``--set KEY=VALUE`` overrides, as :func:`apply_overrides` reads them."""
+    return {".".join(p for p in o.partition("=")[0].strip().split(".") if p) for o in overrides or []}
 
 
 def _config(args: argparse.Namespace, *later: str) -> SwarmConfig:
@@ -376,6 +385,10 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     cfg = _config(args).coordinator
     if args.bind:
         cfg.bind = args.bind
+    # peers and `swarm status` dial it as tcp://HOST:PORT: an ipc:// or inproc:// one started
+    # a coordinator that no one could reach
+    if why := _bind_error(cfg.bind):
+        raise SwarmError(f"{'--bind' if args.bind else 'coordinator.bind'}: {why}")
     if args.keys is not None:
         cfg.keys_dir = _keys_folder(args.keys)
     # the others are dialled, as a peer dials its coordinators: the same check (a port 0
@@ -484,6 +497,14 @@ def cmd_peer(args: argparse.Namespace) -> int:
         if args.topology and args.topology != spec.gossip.topology:
             raise SwarmError(f"--topology {args.topology} disagrees with the spec's gossip.topology = "
                              f"{spec.gossip.topology}; drop --topology")
+        # the same as --set: the spec's id and topology replaced them in silence
+        given = _set_keys(args.set)
+        if "peer.id" in given and not (args.id or args.replace) and cfg.id != f"peer{cfg.rank}":
+            raise SwarmError(f"--set peer.id={cfg.id}: with --spec a peer's id is peer{{RANK}} (here "
+                             f"peer{cfg.rank}); drop it")
+        if "peer.topology" in given and not args.topology and cfg.topology != spec.gossip.topology:
+            raise SwarmError(f"--set peer.topology={cfg.topology} disagrees with the spec's gossip.topology = "
+                             f"{spec.gossip.topology}; drop it")
         if args.new_run and not args.resume_from:
             raise SwarmError("--new-run goes with --resume RUN_DIR (a start without it is a new run anyway)")
         run_dir = args.run_dir or os.path.join("runs", f"{spec.name}-peer{cfg.rank}")
@@ -588,6 +609,12 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
 
             raise StatusUnavailable(f"coordinator at {address} answered but cannot send its status: "
                                     f"{printable(msg.body['error'][:1000])}")
+        # whatever answers at the address (another program, another version): the printers
+        # below index and format what they read, and raised KeyError or ValueError
+        why = f"a {msg.t!r:.40} message" if msg.t != "status_reply" else _not_a_status_table(msg.body)
+        if why:
+            raise StatusUnavailable(f"{address} answered with something that is not a status table ({why}); "
+                                    "is it a swarm coordinator of this version?")
         return msg.body
     finally:
         s.close(0)
@@ -595,7 +622,46 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
 
 
 class StatusUnavailable(SwarmError):
-    """A coordinator answered ``status`` with why it cannot send its table (it is too big)."""
+    """A coordinator answered ``status`` with why it cannot send its table (it is too big),
+    or something answered with what is not a status table."""
+
+
+def _not_a_status_table(st: Any) -> str:
+    """What in a ``status_reply`` body differs from a coordinator's status table, as
+    :func:`format_status`, ``--json`` and ``--watch`` (``status_document``) read it; "" if nothing."""
+    number, maybe = (int, float), type(None)
+
+    def wrong(where: dict[str, Any], *kinds: tuple[str, Any]) -> str:
+        for key, kind in kinds:
+            if key not in where or not isinstance(where[key], kind):
+                return f"{key} = {where.get(key)!r:.60}"
+        return ""
+
+    if not isinstance(st, dict):
+        return "not a table"
+    why = wrong(st, ("coordinator", str), ("epoch", int), ("uptime_s", number), ("view", dict), ("members", list))
+    if why or (why := wrong(st["view"], ("members", list))):
+        return why
+    if not isinstance(st.get("others"), (list, maybe)) or not isinstance(st.get("log", []), list):
+        return "others or log not a list"
+    for o in st.get("others") or []:
+        if not isinstance(o, dict) or wrong(o, ("address", str), ("state", str)):
+            return f"others: {o!r:.60}"
+    for r in st["members"]:
+        if (not isinstance(r, dict) or wrong(r, ("id", str), ("rank", int), ("state", str), ("addr", str),
+                                              ("linked_epoch", int), ("neighbours", list),
+                                              ("heartbeat_age_s", (*number, maybe)))
+                or not all(isinstance(n, str) for n in r["neighbours"])):
+            return f"members: {r!r:.60}"
+    for e in st.get("log", []):
+        # (time, event, peer id); --watch shows the time with time.localtime
+        if not (isinstance(e, list) and len(e) == 3 and isinstance(e[0], number) and abs(e[0]) < 1e11):
+            return f"log: {e!r:.60}"
+    try:
+        json.dumps(st)   # what --json prints: msgpack also carries bytes
+    except (TypeError, ValueError):
+        return "values JSON cannot hold"
+    return ""
 
 
 def format_status(st: dict[str, Any]) -> str:
@@ -681,6 +747,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
     from . import transport as tp
 
     names = [n.strip() for n in args.names.split(",") if n.strip()]
+    if not names:   # `--names "$N"` with N unset: it made only the coordinator's pair below
+        raise ConfigError(f"--names {args.names!r} is empty (an unset variable?): give comma-separated key "
+                          "pair names, or leave --names out for coordinator,peer")
     # every key folder needs the coordinator's pair; one that has it can take new names
     if "coordinator" not in names and not (Path(args.dir) / "coordinator.key").exists():
         names.insert(0, "coordinator")
@@ -698,8 +767,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .experiment.spec import show_spec
 
         spec = load_spec(args.spec, list(args.set or []))
-        print(f"# swarm run {args.spec or '(built-in default)'}"
-              + "".join(f" --set {o}" for o in args.set or []) + ", resolved\n")
+
+        def shown(text: str) -> str:
+            # quoted when it holds a line break (or any character a TOML comment may not
+            # hold): it would end the comment, and the file would not load back
+            return text if text.isprintable() else json.dumps(text)
+
+        print(f"# swarm run {shown(args.spec) if args.spec else '(built-in default)'}"
+              + "".join(f" --set {shown(o)}" for o in args.set or []) + ", resolved\n")
         print(show_spec(args.spec, list(args.set or [])), flush=True)
         # stderr, as `swarm run` says them: stdout stays a spec file (`--show > my.toml`)
         for line in spec.warnings():
@@ -735,6 +810,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise SwarmError(f"--seed must be >= 0, got {args.seed}")
     files: list[Path] = []
     for given in args.paths:
+        if not given.strip():   # Path("") is ".": the policies in the current folder
+            raise ConfigError(f"PATH {given!r} is empty (an unset variable?): give a policy file or a run folder")
         p = Path(given)
         if p.is_dir():
             found = _policies_in(p)
@@ -778,6 +855,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     spec, address = args.spec, args.ray
     if address is None:
         raise SwarmError("choose where to launch: --ray [ADDRESS] (the only engine so far)")
+    if address is _RAY_ALONE:
+        address = ""
+    elif not address.strip():   # `--ray "$ADDR"` with ADDR unset: not --ray alone
+        raise ConfigError(f"--ray {address!r} is empty (an unset variable?): give the cluster's address, "
+                          "or --ray alone for RAY_ADDRESS or a local Ray")
     if spec is None and address and (address.endswith((".toml", ".json")) or os.path.isfile(address)):
         # `swarm launch --ray spec.toml`: the optional ADDRESS swallowed the spec
         spec, address = address, ""
@@ -789,13 +871,31 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- parser
 
+#: ``--ray`` given without an address (RAY_ADDRESS, or a local Ray): not a string, so that
+#: an empty one given (``--ray "$ADDR"``) can be told from it
+_RAY_ALONE: Any = object()
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose --help that cannot be written raises (and so exits 1, as any
+    stdout that fails): argparse drops the OSError, and `swarm run --help > /dev/full`
+    exited 0 having said nothing. A usage error keeps its 2 when stderr fails, as others do."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if file is not sys.stdout:
+            super()._print_message(message, file)
+        elif message:
+            file.write(message)
+            file.flush()   # a full disk fails at the flush, after the write went to the buffer
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="swarm", description="Decentralized RL over ZeroMQ gossip.")
+    p = _Parser(prog="swarm", description="Decentralized RL over ZeroMQ gossip.")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     # -v after the command too (`swarm run -v`). A dest of its own: the command's parser
     # counts into a namespace of its own, which would replace the count before the command
     # with the same dest; parse_args adds the two up.
-    loud = argparse.ArgumentParser(add_help=False)
+    loud = _Parser(add_help=False)
     loud.add_argument("-v", "--verbose", dest="verbose_after", action="count", default=0,
                       help="more logging (-vv for debug); `swarm run` and `swarm launch` pass it on "
                            "to their coordinator and peers")
@@ -873,7 +973,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     la = sub.add_parser("launch", help="run an experiment on a cluster: `swarm launch --ray [ADDRESS] SPEC`",
                         parents=[loud])
-    la.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+    la.add_argument("--ray", nargs="?", const=_RAY_ALONE, metavar="ADDRESS",
                     help="place the peers on a Ray cluster (auto, HOST:PORT, ray://HOST:10001; none: "
                          "RAY_ADDRESS or a local Ray); needs pip install 'swarm[ray]'")
     la.add_argument("spec", nargs="?", help="spec file (TOML or JSON); none runs the built-in default")
@@ -958,10 +1058,17 @@ def _main(argv: list[str] | None) -> int:
         # `swarm status --watch` runs until Ctrl-C: that is its normal end, however early it comes
         return 0 if getattr(args, "watch", False) else 130
     except OSError as e:
-        if not hasattr(e, "swarm_stream"):
-            raise   # not the output's: a file a command writes, say
-        # `swarm run --show | head`, `swarm status > /dev/full`: say nothing more, not even at exit
-        return _output_failed(e)
+        if hasattr(e, "swarm_stream"):
+            # `swarm run --show | head`, `swarm status > /dev/full`: say nothing more, not even at exit
+            return _output_failed(e)
+        if e.filename is None:
+            raise   # about no path: a fault to see whole
+        # a path given or made that this user may not enter (EACCES), a name too long, a full
+        # disk: pathlib's is_dir() and exists() raise too. Not a ConfigError: under `swarm run`
+        # a restart is still tried, as for a crash.
+        _tell(f"swarm: error: {e.filename}" + (f" -> {e.filename2}" if e.filename2 else "")
+              + f": {e.strerror or e}")
+        return 2
 
 
 if __name__ == "__main__":

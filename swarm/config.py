@@ -12,6 +12,7 @@ error names the full key (``peer.heartbeat_s``) and the bad value.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import math
 import sys
@@ -167,6 +168,8 @@ class PeerConfig:
         for e in self.edges:
             if len(e) != 2 or min(e) < 0 or e[0] == e[1]:
                 raise ConfigError(f"peer.edges: {e!r} is not a pair of two different ranks")
+            if max(e) > MAX_RANK:   # the topology refuses it once a view comes: a peer with no neighbours
+                raise ConfigError(f"peer.edges: {e!r} names a rank past the largest; ranks are at most {MAX_RANK}")
 
 
 @dataclass
@@ -267,9 +270,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return value
     if tp is str:
         if not isinstance(value, str):
-            # `--set name=123` reads 123 as a TOML number: quoting makes it text
+            # `--set name=123` reads 123 as a TOML number, `--set name=2024-06-01` as a date:
+            # quoting makes either text
             hint = (f"; quote it to give it as text (--set '{key}=\"...\"', or {key} = \"...\" in a file)"
-                    if isinstance(value, (int, float)) else "")
+                    if isinstance(value, (int, float, datetime.date, datetime.time)) else "")
             raise ConfigError(f"{key}: expected a string, got {value!r}{hint}")
         return value
     raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
@@ -376,6 +380,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node[parts[-1]] = _parse_scalar(text.strip())
         except RecursionError:   # tomllib recurses once per level of [ or {
             raise ConfigError(f"--set {key.strip()[:80]}: the value is nested too deeply to read") from None
+        except ValueError:   # not TOML is text (above): this is int()'s limit on digits
+            raise ConfigError(f"--set {key.strip()[:80]}: an integer of more than {sys.get_int_max_str_digits()} "
+                              "digits, more than Python reads") from None
     return data
 
 
@@ -399,6 +406,9 @@ def read_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: not valid {'JSON' if is_json else 'TOML'}: {e}") from None
     except RecursionError:   # both parsers recurse once per level of [ or {
         raise ConfigError(f"{p}: nested too deeply to read (thousands of levels of [ or {{)") from None
+    except ValueError:   # after the parsers' own errors (ValueErrors too): int()'s limit on digits
+        raise ConfigError(f"{p}: an integer of more than {sys.get_int_max_str_digits()} digits, more than Python "
+                          "reads") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a table")
     return data

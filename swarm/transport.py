@@ -637,7 +637,11 @@ def generate_keys(keys_dir: str, names: list[str]) -> list[Path]:
             raise ConfigError(f"keys: {why}")
         if names.count(name) > 1:
             raise ConfigError(f"keys: key name {name!r} given more than once")
-    nearest = next(p for p in (auth, base, *base.parents) if p.exists())
+    try:
+        nearest = next(p for p in (auth, base, *base.parents) if p.exists())
+    except OSError as e:   # exists() raises for a folder this user may not enter, or a name too long
+        raise ConfigError(f"keys: {e.filename}: {e.strerror}; give a key folder this user may create "
+                          "or write to") from None
     if not nearest.is_dir():
         raise ConfigError(f"keys: {nearest} is not a folder; give a new or existing key folder")
     for name in names:

@@ -588,10 +588,13 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         prev = Path(resume)
         if spec_path is not None:
             raise ConfigError("give either a spec or a run folder to resume, not both")
-        if not prev.is_dir():
-            raise ConfigError(f"resume: {prev}: no such folder")
-        if not (prev / "config.json").is_file():
-            raise ConfigError(f"resume: {prev} has no config.json; is it a run folder?")
+        try:
+            if not prev.is_dir():
+                raise ConfigError(f"resume: {prev}: no such folder")
+            if not (prev / "config.json").is_file():
+                raise ConfigError(f"resume: {prev} has no config.json; is it a run folder?")
+        except OSError as e:   # is_dir() raises for a folder this user may not enter, or a name too long
+            raise ConfigError(f"resume: {e.filename}: {e.strerror}") from None
         spec_path = prev / "config.json"
     try:
         spec = load_spec(spec_path, overrides)
