@@ -171,6 +171,28 @@ async def start_ticking_peers(ids: list[str], coordinators: list[str]):
     return peers, got
 
 
+@contextlib.asynccontextmanager
+async def linked_pair(**kw):
+    """A coordinator on loopback and two peers "a" and "b" linked to each other (``kw``
+    goes to both Peers); yields (a, b), and closes the peers and the coordinator after."""
+    from swarm.coordinator import Coordinator
+    from swarm.peer import Peer
+
+    async with Coordinator(bind="tcp://127.0.0.1:*", http_bind="") as coord:
+        a = Peer(id="a", coordinators=[coord.address], heartbeat_s=0.2, **kw)
+        b = Peer(id="b", coordinators=[coord.address], heartbeat_s=0.2, **kw)
+        try:
+            await a.start()
+            await b.start()
+            for p in (a, b):
+                await p.wait_view(lambda v: len(v.members) == 2, timeout=10)
+                await p.wait_linked(timeout=10)
+            yield a, b
+        finally:
+            await b.close()
+            await a.close()
+
+
 async def tick_neighbours(peers) -> None:
     """One tick from every peer to each of its neighbours."""
     for p in peers:

@@ -10,44 +10,34 @@ from __future__ import annotations
 import asyncio
 import time
 
-from swarm.coordinator import Coordinator
-from swarm.peer import Peer, PeerState
+from swarmtest import linked_pair
+
+from swarm.peer import PeerState
 
 
 async def _close_from_handler(timeout: float | None) -> None:
-    async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
-        a = Peer(id="a", coordinators=[coord.address], heartbeat_s=0.2)
-        b = Peer(id="b", coordinators=[coord.address], heartbeat_s=0.2)
-        await a.start()
-        await b.start()
-        try:
-            for p in (a, b):
-                await p.wait_view(lambda v: len(v.members) == 2, timeout=10)
-                await p.wait_linked(timeout=10)
-            seen: dict[str, object] = {}
+    async with linked_pair() as (a, b):
+        seen: dict[str, object] = {}
 
-            async def stop(msg) -> None:
-                t0 = time.monotonic()
-                await b.close(timeout=timeout)
-                seen["close_s"] = time.monotonic() - t0
-                seen["state"] = b.state
-                await asyncio.sleep(0.05)   # not cancelled: the handler runs to its end
-                seen["ended"] = True
+        async def stop(msg) -> None:
+            t0 = time.monotonic()
+            await b.close(timeout=timeout)
+            seen["close_s"] = time.monotonic() - t0
+            seen["state"] = b.state
+            await asyncio.sleep(0.05)   # not cancelled: the handler runs to its end
+            seen["ended"] = True
 
-            b.on("stop", stop)
-            assert await a.send("b", "stop", {}, timeout=5)
-            async with asyncio.timeout(5):   # wait_stopped: the leave went through, b closed
-                await b.wait_stopped()
-            assert seen.get("ended") is True, seen
-            assert seen["close_s"] < 0.5, seen
-            assert seen["state"] is PeerState.LEAVING
-            assert b.state is PeerState.CLOSED
-            # the coordinator took the leave (not a heartbeat timeout): a's view drops b at once
-            await a.wait_view(lambda v: "b" not in v.ids, timeout=2)
-            await b.close()   # again: nothing more
-        finally:
-            await b.close()
-            await a.close()
+        b.on("stop", stop)
+        assert await a.send("b", "stop", {}, timeout=5)
+        async with asyncio.timeout(5):   # wait_stopped: the leave went through, b closed
+            await b.wait_stopped()
+        assert seen.get("ended") is True, seen
+        assert seen["close_s"] < 0.5, seen
+        assert seen["state"] is PeerState.LEAVING
+        assert b.state is PeerState.CLOSED
+        # the coordinator took the leave (not a heartbeat timeout): a's view drops b at once
+        await a.wait_view(lambda v: "b" not in v.ids, timeout=2)
+        await b.close()   # again: nothing more
 
 
 def test_close_from_a_handler_returns_at_once_and_the_peer_leaves():

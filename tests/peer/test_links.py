@@ -8,6 +8,7 @@ import contextlib
 
 import numpy as np
 import pytest
+from swarmtest import linked_pair, until
 
 from swarm.coordinator import Coordinator
 from swarm.gossip import topology as topo
@@ -95,29 +96,16 @@ def test_each_side_counts_out_what_the_other_counts_in():
     # hello went out uncounted (msgs_out, bytes_out) while the receiver counted it in
     # msgs_in: a quiet pair of peers never agreed on how many messages had passed
     async def main():
-        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
-            a = Peer(id="a", coordinators=[coord.address], heartbeat_s=0.2)
-            b = Peer(id="b", coordinators=[coord.address], heartbeat_s=0.2)
-            try:
-                await a.start()
-                await b.start()
-                for p in (a, b):
-                    await p.wait_view(lambda v: len(v.members) == 2, timeout=10)
-                    await p.wait_linked(timeout=10)
-                b.on("x", lambda msg: None)
-                await a.send("b", "x", {"n": 1}, timeout=5)
+        async with linked_pair() as (a, b):
+            b.on("x", lambda msg: None)
+            await a.send("b", "x", {"n": 1}, timeout=5)
 
-                def agreed() -> bool:
-                    ca, cb = a.counters, b.counters
-                    return (ca.msgs_out, ca.bytes_out, cb.msgs_out, cb.bytes_out) == \
-                        (cb.msgs_in, cb.bytes_in, ca.msgs_in, ca.bytes_in)
-                async with asyncio.timeout(5):
-                    while not agreed():
-                        await asyncio.sleep(0.02)
-                assert a.counters.msgs_out >= 2   # a hello and the message
-            finally:
-                await b.close()
-                await a.close()
+            def agreed() -> bool:
+                ca, cb = a.counters, b.counters
+                return (ca.msgs_out, ca.bytes_out, cb.msgs_out, cb.bytes_out) == \
+                    (cb.msgs_in, cb.bytes_in, ca.msgs_in, ca.bytes_in)
+            await until(agreed, what="both sides' counts agreeing")
+            assert a.counters.msgs_out >= 2   # a hello and the message
 
     asyncio.run(main())
 
@@ -129,25 +117,11 @@ def test_a_message_of_more_frames_than_drain_keeps_by_default_arrives_within_lar
     from swarm.wire import Limits
 
     async def main():
-        lim = Limits(max_frames=2000)
-        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
-            a = Peer(id="a", coordinators=[coord.address], heartbeat_s=0.2, limits=lim)
-            b = Peer(id="b", coordinators=[coord.address], heartbeat_s=0.2, limits=lim)
-            got: list[int] = []
-            try:
-                await a.start()
-                await b.start()
-                for p in (a, b):
-                    await p.wait_view(lambda v: len(v.members) == 2, timeout=10)
-                    await p.wait_linked(timeout=10)
-                b.on("many", lambda msg: got.append(len(msg.arrays)))
-                assert await a.send("b", "many", {}, [np.full(2, i, np.float32) for i in range(1100)], timeout=5)
-                async with asyncio.timeout(5):
-                    while not got:
-                        await asyncio.sleep(0.02)
-                assert got == [1100] and b.counters.malformed == 0
-            finally:
-                await b.close()
-                await a.close()
+        got: list[int] = []
+        async with linked_pair(limits=Limits(max_frames=2000)) as (a, b):
+            b.on("many", lambda msg: got.append(len(msg.arrays)))
+            assert await a.send("b", "many", {}, [np.full(2, i, np.float32) for i in range(1100)], timeout=5)
+            await until(lambda: got, what="the message")
+            assert got == [1100] and b.counters.malformed == 0
 
     asyncio.run(main())

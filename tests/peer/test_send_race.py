@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 import zmq.asyncio
-from swarmtest import hold_views, until
+from swarmtest import hold_views, linked_pair, until
 
 from swarm.coordinator import Coordinator
 from swarm.errors import WireError
@@ -203,42 +203,31 @@ def test_a_send_resumed_after_its_link_was_closed_does_not_touch_the_closed_sock
     from swarm.peer import peer as peer_mod
 
     async def main():
-        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
-            a = Peer(id="a", coordinators=[coord.address], heartbeat_s=0.2)
-            b = Peer(id="b", coordinators=[coord.address], heartbeat_s=0.2)
+        async with linked_pair() as (a, b):
+            b.on("x", lambda msg: None)
+            link = a._links["b"]
+            closed_plains: list[object] = []
+            real_try_send = tp.try_send
+
+            def try_send(sock, frames):
+                if sock is link.plain and not link.sock.closed:
+                    return False   # a full queue: send() waits for room
+                if sock is link.plain:
+                    closed_plains.append(sock)
+                return real_try_send(sock, frames)
+
+            async def poll(timeout=None, flags=zmq.POLLOUT):
+                a._close_link(link)   # a view closed the link while this task was waking up
+                return zmq.POLLOUT
+
+            peer_mod.tp.try_send = try_send
+            link.sock.poll = poll
             try:
-                await a.start()
-                await b.start()
-                for p in (a, b):
-                    await p.wait_view(lambda v: len(v.members) == 2, timeout=10)
-                    await p.wait_linked(timeout=10)
-                b.on("x", lambda msg: None)
-                link = a._links["b"]
-                closed_plains: list[object] = []
-                real_try_send = tp.try_send
-
-                def try_send(sock, frames):
-                    if sock is link.plain and not link.sock.closed:
-                        return False   # a full queue: send() waits for room
-                    if sock is link.plain:
-                        closed_plains.append(sock)
-                    return real_try_send(sock, frames)
-
-                async def poll(timeout=None, flags=zmq.POLLIN):
-                    a._close_link(link)   # a view closed the link while this task was waking up
-                    return zmq.POLLOUT
-
-                peer_mod.tp.try_send = try_send
-                link.sock.poll = poll
-                try:
-                    dropped = a.counters.dropped_out
-                    assert await a.send("b", "x", {}, timeout=2) is False
-                finally:
-                    peer_mod.tp.try_send = real_try_send
-                assert closed_plains == []
-                assert a.counters.dropped_out == dropped + 1
+                dropped = a.counters.dropped_out
+                assert await a.send("b", "x", {}, timeout=2) is False
             finally:
-                await b.close()
-                await a.close()
+                peer_mod.tp.try_send = real_try_send
+            assert closed_plains == []
+            assert a.counters.dropped_out == dropped + 1
 
     asyncio.run(main())
