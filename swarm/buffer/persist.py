@@ -287,7 +287,8 @@ class Snapshot(_Frozen):
         :class:`~swarm.errors.ConfigError` (and the save goes on).
         """
         timeout = seconds(timeout, none_ok=True)
-        if not self._done.wait(timeout):
+        # past threading's own limit (~9.2e9 s) Event.wait raised OverflowError: no deadline
+        if not self._done.wait(None if timeout is not None and timeout > threading.TIMEOUT_MAX else timeout):
             raise ReplayError(f"snapshot to {self.path} not finished after {timeout} s")
         if self._thread is not None:
             self._thread.join()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import logging
 import os
 import socket
@@ -296,7 +297,8 @@ def launch_ray(spec_path: str | Path | Spec | None, overrides: list[str] | None 
 
         launch = Launch(run_dir, verbose=verbose)
         coord = launch.start("coordinator", ["coordinator", "--bind", addr, "--set",
-                                             f"coordinator.run_name={spec.name}"])
+                                             # quoted: a name like 123 or true reads as a TOML scalar
+                                             f"coordinator.run_name={json.dumps(spec.name)}"])
         _wait_coordinator(launch, coord, addr)
 
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415

@@ -130,6 +130,15 @@ def test_wait_refuses_a_timeout_that_is_no_finite_number_of_seconds(timeout, tmp
     assert len(load(tmp_path / "s")) == 4
 
 
+def test_wait_takes_a_finite_timeout_past_threadings_own_limit(tmp_path):
+    """Before: 1e10 s, finite and accepted, raised a raw OverflowError from Event.wait
+    (threading.TIMEOUT_MAX is ~9.2e9 s)."""
+    buf = buffer(4)
+    snap = Snapshot(buf, tmp_path / "s").start()
+    assert snap.wait(1e10) is snap
+    assert len(load(tmp_path / "s")) == 4
+
+
 @pytest.mark.parametrize("since", [5.0, 5.5, "5", None, np.float64(5), True], ids=repr)
 def test_an_increment_since_a_value_that_is_no_int_is_refused(since, tmp_path):
     """Before: 5.0, "5" and None raised raw TypeErrors; True was taken as item 1."""
