@@ -305,8 +305,11 @@ class ReplayBuffer:
             raise ReplayError(f"items.peers must be a list of origin peer ids, got "
                               f"{type(items.peers).__name__} {items.peers!r:.80}")
         arrays, n = self.schema.check(items.fields)
-        origins = np.asarray(items.origins)
-        seqs, times, pri = (np.asarray(a) for a in (items.seqs, items.times, items.priorities))
+        try:
+            origins = np.asarray(items.origins)
+            seqs, times, pri = (np.asarray(a) for a in (items.seqs, items.times, items.priorities))
+        except (TypeError, ValueError) as e:   # ragged lists: numpy's own ValueError
+            raise ReplayError(f"items.origins, seqs, times and priorities must be arrays of numbers: {e}") from None
         for name, a, kind in (("origins", origins, "iu"), ("seqs", seqs, "iu"),
                               ("times", times, "f"), ("priorities", pri, "f")):
             if a.shape != (n,) or a.dtype.kind not in kind:

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ReplayError
+
 __all__ = ["SumTree"]
 
 # Up to 2**12 top nodes: a cumsum over them costs about as much as two levels of
@@ -67,7 +69,7 @@ class SumTree:
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
+            raise ReplayError(f"capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
         self.depth = max(1, (self.capacity - 1).bit_length())
         self._cap = 1 << self.depth
@@ -107,7 +109,7 @@ class SumTree:
         return self._tree[self._cap:self._cap + self.capacity]
 
     def get(self, idx: np.ndarray) -> np.ndarray:
-        """Leaf values at ``idx`` (integers in ``[0, capacity)``, else ValueError)."""
+        """Leaf values at ``idx`` (integers in ``[0, capacity)``, else :class:`ReplayError`, a ValueError)."""
         idx = _integers(idx)
         if idx.size:
             self._check_leaves(int(_min(idx)), int(_max(idx)))
@@ -119,26 +121,26 @@ class SumTree:
         return self._tree[idx + self._cap]
 
     def _check_leaves(self, lo: int, hi: int) -> None:
-        """ValueError unless leaves ``lo..hi`` exist: past them a number would reach a
+        """ReplayError unless leaves ``lo..hi`` exist: past them a number would reach a
         padding leaf (left out of every sum) or, negative, an inner node."""
         if lo < 0 or hi >= self.capacity:
-            raise ValueError(f"leaf indices [{lo}, {hi}] out of range [0, {self.capacity})")
+            raise ReplayError(f"leaf indices [{lo}, {hi}] out of range [0, {self.capacity})")
 
     # -------------------------------------------------------------- writing
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
-        """Set leaves ``idx`` to ``values``, one per index, finite and >= 0 (else ValueError,
+        """Set leaves ``idx`` to ``values``, one per index, finite and >= 0 (else ReplayError,
         and nothing changes). Where ``idx`` repeats, the last value wins."""
         idx = _integers(idx)
         values = np.asarray(values, dtype=np.float64)
         if values.shape != idx.shape:
-            raise ValueError(f"set takes one value per index: {values.shape} values for {idx.shape} indices")
+            raise ReplayError(f"set takes one value per index: {values.shape} values for {idx.shape} indices")
         if idx.size == 0:
             return
         idx, values = idx.reshape(-1), values.reshape(-1)
         # A NaN fails both comparisons. A negative or infinite leaf would make the sums,
         # and the sampling law, meaningless.
         if not (0.0 <= _min(values) and _max(values) < _INF):
-            raise ValueError("leaf values must be finite and >= 0")
+            raise ReplayError("leaf values must be finite and >= 0")
         self._check_leaves(int(_min(idx)), int(_max(idx)))
         self._set(idx, values)
 
@@ -212,7 +214,7 @@ class SumTree:
         its own items one per env step, and for one leaf a numpy call per tree level and a
         rescan of its block cost several times the arithmetic (~15 us against ~3 at 50,000)."""
         if i < 0 or i + 1 > self.capacity:
-            raise ValueError(f"leaves [{i}, {i + 1}) out of range [0, {self.capacity})")
+            raise ReplayError(f"leaves [{i}, {i + 1}) out of range [0, {self.capacity})")
         t, node = self._tree, i + self._cap
         old = t.item(node)
         t[node] = value
@@ -237,7 +239,7 @@ class SumTree:
         if n == 0:
             return
         if start < 0 or start + n > self.capacity:
-            raise ValueError(f"leaves [{start}, {start + n}) out of range [0, {self.capacity})")
+            raise ReplayError(f"leaves [{start}, {start + n}) out of range [0, {self.capacity})")
         lo, hi = start + self._cap, start + n + self._cap
         self._tree[lo:hi] = values
         bs = self._block
@@ -275,7 +277,7 @@ class SumTree:
         """Replace every leaf at once and rebuild the tree exactly."""
         leaves = np.asarray(leaves, dtype=np.float64)
         if leaves.shape != (self.capacity,):
-            raise ValueError(f"expected {self.capacity} leaves, got shape {leaves.shape}")
+            raise ReplayError(f"expected {self.capacity} leaves, got shape {leaves.shape}")
         self._tree[self._cap + self.capacity:] = 0.0
         self.set_range(0, leaves)
 
@@ -346,10 +348,10 @@ class SumTree:
 
 
 def _integers(idx: np.ndarray) -> np.ndarray:
-    """``idx`` as an int64 array, or ValueError if it holds other than integers."""
+    """``idx`` as an int64 array, or ReplayError if it holds other than integers."""
     a = np.asarray(idx)
     if a.size and a.dtype.kind not in "iu":
-        raise ValueError(f"leaf indices must be integers, got {a.dtype}")
+        raise ReplayError(f"leaf indices must be integers, got {a.dtype}")
     return a.astype(np.int64, copy=False)
 
 

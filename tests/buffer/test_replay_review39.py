@@ -159,3 +159,19 @@ def test_contains_answers_for_int_seqs_only_on_both_paths(peer):
             r.contains(peer, seq)
     with pytest.raises(ReplayError, match="peer"):
         r.contains(["A"], 1)
+
+
+@pytest.mark.parametrize("field", ["origins", "seqs", "times", "priorities"])
+def test_insert_of_ragged_ids_times_or_priorities_is_a_replay_error_and_changes_nothing(field):
+    # np.asarray of a ragged list raised numpy's own ValueError out of insert
+    buf = ReplayBuffer(SCHEMA, 8, seed=0)
+    buf.add(xs(2))
+    before = state(buf)
+    good = received([1.0, 2.0])
+    ragged = {"origins": [[0], [0, 0]], "seqs": [[0], [1, 2]], "times": [[1.0], [2.0, 3.0]],
+              "priorities": [[1.0], [1.0, 1.0]]}[field]
+    bad = Items(good.fields, good.peers, *[ragged if f == field else getattr(good, f)
+                                         for f in ("origins", "seqs", "times", "priorities")])
+    with pytest.raises(ReplayError, match="arrays of numbers"):
+        buf.insert(bad)
+    assert state(buf) == before

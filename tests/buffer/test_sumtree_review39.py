@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from swarm.buffer import SumTree
+from swarm.errors import ReplayError
 
 
 def ones(cap):
@@ -23,9 +24,9 @@ def test_set_and_get_refuse_an_index_outside_the_leaves(idx):
     an inner node; get read them back. set_range refused the same."""
     t = ones(5)
     before = snapshot(t)
-    with pytest.raises(ValueError, match=r"out of range \[0, 5\)"):
+    with pytest.raises(ReplayError, match=r"out of range \[0, 5\)"):
         t.set(np.array(idx), np.full(len(idx), 100.0))
-    with pytest.raises(ValueError, match=r"out of range \[0, 5\)"):
+    with pytest.raises(ReplayError, match=r"out of range \[0, 5\)"):
         t.get(np.array(idx))
     assert snapshot(t) == before
 
@@ -35,7 +36,7 @@ def test_set_refuses_a_value_that_is_not_finite_and_non_negative(values):
     """NaN and negative leaves were taken: the total became NaN and the minimum ignored them."""
     t = ones(5)
     before = snapshot(t)
-    with pytest.raises(ValueError, match="finite and >= 0"):
+    with pytest.raises(ReplayError, match="finite and >= 0"):
         t.set(np.arange(len(values)), np.array(values))
     assert snapshot(t) == before
 
@@ -43,11 +44,11 @@ def test_set_refuses_a_value_that_is_not_finite_and_non_negative(values):
 def test_set_and_get_refuse_non_integer_indices_and_mismatched_values():
     t = ones(5)
     before = snapshot(t)
-    with pytest.raises(ValueError, match="integers"):
+    with pytest.raises(ReplayError, match="integers"):
         t.set(np.array([1.7]), np.array([2.0]))
-    with pytest.raises(ValueError, match="integers"):
+    with pytest.raises(ReplayError, match="integers"):
         t.get(np.array([1.7]))
-    with pytest.raises(ValueError, match="one value per index"):
+    with pytest.raises(ReplayError, match="one value per index"):
         t.set(np.array([0, 1]), np.array([2.0]))
     assert snapshot(t) == before
     t.set(np.array([], dtype=np.int64), np.array([]))
