@@ -469,10 +469,10 @@ class _Progress:
         # A member's stats come as it sent them (any process may join): a figure that is no
         # finite number counts as none, and the others' still make the line.
         budget = self.spec.budget.env_steps * self.spec.peers
-        steps = sum(int(_figure(s.get("env_steps")) or 0) for s in self.last.values())
+        steps = sum(_tally(s.get("env_steps")) for s in self.last.values())
         rets = [r for r in (_figure(s.get("mean_return")) for s in self.last.values()) if r is not None]
-        rounds = sum(int(_figure(s.get("rounds")) or 0) for s in self.last.values())
-        mb = sum(int(_figure(s.get("bytes_out")) or 0) for s in self.last.values()) / 1e6
+        rounds = sum(_tally(s.get("rounds")) for s in self.last.values())
+        mb = sum(_tally(s.get("bytes_out")) for s in self.last.values()) / 1e6
         frac = min(1.0, steps / budget) if budget else 0.0
         bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
         ret = f"{sum(rets) / len(rets):6.1f}" if rets else "     -"
@@ -513,6 +513,13 @@ def _figure(v: Any) -> float | None:
     except OverflowError:   # an int too large for a float
         return None
     return x if math.isfinite(x) else None
+
+
+def _tally(v: Any) -> int:
+    """A count of a member's stats (steps, rounds, bytes): a :func:`_figure` >= 0, else 0
+    (a negative one pulled the progress line's sums down)."""
+    x = _figure(v)
+    return int(x) if x is not None and x > 0 else 0
 
 
 def _wait_coordinator(launch: Launch, coord: _Child, addr: str, timeout: float = 20.0,

@@ -76,6 +76,7 @@ def ended(run_dir: Path) -> None:
     ({"env_steps": 10, "mean_return": None, "rounds": None, "bytes_out": None}, 110),
     ({"env_steps": float("nan"), "mean_return": float("inf"), "bytes_out": [1, 2]}, 100),
     ({"env_steps": True, "rounds": {"n": 1}}, 100),
+    ({"env_steps": -10**6, "rounds": -5, "bytes_out": -1e9}, 100),   # counts below 0 pulled the sums down
 ])
 def test_a_members_figures_that_are_not_numbers_are_left_out_of_the_progress_line(bad, steps):
     """The launcher kept a member's stats whatever their types (the coordinator passes on
