@@ -41,7 +41,8 @@ def seconds(v: Any, name: str = "timeout", *, none_ok: bool = False) -> float | 
                       + (" or None" if none_ok else ""))
 
 
-#: Seeds are 32-bit, as an experiment spec's are (``swarm.experiment.spec.SEED_LIMIT``).
+#: Seeds are 32-bit, so that every seed derived from one (an experiment's seed + rank, and
+#: + the env steps done on resume) stays far inside the 64 bits torch.manual_seed takes.
 SEED_LIMIT = 2**32
 
 

@@ -281,15 +281,22 @@ def drain(s: zmq.Socket, batch: int = DRAIN_BATCH, keep: int = KEEP_FRAMES) -> I
             f = recv(_NOBLOCK, copy=False)
         except zmq.Again:
             return
-        frames = [f]
         # a received Frame says whether more follow (pyzmq reads RCVMORE as it takes it):
         # asking the socket again cost more than the receive. (So does pyzmq's Cython
         # backend, CPython's; not the CFFI one of PyPy, which torch rules out anyway.)
-        while f.more:
-            f = recv(_NOBLOCK, copy=False)
-            if len(frames) <= keep:
-                frames.append(f)
-        yield frames
+        yield recv_rest(recv, f, keep) if f.more else [f]
+
+
+def recv_rest(recv: Callable[..., Any], first: zmq.Frame, keep: int) -> list[zmq.Frame]:
+    """``first`` and the frames that follow it in its message, taken with ``recv`` (a
+    socket's, non-blocking and without copying): the first ``keep + 1`` of them, and the
+    rest read and dropped (see :func:`drain`)."""
+    frames, f = [first], first
+    while f.more:
+        f = recv(_NOBLOCK, copy=False)
+        if len(frames) <= keep:
+            frames.append(f)
+    return frames
 
 
 def _nbytes(f: Any) -> int:

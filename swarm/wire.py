@@ -391,7 +391,6 @@ def unpack_header(head: Any, limits: Limits = DEFAULT_LIMITS) -> Any:
         raise WireError(f"header is not valid msgpack: {type(e).__name__}: {e}") from None
 
 
-
 def _arrays(descs: list[Any], bufs: list[Any], sizes: list[int], max_ndim: int) -> list[np.ndarray]:
     """The arrays that ``descs`` describe, each checked, over the frames after the header
     (``bufs[1:]``, of ``sizes[1:]`` bytes). One loop for all: a message carries a dozen or

@@ -161,6 +161,7 @@ class Coordinator:
         self.name = name
         self.limits = limits or Limits(max_header_bytes=1024 * 1024, max_message_bytes=4 * 1024 * 1024)
         lim = self.limits
+        self._keep_frames = tp.keep_frames(lim)
         # the heartbeat fast path unpacks under the same limits as wire.decode
         self._max_header = min(lim.max_header_bytes, lim.max_message_bytes)
         self.table = MemberTable(max_members=cfg.max_members, max_view_bytes=self._view_room(name))
@@ -503,15 +504,9 @@ class Coordinator:
                 return n
             frame = recv(_NOBLOCK, copy=False)
             if frame.more:                             # arrays or junk: the general path
-                frames = [frame]
-                f = frame
-                while f.more:
-                    f = recv(_NOBLOCK, copy=False)
-                    # past KEEP_FRAMES, read and dropped (decode refuses the message): a
-                    # Frame object per frame of millions of empty ones took ~1 GiB and ~6 s
-                    if len(frames) <= tp.KEEP_FRAMES:
-                        frames.append(f)
-                self._on_message(route, frames, now)
+                # past what the limits allow, read and dropped (decode refuses the message):
+                # a Frame object per frame of millions of empty ones took ~1 GiB and ~6 s
+                self._on_message(route, tp.recv_rest(recv, frame, self._keep_frames), now)
             elif fast is None or not fast(route, frame, now):
                 self._on_message(route, [frame], now)
         return tp.DRAIN_BATCH

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checks import SEED_LIMIT
 from ..config import apply_overrides, from_dict, opt, read_file, to_dict, to_toml
 from ..errors import ConfigError
 from ..rl.hparams import DQNConfig
@@ -44,9 +45,6 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 #: process with its own torch, so this is far more than one host holds, and it keeps
 #: a typo (peers = 100000) from reaching the topology code and the launcher.
 MAX_PEERS = 1024
-#: Seeds are 32-bit, so that every seed derived from one (seed + rank, and + the env
-#: steps done on resume) stays far inside the 64 bits torch.manual_seed takes.
-SEED_LIMIT = 2**32
 #: The longest run name: the run folder is NAME-YYYYmmdd-HHMMSS[-N] (`swarm peer`:
 #: NAME-peerRANK), and a file name has at most 255 bytes.
 MAX_NAME = 200

@@ -500,6 +500,7 @@ class Peer:
         self._runner: asyncio.Task[None] | None = None
         self._recv_task: asyncio.Task[Any] | None = None   # the loop that runs handlers
         self._closer: asyncio.Task[None] | None = None      # a close() a handler started
+        self._bye: asyncio.Future[None] | None = None       # the coordinator's answer to our leave
         self._failure: BaseException | None = None
         self._poll_dirty = True
         self._wake = asyncio.Event()      # set by the watched sockets' fds and by _sockets_changed
@@ -814,7 +815,7 @@ class Peer:
         if self._welcome is not None and not self._welcome.done():
             # a start() in another task waits for the welcome: it ends now, and says why
             self._welcome.set_exception(self._closed_while_starting())
-        bye = getattr(self, "_bye", None)
+        bye = self._bye
         if self.state is PeerState.LEAVING and bye is not None and not bye.done():
             # another close() waits for the leave's confirmation: wait with it (closing the
             # sockets now could drop the leave, and left that one waiting for ever)
@@ -1095,11 +1096,11 @@ class Peer:
         if runner is not None:
             if not runner.done():
                 runner.cancel()
-            elif not runner.cancelled():
-                runner.exception()   # seen here: no "exception was never retrieved" at gc
+            else:
+                _retrieve(runner)   # seen here: no "exception was never retrieved" at gc
         for probe in list(self._probes):
             probe.cancel()
-        bye = getattr(self, "_bye", None)
+        bye = self._bye
         if bye is not None and not bye.done():   # a close() waiting for it returns
             bye.set_result(None)
         self._close_sockets()
@@ -1648,7 +1649,7 @@ class Peer:
                     elif now - self._standby_since > 2 * self.config.coordinator_timeout_s:
                         self._rotate("is a standby")
             elif t == "bye":
-                fut = getattr(self, "_bye", None)
+                fut = self._bye
                 if fut is not None and not fut.done():
                     fut.set_result(None)
         except (KeyError, TypeError, ValueError, IndexError, OverflowError) as e:
@@ -1746,8 +1747,7 @@ class Peer:
         for pid in self._neighbours:
             link = self._link(pid)
             if link is not None:
-                link.hello_sent = now
-                self._hello(link)
+                self._hello(link, now)
             elif (pid, view.member(pid).addr) in self._bad_addrs:
                 # it can never answer: waiting for it would stall wait_linked for ever
                 self._pending_hello.discard(pid)
@@ -1903,10 +1903,10 @@ class Peer:
         for pid in list(self._pending_hello):
             link = self._links.get(pid)
             if link is not None and now - link.hello_sent > 0.1:
-                link.hello_sent = now
-                self._hello(link)
+                self._hello(link, now)
 
-    def _hello(self, link: _Link) -> None:
+    def _hello(self, link: _Link, now: float) -> None:
+        link.hello_sent = now
         frames = wire.encode("hello", self.id, epoch=self._view.epoch, body={"e": self._view.epoch})
         if tp.try_send(link.plain, frames):
             self._count_out(frames)   # as the receiver counts it in msgs_in
