@@ -10,12 +10,19 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["is_int", "is_real", "seconds", "rng_seed", "finite_arg", "MAX_GRAD"]
+__all__ = ["is_int", "is_real", "seconds", "rng_seed", "finite_arg", "MAX_GRAD", "largest_abs"]
 
 #: The largest gradient entry a peer takes (FlatAdam, the gradient relay): the square of a
 #: larger one overflows float32 (max 3.4028235e38), and Adam's second moment would stay
 #: infinite for good.
 MAX_GRAD = math.sqrt(3.4028234663852886e38)
+
+
+def largest_abs(a: Any) -> float:
+    """The largest ``|x|`` of a numpy float array (0 when empty): NaN if an entry is NaN
+    (numpy's min and max both are then), inf if one is infinite; so ``largest_abs(g) <=
+    MAX_GRAD`` is the whole check of a gradient. Two reductions, no temporary array."""
+    return max(-float(a.min()), float(a.max())) if a.size else 0.0
 
 
 def is_int(x: Any) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import _torch
-from ._base import Codec, Encoded, Scratch, meta_scale
+from ._base import _F32_MAX, Codec, Encoded, Scratch, meta_scale
 
 __all__ = ["Identity", "FP16", "fp16_scale", "to_fp16"]
 
@@ -23,7 +23,6 @@ _F16_HI = 65520.0
 #: the bits of 65504 without the sign: float16 magnitudes order as integers
 _F16_BITS_HI = 0x7BFF
 _CHUNK = 1 << 16
-_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def fp16_scale(amax: float) -> float:

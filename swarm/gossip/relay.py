@@ -117,7 +117,7 @@ import zmq
 
 from .. import transport as tp
 from .. import wire
-from ..checks import MAX_GRAD, is_int, seconds
+from ..checks import MAX_GRAD, is_int, largest_abs, seconds
 from ..compress import Encoded, get_codec, split_ef
 from ..compress.sparse import _Sparse
 from ..errors import ConfigError, GossipError, WireError
@@ -372,6 +372,7 @@ class GradientRelay:
         self._codec = get_codec(codec)              # the origin's stream (with its residual)
         self._decoder = get_codec(split_ef(codec)[1])
         self._limits: wire.Limits = getattr(link, "limits", wire.DEFAULT_LIMITS)
+        self._keep_frames = tp.keep_frames(self._limits)   # what poll()'s drain keeps of a message
         # one update's frames and bytes at most, and the updates one message carries
         self._update_frames, self._update_bytes, self._bundle = self._fit()
         # a header's bytes at most beside its body and descriptors (see _ride_fits); None where
@@ -708,7 +709,7 @@ class GradientRelay:
         g = a.astype(np.float32, copy=False).reshape(-1)
         if g.size != self.d:
             raise ConfigError(f"gradient of length {g.size}; this relay carries {self.d}")
-        if g.size and not float(np.abs(g).max()) <= MAX_GRAD:   # False for NaN too
+        if not largest_abs(g) <= MAX_GRAD:   # False for NaN too
             raise ConfigError(f"gradient has NaN or infinite entries, or entries too large (above {MAX_GRAD:.3g}: "
                               "their squares overflow float32); not published")
         return g
@@ -931,10 +932,10 @@ class GradientRelay:
         if self._held_in and (self.link.view.epoch != self._held_epoch or self._held_in[0][0] <= time.monotonic()):
             self._look_at_held(time.monotonic())
         n = 0
-        limits = getattr(self.link, "limits", wire.DEFAULT_LIMITS)
+        limits = self._limits
         # ZMQ_EVENTS first: drain's first receive on an empty inbox would raise (an
         # exception per step costs more than the check); it checks before the others
-        for frames in tp.drain(s, keep=tp.keep_frames(self._limits)) if s.getsockopt(_EVENTS) & _POLLIN else ():
+        for frames in tp.drain(s, keep=self._keep_frames) if s.getsockopt(_EVENTS) & _POLLIN else ():
             n += 1
             src: Any = "?"
             nbytes = -1
@@ -1390,7 +1391,7 @@ class GradientRelay:
         if ann is not None and not (isinstance(ann, list) and len(ann) <= _MAX_ANNOUNCE and all(
                 isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and _int(e[1], 0) for e in ann)):
             self.stats.rejected += 1
-            raise WireError(f"grad {origin}#{seq} from {msg.src}: j must list up to 64 [peer id, clock]")
+            raise WireError(f"grad {origin}#{seq} from {msg.src}: j must list up to {_MAX_ANNOUNCE} [peer id, clock]")
         back = -1   # the clock of a pass by which its origin says it is back in step (not late)
         if ann:
             back = max((c for pid, c in ann if pid == origin), default=-1)
@@ -1406,7 +1407,7 @@ class GradientRelay:
                 raise
             # not finite, or past MAX_GRAD: FlatAdam refuses those, and the consumer's loop
             # (swarm run's peer) ended on the first one
-            if g.shape != (self.d,) or (g.size and not float(np.abs(g).max()) <= MAX_GRAD):
+            if g.shape != (self.d,) or not largest_abs(g) <= MAX_GRAD:
                 self.stats.rejected += 1
                 raise WireError(f"grad {origin}#{seq} from {msg.src}: not {self.d} finite values of at most "
                                 f"{MAX_GRAD:.3g}")
@@ -1638,7 +1639,7 @@ class GradientRelay:
             raise WireError(f"grad_state from {src}: {len(arrays)} arrays for na = {na} and {len(po)} pending")
         if po:
             a = arrays[na]
-            if a.dtype != np.float32 or a.shape != (len(po), self.d) or (a.size and not float(np.abs(a).max()) <= MAX_GRAD):
+            if a.dtype != np.float32 or a.shape != (len(po), self.d) or not largest_abs(a) <= MAX_GRAD:
                 raise WireError(f"grad_state from {src}: pending gradients must be {len(po)} x {self.d} finite "
                                 f"float32 of at most {MAX_GRAD:.3g}, got {a.dtype} {a.shape}")
         if not (isinstance(g, dict) and all(isinstance(k, str) and isinstance(v, list) and len(v) <= 4 * _RECENT_CLOCKS

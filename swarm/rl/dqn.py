@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import is_int
+from ..checks import MAX_GRAD, is_int, largest_abs
 from ..errors import ConfigError, ReplayError, SwarmError
 from ..peer.agent import BaseAgent, check_outcome
-from .flat import MAX_GRAD, FlatAdam, flatten_gradients, flatten_parameters, is_flat
+from .flat import FlatAdam, flatten_gradients, flatten_parameters, is_flat
 from .hparams import DQNConfig
 
 __all__ = ["DQNAgent", "QNetwork", "dqn_schema"]
@@ -252,7 +252,8 @@ class DQNAgent(BaseAgent):
             loss, td = self._gradient_of(items, weights)
         else:
             loss = math.nan   # gather would raise for the action outside the Q-values
-        if not self._finite(loss):
+        ok = self._finite(loss)
+        if not ok:
             bad = self._unusable(items)
             if bad is not None:
                 # A neighbour's items pass the buffer's schema (dtypes, shapes) only: one
@@ -269,7 +270,8 @@ class DQNAgent(BaseAgent):
                 for v in items.values():   # stand-ins that compute finite (and unweighted) losses
                     v[bad] = v[good]
                 loss, td = self._gradient_of(items, np.where(bad, np.float32(0), weights))
-        if not self._finite(loss):
+                ok = self._finite(loss)
+        if not ok:
             # Finite items whose loss is not (values past what the network's float32 can
             # hold): stepping would make every parameter NaN, and the peers that share
             # gradients would refuse it. Skip it and count it.
@@ -286,9 +288,8 @@ class DQNAgent(BaseAgent):
 
     def _finite(self, loss: float) -> bool:
         """Whether the gradient :meth:`gradient` left, and its loss, may be stepped: finite,
-        and no entry above :data:`swarm.rl.flat.MAX_GRAD` (FlatAdam refuses those)."""
-        g = self._grad_vec
-        return math.isfinite(loss) and (not g.size or float(np.abs(g).max()) <= MAX_GRAD)
+        and no entry above :data:`swarm.checks.MAX_GRAD` (FlatAdam refuses those)."""
+        return math.isfinite(loss) and largest_abs(self._grad_vec) <= MAX_GRAD
 
     def _gradient_of(self, items: dict[str, np.ndarray], weights: np.ndarray) -> tuple[float, torch.Tensor]:
         return self.gradient({k: torch.as_tensor(v) for k, v in items.items()}, torch.as_tensor(weights))

@@ -28,14 +28,13 @@ import threading
 import numpy as np
 import torch
 
-from ..checks import MAX_GRAD, is_real
+from ..checks import MAX_GRAD, is_real, largest_abs
 from ..errors import ConfigError, SwarmError
 from ..gossip.flat import flat_parameters
 
 __all__ = ["FlatAdam", "flatten_gradients", "flatten_parameters", "flush_denormals", "is_flat"]
 
 _thread = threading.local()
-
 
 
 def flush_denormals() -> None:
@@ -165,8 +164,7 @@ class FlatAdam:
             raise SwarmError(f"FlatAdam.step: gradient of shape {g.shape} and dtype {g.dtype}; "
                              f"needs float32 of shape {self._p.shape}")
         m, v, tmp = self._m, self._v, self._tmp
-        # One pass checks both: the largest |g| is NaN if an entry is, inf if one is
-        largest = float(np.abs(g, out=tmp).max()) if g.size else 0.0
+        largest = largest_abs(g)   # NaN if an entry is, inf if one is
         if not math.isfinite(largest):
             raise SwarmError("FlatAdam.step: the gradient has NaN or infinite entries; not applied "
                              "(parameters and moments unchanged)")
