@@ -38,7 +38,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -252,16 +251,12 @@ def _dial_error(addr: str) -> str:
     0.0.0.0 (what a coordinator binds to listen on every interface: dialled, it reaches
     only the dialler's own host) nor a name starting with '-' (no host name does).
     libzmq takes both, and retries them in vain."""
-    from .transport import member_address_error  # noqa: PLC0415 - zmq only when needed
+    from .transport import member_address_error, unspecified_host  # noqa: PLC0415 - zmq only when needed
 
     if why := member_address_error(addr):
         return why + _ipv4_only(addr)
     host = addr.removeprefix("tcp://").rpartition(":")[0]
-    try:   # inet_aton, as the resolver reads it: "0" and "0.0" are 0.0.0.0 too
-        unspecified = socket.inet_aton(host) == bytes(4)
-    except OSError:
-        unspecified = False
-    if unspecified:
+    if unspecified_host(host):
         return f"{addr!r} is an address to listen on (every interface), not one to dial"
     if host.startswith("-"):
         return f"{addr!r} has {host!r}, which is not a host name"

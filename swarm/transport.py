@@ -132,6 +132,15 @@ def connect(s: zmq.Socket, addr: str) -> None:
 _MEMBER_ADDR = re.compile(r"tcp://[A-Za-z0-9._-]{1,253}:([0-9]{1,5})", re.ASCII)
 
 
+def unspecified_host(host: str) -> bool:
+    """Whether ``host`` is 0.0.0.0, as the resolver reads it (``0`` and ``0.0`` too): it
+    binds every interface, but dialled it reaches only the dialler's own machine."""
+    try:
+        return _socket.inet_aton(host) == bytes(4)
+    except OSError:   # a host name, or junk
+        return False
+
+
 def member_address_error(addr: Any) -> str:
     """Why ``addr`` cannot be a member's address, or "" when it can.
 

@@ -554,8 +554,7 @@ class ReplayBuffer:
         (``min_size`` and the ratio, for every sampler), some item can be drawn and,
         FIFO, ``n`` unread items remain. A batch size :meth:`sample` refuses raises
         :class:`ReplayError` as there."""
-        if not (is_int(n) and n >= 1):
-            raise ReplayError(f"batch size must be an int >= 1, got {n!r}")
+        _check_batch(n)
         if self.sampler == "fifo":
             if self._next - max(self._read, self._next - self.capacity) < n:
                 return False
@@ -581,8 +580,7 @@ class ReplayBuffer:
         priority has decayed to zero (items far older than ``1/decay``): no item
         can then be drawn by the law, and weights would be NaN.
         """
-        if not (is_int(n) and n >= 1):
-            raise ReplayError(f"batch size must be an int >= 1, got {n!r}")
+        _check_batch(n)
         if not (is_real(beta) and 0 <= beta < math.inf):
             raise ReplayError(f"beta must be a finite number >= 0, got {beta!r}")
         with self._lock:
@@ -876,6 +874,11 @@ def _as_indices(indices: Any) -> np.ndarray:
     if a.size and a.dtype.kind not in "iu":
         raise ReplayError(f"indices must be integers, got {a.dtype}")
     return a.astype(np.int64, copy=False)
+
+
+def _check_batch(n: Any) -> None:
+    if not (is_int(n) and n >= 1):
+        raise ReplayError(f"batch size must be an int >= 1, got {n!r}")
 
 
 def _undecayed(leaf: np.ndarray, x: np.ndarray, max_p: float) -> np.ndarray:

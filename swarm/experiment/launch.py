@@ -708,13 +708,8 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
                           f"peer's copy {len(took)} time{'s' * (len(took) != 1)} (from "
                           f"{', '.join(sorted({str(t.get('from')) for t in took}))}); the copies agree from then on",
                           file=out)
-        try:
-            plots = write_plots(run_dir)
-        except ImportError:
-            print("no plots: matplotlib is not installed (pip install 'swarm[plots]')", file=out)
-        except OSError as e:
-            print(f"no plots: cannot write them in {run_dir / 'plots'}: {e.strerror or e}", file=out)
-        else:
+        plots = _plots(run_dir, out)
+        if plots is not None:
             print(f"plots: {run_dir / 'plots'}  ({', '.join(p.name for p in plots)})", file=out)
         if intr.count and code != 130:
             when = "while the run ended its processes" if settled else "once the peers had ended"
@@ -1323,6 +1318,18 @@ def _table(rows: list[dict[str, Any]]) -> str:
                      f"{(f'{ev:.1f}' if ev is not None else '-'):>7} {best_s:>14} {s.get('rounds', 0):>7} "
                      f"{s.get('bytes_out', 0) / 1e6:>8.2f} {(f'{cpu:.1f}' if cpu else '-'):>7}  {end}")
     return "\n".join(lines)
+
+
+def _plots(run_dir: Path, out: TextIO) -> list[Path] | None:
+    """:func:`write_plots`, or None with a line saying why there are none (matplotlib
+    missing; a full disk: the table and the exit code stand)."""
+    try:
+        return write_plots(run_dir)
+    except ImportError:
+        print("no plots: matplotlib is not installed (pip install 'swarm[plots]')", file=out)
+    except OSError as e:
+        print(f"no plots: cannot write them in {run_dir / 'plots'}: {e.strerror or e}", file=out)
+    return None
 
 
 def write_plots(run_dir: str | Path) -> list[Path]:

@@ -48,7 +48,7 @@ from ..config import PeerConfig, read_file
 from ..errors import ConfigError, SwarmError
 from .checkpoint import write_json
 from .launch import POLL_S, Launch, _Interrupt, _new_run_dir, _Output, _Progress, _status, _table, _warn
-from .launch import _wait_coordinator, summarize, write_plots
+from .launch import _plots, _wait_coordinator, summarize
 from .runner import peer_dir
 from .spec import Spec, load_spec, save_resolved
 
@@ -167,15 +167,6 @@ def _not_ipv4(host: str) -> str:
     return "is an IPv6 address"
 
 
-def _unspecified(host: str) -> bool:
-    """Whether ``host`` is 0.0.0.0 (also written short, as ``0``): it binds every
-    interface, but dialled it reaches only the dialler's own machine."""
-    try:
-        return socket.inet_aton(host) == bytes(4)
-    except OSError:   # a host name, or junk that _not_ipv4 refuses
-        return False
-
-
 def _coordinator_port(host: str) -> int:
     """A free port on ``host`` for the coordinator; a host this machine cannot bind is an error."""
     try:
@@ -245,7 +236,9 @@ def launch_ray(spec_path: str | Path | Spec | None, overrides: list[str] | None 
     if host is not None and (what := _not_ipv4(host)):
         raise ConfigError(f"--host {host!r} {what}: swarm connects over IPv4 only; give a host name or an "
                           "IPv4 address")
-    if host is not None and _unspecified(host):
+    from ..transport import unspecified_host  # noqa: PLC0415 - zmq only when needed
+
+    if host is not None and unspecified_host(host):
         # the coordinator binds it, but every peer is handed tcp://HOST:PORT to dial
         raise ConfigError(f"--host {host!r} is no address to dial: the peers connect to the coordinator at it; "
                           "give this machine's IPv4 address or host name (127.0.0.1 on one machine), or leave "
@@ -330,12 +323,7 @@ def launch_ray(spec_path: str | Path | Spec | None, overrides: list[str] | None 
 
     rows = _write_results(run_dir, spec, summaries, launch.given_up)
     print(_table(rows), file=out)
-    try:
-        write_plots(run_dir)
-    except ImportError:
-        print("no plots: matplotlib is not installed (pip install 'swarm[plots]')", file=out)
-    except OSError as e:   # a full disk: the table above and the exit code stand (as swarm run's)
-        print(f"no plots: cannot write them in {run_dir / 'plots'}: {e.strerror or e}", file=out)
+    _plots(run_dir, out)
     print(f"run folder: {run_dir}", file=out, flush=True)
     return code
 
