@@ -44,17 +44,25 @@ class Procs:
     def log(self, p: subprocess.Popen) -> str:
         return Path(p.log_path).read_text()  # type: ignore[attr-defined]
 
-    def coordinator(self, addr: str, *args: str, name: str = "coord", timeout: float = 30.0) -> subprocess.Popen:
+    def coordinator(self, addr: str | None, *args: str, name: str = "coord", timeout: float = 30.0) -> subprocess.Popen:
         """Start ``swarm coordinator --bind addr ARGS`` and return once it answers a status
         query. A peer started before then waits only its join_timeout_s (5 s) for it,
         which a coordinator starting on a loaded machine can outlast (`swarm run` waits
-        for its coordinator so too)."""
-        p = self.start("coordinator", "--bind", addr, *args, name=name)
-        try:
-            wait_for(lambda: p.poll() is None and status(addr, 0.5), timeout, what=f"the coordinator at {addr}")
-        except AssertionError as e:
-            raise AssertionError(f"{e} (exit {p.poll()}); its log:\n{self.log(p)}") from None
-        return p
+        for its coordinator so too). With ``addr`` None it binds a free loopback port, and
+        another one if a process of another test took that port first (free_port() only
+        finds one free at the moment); the address is the process's ``addr``."""
+        for _ in range(3 if addr is None else 1):
+            at = addr or f"tcp://127.0.0.1:{free_port()}"
+            p = self.start("coordinator", "--bind", at, *args, name=name)
+            p.addr = at  # type: ignore[attr-defined]
+            try:
+                wait_for(lambda: p.poll() is None and status(at, 0.5), timeout, what=f"the coordinator at {at}")
+                return p
+            except AssertionError as e:
+                failed = AssertionError(f"{e} (exit {p.poll()}); its log:\n{self.log(p)}")
+                if addr is not None or "Address already in use" not in self.log(p):
+                    raise failed from None
+        raise failed
 
     def close(self) -> None:
         for p in self.procs:

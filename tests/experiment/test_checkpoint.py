@@ -9,7 +9,7 @@ import signal
 
 import numpy as np
 import pytest
-from swarmtest import free_port, status, wait_for
+from swarmtest import status, wait_for
 
 from swarm.buffer import ReplayBuffer
 from swarm.buffer.persist import load_incremental, save_incremental
@@ -169,9 +169,7 @@ KILL = ["peers=1", "budget.env_steps=1000000", "dqn.learning_starts=50", "dqn.ba
 def test_sigkill_then_resume_restores_parameters_and_buffer_bit_for_bit(procs, tmp_path):
     from swarm.experiment.spec import save_resolved
 
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coordinator")
-    wait_for(lambda: status(addr, 0.5), timeout=15, what="coordinator")
+    addr = procs.coordinator(None, name="coordinator").addr   # its log if it fails to answer
     spec = load_spec(None, KILL)
     cfg = save_resolved(spec, tmp_path / "spec.json")
     run = tmp_path / "run"
