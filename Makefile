@@ -31,17 +31,17 @@ run: $(STAMP)
 	@$(PYC)
 	$(BIN)/swarm run
 
-# Three workers, each taking whole files (a file's tests run in order, as alone). Many
-# tests wait on real processes, sockets and timeouts, so on two workers this 2-core
-# machine idled part of a run: 2,095 tests took 10.7 min on two workers, 10.1 on three
-# (the machine 88% busy), 8.9 on four, as loaded as it was at each. Much of the CPU is
-# real runs' peer processes; since `swarm run` forks them from one process that imported
-# torch (swarm/experiment/forkserver.py), 2,099 tests took 8.2 min on three (8.9 the same
-# hour before it). Three leave a timing test more slack than four.
+# Four workers, each taking whole files (a file's tests run in order, as alone). Many
+# tests wait on real processes, sockets and timeouts (a link's redial after the OS's SYN
+# retries, a peer's join deadline), so fewer workers leave this 2-core machine idle: 2,724
+# tests took 7.7 min on three workers (the tests' processes used 675 s of CPU, the machine
+# 73% busy) and 6.5 min on four, the same hour. Much of the CPU is real runs' peer
+# processes (`swarm run` forks them from one process that imported torch,
+# swarm/experiment/forkserver.py) and the ~200 coordinators the tests start.
 # `.venv/bin/python -m pytest` runs them one by one.
 test: $(STAMP)
 	@$(PYC)
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile
+	$(BIN)/python -m pytest -q -n 4 --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/pip install --disable-pip-version-check -q -e '.[bench]'

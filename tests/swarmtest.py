@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,10 +20,43 @@ ROOT = Path(__file__).resolve().parents[1]
 SWARM = [sys.executable, "-m", "swarm.cli"]
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999   # Linux's default
+
+
+_EPHEMERAL = _ephemeral_ports()
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port that is free now, for a process the test starts to bind.
+
+    Taken outside the kernel's ephemeral range: a port from inside it (what binding port 0
+    gives) is also where the outgoing connections of every test running beside this one
+    take their local ports, so one of them could take it before the process binds it (a
+    coordinator then exits "Address already in use" and the test times out waiting for
+    it). Outside the range only another explicit bind can take it; each worker draws at
+    random and never hands out a port twice."""
+    low, high = _EPHEMERAL
+    # 10000 up to the range, or above it where the range starts low
+    span = (10000, low - 1) if low > 12000 else (high + 1, 65535)
+    rng = random.Random(os.urandom(8))
+    for _ in range(200):
+        port = rng.randint(*span)
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {span[0]}-{span[1]} after 200 tries")
 
 
 class Procs:
