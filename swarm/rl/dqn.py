@@ -33,7 +33,7 @@ from torch import nn
 from ..checks import MAX_GRAD, is_int, largest_abs
 from ..errors import ConfigError, ReplayError, SwarmError
 from ..peer.agent import BaseAgent, check_outcome
-from .flat import FlatAdam, flatten_gradients, flatten_parameters, is_flat
+from .flat import FlatAdam, clip_norm_, flatten_gradients, flatten_parameters, is_flat
 from .hparams import DQNConfig
 
 __all__ = ["DQNAgent", "QNetwork", "dqn_schema"]
@@ -208,7 +208,7 @@ class DQNAgent(BaseAgent):
         self.grad.zero_()
         loss.backward()
         if cfg.max_grad_norm > 0:  # scale the whole gradient down to the norm, never up
-            self.grad.mul_((cfg.max_grad_norm / (self.grad.norm() + 1e-6)).clamp_(max=1.0))
+            clip_norm_(self.grad, cfg.max_grad_norm)
         loss_value = loss.item()
         self._log(loss_value, td_error, q_taken)
         return loss_value, td_error.detach()
@@ -245,31 +245,30 @@ class DQNAgent(BaseAgent):
             return None
         sample = self.buffer.sample(self.cfg.batch_size, beta=self.beta)
         items, weights = sample.batch, np.asarray(sample.weights, dtype=np.float32)
-        a, bad = items["action"], None
-        # The usual batch costs two reductions here: the full check runs only when they or
-        # the loss say something is wrong (~10 us against a learn's ~450).
-        if 0 <= np.minimum.reduce(a) and np.maximum.reduce(a) < self.n_actions:
+        a, d, bad = items["action"], items["done"], None
+        # The usual batch costs four reductions here: the full check runs only when they or
+        # the loss say something is wrong (~10 us against a learn's ~450). Every done is 0
+        # or 1 when as many are non-zero (NaN included) as equal 1.
+        if (0 <= np.minimum.reduce(a) and np.maximum.reduce(a) < self.n_actions
+                and np.count_nonzero(d) == np.count_nonzero(d == 1)):
             loss, td = self._gradient_of(items, weights)
         else:
-            loss = math.nan   # gather would raise for the action outside the Q-values
+            loss = math.nan   # gather would raise for an action outside the Q-values
         ok = self._finite(loss)
         if not ok:
             bad = self._unusable(items)
             if bad is not None:
                 # A neighbour's items pass the buffer's schema (dtypes, shapes) only: one
                 # with an action outside this agent's range failed every update that drew
-                # it, and a NaN reward made each such update a skipped one. They weigh
-                # nothing in this one and are not drawn again.
+                # it, a NaN reward made each such update a skipped one, and a done of 0.5
+                # scaled the bootstrap term. They take no part in this one (the loss, its
+                # gradient and the logged means are the usable items') and are not drawn again.
                 self.unusable += int(bad.sum())
                 self._forget(np.asarray(sample.indices)[bad])
                 if bad.all():
                     self._pass()
                     return None
-                items = {k: v.copy() for k, v in items.items()}
-                good = int(np.flatnonzero(~bad)[0])
-                for v in items.values():   # stand-ins that compute finite (and unweighted) losses
-                    v[bad] = v[good]
-                loss, td = self._gradient_of(items, np.where(bad, np.float32(0), weights))
+                loss, td = self._gradient_of({k: v[~bad] for k, v in items.items()}, weights[~bad])
                 ok = self._finite(loss)
         if not ok:
             # Finite items whose loss is not (values past what the network's float32 can
@@ -282,8 +281,8 @@ class DQNAgent(BaseAgent):
             self.apply_gradient()
         else:  # the swarm shares this gradient; apply what the others will apply
             self.apply_gradient(self.publish(self._grad_vec))
-        keep = slice(None) if bad is None else ~bad
-        self.buffer.update_priorities(np.asarray(sample.indices)[keep], td.abs().numpy()[keep])
+        keep = slice(None) if bad is None else ~bad   # td has the usable items' errors only
+        self.buffer.update_priorities(np.asarray(sample.indices)[keep], td.abs().numpy())
         return loss
 
     def _finite(self, loss: float) -> bool:
@@ -305,10 +304,10 @@ class DQNAgent(BaseAgent):
 
     def _unusable(self, batch: dict[str, np.ndarray]) -> np.ndarray | None:
         """The items of a sampled batch that no update can learn from (an action outside
-        ``[0, n_actions)``, a NaN or infinite reward, done or observation), as a mask;
-        None when there is none (the usual case)."""
-        a = batch["action"]
-        bad = (a < 0) | (a >= self.n_actions) | ~np.isfinite(batch["reward"]) | ~np.isfinite(batch["done"])
+        ``[0, n_actions)``, a NaN or infinite reward or observation, a done other than 0
+        or 1), as a mask; None when there is none (the usual case)."""
+        a, d = batch["action"], batch["done"]
+        bad = (a < 0) | (a >= self.n_actions) | ~np.isfinite(batch["reward"]) | ((d != 0) & (d != 1))
         for k in ("obs", "next_obs"):
             bad |= ~np.isfinite(batch[k].reshape(a.size, -1)).all(axis=1)
         return bad if bad.any() else None

@@ -32,7 +32,7 @@ from ..checks import MAX_GRAD, is_real, largest_abs
 from ..errors import ConfigError, SwarmError
 from ..gossip.flat import flat_parameters
 
-__all__ = ["FlatAdam", "flatten_gradients", "flatten_parameters", "flush_denormals", "is_flat"]
+__all__ = ["FlatAdam", "clip_norm_", "flatten_gradients", "flatten_parameters", "flush_denormals", "is_flat"]
 
 _thread = threading.local()
 
@@ -87,8 +87,8 @@ def flatten_gradients(module: torch.nn.Module) -> torch.Tensor:
     float32 tensor, and return that tensor.
 
     Backward passes then accumulate into it in place (autograd adds into an
-    existing ``.grad``), so clearing the gradients is ``grad.zero_()`` and their
-    norm is ``grad.norm()``. Do not clear them with ``zero_grad(set_to_none=True)``,
+    existing ``.grad``), so clearing the gradients is ``grad.zero_()`` and clipping
+    them :func:`clip_norm_`. Do not clear them with ``zero_grad(set_to_none=True)``,
     which drops the views. Raises :class:`swarm.errors.ConfigError`, and changes
     nothing, for a module whose parameters are not float32 on the CPU.
     """
@@ -103,6 +103,37 @@ def flatten_gradients(module: torch.nn.Module) -> torch.Tensor:
         p.grad = grad[off:off + p.numel()].view_as(p)
         off += p.numel()
     return grad
+
+
+def clip_norm_(grad: torch.Tensor, max_norm: float) -> float:
+    """Scale the flat float32 ``grad`` in place down to a norm of ``max_norm`` if it is
+    larger (never up); return its norm before.
+
+    The sum of squares can overflow float32 though every entry is finite (4,610 entries
+    of 3e17 do): ``max_norm / grad.norm()`` was then 0, and the gradient zeros. Such a
+    norm is computed again from the gradient divided by its largest entry, and the
+    gradient scaled in two steps, so that it keeps its direction at a norm of
+    ``max_norm``. A gradient with a NaN or infinite entry is left as it is (its norm,
+    NaN or inf, is returned): :meth:`FlatAdam.step` refuses it whole.
+
+        >>> g = torch.full((4610,), 1e18)
+        >>> round(clip_norm_(g, 10.0) / 1e18, 2), round(float(g.double().norm()), 4)
+        (67.9, 10.0)
+    """
+    norm = float(grad.norm())
+    if norm == math.inf:
+        big = largest_abs(grad.numpy())
+        if not math.isfinite(big):
+            return big
+        unit = float((grad / big).norm())   # at most sqrt(n); a copy, in this rare case only
+        if max_norm < big * unit:
+            # Not one factor: max_norm / norm can be under float32's smallest normal, which
+            # the thread flushes to zero (flush_denormals).
+            grad.div_(big).mul_(max_norm / unit)
+        return big * unit
+    if max_norm < norm + 1e-6:   # 1e-6 as before (and torch's clip_grad_norm_): no division by 0
+        grad.mul_(max_norm / (norm + 1e-6))
+    return norm
 
 
 class FlatAdam:

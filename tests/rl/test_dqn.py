@@ -82,7 +82,7 @@ def test_learn_feeds_td_errors_back_as_priorities(replay):
     assert agent.learn() is None  # not enough data yet
     rng = np.random.default_rng(0)
     for _ in range(20):
-        replay.add({k: rng.standard_normal((1, *s)).astype(d) if d == "float32" else np.zeros((1, *s), d)
+        replay.add({k: rng.standard_normal((1, *s)).astype(d) if d == "float32" and k != "done" else np.zeros((1, *s), d)
                     for k, (d, s) in dqn_schema((4,)).items()})
     loss = agent.learn()
     assert loss is not None and np.isfinite(loss)
@@ -218,7 +218,7 @@ def test_gradient_then_apply_is_update_and_peers_applying_one_gradient_agree(rep
 def test_publish_sends_each_gradient_and_applies_what_it_returns(replay):
     rng = np.random.default_rng(0)
     for _ in range(40):
-        replay.add({k: rng.standard_normal((1, *s)).astype(d) if d == "float32" else np.zeros((1, *s), d)
+        replay.add({k: rng.standard_normal((1, *s)).astype(d) if d == "float32" and k != "done" else np.zeros((1, *s), d)
                     for k, (d, s) in dqn_schema((4,)).items()})
     agent = DQNAgent((4,), 2, replay, DQNConfig(batch_size=8, lr=1e-2), seed=0)
     sent = []
@@ -251,7 +251,7 @@ def _fill(replay, n, **fields):
     """Add n random transitions; ``fields`` overrides columns (e.g. next_obs=np.nan)."""
     rng = np.random.default_rng(0)
     for _ in range(n):
-        item = {k: rng.standard_normal((1, *s)).astype(d) if d == "float32" else np.zeros((1, *s), d)
+        item = {k: rng.standard_normal((1, *s)).astype(d) if d == "float32" and k != "done" else np.zeros((1, *s), d)
                 for k, (d, s) in dqn_schema((4,)).items()}
         for k, v in fields.items():
             item[k] = np.full_like(item[k], v)
