@@ -252,7 +252,9 @@ class Federation:
         another federation on the same peer or buffer, which otherwise both get every
         message and every added item. Closing twice does nothing; pulls in flight end
         empty, and a :meth:`pull` or :meth:`flush` after it raises ReplayError (so a
-        :meth:`run` task not cancelled ends at its next flush). A link without ``off``
+        :meth:`run` task not cancelled ends at its next flush); a relay that still holds
+        it as its rider gets no more rides (:meth:`ride` gives None) and every ride it
+        hands to :meth:`arrive` is counted and dropped. A link without ``off``
         (a test double; a Peer and a SimLink have it) keeps its handlers.
         """
         if self._closed:
@@ -367,7 +369,10 @@ class Federation:
     def ride(self) -> tuple[dict[str, Any], list[np.ndarray]] | None:
         """The items to send with this peer's next relay message (``ride=True``): the
         ``share`` of those added since the last ride, as a body and arrays; None if
-        there are none. Called on the thread that publishes gradients."""
+        there are none, or once the federation is closed. Called on the thread that
+        publishes gradients."""
+        if self._closed:   # it collects nothing more: what it holds would ride for ever
+            return None
         nbrs = [n for n in self.link.neighbours() if n != self.link.id]
         with self._new_lock:
             new, self._unridden = self._unridden, []
@@ -380,10 +385,10 @@ class Federation:
         credit = self._credit
         try:
             picked = self._pick(np.concatenate(new)[-self.max_items:]) if new else np.zeros(0, np.int64)
-            if again is not None:   # a refused ride's items (picked then) go first
+            if again is not None:   # a refused ride's items (picked then) ride again
                 picked = np.concatenate([again, picked])
-            if picked.size > self._ride_cap:   # the newest of them; the older ones at the next rides
-                picked = np.sort(picked)
+            if picked.size > self._ride_cap:   # the preferred of them; the others at the next rides
+                picked = self._preferred_last(picked)
                 rest, picked = picked[:-self._ride_cap], picked[-self._ride_cap:]
                 self._reride = rest[-self.max_items:]   # at most what one ride took before
             items = self.buffer.items(picked)
@@ -425,7 +430,11 @@ class Federation:
 
     def arrive(self, src: str, body: dict[str, Any], arrays: list[np.ndarray]) -> None:
         """Store the items that rode on neighbour ``src``'s relay message (as ``buf.push``
-        without ack: a bad one, a body that is not a dict included, is counted and dropped)."""
+        without ack: a bad one, a body that is not a dict included, is counted and dropped,
+        as is every ride once the federation is closed)."""
+        if self._closed:   # it receives nothing more (close): a relay still holding it may call
+            self._drop(Message(t="buf.ride", src=str(src)[:100]), "this federation is closed")
+            return
         if not (isinstance(src, str) and isinstance(body, dict) and isinstance(arrays, (list, tuple))):
             self._drop(Message(t="buf.ride", src=str(src)[:100]),
                        f"a ride needs a peer id (str), a body (dict) and a list of arrays, got "
@@ -486,6 +495,17 @@ class Federation:
         p = np.where(np.isnan(p), -1.0, p)
         return idx[np.argsort(-p, kind="stable")[:k][::-1]]
 
+    def _preferred_last(self, idx: np.ndarray) -> np.ndarray:
+        """The items ``idx`` in :meth:`_pick`'s order, the preferred last (the newest, or the
+        highest current priority): a refused ride's items and new ones picked since, whose
+        two runs are each in that order, merged."""
+        idx = np.sort(idx)
+        if self.share_by == "newest":
+            return idx
+        p = self.buffer.priorities(idx)
+        p = np.where(np.isnan(p), -1.0, p)   # overwritten: last preferred
+        return idx[np.argsort(p, kind="stable")]
+
     async def _share(self, nbrs: list[str]) -> int:
         """Send each neighbour what is owed to it, in messages of at most ``_per_message``
         items. What is owed to a peer that is no neighbour any more is dropped: sharing
@@ -531,7 +551,15 @@ class Federation:
         now = time.monotonic()
         targets = nbrs[:self.replicas]
         table = self._table
+        promoted = [d for d in targets if d not in table.slots]
         table.retarget(targets)                # copies held by a peer that left the first k count no longer
+        # A target back among the first k before its pushes from then timed out (it was
+        # demoted while still a neighbour) still has them on the way: they are not sent
+        # twice, and only their own timeout backs it off.
+        if promoted:
+            for dst, seqs, _ in self._inflight.values():
+                if dst in promoted:
+                    table.on_the_way(dst, seqs)
         for holder, dq in list(self._recent.items()):
             while dq and dq[0][0] < now - self.rereplicate_s:
                 dq.popleft()

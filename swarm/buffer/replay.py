@@ -518,7 +518,9 @@ class ReplayBuffer:
         """Move the decay base to time ``t`` (default now), rescaling every stored priority.
 
         Happens on its own when needed; sampling probabilities do not change. A
-        ``t`` in the future is taken as now (see :meth:`add`). Deferred (nothing
+        ``t`` in the future is taken as now (see :meth:`add`); one so far back that a stored
+        priority would pass ``float max / (4 * capacity)`` (the cap every write keeps) raises
+        :class:`ReplayError`, and nothing changes. Deferred (nothing
         happens) while a snapshot is being written (or an increment or a digest
         read): the snapshot's rows not yet
         copied would be rescaled while its recorded base stays the old one.
@@ -537,9 +539,13 @@ class ReplayBuffer:
             factor = math.exp(-self.decay * (t - self._base))
         except OverflowError:
             factor = math.inf
-        if not math.isfinite(self._tree.total * factor):
+        # Moved back, the base lifts every leaf. None may pass the cap that every other write
+        # keeps (_leaf, update_priorities): the next write at the cap could make the sum inf.
+        # Moved forward (factor <= 1), nothing grows: no O(capacity) look at the leaves.
+        if factor > 1 and not float(_max(self._tree.leaves)) * factor <= self._max_raw:
             raise ReplayError(f"rebase to t={t!r}: the priorities scaled by exp({-self.decay * (t - self._base):.4g}) "
-                              f"would overflow; the base stays at {self._base!r}")
+                              f"would overflow past their cap {self._max_raw:.4g} (float max / (4 * capacity)); "
+                              f"the base stays at {self._base!r}: give a later t")
         self._tree.scale(factor)
         self._base = t
 

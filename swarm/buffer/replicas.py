@@ -100,6 +100,14 @@ class ReplicaTable:
         self.again[rows] -= 1
         return int(rows.size)
 
+    def on_the_way(self, dst: str, seqs: np.ndarray) -> None:
+        """A push of ``seqs`` to ``dst`` from before it left the targets and came back is
+        still on the way: it awaits its ack again (as :meth:`mark` with True, but it is
+        not counted as sent again)."""
+        c = self.slots.get(dst)
+        if c is not None:
+            self.sent[self._rows(seqs), c] = True
+
     def given_up(self, seqs: np.ndarray) -> np.ndarray:
         """Those of ``seqs`` with a push given up on that has not gone again (for :meth:`unmark`)."""
         rows = self._rows(seqs)

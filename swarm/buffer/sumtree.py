@@ -194,20 +194,27 @@ class SumTree:
             self.rebuild()
 
     def set_range(self, start: int, values: np.ndarray) -> None:
-        """Set the contiguous leaves ``[start, start + len(values))``.
+        """Set the contiguous leaves ``[start, start + len(values))`` to ``values``, finite
+        and >= 0 (else ReplayError, and nothing changes, as :meth:`set`).
 
         The ancestors of a run of leaves form one run per level, so each level is
         recomputed with a single slice operation.
         """
         values = np.asarray(values, dtype=np.float64)
+        if values.size and not (0.0 <= _min(values, axis=None) and _max(values, axis=None) < _INF):
+            raise ReplayError("leaf values must be finite and >= 0")
         self._write_range(start, values.size, values)
 
     def fill_range(self, start: int, n: int, value: float) -> None:
-        """Set the ``n`` leaves from ``start`` on to ``value`` (new items at the max priority)."""
+        """Set the ``n`` leaves from ``start`` on to ``value`` (new items at the max priority),
+        finite and >= 0 (else ReplayError, and nothing changes, as :meth:`set`)."""
+        value = float(value)
+        if not 0.0 <= value < _INF:   # a NaN fails both comparisons
+            raise ReplayError(f"leaf values must be finite and >= 0, got {value!r}")
         if n == 1:
-            self._write_one(start, float(value))
+            self._write_one(start, value)
         else:
-            self._write_range(start, n, float(value))
+            self._write_range(start, n, value)
 
     def _write_one(self, i: int, value: float) -> None:
         """:meth:`_write_range` of one leaf, with the same result, in scalars: a learner adds
@@ -274,7 +281,8 @@ class SumTree:
             self._writes = 0
 
     def assign(self, leaves: np.ndarray) -> None:
-        """Replace every leaf at once and rebuild the tree exactly."""
+        """Replace every leaf at once and rebuild the tree exactly; the leaves must be finite
+        and >= 0 (else ReplayError, and nothing changes, as :meth:`set`)."""
         leaves = np.asarray(leaves, dtype=np.float64)
         if leaves.shape != (self.capacity,):
             raise ReplayError(f"expected {self.capacity} leaves, got shape {leaves.shape}")
@@ -282,12 +290,14 @@ class SumTree:
         self.set_range(0, leaves)
 
     def scale(self, factor: float) -> None:
-        """Multiply every leaf by ``factor`` (used to rebase age decay)."""
+        """Multiply every leaf by ``factor`` (used to rebase age decay): ReplayError, and
+        nothing changes, where a product is not finite and >= 0."""
         self.set_range(0, self.leaves * factor)
 
     def rebuild(self) -> None:
         """Recompute every inner node from the leaves."""
-        self.set_range(0, self.leaves.copy())
+        # They were checked when written: not again on this O(capacity) path.
+        self._write_range(0, self.capacity, self.leaves.copy())
 
     def _fix_runs(self, lo: int, hi: int) -> None:
         """Recompute the ancestors of heap nodes ``[lo, hi]`` (inclusive) up to the top level."""
