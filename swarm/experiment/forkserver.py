@@ -16,8 +16,8 @@ The launcher talks to the server through its stdin and stdout, one JSON object a
   a peer (``swarm ARGV``, named ``swarm NAME`` in ps);
   ``{"reap": PID}`` reaps one whose end the launcher has taken note of;
   ``{"cancel": true}`` gives up the last fork: the launcher stopped waiting for its answer
-  (and started that peer otherwise), so the server kills the child it forked for it, which
-  it then reports as any child's end.
+  (and started that peer otherwise, or not at all: Ctrl-C), so the server kills the child
+  it forked for it, which it then reports as any child's end.
 - server -> launcher: ``{"pid": PID}`` (or ``{"error": ...}``) for each fork, in order;
   ``{"exit": PID, "returncode": RC}`` when a child ends (RC as Popen's: -N for signal N).
 
@@ -50,12 +50,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["ForkServer", "Forked", "enabled"]
 
 #: seconds the launcher waits for the server's answer to a fork (the first waits for its imports)
 ANSWER_S = 60.0
+#: seconds between the launcher's looks at ``stop`` (Ctrl-C) while it waits for that answer
+STOP_S = 0.1
 #: the modules a peer imports, imported once in the server
 PRELOAD = ("swarm.cli", "swarm.experiment.runner", "swarm.rl", "swarm.peer", "torch", "gymnasium", "uvloop")
 #: the returncode of a forked peer whose end was not reported (its fork server died first,
@@ -120,21 +122,26 @@ class ForkServer:
         #: of one declared lost before the server said how it ended, is dropped)
         self.watched: set[int] = set()
 
-    def fork(self, argv: list[str], env: dict[str, str], log: Path, name: str = "") -> "Forked | None":
+    def fork(self, argv: list[str], env: dict[str, str], log: Path, name: str = "",
+             stop: Callable[[], bool] | None = None) -> "Forked | None":
         """Start ``swarm ARGV`` as a child of the server, called ``swarm NAME`` in ps and
         top (its command line is the server's); None when the server cannot (the caller
         then starts the process otherwise, and this server is asked for no more forks; the
-        children it has go on)."""
+        children it has go on). ``stop`` is looked at every :data:`STOP_S` while the answer
+        is awaited: once it is true (Ctrl-C) the fork is given up as after :data:`ANSWER_S`,
+        and None returned."""
         if not self.forking or not self._send({"argv": argv, "env": env, "log": str(log), "name": name}):
             return None
         deadline = time.monotonic() + ANSWER_S
         while not self._answers and self.alive:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or (stop is not None and stop()):
                 break
-            self.collect(left)
+            # in slices: a signal's handler runs inside the poll, which then goes on waiting
+            self.collect(left if stop is None else min(left, STOP_S))
         if not self._answers:
-            # No answer within a minute (a sick machine) and the caller starts the peer afresh.
+            # No answer within a minute (a sick machine), or Ctrl-C came: the caller starts
+            # the peer afresh, or not at all.
             # The server kills the child it still forks: a launcher whose peers are all Popens
             # may never read the late answer, and that child would run beside its replacement.
             self.forking = False

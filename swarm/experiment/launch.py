@@ -31,16 +31,18 @@ in this run folder (in a resumed run, before its first one here, from the old
 run's) and bootstraps its parameters from its neighbours. A peer that crashes
 again after ``MAX_RESTARTS`` restarts in a row, or whose start failed on a configuration
 error (another start would meet it again: a resume from the old run that cannot be
-done, a checkpoint that does not fit the spec), is left down with a line that says
-so; the others go on, and the run's exit code is 1.
+done, a checkpoint that does not fit the spec), or that cannot be started again at all
+(an OSError of its spawn: too many open files, no memory, the python binary gone; its
+row's ``reason`` has the error), is left down with a line that says so; the others go
+on, and the run's exit code is 1.
 ``budget.max_seconds`` limits the whole run: the launcher passes every peer the
 run's deadline in ``SWARM_RUN_DEADLINE`` (a restarted one gets what is left of
 it), and no peer is restarted once the run's time is up. A coordinator that dies
 is started again on the same address; the peers re-register with it. It too is left
 down after ``MAX_RESTARTS`` restarts in a row (e.g. another process took its port: every start
-fails to bind), or at once on a configuration error, with a line that says so; without
-it no peer could rejoin nor be restarted, so the run then ends (the peers write their
-results first) and its exit code is 1.
+fails to bind), or at once on a configuration error or a spawn that fails, with a line
+that says so; without it no peer could rejoin nor be restarted, so the run then ends (the
+peers write their results first) and its exit code is 1.
 
 A crash is any end of a process that the launcher did not cause, whenever it
 comes (a peer that exits 0 has spent its budget, unless its summary says a signal
@@ -62,9 +64,9 @@ first) and the run's exit code is 1.
 Ctrl-C, SIGTERM and SIGHUP (its terminal closed; not when started with it ignored, as
 by ``nohup``) end the run cleanly: the peers write their results, then the summary,
 and the exit code is 130. One that comes while the run starts stops it starting peers
-(a peer whose start is under way, as the first, which waits for the fork server's
-imports, is started first) and those started are ended; the others' rows read ``not
-started (interrupted)``. One that comes while the run ends its processes for another
+(also one whose fork waits for the fork server's answer, as the first waits for its
+imports: that peer is not started) and those started are ended; the others' rows read
+``not started (interrupted)``. One that comes while the run ends its processes for another
 reason (a crash) or once every peer has ended (while it writes the summary and the
 plots) lets it finish, and the exit code is the peers' outcome; the last line says
 whether a process was killed before it had left. A second Ctrl-C or SIGTERM gives the
@@ -210,9 +212,12 @@ class Launch:
             self.forks = ForkServer(self.run_dir / "logs" / "forkserver.log", dict(os.environ, PYTHONUNBUFFERED="1"))
             self._note_pids()
 
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None, fork: bool = False) -> _Child:
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None, fork: bool = False,
+              stop: Callable[[], bool] | None = None) -> _Child | None:
         """Start ``swarm ARGS`` as ``name``: with ``fork`` from the fork server where it
-        answers (its peers import nothing), else as a fresh ``python -m swarm.cli``."""
+        answers (its peers import nothing), else as a fresh ``python -m swarm.cli``. None,
+        with nothing started, when ``stop()`` came true (Ctrl-C) while the fork server's
+        answer was awaited (see :meth:`ForkServer.fork`)."""
         log_path = self.run_dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", SWARM_PARENT_PID=str(os.getpid()), **(env or {}))
@@ -226,7 +231,10 @@ class Launch:
             p: Any = None
             if fork and self.forks is not None:
                 # its parent is the server: the peer watches that one (which ends with us)
-                p = self.forks.fork([*loud, *args], dict(env, SWARM_PARENT_PID=str(self.forks.pid)), log_path, name)
+                p = self.forks.fork([*loud, *args], dict(env, SWARM_PARENT_PID=str(self.forks.pid)), log_path, name,
+                                    stop)
+                if p is None and stop is not None and stop():
+                    return None
             if p is None:
                 p = subprocess.Popen([sys.executable, "-m", "swarm.cli", *loud, *args], stdout=f,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -647,8 +655,11 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
             for r in range(spec.peers):
                 if intr.count:
                     break   # interrupted: _supervise ends the peers started so far
-                peers.append(launch.start(f"peer{r}", _peer_args(config, r, addr, run_dir) + again,
-                                          env=_deadline_env(launch), fork=True))
+                peer = launch.start(f"peer{r}", _peer_args(config, r, addr, run_dir) + again,
+                                    env=_deadline_env(launch), fork=True, stop=lambda: intr.count > 0)
+                if peer is None:
+                    break   # interrupted while its fork waited for the fork server: not started
+                peers.append(peer)
             code = _supervise(launch, spec, coord, peers, addr, progress, intr, out)
         finally:
             progress.done()
@@ -1070,8 +1081,9 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
     coordinator lets its id be taken over. Returns the (possibly new) coordinator.
 
     Not restarted, each with a line and a ``given_up`` reason (the run's exit code is 1): a
-    peer or coordinator that :func:`_left_down` leaves down (then :func:`_supervise` ends the
-    run), a peer that crashed after its final summary (see :func:`_crashed_after_summary`),
+    peer or coordinator that :func:`_left_down` leaves down or whose restart cannot be spawned
+    (:func:`_start_failed`; for the coordinator, :func:`_supervise` then ends the run), a
+    peer that crashed after its final summary (see :func:`_crashed_after_summary`),
     and any peer that crashed once the run's time is up, while ``ending`` (the others are
     ending) or with the coordinator left down.
     """
@@ -1079,9 +1091,12 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
     # The coordinator never ends by itself: an exit 0 is a SIGTERM from someone else.
     if (coord.proc.poll() is not None and not coord.ended_by_us and "coordinator" not in launch.given_up
             and not _left_down(launch, coord, out)):
-        _count_restart(launch, "coordinator")
         print(f"swarm run: {coord.exited()}; starting it again on {addr}", file=out, flush=True)
-        coord = launch.start("coordinator", _coordinator_args(spec, addr))
+        try:
+            coord = launch.start("coordinator", _coordinator_args(spec, addr))
+            _count_restart(launch, "coordinator")
+        except OSError as e:
+            _start_failed(launch, coord, e, out)
     late = launch.deadline is not None and time.time() >= launch.deadline
     why = ("the run's time is up" if late else "the run is ending" if ending
            else "the coordinator is down" if "coordinator" in launch.given_up else "")
@@ -1118,7 +1133,6 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
             continue  # the coordinator is down, or still holds the old process as a live member
         del pending[r]
         name = f"peer{r}"
-        _count_restart(launch, name)
         # A member the coordinator knows is taken over (same rank); after a coordinator
         # restart the id is unknown to it and a plain join with the same rank does.
         # A coordinator restarted between that status and the join does not know the id and
@@ -1133,9 +1147,24 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
             extra += ["--resume-from", str(launch.resumed)]
         config = launch.run_dir / "config.json"
         # budget.max_seconds limits the whole run: the new process gets what is left of it.
-        peers[r] = launch.start(name, _peer_args(config, r, addr, launch.run_dir) + extra, env=_deadline_env(launch),
-                                fork=True)
+        try:
+            peers[r] = launch.start(name, _peer_args(config, r, addr, launch.run_dir) + extra,
+                                    env=_deadline_env(launch), fork=True)
+            _count_restart(launch, name)
+        except OSError as e:
+            _start_failed(launch, peers[r], e, out)
     return coord
+
+
+def _start_failed(launch: Launch, c: _Child, e: OSError, out: TextIO) -> None:
+    """restart_dead: crashed ``c`` could not be started again (an OSError of the spawn: too
+    many open files, no memory, the python binary or the log folder gone). It is left down
+    as after :data:`MAX_RESTARTS`, with a line and the error in its ``given_up`` reason (the
+    run goes on: the error, left to rise, ended it with a traceback and no summary)."""
+    why = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+    launch.given_up[c.name] = f"crashed; not restarted (its restart failed: {why})"
+    print(f"swarm run: cannot start {c.name} again: {why}; leaving it down; last lines of {c.log}:\n"
+          f"{_tail(c.log)}", file=out, flush=True)
 
 
 def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], addr: str,
