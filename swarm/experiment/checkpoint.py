@@ -27,6 +27,8 @@ every buffer column and the buffer's counters; an incremental one's are those
 of its full one with the increment applied) and ``state.pt`` against its own
 digest, so a byte changed after the commit in a file that still parses (a
 ``.npy`` column, a tensor) makes the checkpoint damaged, as a torn file does.
+``state.pt`` is compared before it is unpickled: one replaced by another pickle
+is refused without running what it holds.
 
 Each manifest also names the run that wrote it (``run``: see :class:`Lineage`) and
 the runs that one continues, so that a restarted peer resumes only from its own
@@ -50,7 +52,9 @@ A checkpoint that cannot be written (a full disk, a ``ckpt`` folder that is read
 only, gone or replaced by a file) removes its temporary folder and leaves the
 committed ones as they were. :meth:`Checkpointer.step` logs it as an error and
 returns: training goes on, and the next checkpoint due tries again. Such a folder
-when the Checkpointer is made is logged and counted so too.
+when the Checkpointer is made is logged and counted so too; one that cannot be listed
+then (no read permission) gets no checkpoint until it can be, as numbered from 1
+again new ones would take the names of those there.
 """
 
 from __future__ import annotations
@@ -138,18 +142,15 @@ class Checkpointer:
         self.written: deque[str] = deque(maxlen=64)
         self.failures = 0                    # checkpoints that could not be written (see step)
         self.last_error: str | None = None   # why the latest of them failed
+        # The highest number in the folder; None until it could be listed (see full)
+        self._n: int | None = None
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            # Numbers go on across restarts, from the increments and the half-written ones
-            # too: a new full-N beside a full-N-inc-* left without its full-N could not
-            # commit its increments, and the stale ones sorted newest.
-            names = [m for m in (_FULL.match(p.name) or _INC.match(p.name) or _TMP.match(p.name)
-                                 for p in self.root.iterdir()) if m]
-        except OSError as e:   # a folder that is read only, or a file: as a failed checkpoint
-            self.failures, self.last_error = 1, f"checkpoint folder {self.root}: {e}"
+            self._n = self._highest()
+        except (OSError, ConfigError) as e:   # a folder that is read only, or a file: as a failed checkpoint
+            self.failures = 1
+            self.last_error = str(e) if isinstance(e, ConfigError) else f"checkpoint folder {self.root}: {e}"
             log.error("%s; training goes on, and each checkpoint due tries again", self.last_error)
-            names = []
-        self._n = max((int(m.group(1)) for m in names), default=0)
         self._base: tuple[str, np.ndarray, int] | None = None   # committed full: name, params, buffer next
         self._pending: tuple[str, Path, Any, np.ndarray, int, dict[str, Any]] | None = None
         self._inc = 0
@@ -203,6 +204,9 @@ class Checkpointer:
             self._wait_pending()
         c = _plain_counters(self.counters())
         self._last_full_t, self._last_full_step, self._last_inc_step = self.clock(), c["env_steps"], c["env_steps"]
+        if self._n is None:   # the folder could not be made or listed when this Checkpointer was
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._n = self._highest()
         self._n += 1
         name = f"full-{self._n:06d}"
         tmp = self.root / f".tmp-{name}"
@@ -301,6 +305,22 @@ class Checkpointer:
             if (n < self._n and (m.re is _TMP or n != keep)) or (n == self._n and m.re is _INC):
                 shutil.rmtree(p, ignore_errors=True)
         return name
+
+    def _highest(self) -> int:
+        """The highest number of a checkpoint in the folder; a ConfigError naming the folder
+        if it cannot be listed: from 0, new checkpoints would take the names of those there,
+        and the older ones sort newest."""
+        try:
+            names = [p.name for p in self.root.iterdir()]
+        except OSError as e:
+            raise ConfigError(f"checkpoint folder {self.root} cannot be listed ({e.strerror or e}); no checkpoint "
+                              "is written until it can be, as the numbers of those there are unknown: give this "
+                              "process read access to it") from None
+        # Numbers go on across restarts, from the increments and the half-written ones
+        # too: a new full-N beside a full-N-inc-* left without its full-N could not
+        # commit its increments, and the stale ones sorted newest.
+        found = [m for m in (_FULL.match(n) or _INC.match(n) or _TMP.match(n) for n in names) if m]
+        return max((int(m.group(1)) for m in found), default=0)
 
     def _newest_finite_full(self) -> int | None:
         """The number of the newest full checkpoint older than the one just committed whose
@@ -568,8 +588,6 @@ def load_checkpoint(path: str | Path) -> Restored:
     (parameters that are not a float32 vector, say), or when what it restores does not
     match the digests in its ``manifest.json``.
     """
-    import torch  # noqa: PLC0415
-
     from ..buffer import ReplayBuffer  # noqa: PLC0415
     from ..buffer.persist import load_incremental  # noqa: PLC0415
 
@@ -582,13 +600,13 @@ def load_checkpoint(path: str | Path) -> Restored:
         why = _unreadable(path / "manifest.json", e)
         raise ConfigError(f"checkpoint {path} cannot be read (damaged?): manifest.json: {why}") from None
     try:
-        data = (path / "state.pt").read_bytes()
-        st = torch.load(io.BytesIO(data), weights_only=False)  # our own file: RNG states, not just tensors
+        st = _load_state_pt((path / "state.pt").read_bytes(), want)
+    except _NotItsDigest:
+        raise ConfigError(f"checkpoint {path} is damaged: state.pt does not match the digest in its manifest.json") \
+            from None
     except Exception as e:   # a torn or foreign file: RuntimeError, EOFError, UnpicklingError ...
         why = _unreadable(path / "state.pt", e)
         raise ConfigError(f"checkpoint {path} cannot be read (damaged?): state.pt: {why}") from None
-    if want is not None and want != _bytes_digest(data):   # a changed byte that still loads
-        raise ConfigError(f"checkpoint {path} is damaged: state.pt does not match the digest in its manifest.json")
     try:
         if not isinstance(st, dict):   # indexed, a tensor warns, and may mean something else to a later torch
             raise TypeError(f"state.pt holds a {type(st).__name__}, not a dict")
@@ -598,15 +616,14 @@ def load_checkpoint(path: str | Path) -> Restored:
         else:
             base = path.parent / st["base"]
             try:
-                raw = (base / "state.pt").read_bytes()
-                full = torch.load(io.BytesIO(raw), weights_only=False)
                 base_want = (json.loads((base / "manifest.json").read_text()).get("files") or {}).get("state.pt")
+                full = _load_state_pt((base / "state.pt").read_bytes(), base_want)
+            except _NotItsDigest:
+                raise ConfigError(f"checkpoint {path}: its full checkpoint {base} is damaged: state.pt does "
+                                  "not match the digest in its manifest.json") from None
             except Exception as e:
                 raise ConfigError(f"checkpoint {path}: its full checkpoint {base} cannot be read (damaged?): "
                                   f"{_unreadable(base / 'state.pt', e)}") from None
-            if base_want is not None and base_want != _bytes_digest(raw):   # a changed byte that still loads
-                raise ConfigError(f"checkpoint {path}: its full checkpoint {base} is damaged: state.pt does "
-                                  "not match the digest in its manifest.json")
             if not isinstance(full, dict):
                 raise TypeError(f"its full checkpoint's state.pt holds a {type(full).__name__}, not a dict")
             buf = load_incremental(ReplayBuffer.load(base / "buffer"), path / "buffer")
@@ -616,12 +633,34 @@ def load_checkpoint(path: str | Path) -> Restored:
         agent, counters = st["agent"], dict(st["counters"])
     except ReplayError as e:
         raise ConfigError(f"checkpoint {path}: replay buffer: {e}") from None
+    except ConfigError:   # its full one's, above, names the checkpoint already (a ValueError too)
+        raise
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
         # ValueError, IndexError: a full checkpoint's state.pt of other parameters than its
         # increment's (a foreign or damaged one that still loads), which load_newest skips
         raise ConfigError(f"checkpoint {path}: not a peer's checkpoint ({type(e).__name__}: {e})") from None
     _check_digest(path, manifest, params, buf)
     return Restored(path, manifest, buf, params, agent, counters, st.get("torch_rng"))
+
+
+class _NotItsDigest(Exception):
+    """A state.pt whose bytes are not those its manifest's digest describes."""
+
+
+def _load_state_pt(data: bytes, want: str | None) -> Any:
+    """A state.pt's bytes unpickled once they match ``want``, the digest in its manifest
+    (None: a manifest from before it); _NotItsDigest when they do not.
+
+    The full unpickler runs whatever the file holds, so it gets only the file this
+    package wrote. Another is read by torch's restricted one, which runs nothing, only
+    for what is wrong with it: a torn or foreign file's error goes up as torch.load's did.
+    """
+    import torch  # noqa: PLC0415
+
+    if want is not None and want != _bytes_digest(data):
+        torch.load(io.BytesIO(data), weights_only=True)
+        raise _NotItsDigest
+    return torch.load(io.BytesIO(data), weights_only=False)  # our own file: RNG states, not just tensors
 
 
 def _vector(st: dict[str, Any], key: str, dtype: Any) -> np.ndarray:

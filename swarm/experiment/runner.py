@@ -14,7 +14,10 @@ It writes into ``DIR/peer{R}/``:
                   rounds, bytes, loss, epsilon, buffer size, wall time)
 ``rounds.csv``    one row per gossip round: ``round`` the run's count of rounds (as in
                   metrics.csv), ``gossip_round`` the gossip engine's round number (empty
-                  without averaging), participants, bytes, wait, disagreement
+                  without averaging), participants, bytes, wait, disagreement, and
+                  ``shared_items`` the replay items sent since the row before: a round
+                  whose gossip raised GossipError has no row (it is logged and skipped),
+                  but its federation flush still went, and acked.bin took its ids
 ``evals.csv``     greedy evaluations (when ``eval.every`` > 0)
 ``tb/``           TensorBoard event files (when tensorboard is installed); a run that starts
                   in the folder removes an earlier run's (:func:`_drop_old_results`)
@@ -580,7 +583,7 @@ class _State:
         self.relay_vectors = 0      # relayed gradients (own and forwarded) counted into dense_bytes_out
         self.relay_applied = 0      # other peers' gradients applied
         self.relay_refused = 0      # other peers' gradients that apply_gradient refused (not applied)
-        self.shared_pushed = 0      # with buffer.ride: replay items sent, as logged in rounds.csv
+        self.shared_pushed = 0      # replay items sent, as logged in rounds.csv
         self.gossip_bytes_in = 0
         self.disagreement = float("nan")
         self.eval_return = float("nan")
@@ -1186,13 +1189,18 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         before = np.empty_like(x)
         acked_log = out / "acked.bin" if fed is not None and b.replicas else None
 
-        async def exchange() -> tuple[Any, int, list[tuple[str, int]]]:
+        async def exchange() -> tuple[Any, list[tuple[str, int]], GossipError | None]:
             np.copyto(before, x)
-            res = await gossip.round() if g.average else None
-            shared = await fed.flush() if fed is not None else 0
+            res = failed = None
+            try:
+                res = await gossip.round() if g.average else None
+            except GossipError as e:   # returned after the flush: the replay pushes and acks due go on
+                failed = e
+            if fed is not None:   # what it sent counts in rounds.csv from fed.stats (gossip_round)
+                await fed.flush()
             # read on the peer's thread, which is where acknowledgements change the set
             acked = fed.take_acknowledged() if acked_log is not None else []
-            return res, shared, acked
+            return res, acked, failed
 
         def stats() -> dict[str, Any]:
             # Runs on the peer's thread at each heartbeat: plain reads, no locks needed.
@@ -1242,26 +1250,28 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         round_failed = _Recurring()
 
         def gossip_round(step: int) -> None:
-            res, shared, acked = None, 0, []
+            res, shared, acked, failed = None, 0, [], None
             if loop_work:
                 try:
-                    res, shared, acked = sp.call(exchange(), timeout=call_timeout)
+                    res, acked, failed = sp.call(exchange(), timeout=call_timeout)
                 except PeerTimeout:
                     log.warning("peer%d: gossip round did not finish within %.0f s; skipped", rank, call_timeout)
                     state.last_error = f"step {step}: gossip round timed out after {call_timeout:.0f} s"
                     return
-                except GossipError as e:   # it sent and changed nothing (x NaN, say): training goes on
-                    round_failed("peer%d: gossip round at env step %d skipped: %s", rank, step, e)
-                    state.last_error = f"step {step}: gossip round skipped: {e}"
-                    return
-            if fed is not None and fed.riding:   # what rode on the relay (and was replicated) since
-                shared = fed.stats.pushed - state.shared_pushed
-                state.shared_pushed += shared
             if acked:   # each id comes once: nothing to remember here
                 try:
                     _append_whole(acked_log, np.array([s for _, s in acked], dtype=np.int64).tobytes())
                 except OSError as e:   # a full disk: the file keeps the entries before, whole
                     unwritten("acked.bin", e, "the ids acknowledged meanwhile go unrecorded; training goes on")
+            if failed is not None:   # it sent and changed nothing (x NaN, say): training goes on
+                round_failed("peer%d: gossip round at env step %d skipped: %s", rank, step, failed)
+                state.last_error = f"step {step}: gossip round skipped: {failed}"
+                return
+            if fed is not None:
+                # What went since the last row: with buffer.ride what rode on the relay, and
+                # what the flushes of rounds skipped since sent (they have no row of their own).
+                shared = fed.stats.pushed - state.shared_pushed
+                state.shared_pushed += shared
             state.rounds += 1
             if res is not None:
                 agent.on_parameters_changed()
