@@ -1168,7 +1168,11 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 if turn[0] != agent.steps:
                     turn[0], turn[1] = agent.steps, 0
                 turn[1] += 1
-                return relay.publish(grad, clock=agent.steps * per_turn + turn[1] - 1, hold=turn[1] < per_turn)
+                try:
+                    return relay.publish(grad, clock=agent.steps * per_turn + turn[1] - 1, hold=turn[1] < per_turn)
+                except BaseException:   # refused, nothing sent: the pass that follows takes its clock
+                    turn[1] -= 1
+                    raise
 
             agent.publish = publish
             agent.phase = rank % spec.dqn.train_every   # peers take turns at computing gradients

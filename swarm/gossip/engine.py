@@ -148,8 +148,8 @@ class RoundResult:
     """What one gossip round did.
 
     ``ok`` is true only if the peer actually averaged with somebody; a round
-    with no participants (alone in the view, everyone timed out, a mix that
-    overflowed float32 and was left out) is reported with ``ok = False`` and
+    with no participants (alone in the view, everyone timed out, a mix or outer
+    step that overflowed float32 and was left out) is reported with ``ok = False`` and
     ``reason``. ``participants`` were mixed, ``missing`` left out; ``staleness``
     is this round less the round of each participant's state. ``sent``,
     ``full_sent``, ``bytes_out`` and ``dropped`` (sends refused) are this round's;
@@ -194,7 +194,7 @@ class GossipStats:
     boot_served: int = 0        # parameter slices sent to bootstrapping neighbours
     boot_busy: int = 0          # bootstrap requests dropped: MAX_BOOT_SERVING to that asker under way
     backlog_dropped: int = 0    # held messages dropped, oldest first, past a sender's _MAX_PENDING
-    mix_overflows: int = 0      # mixes left out: their float32 sum was not finite (x unchanged; in rounds_alone)
+    mix_overflows: int = 0      # mixes left out: their float32 sum or outer step was not finite (x unchanged; in rounds_alone)
 
 
 # Elements per block of the blockwise passes below: two float32 blocks stay in L2.
@@ -1172,13 +1172,14 @@ class Gossip:
                 groups.setdefault(w[j], []).append(self._in[j].hat)
             mixed = self._mix(own, [(np.float32(self.gamma * wj), hats) for wj, hats in groups.items()],
                               np.float32(self.gamma * sum(w[j] for j in usable)))
+            step = "the mix"
             if mixed and self.mode == "pseudo_gradient":
-                self._outer_step()
-            elif not mixed:
+                mixed, step = self._outer_step(), "the outer step"
+            if not mixed:
                 # finite copies near float32's largest (3e38) sum to Inf: taken, x would
                 # hold Inf, and every later round would raise (_nonfinite)
                 self.stats.mix_overflows += 1
-                why = "the mix overflowed float32 (a copy near ±3.4e38); x unchanged"
+                why = f"{step} overflowed float32 (a copy near ±3.4e38); x unchanged"
                 res.reason = f"{res.reason}; {why}" if res.reason else why
                 res.participants, res.missing, res.staleness = [], list(senders), {}
         if not mixed:
@@ -1309,16 +1310,29 @@ class Gossip:
                 await self.link.send(src, T_NACK, {"ver": gaps[-1]}, (), timeout=self.send_timeout)
         return nacked
 
-    def _outer_step(self) -> None:
-        # x now holds the neighbourhood average y. Pseudo-gradient g = anchor − y;
-        # Nesterov: m ← μm + g; anchor ← anchor − lr (g + μm); x ← anchor.
-        g, tmp = self._mix_buffers()
-        np.subtract(self._anchor, self.x, out=g)
-        self._momentum *= np.float32(self.outer_momentum)
-        self._momentum += g
-        g += np.multiply(self._momentum, np.float32(self.outer_momentum), out=tmp)
-        self._anchor -= np.multiply(g, np.float32(self.outer_lr), out=tmp)
-        np.copyto(self.x, self._anchor)
+    def _outer_step(self) -> bool:
+        """After a mix that x took, ``x`` holds the neighbourhood average y. Pseudo-gradient
+        g = anchor − y; Nesterov: m ← μm + g; anchor ← anchor − lr (g + μm); x ← anchor.
+        Whether it was taken: a finite y can still step past float32's range (anchor and y
+        near ±3.4e38 of opposite signs), and then x goes back to what it was before the mix
+        and the anchor and momentum stay as they were, as after a mix overflow."""
+        g, m = self._mix_buffers()
+        mu = np.float32(self.outer_momentum)
+        with np.errstate(over="ignore", invalid="ignore"):   # checked below, before anything is kept
+            np.subtract(self._anchor, self.x, out=g)
+            np.multiply(self._momentum, mu, out=m)
+            m += g
+            # the new anchor goes into x (it ends there), which _mix's copy can restore
+            np.multiply(m, mu, out=self.x)
+            self.x += g
+            self.x *= np.float32(self.outer_lr)
+            np.subtract(self._anchor, self.x, out=self.x)
+        if not (_finite(m) and _finite(self.x)):
+            np.copyto(self.x, self._unmixed[0])   # x before the mix, as _mix kept it
+            return False
+        np.copyto(self._momentum, m)
+        np.copyto(self._anchor, self.x)
+        return True
 
     def _mix(self, own: np.ndarray, groups: list[tuple[np.float32, list[np.ndarray]]],
              total: np.float32) -> bool:

@@ -103,6 +103,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import itertools
 import logging
 import math
@@ -502,7 +503,9 @@ class GradientRelay:
         its clock).
 
         Bad input (a clock that is not an int from 0 to 2**63 - 1, a gradient that is
-        not ``d`` finite floats) raises :class:`~swarm.errors.ConfigError` in the
+        not ``d`` finite floats of at most ``MAX_GRAD``, or whose decoded vector passes
+        it: with ``ef+`` that adds the residual, and QSGD's levels can pass a block's
+        largest entry) raises :class:`~swarm.errors.ConfigError` in the
         calling thread before anything changes: nothing is sent, and the codec's
         residual stays as it was. So does what the rider's ``ride()`` gives when the
         wire would refuse it beside the turn's updates (a body msgpack cannot pack, a
@@ -518,15 +521,18 @@ class GradientRelay:
         clock = _clock(clock)
         g = None if grad is None else self._gradient(grad)
         sends = not hold or len(self._held) + 1 >= self._bundle
-        extra = self._ride(g is not None) if sends and self.rider is not None else None
+        enc, out, codec = (None, None, self._codec) if g is None else self._encode(g)
+        try:
+            extra = self._ride(g is not None) if sends and self.rider is not None else None
+        except BaseException:
+            self._codec = codec   # the residual as it was: nothing is published
+            raise
         # Nothing is refused from here on (the message fits the wire: see _fit and _ride),
-        # so the codec's residual, the counters and the held updates change only now.
-        out = None
-        if g is None:
+        # so the counters and the held updates change only now.
+        if enc is None:
             self._held.append((clock, None, []))
             self.stats.passed += 1
         else:
-            enc, out = self._codec.encode_decoded(g)
             # copies: the codec reuses its buffers
             self._held.append((clock, enc.meta, [np.array(f, copy=True) for f in enc.frames]))
             self.stats.published += 1
@@ -713,6 +719,27 @@ class GradientRelay:
             raise ConfigError(f"gradient has NaN or infinite entries, or entries too large (above {MAX_GRAD:.3g}: "
                               "their squares overflow float32); not published")
         return g
+
+    def _encode(self, g: np.ndarray) -> tuple[Encoded, np.ndarray, Any]:
+        """The codec's encoding of ``g``, the vector it decodes to (what every peer applies),
+        and the codec as it was before, to put back should the publish be refused later.
+        That vector is checked as the gradient was: with ``ef+`` it is ``g`` plus the
+        residual of earlier publishes, and QSGD decodes a block's entries as its norm times
+        a level, past the block's largest entry, so a gradient within MAX_GRAD can decode
+        past it. Receivers refuse such a vector (and FlatAdam does): ConfigError then, with
+        nothing sent and the residual as it was, so that the copies stay the same."""
+        # a shallow copy keeps the residual: encoding rebinds it to a new buffer and leaves
+        # the old one whole (ErrorFeedback._start), so the copy is the codec as it was
+        before = copy.copy(self._codec)
+        enc, out = self._codec.encode_decoded(g)
+        if not largest_abs(out) <= MAX_GRAD:
+            self._codec = before
+            raise ConfigError(f"gradient decodes with codec {self.codec_spec!r} to entries above {MAX_GRAD:.3g} "
+                              f"(up to {largest_abs(out):.3g}; ef+ adds the residual of earlier publishes, and "
+                              "qsgd's levels can pass a block's largest entry), which every peer would refuse; "
+                              "not published (nothing sent, the residual unchanged): scale or clip gradients "
+                              "well below that")
+        return enc, out, before
 
     def _body(self, clock: int, meta: dict[str, Any]) -> dict[str, Any]:
         """The header of a message of this peer's own: origin, number, time, clock, codec meta."""
@@ -1433,7 +1460,7 @@ class GradientRelay:
                     self.stats.duplicates += 1
                     self.stats.resent_old += 1
                 else:
-                    late = self._queue(origin, items, back, sent_at)
+                    late = self._queue(origin, items, back, sent_at, self._seen[origin].top == seq)
                     self._note(origin, ann, dg)
                     self._cond.notify_all()
         if again:
@@ -1458,11 +1485,17 @@ class GradientRelay:
                             f"{_STRANGERS} such origins are kept until the next view already")
         self._strangers.add(origin)
 
-    def _queue(self, origin: str, items: list[tuple[int, np.ndarray | None]], back: int, sent_at: float) -> int:
+    def _queue(self, origin: str, items: list[tuple[int, np.ndarray | None]], back: int, sent_at: float,
+               newest: bool) -> int:
         """Under the lock: queue a new message's gradients and note its clocks; returns the
         largest clock of those that came late (-1: none). A gradient that a copy adopted
         from another peer brought (:meth:`adopt`) is in this peer's inbox or applied
-        already: it is dropped as a duplicate (its message is still passed on)."""
+        already: it is dropped as a duplicate (its message is still passed on).
+
+        ``newest``: the message has its origin's highest number here; its clock becomes
+        the origin's. Not the largest clock ever seen: one message with a wild clock (a
+        bug, or a forgery in another origin's name) left that origin at or past every
+        later wait's clock, out of step and not waited for, for the rest of the run."""
         late = -1
         brought = self._brought.get(origin, ())
         for pc, g in items:
@@ -1482,12 +1515,12 @@ class GradientRelay:
                     self.stats.overflow += 1
                 self._inbox.append((pc, origin, g, sent_at))
                 self.stats.received += 1
-            if pc > self._clocks.get(origin, -1):
-                self._clocks[origin] = pc
             got = self._got.setdefault(origin, set())
             got.add(pc)
             if len(got) > 2 * _RECENT_CLOCKS:   # keep the newest
                 self._got[origin] = set(sorted(got)[-_RECENT_CLOCKS:])
+        if newest:   # an older message overtaken on the way holds older clocks
+            self._clocks[origin] = max(pc for pc, _ in items)
         return late
 
     def _note(self, origin: str, ann: list[list[Any]] | None, dg: list[Any] | None) -> None:

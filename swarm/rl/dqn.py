@@ -280,7 +280,15 @@ class DQNAgent(BaseAgent):
         if self.publish is None:
             self.apply_gradient()
         else:  # the swarm shares this gradient; apply what the others will apply
-            self.apply_gradient(self.publish(self._grad_vec))
+            try:
+                shared = self.publish(self._grad_vec)
+            except ConfigError:
+                # The relay sent nothing: what its codec would send decodes past MAX_GRAD
+                # (error feedback adds its residual, QSGD rounds up). Passed, as a skipped update.
+                self.skipped += 1
+                self._pass()
+                return loss
+            self.apply_gradient(shared)
         keep = slice(None) if bad is None else ~bad   # td has the usable items' errors only
         self.buffer.update_priorities(np.asarray(sample.indices)[keep], td.abs().numpy())
         return loss

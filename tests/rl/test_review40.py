@@ -131,3 +131,26 @@ def test_reported_loss_td_and_q_are_means_over_the_usable_items_only():
     [(idx, td)] = [u for u in agent.buffer.priority_updates if len(u[0]) == 4 and u[1].any()]
     assert idx.tolist() == [0, 2, 4, 5]
     np.testing.assert_allclose(td, want_td.abs().numpy(), rtol=1e-6)
+
+
+def test_a_gradient_the_relay_refuses_is_a_passed_turn_not_the_end_of_training(replay):
+    """Before the fix, a ConfigError from publish (GradientRelay refuses a gradient whose
+    encoding decodes past MAX_GRAD: error feedback adds its residual, QSGD rounds up)
+    went up through learn() and ended the peer's training loop."""
+    from swarm.errors import ConfigError
+
+    _fill(replay, 40)
+    agent = DQNAgent((4,), 2, replay, DQNConfig(batch_size=8), seed=0)
+    calls = []
+
+    def publish(g):
+        calls.append(g is None)
+        if g is not None:
+            raise ConfigError("relay publish: the encoded gradient decodes to |g| above MAX_GRAD; not published")
+        return None
+    agent.publish = publish
+    before = agent.flat.clone()
+    loss = agent.learn()
+    assert loss is not None and np.isfinite(loss)
+    assert calls == [False, True]   # refused, then the turn passed
+    assert agent.skipped == 1 and agent.updates == 0 and torch.equal(agent.flat, before)
