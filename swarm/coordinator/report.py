@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+import unicodedata
 from collections import deque
 from itertools import islice
 from typing import Any, Iterable
@@ -150,6 +151,55 @@ def printable(s: Any) -> str:
     if s.isprintable():
         return s
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+
+
+def _columns(c: str) -> int:
+    """Terminal columns a printable character takes: 2 for a wide East Asian one, none for
+    a combining mark (drawn over the character before it), else 1."""
+    if unicodedata.category(c) in ("Mn", "Me"):
+        return 0
+    return 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1
+
+
+def _fit(s: Any, width: float) -> tuple[str, int]:
+    r"""``s`` as :func:`printable` shows it, cut to at most ``width`` terminal columns, and
+    the columns it takes. Cut only between whole characters and whole escapes: cut by
+    characters, an ESC (``\x1b``) could show as ``\x``, and wide characters overran.
+
+    >>> _fit("ab\x1bcd", 5), _fit("ab\x1bcd", 6), _fit("日本語", 5)
+    (('ab', 2), ('ab\\x1b', 6), ('日本', 4))
+    """
+    s = str(s)
+    if s.isascii() and s.isprintable():
+        if len(s) > width:
+            s = s[:int(width)]
+        return s, len(s)
+    out: list[str] = []
+    used = 0
+    for c in s:
+        text = c if c.isprintable() else repr(c)[1:-1]
+        w = _columns(c) if text == c else len(text)
+        if used + w > width:
+            break
+        out.append(text)
+        used += w
+    return "".join(out), used
+
+
+def _row(cells: list[tuple[Any, int | None]], width: int) -> str:
+    """One terminal line of ``(text, columns)`` cells, each shown through :func:`printable`,
+    cut and padded to its columns by what the terminal shows (None: as wide as it is), so
+    that the columns after an id line up whatever it holds; the whole cut to ``width``."""
+    out: list[str] = []
+    left = width
+    for text, cols in cells:
+        room = left if cols is None else min(cols, left)
+        s, used = _fit(text, room)
+        if cols is not None:
+            s, used = s + " " * (room - used), room
+        out.append(s)
+        left -= used
+    return "".join(out)
 
 
 class PeerRates:
@@ -409,7 +459,10 @@ def _to_fixed(v: float, digits: int) -> str:
 
 def format_table(doc: dict[str, Any], width: int = 160) -> str:
     """The status document as a terminal table (what ``swarm status --watch`` redraws).
-    What peers sent (ids, errors, the event log) is shown through :func:`printable`."""
+    What peers sent (ids, errors, the event log) is shown through :func:`printable`; a
+    cell is cut between whole characters and escapes and padded by the columns the
+    terminal gives it (2 for a wide character), so the columns line up whatever an id
+    holds, and a line is cut to ``width`` columns alike."""
     run = f"{doc['run']}  " if doc.get("run") else ""
     lines = [f"{run}coordinator {doc.get('coordinator')}  epoch {doc.get('epoch')}  "
              f"uptime {num(doc.get('uptime_s')) or 0:.1f} s  members {doc.get('members')}"
@@ -427,17 +480,17 @@ def format_table(doc: dict[str, Any], width: int = 160) -> str:
     lines += [head, "-" * len(head)]
     for p in doc["peers"]:
         age, ratio = fixed(p["heartbeat_age_s"], 2), fixed(p["codec_ratio"], 3)
-        line = (f"{printable(p['id'])[:16]:<16} {si(p['rank']):>4} {str(p['state'])[:7]:<7} {age:>6} "
-                f"{si(p['env_steps_per_s']):>8} {si(p['rounds_per_s']):>8} {si(p['bytes_in_per_s'], 'B'):>7} "
-                f"{si(p['bytes_out_per_s'], 'B'):>7} {ratio:>5} {si(p['staleness']):>5} "
-                f"{si(p['buffer_size']):>7}  {printable(','.join(p['neighbours']))[:20]:<20} "
-                f"{printable(p['last_error'])}")
-        lines.append(line[:width])
+        figures = (f" {age:>6} {si(p['env_steps_per_s']):>8} {si(p['rounds_per_s']):>8} "
+                   f"{si(p['bytes_in_per_s'], 'B'):>7} {si(p['bytes_out_per_s'], 'B'):>7} {ratio:>5} "
+                   f"{si(p['staleness']):>5} {si(p['buffer_size']):>7}  ")
+        lines.append(_row([(p["id"], 16), (f" {si(p['rank']):>4} ", None), (p["state"], 7), (figures, None),
+                           (",".join(p["neighbours"]), 20), (" ", None), (p["last_error"], None)], width))
     recent = doc.get("log", [])[-5:]
     if recent:
         lines.append("")
         for e in recent:
-            lines.append(f"{time.strftime('%H:%M:%S', time.localtime(e['time']))}  {printable(e['event']):<20} "
+            event, cols = _fit(e["event"], math.inf)   # not cut: "suspected by" names the suspecting peer
+            lines.append(f"{time.strftime('%H:%M:%S', time.localtime(e['time']))}  {event}{' ' * (20 - cols)} "
                          f"{printable(e['peer'])}")
     # and whatever else reaches the terminal (the run's name, another coordinator's error)
     return "\n".join(printable(line) for line in lines)

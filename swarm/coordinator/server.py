@@ -182,6 +182,11 @@ class Coordinator:
         #: close are handled (_recv_loop), and when the first of them was queued
         self._closing: list[tuple[str, bytes]] = []
         self._closing_at = 0.0
+        #: fd → routes of the connection that closed on it (None: it had no id mapped), for
+        #: the closes read while the router may still hold messages of theirs (a join and
+        #: the close read in one wake-up): an id mapped on such an fd, with one of those
+        #: routes or any where none was known, is probed with the closes (_map_fd)
+        self._closed_fds: dict[int, set[bytes] | None] = {}
         self._dirty = False
         self._grace_until = 0.0
         self._nonce = itertools.count(1)
@@ -441,12 +446,21 @@ class Coordinator:
             # leave, from one that stopped waiting for its bye) is read first, as it came,
             # also behind more than a batch of others' (under a flood, after 1 s at most).
             # An id that has moved to another connection since is not probed: it is there
-            if self._closing and (n < tp.DRAIN_BATCH or time.monotonic() - self._closing_at > 1.0):
+            drained = n < tp.DRAIN_BATCH
+            if self._closing and (drained or time.monotonic() - self._closing_at > 1.0):
                 closing, self._closing = self._closing, []
                 for pid, route in closing:
                     m = self.table.get(pid)
                     if m is not None and m.route == route:
                         self._probe(pid, "disconnected")
+                if not drained:
+                    # a flood that is never drained: the closed connections' messages still
+                    # queued go unattributed (heartbeat timeout), but _closed_fds stays bounded
+                    self._closed_fds.clear()
+            if drained:
+                # every message sent before the closes read so far has been handled: libzmq
+                # queues a connection's messages before it reports the connection's close
+                self._closed_fds.clear()
             if self._publish_due(time.monotonic()):
                 self._publish()
             if n >= tp.DRAIN_BATCH:
@@ -542,14 +556,19 @@ class Coordinator:
         """Take every disconnect the monitor has queued: the ids of each closed connection
         wait in ``_closing`` to be probed. The fds are forgotten at once: libzmq reports a
         disconnect before it closes the fd, so once the queue is read, a connection that
-        gets one of those fds back has a mapping no queued disconnect can take (_map_fd)."""
+        gets one of those fds back has a mapping no queued disconnect can take (_map_fd).
+        Each closed fd is kept in ``_closed_fds`` until the router is drained: messages the
+        connection sent before it closed may still be queued behind the close."""
         mon = self._events
         while mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             for frames in tp.drain(mon):
                 ev = parse_monitor_message([f.bytes for f in frames])
                 if ev["event"] != zmq.EVENT_DISCONNECTED:
                     continue
-                ids = self._fds.pop(int(ev["value"]), None)
+                fd = int(ev["value"])
+                ids = self._fds.pop(fd, None)
+                routes = self._closed_fds.get(fd, set())
+                self._closed_fds[fd] = None if not ids or routes is None else routes | set(ids.values())
                 if ids:
                     if not self._closing:
                         self._closing_at = time.monotonic()
@@ -558,9 +577,20 @@ class Coordinator:
     def _map_fd(self, pid: str, route: bytes, frame: zmq.Frame) -> None:
         """Remember that ``pid`` speaks on ``route``, the connection ``frame`` came on, so
         that its close probes ``pid``. The queued disconnects are read first: one of them
-        may be of an earlier connection with the same fd, which closed in this batch."""
+        may be of an earlier connection with the same fd, which closed in this batch. A
+        message that came on a closed connection (a join read with its close) queues
+        ``pid`` to be probed as the close's own ids are."""
         self._read_closes()
-        self._fds.setdefault(tp.srcfd(frame), {})[pid] = route
+        fd = tp.srcfd(frame)
+        self._fds.setdefault(fd, {})[pid] = route
+        routes = self._closed_fds.get(fd, set())
+        if routes is None or route in routes:
+            # sent on a connection whose close was read before this message: its ids are
+            # probed once the batch is handled. Where the closed one had no id, this may be
+            # a new connection that got its fd: then the probe is answered
+            if not self._closing:
+                self._closing_at = time.monotonic()
+            self._closing.append((pid, route))
 
     def _forget_fds(self) -> None:
         """Drop the fd entries of ids that are dead, forgotten or on another connection: a
