@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Mapping
 
-from .config import MAX_RANK, PeerConfig, SwarmConfig, from_dict, load_config, to_dict
+from .config import (MAX_RANK, PeerConfig, SwarmConfig, apply_overrides, from_dict, load_config, read_file,
+                     to_dict)
 from .errors import ConfigError, SwarmError, TransportError
 
 log = logging.getLogger("swarm.cli")
@@ -363,6 +364,37 @@ def _config(args: argparse.Namespace, *later: str) -> SwarmConfig:
     return load_config(getattr(args, "config", None), [*(getattr(args, "set", None) or []), *later])
 
 
+def _peer_config(args: argparse.Namespace, spec: Any) -> PeerConfig:
+    """`swarm peer`'s config: the file, ``--set`` overrides, then --topology and --bind,
+    checked once with all of them in place (a ``peer.advertise`` beside --bind's fixed
+    port was checked against the default free one). Under --spec (``spec``) the peer's
+    graph is the spec's (run_peer gives it the spec's topology and edges): one given
+    here, by a flag, ``--set`` or the file, must agree with it, and a custom one needs
+    no edge list of its own."""
+    data = read_file(args.config) if args.config is not None else {}
+    apply_overrides(data, list(args.set or []))
+    peer = data.setdefault("peer", {})
+    if isinstance(peer, dict):   # else from_dict says what is wrong with it
+        if args.topology:
+            peer["topology"] = args.topology
+        if args.bind:
+            peer["bind"] = args.bind
+        if spec is not None:
+            given = _set_keys(args.set)
+            for key, theirs in (("topology", spec.gossip.topology), ("edges", spec.gossip.edges)):
+                if key not in peer or peer[key] == theirs:
+                    continue
+                if key == "topology" and args.topology:
+                    where, drop = f"--topology {args.topology}", "drop --topology"
+                elif f"peer.{key}" in given or not args.config:
+                    where, drop = f"--set peer.{key}={peer[key]}", "drop it"
+                else:
+                    where, drop = f"peer.{key} = {peer[key]!r} in {args.config}", "remove it there"
+                raise ConfigError(f"{where} disagrees with the spec's gossip.{key} = {theirs}; {drop}")
+            peer["topology"], peer["edges"] = spec.gossip.topology, spec.gossip.edges
+    return from_dict(SwarmConfig, data).peer
+
+
 # ---------------------------------------------------------------- commands
 
 def _keys_folder(value: str | None) -> str:
@@ -425,7 +457,12 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 def cmd_peer(args: argparse.Namespace) -> int:
     from .peer import Peer
 
-    cfg: PeerConfig = _config(args, *([f"peer.topology={args.topology}"] if args.topology else [])).peer
+    spec = None
+    if args.spec:
+        from .experiment.spec import load_spec
+
+        spec = load_spec(args.spec)
+    cfg = _peer_config(args, spec)
     # every address is checked before anything starts: libzmq would take an IPv6 one and
     # retry it in vain until the join timeout ("no coordinator answered")
     if args.coordinator:
@@ -437,8 +474,6 @@ def cmd_peer(args: argparse.Namespace) -> int:
     if not coords:
         raise SwarmError("no coordinator: pass --coordinator tcp://HOST:PORT or set SWARM_COORDINATOR")
     cfg.coordinators = coords
-    if args.bind:
-        cfg.bind = args.bind
     if why := _bind_error(cfg.bind):
         raise SwarmError(f"{'--bind' if args.bind else 'peer.bind'}: {why}")
     if args.id:
@@ -461,12 +496,11 @@ def cmd_peer(args: argparse.Namespace) -> int:
         cfg.keys_dir = _keys_folder(args.keys)
     if args.key_name is not None:   # "" too: the key folder's check names it, not a silent "peer"
         cfg.key_name = args.key_name
-    if args.spec:
+    if spec is not None:
         # Train this peer's share of an experiment (see swarm.experiment.runner).
-        from .experiment.runner import run_peer, stop_on_signals
-        from .experiment.spec import load_spec
+        from .coordinator.report import printable
+        from .experiment.runner import peer_dir, run_peer, stop_on_signals
 
-        spec = load_spec(args.spec)
         # A peer of an experiment is peer{RANK}: its id and its rank say the same thing,
         # so `--replace peer3` is enough to take over rank 3.
         named = _spec_rank(args.replace, "--replace") if args.replace else None
@@ -489,20 +523,24 @@ def cmd_peer(args: argparse.Namespace) -> int:
         if args.id and args.id != f"peer{cfg.rank}":
             raise SwarmError(f"--id {args.id}: with --spec a peer's id is peer{{RANK}} (here peer{cfg.rank}); "
                              "drop --id")
-        if args.topology and args.topology != spec.gossip.topology:
-            raise SwarmError(f"--topology {args.topology} disagrees with the spec's gossip.topology = "
-                             f"{spec.gossip.topology}; drop --topology")
-        # the same as --set: the spec's id and topology replaced them in silence
-        given = _set_keys(args.set)
-        if "peer.id" in given and not (args.id or args.replace) and cfg.id != f"peer{cfg.rank}":
+        # the same as --set: the spec's id replaced it in silence (its topology and edges:
+        # _peer_config)
+        if "peer.id" in _set_keys(args.set) and not (args.id or args.replace) and cfg.id != f"peer{cfg.rank}":
             raise SwarmError(f"--set peer.id={cfg.id}: with --spec a peer's id is peer{{RANK}} (here "
                              f"peer{cfg.rank}); drop it")
-        if "peer.topology" in given and not args.topology and cfg.topology != spec.gossip.topology:
-            raise SwarmError(f"--set peer.topology={cfg.topology} disagrees with the spec's gossip.topology = "
-                             f"{spec.gossip.topology}; drop it")
         if args.new_run and not args.resume_from:
             raise SwarmError("--new-run goes with --resume RUN_DIR (a start without it is a new run anyway)")
         run_dir = args.run_dir or os.path.join("runs", f"{spec.name}-peer{cfg.rank}")
+        fresh = not (args.run_dir or args.resume_from or args.replace)
+        if fresh and (peer_dir(run_dir, cfg.rank) / "run.json").is_file():
+            # A fresh start replaces the results of the run a folder holds (run.json: one the
+            # coordinator admitted). Into a folder named by hand that is asked for; into the
+            # default one it was a second experiment that silently took the first one's place.
+            # A restart (--replace, --resume) goes on with that run, and is not refused.
+            raise ConfigError(f"{run_dir} (the default --run-dir) holds an earlier run of peer{cfg.rank} (its "
+                              "run.json), whose results a fresh start would replace: pass --run-dir DIR for this "
+                              f"run (--run-dir {run_dir} to replace them), or --resume {run_dir} to go on with "
+                              "that run")
         stop = stop_on_signals()
         try:
             import uvloop
@@ -511,8 +549,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
             factory = None
         parent = _parent_pid()
         say = _Lines()
+        # escaped: a folder's name that is not UTF-8 failed the print on a strict stdout
         say(f"swarm peer peer{cfg.rank}: {spec.name}, {spec.budget.env_steps} env steps, writing to "
-            f"{run_dir} (pid {os.getpid()})")
+            f"{printable(run_dir)} (pid {os.getpid()})")
         # cfg carries --bind, --keys and --set peer.*: a peer on another host must
         # bind an address its neighbours can reach, not the loopback default.
         summary = run_peer(spec, cfg.rank, coords, run_dir, stop=stop, loop_factory=factory,
@@ -545,8 +584,10 @@ def cmd_peer(args: argparse.Namespace) -> int:
                 say(f"swarm peer {peer.id}: stopped before it joined")
                 return 0
             joining.result()
+            # the one that took the join, which need not be the first listed (Peer has no
+            # public name for it; _active is read only)
             say(f"swarm peer {peer.id} on {peer.address}, rank {peer.rank}, "
-                f"coordinator {coords[0]} (pid {os.getpid()})")
+                f"coordinator {peer.config.coordinators[peer._active]} (pid {os.getpid()})")
             last = -1
             leaving = False
 
@@ -748,9 +789,14 @@ def cmd_keys(args: argparse.Namespace) -> int:
     # every key folder needs the coordinator's pair; one that has it can take new names
     if "coordinator" not in names and not (Path(args.dir) / "coordinator.key").exists():
         names.insert(0, "coordinator")
+    from .coordinator.report import printable
+
+    # escaped: a folder's name that is not UTF-8 failed the print on a strict stdout, after
+    # the keys were written
     for public in tp.generate_keys(args.dir, names):
-        print(f"{public}  (secret: {public}_secret)")
-    print(f"authorized public keys: {Path(args.dir) / 'authorized'}/ — copy a host's NAME.key there to admit it")
+        print(f"{printable(public)}  (secret: {printable(public)}_secret)")
+    print(f"authorized public keys: {printable(Path(args.dir) / 'authorized')}/ — copy a host's NAME.key there to "
+          "admit it")
     return 0
 
 
@@ -834,12 +880,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if "spec_error" in meta:
             print(f"swarm eval: {f}: its spec no longer loads whole ({meta['spec_error']}); playing it with its "
                   f"env ({spec.env}) and dqn settings", file=sys.stderr, flush=True)
-    width = max(len("policy"), *(len(str(f)) for f in files))
+    from .coordinator.report import printable
+
+    # escaped: a path that is not UTF-8 failed the print on a strict stdout
+    width = max(len("policy"), *(len(printable(f)) for f in files))
     print(f"{'policy':<{width}} {'steps':>7} {'eval then':>9} {'mean':>7} {'min':>6} {'max':>6}")
     for f, agent, spec, meta in policies:
         returns = evaluate(spec.env, agent, episodes=args.episodes, seed=args.seed)
         then = meta.get("eval_return")
-        print(f"{str(f):<{width}} {meta.get('env_steps', '-'):>7} {(f'{then:.1f}' if then is not None else '-'):>9} "
+        print(f"{printable(f):<{width}} {meta.get('env_steps', '-'):>7} "
+              f"{(f'{then:.1f}' if then is not None else '-'):>9} "
               f"{sum(returns) / len(returns):>7.1f} {min(returns):>6.0f} {max(returns):>6.0f}", flush=True)
     return 0
 
@@ -918,7 +968,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--config", help="TOML or JSON config file")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
     q.add_argument("--spec", help="experiment spec (e.g. a run's config.json): train this peer's share of it")
-    q.add_argument("--run-dir", help="with --spec: the run folder this peer writes into (peer{RANK}/)")
+    q.add_argument("--run-dir", help="with --spec: the run folder this peer writes into (peer{RANK}/); default "
+                   "runs/NAME-peerRANK (NAME the spec's name), where a fresh start is refused if an earlier run "
+                   "is there")
     q.add_argument("--resume", "--resume-from", dest="resume_from", metavar="RUN_DIR",
                    help="with --spec: start from the newest checkpoint in RUN_DIR/peer{RANK}/ckpt/ "
                         "(parameters, optimizer, buffer, counters) and train what is left of the budget")
@@ -1056,11 +1108,14 @@ def _main(argv: list[str] | None) -> int:
         if hasattr(e, "swarm_stream"):
             # `swarm run --show | head`, `swarm status > /dev/full`: say nothing more, not even at exit
             return _output_failed(e)
-        if e.filename is None:
-            raise   # about no path: a fault to see whole
         # a path given or made that this user may not enter (EACCES), a name too long, a full
-        # disk: pathlib's is_dir() and exists() raise too. Not a ConfigError: under `swarm run`
-        # a restart is still tried, as for a crash.
+        # disk: pathlib's is_dir() and exists() raise too; or one of no path, which the system
+        # ran out of (EMFILE from the pipes of `swarm run`'s first start; -vv logs where).
+        # Not a ConfigError: under `swarm run` a restart is still tried, as for a crash.
+        if e.filename is None:
+            log.debug("the OSError, where it was raised", exc_info=True)
+            _tell(f"swarm: error: {e.strerror or e}")
+            return 2
         _tell(f"swarm: error: {e.filename}" + (f" -> {e.filename2}" if e.filename2 else "")
               + f": {e.strerror or e}")
         return 2

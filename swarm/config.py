@@ -1,7 +1,10 @@
 """Typed configuration: dataclasses, TOML/JSON files, ``--set a.b=v`` overrides.
 
-Every config class is a dataclass whose field docs (the ``help`` metadata) are
-what ``--help`` and ``docs/`` show. Loading checks every key and value; an
+Every config class is a dataclass with a help text on each field (the ``help``
+metadata), which :func:`to_toml` writes above each key: `swarm run --show` shows an
+experiment spec's so. The peer's and the coordinator's keys (``--config``, ``--set
+peer.KEY=VALUE``) have no such listing: their ``--help`` shows the flags only, and
+``docs/`` name the keys where they use them. Loading checks every key and value; an
 error names the full key (``peer.heartbeat_s``) and the bad value.
 
     >>> cfg = load_config("swarm.toml", overrides=["peer.topology=grid"])
@@ -126,8 +129,12 @@ def _advertisable(x: Any) -> bool:
 class PeerConfig:
     """How a peer joins, heartbeats and links to its neighbours."""
 
-    id: str = opt("", f"peer id, at most {MAX_PEER_ID} characters; empty means HOSTNAME-PID",
-                  lambda s: len(s) <= MAX_PEER_ID, f"must be at most {MAX_PEER_ID} characters (a message's sender id)")
+    # printable, as _label: a lone surrogate (a non-UTF-8 byte of argv) failed only at the
+    # join, as a wire error naming neither --id nor peer.id; a line break split output lines
+    id: str = opt("", f"peer id, at most {MAX_PEER_ID} printable characters; empty means HOSTNAME-PID",
+                  lambda s: len(s) <= MAX_PEER_ID and s.isprintable(),
+                  f"must be at most {MAX_PEER_ID} characters (a message's sender id), all printable: no line "
+                  "breaks, control characters or bytes that are not UTF-8")
     bind: str = opt("tcp://127.0.0.1:*", "ROUTER address to bind; a * port picks a free one")
     advertise: str = opt("", "address other peers connect to (behind NAT); empty means the bound address",
                          _advertisable, "must be tcp://HOST:PORT with a fixed port (the one bind binds), or empty")
@@ -165,6 +172,11 @@ class PeerConfig:
             raise ConfigError("peer.edges: topology = custom needs an edge list [[i, j], ...]")
         if self.edges and self.topology != "custom":
             raise ConfigError(f"peer.edges is only used with topology = custom, not {self.topology!r}")
+        if self.advertise and self.bind.rpartition(":")[2] in ("*", "0"):
+            # the port bound is drawn at start, so the one advertised is another: no neighbour could link
+            raise ConfigError(f"peer.advertise = {self.advertise!r} with peer.bind = {self.bind!r}: an advertised "
+                              "address needs a fixed port to forward to it; bind that port (--bind "
+                              "tcp://HOST:PORT), or leave peer.advertise empty to advertise the address bound")
         for e in self.edges:
             if len(e) != 2 or min(e) < 0 or e[0] == e[1]:
                 raise ConfigError(f"peer.edges: {e!r} is not a pair of two different ranks")

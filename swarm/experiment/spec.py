@@ -22,9 +22,9 @@ import difflib
 import importlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..checks import SEED_LIMIT
 from ..config import apply_overrides, from_dict, opt, read_file, to_dict, to_toml
@@ -226,6 +226,14 @@ class Spec:
     restart_dead: bool = opt(False, "swarm run restarts a peer that crashed (once per crash; it takes its old "
                                     "rank, resumes from its checkpoint and bootstraps from its neighbours) "
                                     "and a coordinator that died, on the same address")
+    #: The keys :func:`load_spec` derived while they were unset (``name`` from the env and
+    #: topology, ``eval.solve_return`` from the env), each with the value it derived. Not a
+    #: field (config.json and --show hold none of it); ``dataclasses.replace`` carries it
+    #: over, so that a copy given another env or topology derives them again.
+    _derived: InitVar[Mapping[str, Any]] = ()
+
+    def __post_init__(self, _derived: Mapping[str, Any]) -> None:
+        self._derived = dict(_derived)
 
     def peer_seed(self, rank: int) -> int:
         """The seed of the peer with this rank (distinct per peer, fixed per spec)."""
@@ -243,6 +251,7 @@ class Spec:
                                   "in its Gymnasium spec: budget.stop_when_solved = true needs one; set "
                                   "eval.solve_return to the mean greedy return that counts as solved")
             self.eval.solve_return = threshold
+            self._derived["eval.solve_return"] = threshold
         g = self.gossip
         if g.sync not in SYNC_MODES:
             raise ConfigError(f"gossip.sync = {g.sync!r}: choose one of {', '.join(SYNC_MODES)}")
@@ -466,9 +475,11 @@ def _check_codec(codec: str) -> None:
 
 #: The built-in experiment: CartPole-v1, 4 peers on a ring, error-feedback top-k, sharing on.
 #: One shared instance: change a copy (``load_spec()`` or ``dataclasses.replace``), not it.
-#: Its eval.solve_return is CartPole-v1's reward_threshold, as load_spec() resolves it.
+#: Its name and eval.solve_return are what load_spec() derives for it, recorded as derived:
+#: a copy given another env or topology gets that one's from load_spec().
 DEFAULT_SPEC = Spec(name="cartpole-ring",   # the name load_spec() gives it (default_name)
-                    eval=EvalSpec(solve_return=475.0))
+                    eval=EvalSpec(solve_return=475.0),   # CartPole-v1's reward_threshold
+                    _derived={"name": "cartpole-ring", "eval.solve_return": 475.0})
 
 
 def load_spec(path: str | Path | Spec | None = None, overrides: list[str] | None = None) -> Spec:
@@ -477,16 +488,29 @@ def load_spec(path: str | Path | Spec | None = None, overrides: list[str] | None
     ``path`` may also be a :class:`Spec` made or changed in code: the result is a
     new, checked spec (the one given is left as it is), so a key set out of range
     with ``dataclasses.replace`` or an assignment fails here as it would in a file.
+    Its ``name`` and ``eval.solve_return``, where load_spec() derived them (from the
+    env and topology) and they still hold the derived value, are derived again, as for
+    a file that leaves them unset: a copy given another env is named and judged
+    solved after that env, not after the one it was derived for.
 
         >>> spec = load_spec(None, ["peers=2", "budget.env_steps=2000"])
         >>> spec = load_spec(dataclasses.replace(spec, seed=1))
+        >>> load_spec(dataclasses.replace(spec, env="Acrobot-v1")).name
+        'acrobot-ring'
     """
     # "" (an unset variable) is refused by read_file, not taken for the built-in default
     data = to_dict(path) if isinstance(path, Spec) else read_file(path) if path is not None else {}
+    if isinstance(path, Spec):
+        derived = dict(path._derived)
+        if "name" in derived and data["name"] == derived["name"]:
+            data["name"] = ""
+        if "eval.solve_return" in derived and data["eval"]["solve_return"] == derived["eval.solve_return"]:
+            data["eval"]["solve_return"] = None
     apply_overrides(data, list(overrides or []))
     spec = from_dict(Spec, data)
     if not spec.name:   # named after what it runs, so `--set gossip.topology=grid` is not filed as a ring
         spec.name = default_name(spec)
+        spec._derived["name"] = spec.name
     return spec
 
 

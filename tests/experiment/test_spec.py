@@ -258,14 +258,15 @@ def test_show_prints_a_toml_spec_that_loads_back(tmp_path):
     assert bad.returncode == 2 and "dqn.tau" in bad.stderr and bad.stdout == "", (bad.stdout, bad.stderr)
 
 
-def test_the_default_name_follows_the_env_and_the_topology():
+def test_the_default_name_follows_the_env_and_the_topology(tmp_path):
     # `swarm run --set gossip.topology=grid` was filed under runs/cartpole-ring-*
     assert load_spec().name == "cartpole-ring"
     assert load_spec(None, ["gossip.topology=grid"]).name == "cartpole-grid"
     assert load_spec(None, ["env=Acrobot-v1", "gossip.topology=full"]).name == "acrobot-full"
     assert load_spec(None, ["gossip.topology=grid", "name=mine"]).name == "mine"
-    # the resolved name is saved: a resumed run keeps it whatever it overrides
-    assert load_spec(load_spec(None, ["gossip.topology=grid"]), ["gossip.topology=ring"]).name == "cartpole-grid"
+    # the resolved name is saved in config.json: a resumed run keeps it whatever it overrides
+    saved = save_resolved(load_spec(None, ["gossip.topology=grid"]), tmp_path)
+    assert load_spec(saved, ["gossip.topology=ring"]).name == "cartpole-grid"
 
 
 def test_a_round_timeout_is_at_most_an_hour():
