@@ -72,8 +72,9 @@ def as_vector(x: Any, what: str = "x") -> np.ndarray:
 
     Accepts numpy arrays of any floating dtype and shape, and torch tensors (CPU
     tensors are viewed, not copied; other devices are moved to the CPU once).
-    Anything else, and a tensor on the "meta" device (no data), raises
-    :class:`~swarm.errors.GossipError` naming ``what``.
+    Anything else, a tensor on the "meta" device (no data), and a wider float (float64)
+    with finite values past float32's range raise :class:`~swarm.errors.GossipError`
+    naming ``what``.
     """
     if type(x).__module__.split(".")[0] == "torch":
         x = _torch_to_numpy(x, what)
@@ -82,7 +83,13 @@ def as_vector(x: Any, what: str = "x") -> np.ndarray:
     if x.dtype != np.float32:
         if x.dtype.kind != "f":
             raise GossipError(f"{what} must be a floating-point array, got dtype {x.dtype}")
-        x = x.astype(np.float32)
+        # the cast would make such values ±Inf (a warning at most), which fp16 sends as
+        # 65504 and error feedback keeps for good; Inf and NaN themselves cast silently
+        try:
+            with np.errstate(all="ignore", over="raise"):   # underflow to 0 is fine
+                x = x.astype(np.float32)
+        except FloatingPointError:
+            raise _past_f32(what, np.abs(x[np.isfinite(x)]).max()) from None
     # reshape(-1) is a view for contiguous input and a copy otherwise.
     return x.reshape(-1)
 
@@ -99,10 +106,22 @@ def _torch_to_numpy(t: Any, what: str) -> np.ndarray:
                           f"data; materialize it first (e.g. module.to_empty(device='cpu'), "
                           f"then initialize its parameters)")
     t = t.detach()
-    if t.device.type != "cpu" or t.dtype != torch.float32:
-        # one conversion and one move, in the order that moves the fewest bytes
-        t = t.to(device="cpu", dtype=torch.float32)
-    return t.numpy()
+    if t.device.type == "cpu" and t.dtype == torch.float32:
+        return t.numpy()
+    # one conversion and one move, in the order that moves the fewest bytes
+    a = t.to(device="cpu", dtype=torch.float32).numpy()
+    # torch's cast makes finite values past float32's range ±Inf without a word; only a
+    # wider source can have them, and only an Inf the source lacks is one
+    if t.dtype.itemsize > 4 and np.isinf(a).any() and \
+            int(torch.isinf(t).sum()) < int(np.isinf(a).sum()):
+        raise _past_f32(what, float(t.abs().nan_to_num(0.0, posinf=0.0).max()))
+    return a
+
+
+def _past_f32(what: str, amax: float) -> GossipError:
+    return GossipError(f"{what} has values past float32's range (largest magnitude {amax:.4g}, "
+                       f"float32 holds up to {_F32_MAX:.8g}), which would become Inf; "
+                       f"scale it down before encoding")
 
 
 class Codec:

@@ -45,8 +45,10 @@ def view(a: np.ndarray) -> Any:
 
 def _viewable(*arrays: np.ndarray) -> bool:
     """Whether torch is present and can view every array: torch.from_numpy refuses
-    negative strides (``x[::-1]``, or a hand-built payload's frames)."""
-    return torch_or_none() is not None and all(s >= 0 for a in arrays for s in a.strides)
+    negative strides (``x[::-1]``, or a hand-built payload's frames) and strides that
+    are not a multiple of the item size (a field of a structured array)."""
+    return torch_or_none() is not None and all(s >= 0 and s % a.itemsize == 0
+                                               for a in arrays for s in a.strides)
 
 
 def cast_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:

@@ -10,8 +10,10 @@ float temporaries stay in cache and no full-size scratch is needed.
 float32 holds ``v + u`` exactly only while ``|v| < 256`` (24 bits, 16 of them for
 ``u``). From 256 levels up, ``v + u`` would round, up to ``L + 1`` when ``v = L``
 (an int16 of 32768 wraps to -32768), so those levels round as ``floor(v) +
-(u < frac(v))``, with ``frac(v)`` exact; the multiplier is rounded down where
-``L * mult`` would pass float32's largest value, so decoded values stay finite.
+(u < frac(v))``, with ``frac(v)`` exact, and ``v`` is ``x / m``, one division
+against the multiplier sent (:meth:`_BlockQuantizer._fine_levels`); the multiplier
+is rounded down where ``L * mult`` would pass float32's largest value, so decoded
+values stay finite.
 
 Non-finite input: these codecs compute a scale per block, which turns NaN/Inf
 into a non-finite scale at no extra cost; encode then raises
@@ -118,7 +120,10 @@ class _BlockQuantizer(Codec):
                 mult[over] = np.nextafter(mult[over], np.float32(0))
                 over = ~np.isfinite(mult * L) & np.isfinite(mult)
             S = self._scratch.get("s", X.size, np.float32).reshape(X.shape)
-            np.multiply(X, inv[:, None], out=S)
+            if self.levels < 256:
+                np.multiply(X, inv[:, None], out=S)
+            else:
+                self._fine_levels(X, amax, mult, S)
         if not self.stochastic:
             np.rint(S, out=S)
         else:
@@ -135,10 +140,36 @@ class _BlockQuantizer(Codec):
                 np.subtract(S, F, out=S)
                 np.less(U, S, out=M)
                 np.add(F, M, out=S)
-                # |S| <= L already (amax * inv <= L); the clip keeps an int16 from wrapping
+                # |S| <= L up to an ulp (x / mult <= amax / mult); the clip keeps an int16
+                # from wrapping
                 np.clip(S, -L, L, out=S)
         with np.errstate(invalid="ignore"):
             np.copyto(Q, S, casting="unsafe")
+
+    def _fine_levels(self, X: np.ndarray, amax: np.ndarray, mult: np.ndarray, S: np.ndarray) -> None:
+        """``S = X / mult`` per row, rounded once, and exactly ``±L`` where ``|x|`` is the
+        row's ``amax``: the levels from 256 up.
+
+        ``X * inv`` rounds twice, and ``inv`` is not ``1 / mult``: up to ``L * 2**-23``
+        of a level off (0.004 at 32767), enough now and then to round an element to a
+        level beyond the two around ``x / mult``, ``|q * mult - x| > mult``. Rounded once,
+        ``S`` stays between those two, so ``|q * mult - x| < mult``.
+        """
+        L = np.float32(self.levels)
+        # inf for a zero multiplier (a flushed block): levels 0, not 0 / 0
+        div = np.where(mult > 0, mult, np.float32(np.inf))
+        np.divide(X, div[:, None], out=S)
+        # An element that carries its bucket's whole norm gets amax / mult, within an ulp
+        # of L either side; below L it would now and then go to L - 1. Only rows where
+        # that quotient is below L can hold one to set (NaN compares False). mult stays
+        # as rounded: one step down would cost a whole element its exact decode.
+        low = np.flatnonzero((amax / div < L) & (amax > 0))
+        if low.size:
+            hit = np.abs(np.take(X, low, axis=0)) >= amax[low, None]
+            if hit.any():
+                r, c = np.nonzero(hit)
+                r = low[r]
+                S[r, c] = np.copysign(L, X[r, c])
 
     # ---- decode -------------------------------------------------------------------------
 
