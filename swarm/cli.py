@@ -715,8 +715,10 @@ def format_status(st: dict[str, Any]) -> str:
     for r in st["members"]:
         age = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.2f}"
         linked = "-" if r["linked_epoch"] < 0 else r["linked_epoch"]   # -1: not linked yet
-        lines.append(f"{printable(r['id']):<20} {r['rank']:>4} {r['state']:<8} {age:>7} {linked:>6}  "
-                     f"{r['addr']:<24} {','.join(r['neighbours'])}")
+        # each cell escaped before it is padded: escaped after, a control character
+        # in an address took four columns of the padding's one
+        lines.append(f"{printable(r['id']):<20} {r['rank']:>4} {printable(r['state']):<8} {age:>7} {linked:>6}  "
+                     f"{printable(r['addr']):<24} {printable(','.join(r['neighbours']))}")
     # what peers sent (ids, neighbours) must not reach the terminal as control characters
     return "\n".join(printable(line) for line in lines)
 

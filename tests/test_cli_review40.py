@@ -270,3 +270,18 @@ def test_an_oserror_of_no_file_at_the_first_start_is_one_line(nothing_starts, mo
     monkeypatch.setattr(swarm.experiment.launch, "run_experiment", no_pipes)
     line = refused(capsys, ["run"])
     assert line == f"swarm: error: {os.strerror(errno.EMFILE)}", line
+
+
+def test_swarm_status_pads_each_cell_as_it_is_shown():
+    """An address holding a control character was padded, then escaped: ``\\x1b`` took
+    four columns of the padding's one, and the neighbours column of that row moved."""
+    from swarm.cli import format_status
+
+    def member(i, addr):
+        return {"id": f"p{i}", "rank": i, "state": "alive", "heartbeat_age_s": 0.1, "linked_epoch": 1,
+                "addr": addr, "neighbours": [f"p{1 - i}"]}
+    st = {"coordinator": "tcp://127.0.0.1:1", "epoch": 1, "uptime_s": 1.0, "view": {"members": [0, 1]},
+          "members": [member(0, "tcp://127.0.0.1:5\x1b"), member(1, "tcp://127.0.0.1:5")]}
+    rows = format_status(st).splitlines()[-2:]
+    assert "\x1b" not in "".join(rows) and "\\x1b" in rows[0]
+    assert rows[0].index(" p1") == rows[1].index(" p0"), rows
