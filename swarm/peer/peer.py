@@ -23,6 +23,7 @@ import asyncio
 import collections
 import enum
 import errno
+import inspect
 import itertools
 import logging
 import math
@@ -411,6 +412,22 @@ def check_handler_type(t: str, who: str) -> None:
         raise _outgoing(e)
 
 
+def check_plain(fn: Any, what: str, hint: str = "") -> None:
+    """Refuse (ConfigError) an async function where the peer calls a plain one and does
+    not await what it returns: its coroutine would never run (and a wait_view predicate's
+    coroutine, being truthy, ended the wait at once)."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        raise ConfigError(f"{what}: {fn!r:.80} is an async function, and nothing would await it; "
+                          f"pass a plain function{hint}")
+
+
+def _check_id(pid: Any, peer_id: str, call: str) -> None:
+    """Refuse (ConfigError) a destination that is no peer id (``call``: "send(dst", say):
+    one that is not hashable raised a raw TypeError from the lookups."""
+    if not isinstance(pid, str):
+        raise ConfigError(f"peer {peer_id}: {call}={pid!r:.80}): must be a peer id (a str), as in view.ids")
+
+
 def _check_sendable(t: Any, peer_id: str) -> None:
     """Refuse a send of one of swarm's own types that only the peer or the coordinator
     sends (WireError); the peer's own hello, hello_ack and pong do not come this way."""
@@ -449,6 +466,16 @@ class Peer:
 
     def __init__(self, config: PeerConfig | None = None, *, context: zmq.asyncio.Context | None = None,
                  limits: Limits | None = None, **overrides: Any) -> None:
+        if config is not None and not isinstance(config, PeerConfig):
+            raise ConfigError(f"Peer(config={config!r:.80}): the first argument must be a PeerConfig "
+                              f"(swarm.load_config, or PeerConfig(...)); give options as keywords, "
+                              f"e.g. Peer(coordinators=['tcp://HOST:PORT']) or Peer(**options)")
+        if limits is not None and not isinstance(limits, Limits):
+            raise ConfigError(f"Peer(limits={limits!r:.80}): must be a swarm.wire.Limits, or None "
+                              f"(max_message_mb sets the limit)")
+        if context is not None and not isinstance(context, zmq.asyncio.Context):
+            raise ConfigError(f"Peer(context={context!r:.80}): must be a zmq.asyncio.Context, or None "
+                              f"(the peer makes its own)")
         cfg = config or PeerConfig()
         if isinstance(overrides.get("coordinators"), str):
             overrides["coordinators"] = [overrides["coordinators"]]
@@ -469,7 +496,7 @@ class Peer:
         self.address = ""
         self.rank = cfg.rank
         self.incarnation = time.time_ns()
-        self.stats: Callable[[], dict[str, Any]] | None = None   # extra figures for heartbeats
+        self._stats: Callable[[], dict[str, Any]] | None = None
         self._own_ctx = context is None
         self._ctx = context or _own_context()
         self._link_failures = 0          # links that could not be opened (no sockets left)
@@ -534,6 +561,22 @@ class Peer:
         return self._view
 
     @property
+    def stats(self) -> Callable[[], dict[str, Any]] | None:
+        """Extra figures for heartbeats: a plain function that returns a dict, called on
+        the peer's loop once per :data:`HEARTBEAT_STATS_S` (None: the counters only).
+        Its errors are counted and logged as a view callback's; figures that cannot
+        go on the wire count as one, and that heartbeat goes without them."""
+        return self._stats
+
+    @stats.setter
+    def stats(self, fn: Callable[[], dict[str, Any]] | None) -> None:
+        if fn is not None and not callable(fn):   # else it fails at each heartbeat, on the peer's loop
+            raise ConfigError(f"peer {self.id}: stats = {fn!r:.80}: must be a function that returns a dict, "
+                              f"or None")
+        check_plain(fn, f"peer {self.id}: stats = ...")
+        self._stats = fn
+
+    @property
     def epoch(self) -> int:
         return self._view.epoch
 
@@ -564,9 +607,10 @@ class Peer:
         and the membership types: :data:`RESERVED_TYPES`) are refused with a
         :class:`WireError`; ``pong``, the answer to a ping, may be handled.
         """
-        check_handler_type(t, f"peer {self.id}")
+        # checked first: check_handler_type registers t in the process's wire types
         if not callable(handler):   # else it fails on each message, on the peer's loop
             raise ConfigError(f"peer {self.id}: on({t!r}, {handler!r:.80}): the handler must be callable")
+        check_handler_type(t, f"peer {self.id}")
         # a new list, as off() makes: a dispatch running over the old one (a handler that
         # registers another) does not call the new handler for the message in hand
         self._handlers[t] = [*self._handlers.get(t, ()), handler]
@@ -593,9 +637,11 @@ class Peer:
         return True
 
     def on_view(self, callback: Callable[[View], None]) -> None:
-        """Call ``callback(view)`` each time a new view is installed."""
+        """Call ``callback(view)`` each time a new view is installed: a plain function
+        (an async one is refused with :class:`ConfigError`; it may start a task)."""
         if not callable(callback):   # else it fails at each new view, on the peer's loop
             raise ConfigError(f"peer {self.id}: on_view({callback!r:.80}): the callback must be callable")
+        check_plain(callback, f"peer {self.id}: on_view(...)", " (it may start a task for async work)")
         self._view_callbacks = [*self._view_callbacks, callback]   # a new list: see on()
 
     def off_view(self, callback: Callable[[View], None]) -> bool:
@@ -629,7 +675,10 @@ class Peer:
         # bound where the ROUTER is bound, named as the ROUTER is advertised
         bind_host = cfg.bind[len("tcp://"):].rsplit(":", 1)[0]
         advertised_host = self.address[len("tcp://"):].rsplit(":", 1)[0]
-        s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PULL)
+        try:
+            s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PULL)
+        except zmq.ZMQError as e:
+            raise self._no_socket("an inbox", e) from None
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes)
         s.setsockopt(zmq.RCVHWM, max(1000, cfg.data_hwm))
@@ -649,8 +698,11 @@ class Peer:
         connection; one whose ``authorized/`` refuses this peer's key is logged once and
         dialled again at the owner's sends, with a backoff, until it admits it). None when ``pid`` is not in the view or has no key, this peer
         is closed, or ``endpoint`` (which ``pid`` sent) is not ``tcp://HOST:PORT``: that
-        is logged once. The caller's thread owns it, as for :meth:`open_inbox`.
+        is logged once. The caller's thread owns it, as for :meth:`open_inbox`. Raises
+        :class:`TransportError` when the context has no socket left for it (as does
+        :meth:`open_inbox`).
         """
+        _check_id(pid, self.id, "open_outbox(pid")
         m = self._view.member(pid) if self.state is not PeerState.CLOSED else None
         if m is None or (self._curve is not None and not m.key):
             return None
@@ -659,7 +711,10 @@ class Peer:
             self._unlinkable(pid, endpoint, f"inbox endpoint {why}")
             return None
         cfg = self.config
-        s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH, socket_class=_Outbox)
+        try:
+            s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH, socket_class=_Outbox)
+        except zmq.ZMQError as e:
+            raise self._no_socket(f"an outbox to {pid}", e) from None
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, cfg.data_hwm)
         # a connection gone silent (its host vanished without a reset) is dropped and
@@ -668,11 +723,15 @@ class Peer:
         # for a data link. What the PUSH had not written out yet waits for the new connection.
         tp.heartbeats(s, cfg.link_heartbeat_s, max(cfg.link_timeout_s, OUTBOX_TIMEOUT_S))
         s.setsockopt(zmq.CONNECT_TIMEOUT, int(LINK_CONNECT_TIMEOUT_S * 1000))
+        self._side.append(s)   # before its monitor: closed with the peer if nobody else closes it
         if self._curve is not None:
             self._curve.client(s, m.key)
-            # only a keyed inbox refuses a handshake that libzmq then never dials again
-            s.follow(self.id, pid, endpoint, self._curve)
-        self._side.append(s)
+            try:
+                # only a keyed inbox refuses a handshake that libzmq then never dials again
+                s.follow(self.id, pid, endpoint, self._curve)
+            except zmq.ZMQError as e:   # its monitor's sockets: left open, it held term() for ever
+                self.close_side(s)
+                raise self._no_socket(f"an outbox to {pid}", e) from None
         try:
             tp.connect(s, endpoint)
         except TransportError as e:   # what the check lets through and libzmq still refuses
@@ -726,11 +785,13 @@ class Peer:
                 self._coord_monitors.append(c.get_monitor_socket(_COORD_EVENTS))
                 self._dials.append(_Dial())
                 tp.connect(c, addr)
-        except BaseException:
+        except BaseException as e:
             # whatever failed (a bad address, a value libzmq refused, Ctrl-C), what was
             # made is closed, and close() then returns at once
             self._close_sockets()
             self.state = PeerState.CLOSED
+            if isinstance(e, zmq.ZMQError):   # no socket left: as a link says it
+                raise self._no_socket("its sockets", e) from None
             raise
         self._welcome = asyncio.get_running_loop().create_future()
         self._rotated = time.monotonic()
@@ -792,10 +853,11 @@ class Peer:
         ``timeout``: seconds to wait for the coordinator to confirm the leave (None:
         without a deadline).
 
-        Awaited from a handler (or a view callback), it starts the leave and returns
-        at once, the peer LEAVING: the handler runs on the receive loop, the only
-        reader of the confirmation, so the rest of the close runs in a task of its own
-        once the handler returns. :meth:`wait_stopped` returns when the peer is closed.
+        Awaited from a handler, it starts the leave and returns at once, the peer
+        LEAVING: the handler runs on the receive loop, the only reader of the
+        confirmation, so the rest of the close runs in a task of its own once the
+        handler returns. :meth:`wait_stopped` returns when the peer is closed. (A view
+        callback is a plain function, which cannot await it.)
         """
         seconds(timeout, none_ok=True)
         if self._recv_task is not None and asyncio.current_task() is self._recv_task:
@@ -872,7 +934,8 @@ class Peer:
         this peer's own ``max_message_mb``: the peers of a swarm normally share it,
         and a receiver drops what exceeds its limit; and for a type of swarm's own
         protocol that only the peer or the coordinator sends (:data:`UNSENDABLE_TYPES`;
-        ``ping`` may be sent, and the receiver answers ``pong``).
+        ``ping`` may be sent, and the receiver answers ``pong``); :class:`ConfigError`
+        for a ``dst`` that is not a str.
         """
         seconds(timeout, none_ok=True)
         _check_sendable(t, self.id)
@@ -928,6 +991,7 @@ class Peer:
                   hold: float | None = None) -> tuple[bool, _Link | None, list[Any]]:
         """Queue the message on ``dst``'s link: (sent, the link, the frames); a ``dst``
         outside the view is held for up to ``hold`` seconds where :meth:`_hold` can."""
+        _check_id(dst, self.id, "send(dst")
         self._raise_failure()
         try:
             frames = wire.encode(t, self.id, epoch=self._view.epoch, seq=next(self._seq), body=body,
@@ -1023,9 +1087,11 @@ class Peer:
                 pass
 
     async def wait_view(self, predicate: Callable[[View], bool], timeout: float | None = 5.0) -> View:
-        """Wait until the installed view satisfies ``predicate`` (``timeout`` None:
-        without a deadline). Raises the peer's failure, or :class:`SwarmError` once
-        it is closed (a :meth:`close` in another task), at once, when it would wait."""
+        """Wait until the installed view satisfies ``predicate``, a plain function
+        (``timeout`` None: without a deadline). Raises the peer's failure, or
+        :class:`SwarmError` once it is closed (a :meth:`close` in another task), at
+        once, when it would wait."""
+        check_plain(predicate, f"peer {self.id}: wait_view(...)")
         seconds(timeout, none_ok=True)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         while not predicate(self._view):
@@ -1557,12 +1623,13 @@ class Peer:
             except Exception:
                 self._callback_failed(f"handler for {t!r}")
 
-    def _callback_failed(self, what: str) -> None:
+    def _callback_failed(self, what: str, how: str = "failed") -> None:
         """Count and log (with its traceback) the error of a handler or a callback that
-        is being handled; the peer goes on. The same failure again within
-        :data:`FAILURE_LOG_S` of its last traceback is counted, not logged."""
+        is being handled (``what`` ``how``: "handler for 'x'" "failed"); the peer goes
+        on. The same failure again within :data:`FAILURE_LOG_S` of its last traceback
+        is counted, not logged."""
         self.counters.handler_errors += 1
-        key = (what, type(sys.exc_info()[1]))
+        key = (f"{what} {how}", type(sys.exc_info()[1]))
         now = time.monotonic()
         seen = self._failures.get(key)
         if seen is not None and now - seen[0] < FAILURE_LOG_S:
@@ -1572,10 +1639,10 @@ class Peer:
             self._failures.clear()
         self._failures[key] = [now, 0]
         if seen is not None and seen[1]:
-            log.exception("peer %s: %s failed (%d more times with %s since the last traceback, %.0f s ago, "
-                          "not logged)", self.id, what, seen[1], key[1].__name__, now - seen[0])
+            log.exception("peer %s: %s %s (%d more times with %s since the last traceback, %.0f s ago, "
+                          "not logged)", self.id, what, how, seen[1], key[1].__name__, now - seen[0])
         else:
-            log.exception("peer %s: %s failed", self.id, what)
+            log.exception("peer %s: %s %s", self.id, what, how)
 
     def _answer(self, msg: Message, t: str, body: dict[str, Any]) -> None:
         """Answer a hello or a ping; an echo that no longer fits under our limits
@@ -1815,10 +1882,24 @@ class Peer:
         now = time.monotonic()
         if now - self._link_failure_logged >= 10.0:
             self._link_failure_logged = now
-            hint = (f" (this context allows {self._ctx.get(zmq.MAX_SOCKETS)} sockets, and a link takes three)"
-                    if e.errno == errno.EMFILE else "")
             log.warning("peer %s: cannot open a link to %s: %s%s; it stays unlinked for now, sends to it are "
-                        "dropped (%d such failures so far)", self.id, pid, e, hint, self._link_failures)
+                        "dropped (%d such failures so far)", self.id, pid, e, self._sockets_hint(e),
+                        self._link_failures)
+
+    def _sockets_hint(self, e: zmq.ZMQError) -> str:
+        """What a ZMQError from opening a socket says of the context's limit."""
+        if e.errno != errno.EMFILE:
+            return ""
+        return f" (this context allows {self._ctx.get(zmq.MAX_SOCKETS)} sockets, and a link takes three)"
+
+    def _no_socket(self, what: str, e: zmq.ZMQError) -> TransportError:
+        """The error for ``what`` (a socket, with its monitor) that libzmq would not open:
+        no sockets left in the context or the process, most often."""
+        hint = self._sockets_hint(e)
+        if hint:
+            hint += ("; close what else uses the context, or raise the limit (the process's open files, "
+                     "ulimit -n; with context=, also the context's zmq.MAX_SOCKETS)")
+        return TransportError(f"peer {self.id}: cannot open {what}: {e.strerror}{hint}")
 
     def _unlinkable(self, pid: str, addr: str, why: str) -> None:
         """A neighbour whose address cannot be dialled (a view from an old coordinator, which
@@ -1869,20 +1950,23 @@ class Peer:
                 c = self.counters
                 # every counter, as PeerCounters says (handler errors were seen only in the log)
                 body["stats"] = {**asdict(c), "nbrs": self._neighbours}
-                if self.stats is not None:
+                if self._stats is not None:
+                    # its errors as a view callback's: counted, a traceback at most every
+                    # FAILURE_LOG_S (a full one each second, for ever, filled the log)
                     try:
-                        body["stats"].update(self.stats())
+                        body["stats"].update(self._stats())
                     except asyncio.CancelledError:
                         if not _cancelled_by_callback():
                             raise
-                        log.exception("peer %s: stats callback failed", self.id)
+                        self._callback_failed("stats callback")
                     except Exception:
-                        log.exception("peer %s: stats callback failed", self.id)
+                        self._callback_failed("stats callback")
             try:
                 self._send_coord("heartbeat", body)
-            except WireError as e:
+            except WireError:
                 # the stats callback returned what cannot go on the wire: beat without it
-                log.error("peer %s: heartbeat stats dropped: %s", self.id, e)
+                self._callback_failed("stats callback", "returned figures that cannot go on the wire "
+                                                        "(heartbeat stats dropped)")
                 body.pop("stats", None)
                 self._send_coord("heartbeat", body)
 

@@ -38,7 +38,7 @@ import numpy as np
 from ..checks import seconds
 from ..errors import ConfigError, PeerTimeout, SwarmError
 from ..link import View
-from .peer import Peer, PeerState, check_handler_type
+from .peer import Peer, PeerState, check_handler_type, check_plain
 
 __all__ = ["SyncPeer"]
 
@@ -165,6 +165,9 @@ class SyncPeer:
         say), gives the start up within :data:`STOP_POLL_S`: it closes what it had built
         and raises :class:`SwarmError`, as a :meth:`close` from another thread would.
         """
+        if stop is not None and not callable(getattr(stop, "is_set", None)):
+            raise ConfigError(f"start(stop={stop!r:.80}): must be an event that a signal handler or "
+                              f"another thread sets, e.g. threading.Event(), or None")
         self._refuse_forked()
         with self._lock:
             if self._closed:
@@ -282,9 +285,11 @@ class SyncPeer:
 
         ``timeout``: seconds to wait for the peer to close; the coordinator's
         confirmation of the leave is waited for half of it at most (and at most
-        :data:`LEAVE_WAIT_S`), the sockets are closed without it. Re-raises a failure of
-        the peer's background loops. From another thread while calls wait, it cuts
-        them short (they raise :class:`SwarmError`). In a child made by ``os.fork()``
+        :data:`LEAVE_WAIT_S`), the sockets are closed without it. Past it (0: at once)
+        the peer's thread closes the peer as it ends, and :class:`PeerTimeout` is raised
+        only if the peer is not closed even then. Re-raises a failure of the peer's
+        background loops. From another thread while calls wait, it cuts them short
+        (they raise :class:`SwarmError`). In a child made by ``os.fork()``
         it does nothing: the peer, its sockets and its thread are the parent's."""
         seconds(timeout, none_ok=True)
         if self._forked():
@@ -300,10 +305,17 @@ class SyncPeer:
             # The leave's confirmation gets half the deadline at most, the rest is for
             # closing the sockets: with the coordinator gone, Peer.close waits it all out.
             leave = LEAVE_WAIT_S if timeout is None else min(LEAVE_WAIT_S, timeout / 2)
+            timed_out = False
             try:
                 if peer is not None:
                     # no grace: _stop_loop cancels what is left and waits for it
                     self.call(peer.close(leave), timeout=timeout, cancel_grace=0)
+            except PeerTimeout as e:
+                if e is peer._failure:   # the peer's own failure, not this call's deadline
+                    raise
+                # the loop thread closes the peer as it ends: this is no error of a call
+                # the user made ("call did not finish within 0 s")
+                timed_out = True
             except SwarmError:
                 # A start() that failed meanwhile (from another thread) stopped the loop:
                 # that close is the one the loop thread makes, and _stop_loop waits for it.
@@ -311,6 +323,9 @@ class SyncPeer:
                     raise
             finally:
                 self._stop_loop()
+            if timed_out and peer.state is not PeerState.CLOSED:
+                raise PeerTimeout(f"SyncPeer.close(): the peer did not close within {timeout} s, nor in the "
+                                  f"5 s its thread was then given to end; that thread may still run")
             if self._thread_error is not None and not self._thread_error_told:
                 raise self._refusal()
 
@@ -340,11 +355,14 @@ class SyncPeer:
         ``timeout``: seconds (None: no deadline); past it the coroutine is cancelled,
         and once it has ended (run its ``finally`` blocks: a gossip round is then no
         longer running, so the next ``call(gossip.round())`` may start at once)
-        :class:`PeerTimeout` is raised. ``cancel_grace``: seconds to wait for that
-        end; a coroutine that has not ended by then (it ignores or delays the
-        cancellation) goes on running on the peer's loop, and the PeerTimeout says
-        so. An exception in the caller's thread while it waits (Ctrl-C) cancels the
-        coroutine too, and waits for it the same way before it propagates.
+        :class:`PeerTimeout` is raised. A coroutine that ended by itself before the
+        cancellation reached it (its last step still ran at the deadline), or that
+        ended otherwise than cancelled, gives its result or its error, as with
+        ``asyncio.wait_for``: its work is done. ``cancel_grace``: seconds to wait
+        for that end; a coroutine that has not ended by then (it ignores or delays
+        the cancellation) goes on running on the peer's loop, and the PeerTimeout
+        says so. An exception in the caller's thread while it waits (Ctrl-C) cancels
+        the coroutine too, and waits for it the same way before it propagates.
         """
         if not asyncio.iscoroutine(coro):
             raise SwarmError(f"call() takes a coroutine, e.g. peer.call(gossip.round()); "
@@ -370,12 +388,17 @@ class SyncPeer:
             handed.cancel(cancel_grace)
             raise
         if not done:
-            if handed.cancel(cancel_grace):
-                raise PeerTimeout(f"call did not finish within {timeout} s; it was cancelled and has ended")
-            if cancel_grace == 0:
-                raise PeerTimeout(f"call did not finish within {timeout} s; it was cancelled")
-            raise PeerTimeout(f"call did not finish within {timeout} s; it was cancelled but had not ended "
-                              f"{cancel_grace} s later, and may still run on the peer's loop")
+            ended = handed.cancel(cancel_grace)
+            # Ended by itself in the gap (the cancel came after its last step), its work is
+            # done: its result stands. Thrown away, a round that had mixed the parameters
+            # was reported as not done.
+            if not fut.done() or fut.cancelled():
+                if ended:
+                    raise PeerTimeout(f"call did not finish within {timeout} s; it was cancelled and has ended")
+                if cancel_grace == 0:
+                    raise PeerTimeout(f"call did not finish within {timeout} s; it was cancelled")
+                raise PeerTimeout(f"call did not finish within {timeout} s; it was cancelled but had not ended "
+                                  f"{cancel_grace} s later, and may still run on the peer's loop")
         if fut.cancelled():
             if self._thread_error is not None:
                 raise self._refusal()
@@ -389,8 +412,10 @@ class SyncPeer:
         return fut.result()
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Schedule a plain function on the peer's loop (fire and forget)."""
+        """Schedule a plain function on the peer's loop (fire and forget); an async
+        one is refused with :class:`ConfigError` (give its coroutine to :meth:`call`)."""
         _check_callable(fn, "call_soon(fn)")
+        check_plain(fn, "call_soon(fn)", ", or give the coroutine to call()")
         self._refuse_forked()
         with self._lock:
             if self._loop is None:
@@ -466,9 +491,11 @@ class SyncPeer:
         return self._on_loop(lambda: self._peer().off(t, _Guarded(handler, self)))
 
     def on_view(self, callback: Callable[[View], None]) -> None:
-        """Call ``callback(view)`` on the peer's thread each time a new view is installed
-        (given before :meth:`start`, from the first view on); :meth:`off_view` takes it off."""
+        """Call ``callback(view)``, a plain function, on the peer's thread each time a new
+        view is installed (given before :meth:`start`, from the first view on);
+        :meth:`off_view` takes it off."""
         _check_callable(callback, "on_view(callback)")
+        check_plain(callback, "on_view(callback)")
         self._refuse_forked()
         with self._lock:
             if self._early():
@@ -493,8 +520,10 @@ class SyncPeer:
 
     def wait_view(self, predicate: Callable[[View], bool], timeout: float | None = 5.0) -> View:
         """:meth:`Peer.wait_view` from the caller's thread: wait until the view satisfies
-        ``predicate`` (e.g. ``lambda view: len(view.members) >= 3``) and return it."""
+        ``predicate``, a plain function (e.g. ``lambda view: len(view.members) >= 3``),
+        and return it."""
         _check_callable(predicate, "wait_view(predicate)")
+        check_plain(predicate, "wait_view(predicate)")
         seconds(timeout, none_ok=True)
         return self.call(self._peer().wait_view(predicate, timeout),
                          timeout=None if timeout is None else timeout + 5.0)
@@ -591,16 +620,18 @@ class _Handed:
         self._task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[Any]) -> None:   # on the loop
-        self.ended.set()
-        if task.cancelled():
-            self.result.cancel()
-        # what wakes concurrent.futures.wait() on a cancelled future (cancel() alone does not)
-        if not self.result.set_running_or_notify_cancel():
-            return
-        if task.exception() is not None:
-            self.result.set_exception(task.exception())
-        else:
-            self.result.set_result(task.result())
+        try:
+            if task.cancelled():
+                self.result.cancel()
+            # what wakes concurrent.futures.wait() on a cancelled future (cancel() alone does not)
+            if not self.result.set_running_or_notify_cancel():
+                return
+            if task.exception() is not None:
+                self.result.set_exception(task.exception())
+            else:
+                self.result.set_result(task.result())
+        finally:
+            self.ended.set()   # last: whoever sees it ended finds its result set
 
     def _cancel(self) -> None:   # on the loop
         # _begin was handed over first, so it has run by now (loop callbacks run in order)
