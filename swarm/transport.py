@@ -46,18 +46,27 @@ def router(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: in
     ])
 
 
+#: ``MAXMSGSIZE`` of a send-only DEALER: libzmq applies it to ZMTP commands too, and the
+#: largest it must take is a CURVE handshake's (WELCOME, 168 bytes); pings are under 100
+SEND_ONLY_MAX_BYTES = 4096
+
+
 def dealer(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: int = 8,
            immediate: bool = False, heartbeat_s: float | None = None,
-           heartbeat_timeout_s: float | None = None, connect_timeout_s: float | None = None) -> zmq.asyncio.Socket:
+           heartbeat_timeout_s: float | None = None, connect_timeout_s: float | None = None,
+           send_only: bool = False) -> zmq.asyncio.Socket:
     """An outbound DEALER with a small send queue and no linger; ``connect_timeout_s``:
     how long a host has to answer a connection before libzmq gives it up and dials again
     (else the OS's SYN retries decide: a host gone without a reset was reached up to a
-    minute after it came back)."""
+    minute after it came back). ``send_only`` (a link's DEALER, never read): it queues
+    one message at most and drops the connection on one over :data:`SEND_ONLY_MAX_BYTES`."""
+    # a send-only DEALER's receive queue is never read: under the full limits, what the
+    # other end sent back (1000 messages of up to 512 MiB) was held for the link's life
     return _socket_with(ctx, zmq.DEALER, [
         (zmq.LINGER, 0),
         (zmq.SNDHWM, hwm),
-        (zmq.RCVHWM, 1000),
-        (zmq.MAXMSGSIZE, limits.max_message_bytes),
+        (zmq.RCVHWM, 1 if send_only else 1000),
+        (zmq.MAXMSGSIZE, SEND_ONLY_MAX_BYTES if send_only else limits.max_message_bytes),
         (zmq.RECONNECT_IVL, 50),
         (zmq.RECONNECT_IVL_MAX, 1000),
         *([(zmq.IMMEDIATE, 1)] if immediate else []),
@@ -103,9 +112,11 @@ def heartbeats(s: zmq.Socket, ivl: float | None, timeout: float | None) -> None:
 
 
 def _check_port(addr: str, verb: str) -> None:
-    # libzmq takes a tcp port modulo 65536: port 99999 would quietly be 34463
+    # libzmq takes a tcp port modulo 65536: port 99999 would quietly be 34463. isascii():
+    # "²" is a digit to isdigit() and not to int(), whose ValueError escaped; libzmq
+    # refuses any port not in 0-9
     port = addr.rpartition(":")[2]
-    if addr.startswith("tcp://") and port.isdigit() and int(port) > 65535:
+    if addr.startswith("tcp://") and port.isascii() and port.isdigit() and int(port) > 65535:
         raise TransportError(f"cannot {verb} {addr}: port {port} is out of range (0-65535)")
 
 
@@ -378,7 +389,8 @@ class BadInput:
             if len(self._last) > 4096:  # bounded memory under a flood of sources
                 self._last.clear()
             self._last[source] = now
-            log.warning("%s: dropped malformed message from %r: %s (%d dropped so far)",
+            # %.300s: a handler's WireError may quote what was sent, at any length
+            log.warning("%s: dropped malformed message from %r: %.300s (%d dropped so far)",
                         self.where, source, err, self.count)
 
 
@@ -519,14 +531,16 @@ class Curve:
         auth = ThreadAuthenticator(zmq.Context.shadow(ctx.underlying))
         try:
             auth.start()
-        except zmq.ZMQError as e:
-            auth.stop()   # closes its ZAP socket, which would hold the context's term() for ever
-            if e.errno != zmq.EADDRINUSE:
-                raise TransportError(f"keys: cannot start the key check: {e.strerror}") from None
-            # one ZAP handler per context (inproc://zeromq.zap.01), and each Curve may have
-            # another authorized/: a shared handler would admit the other one's keys
-            raise ConfigError("keys: another keyed coordinator or peer already checks keys on this zmq "
-                              "context; give each keyed one its own context (leave context= out)") from None
+        except Exception as e:
+            _close_authenticator(auth)
+            if isinstance(e, zmq.ZMQError) and e.errno == zmq.EADDRINUSE:
+                # one ZAP handler per context (inproc://zeromq.zap.01), and each Curve may have
+                # another authorized/: a shared handler would admit the other one's keys
+                raise ConfigError("keys: another keyed coordinator or peer already checks keys on this "
+                                  "zmq context; give each keyed one its own context (leave context= "
+                                  "out)") from None
+            why = e.strerror if isinstance(e, zmq.ZMQError) else f"{type(e).__name__}: {e}"
+            raise TransportError(f"keys: cannot start the key check: {why}") from None
         self._auth = auth
         auth.configure_curve_callback(domain="*", credentials_provider=self._allowed)
 
@@ -544,6 +558,18 @@ class Curve:
         s.curve_secretkey = self.secret
         s.curve_publickey = self.public
         s.curve_serverkey = server_public.encode() if isinstance(server_public, str) else server_public
+
+
+def _close_authenticator(auth: Any) -> None:
+    """Close the sockets of a ThreadAuthenticator whose start() failed part way (its ZAP
+    socket bound, its thread not started: at the thread limit, or not up within 10 s):
+    left open, they held the context's term(), and so the owner's close, for ever. Not
+    ``auth.stop()``: it sends to the thread, which may not run, and joins it."""
+    thread = getattr(auth, "thread", None)
+    for s in (getattr(thread, "pipe", None), auth.pipe, auth.zap_socket):
+        if s is not None:
+            s.close(0)
+    auth.pipe = auth.zap_socket = None   # else its __del__ runs stop(), on closed sockets
 
 
 def _warn_writable(paths: list[Path]) -> None:

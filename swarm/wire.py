@@ -16,6 +16,7 @@ receive loops catch it, count it and drop the message. See ``docs/wire.md``.
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -26,6 +27,7 @@ from zmq import Frame
 from .errors import WireError
 
 __all__ = [
+    "shown",
     "VERSION",
     "DTYPES",
     "PROTOCOL_TYPES",
@@ -144,7 +146,8 @@ def encode(
     Raises :class:`WireError` for a message that a receiver with ``limits``
     would drop (:func:`decode` checks the same): a type that no receiver can
     register (``t`` is registered where it is received, not necessarily here), a bad
-    ``src``, a body that is not a dict or holds what msgpack cannot pack (numpy
+    ``src``, an ``epoch`` or ``seq`` that is not an int of 64 bits, a body that is not
+    a dict or holds what msgpack cannot pack (numpy
     scalars and arrays, sets, other objects) or over the limits (non-str map
     keys, long strings and containers), ``arrays`` that is not a sequence of arrays
     (None: pass ``()`` for none) or holds one numpy cannot make an array of (a
@@ -160,6 +163,10 @@ def encode(
         # int() would take "7" and 3.9 as 7 and 3; a receiver refuses a bool
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise WireError(f"{name} must be an int, got {v!r:.40}")
+        if not -2**63 <= v < 2**64:   # else msgpack refused it, and the body was blamed
+            # str() of an int of over 4300 digits raises ValueError
+            got = v if v.bit_length() <= 128 else f"an int of {v.bit_length()} bits"
+            raise WireError(f"{name} must be an int of 64 bits (-2**63 to 2**64 - 1), got {got}")
     if body is None:
         body = {}
     elif not isinstance(body, dict):
@@ -306,6 +313,27 @@ def _problem(x: Any, where: str, limits: Limits) -> str | None:
             f"bool or None")
 
 
+class _ShortRepr(reprlib.Repr):
+    """reprlib's, cutting bytes before making their repr (reprlib makes it whole first)."""
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        return repr(x[:self.maxstring]) + ("..." if len(x) > self.maxstring else "")
+
+
+_short = _ShortRepr()
+_short.maxlevel, _short.maxlist, _short.maxdict, _short.maxstring = 2, 6, 4, 60
+#: characters of a sender's value that an error text quotes at most
+MAX_SHOWN = 100
+
+
+def shown(x: Any) -> str:
+    """``repr(x)``, at most :data:`MAX_SHOWN` characters, for a value a sender chose: a whole
+    repr of a 4 MB header's list of 4M ints was a 12 MB error text, made and logged at 7x
+    the cost of accepting a message."""
+    s = _short.repr(x)
+    return s if len(s) <= MAX_SHOWN else f"{s[:MAX_SHOWN - 3]}..."
+
+
 def _buffer(frame: Any) -> memoryview:
     """The bytes of a received frame (bytes or memoryview; :func:`decode` reads a zmq.Frame
     as it is) without copying."""
@@ -352,12 +380,12 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
         raise WireError("header is not a map")
     v = h.get("v")
     if v != VERSION:
-        raise WireError(f"protocol version {v!r}, expected {VERSION}")
+        raise WireError(f"protocol version {shown(v)}, expected {VERSION}")
     t, src = h.get("t"), h.get("src")
     if type(t) is not str or t not in _TYPES:   # str first: a list is not hashable
-        raise WireError(f"unknown message type {t!r}")
+        raise WireError(f"unknown message type {shown(t)}")
     if type(src) is not str or not src or len(src) > MAX_SRC_LEN:
-        raise WireError(f"bad src {src!r}")
+        raise WireError(f"bad src {shown(src)}")
     epoch, seq = h.get("epoch", 0), h.get("seq", 0)
     if type(epoch) is not int or type(seq) is not int:
         raise WireError("epoch and seq must be integers")
@@ -402,13 +430,13 @@ def _arrays(descs: list[Any], bufs: list[Any], sizes: list[int], max_ndim: int) 
         name, shape = desc
         dt = _DT.get(name) if type(name) is str else None
         if dt is None:
-            raise WireError(f"array {i}: dtype {name!r} not allowed")
+            raise WireError(f"array {i}: dtype {shown(name)} not allowed")
         if type(shape) is not list or len(shape) > max_ndim:
-            raise WireError(f"array {i}: bad shape {shape!r}")
+            raise WireError(f"array {i}: bad shape {shown(shape)}")
         dtype, expect = dt
         for d in shape:
             if type(d) is not int or d < 0:
-                raise WireError(f"array {i}: bad shape {shape!r}")
+                raise WireError(f"array {i}: bad shape {shown(shape)}")
             expect *= d
         nbytes = sizes[i + 1]
         if expect != nbytes:
@@ -429,5 +457,5 @@ def _arrays(descs: list[Any], bufs: list[Any], sizes: list[int], max_ndim: int) 
         try:
             arrays.append(np.empty(shape, dtype))
         except (ValueError, OverflowError) as e:
-            raise WireError(f"array {i}: bad shape {shape!r}: {e}") from None
+            raise WireError(f"array {i}: bad shape {shown(shape)}: {e}") from None
     return arrays

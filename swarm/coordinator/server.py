@@ -90,14 +90,14 @@ __all__ = ["Coordinator"]
 def _int(body: dict[str, Any], key: str, default: int | None = None) -> int:
     v = body.get(key, default)
     if not isinstance(v, int) or isinstance(v, bool):
-        raise WireError(f"{key} must be an integer, got {v!r}")
+        raise WireError(f"{key} must be an integer, got {wire.shown(v)}")
     return v
 
 
 def _str(body: dict[str, Any], key: str) -> str:
     v = body.get(key)
     if not isinstance(v, str) or not v or len(v) > 512:
-        raise WireError(f"{key} must be a non-empty string, got {v!r}")
+        raise WireError(f"{key} must be a non-empty string, got {wire.shown(v)}")
     return v
 
 

@@ -1853,8 +1853,10 @@ class Peer:
             return None
         s = None
         try:
+            # send-only: what a neighbour sends back on it is never read, so libzmq holds none of it
             s = tp.dealer(self._ctx, limits=self.limits, hwm=cfg.data_hwm, heartbeat_s=cfg.link_heartbeat_s,
-                          heartbeat_timeout_s=cfg.link_timeout_s, connect_timeout_s=LINK_CONNECT_TIMEOUT_S)
+                          heartbeat_timeout_s=cfg.link_timeout_s, connect_timeout_s=LINK_CONNECT_TIMEOUT_S,
+                          send_only=True)
             if self._curve is not None:
                 self._curve.client(s, m.key)
             mon = s.get_monitor_socket(_LINK_EVENTS)

@@ -142,3 +142,19 @@ def test_the_watch_table_cuts_a_line_to_the_terminal_only_at_whole_escapes():
         assert format_table(_doc(["p"], last_error="ab\x1bcd"), width=width).splitlines()[3] == prefix + tail
     wide = format_table(_doc(["p"], last_error="日本語"), width=len(prefix) + 3).splitlines()[3]
     assert wide == prefix + "日"
+
+
+def test_a_join_with_a_huge_bad_rank_is_refused_with_a_short_reason():
+    # The refusal quoted the 60,000-character rank whole: its reason could not go on the
+    # wire (a string over the limit), so the joiner got no answer at all
+    async def main() -> None:
+        async with _coordinator() as coord:
+            with _dealer(coord) as s:
+                for rank in ("seven", "\x00" * 60_000):
+                    s.send_multipart(wire.encode("join", "x", body={"addr": ADDR, "rank": rank, "inc": 1}))
+                    await until(lambda: s.poll(0), 5, what="the coordinator's answer to a bad rank")
+                    m = wire.decode(s.recv_multipart())
+                    assert m.t == "refuse" and "rank" in m.body["reason"], m
+                    assert len(m.body["reason"]) < 300, len(m.body["reason"])
+
+    asyncio.run(main())
