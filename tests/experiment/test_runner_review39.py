@@ -27,13 +27,28 @@ GRADIENTS = ["peers=2", "dqn.learning_starts=100", "dqn.batch_size=16", "dqn.tra
              "gossip.sync=async", "gossip.average=false", "gossip.round_timeout_s=5"]
 
 
-def _two(spec, addr: str, run_dir: Path, stop: threading.Event | None = None) -> tuple[dict, list]:
+def _two(spec, addr: str, run_dir: Path, stop: threading.Event) -> tuple[dict, dict, list]:
+    """Peers 0 and 1 in threads of their own: their summaries, what each raised, the threads."""
     out: dict[int, dict] = {}
-    threads = [threading.Thread(target=lambda r=r: out.update({r: run_peer(
-        spec, r, addr, run_dir, stop=stop, tensorboard=False, join_timeout=20)})) for r in (0, 1)]
+    errors: dict[int, BaseException] = {}
+
+    def run(r: int) -> None:
+        try:
+            out[r] = run_peer(spec, r, addr, run_dir, stop=stop, tensorboard=False, join_timeout=20)
+        except BaseException as e:   # else only printed, and the test's out[r] says KeyError
+            errors[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
     for t in threads:
         t.start()
-    return out, threads
+    return out, errors, threads
+
+
+def _ended(threads: list[threading.Thread], errors: dict) -> None:
+    """Both threads ended and neither raised (the first error is raised again here)."""
+    assert not any(t.is_alive() for t in threads)
+    for e in errors.values():
+        raise e
 
 
 def test_a_gradient_that_apply_gradient_refuses_is_counted_and_the_peer_trains_on(coordinator, tmp_path,
@@ -56,10 +71,16 @@ def test_a_gradient_that_apply_gradient_refuses_is_counted_and_the_peer_trains_o
     monkeypatch.setattr(GradientRelay, "take", spoiling_take)
     caplog.set_level(logging.WARNING, logger="swarm.experiment")
     spec = load_spec(None, GRADIENTS + ["budget.env_steps=600"])
-    out, threads = _two(spec, coordinator, tmp_path)
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads)
+    stop = threading.Event()
+    out, errors, threads = _two(spec, coordinator, tmp_path, stop)
+    try:
+        for t in threads:
+            t.join(30)   # 60 s in all: within pytest's timeout (120 s), so that the finally runs in time
+    finally:
+        stop.set()   # a peer still running past the deadline ends ("stopped", not "budget")
+        for t in threads:
+            t.join(30)
+    _ended(threads, errors)
     assert spoiled, "no gradient reached peer1"
     assert [out[r]["reason"] for r in (0, 1)] == ["budget", "budget"], out
     assert out[1]["relay"]["refused"] == 1 and out[0]["relay"]["refused"] == 0, out[1]["relay"]
@@ -98,7 +119,7 @@ def test_the_heartbeats_codec_ratio_counts_gradients_not_messages(coordinator, t
     showed ~2 (and a pass, which carries no vector, counted as one)."""
     spec = load_spec(None, GRADIENTS + ["budget.env_steps=1000000"])
     stop = threading.Event()
-    out, threads = _two(spec, coordinator, tmp_path, stop)
+    out, errors, threads = _two(spec, coordinator, tmp_path, stop)
     try:
         def figures():
             rows = [m.get("stats") or {} for m in status(coordinator, 0.5)["members"]]
@@ -109,7 +130,7 @@ def test_the_heartbeats_codec_ratio_counts_gradients_not_messages(coordinator, t
         stop.set()
         for t in threads:
             t.join(60)
-    assert not any(t.is_alive() for t in threads)
+    _ended(threads, errors)
     for s in rows:
         assert s["codec_ratio"] == pytest.approx(1.0, abs=0.01), s
     for r in (0, 1):
