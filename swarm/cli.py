@@ -364,6 +364,17 @@ def _config(args: argparse.Namespace, *later: str) -> SwarmConfig:
     return load_config(getattr(args, "config", None), [*(getattr(args, "set", None) or []), *later])
 
 
+def _same_graph(edges: Any, theirs: Any) -> bool:
+    """Whether two edge lists name the same undirected edges, in any order or direction."""
+    def pairs(es: Any) -> set[frozenset[Any]] | None:
+        try:
+            return {frozenset(e) for e in es}
+        except TypeError:   # not a list of pairs: from_dict says what is wrong with it
+            return None
+    mine = pairs(edges)
+    return mine is not None and mine == pairs(theirs)
+
+
 def _peer_config(args: argparse.Namespace, spec: Any) -> PeerConfig:
     """`swarm peer`'s config: the file, ``--set`` overrides, then --topology and --bind,
     checked once with all of them in place (a ``peer.advertise`` beside --bind's fixed
@@ -382,7 +393,7 @@ def _peer_config(args: argparse.Namespace, spec: Any) -> PeerConfig:
         if spec is not None:
             given = _set_keys(args.set)
             for key, theirs in (("topology", spec.gossip.topology), ("edges", spec.gossip.edges)):
-                if key not in peer or peer[key] == theirs:
+                if key not in peer or peer[key] == theirs or (key == "edges" and _same_graph(peer[key], theirs)):
                     continue
                 if key == "topology" and args.topology:
                     where, drop = f"--topology {args.topology}", "drop --topology"

@@ -18,6 +18,7 @@ from __future__ import annotations
 __all__ = [
     "SwarmError",
     "ConfigError",
+    "EncodedTooLarge",
     "WireError",
     "TransportError",
     "MembershipError",
@@ -33,6 +34,12 @@ class SwarmError(Exception):
 
 class ConfigError(SwarmError, ValueError):
     """A config key or value is wrong; the message names the key and the value."""
+
+
+class EncodedTooLarge(ConfigError):
+    """A gradient the relay will not publish: what its codec would send decodes past
+    ``MAX_GRAD`` (error feedback adds its residual, QSGD's levels can pass a block's
+    largest entry). Nothing was sent; an agent passes that turn."""
 
 
 class WireError(SwarmError, ValueError):

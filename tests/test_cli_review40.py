@@ -155,6 +155,8 @@ def custom(tmp_path) -> Path:
 
 @pytest.mark.parametrize("more", [["--topology", "custom"],
                                   ["--set", "peer.topology=custom", "--set", "peer.edges=[[0, 1], [1, 2]]"],
+                                  # the same undirected edges, in another order and direction
+                                  ["--set", "peer.topology=custom", "--set", "peer.edges=[[2, 1], [1, 0]]"],
                                   []])
 def test_a_custom_graph_that_agrees_with_the_spec_starts(nothing_starts, custom, tmp_path, more):
     # --topology custom, the spec's own, was refused: "peer.edges: topology = custom needs an edge list"

@@ -197,6 +197,8 @@ class TopK(_Sparse):
         if not t.is_floating_point():
             return None  # the CPU path names the bad dtype
         v = t.detach().reshape(-1).float()
+        if t.element_size() > 4 and bool(torch.isinf(v).sum() > torch.isinf(t).sum()):
+            return None   # finite float64 past float32's range: the CPU path refuses it
         n = v.numel()
         k = self.k_for(n)
         if k == 0:

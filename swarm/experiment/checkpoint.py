@@ -69,6 +69,7 @@ import re
 import secrets
 import shutil
 import time
+import warnings
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -647,18 +648,33 @@ class _NotItsDigest(Exception):
     """A state.pt whose bytes are not those its manifest's digest describes."""
 
 
+class _Unloadable(RuntimeError):
+    """Why torch's restricted unpickler refused a state.pt that is not its manifest's, in
+    one line."""
+
+
 def _load_state_pt(data: bytes, want: str | None) -> Any:
     """A state.pt's bytes unpickled once they match ``want``, the digest in its manifest
     (None: a manifest from before it); _NotItsDigest when they do not.
 
     The full unpickler runs whatever the file holds, so it gets only the file this
     package wrote. Another is read by torch's restricted one, which runs nothing, only
-    for what is wrong with it: a torn or foreign file's error goes up as torch.load's did.
+    for what is wrong with it: a torn or foreign file's error goes up as ``_Unloadable``,
+    in one line (torch's own text ran to ~750 characters advising ``weights_only=False``,
+    and a foreign pickle's warnings went to stderr).
     """
     import torch  # noqa: PLC0415
 
     if want is not None and want != _bytes_digest(data):
-        torch.load(io.BytesIO(data), weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                torch.load(io.BytesIO(data), weights_only=True)
+            except Exception as e:
+                # torch's text wraps the unpickler's own in advice to load with weights_only=False
+                found = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
+                line = found.group(1) if found else (str(e).splitlines() or [""])[0]
+                raise _Unloadable(f"{type(e).__name__}: {line}" if line else type(e).__name__) from None
         raise _NotItsDigest
     return torch.load(io.BytesIO(data), weights_only=False)  # our own file: RNG states, not just tensors
 

@@ -121,7 +121,7 @@ from .. import wire
 from ..checks import MAX_GRAD, is_int, largest_abs, seconds
 from ..compress import Encoded, get_codec, split_ef
 from ..compress.sparse import _Sparse
-from ..errors import ConfigError, GossipError, WireError
+from ..errors import ConfigError, EncodedTooLarge, GossipError, WireError
 from ..link import Link
 from ..transport import _EVENTS, _POLLIN   # ints: pyzmq's enums cost an operation per use
 from ..wire import Message
@@ -734,7 +734,7 @@ class GradientRelay:
         enc, out = self._codec.encode_decoded(g)
         if not largest_abs(out) <= MAX_GRAD:
             self._codec = before
-            raise ConfigError(f"gradient decodes with codec {self.codec_spec!r} to entries above {MAX_GRAD:.3g} "
+            raise EncodedTooLarge(f"gradient decodes with codec {self.codec_spec!r} to entries above {MAX_GRAD:.3g} "
                               f"(up to {largest_abs(out):.3g}; ef+ adds the residual of earlier publishes, and "
                               "qsgd's levels can pass a block's largest entry), which every peer would refuse; "
                               "not published (nothing sent, the residual unchanged): scale or clip gradients "

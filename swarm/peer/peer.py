@@ -976,7 +976,8 @@ class Peer:
         """:meth:`send` without waiting, for callers on the peer's loop that must not
         yield (no task per message): False, and counted, when ``dst`` is unknown (a
         message is never held for it), the peer is closed or the queue is full;
-        :class:`WireError` as for :meth:`send`."""
+        :class:`WireError` and :class:`ConfigError` as for :meth:`send`."""
+        _check_id(dst, self.id, "send_nowait(dst")
         _check_sendable(t, self.id)
         return self._send_now(dst, t, body, arrays)
 
@@ -991,7 +992,7 @@ class Peer:
                   hold: float | None = None) -> tuple[bool, _Link | None, list[Any]]:
         """Queue the message on ``dst``'s link: (sent, the link, the frames); a ``dst``
         outside the view is held for up to ``hold`` seconds where :meth:`_hold` can."""
-        _check_id(dst, self.id, "send(dst")
+        _check_id(dst, self.id, "send(dst")   # send_nowait checked it under its own name
         self._raise_failure()
         try:
             frames = wire.encode(t, self.id, epoch=self._view.epoch, seq=next(self._seq), body=body,

@@ -21,6 +21,7 @@ neighbours; the agent only adds, samples and updates priorities.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -31,12 +32,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checks import MAX_GRAD, is_int, largest_abs
-from ..errors import ConfigError, ReplayError, SwarmError
+from ..errors import ConfigError, EncodedTooLarge, ReplayError, SwarmError
 from ..peer.agent import BaseAgent, check_outcome
 from .flat import FlatAdam, clip_norm_, flatten_gradients, flatten_parameters, is_flat
 from .hparams import DQNConfig
 
 __all__ = ["DQNAgent", "QNetwork", "dqn_schema"]
+
+log = logging.getLogger(__name__)
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
@@ -148,12 +151,14 @@ class DQNAgent(BaseAgent):
         #: what the other peers apply when they receive it. They feed theirs to
         #: apply_gradient(). Called with None when this agent takes no update at a step
         #: where it learns (too little data, a rate limiter, a non-finite gradient): the
-        #: others then do not wait for one.
+        #: others then do not wait for one. A gradient it refuses with EncodedTooLarge
+        #: (nothing sent) is passed so too, and counted in skipped and refused.
         self.publish: Callable[[np.ndarray | None], np.ndarray | None] | None = None
         #: Trains at the steps where steps % train_every == phase; peers that share
         #: gradients take turns by rank.
         self.phase = 0
         self.skipped = 0    # updates not taken for a non-finite loss or gradient (with publish: passed)
+        self.refused = 0    # of them, gradients publish refused (EncodedTooLarge; first one logged)
         self.unusable = 0   # sampled items no update could learn from (see _unusable), left out
         self._obs: np.ndarray | None = None
         self._action: int | None = None
@@ -282,9 +287,13 @@ class DQNAgent(BaseAgent):
         else:  # the swarm shares this gradient; apply what the others will apply
             try:
                 shared = self.publish(self._grad_vec)
-            except ConfigError:
+            except EncodedTooLarge as e:
                 # The relay sent nothing: what its codec would send decodes past MAX_GRAD
-                # (error feedback adds its residual, QSGD rounds up). Passed, as a skipped update.
+                # (error feedback adds its residual, QSGD rounds up). Passed, as a skipped
+                # update; any other refusal (a relay of another size, a bad clock) goes up.
+                if not self.refused:
+                    log.warning("a gradient the relay refused is passed (counted as skipped): %s", e)
+                self.refused += 1
                 self.skipped += 1
                 self._pass()
                 return loss

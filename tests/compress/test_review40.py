@@ -142,3 +142,15 @@ def test_qsgd_32767_error_stays_within_a_level():
     norm = np.repeat(np.linalg.norm(x.astype(np.float64).reshape(-1, 2), axis=1), 2)
     # slack: float32's rounding of the norm and of mult = norm / s
     assert (np.abs(y - x) <= norm / s * (1 + 2.0 ** -21)).all()
+
+
+def test_topk_device_path_leaves_float64_past_float32_range_to_the_cpu_check():
+    # The accelerator path cast with .float() and sent Inf for 1e39 (run here on a CPU
+    # tensor: the path is plain torch). It now falls back to the CPU path, which refuses it.
+    torch = pytest.importorskip("torch")
+    from swarm.compress import get_codec
+    codec = get_codec("topk:0.5")
+    t = torch.tensor([1e39, 1.0, -2.0, 3.0], dtype=torch.float64)
+    assert codec._encode_device(t) is None
+    ok = codec._encode_device(torch.tensor([1e30, 1.0, -2.0, 3.0], dtype=torch.float64))
+    assert ok is not None

@@ -179,3 +179,25 @@ def test_a_state_pt_that_does_not_match_its_digest_is_refused_before_it_is_unpic
         load_checkpoint(inc)
     assert not mark.exists(), "the replaced state.pt was unpickled"
     assert str(e.value).startswith(why), e.value
+
+
+class _Foreign:
+    """A class of this test module: torch's restricted unpickler refuses it."""
+
+
+@pytest.mark.parametrize("data", [b"\x00garbage" * 10, None], ids=["garbage", "foreign pickle"])
+def test_a_state_pt_not_its_manifests_is_refused_in_one_short_line(tmp_path, recwarn, data):
+    # The restricted load's own error became the checkpoint's: ~750 characters over
+    # several lines advising weights_only=False, and torch's pickle warnings on stderr
+    import pickle
+
+    agent = _agent()
+    ck = Checkpointer(tmp_path / "ckpt", agent, agent.buffer, lambda: {"env_steps": agent.steps})
+    _train(agent, 25, ck)
+    path = tmp_path / "ckpt" / ck.full(background=False)
+    (path / "state.pt").write_bytes(data if data is not None else pickle.dumps({"agent": _Foreign()}))
+    with pytest.raises(ConfigError) as e:
+        load_checkpoint(path)
+    text = str(e.value)
+    assert "cannot be read (damaged?): state.pt: UnpicklingError: " in text and "weights_only" not in text and "\n" not in text and len(text) < 400, text
+    assert not [w for w in recwarn if "pickle" in str(w.message).lower()], [str(w.message) for w in recwarn]

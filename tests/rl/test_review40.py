@@ -137,7 +137,7 @@ def test_a_gradient_the_relay_refuses_is_a_passed_turn_not_the_end_of_training(r
     """Before the fix, a ConfigError from publish (GradientRelay refuses a gradient whose
     encoding decodes past MAX_GRAD: error feedback adds its residual, QSGD rounds up)
     went up through learn() and ended the peer's training loop."""
-    from swarm.errors import ConfigError
+    from swarm.errors import ConfigError, EncodedTooLarge
 
     _fill(replay, 40)
     agent = DQNAgent((4,), 2, replay, DQNConfig(batch_size=8), seed=0)
@@ -146,11 +146,18 @@ def test_a_gradient_the_relay_refuses_is_a_passed_turn_not_the_end_of_training(r
     def publish(g):
         calls.append(g is None)
         if g is not None:
-            raise ConfigError("relay publish: the encoded gradient decodes to |g| above MAX_GRAD; not published")
+            raise EncodedTooLarge("relay publish: the encoded gradient decodes to |g| above MAX_GRAD; not published")
         return None
     agent.publish = publish
     before = agent.flat.clone()
     loss = agent.learn()
     assert loss is not None and np.isfinite(loss)
     assert calls == [False, True]   # refused, then the turn passed
-    assert agent.skipped == 1 and agent.updates == 0 and torch.equal(agent.flat, before)
+    assert agent.skipped == agent.refused == 1 and agent.updates == 0 and torch.equal(agent.flat, before)
+    # any other refusal (a relay of another size, a bad clock) is the caller's error: it goes up
+
+    def misconfigured(g):
+        raise ConfigError("gradient of length 4610; this relay carries 4611")
+    agent.publish = misconfigured
+    with pytest.raises(ConfigError, match="this relay carries"):
+        agent.learn()
