@@ -56,6 +56,7 @@ __all__ = ["Increment", "Snapshot", "save", "load", "save_incremental", "take_in
 FORMAT = 1
 _CHUNK = 1 << 15  # most rows per locked copy: ~3 MB for obs float32[8] transitions
 _CHUNK_BYTES = 4 << 20   # and most bytes: image observations make rows of tens of kB
+_OWN = ("_leaf", "_ticket", "_origin", "_seq", "_time")   # the columns every snapshot has besides its fields
 
 
 def _columns(buf: "ReplayBuffer") -> dict[str, np.ndarray]:
@@ -67,7 +68,8 @@ def _columns(buf: "ReplayBuffer") -> dict[str, np.ndarray]:
 
 def _check_target(path: Path, increment: bool = False) -> None:
     """Raise unless ``path`` may be replaced by a snapshot (an incremental one if
-    ``increment``): absent, an empty directory or a snapshot of the same kind.
+    ``increment``): absent, an empty directory or a snapshot of the same kind (its
+    meta.json one this module writes, or, damaged, with nothing but snapshot files).
 
     Anything else would be renamed aside and deleted with the old snapshot: a
     results directory given by mistake would lose every file in it, and an
@@ -80,9 +82,17 @@ def _check_target(path: Path, increment: bool = False) -> None:
     if path.is_dir() and not path.is_symlink() and (path / "meta.json").is_file():
         try:
             meta = json.loads((path / "meta.json").read_text())
-        except (OSError, ValueError):   # a damaged snapshot: replaced, as it always was
-            return
-        held = isinstance(meta, dict) and "since" in meta
+        except (OSError, ValueError):
+            meta = None
+        if not (isinstance(meta, dict) and meta.get("format") == FORMAT and "schema" in meta
+                and "capacity" in meta):
+            # Any folder may hold a meta.json: replaced only if all else there is a snapshot's
+            if _snapshot_files(path):
+                return
+            raise ReplayError(f"{path} exists and is not a replay snapshot (its meta.json is not one, and it holds "
+                              "other files): a snapshot replaces its directory whole, so give a new path "
+                              "(or remove it first)")
+        held = "since" in meta
         if held == increment:
             return
         if increment:
@@ -92,6 +102,19 @@ def _check_target(path: Path, increment: bool = False) -> None:
                           "give a new path (or remove it first)")
     raise ReplayError(f"{path} exists and is not a replay snapshot: a snapshot replaces its directory "
                       "whole, so give a new path (or remove it first)")
+
+
+def _snapshot_files(path: Path) -> bool:
+    """Whether the directory ``path`` holds only files a snapshot (or an increment) writes:
+    meta.json and ``.npy`` files, its own columns among them."""
+    try:
+        entries = list(path.iterdir())
+    except OSError:
+        return False
+    names = {p.name for p in entries}
+    return (all(p.name == "meta.json" or (p.suffix == ".npy" and p.is_file() and not p.is_symlink())
+                for p in entries)
+            and {f"{k}.npy" for k in _OWN} <= names)
 
 
 class _Frozen:
@@ -569,7 +592,9 @@ class Increment:
             _save_array(tmp / "_slots.npy", self.slots)
             write_synced(tmp / "meta.json", json.dumps(self.meta).encode())
             _replace(tmp, path, increment=True)
-        except OSError as e:
+        except ReplayError:   # _replace's second look at path
+            raise
+        except (OSError, ValueError) as e:   # ValueError: a file name open() refuses (a NUL)
             raise ReplayError(f"incremental snapshot to {path} failed: {e}") from e
         finally:
             shutil.rmtree(tmp, ignore_errors=True)   # gone once renamed; what a failed save left

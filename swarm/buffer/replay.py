@@ -459,6 +459,15 @@ class ReplayBuffer:
         runs = [(start, min(cap, start + n), 0)]
         if start + n > cap:
             runs.append((0, start + n - cap, cap - start))
+        leaf = None
+        if self.sampler == "prioritized" and (raw is not None or self.decay):
+            # Computed and checked before any column is written: a refused leaf must leave
+            # the items out whole, not in the ring but missing from the id index and tree.
+            if self.decay:
+                self._maybe_rebase(float(np.maximum.reduce(times)))
+            leaf = self._leaf(np.full(n, self._max_p) if raw is None else raw, times)
+            if not 0.0 <= np.minimum.reduce(leaf):   # a NaN fails it too (and is the min)
+                raise ReplayError("priorities of the items to store must be finite and >= 0; nothing stored")
         if self._saver is not None:
             self._saver.preserve(idx % cap)
         # Overwritten items from others leave the id index. Only a slot that holds an item
@@ -483,17 +492,13 @@ class ReplayBuffer:
         self._next += n
         self.limiter.inserted += n
         if self.sampler == "prioritized":
-            if raw is None and not self.decay:
+            if leaf is None:
                 # Local items without decay all get the same leaf: no array to build.
                 for a, b, off in runs:
                     self._tree.fill_range(a, b - a, self._max_p)
                 return idx
-            if self.decay:
-                self._maybe_rebase(float(np.maximum.reduce(times)))
-            p = np.full(n, self._max_p) if raw is None else raw
             if raw is not None:
                 self._max_p = max(self._max_p, float(np.maximum.reduce(raw)))
-            leaf = self._leaf(p, times)
             for a, b, off in runs:
                 self._tree.set_range(a, leaf if whole else leaf[off:off + b - a])
         return idx
@@ -502,9 +507,12 @@ class ReplayBuffer:
         if not self.decay:
             return raw
         # capped as raw priorities are: the factor reaches e^40 before a rebase (inf, past
-        # float's range, is capped too)
-        with np.errstate(over="ignore"):
-            return np.minimum(raw * np.exp(self.decay * (times - self._base)), self._max_raw)
+        # float's range, is capped too). A 0 stays 0: with the rebase deferred by a snapshot
+        # the factor can be inf, and 0 * inf is NaN.
+        with np.errstate(over="ignore", invalid="ignore"):
+            leaf = np.minimum(raw * np.exp(self.decay * (times - self._base)), self._max_raw)
+        leaf[raw == 0] = 0.0
+        return leaf
 
     def _maybe_rebase(self, t: float) -> None:
         if self.decay * (t - self._base) <= _REBASE_AFTER or self._saver is not None:

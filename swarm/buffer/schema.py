@@ -15,6 +15,7 @@ __all__ = ["Field", "Schema"]
 
 # Field names the buffer keeps for itself on disk and on the wire.
 _RESERVED = frozenset({"_ids", "_seq", "_origin", "_time", "_priority", "_ticket"})
+_NAME_BYTES = 200   # <name>.npy stays within the 255 bytes a file name may have
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ class Schema:
         for name, spec in fields.items():
             if not isinstance(name, str) or not name or name in _RESERVED or name.startswith("_"):
                 raise ReplayError(f"schema field name {name!r} is not allowed (non-empty str, no leading '_')")
+            # A snapshot stores the field as <name>.npy: a path there would write (and a
+            # crafted meta.json read) outside the snapshot, or make every save fail.
+            if not _file_name(name):
+                raise ReplayError(f"schema field name {name!r:.100} is not allowed: it names the field's file in a "
+                                  f"snapshot, so give a name without '/', '\\' or NUL, not '.' or '..', "
+                                  f"of at most {_NAME_BYTES} bytes in UTF-8")
             try:
                 dtype, shape = spec
             except (TypeError, ValueError):
@@ -170,6 +177,16 @@ class Schema:
             lost = np.isfinite(a) & ~np.isfinite(a.astype(f.dtype))
         if lost.any():
             raise ReplayError(f"field {f.name!r}: {a[lost].flat[0]} overflows {f.dtype} (largest {hi:g})")
+
+
+def _file_name(name: str) -> bool:
+    """Whether ``name`` + ".npy" names a file inside a snapshot's directory: no path, no
+    NUL, at most _NAME_BYTES in UTF-8 (a lone surrogate, which UTF-8 cannot encode, is refused)."""
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return False
+    return size <= _NAME_BYTES and name not in (".", "..") and not any(c in name for c in "/\\\0")
 
 
 _SAFE, _NARROW = "safe", "narrow"
