@@ -169,15 +169,19 @@ class Checkpointer:
         try:
             return self._step(env_steps)
         except (OSError, SwarmError) as e:
-            self.failures += 1
-            self.last_error = str(e)
-            try:   # what a restart would load: an increment, if one is newer than the full one
-                kept = committed(self.root)[:1]
-            except SwarmError:
-                kept = []
-            log.error("checkpoint failed: %s; training goes on (%s)", e,
-                      f"the newest checkpoint stays {kept[0].name}" if kept else "no checkpoint is committed yet")
+            self._failed(e, "training goes on")
             return None
+
+    def _failed(self, e: BaseException, then: str) -> None:
+        """Count and log checkpoint failure ``e``; ``then``: what happens next."""
+        self.failures += 1
+        self.last_error = str(e)
+        try:   # what a restart would load: an increment, if one is newer than the full one
+            kept = committed(self.root)[:1]
+        except SwarmError:
+            kept = []
+        log.error("checkpoint failed: %s; %s (%s)", e, then,
+                  f"the newest checkpoint stays {kept[0].name}" if kept else "no checkpoint is committed yet")
 
     def _step(self, env_steps: int) -> str | None:
         done = self._poll()
@@ -196,13 +200,22 @@ class Checkpointer:
 
     # ------------------------------------------------------------- writing
     def full(self, background: bool = True) -> str | None:
-        """Start a full checkpoint; with ``background=False`` wait for it and return its name."""
+        """Start a full checkpoint; with ``background=False`` wait for it and return its name.
+
+        One still in flight is finished first; its failure is counted in :attr:`failures`
+        and logged, and this one is taken all the same.
+        """
         import torch  # noqa: PLC0415
 
         from ..buffer.persist import save  # noqa: PLC0415
 
         if self._pending is not None:
-            self._wait_pending()
+            # One that failed (a disk full for a while) is counted, not raised: the new one,
+            # newer state, may well be written, and close() depends on it being tried.
+            try:
+                self._wait_pending()
+            except (OSError, SwarmError) as e:
+                self._failed(e, "taking a new full checkpoint")
         c = _plain_counters(self.counters())
         self._last_full_t, self._last_full_step, self._last_inc_step = self.clock(), c["env_steps"], c["env_steps"]
         if self._n is None:   # the folder could not be made or listed when this Checkpointer was
@@ -246,6 +259,19 @@ class Checkpointer:
             return self.full(background=False)  # nothing to take a delta against, or every row changed
         base_name, base_params, since = self._base
         c = _plain_counters(self.counters())
+        # The increment's rows and the buffer's digest describe one moment: both come from
+        # one chunk-by-chunk, copy-on-write reading of the buffer as it was then, as a full
+        # snapshot reads it, hashed outside the lock. The disk writes and syncs come after
+        # it: inserts and samples wait one chunk copy at most, neither for the hashing nor
+        # for the disk.
+        try:
+            inc = take_incremental(self.buf, since, digest=True)
+        except ReplayError:
+            if self.buf.total_added - since <= self.buf.capacity:
+                raise
+            # a neighbour's items (inserted on the peer's thread) came after the check above:
+            # every row may have changed since the full one
+            return self.full(background=False)
         self._last_inc_step = c["env_steps"]
         self._inc += 1
         name = f"{base_name}-inc-{self._inc:04d}"
@@ -259,12 +285,6 @@ class Checkpointer:
             files = _write_state(tmp / "state.pt", {
                 "kind": "incremental", "base": base_name, "agent": state,
                 "params_xor": torch.from_numpy(xor.view(np.int32)), "counters": c, "torch_rng": _torch_rng()})
-            # The increment's rows and the buffer's digest describe one moment: both come from
-            # one chunk-by-chunk, copy-on-write reading of the buffer as it was then, as a full
-            # snapshot reads it, hashed outside the lock. The disk writes and syncs come after
-            # it: inserts and samples wait one chunk copy at most, neither for the hashing nor
-            # for the disk.
-            inc = take_incremental(self.buf, since, digest=True)
             dig = _state_digest(params, inc.digest)
             rows = inc.write(tmp / "buffer")
             self._commit(name, tmp, {"counters": c, "digest": dig, "base": base_name, "rows": rows, "files": files,
@@ -272,10 +292,12 @@ class Checkpointer:
         return name
 
     def close(self) -> str | None:
-        """Finish a full checkpoint in flight, then write a final full one (synchronously)."""
-        if self._pending is not None:
-            self._wait_pending()
-        return self.full(background=False)
+        """Finish a full checkpoint in flight, then write a final full one (synchronously).
+
+        The one in flight failing is counted in :attr:`failures` and logged; the final one
+        is written all the same (its own failure raises).
+        """
+        return self.full(background=False)   # which finishes the one in flight first
 
     # ------------------------------------------------------------- plumbing
     def _poll(self) -> str | None:

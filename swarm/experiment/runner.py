@@ -603,22 +603,27 @@ class _State:
         it started training) on top of what the checkpoint it resumed from had counted."""
         return {"wall_s": round(self.carried_s["wall_s"] + wall, 3), "cpu_s": round(self.carried_s["cpu_s"] + cpu, 3)}
 
-    def gossip_totals(self, gossip: Any, relay: GradientRelay | None) -> tuple[int, int]:
-        """Take this process's gossip bytes (out, in) from the engine's and the relay's
-        cumulative counters (relayed gradients are gossip traffic too); return what they
-        grew by since the last call."""
+    @staticmethod
+    def gossip_now(gossip: Any, relay: GradientRelay | None) -> tuple[int, int]:
+        """This process's gossip bytes (out, in) so far, from the engine's and the relay's
+        cumulative counters (relayed gradients are gossip traffic too)."""
         r = relay.stats if relay is not None else None
-        out = gossip.stats.bytes_out + (r.bytes_out if r else 0)
-        into = gossip.stats.bytes_in + (r.bytes_in if r else 0)
+        return gossip.stats.bytes_out + (r.bytes_out if r else 0), gossip.stats.bytes_in + (r.bytes_in if r else 0)
+
+    def gossip_totals(self, gossip: Any, relay: GradientRelay | None) -> tuple[int, int]:
+        """Take this process's gossip bytes (out, in) (:meth:`gossip_now`); return what they
+        grew by since the last call."""
+        out, into = self.gossip_now(gossip, relay)
         grew = (out - self.gossip_bytes_out, into - self.gossip_bytes_in)
         self.gossip_bytes_out, self.gossip_bytes_in = out, into
         return grew
 
-    def traffic(self, sent: int, received: int) -> dict[str, int]:
+    def traffic(self, sent: int, received: int, gossip: tuple[int, int] | None = None) -> dict[str, int]:
         """The run's traffic so far: this process's (``sent``, ``received`` and the gossip
-        counters) on top of what the checkpoint it resumed from had counted."""
-        now = {"gossip_bytes_out": self.gossip_bytes_out, "gossip_bytes_in": self.gossip_bytes_in,
-               "bytes_out": sent, "bytes_in": received}
+        bytes, ``gossip`` (out, in) or else those taken at the last round) on top of what
+        the checkpoint it resumed from had counted."""
+        g_out, g_in = gossip if gossip is not None else (self.gossip_bytes_out, self.gossip_bytes_in)
+        now = {"gossip_bytes_out": g_out, "gossip_bytes_in": g_in, "bytes_out": sent, "bytes_in": received}
         return {k: self.carried[k] + now[k] for k in TRAFFIC_KEYS}
 
     @property
@@ -1044,6 +1049,17 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             if buf.peer_id != peer.id or buf.capacity != b.capacity:
                 raise ConfigError(f"resume: {restored.path} holds the buffer of {buf.peer_id} with capacity "
                                   f"{buf.capacity}; this is {peer.id} with buffer.capacity = {b.capacity}")
+            # The restored buffer samples as it was saved: a spec that says otherwise would be
+            # recorded (config.json, the spec's digest) but not trained with.
+            held = {"buffer.prioritized": buf.sampler == "prioritized", "buffer.alpha": buf.alpha,
+                    "buffer.eps": buf.eps, "buffer.decay": buf.decay}
+            for key, was in held.items():
+                now = getattr(b, key.split(".")[1])
+                if was != now:
+                    was, now = json.dumps(was), json.dumps(now)
+                    raise ConfigError(f"resume: {restored.path} holds a replay buffer with {key} = {was}, and "
+                                      f"this spec asks for {key} = {now}; the buffer keeps its settings: resume "
+                                      f"with {key} = {was}, or start a new run")
         else:
             buf = ReplayBuffer(dqn_schema(obs_shape), b.capacity, alpha=b.alpha, eps=b.eps, decay=b.decay,
                                prioritized=b.prioritized, seed=seed, peer_id=peer.id)
@@ -1239,7 +1255,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                             lambda: {"env_steps": state.env_steps, "episodes": state.episodes,
                                      "rounds": state.rounds, "rounds_ok": state.rounds_ok,
                                      "returns": list(state.returns),
-                                     **state.traffic(*_traffic(peer.counters, relay)), **seconds()},
+                                     # the relay's bytes up to now: it sends between rounds too, and
+                                     # a resume carries on from these
+                                     **state.traffic(*_traffic(peer.counters, relay),
+                                                     gossip=state.gossip_now(gossip, relay)), **seconds()},
                             full_every_s=c.full_every_s, full_every_steps=c.full_every_steps,
                             incremental_every_steps=c.incremental_every_steps, run=run)
         last_loss: list[float] = [float("nan")]
