@@ -158,3 +158,33 @@ def test_a_join_with_a_huge_bad_rank_is_refused_with_a_short_reason():
                     assert len(m.body["reason"]) < 300, len(m.body["reason"])
 
     asyncio.run(main())
+
+
+def test_a_wake_up_ends_its_batch_when_costly_messages_use_its_time(monkeypatch):
+    # A wake-up handled up to 256 messages whatever each cost: 256 status requests at ~60 ms
+    # a reply (a table of 4,096 records with stats) held the probes of closed connections
+    # and the views after them back for ~15 s. Here a reply is made to cost 50 ms, and one
+    # wake-up's batch is run by hand.
+    slow, calls = Coordinator.status, []
+
+    def status(self):
+        calls.append(1)
+        time.sleep(0.05)
+        return slow(self)
+    monkeypatch.setattr(Coordinator, "status", status)
+
+    async def main() -> None:
+        async with _coordinator() as coord:
+            with _dealer(coord) as flood:
+                for _ in range(20):
+                    flood.send_multipart(wire.encode("status", "asker"))
+                await until(lambda: calls, 5, what="the first status request handled")
+                # the loop's own wake-up has begun on them; the next batch, by hand:
+                await until(lambda: coord._plain.getsockopt(zmq.EVENTS) & zmq.POLLIN, 5,
+                            what="requests left queued by the loop's wake-up (it took all 20, 1 s, in one batch)")
+                before = len(calls)
+                t0 = time.monotonic()
+                coord._drain_router()
+                assert len(calls) - before <= 3 and time.monotonic() - t0 < 0.5, (len(calls) - before)
+
+    asyncio.run(main())
