@@ -61,8 +61,7 @@ _OWN = ("_leaf", "_ticket", "_origin", "_seq", "_time")   # the columns every sn
 
 def _columns(buf: "ReplayBuffer") -> dict[str, np.ndarray]:
     cols = dict(buf._data)
-    cols.update({"_leaf": buf._tree.leaves, "_ticket": buf._ticket, "_origin": buf._origin,
-                 "_seq": buf._seq, "_time": buf._time})
+    cols.update(zip(_OWN, (buf._tree.leaves, buf._ticket, buf._origin, buf._seq, buf._time)))
     return cols
 
 

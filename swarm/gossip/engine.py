@@ -1327,7 +1327,9 @@ class Gossip:
             self.x += g
             self.x *= np.float32(self.outer_lr)
             np.subtract(self._anchor, self.x, out=self.x)
-        if not (_finite(m) and _finite(self.x)):
+        # x = anchor − lr (μm + g) with lr > 0 and 0 <= μ < 1: any Inf or NaN in m or g
+        # reaches x (μ = 0 makes 0·inf a NaN), so x's one scan covers all three
+        if not _finite(self.x):
             np.copyto(self.x, self._unmixed[0])   # x before the mix, as _mix kept it
             return False
         np.copyto(self._momentum, m)

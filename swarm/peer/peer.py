@@ -938,6 +938,7 @@ class Peer:
         for a ``dst`` that is not a str.
         """
         seconds(timeout, none_ok=True)
+        _check_id(dst, self.id, "send(dst")
         _check_sendable(t, self.id)
         sent, link, frames = self._try_send(dst, t, body, arrays, hold=timeout)
         if sent or link is None:
@@ -992,7 +993,6 @@ class Peer:
                   hold: float | None = None) -> tuple[bool, _Link | None, list[Any]]:
         """Queue the message on ``dst``'s link: (sent, the link, the frames); a ``dst``
         outside the view is held for up to ``hold`` seconds where :meth:`_hold` can."""
-        _check_id(dst, self.id, "send(dst")   # send_nowait checked it under its own name
         self._raise_failure()
         try:
             frames = wire.encode(t, self.id, epoch=self._view.epoch, seq=next(self._seq), body=body,

@@ -163,6 +163,12 @@ def peer(hub, name, nbrs, **kw):
     return buf, Federation(buf, hub.link(name, nbrs), seed=1, share=0.0, **kw)
 
 
+def triangle(hub):
+    """a (first replica target: b, ack_timeout 1 s), b and c, each the others' neighbour."""
+    return (peer(hub, "a", ["b", "c"], replicas=1, ack_timeout=1.0), peer(hub, "b", ["a", "c"]),
+            peer(hub, "c", ["a", "b"]))
+
+
 async def flap(hub, fa, clock, after_first=None):
     """a's first target b is pushed 10 items at 0 (then ``after_first()`` runs), is second
     at 0.25 (c is pushed them) and first again at 0.5, all before b's ack comes back and
@@ -184,9 +190,7 @@ def test_a_target_demoted_and_promoted_again_within_ack_timeout_is_not_pushed_tw
     async def main():
         hub = Hub()
         try:
-            a, fa = peer(hub, "a", ["b", "c"], replicas=1, ack_timeout=1.0)
-            _, fb = peer(hub, "b", ["a", "c"])
-            _, fc = peer(hub, "c", ["a", "b"])
+            (a, fa), (_, fb), (_, fc) = triangle(hub)
             a.add({"x": np.arange(10)})
             await flap(hub, fa, clock)
             assert (fb.stats.received, fb.stats.duplicates) == (10, 0)
@@ -207,9 +211,7 @@ def test_a_target_demoted_and_promoted_again_gets_no_backoff_step_for_a_push_it_
     async def main():
         hub = Hub()
         try:
-            a, fa = peer(hub, "a", ["b", "c"], replicas=1, ack_timeout=1.0)
-            b, fb = peer(hub, "b", ["a", "c"])
-            _, fc = peer(hub, "c", ["a", "b"])
+            (a, fa), (b, fb), (_, fc) = triangle(hub)
             b_link = hub.links["b"]
             push = b_link._handlers.pop(federation.PUSH)              # b misses the first push
             a.add({"x": np.arange(10)})
