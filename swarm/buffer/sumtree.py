@@ -32,6 +32,9 @@ the minimum: they are never sampled, so they need no weight.
 
 from __future__ import annotations
 
+import operator
+from typing import Any
+
 import numpy as np
 
 from ..errors import ReplayError
@@ -68,6 +71,7 @@ class SumTree:
     """
 
     def __init__(self, capacity: int) -> None:
+        capacity = _int(capacity, "SumTree capacity")
         if capacity < 1:
             raise ReplayError(f"capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
@@ -131,7 +135,7 @@ class SumTree:
         """Set leaves ``idx`` to ``values``, one per index, finite and >= 0 (else ReplayError,
         and nothing changes). Where ``idx`` repeats, the last value wins."""
         idx = _integers(idx)
-        values = np.asarray(values, dtype=np.float64)
+        values = _floats(values, "set values")
         if values.shape != idx.shape:
             raise ReplayError(f"set takes one value per index: {values.shape} values for {idx.shape} indices")
         if idx.size == 0:
@@ -194,21 +198,30 @@ class SumTree:
             self.rebuild()
 
     def set_range(self, start: int, values: np.ndarray) -> None:
-        """Set the contiguous leaves ``[start, start + len(values))`` to ``values``, finite
-        and >= 0 (else ReplayError, and nothing changes, as :meth:`set`).
+        """Set the contiguous leaves ``[start, start + len(values))`` to ``values`` (a 1-D
+        array of real numbers), finite and >= 0 (else ReplayError, and nothing changes, as
+        :meth:`set`).
 
         The ancestors of a run of leaves form one run per level, so each level is
         recomputed with a single slice operation.
         """
-        values = np.asarray(values, dtype=np.float64)
+        start = _int(start, "set_range start")
+        values = _floats(values, "set_range values")
+        if values.ndim > 1:
+            raise ReplayError(f"set_range values must be a 1-D array of leaf values, got shape {values.shape}")
         if values.size and not (0.0 <= _min(values, axis=None) and _max(values, axis=None) < _INF):
             raise ReplayError("leaf values must be finite and >= 0")
         self._write_range(start, values.size, values)
 
     def fill_range(self, start: int, n: int, value: float) -> None:
         """Set the ``n`` leaves from ``start`` on to ``value`` (new items at the max priority),
-        finite and >= 0 (else ReplayError, and nothing changes, as :meth:`set`)."""
-        value = float(value)
+        a real number, finite and >= 0, and ``n`` >= 0 (else ReplayError, and nothing
+        changes, as :meth:`set`)."""
+        start, n = _int(start, "fill_range start"), _int(n, "fill_range n")
+        if n < 0:
+            raise ReplayError(f"fill_range n must be an int >= 0, got {n}")
+        # add() passes a float: the check of anything else costs it nothing
+        value = value if type(value) is float else _float(value, "fill_range value")
         if not 0.0 <= value < _INF:   # a NaN fails both comparisons
             raise ReplayError(f"leaf values must be finite and >= 0, got {value!r}")
         if n == 1:
@@ -283,7 +296,7 @@ class SumTree:
     def assign(self, leaves: np.ndarray) -> None:
         """Replace every leaf at once and rebuild the tree exactly; the leaves must be finite
         and >= 0 (else ReplayError, and nothing changes, as :meth:`set`)."""
-        leaves = np.asarray(leaves, dtype=np.float64)
+        leaves = _floats(leaves, "assign leaves")
         if leaves.shape != (self.capacity,):
             raise ReplayError(f"expected {self.capacity} leaves, got shape {leaves.shape}")
         self._tree[self._cap + self.capacity:] = 0.0
@@ -292,7 +305,7 @@ class SumTree:
     def scale(self, factor: float) -> None:
         """Multiply every leaf by ``factor`` (used to rebase age decay): ReplayError, and
         nothing changes, where a product is not finite and >= 0."""
-        self.set_range(0, self.leaves * factor)
+        self.set_range(0, self.leaves * _float(factor, "scale factor"))
 
     def rebuild(self) -> None:
         """Recompute every inner node from the leaves."""
@@ -315,7 +328,7 @@ class SumTree:
         rounding slip at a boundary) is clipped to a valid index. A leaf of 0 is never
         returned (its interval is empty) unless every leaf is 0.
         """
-        u = np.array(prefix, dtype=np.float64, copy=True).reshape(-1)
+        u = np.array(_floats(prefix, "find prefix"), dtype=np.float64, copy=True).reshape(-1)
         t = self._tree
         k = 1 << self._top
         level = t[k:2 * k]
@@ -359,10 +372,46 @@ class SumTree:
 
 def _integers(idx: np.ndarray) -> np.ndarray:
     """``idx`` as an int64 array, or ReplayError if it holds other than integers."""
-    a = np.asarray(idx)
+    try:
+        a = np.asarray(idx)
+    except ValueError as e:   # a ragged list
+        raise ReplayError(f"leaf indices must be an array of integers: {e}") from None
     if a.size and a.dtype.kind not in "iu":
         raise ReplayError(f"leaf indices must be integers, got {a.dtype}")
     return a.astype(np.int64, copy=False)
+
+
+def _floats(values: Any, what: str) -> np.ndarray:
+    """``values`` as a float64 array, or ReplayError naming ``what`` unless they are real
+    numbers: numpy would parse strings ("1.5") and drop a complex number's imaginary part."""
+    try:
+        a = np.asarray(values)
+    except ValueError as e:   # a ragged list
+        raise ReplayError(f"{what} must be an array of numbers: {e}") from None
+    if a.dtype.kind not in "biuf":
+        raise ReplayError(f"{what} must be real numbers (ints or floats), got {a.dtype}: {values!r:.80}")
+    return a.astype(np.float64, copy=False)
+
+
+def _float(value: Any, what: str) -> float:
+    """A real number (a numpy scalar or 0-d array of one too) as a float, or ReplayError
+    naming ``what``."""
+    try:
+        a = np.asarray(value)
+    except ValueError:   # a ragged list
+        a = None
+    if a is None or a.ndim or a.dtype.kind not in "biuf":
+        raise ReplayError(f"{what} must be a real number (an int or a float), got {value!r:.80}")
+    return float(a)
+
+
+def _int(value: Any, what: str) -> int:
+    """An integer (a numpy one or a 0-d integer array too, as a slice takes) as an int, or
+    ReplayError naming ``what``."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ReplayError(f"{what} must be an int, got {value!r:.80}") from None
 
 
 def _min_positive(a: np.ndarray, axis: int | None = None) -> np.ndarray | float:

@@ -1,0 +1,86 @@
+"""Sum-tree defects found by review 41: arguments that are not numbers (strings, 2-D or
+ragged arrays, None, objects) reached numpy and Python, which raised their own
+ValueError, TypeError or IndexError instead of a ReplayError naming the argument, and
+fill_range took a negative ``n``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from swarm.buffer import SumTree
+from swarm.errors import ReplayError
+
+
+def tree():
+    t = SumTree(8)
+    t.set(np.arange(4), np.array([1.0, 2.0, 3.0, 4.0]))
+    return t
+
+
+def snapshot(t):
+    total, low = t.total, t.min   # first: reading the minimum rescans stale blocks
+    return t._tree.tolist(), t._bmin.tolist(), t._stale.tolist(), total, low
+
+
+NOT_NUMBERS = ["abc", np.array(["a", "b"]), ["1", "2"], [object(), object()], [[1.0], [1.0, 2.0]],
+               np.array([1 + 1j, 2 + 0j])]
+NOT_INTS = ["2", None, 1.5, np.array(1.5), [1], np.ones((2, 2))]
+
+
+# (call, the argument's name its message must hold)
+BAD_CALLS = (
+    [(lambda t, v=v: t.set_range(0, v), "values") for v in NOT_NUMBERS + [None, np.ones((2, 2)), np.ones((2, 1))]]
+    + [(lambda t, v=v: t.fill_range(0, 2, v), "value")
+       for v in NOT_NUMBERS + ["1.5", None, np.ones((2, 2)), np.array([2.0])]]
+    + [(lambda t, v=v: t.fill_range(0, 1, v), "value") for v in ["abc", "1.5", None]]
+    + [(lambda t, v=v: t.set(np.array([0, 1]), v), "values") for v in NOT_NUMBERS]
+    + [(lambda t: t.set([[0], [0, 1]], np.ones(2)), "indices")]
+    + [(lambda t: t.get([[0], [0, 1]]), "indices")]
+    + [(lambda t, v=v: t.assign(v), "leaves") for v in [np.array(["1"] * 8), [object()] * 8, [[1.0]] * 7 + [[1.0, 2.0]]]]
+    + [(lambda t, v=v: t.scale(v), "factor") for v in ["abc", None, np.ones((2, 2)), np.array([True, False])]]
+    + [(lambda t, v=v: t.find(v), "prefix") for v in ["abc", [object()], [[1.0], [1.0, 2.0]]]]
+    + [(lambda t, v=v: t.set_range(v, np.ones(2)), "start") for v in NOT_INTS]
+    + [(lambda t, v=v: t.fill_range(v, 2, 1.0), "start") for v in NOT_INTS]
+    + [(lambda t, v=v: t.fill_range(v, 1, 1.0), "start") for v in NOT_INTS]
+    + [(lambda t, v=v: t.fill_range(0, v, 1.0), "n") for v in NOT_INTS]
+    + [(lambda t, v=v: SumTree(v), "capacity") for v in ["8", None, 8.5, [8]]]
+)
+
+
+@pytest.mark.parametrize("call, name", BAD_CALLS)
+def test_sumtree_refuses_arguments_that_are_not_numbers_by_name(call, name):
+    """Before: numpy's or Python's own error (ValueError 'could not broadcast', TypeError
+    'slice indices must be integers', ...) or, for numeric strings, complex numbers and a
+    float capacity, nothing at all; the message now names the argument, and the tree is
+    unchanged."""
+    t = tree()
+    before = snapshot(t)
+    with pytest.raises(ReplayError, match=name):
+        call(t)
+    assert snapshot(t) == before
+
+
+@pytest.mark.parametrize("start, n", [(2, -1), (5, -3), (8, -1), (0, -8)])
+def test_fill_range_refuses_a_negative_n(start, n):
+    """Before: fill_range(2, -1, v) returned having written nothing, and fill_range(8, -1, v)
+    on 8 leaves passed the range check (start + n <= capacity) and raised numpy's
+    IndexError from the block minimum."""
+    t = tree()
+    before = snapshot(t)
+    with pytest.raises(ReplayError, match=f"n must be an int >= 0, got {n}"):
+        t.fill_range(start, n, 5.0)
+    assert snapshot(t) == before
+
+
+def test_sumtree_still_takes_numpy_scalars_and_zero_dimensional_arrays():
+    """What worked before the checks still does: numpy integers and floats, and 0-d arrays
+    of them, as indices, counts and values."""
+    t = tree()
+    t.fill_range(np.int64(4), np.array(2), np.array(1.5))
+    t.fill_range(np.array(6), 1, np.float32(0.5))
+    t.set_range(np.int32(7), np.array([2.0]))
+    t.scale(np.float64(2.0))
+    assert t.leaves.tolist() == [2.0, 4.0, 6.0, 8.0, 3.0, 3.0, 1.0, 4.0]
+    assert t.find(np.array(0.5)).tolist() == [0]
+    assert SumTree(np.int64(4)).capacity == 4
