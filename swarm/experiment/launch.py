@@ -96,13 +96,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ..errors import ConfigError, SwarmError
 from .runner import DIGEST_EVERY, peer_dir
-from .spec import Spec, load_spec, save_resolved
+from .spec import BufferSpec, Spec, load_spec, save_resolved
 
 if TYPE_CHECKING:
     from .forkserver import ForkServer, Forked
@@ -591,7 +591,9 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
 
     ``resume`` is a previous run folder: its ``config.json`` is the spec (overrides
     apply on top) and each peer starts from its newest checkpoint there
-    (``peer{r}/ckpt/``, or ``peer{r}/checkpoint.pt``).
+    (``peer{r}/ckpt/``, or ``peer{r}/checkpoint.pt``). One that asks for another env, or
+    for other replay-buffer settings than the buffers in ``ckpt/`` keep, raises
+    :class:`~swarm.errors.ConfigError` before anything starts.
 
         >>> r = run_experiment(None, ["peers=2", "budget.env_steps=2000"], stream=io.StringIO())
         >>> r.exit_code, r.run_dir, [p["final_mean_return"] for p in r.summary]
@@ -630,6 +632,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         if missing:
             raise ConfigError(f"resume: {prev} has no checkpoint for peer(s) {missing}; "
                               f"peers = {spec.peers} must match that run")
+        _check_resume_buffer(prev, spec)
     run_dir = _new_run_dir(Path(runs_root), spec.name)
     config = save_resolved(spec, run_dir)
     peers = f"{spec.peers} peer{'s' if spec.peers != 1 else ''}"
@@ -935,6 +938,28 @@ def _check_resume_env(prev: Path, spec: Spec) -> None:
         raise ConfigError(f"resume: {prev} trained env = {old!r} ({say(was)}), but env = {spec.env!r} has "
                           f"{say(now)}: the peers' checkpoints and replay buffers hold the old env's; resume "
                           f"with env = {old!r}, or start a new run")
+
+
+#: the replay-buffer settings that a buffer restored from a checkpoint keeps (run_peer
+#: refuses a resume that changes one)
+_BUFFER_KEPT = ("capacity", "prioritized", "alpha", "eps", "decay")
+
+
+def _check_resume_buffer(prev: Path, spec: Spec) -> None:
+    """Refuse to resume the run in ``prev`` with a replay-buffer setting (``--set
+    buffer.alpha=...``) that differs from that run's, when a peer there has a checkpoint in
+    ``ckpt/``: the buffer it restores keeps its settings, and each peer would fail on its
+    own, after the launch. Peers that left only ``checkpoint.pt`` start new buffers."""
+    from ..config import read_file  # noqa: PLC0415
+    from .checkpoint import latest  # noqa: PLC0415
+
+    old = {**asdict(BufferSpec()), **read_file(prev / "config.json").get("buffer", {})}
+    changed = [(k, old[k], getattr(spec.buffer, k)) for k in _BUFFER_KEPT if old[k] != getattr(spec.buffer, k)]
+    if changed and any(latest(peer_dir(prev, r) / "ckpt") is not None for r in range(spec.peers)):
+        was = ", ".join(f"buffer.{k} = {json.dumps(w)}" for k, w, _ in changed)
+        now = ", ".join(f"buffer.{k} = {json.dumps(n)}" for k, _, n in changed)
+        raise ConfigError(f"resume: {prev} trained with {was} and this run asks for {now}; the replay buffers "
+                          f"in the peers' checkpoints keep their settings: resume with {was}, or start a new run")
 
 
 def _check_memory(spec: Spec) -> None:

@@ -1050,7 +1050,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 raise ConfigError(f"resume: {restored.path} holds the buffer of {buf.peer_id} with capacity "
                                   f"{buf.capacity}; this is {peer.id} with buffer.capacity = {b.capacity}")
             # The restored buffer samples as it was saved: a spec that says otherwise would be
-            # recorded (config.json, the spec's digest) but not trained with.
+            # recorded (config.json, the spec's digest) but not trained with. `swarm run --resume`
+            # checks these too, before it starts anything (launch._BUFFER_KEPT).
             held = {"buffer.prioritized": buf.sampler == "prioritized", "buffer.alpha": buf.alpha,
                     "buffer.eps": buf.eps, "buffer.decay": buf.decay}
             for key, was in held.items():
@@ -1217,7 +1218,17 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             except GossipError as e:   # returned after the flush: the replay pushes and acks due go on
                 failed = e
             if fed is not None:   # what it sent counts in rounds.csv from fed.stats (gossip_round)
-                await fed.flush()
+                try:
+                    await fed.flush()
+                except BaseException as e:
+                    # The flush's error goes up in place of the round's, which gossip_round
+                    # then never logs: unless logged and chained here, it would be lost.
+                    if failed is not None:
+                        log.warning("peer%d: gossip round failed (%s); then its federation flush raised %s",
+                                    rank, failed, type(e).__name__)
+                        if e.__context__ is None:
+                            e.__context__ = failed
+                    raise
             # read on the peer's thread, which is where acknowledgements change the set
             acked = fed.take_acknowledged() if acked_log is not None else []
             return res, acked, failed
