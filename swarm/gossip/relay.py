@@ -110,7 +110,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import msgpack
 import numpy as np
@@ -692,6 +692,18 @@ class GradientRelay:
                 self.close()
         return self._peer_down
 
+    def _inbox_closed(self, e: zmq.ZMQError) -> GossipError:
+        """The error for ``e``, which the inbox raised in :meth:`poll` or :meth:`wait`. An
+        inbox that is gone (ENOTSOCK, ETERM) was closed by the peer's close, on its loop
+        thread, after their entry checks: the relay closes, as there. Any other ZMQError
+        is raised again."""
+        if e.errno not in (zmq.ENOTSOCK, zmq.ETERM):
+            raise e
+        if not self._closed:   # the relay's own close() lets go of the inbox before closing it
+            self._peer_down = True
+            self.close()
+        return self._closed_error()
+
     def _to_loop(self, fn: Callable[..., Any], *args: Any) -> None:
         """Hand ``fn(*args)`` to the peer's loop from another thread; GossipError once that
         loop closed with its peer (nothing would ever run it)."""
@@ -833,7 +845,8 @@ class GradientRelay:
         ConfigError at once, as does, with ``state``, a wait without ``first`` or
         with ``rounds > 1`` (gradients then come after their turn by design, and the
         copies differ anyway). After :meth:`close`, or once the peer closed, it raises
-        :class:`~swarm.errors.GossipError` at once (nothing can arrive any more).
+        :class:`~swarm.errors.GossipError` at once (nothing can arrive any more), and
+        so when the peer closes during the wait (from another thread).
         """
         if self._closed or self._peer_gone():
             raise self._closed_error()
@@ -877,7 +890,10 @@ class GradientRelay:
                 if s is None or s.closed:   # since poll() above: zmq_poll would poll fd 0 for its handle
                     self._peer_gone()
                     raise self._closed_error()
-                zmq.zmq_poll([(s, _POLLIN)], max(1, int(1000 * min(left, 0.01))))
+                try:
+                    zmq.zmq_poll([(s, _POLLIN)], max(1, int(1000 * min(left, 0.01))))
+                except zmq.ZMQError as e:   # the peer closed meanwhile
+                    raise self._inbox_closed(e) from None
             self.stats.waited_s += time.monotonic() - t0
 
     def _behind(self, clock: int, every: int, rounds: int, first: int | None, span: int = 1,
@@ -943,9 +959,9 @@ class GradientRelay:
         this peer's copy, and takes in the notices and copies for this one (with or
         without ``direct``): call it between turns, where the copy is whole.
 
-        Once the peer closed (close the relay first) it raises
-        :class:`~swarm.errors.GossipError`, as :meth:`take`, :meth:`wait`, :meth:`publish`
-        and :meth:`ready` do, and the relay is closed.
+        Once the peer closed (close the relay first), before the call or while it runs,
+        it raises :class:`~swarm.errors.GossipError`, as :meth:`take`, :meth:`wait`,
+        :meth:`publish` and :meth:`ready` do, and the relay is closed.
         """
         if self._peer_gone():
             raise self._closed_error()
@@ -960,9 +976,7 @@ class GradientRelay:
             self._look_at_held(time.monotonic())
         n = 0
         limits = self._limits
-        # ZMQ_EVENTS first: drain's first receive on an empty inbox would raise (an
-        # exception per step costs more than the check); it checks before the others
-        for frames in tp.drain(s, keep=self._keep_frames) if s.getsockopt(_EVENTS) & _POLLIN else ():
+        for frames in self._drain(s):
             n += 1
             src: Any = "?"
             nbytes = -1
@@ -991,6 +1005,16 @@ class GradientRelay:
             self._take_in(msg)
         self._regreet()
         return n
+
+    def _drain(self, s: Any) -> Iterator[list[Any]]:
+        """Consumer thread: the messages waiting on the inbox ``s`` (see :func:`swarm.transport.drain`)."""
+        try:
+            # ZMQ_EVENTS first: drain's first receive on an empty inbox would raise (an
+            # exception per step costs more than the check); it checks before the others
+            if s.getsockopt(_EVENTS) & _POLLIN:
+                yield from tp.drain(s, keep=self._keep_frames)
+        except zmq.ZMQError as e:   # the peer closed meanwhile
+            raise self._inbox_closed(e) from None
 
     def _take_in(self, msg: Message) -> None:
         """Consumer thread: take in a gradient that came on the inbox, from its key's holder."""
