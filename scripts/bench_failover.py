@@ -1,6 +1,6 @@
-"""Failover: start-up time, crash and freeze re-link times, false deaths.
+"""Failover: start-up time, crash and freeze re-link times, false deaths, standby takeover.
 
-    python scripts/bench_failover.py [--sizes 8,16,32] [--faults 10] [--quiet-s 60]
+    python scripts/bench_failover.py [--sizes 8,16,32] [--faults 10] [--quiet-s 60] [--standby-peers 8]
 
 Everything runs as real `swarm coordinator` / `swarm peer` processes on
 loopback, started with the CLI exactly as a user would.
@@ -15,7 +15,13 @@ loopback, started with the CLI exactly as a user would.
 * a quiet run of N peers for ``--quiet-s`` seconds: deaths the coordinator
   declared although nobody was harmed (read from its log every QUIET_POLL_S s:
   ``false_deaths_exact`` is false if more entries came within one read than a
-  status reply holds, and the count is then a floor).
+  status reply holds, and the count is then a floor);
+* standby takeover: a primary and a standby coordinator (``--others`` each other)
+  and ``--standby-peers`` peers given both addresses; the active one is killed
+  (SIGKILL), ``--faults`` times, and the time from the kill until every peer has
+  re-linked in a view of the other, at a higher epoch, is measured
+  (``standby_takeover_s``, its p99). The killed one is started again at its
+  address, stands by, and is the next takeover's standby.
 
 Anchors, measured in the same run: what Python and ZeroMQ alone take.
 
@@ -27,7 +33,11 @@ Anchors, measured in the same run: what Python and ZeroMQ alone take.
   (``crash_relink_vs_anchor``, ``freeze_relink_vs_anchor``: swarm's p99 / the
   anchor's p99; swarm adds declaring the death, publishing the view and every
   survivor linking to its new neighbours; a freeze is noticed 0.3-0.4 s after
-  it, by where it falls between two heartbeats, so that ratio is near 1).
+  it, by where it falls between two heartbeats, so that ratio is near 1);
+* standby takeover: its floor is ``coordinator.takeover_s`` (1 s), how long a
+  standby waits without an answer from the active one before it takes over
+  (``standby_takeover_vs_floor`` = the p99 / that; swarm adds noticing the
+  silence, the peers trying the standby and its view reaching every peer).
 
 Last line: one JSON object.
 """
@@ -81,6 +91,11 @@ class Swarm:
         self.logdir = logdir
         self.addr = f"tcp://127.0.0.1:{free_port()}"
         self.coord: subprocess.Popen | None = None
+        #: what peers are given as --coordinator (StandbySwarm: both addresses)
+        self.coordinators = self.addr
+        self.coord_name = "coordinator"   # its log's name
+        #: coordinators other than ``coord`` that close() ends (StandbySwarm's standby), by log name
+        self.spares: dict[str, subprocess.Popen] = {}
         self.peers: dict[str, subprocess.Popen] = {}
         #: peers crashed or frozen on purpose: still in ``peers`` (close() ends them) until reaped
         self.faulted: set[str] = set()
@@ -98,7 +113,7 @@ class Swarm:
     def add_peer(self) -> str:
         pid = f"p{self.next_id}"
         self.next_id += 1
-        self.peers[pid] = self._spawn("peer", "--coordinator", self.addr, "--id", pid, name=pid)
+        self.peers[pid] = self._spawn("peer", "--coordinator", self.coordinators, "--id", pid, name=pid)
         return pid
 
     def fault(self, victim: str, kind: str) -> None:
@@ -121,7 +136,7 @@ class Swarm:
         of the peers that exited without being crashed on purpose, and of the first
         few ``lagging`` peers (not in the view, or not linked)."""
         parts = [what]
-        named = [("coordinator", self.coord)] if self.coord else []
+        named = ([(self.coord_name, self.coord)] if self.coord else []) + list(self.spares.items())
         exited = [name for name, p in sorted(self.peers.items()) if p.poll() is not None and name not in self.faulted]
         shown = [name for name in lagging or [] if name not in exited][:4]
         for name, p in named + [(name, self.peers[name]) for name in exited + shown]:
@@ -173,7 +188,7 @@ class Swarm:
                            f"{len(view)} in the view, not linked or not in it: {lagging}", lagging)
 
     def close(self) -> None:
-        procs = list(self.peers.values()) + ([self.coord] if self.coord else [])
+        procs = list(self.peers.values()) + ([self.coord] if self.coord else []) + list(self.spares.values())
         for name, p in self.peers.items():
             if name in self.faulted and p.poll() is None:
                 p.kill()   # crashed or stopped: nothing to end gracefully
@@ -190,6 +205,70 @@ class Swarm:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+class StandbySwarm(Swarm):
+    """A primary and a standby coordinator, each watching the other, and peers given both.
+    ``addr`` and ``coord`` are the active one's, ``spares`` holds the standby (``other``)."""
+
+    def __init__(self, logdir: Path) -> None:
+        super().__init__(logdir)
+        # the lower address is the one that is active first
+        self.addr, self.other = sorted([self.addr, f"tcp://127.0.0.1:{free_port()}"])
+        self.coordinators = f"{self.addr},{self.other}"
+        self.starts = 0
+
+    def _start(self, addr: str, other: str) -> tuple[str, subprocess.Popen]:
+        """A coordinator at ``addr`` watching ``other``, and its log's name."""
+        self.starts += 1
+        name = f"coordinator{self.starts}"
+        return name, self._spawn("coordinator", "--bind", addr, "--others", other, name=name)
+
+    def _wait_modes(self, timeout: float = 30.0) -> None:
+        """Until ``addr`` answers as active and ``other`` as standby."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if status(self.addr)["mode"] == "active" and status(self.other)["mode"] == "standby":
+                    return
+            except Exception:
+                pass   # not up yet
+            gone = [p for p in (self.coord, *self.spares.values()) if p.poll() is not None]
+            if gone:
+                raise self.failure("a coordinator of the standby pair exited")
+            time.sleep(0.05)
+        raise self.failure(f"{self.addr} was not active with {self.other} standing by within {timeout} s")
+
+    def start_coordinator(self) -> None:
+        self.coord_name, self.coord = self._start(self.addr, self.other)
+        self.spares = dict([self._start(self.other, self.addr)])
+        self._wait_modes()
+
+    def takeover_s(self, n: int) -> float:
+        """Kill the active coordinator; seconds until every peer has re-linked in the
+        standby's view (its own record of when each did), above the epoch before. The
+        killed one is then started again at its address, as the next standby."""
+        before = self.status()["epoch"]
+        dead, t_fault = self.coord, time.time()
+        os.kill(dead.pid, signal.SIGKILL)
+        dead.wait()
+        # the standby is the one read from now (wait_settled), and the one whose exit counts
+        self.addr, self.other = self.other, self.addr
+        ((self.coord_name, self.coord),) = self.spares.items()
+        self.spares = {}
+        deadline = time.monotonic() + 60
+        while True:
+            st = self.wait_settled(n, timeout=max(0.1, deadline - time.monotonic()))
+            if st["mode"] == "active" and st["epoch"] > before:
+                break
+            if time.monotonic() >= deadline:
+                raise self.failure(f"{self.addr} settled as {st['mode']} at epoch {st['epoch']} "
+                                   f"(before the kill: {before}), not as the active one above it")
+            time.sleep(0.02)
+        linked = max(r["linked_at"] for r in st["members"] if r["state"] == "alive")
+        self.spares = dict([self._start(self.other, self.addr)])
+        self._wait_modes()
+        return linked - t_fault
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -304,6 +383,8 @@ def main() -> None:
     ap.add_argument("--quiet-n", type=int, default=16, help="peers in the quiet run")
     ap.add_argument("--startup-peers", type=int, default=8, help="peers started with the coordinator "
                     "for the start-up time (its target, 3 s, is for 8)")
+    ap.add_argument("--standby-peers", type=int, default=8, help="peers of the primary and standby "
+                    "coordinators whose takeover is measured (--faults times)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     try:
@@ -320,6 +401,8 @@ def main() -> None:
         ap.error("--quiet-n must be >= 1")
     if args.startup_peers < 1:
         ap.error("--startup-peers must be >= 1")
+    if args.standby_peers < 1:
+        ap.error("--standby-peers must be >= 1")
     rng = random.Random(args.seed)
     out: dict = {"sizes": sizes, "faults": args.faults}
     with tempfile.TemporaryDirectory(prefix="swarm-failover-") as tmp:
@@ -375,10 +458,28 @@ def main() -> None:
               f"{'' if out['false_deaths_exact'] else 'at least '}{out['false_deaths']} false deaths, "
               f"{out['quiet_epochs']} view changes")
 
+        ns = out["standby_peers"] = args.standby_peers
+        out["standby_takeover_floor_s"] = CoordinatorConfig().takeover_s
+        sw = StandbySwarm(Path(tmp))
+        try:
+            sw.start_coordinator()
+            for _ in range(ns):
+                sw.add_peer()
+            sw.wait_settled(ns, timeout=120)
+            xs = [sw.takeover_s(ns) for _ in range(args.faults)]
+        finally:
+            sw.close()
+        out["standby_takeover"] = {"p50_s": pct(xs, 50), "p99_s": pct(xs, 99), "max_s": max(xs)}
+        print(f"standby takeover, {ns} peers, {args.faults} kills of the active coordinator: p50 {pct(xs, 50):.2f} s, "
+              f"p99 {pct(xs, 99):.2f} s, max {max(xs):.2f} s "
+              f"(floor: takeover_s = {out['standby_takeover_floor_s']:g} s)", flush=True)
+
     key = 16 if 16 in sizes else sizes[0]
     out["crash_relink_p99_ms"] = out[f"crash_{key}"]["p99_ms"]
     out["freeze_relink_p99_ms"] = out[f"freeze_{key}"]["p99_ms"]
     out["startup_vs_anchor"] = out["startup_s"] / out["startup_anchor_s"]
+    out["standby_takeover_s"] = out["standby_takeover"]["p99_s"]
+    out["standby_takeover_vs_floor"] = out["standby_takeover_s"] / out["standby_takeover_floor_s"]
     for kind in ("crash", "freeze"):
         out[f"{kind}_relink_vs_anchor"] = out[f"{kind}_relink_p99_ms"] / out[f"anchor_{kind}"]["p99_ms"]
     out["targets"] = {"crash_relink_p99_ms": 100, "freeze_relink_p99_ms": 500, "false_deaths": 0, "startup_s": 3}
