@@ -44,6 +44,11 @@ LOSS_KEYS = ("dropped_out", "malformed", "unknown_dst", "held", "held_in", "rela
 
 _MAX_TEXT = 200   # longest string copied from a peer's stats into a row
 
+#: a coordinator sends a ``status`` reply again for up to 0.25 s (server.STATUS_CACHE_S),
+#: its ages as of when it was built, so the same figures come stamped up to that much
+#: later (rounded to 10 ms): within this of the last stamp, equal figures are those again
+_SAME_FIGURES_S = 0.3
+
 #: longest string the coordinator keeps of a member's stats (a longer one is cut; a
 #: longer map key is left out): peer ids are at most 256 characters (wire.MAX_SRC_LEN)
 MAX_STAT_TEXT = 256
@@ -285,7 +290,12 @@ class PeerRates:
             if age is not None and isinstance(r.get("stats"), dict):
                 # ages are rounded to 1 ms; round the stamp too so figures seen
                 # again in the next reply are recognised as the same ones
-                self.observe(r["id"], r.get("incarnation", 0), round(now - age, 2), r["stats"])
+                t, inc = round(now - age, 2), r.get("incarnation", 0)
+                entry = self._hist.get(r["id"])
+                if entry is not None and entry[0] == inc and entry[1] and t - entry[1][-1][0] < _SAME_FIGURES_S \
+                        and entry[1][-1][1] == tuple(num(r["stats"].get(k)) for k in RATE_KEYS):
+                    continue   # a reply sent again: a later stamp of the same figures bent the rates
+                self.observe(r["id"], inc, t, r["stats"])
         self.forget_except(seen)
 
 
@@ -421,7 +431,8 @@ def prometheus(doc: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- terminal
 
 def si(v: Any, unit: str = "") -> str:
-    """A number in 4 or 5 characters (``12.3k``), ``-`` for none; the page's JS formats alike."""
+    """A number in a few characters (``12.3k``; ``-123.4k`` is the longest below 1e12), ``-``
+    for none; the page's JS formats alike. The terminal table fits it to a column (:func:`_number`)."""
     v = num(v)
     if v is None:
         return "-"
@@ -435,6 +446,27 @@ def fixed(v: Any, digits: int) -> str:
     """``v`` with ``digits`` decimals, ``-`` for none."""
     v = num(v)
     return "-" if v is None else _to_fixed(v, digits)
+
+
+def _number(v: Any, width: int, digits: int | None = None, unit: str = "") -> str:
+    """``v`` in at most ``width`` characters for a column of the terminal table: as
+    :func:`si` writes it (or :func:`fixed` with ``digits``) where that fits, else with
+    fewer decimals or a larger suffix (up to E), else in e-notation, else ``#`` × width.
+    A wider cell pushed every column after it out of line (``12.3k`` in rank's 4).
+
+    >>> _number(12345, 4), _number(12.5, 5, digits=3), _number(-123456, 5), _number(1e30, 4)
+    ('12k', '12.50', '-123k', '1e30')
+    """
+    text = si(v, unit) if digits is None else fixed(v, digits)
+    x = num(v)
+    if len(text) <= width or x is None:
+        return text
+    tries = [fixed(x, d) + unit for d in range(digits or 0, -1, -1)]
+    for div, suffix in ((1e3, "k"), (1e6, "M"), (1e9, "G"), (1e12, "T"), (1e15, "P"), (1e18, "E")):
+        if div <= abs(x) < 1000 * div or (suffix == "E" and abs(x) >= div):
+            tries += [f"{_to_fixed(x / div, 1)}{suffix}{unit}", f"{_to_fixed(x / div, 0)}{suffix}{unit}"]
+    tries.append(f"{x:.0e}".replace("e+", "e") + unit)
+    return next((t for t in tries if len(t) <= width), "#" * width)
 
 
 def _to_fixed(v: float, digits: int) -> str:
@@ -474,16 +506,18 @@ def format_table(doc: dict[str, Any], width: int = 160) -> str:
             if isinstance(o, dict):
                 error = _text(o.get("error"))
                 seen.append(f"{_text(o.get('address'))}: {_text(o.get('state'))}" + (f" ({error})" if error else ""))
-        lines.append(f"mode {doc.get('mode')}  " + "  ".join(seen)[:width])
+        # cut by the columns the terminal shows, between whole escapes (by characters and
+        # before escaping, the line ran past the terminal and could end inside an escape)
+        lines.append(_fit(f"mode {doc.get('mode')}  " + "  ".join(seen), width)[0])
     head = (f"{'id':<16} {'rank':>4} {'state':<7} {'hb age':>6} {'steps/s':>8} {'rounds/s':>8} "
             f"{'in/s':>7} {'out/s':>7} {'ratio':>5} {'stale':>5} {'buffer':>7}  {'neighbours':<20} error")
     lines += [head, "-" * len(head)]
     for p in doc["peers"]:
-        age, ratio = fixed(p["heartbeat_age_s"], 2), fixed(p["codec_ratio"], 3)
-        figures = (f" {age:>6} {si(p['env_steps_per_s']):>8} {si(p['rounds_per_s']):>8} "
-                   f"{si(p['bytes_in_per_s'], 'B'):>7} {si(p['bytes_out_per_s'], 'B'):>7} {ratio:>5} "
-                   f"{si(p['staleness']):>5} {si(p['buffer_size']):>7}  ")
-        lines.append(_row([(p["id"], 16), (f" {si(p['rank']):>4} ", None), (p["state"], 7), (figures, None),
+        age, ratio = _number(p["heartbeat_age_s"], 6, digits=2), _number(p["codec_ratio"], 5, digits=3)
+        figures = (f" {age:>6} {_number(p['env_steps_per_s'], 8):>8} {_number(p['rounds_per_s'], 8):>8} "
+                   f"{_number(p['bytes_in_per_s'], 7, unit='B'):>7} {_number(p['bytes_out_per_s'], 7, unit='B'):>7} "
+                   f"{ratio:>5} {_number(p['staleness'], 5):>5} {_number(p['buffer_size'], 7):>7}  ")
+        lines.append(_row([(p["id"], 16), (f" {_number(p['rank'], 4):>4} ", None), (p["state"], 7), (figures, None),
                            (",".join(p["neighbours"]), 20), (" ", None), (p["last_error"], None)], width))
     recent = doc.get("log", [])[-5:]
     if recent:

@@ -83,6 +83,15 @@ MAX_LAST_EPOCH = 2**62
 #: views published: a batch of 256 status requests against a table of 4,096 records of
 #: stats (~60 ms a reply) held both back for 15 s
 DRAIN_BUDGET_S = 0.05
+#: seconds a built ``status`` reply is sent again to later askers (at least: a reply that
+#: took longer than a twentieth of this to build is kept 5 times as long as it took),
+#: unless the membership changed since (a join, a death, a new view or epoch, a takeover,
+#: a message refused as malformed):
+#: that shows in the next reply. Built anew, each of a flood of requests cost a whole
+#: reply (~60 ms at 256 members with stats); so at most one is built per window, and its
+#: figures (heartbeat ages, stats, suspicions) are at most that old. The status page keeps
+#: its document as long (StatusServer.cache_s)
+STATUS_CACHE_S = 0.25
 #: the limits a view is encoded under: what a peer decodes by default (a 4 MiB header,
 #: lists of up to 100,000). A view past them could not be sent (its encoding fails), so
 #: the table refuses a join that would make one (MemberTable.max_view_bytes)
@@ -147,8 +156,10 @@ def _closed_because(theirs: str, keyed: bool) -> str:
 class Coordinator:
     """Membership table, failure detector and view publisher.
 
-    >>> async with Coordinator(bind="tcp://127.0.0.1:5555") as coord:
-    ...     await coord.closed()      # serve until close() or a failure
+    In a coroutine::
+
+        async with Coordinator(bind="tcp://127.0.0.1:5555") as coord:
+            await coord.closed()      # serve until close() or a failure
     """
 
     def __init__(self, config: CoordinatorConfig | None = None, *,
@@ -186,11 +197,15 @@ class Coordinator:
         #: close are handled (_recv_loop), and when the first of them was queued
         self._closing: list[tuple[str, bytes]] = []
         self._closing_at = 0.0
-        #: fd → routes of the connection that closed on it (None: it had no id mapped), for
+        #: fd → routes of the connection that closed on it (None: none known, no id nor status), for
         #: the closes read while the router may still hold messages of theirs (a join and
         #: the close read in one wake-up): an id mapped on such an fd, with one of those
         #: routes or any where none was known, is probed with the closes (_map_fd)
         self._closed_fds: dict[int, set[bytes] | None] = {}
+        #: fd → the route of the last status request on it: the close of a connection that
+        #: only asked (a `swarm status`) then names its route, and a member whose new
+        #: connection takes its fd in the same batch is not probed for it
+        self._askers: dict[int, bytes] = {}
         self._dirty = False
         self._grace_until = 0.0
         self._nonce = itertools.count(1)
@@ -220,6 +235,9 @@ class Coordinator:
         self._http: StatusServer | None = None
         self._view_cache: tuple[Any, list[Any] | None] | None = None
         self._view_addrs: tuple[Any, dict[str, str]] | None = None
+        #: the last status reply: (built at, what it was built of, frames), and what it cost
+        self._status_cache: tuple[float, tuple[Any, ...], list[Any]] | None = None
+        self._status_cost = 0.0
         self.http_url = ""
 
     async def __aenter__(self) -> "Coordinator":
@@ -575,8 +593,11 @@ class Coordinator:
                     continue
                 fd = int(ev["value"])
                 ids = self._fds.pop(fd, None)
+                known = set(ids.values()) if ids else set()
+                if (asker := self._askers.pop(fd, None)) is not None:
+                    known.add(asker)
                 routes = self._closed_fds.get(fd, set())
-                self._closed_fds[fd] = None if not ids or routes is None else routes | set(ids.values())
+                self._closed_fds[fd] = None if not known or routes is None else routes | known
                 if ids:
                     if not self._closing:
                         self._closing_at = time.monotonic()
@@ -594,8 +615,9 @@ class Coordinator:
         routes = self._closed_fds.get(fd, set())
         if routes is None or route in routes:
             # sent on a connection whose close was read before this message: its ids are
-            # probed once the batch is handled. Where the closed one had no id, this may be
-            # a new connection that got its fd: then the probe is answered
+            # probed once the batch is handled. Where the closed one's route is not known (it
+            # sent no id and no status), this may be a new connection that got its fd: then
+            # the probe is answered
             if not self._closing:
                 self._closing_at = time.monotonic()
             self._closing.append((pid, route))
@@ -662,18 +684,13 @@ class Coordinator:
         t, body, src = msg.t, msg.body, msg.src
         if t == "status":
             brief = body.get("brief") is True
+            self._askers[tp.srcfd(frame)] = route
             if brief and not self.config.others:
                 self._watched_alone(body.get("from"))
-            try:
-                self._send(route, "status_reply", self.brief() if brief else self.status())
-            except WireError as e:
-                # the table is too big for one message: the asker did nothing wrong, so it
-                # is told why (not counted as malformed, and not left to time out)
-                page = (f"read {self.http_url}status.json instead" if self.http_url
-                        else "set coordinator.http_bind and read its /status.json instead")
-                why = f"the status reply does not fit in a message ({str(e)[:200]}); {page}"
-                log.warning("status request from %r: %s", src, why)
-                self._send(route, "status_reply", {"error": why})
+            if brief:
+                self._send(route, "status_reply", self.brief())
+            else:
+                tp.try_send(self._plain, [route] + self._status_frames(src))
             return
         if self.mode != "active":
             # a standby hands out nothing; the peer tries its next coordinator address
@@ -1015,6 +1032,34 @@ class Coordinator:
                         "error": o["handshake"] or o["silent"],
                         "answered_s_ago": round(now - o["seen"], 3) if o["seen"] else None})
         return out
+
+    def _status_frames(self, asker: str) -> list[Any]:
+        """The ``status_reply`` message, built at most once per STATUS_CACHE_S (or 5 times
+        what it cost) while the membership stays the same; the frames are shared by every
+        send. ``asker`` is named in the log where the reply cannot be built."""
+        t = self.table
+        # what changes with each join, death, view, epoch, takeover, forgotten record or
+        # refused message; the view and the last log entry are compared as objects
+        made_of = (self.mode, t.epoch, len(t.members), self.malformed, t.view, t.log[-1] if t.log else None)
+        now = time.monotonic()
+        c = self._status_cache
+        if (c is not None and now - c[0] < max(STATUS_CACHE_S, 5 * self._status_cost)
+                and c[1][:4] == made_of[:4] and c[1][4] is made_of[4] and c[1][5] is made_of[5]):
+            return c[2]
+        t0 = time.perf_counter()
+        try:
+            frames = wire.encode("status_reply", self.name, epoch=t.epoch, body=self.status())
+        except WireError as e:
+            # the table is too big for one message: the asker did nothing wrong, so it
+            # is told why (not counted as malformed, and not left to time out)
+            page = (f"read {self.http_url}status.json instead" if self.http_url
+                    else "set coordinator.http_bind and read its /status.json instead")
+            why = f"the status reply does not fit in a message ({str(e)[:200]}); {page}"
+            log.warning("status request from %r: %s", asker, why)
+            frames = wire.encode("status_reply", self.name, epoch=t.epoch, body={"error": why})
+        self._status_cost = time.perf_counter() - t0
+        self._status_cache = (now, made_of, tp.shared(frames))
+        return self._status_cache[2]
 
     def status(self) -> dict[str, Any]:
         """The member table and the current view, as `swarm status` shows them."""

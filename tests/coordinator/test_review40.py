@@ -165,13 +165,14 @@ def test_a_wake_up_ends_its_batch_when_costly_messages_use_its_time(monkeypatch)
     # a reply (a table of 4,096 records with stats) held the probes of closed connections
     # and the views after them back for ~15 s. Here a reply is made to cost 50 ms, and one
     # wake-up's batch is run by hand.
-    slow, calls = Coordinator.status, []
+    # (A reply is built once per STATUS_CACHE_S now: what is made slow is each send of one.)
+    slow, calls = Coordinator._status_frames, []
 
-    def status(self):
+    def status(self, asker):
         calls.append(1)
         time.sleep(0.05)
-        return slow(self)
-    monkeypatch.setattr(Coordinator, "status", status)
+        return slow(self, asker)
+    monkeypatch.setattr(Coordinator, "_status_frames", status)
 
     async def main() -> None:
         async with _coordinator() as coord:
