@@ -55,6 +55,16 @@ class Room:
         return self.observe(), reward, self.t >= 100
 
 
+def learner(rank: int) -> tuple[ReplayBuffer, DQNAgent]:
+    """Rank ``rank``'s replay buffer and agent."""
+    buffer = ReplayBuffer(dqn_schema((3,)), capacity=20_000, seed=rank, peer_id=f"room{rank}")
+    # Every rank starts from one network (init_seed): averaging independently initialised
+    # networks mixes unrelated hidden units. Exploration still differs by rank (seed).
+    agent = DQNAgent((3,), 3, buffer, DQNConfig(learning_starts=200, eps_steps=2_000),
+                     seed=rank, init_seed=0)
+    return buffer, agent
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--coordinator", default="tcp://127.0.0.1:5555")
@@ -66,8 +76,7 @@ def main() -> None:
 
     torch.set_num_threads(1)   # peers usually share cores; one thread each avoids oversubscription
     room = Room(seed=args.rank)
-    buffer = ReplayBuffer(dqn_schema((3,)), capacity=20_000, seed=args.rank, peer_id=f"room{args.rank}")
-    agent = DQNAgent((3,), 3, buffer, DQNConfig(learning_starts=200, eps_steps=2_000), seed=args.rank)
+    buffer, agent = learner(args.rank)
 
     with SyncPeer(coordinators=[args.coordinator], id=f"room{args.rank}", rank=args.rank) as peer:
         peer.wait_view(lambda view: len(view.members) >= args.peers, timeout=60)

@@ -125,11 +125,13 @@ class ForkServer:
     def fork(self, argv: list[str], env: dict[str, str], log: Path, name: str = "",
              stop: Callable[[], bool] | None = None) -> "Forked | None":
         """Start ``swarm ARGV`` as a child of the server, called ``swarm NAME`` in ps and
-        top (its command line is the server's); None when the server cannot (the caller
-        then starts the process otherwise, and this server is asked for no more forks; the
-        children it has go on). ``stop`` is looked at every :data:`STOP_S` while the answer
-        is awaited: once it is true (Ctrl-C) the fork is given up as after :data:`ANSWER_S`,
-        and None returned."""
+        top (its command line is the server's); None when the server cannot, and the caller
+        then starts the process otherwise. After a fork that went unanswered or could not
+        be watched, this server is asked for no more (the children it has go on); after
+        one it answered with an error (``os.fork`` failed, say for want of memory), it is
+        asked again at the next call. ``stop`` is looked at every :data:`STOP_S` while the
+        answer is awaited: once it is true (Ctrl-C) the fork is given up as after
+        :data:`ANSWER_S`, and None returned."""
         if not self.forking or not self._send({"argv": argv, "env": env, "log": str(log), "name": name}):
             return None
         deadline = time.monotonic() + ANSWER_S

@@ -108,8 +108,8 @@ class DQNAgent(BaseAgent):
         if not (is_int(n_actions) and n_actions >= 1):
             raise ConfigError(f"n_actions = {n_actions!r}: need a whole number of actions, at least one")
         for name, value in (("seed", seed), ("init_seed", init_seed)):
-            if value is not None and not (is_int(value) and value >= 0):
-                raise ConfigError(f"{name} = {value!r}: must be an integer >= 0")
+            if value is not None and not (is_int(value) and 0 <= value < 2**64):   # torch.manual_seed's range
+                raise ConfigError(f"{name} = {value!r}: must be an integer in [0, 2**64)")
         for name in ("add", "sample", "update_priorities", "__len__"):
             if not hasattr(buffer, name):
                 raise ConfigError(f"buffer: {type(buffer).__name__} has no {name}(); "
@@ -193,7 +193,14 @@ class DQNAgent(BaseAgent):
         return loss, td_error
 
     def gradient(self, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> tuple[float, torch.Tensor]:
-        """The clipped gradient of the loss on a batch, left in :attr:`grad`; returns (loss, TD errors)."""
+        """The clipped gradient of the loss on a batch, left in :attr:`grad`; returns (loss, TD errors).
+
+        ``batch`` holds N >= 1 items as tensors of the :func:`dqn_schema` dtypes and shapes
+        (``action`` any integer dtype, in ``[0, n_actions)``); ``weights`` is float32 of
+        shape ``(N,)``. Anything else raises :class:`ReplayError`, naming the field, and
+        changes nothing. NaN and infinite values pass: a finite loss is :meth:`learn`'s check.
+        """
+        self._check_batch(batch, weights)
         cfg = self.cfg
         obs, actions, rewards = batch["obs"], batch["action"].long(), batch["reward"]
         next_obs, dones = batch["next_obs"], batch["done"]
@@ -302,6 +309,36 @@ class DQNAgent(BaseAgent):
         self.buffer.update_priorities(np.asarray(sample.indices)[keep], td.abs().numpy())
         return loss
 
+    def _check_batch(self, batch: Any, weights: Any) -> None:
+        # O(1) but for one min/max of the actions: this runs at every update. Torch would
+        # raise its own errors for most misfits, after the forward; weights of shape (N, 1)
+        # it would broadcast against the N losses into an N x N loss, and step on it.
+        schema = dqn_schema(self.obs_shape)
+        if not isinstance(batch, Mapping):
+            raise ReplayError(f"batch is a {type(batch).__name__}; expected a dict of tensors (dqn_schema's fields)")
+        missing = [k for k in schema if not isinstance(batch.get(k), torch.Tensor)]
+        if missing:
+            raise ReplayError(f"batch {missing}: absent or not tensors; it needs every field of dqn_schema")
+        n = len(batch["obs"]) if batch["obs"].dim() else 0
+        if n == 0:
+            raise ReplayError("batch has no items")
+        for key, (dtype, shape) in schema.items():
+            t = batch[key]
+            if t.shape != (n, *shape):
+                raise ReplayError(f"batch {key} has shape {tuple(t.shape)}; expected {(n, *shape)}")
+            if dtype == "float32" and t.dtype != torch.float32:
+                raise ReplayError(f"batch {key} is {t.dtype}; expected float32")
+            if dtype == "int64" and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+                raise ReplayError(f"batch {key} is {t.dtype}; expected integers")
+        low, high = map(int, torch.aminmax(batch["action"]))   # ints: a tensor compare costs ~1.5 us
+        if low < 0 or high >= self.n_actions:
+            raise ReplayError(f"batch action {low if low < 0 else high} is outside this agent's "
+                              f"[0, {self.n_actions})")
+        if not (isinstance(weights, torch.Tensor) and weights.dtype == torch.float32 and weights.shape == (n,)):
+            have = ((weights.dtype, tuple(weights.shape)) if isinstance(weights, torch.Tensor)
+                    else type(weights).__name__)
+            raise ReplayError(f"weights are {have}; expected a float32 tensor of shape ({n},), one per item")
+
     def _finite(self, loss: float) -> bool:
         """Whether the gradient :meth:`gradient` left, and its loss, may be stepped: finite,
         and no entry above :data:`swarm.checks.MAX_GRAD` (FlatAdam refuses those)."""
@@ -368,10 +405,21 @@ class DQNAgent(BaseAgent):
             self._store(*self._pending, obs, done=0.0)
             self._pending = None
         self._obs = obs
+        # An action not reflected on is dropped: its outcome would be learnt from this
+        # observation, not the one it was taken on (acting-only loops skip reflect()).
+        self._action = None
 
     def deliberate(self) -> int:
         if self._obs is None:
             raise SwarmError("deliberate() before perceive(): the agent has no observation yet")
+        # Acting again would take an env step whose transition overwrites the waiting one.
+        if self._pending is not None:
+            raise SwarmError("deliberate() before perceive(): the last transition waits for the next "
+                             "observation; call perceive(obs) after each step (or pass next_observations "
+                             "to reflect())")
+        if self._action is not None:
+            raise SwarmError("deliberate() before reflect(): the last action's outcome is not in; "
+                             "call reflect(reward, terminal) after each step")
         cfg = self.cfg
         if self.learns_at(self.steps):
             for _ in range(cfg.updates_per_train):
@@ -472,10 +520,14 @@ class DQNAgent(BaseAgent):
         for name in ("steps", "updates"):
             if not (is_int(state[name]) and state[name] >= 0):
                 raise ConfigError(f"DQN checkpoint {name} = {state[name]!r}: must be a count >= 0")
+        rng_kind = type(self.rng.bit_generator).__name__
+        # numpy takes a float word (and truncates it): only integers pass
+        if isinstance(state["rng"], Mapping) and not _rng_words(state["rng"]):
+            raise ConfigError(f"DQN checkpoint rng is not a {rng_kind} state: its words must be integers")
         try:   # on a spare generator of the same kind: the agent's stays as it is
             type(self.rng.bit_generator)().state = state["rng"]
-        except (TypeError, ValueError, KeyError):
-            raise ConfigError(f"DQN checkpoint rng is not a {type(self.rng.bit_generator).__name__} state") from None
+        except (TypeError, ValueError, KeyError, OverflowError):   # Overflow: a word out of its range
+            raise ConfigError(f"DQN checkpoint rng is not a {rng_kind} state") from None
         # Module.load_state_dict copies into the existing tensors, so the parameters
         # stay inside the flat gossip vector.
         self.q.load_state_dict(state["q"])
@@ -586,6 +638,14 @@ class DQNAgent(BaseAgent):
         self._td_sum += float(td.detach().abs().mean())
         self._q_sum += float(q.detach().mean())
         self._n_logged += 1
+
+
+def _rng_words(state: Any) -> bool:
+    """Whether every word of a bit generator's ``state`` (nested maps, but for the
+    ``bit_generator`` name) is an integer or an array of them; not a bool or a float."""
+    if isinstance(state, Mapping):
+        return all(k == "bit_generator" or _rng_words(v) for k, v in state.items())
+    return is_int(state) or (isinstance(state, np.ndarray) and state.dtype.kind in "iu")
 
 
 def _check_module_state(name: str, net: nn.Module, state: Any) -> None:

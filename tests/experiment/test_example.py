@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 
+import numpy as np
+
 from swarmtest import ROOT, free_port
 
 EXAMPLE = ROOT / "examples" / "custom_simulator.py"
+
+
+def test_every_rank_of_the_example_starts_from_one_network():
+    # Before: each rank built its agent with seed=rank and no init_seed, so the ranks
+    # started from different networks, which gossip averages into none of them.
+    spec = importlib.util.spec_from_file_location("custom_simulator", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    agents = [example.learner(rank)[1] for rank in range(3)]
+    for agent in agents[1:]:
+        assert np.array_equal(agent.parameters(), agents[0].parameters())
+    assert agents[0].rng.random() != agents[1].rng.random()   # exploration still differs by rank
 
 
 def test_custom_simulator_example_learns_together(procs, tmp_path):
