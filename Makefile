@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install bench clean
+.PHONY: run test install bench clean clean-runs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -47,5 +47,9 @@ bench: $(STAMP)
 	$(BIN)/pip install --disable-pip-version-check -q -e '.[bench]'
 	for s in scripts/bench_*.py; do echo "== $$s"; $(BIN)/python $$s || exit 1; done
 
+# runs/ is not build output: it holds every run's checkpoints, best.pt and metrics.
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) build *.egg-info
+
+clean-runs:
+	rm -rf runs

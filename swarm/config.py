@@ -375,8 +375,14 @@ def _parse_scalar(text: str) -> Any:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b=v`` overrides to a plain config dict (in place) and return it."""
+    """Apply ``a.b=v`` overrides (a list or tuple of them) to a plain config dict (in
+    place) and return it."""
+    if not isinstance(overrides, (list, tuple)):
+        # a str would be read a character at a time, and a generator, once only
+        raise ConfigError(f"overrides must be a list of 'a.b=v' strings, got {type(overrides).__name__}")
     for item in overrides:
+        if not isinstance(item, str):
+            raise ConfigError(f"overrides must be 'a.b=v' strings, got {type(item).__name__} {item!r:.80}")
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, a dotted key and a value")
         key, text = item.split("=", 1)
@@ -430,5 +436,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 cls: type[T] = SwarmConfig) -> T:  # type: ignore[assignment]
     """Load a config file (TOML or JSON), apply ``--set`` overrides, validate."""
     data = read_file(path) if path is not None else {}   # "" is refused, not taken for none
-    apply_overrides(data, overrides or [])
+    apply_overrides(data, [] if overrides is None else overrides)
     return from_dict(cls, data)

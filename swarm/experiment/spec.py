@@ -506,7 +506,7 @@ def load_spec(path: str | Path | Spec | None = None, overrides: list[str] | None
             data["name"] = ""
         if "eval.solve_return" in derived and data["eval"]["solve_return"] == derived["eval.solve_return"]:
             data["eval"]["solve_return"] = None
-    apply_overrides(data, list(overrides or []))
+    apply_overrides(data, [] if overrides is None else overrides)
     spec = from_dict(Spec, data)
     if not spec.name:   # named after what it runs, so `--set gossip.topology=grid` is not filed as a ring
         spec.name = default_name(spec)
@@ -522,7 +522,7 @@ def show_spec(path: str | Path | None = None, overrides: list[str] | None = None
     again, instead of keeping "cartpole-ring" and CartPole's 475."""
     spec = load_spec(path, overrides)
     data = read_file(path) if path is not None else {}
-    apply_overrides(data, list(overrides or []))
+    apply_overrides(data, [] if overrides is None else overrides)
     ev = data.get("eval")
     derived = {}
     if not data.get("name"):

@@ -361,9 +361,15 @@ class Gossip:
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, local_steps: int = 1):
         if not isinstance(params, np.ndarray) or params.dtype != np.float32 or params.ndim != 1 \
                 or not params.flags.c_contiguous or not params.flags.writeable:
-            raise ConfigError("params must be a writeable 1-D contiguous float32 numpy array, got "
-                              f"{type(params).__name__} {getattr(params, 'dtype', '')} "
-                              f"shape {getattr(params, 'shape', '')}")
+            got = type(params).__name__
+            if hasattr(params, "dtype"):
+                got += f" {params.dtype}"
+            if hasattr(params, "shape"):
+                got += f" shape {params.shape}"
+            # told by its module, not isinstance: the engine does not import torch
+            hint = (": for a model, pass swarm.gossip.flat_parameters(model); for a tensor, tensor.numpy() of a "
+                    "contiguous float32 CPU one") if type(params).__module__.split(".")[0] == "torch" else ""
+            raise ConfigError(f"params must be a writeable 1-D contiguous float32 numpy array, got {got}{hint}")
         if params.size == 0:
             raise ConfigError("params is empty: nothing to gossip")
         if topology not in topo.TOPOLOGIES:

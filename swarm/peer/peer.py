@@ -1504,9 +1504,11 @@ class Peer:
         self._log_dial_failure(addr, d.failure, False)
 
     def _log_dial_failure(self, addr: str, why: str, gave_up: bool) -> None:
-        log.error("peer %s: the handshake with coordinator %s fails: %s. %s", self.id, addr, why,
-                  f"Dialling it again, every {REDIAL_MAX_S:g} s at most, until it succeeds" if gave_up
-                  else "libzmq dials it again until it succeeds")
+        again = f"Dialling it again, every {REDIAL_MAX_S:g} s at most," if gave_up else "libzmq dials it again"
+        # a join gives up on its deadline: "until it succeeds" would be contradicted seconds later
+        until = (f"until the join deadline (peer.join_timeout_s = {self.config.join_timeout_s:g} s)"
+                 if self.state is PeerState.JOINING else "until it succeeds")
+        log.error("peer %s: the handshake with coordinator %s fails: %s. %s %s", self.id, addr, why, again, until)
 
     def _redial(self, now: float) -> None:
         """Dial again the coordinator addresses and the links whose redial is due."""
