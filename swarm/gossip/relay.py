@@ -31,7 +31,7 @@ codec dropped stays at the origin and goes out with its next gradients, and
 every peer applies exactly what was sent.
 
     relay = GradientRelay(peer, d, codec="ef+topk:0.15:values=fp16")   # on the peer's loop
-    g = relay.publish(grad)        # any thread: sends; returns what to apply here
+    g = relay.publish(grad)        # any thread (calls take turns): sends; returns what to apply here
     for g in relay.take():         # the others' gradients, in arrival order
         apply(g)
 
@@ -289,7 +289,8 @@ class GradientRelay:
 
     Build it on the link's event loop (it registers a handler there; elsewhere it
     raises :class:`~swarm.errors.ConfigError`). ``publish``
-    may be called from any thread; ``take`` from one consumer thread.
+    may be called from any thread (calls take turns; with ``state``, the consumer's
+    only); ``take`` from one consumer thread.
 
     Args:
         link: the peer (or a :class:`~swarm.gossip.sim.SimLink`).
@@ -308,8 +309,8 @@ class GradientRelay:
         hops: how far a gradient travels, overriding ``topology``. Without either, the
             number of peers in the view less one, which reaches every peer of a
             connected graph (with copies that come round the long way dropped).
-        direct: the consumer thread (the one that calls :meth:`publish`, :meth:`take`,
-            :meth:`wait` and :meth:`poll`) sends and receives the gradients on sockets
+        direct: the consumer thread (the one that calls :meth:`take`, :meth:`wait`
+            and :meth:`poll`) sends and receives the gradients on sockets
             of its own (:meth:`~swarm.peer.Peer.open_inbox`), not through the
             peer's loop. Through the loop a gradient costs the receiving process
             two thread switches and a pass of the loop: about 440 us of CPU against
@@ -419,6 +420,12 @@ class GradientRelay:
         # a grad_late about one is not about this peer's own lateness (see _on_side)
         self._resent_clocks: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._cond = threading.Condition()
+        # publish takes it whole: the held updates, the codec's residual and scratch buffers,
+        # the message numbers and the turn's bookkeeping are one stream, one call at a time
+        self._publishing = threading.Lock()
+        # direct: the PUSH sockets (and _outboxes) are used by publish, on any thread, and by
+        # poll's forwarding on the consumer's; zmq sockets are not thread-safe
+        self._sockets = threading.Lock()
         self.stats = RelayStats()
         self._bad = tp.BadInput(f"relay {link.id}")
         # direct mode: the consumer thread's own sockets, and the neighbours' inboxes
@@ -515,7 +522,19 @@ class GradientRelay:
         rider's ``refused()`` is called). After :meth:`close`, or once the peer closed
         (which closes the relay), it raises :class:`~swarm.errors.GossipError`, and sends
         nothing.
+
+        Calls from several threads take turns (a lock over the whole call: the codec's
+        residual and buffers, the held updates and the message numbers are one stream);
+        what ``hold`` keeps goes with the next publish without it, from whichever thread.
+        With ``direct`` a call from another thread than the consumer's sends on the
+        consumer's sockets too, taking turns with :meth:`poll`'s forwarding. With
+        ``state`` call it from the consumer thread only, between its turns: it writes
+        what :meth:`poll` reads there.
         """
+        with self._publishing:
+            return self._publish(grad, clock, hold)
+
+    def _publish(self, grad: Any, clock: int, hold: bool) -> np.ndarray | None:
         if self._closed or self._peer_gone():
             raise self._closed_error()
         clock = _clock(clock)
@@ -1115,9 +1134,10 @@ class GradientRelay:
         Off the loop, the handlers come off at the loop's next pass. A link without
         ``off``/``off_view`` (a test double; a Peer and a SimLink have them) keeps them.
         """
-        for _, s in self._outboxes.values():
-            self.link.close_side(s)
-        self._outboxes.clear()
+        with self._sockets:   # not while a publish on another thread sends on one
+            for _, s in self._outboxes.values():
+                self.link.close_side(s)
+            self._outboxes.clear()
         if self._inbox_sock is not None:
             self.link.close_side(self._inbox_sock)
             self._inbox_sock = None
@@ -1921,7 +1941,7 @@ class GradientRelay:
             self.link.send_nowait(msg.src, GRAD_HELLO, {"ep": self._endpoint, "r": True})
 
     def _outbox(self, dst: str) -> Any:
-        """Consumer thread: the PUSH socket to ``dst``'s inbox, None while it is unknown."""
+        """Under ``_sockets``: the PUSH socket to ``dst``'s inbox, None while it is unknown."""
         ep = self._endpoints.get(dst)
         if ep is None:
             return None
@@ -1939,14 +1959,21 @@ class GradientRelay:
     def _prune_outboxes(self) -> None:
         self._outbox_epoch = self.link.view.epoch
         keep = set(self.link.neighbours())
-        for dst in [d for d in self._outboxes if d not in keep]:
-            self.link.close_side(self._outboxes.pop(dst)[1])
+        with self._sockets:
+            for dst in [d for d in self._outboxes if d not in keep]:
+                self.link.close_side(self._outboxes.pop(dst)[1])
 
     def _push(self, dst: str, body: dict[str, Any], arrays: list[np.ndarray], nbytes: int,
               forwarding: bool, rider: int = 0) -> bool:
-        """Consumer thread: send on our own socket to ``dst``; False if it has none yet."""
+        """Send on our own socket to ``dst``; False if it has none yet. From publish (any
+        thread) and poll's forwarding (the consumer): they take turns on the sockets."""
         if self._inbox_sock is None:
             return False
+        with self._sockets:
+            return self._push_now(dst, body, arrays, nbytes, forwarding, rider)
+
+    def _push_now(self, dst: str, body: dict[str, Any], arrays: list[np.ndarray], nbytes: int,
+                  forwarding: bool, rider: int) -> bool:
         s = self._outbox(dst)
         if s is None:
             return False
