@@ -39,7 +39,7 @@ from ..wire import MAX_SRC_LEN
 from .idindex import IdIndex
 from .limiter import RateLimiter
 from .schema import Schema
-from .sumtree import SumTree
+from .sumtree import SumTree, _floats
 
 __all__ = ["ReplayBuffer", "Sample", "Items", "SAMPLERS", "seq_floor"]
 
@@ -420,10 +420,7 @@ class ReplayBuffer:
             t = np.empty(n, dtype=np.float64)
             t.fill(self._now())
             return t
-        try:
-            t = np.asarray(times, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ReplayError(f"times must be numbers (seconds), got {times!r:.80}") from None
+        t = _floats(times, "times")
         if t.ndim == 0:
             t = np.full(n, float(t))
         if t.shape != (n,) or not np.isfinite(t).all():
@@ -663,9 +660,9 @@ class ReplayBuffer:
         """
         try:
             indices = np.asarray(indices)
-            td = np.asarray(td, dtype=np.float64)
-        except (TypeError, ValueError) as e:
-            raise ReplayError(f"indices and td must be arrays of numbers: {e}") from None
+        except (TypeError, ValueError) as e:   # a ragged list: numpy's own ValueError
+            raise ReplayError(f"indices must be a 1-D integer array: {e}") from None
+        td = _floats(td, "td")
         if indices.ndim != 1 or indices.dtype.kind not in "iu":
             raise ReplayError(f"indices must be a 1-D integer array, got {indices.dtype} {indices.shape}")
         if td.shape != indices.shape:

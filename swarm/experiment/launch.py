@@ -458,15 +458,22 @@ class _Output:
 
 
 class _Progress:
-    """One line on stderr: env steps / budget, mean return, rounds, bytes."""
+    """One line on stderr: env steps / budget, mean return, rounds, bytes.
 
-    def __init__(self, spec: Spec, stream: TextIO = sys.stderr) -> None:
+    The steps are the peers' own counts: a resumed run's peers go on from their
+    checkpoints'. With ``resumed`` the count is "-" (not 0) until every peer has reported
+    (or one has ended), and the first line with it is drawn at once, in a log file too.
+    """
+
+    def __init__(self, spec: Spec, stream: TextIO = sys.stderr, *, resumed: bool = False) -> None:
         self.spec = spec
         #: messages go here too (print(..., file=progress.out)): each on a line of its own
         self.out = stream if isinstance(stream, _Output) else _Output(stream)
         self.last: dict[str, dict[str, Any]] = {}   # peer id -> last stats seen (kept after it leaves)
         self._printed = 0.0
         self.t0 = time.monotonic()
+        # A fresh run's peers start at 0; a resumed run's are known once they report.
+        self._counted = not resumed
 
     def update(self, st: dict[str, Any] | None, alive: int) -> None:
         if st is not None:
@@ -484,11 +491,16 @@ class _Progress:
         frac = min(1.0, steps / budget) if budget else 0.0
         bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
         ret = f"{sum(rets) / len(rets):6.1f}" if rets else "     -"
-        line = (f"[{bar}] {frac:4.0%}  steps {steps}/{budget}  return {ret}  rounds {rounds}  "
+        # a resumed peer not heard from yet has steps that a partial sum would leave out
+        counted = self._counted or len(self.last) >= self.spec.peers or alive < self.spec.peers
+        first, self._counted = counted and not self._counted, counted
+        done = f"{frac:4.0%}  steps {steps}" if counted else "   -  steps -"
+        line = (f"[{bar}] {done}/{budget}  return {ret}  rounds {rounds}  "
                 f"sent {mb:.2f} MB  peers {alive}/{self.spec.peers}  {time.monotonic() - self.t0:4.0f} s")
         now = time.monotonic()
-        # a log file gets a line now and then, not a \r stream
-        if self.out.tty or now - self._printed >= 5.0:
+        # a log file gets a line now and then, not a \r stream; and a resumed run's first
+        # counts at once, as they are where its peers start from
+        if self.out.tty or first or now - self._printed >= 5.0:
             self._printed = now
             self.out.draw(line)
 
@@ -642,7 +654,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
 
     launch = Launch(run_dir, resumed=prev, verbose=verbose, out=out)
     code = 0
-    progress = _Progress(spec, out)
+    progress = _Progress(spec, out, resumed=prev is not None)
     with _Interrupt(out) as intr:
         try:
             addr = f"tcp://127.0.0.1:{_free_port()}"

@@ -369,6 +369,14 @@ class Gossip:
             # told by its module, not isinstance: the engine does not import torch
             hint = (": for a model, pass swarm.gossip.flat_parameters(model); for a tensor, tensor.numpy() of a "
                     "contiguous float32 CPU one") if type(params).__module__.split(".")[0] == "torch" else ""
+            if isinstance(params, np.ndarray) and params.dtype == np.float32 and params.ndim == 1:
+                # type, dtype and shape look right, so say which flag is wrong
+                if not params.flags.c_contiguous:
+                    hint = (": it is not C-contiguous (a strided view); pass np.ascontiguousarray(params) and "
+                            "keep that array, which the engine updates in place")
+                else:
+                    hint = (": it is read-only, and the engine writes the average into it in place; pass a "
+                            "writeable array (params.copy())")
             raise ConfigError(f"params must be a writeable 1-D contiguous float32 numpy array, got {got}{hint}")
         if params.size == 0:
             raise ConfigError("params is empty: nothing to gossip")
