@@ -720,12 +720,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         g = spec.gossip
         split = _first_divergence(rows) if g.exchange == "gradients" else None
         if split is not None:
-            repair = not g.average and g.relay_staleness == 1   # a copy out of step takes another's (docs/gossip.md)
-            print(f"swarm run: the peers' parameters differ from update {split} on (summary.json, relay digests): "
-                  "a peer fell out of step with the relay's turns (frozen, restarted or timed out) and its "
-                  "gradients were applied late"
-                  + ("" if g.average else "; it did not take another peer's copy before the run ended" if repair
-                     else "; with gossip.relay_staleness > 1 nothing brings the copies back together"), file=out)
+            print(_divergence_line(split, g), file=out)
         elif g.exchange == "gradients":
             for row in rows:
                 took = (row.get("relay") or {}).get("resynced") or []
@@ -1343,6 +1338,22 @@ def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, A
                  "rounds": _count(last.get("rounds")), "bytes_out": _count(last.get("bytes_out"))}
         rows.append(s)
     return rows
+
+
+def _divergence_line(split: int, g: Any) -> str:
+    """What the ending says where the peers' relay digests part at update ``split`` (a
+    run with ``gossip.exchange = gradients``; ``g`` its spec's gossip section)."""
+    where = f"swarm run: the peers' parameters differ from update {split} on (summary.json, relay digests)"
+    if g.average:
+        # averaging mixes each copy with lagging estimates of its neighbours': the copies
+        # part whether or not a peer fell out of step (spec.py, gossip.average)
+        return (f"{where}, as they do with gossip.average = true: averaging mixes each copy with lagging "
+                "estimates of its neighbours' (gossip.average = false keeps them the same)")
+    # with relay_staleness 1, a copy out of step takes another's (docs/gossip.md)
+    return (f"{where}: a peer fell out of step with the relay's turns (frozen, restarted or timed out) and its "
+            "gradients were applied late; "
+            + ("it did not take another peer's copy before the run ended" if g.relay_staleness == 1
+               else "with gossip.relay_staleness > 1 nothing brings the copies back together"))
 
 
 def _first_divergence(rows: list[dict[str, Any]]) -> int | None:

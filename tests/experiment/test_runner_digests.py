@@ -80,3 +80,20 @@ def test_the_launcher_finds_the_divergence_when_one_peer_ran_far_longer():
     assert found is not None and 70 <= found // DIGEST_EVERY <= 98, found
     same = [{"relay": {"digests": kept(100, recent)}}, {"relay": {"digests": kept(300, recent)}}]
     assert _first_divergence(same) is None
+
+
+def test_the_ending_does_not_blame_a_peer_out_of_step_when_averaging_parts_the_copies():
+    # With gossip.average = true (the default), averaging mixes each copy with lagging
+    # estimates of its neighbours', so the digests part in every run: the ending blamed a
+    # peer that "fell out of step with the relay's turns" while every relay counted no
+    # late, stale or timed-out turn.
+    from swarm.experiment.launch import _divergence_line
+    from swarm.experiment.spec import GossipSpec
+
+    averaged = _divergence_line(300, GossipSpec(exchange="gradients", sync="async"))
+    assert "from update 300 on" in averaged and "gossip.average = true" in averaged
+    assert "out of step" not in averaged
+    plain = _divergence_line(300, GossipSpec(exchange="gradients", average=False))
+    assert "fell out of step" in plain and "did not take another peer's copy" in plain
+    stale = _divergence_line(300, GossipSpec(exchange="gradients", average=False, relay_staleness=2))
+    assert "relay_staleness > 1 nothing brings" in stale
