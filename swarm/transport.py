@@ -380,7 +380,10 @@ class BadInput:
 
     def __call__(self, source: Any, err: Exception) -> None:
         self.count += 1
-        reason = str(err).split(":", 1)[0][:60]
+        text = str(err)
+        reason = text.split(":", 1)[0][:60]
+        if not reason.isprintable():   # shown in status (by_reason) as the log line is
+            reason = repr(reason)[1:-1][:60]
         if reason not in self.by_reason and len(self.by_reason) >= MAX_REASONS - 1:
             reason = OTHER_REASONS
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
@@ -389,9 +392,14 @@ class BadInput:
             if len(self._last) > 4096:  # bounded memory under a flood of sources
                 self._last.clear()
             self._last[source] = now
-            # %.300s: a handler's WireError may quote what was sent, at any length
-            log.warning("%s: dropped malformed message from %r: %.300s (%d dropped so far)",
-                        self.where, source, err, self.count)
+            # Cut: a handler's WireError may quote what was sent, at any length. Escaped
+            # (as repr does, without its quotes): it may quote a sender's id, which may hold
+            # a line break, and so forge whole lines in the log.
+            text = text[:300]
+            if not text.isprintable():
+                text = repr(text)[1:-1]
+            log.warning("%s: dropped malformed message from %r: %s (%d dropped so far)",
+                        self.where, source, text, self.count)
 
 
 def decode_routed(frames: list[zmq.Frame], limits: Limits) -> tuple[bytes, Message]:

@@ -88,7 +88,7 @@ import numpy as np
 from ..checks import is_int, is_real, seconds
 from ..errors import ConfigError, ReplayError, WireError
 from ..link import Link
-from ..wire import Message, register_type
+from ..wire import Message, register_type, shown
 from .limiter import TokenBucket
 from .replay import Items, ReplayBuffer
 from .replicas import ReplicaTable
@@ -106,6 +106,7 @@ RESYNC_TRIES = 3
 log = logging.getLogger(__name__)
 _META = 4  # origins, seqs, times, priorities after the field arrays
 _BUCKETS = 64  # acks a holder made within rereplicate_s are remembered in at most this many (+1) entries
+_ERROR_CHARS = 300  # of one text in stats.errors: its first 20 are kept for the federation's life
 
 
 @dataclass
@@ -658,14 +659,14 @@ class Federation:
         to no one: it is counted in ``stats.unsendable`` and logged, and False."""
         if n > 1:
             self._per_message = min(self._per_message, n // 2)
-            log.warning("the wire refused a %s of %d items to %s (%s): at most %d items per message "
+            log.warning("the wire refused a %s of %d items to %r (%s): at most %d items per message "
                         "from now on", t, n, dst, e, self._per_message)
             return True
         first = self.stats.unsendable == 0
         self.stats.unsendable += n
-        why = f"{t} to {dst}: the wire refuses even a message of one item, dropped ({e})"
-        if len(self.stats.errors) < 20:
-            self.stats.errors.append(why)
+        # shown(): the answer to a pull goes to whoever sent it, by the id it chose
+        why = f"{t} to {shown(dst)}: the wire refuses even a message of one item, dropped ({e})"
+        self._error(why)
         (log.warning if first else log.debug)("%s; stats.unsendable counts such items", why)
         return False
 
@@ -679,8 +680,12 @@ class Federation:
     # ------------------------------------------------------------ receiving
     def _decode(self, msg: Message) -> Items | None:
         b = msg.body
-        if b.get("fields") != self._names or len(msg.arrays) != len(self._names) + _META:
-            self._drop(msg, f"fields {b.get('fields')!r} do not match schema {self._names}")
+        if b.get("fields") != self._names:
+            self._drop(msg, f"fields {shown(b.get('fields'))} do not match schema {self._names}")
+            return None
+        if len(msg.arrays) != len(self._names) + _META:
+            self._drop(msg, f"{len(msg.arrays)} arrays, expected {len(self._names) + _META}: one per "
+                            f"schema field {self._names}, then origins, seqs, times and priorities")
             return None
         peers = b.get("peers")
         if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers):
@@ -690,7 +695,7 @@ class Federation:
         # (ragged, say) would raise in the buffer, not be dropped.
         if not all(isinstance(a, np.ndarray) for a in msg.arrays):
             self._drop(msg, "items must come as numpy arrays, got "
-                            f"{[type(a).__name__ for a in msg.arrays]!r:.200}")
+                            f"{shown([type(a).__name__ for a in msg.arrays])}")
             return None
         f = msg.arrays[:len(self._names)]
         o, s, t, p = msg.arrays[len(self._names):]
@@ -725,7 +730,7 @@ class Federation:
     async def _on_ack(self, msg: Message) -> None:
         rid = msg.body.get("rid")
         if not isinstance(rid, int):
-            self._drop(msg, f"bad ack {msg.body!r:.200}")
+            self._drop(msg, f"bad ack {shown(msg.body)}")
             return
         entry = self._inflight.get(rid)
         if entry is None or entry[0] != msg.src:
@@ -788,7 +793,7 @@ class Federation:
         n = msg.body.get("n")
         rid = msg.body.get("rid")
         if type(n) is not int or n < 1 or type(rid) is not int:   # a bool is no count
-            self._drop(msg, f"bad pull request {msg.body!r:.200}")
+            self._drop(msg, f"bad pull request {shown(msg.body)}")
             return
         want = min(n, self._per_message)
         k = self.bucket.take(want)
@@ -799,7 +804,7 @@ class Federation:
                 await self._send_items(msg.src, ITEMS, items, {"rid": rid})
             except WireError as e:
                 if not len(items):     # not even an empty answer goes: the pull times out
-                    log.warning("the wire refused an empty buf.items to %s (%s): its pull goes "
+                    log.warning("the wire refused an empty buf.items to %r (%s): its pull goes "
                                 "unanswered", msg.src, e)
                     return
                 # fewer items, or none if one alone cannot go (an empty answer ends the pull)
@@ -812,7 +817,7 @@ class Federation:
     async def _on_items(self, msg: Message) -> None:
         rid = msg.body.get("rid")
         if not isinstance(rid, int):
-            self._drop(msg, f"bad rid {rid!r:.100} in buf.items")
+            self._drop(msg, f"bad rid {shown(rid)} in buf.items")
             return
         peer, fut = self._pulls.get(rid, ("", None))
         if fut is not None and msg.src != peer:
@@ -844,9 +849,16 @@ class Federation:
 
     def _drop(self, msg: Message, why: str) -> None:
         self.stats.dropped_messages += 1
+        # shown(): a sender's id may hold a line break, which would forge a line wherever
+        # the errors are printed
+        why = f"{msg.t} from {shown(msg.src)}: {why}"
+        self._error(why)
+        log.debug("dropped %s", why)
+
+    def _error(self, why: str) -> None:
+        """Keep ``why`` in ``stats.errors`` (the first 20 texts, each cut to _ERROR_CHARS)."""
         if len(self.stats.errors) < 20:
-            self.stats.errors.append(f"{msg.t} from {msg.src}: {why}")
-        log.debug("dropped %s from %s: %s", msg.t, msg.src, why)
+            self.stats.errors.append(why if len(why) <= _ERROR_CHARS else f"{why[:_ERROR_CHARS - 3]}...")
 
     def _on_add(self, idx: np.ndarray) -> None:
         with self._new_lock:
