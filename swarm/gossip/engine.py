@@ -75,7 +75,7 @@ from .. import wire
 from ..checks import rng_seed
 from ..errors import ConfigError, GossipError
 from ..link import Link, View
-from ..wire import Message
+from ..wire import Message, shown
 from . import topology as topo
 from ._codecs import Encoded, copy_scale, make_codec, suggested_gamma
 
@@ -626,8 +626,8 @@ class Gossip:
         r, ver = msg.body.get("r"), msg.body.get("ver")
         if not _round_number(r) or not isinstance(ver, int):
             self._reject(msg.src, "rejected_malformed",
-                         f"body needs a round r in [0, {_MAX_WIRE_ROUND}] and an integer ver, got r={r!r:.30} "
-                         f"ver={ver!r:.30}")
+                         f"body needs a round r in [0, {_MAX_WIRE_ROUND}] and an integer ver, got r={shown(r)} "
+                         f"ver={shown(ver)}")
             return
         copy = self._in.get(msg.src)
         if copy is None:
@@ -651,7 +651,9 @@ class Gossip:
     def _reject(self, src: str, kind: str, why: str) -> None:
         setattr(self.stats, kind, getattr(self.stats, kind) + 1)
         self._rejected += 1
-        log.debug("gossip: rejected message from %s: %s", src, why)
+        # %r: a bootstrap slice is taken from any sender (a stranger too), whose id may
+        # hold a line break and so forge lines in the log
+        log.debug("gossip: rejected message from %r: %s", src, why)
 
     def _apply_pending(self, src: str, copy: _InCopy, upto: int | None) -> list[int]:
         """Apply queued messages of ``src`` in order, up to round ``upto``; returns
@@ -747,7 +749,8 @@ class Gossip:
         lo, hi, nonce = msg.body.get("lo"), msg.body.get("hi"), msg.body.get("nonce")
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi, nonce)) \
                 or not 0 <= lo < hi <= self.d:
-            self._reject(msg.src, "rejected_malformed", f"bootstrap request for [{lo}, {hi}) of {self.d}")
+            self._reject(msg.src, "rejected_malformed",
+                         f"bootstrap request for [{shown(lo)}, {shown(hi)}) of {self.d}")
             return
         body = {"lo": lo, "hi": hi, "nonce": nonce, "r": self.t}
         size = _most_bytes(self.link.id, T_BOOT, body, self.x[lo:hi])
@@ -784,7 +787,7 @@ class Gossip:
             return
         donor, lo, hi, fut = want
         if msg.src != donor:   # nonces count up: anyone could answer a request sent to another
-            self._reject(msg.src, "rejected_malformed", f"bootstrap slice from {msg.src!r:.40}, asked of {donor!r}")
+            self._reject(msg.src, "rejected_malformed", f"bootstrap slice from {shown(msg.src)}, asked of {donor!r}")
             return
         a = msg.arrays[0].reshape(-1) if len(msg.arrays) == 1 else None
         if (msg.body.get("lo"), msg.body.get("hi")) != (lo, hi) or a is None \
@@ -793,7 +796,7 @@ class Gossip:
             return
         r = msg.body.get("r")
         if not _round_number(r) or r > _MAX_ROUND:   # bootstrap() takes the donors' round (see _MAX_ROUND)
-            self._reject(msg.src, "rejected_malformed", f"bootstrap slice with round {r!r:.30}")
+            self._reject(msg.src, "rejected_malformed", f"bootstrap slice with round {shown(r)}")
             return
         self._boot_round = max(self._boot_round, r)
         if not fut.done():

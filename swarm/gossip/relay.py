@@ -124,7 +124,7 @@ from ..compress.sparse import _Sparse
 from ..errors import ConfigError, EncodedTooLarge, GossipError, WireError
 from ..link import Link
 from ..transport import _EVENTS, _POLLIN   # ints: pyzmq's enums cost an operation per use
-from ..wire import Message
+from ..wire import Message, shown
 from . import topology as topo
 
 __all__ = ["GradientRelay", "RelayStats", "Rider", "Snapshot", "GRAD", "GRAD_HELLO", "GRAD_LATE",
@@ -1401,7 +1401,7 @@ class GradientRelay:
             if not (isinstance(ride, list) and len(ride) == 2 and isinstance(ride[0], dict)
                     and isinstance(ride[1], int) and 0 <= ride[1] <= len(arrays)):
                 self.stats.rejected += 1
-                raise WireError(f"grad from {msg.src}: x must be [body (dict), count of the last arrays]")
+                raise WireError(f"grad from {shown(msg.src)}: x must be [body (dict), count of the last arrays]")
             cut = len(arrays) - ride[1]
             arrays, ride_arrays = arrays[:cut], arrays[cut:]
         nbytes = _nbytes(arrays)
@@ -1409,14 +1409,15 @@ class GradientRelay:
         origin, seq, hops, meta = b.get("o"), b.get("s"), b.get("h"), b.get("meta")
         if not (isinstance(origin, str) and _int(seq, 0) and isinstance(hops, int) and isinstance(meta, dict)):
             self.stats.rejected += 1
-            raise WireError(f"grad from {msg.src}: body needs o (str), s (int >= 0), h (int) and meta (dict)")
+            raise WireError(f"grad from {shown(msg.src)}: body needs o (str), s (int >= 0), h (int) and meta (dict)")
         if seq > time.time_ns() // 1000 + _SEQ_AHEAD_US:
             self.stats.rejected += 1
-            raise WireError(f"grad {origin}#{seq} from {msg.src}: s is more than a day past this peer's clock "
-                            f"in microseconds, from which origins number their messages (set the hosts' clocks)")
+            raise WireError(f"grad {shown(origin)}#{seq} from {shown(msg.src)}: s is more than a day past this "
+                            f"peer's clock in microseconds, from which origins number their messages (set the "
+                            f"hosts' clocks)")
         if b.get("r", 1) != 1 or not _int(b.get("e", 0), 0):   # copies seen before too
             self.stats.rejected += 1
-            raise WireError(f"grad {origin}#{seq} from {msg.src}: r must be 1 (sent again) and e a view "
+            raise WireError(f"grad {shown(origin)}#{seq} from {shown(msg.src)}: r must be 1 (sent again) and e a view "
                             f"epoch (an int >= 0) when given")
         seen = self._seen.get(origin)   # checked again under the lock, before anything is queued
         if seen is None:
@@ -1427,8 +1428,8 @@ class GradientRelay:
         t, c = b.get("t"), b.get("c")
         if not _is_clock(c):   # publish sends no other (a wait or take(before) would misplace it)
             self.stats.rejected += 1
-            raise WireError(f"grad {origin}#{seq} from {msg.src}: c must be a clock, an int from 0 to "
-                            f"2**63 - 1, got {c!r:.30}")
+            raise WireError(f"grad {shown(origin)}#{seq} from {shown(msg.src)}: c must be a clock, an int from 0 to "
+                            f"2**63 - 1, got {shown(c)}")
         forward = arrays   # what goes on: the gradients, without the rider
         parts: list[tuple[int, dict[str, Any] | None, list[Any]]] = []   # (clock, meta or None, frames)
         extra = b.get("b")
@@ -1439,8 +1440,8 @@ class GradientRelay:
                             and (e[2] == 0 if e[1] is None else e[2] > 0) for e in extra)
                     and sum(e[2] for e in extra) <= len(arrays)):
                 self.stats.rejected += 1
-                raise WireError(f"grad {origin}#{seq} from {msg.src}: b must list up to {_MAX_BUNDLE - 1} "
-                                f"[clock, meta or None, frame count] whose frames the message holds")
+                raise WireError(f"grad {shown(origin)}#{seq} from {shown(msg.src)}: b must list up to "
+                                f"{_MAX_BUNDLE - 1} [clock, meta or None, frame count] whose frames the message holds")
             at = 0
             for ec, em, nf in extra:
                 parts.append((ec, em, arrays[at:at + nf]))
@@ -1449,7 +1450,7 @@ class GradientRelay:
         if "p" in b:   # a pass: a clock, no gradient
             if b["p"] != 1 or arrays or meta:
                 self.stats.rejected += 1
-                raise WireError(f"pass {origin}#{seq} from {msg.src}: needs p = 1, a clock c, "
+                raise WireError(f"pass {shown(origin)}#{seq} from {shown(msg.src)}: needs p = 1, a clock c, "
                                 f"empty meta and no arrays")
             parts.append((c, None, []))
         else:
@@ -1458,11 +1459,12 @@ class GradientRelay:
         if dg is not None and not (isinstance(dg, list) and len(dg) == 2 and _int(dg[0], 0)
                                    and isinstance(dg[1], str) and 0 < len(dg[1]) <= 64):
             self.stats.rejected += 1
-            raise WireError(f"grad {origin}#{seq} from {msg.src}: d must be [update count, digest (str)]")
+            raise WireError(f"grad {shown(origin)}#{seq} from {shown(msg.src)}: d must be [update count, digest (str)]")
         if ann is not None and not (isinstance(ann, list) and len(ann) <= _MAX_ANNOUNCE and all(
                 isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and _int(e[1], 0) for e in ann)):
             self.stats.rejected += 1
-            raise WireError(f"grad {origin}#{seq} from {msg.src}: j must list up to {_MAX_ANNOUNCE} [peer id, clock]")
+            raise WireError(f"grad {shown(origin)}#{seq} from {shown(msg.src)}: j must list up to "
+                            f"{_MAX_ANNOUNCE} [peer id, clock]")
         back = -1   # the clock of a pass by which its origin says it is back in step (not late)
         if ann:
             back = max((c for pid, c in ann if pid == origin), default=-1)
@@ -1480,8 +1482,8 @@ class GradientRelay:
             # (swarm run's peer) ended on the first one
             if g.shape != (self.d,) or not largest_abs(g) <= MAX_GRAD:
                 self.stats.rejected += 1
-                raise WireError(f"grad {origin}#{seq} from {msg.src}: not {self.d} finite values of at most "
-                                f"{MAX_GRAD:.3g}")
+                raise WireError(f"grad {shown(origin)}#{seq} from {shown(msg.src)}: not {self.d} finite values "
+                                f"of at most {MAX_GRAD:.3g}")
             items.append((pc, g))
         # a sender's clock: not finite (-inf), it made the lag figures infinite for good
         sent_at = float(t) if isinstance(t, (int, float)) and math.isfinite(t) else time.time()
@@ -1525,8 +1527,8 @@ class GradientRelay:
             return
         if len(self._strangers) >= _STRANGERS:
             self.stats.rejected += 1
-            raise WireError(f"grad {origin}#{seq} from {src}: origin {origin!r} is not in this peer's view, and "
-                            f"{_STRANGERS} such origins are kept until the next view already")
+            raise WireError(f"grad {shown(origin)}#{seq} from {shown(src)}: origin {shown(origin)} is not in "
+                            f"this peer's view, and {_STRANGERS} such origins are kept until the next view already")
         self._strangers.add(origin)
 
     def _queue(self, origin: str, items: list[tuple[int, np.ndarray | None]], back: int, sent_at: float,
@@ -1660,7 +1662,7 @@ class GradientRelay:
         b, src = msg.body, msg.src
         if msg.t == GRAD_LATE:
             if not (_int(b.get("c"), 0) and _int(b.get("at"), 0)):
-                raise WireError(f"grad_late from {src}: c and at must be clocks (int >= 0)")
+                raise WireError(f"grad_late from {shown(src)}: c and at must be clocks (int >= 0)")
             if b["c"] in self._resent_clocks and "f" not in b:
                 # from a peer older than r, whose turn went past a message sent again (one that
                 # came before it was sent again is about the first copy): the lateness is the
@@ -1671,7 +1673,7 @@ class GradientRelay:
                 return
         elif msg.t == GRAD_SYNC:
             if not (_int(b.get("r"), 1) and _int(b.get("b"), -1)):
-                raise WireError(f"grad_sync from {src}: needs r (int >= 1) and b (int >= -1)")
+                raise WireError(f"grad_sync from {shown(src)}: needs r (int >= 1) and b (int >= -1)")
         else:
             self._check_copy(msg)
             asked = self._asked
@@ -1682,8 +1684,8 @@ class GradientRelay:
                           self.link.id, src)
                 return
         if len(self._side) >= _SIDE_MAX:
-            raise WireError(f"{msg.t} from {src}: {_SIDE_MAX} notices, requests and copies wait for this peer's "
-                            f"poll() already (the consumer calls it too rarely, or {src} sends too many)")
+            raise WireError(f"{msg.t} from {shown(src)}: {_SIDE_MAX} notices, requests and copies wait for this peer's "
+                            f"poll() already (the consumer calls it too rarely, or {shown(src)} sends too many)")
         self._side.append(msg)
         with self._cond:
             self._cond.notify_all()
@@ -1694,34 +1696,35 @@ class GradientRelay:
         float32 array of them. Raises WireError saying what is wrong."""
         b, src, arrays = msg.body, msg.src, msg.arrays
         if not _int(b.get("r"), 1):
-            raise WireError(f"grad_state from {src}: r must be a request number (int >= 1)")
+            raise WireError(f"grad_state from {shown(src)}: r must be a request number (int >= 1)")
         if "no" in b:
             if not isinstance(b["no"], str):
-                raise WireError(f"grad_state from {src}: no must say why (str)")
+                raise WireError(f"grad_state from {shown(src)}: no must say why (str)")
             return
         c, n, app, na, po, g = (b.get(k) for k in ("c", "n", "app", "na", "po", "g"))
         # clocks as publish may send them (<= 2**63 - 1): one past it taken in, the next wait
         # on the training thread raised, and every gradient after was dropped as late
         if not (c == -1 or _is_clock(c)) or not (n is None or (_is_clock(n) and n > c)):
-            raise WireError(f"grad_state from {src}: c must be a clock (0 to 2**63 - 1, or -1) and n None "
+            raise WireError(f"grad_state from {shown(src)}: c must be a clock (0 to 2**63 - 1, or -1) and n None "
                             f"or a clock after c")
         if not isinstance(app, dict) or not _int(na, 0) or na > len(arrays):
-            raise WireError(f"grad_state from {src}: app must be a map and na the count of its arrays "
+            raise WireError(f"grad_state from {shown(src)}: app must be a map and na the count of its arrays "
                             f"(at most the {len(arrays)} sent)")
         if not (isinstance(po, list) and len(po) <= _MAX_COPY_PENDING
                 and all(isinstance(e, list) and len(e) == 2 and _is_clock(e[0]) and e[0] > c
                         and isinstance(e[1], str) for e in po)):
-            raise WireError(f"grad_state from {src}: po must list up to {_MAX_COPY_PENDING} [clock after c, origin]")
+            raise WireError(f"grad_state from {shown(src)}: po must list up to {_MAX_COPY_PENDING} "
+                            f"[clock after c, origin]")
         if len(arrays) != na + (1 if po else 0):
-            raise WireError(f"grad_state from {src}: {len(arrays)} arrays for na = {na} and {len(po)} pending")
+            raise WireError(f"grad_state from {shown(src)}: {len(arrays)} arrays for na = {na} and {len(po)} pending")
         if po:
             a = arrays[na]
             if a.dtype != np.float32 or a.shape != (len(po), self.d) or not largest_abs(a) <= MAX_GRAD:
-                raise WireError(f"grad_state from {src}: pending gradients must be {len(po)} x {self.d} finite "
+                raise WireError(f"grad_state from {shown(src)}: pending gradients must be {len(po)} x {self.d} finite "
                                 f"float32 of at most {MAX_GRAD:.3g}, got {a.dtype} {a.shape}")
         if not (isinstance(g, dict) and all(isinstance(k, str) and isinstance(v, list) and len(v) <= 4 * _RECENT_CLOCKS
                                             and all(_is_clock(x) for x in v) for k, v in g.items())):
-            raise WireError(f"grad_state from {src}: g must map origins to lists of clocks")
+            raise WireError(f"grad_state from {shown(src)}: g must map origins to lists of clocks")
 
     def _tend(self) -> None:
         """Consumer thread: notices, requests and copies that came; a request's deadline;
@@ -1935,7 +1938,7 @@ class GradientRelay:
     def _on_hello(self, msg: Message) -> None:
         ep = msg.body.get("ep")
         if not isinstance(ep, str) or len(ep) > _MAX_ENDPOINT or tp.member_address_error(ep):
-            raise WireError(f"grad_hello from {msg.src}: ep must be tcp://HOST:PORT with a port in 1..65535")
+            raise WireError(f"grad_hello from {shown(msg.src)}: ep must be tcp://HOST:PORT with a port in 1..65535")
         self._endpoints[msg.src] = ep
         if not msg.body.get("r") and self._endpoint:
             self.link.send_nowait(msg.src, GRAD_HELLO, {"ep": self._endpoint, "r": True})

@@ -1671,7 +1671,7 @@ class Peer:
                 rank = body["rank"]
                 if type(rank) is not int or rank < 0:
                     # checked before start() is handed it: there, a bad one left the peer half-started
-                    raise ValueError(f"rank {rank!r:.60} is not an int >= 0")
+                    raise ValueError(f"rank {wire.shown(rank)} is not an int >= 0")
                 self._rejoining = False
                 self._rotated = time.monotonic()
                 self._standby_since = 0.0
