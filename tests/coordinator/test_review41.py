@@ -272,3 +272,44 @@ def test_a_member_on_the_fd_of_a_closed_status_client_is_not_probed(monkeypatch)
                 p.stdout.close()
 
     asyncio.run(main())
+
+
+def test_a_status_request_read_after_its_close_leaves_no_entry_that_spares_a_later_probe(monkeypatch):
+    # A status request read after its own connection's close (a `swarm status` client that
+    # gave up while its request was queued) was recorded in _askers all the same; no later
+    # close popped it, and a new connection on that fd that joined and closed in one batch
+    # was then taken for the status client's and not probed. Unit level: a fake monitor
+    # hands out the disconnects, and the fd of every message is 7.
+    events: list[int] = []
+
+    class Monitor:
+        def getsockopt(self, opt: int) -> int:
+            return zmq.POLLIN if events else 0
+
+    class Frame:
+        def __init__(self, fd: int) -> None:
+            self.bytes = fd
+
+    monkeypatch.setattr(tp, "srcfd", lambda frame: 7)
+    monkeypatch.setattr(tp, "try_send", lambda sock, frames: True)
+    monkeypatch.setattr(tp, "drain", lambda mon: [[Frame(events.pop(0))]])
+    monkeypatch.setattr(server, "parse_monitor_message",
+                        lambda frames: {"event": zmq.EVENT_DISCONNECTED, "value": frames[0]})
+
+    def probed(after_a_late_status: bool) -> bool:
+        c = Coordinator(bind="tcp://127.0.0.1:0", http_bind="")
+        c._events = Monitor()
+        now = time.monotonic()
+        if after_a_late_status:   # its close read first, then its request, in one batch
+            events.append(7)
+            c._read_closes()
+            c._on_message(b"\0S", [zmq.Frame(f) for f in wire.encode("status", "client")], now)
+            c._closed_fds.clear()   # the batch drained
+        events.append(7)   # a new connection on fd 7 joined and closed: its close read first
+        c._read_closes()
+        join = wire.encode("join", "m", body={"addr": ADDR, "rank": -1, "inc": 1})
+        c._on_message(b"\0C", [zmq.Frame(f) for f in join], now)
+        return any(pid == "m" for pid, _ in c._closing)
+
+    assert probed(False)
+    assert probed(True)
