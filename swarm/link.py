@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 import numpy as np
 
 from .checks import is_int
-from .wire import Message
+from .wire import Message, shown
 
 __all__ = ["Member", "View", "Link", "Handler"]
 
@@ -81,21 +81,23 @@ class View:
         going back to an earlier one, or whose ``add``/``remove`` are not lists of
         members/ids (a str ``remove`` would take ids out one character at a time), or
         that adds an id twice."""
+        # values quoted through shown(): a coordinator's (or whoever sent it) choice, so the
+        # text is bounded and made without rendering a huge value whole
         try:
             base, epoch, add, remove = d["base"], d["epoch"], d["add"], d["remove"]
         except (KeyError, TypeError):
-            raise ValueError(f"a delta has base, epoch, add and remove, got {d!r:.200}") from None
+            raise ValueError(f"a delta has base, epoch, add and remove, got {shown(d)}") from None
         if not (is_int(base) and is_int(epoch)):
-            raise ValueError(f"delta epochs must be integers, got base {base!r} and epoch {epoch!r}")
+            raise ValueError(f"delta epochs must be integers, got base {shown(base)} and epoch {shown(epoch)}")
         if base != self.epoch:
             raise ValueError(f"delta is against epoch {base}, this view is epoch {self.epoch}")
         if epoch < base:
             raise ValueError(f"delta goes back from epoch {base} to {epoch}")
         if not isinstance(remove, (list, tuple)) or not all(isinstance(i, str) for i in remove):
-            raise ValueError(f"delta's remove must be a list of peer ids, got {remove!r}")
+            raise ValueError(f"delta's remove must be a list of peer ids, got {shown(remove)}")
         if not isinstance(add, (list, tuple)) or not all(isinstance(m, (list, tuple)) and 3 <= len(m) <= 4
                                                          for m in add):
-            raise ValueError(f"delta's add must be a list of [id, addr, rank(, key)], got {add!r}")
+            raise ValueError(f"delta's add must be a list of [id, addr, rank(, key)], got {shown(add)}")
         gone = set(remove)
         added = tuple(map(_member, add))
         new_ids = {m.id for m in added}
@@ -110,11 +112,11 @@ class View:
         try:
             epoch, members = d["epoch"], d["members"]
         except (KeyError, TypeError):
-            raise ValueError(f"a view has epoch and members, got {d!r:.200}") from None
+            raise ValueError(f"a view has epoch and members, got {shown(d)}") from None
         if not is_int(epoch) or epoch < 0:
-            raise ValueError(f"a view's epoch must be an integer >= 0, got {epoch!r:.60}")
+            raise ValueError(f"a view's epoch must be an integer >= 0, got {shown(epoch)}")
         if not isinstance(members, (list, tuple)):
-            raise ValueError(f"a view's members must be a list, got {members!r:.200}")
+            raise ValueError(f"a view's members must be a list, got {shown(members)}")
         ms = tuple(map(_member, members))
         if len({m.id for m in ms}) < len(ms):
             raise ValueError("a view lists a peer id twice")
@@ -125,12 +127,12 @@ def _member(m: Any) -> Member:
     """``[id, addr, rank(, key)]`` from the wire, checked: ids, addresses and keys are
     strings (an id of None read as "None"), ranks integers >= 0."""
     if not (isinstance(m, (list, tuple)) and 3 <= len(m) <= 4):
-        raise ValueError(f"a member is [id, addr, rank(, key)], got {m!r:.200}")
+        raise ValueError(f"a member is [id, addr, rank(, key)], got {shown(m)}")
     pid, addr, rank, key = (*m, "")[:4]
     if not (isinstance(pid, str) and pid and isinstance(addr, str) and isinstance(key, str)):
-        raise ValueError(f"a member's id (non-empty), address and key are strings, got {m!r:.200}")
+        raise ValueError(f"a member's id (non-empty), address and key are strings, got {shown(m)}")
     if not is_int(rank) or rank < 0:
-        raise ValueError(f"member {pid!r:.60}: rank must be an integer >= 0, got {rank!r:.60}")
+        raise ValueError(f"member {shown(pid)}: rank must be an integer >= 0, got {shown(rank)}")
     return Member(pid, addr, int(rank), key)
 
 

@@ -25,7 +25,7 @@ import zmq
 import zmq.asyncio
 
 from .errors import ConfigError, TransportError, WireError
-from .wire import DEFAULT_LIMITS, Limits, Message, decode
+from .wire import DEFAULT_LIMITS, Limits, Message, decode, shown
 
 log = logging.getLogger("swarm.transport")
 
@@ -162,10 +162,8 @@ def member_address_error(addr: Any) -> str:
     m = _MEMBER_ADDR.fullmatch(addr) if isinstance(addr, str) else None
     if m is not None and 1 <= int(m.group(1)) <= 65535:
         return ""
-    shown = repr(addr)
-    if len(shown) > 80:
-        shown = f"{shown[:60]}... ({len(shown)} characters)"
-    return f"{shown} is not tcp://HOST:PORT with a port in 1..65535"
+    # a join's addr is the sender's choice: a bounded repr, not a whole one cut afterwards
+    return f"{shown(addr)} is not tcp://HOST:PORT with a port in 1..65535"
 
 
 def unresolved_hint(addrs: list[str]) -> str:

@@ -58,7 +58,10 @@ class Encoded:
         is checked: :meth:`Codec.decode` does that."""
         if not isinstance(self.meta, dict):
             raise WireError(f"meta is a {type(self.meta).__name__}, not a dict")
-        return meta_int(self.meta, "n", str(self.meta.get("codec", "payload")), lo=0)
+        codec = self.meta.get("codec")
+        # the sender's name for it, when that is a short one on one line (it may be anything)
+        name = codec if isinstance(codec, str) and len(codec) <= 40 and codec.isprintable() else "payload"
+        return meta_int(self.meta, "n", name, lo=0)
 
     def meta_nbytes(self) -> int:
         """Bytes the meta dict takes when msgpack-packed (it rides in the header)."""
@@ -269,7 +272,7 @@ class Codec:
         if not isinstance(meta, dict):
             raise WireError(f"{self.name}: meta is a {type(meta).__name__}, not a dict")
         if meta.get("codec") != self.name:
-            raise WireError(f"{self.name}: payload was encoded by codec {meta.get('codec')!r}")
+            raise WireError(f"{self.name}: payload was encoded by codec {_shown(meta.get('codec'))}")
         n = meta_int(meta, "n", self.name, lo=0)
         self._check_meta(meta, n)
         specs = self._frame_specs(meta, n)
@@ -290,6 +293,15 @@ class Codec:
         return meta, frames, n
 
 
+def _shown(x: Any) -> str:
+    """:func:`swarm.wire.shown` (a bounded repr) for a value from a received meta: a
+    sender's choice, which may be megabytes. Imported when a check fails, so that the
+    codecs load without the wire's zmq and msgpack, as :meth:`Encoded.meta_nbytes` does."""
+    from ..wire import shown  # noqa: PLC0415
+
+    return shown(x)
+
+
 @functools.lru_cache(maxsize=None)
 def _dtypes(names: tuple[str, ...]) -> frozenset[np.dtype]:
     # dtype objects compare and hash without building their name string, which
@@ -302,7 +314,7 @@ def meta_int(meta: dict[str, Any], key: str, codec: str, lo: int | None = None,
     """``meta[key]`` as an int in ``[lo, hi]``, or :class:`WireError` naming the key."""
     v = meta.get(key)
     if not isinstance(v, int) or isinstance(v, bool):
-        raise WireError(f"{codec}: meta {key}={v!r} is not an integer")
+        raise WireError(f"{codec}: meta {key}={_shown(v)} is not an integer")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise WireError(f"{codec}: meta {key}={v} is outside [{lo}, {hi}]")
     return v
@@ -318,9 +330,9 @@ def meta_float(meta: dict[str, Any], key: str, codec: str) -> float:
     :class:`WireError` naming the key."""
     v = meta.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise WireError(f"{codec}: meta {key}={v!r} is not a number")
+        raise WireError(f"{codec}: meta {key}={_shown(v)} is not a number")
     if not 0 <= v <= _F32_MAX:   # also False for NaN
-        raise WireError(f"{codec}: meta {key}={v!r} is not in [0, {_F32_MAX:.4g}] (a float32 scale)")
+        raise WireError(f"{codec}: meta {key}={_shown(v)} is not in [0, {_F32_MAX:.4g}] (a float32 scale)")
     return float(v)
 
 
@@ -333,9 +345,9 @@ def meta_scale(meta: dict[str, Any], key: str, codec: str) -> float:
     sender applied, which the receiver multiplies back), or :class:`WireError`."""
     v = meta.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise WireError(f"{codec}: meta {key}={v!r} is not a number")
+        raise WireError(f"{codec}: meta {key}={_shown(v)} is not a number")
     if not _F32_TINY <= v <= _F32_MAX:   # also False for NaN
-        raise WireError(f"{codec}: meta {key}={v!r} is not in [{_F32_TINY:.4g}, {_F32_MAX:.4g}] "
+        raise WireError(f"{codec}: meta {key}={_shown(v)} is not in [{_F32_TINY:.4g}, {_F32_MAX:.4g}] "
                         f"(a positive float32 scale)")
     return float(v)
 

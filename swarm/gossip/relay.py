@@ -1241,7 +1241,7 @@ class GradientRelay:
             self._announce_back(snap.next - every + span - 1)
         self.stats.resyncs += 1
         self.resynced.append({"from": snap.src, "clock": clock, "next": snap.next, "why": snap.why})
-        log.info("relay %s: adopted %s's copy at clock %d (%d gradients after it)%s", me, snap.src, clock,
+        log.info("relay %s: adopted the copy of %r at clock %d (%d gradients after it)%s", me, snap.src, clock,
                  len(keep), f"; its turns start again at clock {snap.next}" if snap.next is not None else "")
 
     def _announce_back(self, upto: int) -> None:
@@ -1259,7 +1259,7 @@ class GradientRelay:
         changes, and this peer may ask again a second later."""
         if snap is not self._arrived:
             return
-        log.warning("relay %s: refused %s's copy: %s; nothing changed", self.link.id, snap.src, why)
+        log.warning("relay %s: refused the copy of %r: %s; nothing changed", self.link.id, snap.src, why)
         self._fail()
 
     # ------------------------------------------------------------ plumbing
@@ -1668,7 +1668,8 @@ class GradientRelay:
                 # came before it was sent again is about the first copy): the lateness is the
                 # lost first copy's, and that peer's copy lacks this one's gradient
                 self.stats.late_resent += 1
-                log.debug("relay %s: %s says the message at clock %d came late, which was sent again "
+                # %r for a sender's id, here and below: one with a line break forged a log line
+                log.debug("relay %s: %r says the message at clock %d came late, which was sent again "
                           "(see _resend): ignored", self.link.id, src, b["c"])
                 return
         elif msg.t == GRAD_SYNC:
@@ -1680,7 +1681,7 @@ class GradientRelay:
             if asked is None or self._arrived is not None or src != asked[0] or b["r"] != asked[1]:
                 # an answer to a request given up, or to none: not held for the consumer (a copy
                 # is a whole state)
-                log.debug("relay %s: a copy from %s that answers no request of this peer now: dropped",
+                log.debug("relay %s: a copy from %r that answers no request of this peer now: dropped",
                           self.link.id, src)
                 return
         if len(self._side) >= _SIDE_MAX:
@@ -1736,7 +1737,8 @@ class GradientRelay:
                 # about this copy (not one replaced since), from a peer whose turns went past
                 # this one's last message (one that fell behind itself takes old ones in late)
                 if b["c"] > self._floor and b["at"] > (-1 if self._boundary is None else self._boundary):
-                    self._wish(msg.src, f"its message at clock {b['c']} came after {msg.src}'s turn went past it")
+                    self._wish(msg.src, f"its message at clock {b['c']} came after the turn of {shown(msg.src)} "
+                                        "went past it")
             elif msg.t == GRAD_SYNC:   # an asker waits for one copy at a time: its newest request
                 self._deferred = [d for d in self._deferred if d[0] != msg.src]
                 self._deferred.append((msg.src, b["r"], b["b"], time.monotonic() + self._resync_timeout))
@@ -1746,11 +1748,11 @@ class GradientRelay:
             self._serve_due()
         if self._asked is not None and self._arrived is None:
             if self._unsent == self._asked[1]:
-                log.warning("relay %s: could not ask %s for its copy (no link to it now); its turns go on "
+                log.warning("relay %s: could not ask %r for its copy (no link to it now); its turns go on "
                             "out of step", self.link.id, self._asked[0])
                 self._fail()
             elif time.monotonic() > self._asked[2]:
-                log.warning("relay %s: %s sent no copy within %.1f s; its turns go on out of step",
+                log.warning("relay %s: %r sent no copy within %.1f s; its turns go on out of step",
                             self.link.id, self._asked[0], self._resync_timeout)
                 self._fail()
         if self._digests_new:
@@ -1775,7 +1777,7 @@ class GradientRelay:
         # noted before it goes: the loop keeps only the copy that answers it (see _on_side)
         self._asked = (dst, rid, time.monotonic() + self._resync_timeout, why)
         self._side_send(dst, GRAD_SYNC, {"r": rid, "b": -1 if self._boundary is None else self._boundary})
-        log.info("relay %s: out of step (%s); asking %s for its copy", self.link.id, why, dst)
+        log.info("relay %s: out of step (%s); asking %r for its copy", self.link.id, why, dst)
 
     def _serve_due(self) -> None:
         """Answer the requests whose asker's last message this peer's copy covers: a copy
@@ -1838,7 +1840,7 @@ class GradientRelay:
             self._announce[src] = upto
         self._side_send(src, GRAD_STATE, copy, frames)
         self.stats.served += 1
-        log.info("relay %s: sent %s its copy at clock %d%s", self.link.id, src, clock,
+        log.info("relay %s: sent %r its copy at clock %d%s", self.link.id, src, clock,
                  f"; its turns start again at clock {nxt}" if nxt is not None else "")
         return None
 
@@ -1849,19 +1851,19 @@ class GradientRelay:
         if asked is None or self._arrived is not None or msg.src != asked[0] or b["r"] != asked[1]:
             return   # an answer to a request given up
         if "no" in b:
-            log.info("relay %s: %s sent no copy: %s", self.link.id, msg.src, b["no"])
+            log.info("relay %s: %r sent no copy: %.300r", self.link.id, msg.src, b["no"])
             self._fail()
             return
         me = self.link.view.member(self.link.id)
         if me is None or self._sched is None:
-            log.warning("relay %s: a copy from %s, but this peer is not in its view", self.link.id, msg.src)
+            log.warning("relay %s: a copy from %r, but this peer is not in its view", self.link.id, msg.src)
             self._fail()
             return
         every, first, span = self._sched
         n = _turn_start(-1 if self._boundary is None else self._boundary, me.rank, every, first, span)
         c, nxt = b["c"], b["n"]
         if (n <= c) if nxt is None else (n > nxt):
-            log.warning("relay %s: %s's copy at clock %d does not fit this peer's next turn at clock %d; "
+            log.warning("relay %s: the copy of %r at clock %d does not fit this peer's next turn at clock %d; "
                         "refused", self.link.id, msg.src, c, n)
             self._fail()
             return
@@ -1907,12 +1909,12 @@ class GradientRelay:
         try:
             sent = self.link.send_nowait(dst, t, body, arrays)
         except WireError as e:   # what the wire refuses after all (_serve checks a copy before it goes)
-            log.warning("relay %s: cannot send %s to %s: %s", self.link.id, t, dst, e)
+            log.warning("relay %s: cannot send %s to %r: %s", self.link.id, t, dst, e)
             sent = False
         if sent:
             return
         # no link to it now (one frozen a moment ago comes back with a new one)
-        log.info("relay %s: %s to %s was not sent (unknown or full link)", self.link.id, t, dst)
+        log.info("relay %s: %s to %r was not sent (unknown or full link)", self.link.id, t, dst)
         if t == GRAD_LATE:
             self._noticed.pop(dst, None)   # tell it at its next late message, not a second later
         elif t == GRAD_SYNC:

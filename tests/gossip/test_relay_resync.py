@@ -342,7 +342,7 @@ def test_a_copy_the_caller_cannot_load_is_refused_and_changes_nothing(caplog):
         snap = a.snapshot()
         with caplog.at_level(logging.WARNING, logger="swarm.gossip.relay"):
             a.refuse(snap, "parameters of 17 values; this network has 16")
-        assert "refused p001's copy: parameters of 17 values; this network has 16; nothing changed" in caplog.text
+        assert "refused the copy of 'p001': parameters of 17 values; this network has 16; nothing changed" in caplog.text
         assert a.snapshot() is None and not a.resyncing and a.stats.resyncs == 0 and a.stats.resync_failed == 1
         assert a.pending == 1   # p002's gradient at clock 2 is still there
         assert [g.tolist() for g in a.take(before=3)] == [[1.0] * D]
@@ -438,4 +438,4 @@ def test_a_request_that_cannot_be_sent_is_given_up_at_once(caplog):
         await asyncio.to_thread(a.wait, 3, 0.2, every=N, first=0)
         assert a.stats.resync_failed == 1 and not a.resyncing
     asyncio.run(main())
-    assert "could not ask p001 for its copy (no link to it now)" in caplog.text
+    assert "could not ask 'p001' for its copy (no link to it now)" in caplog.text

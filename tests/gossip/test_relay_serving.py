@@ -184,4 +184,4 @@ def test_a_copy_over_the_message_limit_is_refused_at_once_and_changes_nothing(ca
         b.close()
         await hub.close()
     asyncio.run(main())
-    assert "a sent no copy: its copy does not go in one message: message of" in caplog.text, caplog.text
+    assert "'a' sent no copy: \"its copy does not go in one message: message of" in caplog.text, caplog.text
