@@ -1138,9 +1138,11 @@ class GradientRelay:
             for _, s in self._outboxes.values():
                 self.link.close_side(s)
             self._outboxes.clear()
-        if self._inbox_sock is not None:
-            self.link.close_side(self._inbox_sock)
-            self._inbox_sock = None
+            # under the lock too: a publish that waited for it must find the relay closed,
+            # not open a new outbox on it (_push)
+            if self._inbox_sock is not None:
+                self.link.close_side(self._inbox_sock)
+                self._inbox_sock = None
         self._held_in.clear()
         self._held_bytes = 0
         if self._closed:
@@ -1975,6 +1977,8 @@ class GradientRelay:
         if self._inbox_sock is None:
             return False
         with self._sockets:
+            if self._inbox_sock is None:   # closed while this waited for the lock
+                return False
             return self._push_now(dst, body, arrays, nbytes, forwarding, rider)
 
     def _push_now(self, dst: str, body: dict[str, Any], arrays: list[np.ndarray], nbytes: int,

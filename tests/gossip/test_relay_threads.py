@@ -8,6 +8,7 @@ import asyncio
 import collections
 import sys
 import threading
+import time
 
 import numpy as np
 import zmq
@@ -136,6 +137,62 @@ def test_direct_publish_from_another_thread_takes_turns_with_polls_forwarding(pr
         assert most[0] == 1
     finally:
         monkeypatch.undo()
+        for r in relays:
+            r.close()
+        for sp in peers:
+            sp.close()
+
+
+def test_a_publish_waiting_while_a_direct_relay_closes_opens_no_socket_on_it(procs):
+    """Before the fix a publish on another thread that waited for the sockets' lock while
+    close() closed the outboxes took it next, found no outbox and opened a new PUSH socket
+    in the closed relay, which nothing closed again. close_side is slowed here while
+    close() holds the lock, so the publish surely waits for it."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, name="coord")
+    peers, relays = [], []
+    try:
+        for r in range(2):
+            peers.append(SyncPeer(coordinators=[addr], id=f"c{r}", rank=r, topology="ring",
+                                  join_timeout_s=20).start())
+        for sp in peers:
+            sp.wait_view(lambda v: len(v.members) == 2, timeout=20)
+
+        async def make() -> GradientRelay:
+            return GradientRelay(sp.peer, 8, direct=True)
+        for sp in peers:
+            relays.append(sp.call(make()))
+        assert all(r.ready(timeout=10) for r in relays)
+        a = relays[0]
+        g = np.ones(8, np.float32)
+        a.publish(g, clock=0)                      # a's outbox to c1 exists from here on
+        old = [s for _, s in a._outboxes.values()]
+        assert old
+        real_close_side = a.link.close_side
+        closing = threading.Event()
+
+        def slow_close_side(s):
+            if s in old:
+                closing.set()
+                time.sleep(0.5)                    # the publish below waits for the lock meanwhile
+            real_close_side(s)
+        a.link.close_side = slow_close_side
+        errors: list[BaseException] = []
+
+        def publish() -> None:
+            closing.wait(5.0)
+            try:
+                a.publish(2 * g, clock=1)
+            except BaseException as e:   # noqa: BLE001 (a GossipError is fine; any is recorded)
+                errors.append(e)
+        t = threading.Thread(target=publish)
+        t.start()
+        a.close()
+        t.join(10)
+        assert not t.is_alive()
+        assert all(type(e).__name__ == "GossipError" for e in errors), errors
+        assert not a._outboxes, a._outboxes        # no socket opened on the closed relay
+    finally:
         for r in relays:
             r.close()
         for sp in peers:
