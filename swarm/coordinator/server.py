@@ -721,6 +721,13 @@ class Coordinator:
                 self._send(route, "refuse", {"reason": f"addr {why}; a peer must advertise an address "
                                                        "its neighbours can connect to (peer.advertise)"})
                 return
+            if not src.isprintable():
+                # every member logs the ids in its views: a line break in one forged log lines
+                self.malformed += 1
+                self._bad(route, WireError(f"join of {src!r}: the id is not printable"))
+                self._send(route, "refuse", {"reason": f"peer id {src!r} holds characters that are not "
+                                                       "printable (line breaks, control characters)"})
+                return
             try:
                 # with CURVE, the key a peer is known by is the one it authenticated with
                 rec = self.table.join(src, addr, rank, inc, route, last_epoch=last, now=now, key=self._key,

@@ -313,3 +313,23 @@ def test_a_status_request_read_after_its_close_leaves_no_entry_that_spares_a_lat
 
     assert probed(False)
     assert probed(True)
+
+
+def test_a_join_under_an_id_that_is_not_printable_is_refused():
+    # The coordinator took any id in a join (the wire allows any 1-256 characters), so an
+    # id with a line break went into every member's view, and every log line that names a
+    # member could carry a forged line.
+    async def main() -> None:
+        async with _coordinator() as coord:
+            with _dealer(coord) as s:
+                forged = "m\n2026-12-04 23:00:00,000 swarm.peer ERROR peer p0: compromised"
+                s.send_multipart(wire.encode("join", forged, body={"addr": ADDR, "rank": -1, "inc": 1}))
+                m = await _recv(s, "an answer to the join")
+                assert m.t == "refuse" and "not printable" in m.body["reason"], (m.t, m.body)
+                body = await _status(s)
+                assert forged not in _states(body) and body["malformed"] == 1, body
+                s.send_multipart(wire.encode("join", "m", body={"addr": ADDR, "rank": -1, "inc": 1}))
+                m = await _recv(s, "an answer to a good join")
+                assert m.t == "welcome", (m.t, m.body)
+
+    asyncio.run(main())
