@@ -116,6 +116,7 @@ class DQNAgent(BaseAgent):
                                   "pass a swarm.buffer.ReplayBuffer")
         self.cfg = cfg
         self.obs_shape = tuple(int(d) for d in shape)
+        self._schema = dqn_schema(self.obs_shape)   # what gradient() checks each batch against
         self.n_actions = int(n_actions)
         self._check_schema(buffer)
         self.buffer = buffer
@@ -313,7 +314,7 @@ class DQNAgent(BaseAgent):
         # O(1) but for one min/max of the actions: this runs at every update. Torch would
         # raise its own errors for most misfits, after the forward; weights of shape (N, 1)
         # it would broadcast against the N losses into an N x N loss, and step on it.
-        schema = dqn_schema(self.obs_shape)
+        schema = self._schema
         if not isinstance(batch, Mapping):
             raise ReplayError(f"batch is a {type(batch).__name__}; expected a dict of tensors (dqn_schema's fields)")
         missing = [k for k in schema if not isinstance(batch.get(k), torch.Tensor)]
