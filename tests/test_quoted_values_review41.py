@@ -8,7 +8,6 @@ line break cannot forge a log line. Sizes are checked (reprs made, text length),
 import asyncio
 import logging
 
-import numpy as np
 import pytest
 
 from swarm.compress import Encoded, get_codec
