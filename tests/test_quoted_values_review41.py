@@ -19,27 +19,7 @@ from swarm.link import View
 from swarm.transport import member_address_error
 from swarm.wire import Message
 
-#: a sender's id with a line break, and a whole forged log line after it
-FORGED = "Z\n2026-12-04 23:00:00,000 swarm.coordinator ERROR coordinator: member T is compromised"
-#: longest error text a rejection may make (the values it quotes are cut to wire.MAX_SHOWN)
-MAX_TEXT = 400
-
-
-class Counted(float):
-    """A float that counts how often its repr is made: how much of a value a text rendered."""
-
-    made = 0
-
-    def __repr__(self) -> str:
-        Counted.made += 1
-        return super().__repr__()
-
-
-def huge() -> list[list[float]]:
-    """4 lists of 100,000 floats (3.6 MB as msgpack): what a sender may put in one field."""
-    Counted.made = 0
-    row = [Counted(0.5)] * 100_000
-    return [row] * 4
+from gossip.test_quoted_values import FORGED, MAX_TEXT, Counted, huge
 
 
 def row() -> list[float]:

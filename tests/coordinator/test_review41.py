@@ -9,12 +9,11 @@ test_review40.py), each on a context of its own that the test closes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import doctest
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import zmq
 from swarmtest import ROOT, until
@@ -25,26 +24,7 @@ from swarm.coordinator import server
 from swarm.coordinator.report import PeerRates, format_table, status_document
 from swarm.coordinator.table import ALIVE, DEAD
 
-ADDR = "tcp://127.0.0.1:9"
-
-
-def _coordinator() -> Coordinator:
-    return Coordinator(bind="tcp://127.0.0.1:0", http_bind="", rejoin_grace_s=0.0, heartbeat_timeout_s=60.0)
-
-
-@contextlib.contextmanager
-def _dealer(coord: Coordinator) -> Iterator[zmq.Socket]:
-    """A raw DEALER connected to ``coord``, on a context of its own; both closed at the end."""
-    ctx = zmq.Context()
-    try:
-        s = ctx.socket(zmq.DEALER)
-        try:
-            s.connect(coord.address)
-            yield s
-        finally:
-            s.close(0)    # closed already where the test closed it
-    finally:
-        ctx.term()
+from coordinator.test_review40 import ADDR, _coordinator, _dealer
 
 
 async def _recv(s: zmq.Socket, what: str) -> wire.Message:
