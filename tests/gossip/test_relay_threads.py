@@ -170,16 +170,37 @@ def test_a_publish_waiting_while_a_direct_relay_closes_opens_no_socket_on_it(pro
         assert old
         real_close_side = a.link.close_side
         closing = threading.Event()
+        publisher: list[int] = []
+        waited: list[bool] = []
+
+        class Watched:
+            """The sockets' lock, noting who asks for it."""
+            def __init__(self, lock) -> None:
+                self.lock, self.asked = lock, []
+
+            def __enter__(self):
+                self.asked.append(threading.get_ident())
+                return self.lock.__enter__()
+
+            def __exit__(self, *exc):
+                return self.lock.__exit__(*exc)
+        a._sockets = Watched(a._sockets)
 
         def slow_close_side(s):
             if s in old:
                 closing.set()
-                time.sleep(0.5)                    # the publish below waits for the lock meanwhile
+                # the publish below asks for the lock meanwhile: else the race went untried
+                deadline = time.monotonic() + 5.0
+                while not (publisher and publisher[0] in a._sockets.asked) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                waited.append(bool(publisher) and publisher[0] in a._sockets.asked)
+                time.sleep(0.1)
             real_close_side(s)
         a.link.close_side = slow_close_side
         errors: list[BaseException] = []
 
         def publish() -> None:
+            publisher.append(threading.get_ident())
             closing.wait(5.0)
             try:
                 a.publish(2 * g, clock=1)
@@ -190,6 +211,7 @@ def test_a_publish_waiting_while_a_direct_relay_closes_opens_no_socket_on_it(pro
         a.close()
         t.join(10)
         assert not t.is_alive()
+        assert waited and all(waited), "the publish did not ask for the lock while close() held it"
         assert all(type(e).__name__ == "GossipError" for e in errors), errors
         assert not a._outboxes, a._outboxes        # no socket opened on the closed relay
     finally:

@@ -20,7 +20,7 @@ from swarm.peer import SyncPeer
 D = 8
 #: poll() uses its inbox for only part of each call; the closes of this many fresh pairs
 #: of peers land, some of them, in that part
-POLL_TRIALS = 8
+POLL_TRIALS = 16     # at a third of the trials each, 16 all pass without the fix 0.15% of the time
 
 
 def _pair(addr: str, tag: str) -> tuple[list[SyncPeer], list[GradientRelay]]:
