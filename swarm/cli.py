@@ -1037,8 +1037,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="place the peers on a Ray cluster (auto, HOST:PORT, ray://HOST:10001; none: "
                          "RAY_ADDRESS or a local Ray); needs pip install 'swarm[ray]'")
     la.add_argument("spec", nargs="?", help="spec file (TOML or JSON); none runs the built-in default")
-    la.add_argument("--per-node", type=int, default=1, help="peers per node (spec's peers = nodes × this)")
-    la.add_argument("--cpus-per-peer", type=float, default=1.0, help="CPUs each peer actor reserves")
+    la.add_argument("--per-node", type=int, default=1, help="peers per node (spec's peers = nodes × this; default 1)")
+    la.add_argument("--cpus-per-peer", type=float, default=1.0, help="CPUs each peer actor reserves (default 1.0)")
     la.add_argument("--host", help="address the coordinator and peers bind (default: each node's own address)")
     la.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec value")
     la.set_defaults(func=cmd_launch)
