@@ -226,23 +226,11 @@ def test_keys_in_a_folder_whose_name_is_not_utf8_are_listed_escaped(tmp_path):
 
 def test_eval_of_a_policy_whose_path_is_not_utf8_prints_it_escaped(tmp_path):
     import torch
+    from experiment.test_eval_cli import _entries
 
-    from swarm.buffer import ReplayBuffer
-    from swarm.config import to_dict
-    from swarm.experiment.spec import Spec
-    from swarm.rl import DQNAgent, dqn_schema
-    from swarm.rl.train import make_env
-
-    spec = Spec()
-    env = make_env(spec.env)
-    try:
-        agent = DQNAgent.for_env(env, ReplayBuffer(dqn_schema(env.observation_space.shape), 1), spec.dqn)
-    finally:
-        env.close()
     run = tmp_path / os.fsdecode(b"run\xff")
     (run / "peer0").mkdir(parents=True)
-    torch.save({"agent": agent.state_dict(), "params": torch.from_numpy(agent.parameters().copy()), "rank": 0,
-                "env_steps": 300, "spec": to_dict(spec), "eval_return": 12.5}, run / "peer0" / "best.pt")
+    torch.save(_entries(), run / "peer0" / "best.pt")
     p = _strict("eval", run.name, "--episodes", "1", cwd=tmp_path)
     assert p.returncode == 0 and b"Traceback" not in p.stderr, p.stderr.decode(errors="replace")
     header, row = p.stdout.decode().splitlines()

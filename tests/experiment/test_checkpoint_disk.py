@@ -83,6 +83,18 @@ def test_a_read_only_checkpoint_folder_fails_the_checkpoint_and_training_goes_on
     assert got["left"] == ["full-000001"] and got["newest"] == "full-000001"
 
 
+def _unlistable(monkeypatch, root: Path) -> None:
+    """From now on listing ``root`` fails as a folder without read permission does (this
+    test may run as root, which reads any folder)."""
+    real = Path.iterdir
+
+    def iterdir(self):
+        if self == root:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real(self)
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+
+
 def _agent(capacity: int = 300, seed: int = 0) -> DQNAgent:
     buf = ReplayBuffer(dqn_schema((4,)), capacity, seed=seed, peer_id="peer0")
     return DQNAgent((4,), 2, buf, DQNConfig(learning_starts=20, batch_size=8, hidden=[16]), seed=seed)
@@ -230,13 +242,7 @@ def test_a_checkpoint_folder_that_cannot_be_listed_is_a_config_error_naming_it(t
     if os.geteuid() != 0:
         root.chmod(0o300)                   # no read permission: it cannot be listed
     else:                                   # root reads any folder: make the refusal by hand
-        real = Path.iterdir
-
-        def iterdir(self):
-            if self == root:
-                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
-            return real(self)
-        monkeypatch.setattr(Path, "iterdir", iterdir)
+        _unlistable(monkeypatch, root)
     try:
         with pytest.raises(ConfigError, match=f"checkpoint folder {root} cannot be listed \\(Permission denied\\)"):
             load_newest(root)

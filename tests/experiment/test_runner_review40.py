@@ -8,7 +8,6 @@ Peers are threads of this process; the coordinator is a real process on loopback
 from __future__ import annotations
 
 import csv
-import errno
 import logging
 import os
 import threading
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 # tests/ is on the path: a small agent trained with a Checkpointer, and a coordinator
 # process for in-process peers
-from experiment.test_checkpoint_disk import _agent, _train
+from experiment.test_checkpoint_disk import _agent, _train, _unlistable
 from experiment.test_runner import ONE, coordinator  # noqa: F401 - a fixture
 from swarmtest import wait_for
 
@@ -107,18 +106,6 @@ def test_the_items_a_round_that_raises_pushes_are_logged_with_the_next_rounds_ro
         rows = list(csv.DictReader(f))
     assert len(rows) == s["rounds"]
     assert sum(int(r["shared_items"]) for r in rows) == s["replay_sharing"]["pushed"] > 0, rows
-
-
-def _unlistable(monkeypatch, root: Path) -> None:
-    """From now on listing ``root`` fails as a folder without read permission does (this
-    test may run as root, which reads any folder)."""
-    real = Path.iterdir
-
-    def iterdir(self):
-        if self == root:
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
-        return real(self)
-    monkeypatch.setattr(Path, "iterdir", iterdir)
 
 
 def test_a_ckpt_folder_that_cannot_be_listed_at_start_gets_no_checkpoint_numbered_from_1(tmp_path, monkeypatch,
