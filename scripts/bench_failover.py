@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -56,6 +57,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 import zmq
@@ -375,6 +377,19 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.array(xs), q)) if xs else float("nan")
 
 
+@contextlib.contextmanager
+def settled(sw: Any, n: int) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """``sw`` (a Swarm or StandbySwarm) with its coordinator and ``n`` peers started and
+    settled, and the status it settled at; closed (every process it started ended) after."""
+    try:
+        sw.start_coordinator()
+        for _ in range(n):
+            sw.add_peer()
+        yield sw, sw.wait_settled(n, timeout=120)
+    finally:
+        sw.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8,16,32", help="swarm sizes N")
@@ -430,45 +445,24 @@ def main() -> None:
             print(f"{'raw':>4} {kind:<7} {pct(xs, 50):>8.1f} {pct(xs, 99):>8.1f} {max(xs):>8.1f}"
                   "   (anchor: a pyzmq ROUTER notices the fault)", flush=True)
         for n in sizes:
-            sw = Swarm(Path(tmp))
-            try:
-                sw.start_coordinator()
-                for _ in range(n):
-                    sw.add_peer()
-                sw.wait_settled(n, timeout=120)
+            with settled(Swarm(Path(tmp)), n) as (sw, _):
                 for kind in ("crash", "freeze"):
                     xs = [fault_relink_ms(sw, n, kind, rng) for _ in range(args.faults)]
                     out[f"{kind}_{n}"] = {"p50_ms": pct(xs, 50), "p99_ms": pct(xs, 99), "max_ms": max(xs)}
                     print(f"{n:>4} {kind:<7} {pct(xs, 50):>8.1f} {pct(xs, 99):>8.1f} {max(xs):>8.1f}", flush=True)
-            finally:
-                sw.close()
 
-        sw = Swarm(Path(tmp))
-        try:
-            sw.start_coordinator()
-            for _ in range(args.quiet_n):
-                sw.add_peer()
-            st0 = sw.wait_settled(args.quiet_n, timeout=120)
+        with settled(Swarm(Path(tmp)), args.quiet_n) as (sw, st0):
             # every death the coordinator declares while nobody is harmed is false
             out["false_deaths"], out["false_deaths_exact"], st = quiet_deaths(sw, args.quiet_s)
             out["quiet_epochs"] = st["epoch"] - st0["epoch"]
-        finally:
-            sw.close()
         print(f"quiet run: {args.quiet_n} peers for {args.quiet_s:g} s: "
               f"{'' if out['false_deaths_exact'] else 'at least '}{out['false_deaths']} false deaths, "
               f"{out['quiet_epochs']} view changes")
 
         ns = out["standby_peers"] = args.standby_peers
         out["standby_takeover_floor_s"] = CoordinatorConfig().takeover_s
-        sw = StandbySwarm(Path(tmp))
-        try:
-            sw.start_coordinator()
-            for _ in range(ns):
-                sw.add_peer()
-            sw.wait_settled(ns, timeout=120)
+        with settled(StandbySwarm(Path(tmp)), ns) as (sw, _):
             xs = [sw.takeover_s(ns) for _ in range(args.faults)]
-        finally:
-            sw.close()
         out["standby_takeover"] = {"p50_s": pct(xs, 50), "p99_s": pct(xs, 99), "max_s": max(xs)}
         print(f"standby takeover, {ns} peers, {args.faults} kills of the active coordinator: p50 {pct(xs, 50):.2f} s, "
               f"p99 {pct(xs, 99):.2f} s, max {max(xs):.2f} s "
