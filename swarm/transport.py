@@ -379,9 +379,7 @@ class BadInput:
     def __call__(self, source: Any, err: Exception) -> None:
         self.count += 1
         text = str(err)
-        reason = text.split(":", 1)[0][:60]
-        if not reason.isprintable():   # shown in status (by_reason) as the log line is
-            reason = repr(reason)[1:-1][:60]
+        reason = _escaped(text.split(":", 1)[0][:60])[:60]   # shown in status, as the log line is
         if reason not in self.by_reason and len(self.by_reason) >= MAX_REASONS - 1:
             reason = OTHER_REASONS
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
@@ -393,11 +391,13 @@ class BadInput:
             # Cut: a handler's WireError may quote what was sent, at any length. Escaped
             # (as repr does, without its quotes): it may quote a sender's id, which may hold
             # a line break, and so forge whole lines in the log.
-            text = text[:300]
-            if not text.isprintable():
-                text = repr(text)[1:-1]
             log.warning("%s: dropped malformed message from %r: %s (%d dropped so far)",
-                        self.where, source, text, self.count)
+                        self.where, source, _escaped(text[:300]), self.count)
+
+
+def _escaped(text: str) -> str:
+    """``text`` with control characters escaped as repr does (without its quotes)."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def decode_routed(frames: list[zmq.Frame], limits: Limits) -> tuple[bytes, Message]:

@@ -113,13 +113,6 @@ class _BlockQuantizer(Codec):
         # lose the precision the error bound needs (NaN compares False and survives).
         amax[amax < _TINY] = 0
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            inv = np.where(amax > 0, L / amax, np.float32(0)).astype(np.float32)
-            # Round inv down until amax * inv <= L in float32, so that no element
-            # can land outside [-L, L] (and an int8 never wraps to -128).
-            over = amax * inv > L
-            while over.any():
-                inv[over] = np.nextafter(inv[over], np.float32(0))
-                over = amax * inv > L
             np.divide(amax, L, out=mult)
             # Rounded to nearest, L * mult can pass float32's largest value when amax is
             # within an ulp of it: decoded values would be Inf. Round those down.
@@ -129,6 +122,13 @@ class _BlockQuantizer(Codec):
                 over = ~np.isfinite(mult * L) & np.isfinite(mult)
             S = self._scratch.get("s", X.size, np.float32).reshape(X.shape)
             if self.levels < 256:
+                inv = np.where(amax > 0, L / amax, np.float32(0)).astype(np.float32)
+                # Round inv down until amax * inv <= L in float32, so that no element
+                # can land outside [-L, L] (and an int8 never wraps to -128).
+                over = amax * inv > L
+                while over.any():
+                    inv[over] = np.nextafter(inv[over], np.float32(0))
+                    over = amax * inv > L
                 np.multiply(X, inv[:, None], out=S)
             else:
                 self._fine_levels(X, amax, mult, S)
