@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import reprlib
 from typing import Any
 
 from .errors import ConfigError
@@ -73,3 +74,24 @@ def finite_arg(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return value
+
+
+class _ShortRepr(reprlib.Repr):
+    """reprlib's, cutting bytes before making their repr (reprlib makes it whole first)."""
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        return repr(x[:self.maxstring]) + ("..." if len(x) > self.maxstring else "")
+
+
+_short = _ShortRepr()
+_short.maxlevel, _short.maxlist, _short.maxdict, _short.maxstring = 2, 6, 4, 60
+#: characters of a sender's value that an error text quotes at most
+MAX_SHOWN = 100
+
+
+def shown(x: Any) -> str:
+    """``repr(x)``, at most :data:`MAX_SHOWN` characters, for a value a sender chose: a whole
+    repr of a 4 MB header's list of 4M ints was a 12 MB error text, made and logged at 7x
+    the cost of accepting a message."""
+    s = _short.repr(x)
+    return s if len(s) <= MAX_SHOWN else f"{s[:MAX_SHOWN - 3]}..."

@@ -16,7 +16,6 @@ receive loops catch it, count it and drop the message. See ``docs/wire.md``.
 
 from __future__ import annotations
 
-import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -24,6 +23,7 @@ import msgpack
 import numpy as np
 from zmq import Frame
 
+from .checks import MAX_SHOWN, shown  # noqa: F401 - both are the wire's names too
 from .errors import WireError
 
 __all__ = [
@@ -311,27 +311,6 @@ def _problem(x: Any, where: str, limits: Limits) -> str | None:
                 f"or an array frame")
     return (f"{where}: {type(x).__name__} cannot go on the wire; use dict, list, str, bytes, int, float, "
             f"bool or None")
-
-
-class _ShortRepr(reprlib.Repr):
-    """reprlib's, cutting bytes before making their repr (reprlib makes it whole first)."""
-
-    def repr_bytes(self, x: bytes, level: int) -> str:
-        return repr(x[:self.maxstring]) + ("..." if len(x) > self.maxstring else "")
-
-
-_short = _ShortRepr()
-_short.maxlevel, _short.maxlist, _short.maxdict, _short.maxstring = 2, 6, 4, 60
-#: characters of a sender's value that an error text quotes at most
-MAX_SHOWN = 100
-
-
-def shown(x: Any) -> str:
-    """``repr(x)``, at most :data:`MAX_SHOWN` characters, for a value a sender chose: a whole
-    repr of a 4 MB header's list of 4M ints was a 12 MB error text, made and logged at 7x
-    the cost of accepting a message."""
-    s = _short.repr(x)
-    return s if len(s) <= MAX_SHOWN else f"{s[:MAX_SHOWN - 3]}..."
 
 
 def _buffer(frame: Any) -> memoryview:

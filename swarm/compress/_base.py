@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..checks import shown
 from ..errors import GossipError, WireError
 
 __all__ = ["Encoded", "Codec", "MAX_N", "as_vector"]
@@ -272,7 +273,7 @@ class Codec:
         if not isinstance(meta, dict):
             raise WireError(f"{self.name}: meta is a {type(meta).__name__}, not a dict")
         if meta.get("codec") != self.name:
-            raise WireError(f"{self.name}: payload was encoded by codec {_shown(meta.get('codec'))}")
+            raise WireError(f"{self.name}: payload was encoded by codec {shown(meta.get('codec'))}")
         n = meta_int(meta, "n", self.name, lo=0)
         self._check_meta(meta, n)
         specs = self._frame_specs(meta, n)
@@ -293,15 +294,6 @@ class Codec:
         return meta, frames, n
 
 
-def _shown(x: Any) -> str:
-    """:func:`swarm.wire.shown` (a bounded repr) for a value from a received meta: a
-    sender's choice, which may be megabytes. Imported when a check fails, so that the
-    codecs load without the wire's zmq and msgpack, as :meth:`Encoded.meta_nbytes` does."""
-    from ..wire import shown  # noqa: PLC0415
-
-    return shown(x)
-
-
 @functools.lru_cache(maxsize=None)
 def _dtypes(names: tuple[str, ...]) -> frozenset[np.dtype]:
     # dtype objects compare and hash without building their name string, which
@@ -314,7 +306,7 @@ def meta_int(meta: dict[str, Any], key: str, codec: str, lo: int | None = None,
     """``meta[key]`` as an int in ``[lo, hi]``, or :class:`WireError` naming the key."""
     v = meta.get(key)
     if not isinstance(v, int) or isinstance(v, bool):
-        raise WireError(f"{codec}: meta {key}={_shown(v)} is not an integer")
+        raise WireError(f"{codec}: meta {key}={shown(v)} is not an integer")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise WireError(f"{codec}: meta {key}={v} is outside [{lo}, {hi}]")
     return v
@@ -330,9 +322,9 @@ def meta_float(meta: dict[str, Any], key: str, codec: str) -> float:
     :class:`WireError` naming the key."""
     v = meta.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise WireError(f"{codec}: meta {key}={_shown(v)} is not a number")
+        raise WireError(f"{codec}: meta {key}={shown(v)} is not a number")
     if not 0 <= v <= _F32_MAX:   # also False for NaN
-        raise WireError(f"{codec}: meta {key}={_shown(v)} is not in [0, {_F32_MAX:.4g}] (a float32 scale)")
+        raise WireError(f"{codec}: meta {key}={shown(v)} is not in [0, {_F32_MAX:.4g}] (a float32 scale)")
     return float(v)
 
 
@@ -345,9 +337,9 @@ def meta_scale(meta: dict[str, Any], key: str, codec: str) -> float:
     sender applied, which the receiver multiplies back), or :class:`WireError`."""
     v = meta.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise WireError(f"{codec}: meta {key}={_shown(v)} is not a number")
+        raise WireError(f"{codec}: meta {key}={shown(v)} is not a number")
     if not _F32_TINY <= v <= _F32_MAX:   # also False for NaN
-        raise WireError(f"{codec}: meta {key}={_shown(v)} is not in [{_F32_TINY:.4g}, {_F32_MAX:.4g}] "
+        raise WireError(f"{codec}: meta {key}={shown(v)} is not in [{_F32_TINY:.4g}, {_F32_MAX:.4g}] "
                         f"(a positive float32 scale)")
     return float(v)
 
