@@ -463,7 +463,9 @@ class ReplayBuffer:
             if self.decay:
                 self._maybe_rebase(float(np.maximum.reduce(times)))
             leaf = self._leaf(np.full(n, self._max_p) if raw is None else raw, times)
-            if not 0.0 <= np.minimum.reduce(leaf):   # a NaN fails it too (and is the min)
+            # a NaN fails it too (and is the min); a long double priority past float64's
+            # range is finite where the items were checked and Inf as a leaf
+            if not (0.0 <= np.minimum.reduce(leaf) and np.maximum.reduce(leaf) < math.inf):
                 raise ReplayError("priorities of the items to store must be finite and >= 0; nothing stored")
         if self._saver is not None:
             self._saver.preserve(idx % cap)
@@ -496,8 +498,8 @@ class ReplayBuffer:
                 return idx
             if raw is not None:
                 self._max_p = max(self._max_p, float(np.maximum.reduce(raw)))
-            for a, b, off in runs:
-                self._tree.set_range(a, leaf if whole else leaf[off:off + b - a])
+            for a, b, off in runs:   # checked above, before any column was written
+                self._tree._write_range(a, b - a, leaf if whole else leaf[off:off + b - a])
         return idx
 
     def _leaf(self, raw: np.ndarray, times: np.ndarray) -> np.ndarray:

@@ -5,10 +5,13 @@ fill_range took a negative ``n``."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from swarm.buffer import SumTree
+from swarm.buffer import ReplayBuffer, SumTree
+from swarm.buffer.replay import Items
 from swarm.errors import ReplayError
 
 
@@ -84,3 +87,21 @@ def test_sumtree_still_takes_numpy_scalars_and_zero_dimensional_arrays():
     assert t.leaves.tolist() == [2.0, 4.0, 6.0, 8.0, 3.0, 3.0, 1.0, 4.0]
     assert t.find(np.array(0.5)).tolist() == [0]
     assert SumTree(np.int64(4)).capacity == 4
+
+
+def test_an_insert_whose_priorities_become_infinite_leaves_stores_nothing():
+    # A long double priority past float64's range passed insert's check (finite in its own
+    # dtype) and became an Inf leaf with priority_clip = inf; the add's leaf check looked
+    # only at the minimum, so the sum-tree refused the leaf after the columns, tickets and
+    # id index were written: two items in the ring and the index, with zero leaves.
+    if np.finfo(np.longdouble).max <= np.finfo(np.float64).max:
+        pytest.skip("long double is float64 here")
+    b = ReplayBuffer({"x": ("float32", ())}, 8, sampler="prioritized")
+    b.add({"x": np.arange(2, dtype=np.float32)})
+    it = b.items(np.arange(2))
+    big = Items(fields=it.fields, origins=np.zeros(2, np.int64), seqs=np.array([5, 6]), times=it.times,
+                priorities=np.array([np.longdouble("1e400")] * 2), peers=["other"])
+    with pytest.raises(ReplayError, match="nothing stored"):
+        b.insert(big, priority_clip=math.inf)
+    assert len(b) == 2 and sorted(s for o, s in b.ids() if o == "other") == []
+    assert b._tree.total == 2.0
