@@ -155,7 +155,12 @@ def printable(s: Any) -> str:
     s = str(s)
     if s.isprintable():
         return s
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+    return "".join(map(_escape, s))
+
+
+def _escape(c: str) -> str:
+    """One character as :func:`printable` shows it."""
+    return c if c.isprintable() else repr(c)[1:-1]
 
 
 def _columns(c: str) -> int:
@@ -182,7 +187,7 @@ def _fit(s: Any, width: float) -> tuple[str, int]:
     out: list[str] = []
     used = 0
     for c in s:
-        text = c if c.isprintable() else repr(c)[1:-1]
+        text = _escape(c)
         w = _columns(c) if text == c else len(text)
         if used + w > width:
             break
@@ -226,8 +231,11 @@ class PeerRates:
         self.min_span_s = min_span_s
         self._hist: dict[str, tuple[int, deque[tuple[float, tuple[Any, ...]]]]] = {}
 
-    def observe(self, peer_id: str, incarnation: int, t: float, stats: dict[str, Any]) -> None:
-        """Record the counters of one heartbeat received at time ``t`` (seconds)."""
+    def observe(self, peer_id: str, incarnation: int, t: float, stats: dict[str, Any],
+                same_s: float = 0.0) -> None:
+        """Record the counters of one heartbeat received at time ``t`` (seconds). Figures
+        equal to the last ones and stamped less than ``same_s`` after them are those again
+        (a reply sent again), not new ones."""
         entry = self._hist.get(peer_id)
         if entry is None or entry[0] != incarnation:
             entry = (incarnation, deque())
@@ -238,6 +246,8 @@ class PeerRates:
             if t <= t_last:
                 return   # seen already (sampled again before new figures came)
         vals = tuple(num(stats.get(k)) for k in RATE_KEYS)
+        if dq and t - t_last < same_s and vals == last:
+            return   # a later stamp of the same figures would bend the rates
         if dq:
             # a counter that went backwards: the peer restarted its counting; one that
             # came: the peer started other figures, which may go on from a checkpoint's
@@ -290,12 +300,8 @@ class PeerRates:
             if age is not None and isinstance(r.get("stats"), dict):
                 # ages are rounded to 1 ms; round the stamp too so figures seen
                 # again in the next reply are recognised as the same ones
-                t, inc = round(now - age, 2), r.get("incarnation", 0)
-                entry = self._hist.get(r["id"])
-                if entry is not None and entry[0] == inc and entry[1] and t - entry[1][-1][0] < _SAME_FIGURES_S \
-                        and entry[1][-1][1] == tuple(num(r["stats"].get(k)) for k in RATE_KEYS):
-                    continue   # a reply sent again: a later stamp of the same figures bent the rates
-                self.observe(r["id"], inc, t, r["stats"])
+                self.observe(r["id"], r.get("incarnation", 0), round(now - age, 2), r["stats"],
+                             same_s=_SAME_FIGURES_S)
         self.forget_except(seen)
 
 
