@@ -101,7 +101,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ..errors import ConfigError, SwarmError
-from .runner import DIGEST_EVERY, peer_dir
+from .runner import BUFFER_KEPT, DIGEST_EVERY, peer_dir
 from .spec import BufferSpec, Spec, load_spec, save_resolved
 
 if TYPE_CHECKING:
@@ -947,9 +947,6 @@ def _check_resume_env(prev: Path, spec: Spec) -> None:
                           f"with env = {old!r}, or start a new run")
 
 
-#: the replay-buffer settings that a buffer restored from a checkpoint keeps (run_peer
-#: refuses a resume that changes one)
-_BUFFER_KEPT = ("capacity", "prioritized", "alpha", "eps", "decay")
 
 
 def _check_resume_buffer(prev: Path, spec: Spec) -> None:
@@ -961,7 +958,9 @@ def _check_resume_buffer(prev: Path, spec: Spec) -> None:
     from .checkpoint import latest  # noqa: PLC0415
 
     old = {**asdict(BufferSpec()), **read_file(prev / "config.json").get("buffer", {})}
-    changed = [(k, old[k], getattr(spec.buffer, k)) for k in _BUFFER_KEPT if old[k] != getattr(spec.buffer, k)]
+    # the capacity too: run_peer refuses a restored buffer of another capacity
+    changed = [(k, old[k], getattr(spec.buffer, k)) for k in ("capacity", *BUFFER_KEPT)
+               if old[k] != getattr(spec.buffer, k)]
     if changed and any(latest(peer_dir(prev, r) / "ckpt") is not None for r in range(spec.peers)):
         was = ", ".join(f"buffer.{k} = {json.dumps(w)}" for k, w, _ in changed)
         now = ", ".join(f"buffer.{k} = {json.dumps(n)}" for k, _, n in changed)

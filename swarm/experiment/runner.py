@@ -811,6 +811,11 @@ def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path |
         summary.update(best_eval_return=best[0], best_eval_at=best[1])
 
 
+#: the replay-buffer settings (besides its capacity) that a buffer restored from a
+#: checkpoint keeps: a resume's spec must not change them
+BUFFER_KEPT = ("prioritized", "alpha", "eps", "decay")
+
+
 def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: str | Path, *,
              stop: threading.Event | None = None,
              loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
@@ -1051,11 +1056,11 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                   f"{buf.capacity}; this is {peer.id} with buffer.capacity = {b.capacity}")
             # The restored buffer samples as it was saved: a spec that says otherwise would be
             # recorded (config.json, the spec's digest) but not trained with. `swarm run --resume`
-            # checks these too, before it starts anything (launch._BUFFER_KEPT).
-            held = {"buffer.prioritized": buf.sampler == "prioritized", "buffer.alpha": buf.alpha,
-                    "buffer.eps": buf.eps, "buffer.decay": buf.decay}
-            for key, was in held.items():
-                now = getattr(b, key.split(".")[1])
+            # checks these too, before it starts anything (launch._check_resume_buffer).
+            for name in BUFFER_KEPT:
+                key = f"buffer.{name}"
+                was = buf.sampler == "prioritized" if name == "prioritized" else getattr(buf, name)
+                now = getattr(b, name)
                 if was != now:
                     was, now = json.dumps(was), json.dumps(now)
                     raise ConfigError(f"resume: {restored.path} holds a replay buffer with {key} = {was}, and "
