@@ -528,7 +528,9 @@ def test_resume_continues_the_counters_and_the_best_evaluation(tiny_run, tmp_pat
     assert q.returncode == 0, out
     d = run_dir_of(tmp_path)
     for r, (old, new) in enumerate(zip(before, _summaries(d, 2))):
-        assert new["env_steps"] == 900 and new["rounds"] == 90 and new["episodes"] > old["episodes"], new
+        # >=: the 300 steps after the resume may all fall in one episode still running at the
+        # end (a peer that balances the pole), which counts no new one; a reset count is lower
+        assert new["env_steps"] == 900 and new["rounds"] == 90 and new["episodes"] >= old["episodes"], new
         assert new["rounds_ok"] > old["rounds_ok"], (old["rounds_ok"], new["rounds_ok"])
         for k in ("gossip_bytes_out", "gossip_bytes_in", "bytes_out", "bytes_in"):
             assert new[k] > old[k], (k, old[k], new[k])
