@@ -284,7 +284,8 @@ class ReplayBuffer:
 
         Items already present (same id) or originating here are dropped;
         priorities are clipped to ``priority_clip`` (default: this buffer's max
-        priority) so a neighbour cannot flood the sampler, and raised to
+        priority) so a neighbour cannot flood the sampler, and to ``float max / (4 *
+        capacity)`` so their sum stays finite, and raised to
         ``eps**alpha`` unless 0 (a forgotten item stays forgotten); origin times in
         the future are clipped to now. With ``limit``, only as many of the remaining
         (new) items as the rate limiter's ``insert_room()`` allows are stored, the
@@ -362,7 +363,8 @@ class ReplayBuffer:
                     known[o] = self._peer_index[items.peers[o]] = len(self._peers)
                     self._peers.append(items.peers[o])
             lo = known[origins].astype(np.int32)
-            clip = self._max_p if priority_clip is None else float(priority_clip)
+            # at most _max_raw, as update_priorities() caps: a sum of larger ones overflows
+            clip = min(self._max_p if priority_clip is None else float(priority_clip), self._max_raw)
             # dtype=float64 casts before comparing, as astype() did: new arrays, never the caller's
             if pri.dtype.itemsize > 8:   # a long double past float64: inf, which the clip takes
                 with np.errstate(over="ignore"):

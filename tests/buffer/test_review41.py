@@ -89,11 +89,12 @@ def test_sumtree_still_takes_numpy_scalars_and_zero_dimensional_arrays():
     assert SumTree(np.int64(4)).capacity == 4
 
 
-def test_an_insert_whose_priorities_become_infinite_leaves_stores_nothing():
+def test_an_insert_whose_priorities_pass_float64_stores_them_capped():
     # A long double priority past float64's range passed insert's check (finite in its own
     # dtype) and became an Inf leaf with priority_clip = inf; the add's leaf check looked
     # only at the minimum, so the sum-tree refused the leaf after the columns, tickets and
-    # id index were written: two items in the ring and the index, with zero leaves.
+    # id index were written: two items in the ring and the index, with zero leaves. Now
+    # such priorities are capped as update_priorities() caps them: stored whole, the sum finite.
     if np.finfo(np.longdouble).max <= np.finfo(np.float64).max:
         pytest.skip("long double is float64 here")
     b = ReplayBuffer({"x": ("float32", ())}, 8, sampler="prioritized")
@@ -101,7 +102,22 @@ def test_an_insert_whose_priorities_become_infinite_leaves_stores_nothing():
     it = b.items(np.arange(2))
     big = Items(fields=it.fields, origins=np.zeros(2, np.int64), seqs=np.array([5, 6]), times=it.times,
                 priorities=np.array([np.longdouble("1e400")] * 2), peers=["other"])
-    with pytest.raises(ReplayError, match="nothing stored"):
-        b.insert(big, priority_clip=math.inf)
-    assert len(b) == 2 and sorted(s for o, s in b.ids() if o == "other") == []
-    assert b._tree.total == 2.0
+    assert b.insert(big, priority_clip=math.inf).tolist() == [2, 3]
+    assert sorted(s for o, s in b.ids() if o == "other") == [5, 6]
+    assert b.priorities(np.arange(2, 4)).tolist() == [b._max_raw] * 2
+    assert math.isfinite(b._tree.total)
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.01])
+def test_inserted_priorities_near_float_max_keep_the_sum_finite(decay):
+    # With decay 0 the leaf was the clipped priority itself: 1e308 twice (priority_clip inf)
+    # summed to inf, every later draw had probability 0 and the tree's search read NaN.
+    b = ReplayBuffer({"x": ("float32", ())}, 8, sampler="prioritized", decay=decay)
+    b.add({"x": np.arange(2, dtype=np.float32)})
+    it = b.items(np.arange(2))
+    big = Items(fields=it.fields, origins=np.zeros(2, np.int64), seqs=np.array([5, 6]), times=it.times,
+                priorities=np.array([1e308] * 2), peers=["other"])
+    b.insert(big, priority_clip=math.inf)
+    assert math.isfinite(b._tree.total) and b._tree.total > 0
+    s = b.sample(4)
+    assert np.all(s.probabilities > 0) and set(s.indices.tolist()) <= {0, 1, 2, 3}
