@@ -115,6 +115,21 @@ class Procs:
                 p.wait()
 
 
+def start_sync_ring(procs: Procs, peers: list, n: int, prefix: str, *coordinator_args: str, **peer_kw) -> str:
+    """A coordinator and ``n`` SyncPeers on a ring, appended to ``peers`` as each starts
+    (the caller closes them, also those started before a failure), each seeing all
+    ``n``; returns the coordinator's address."""
+    from swarm.peer import SyncPeer
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    procs.start("coordinator", "--bind", addr, *coordinator_args, name="coord")   # with --keys no status() answers
+    for r in range(n):
+        peers.append(SyncPeer(coordinators=[addr], id=f"{prefix}{r}", rank=r, topology="ring",
+                              join_timeout_s=20, **peer_kw).start())
+    for sp in peers:
+        sp.call(sp.peer.wait_view(lambda v: len(v.members) == n, timeout=20), timeout=25)
+    return addr
+
+
 async def until(pred, timeout: float = 5.0, what: str = "condition"):
     """Await ``pred()`` becoming true without blocking the loop the peers (or the
     coordinator) run on."""

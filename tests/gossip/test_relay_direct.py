@@ -11,7 +11,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from swarmtest import free_port, wait_for
+from swarmtest import wait_for, start_sync_ring
 
 from swarm import wire
 from swarm.errors import ConfigError, GossipError
@@ -22,18 +22,6 @@ from swarm.peer import SyncPeer
 
 D = 50
 CODEC = "ef+topk:0.3"
-
-
-def _start_peers(procs, peers: list, n: int, prefix: str, *coordinator_args: str, **peer_kw) -> None:
-    """A coordinator and ``n`` SyncPeers on a ring, appended to ``peers`` as each starts
-    (the caller closes them, also those started before a failure), each seeing all ``n``."""
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, *coordinator_args, name="coord")
-    for r in range(n):
-        peers.append(SyncPeer(coordinators=[addr], id=f"{prefix}{r}", rank=r, topology="ring",
-                              join_timeout_s=20, **peer_kw).start())
-    for sp in peers:
-        sp.call(sp.peer.wait_view(lambda v: len(v.members) == n, timeout=20), timeout=25)
 
 
 def _direct_relay(sp: SyncPeer, **kw) -> GradientRelay:
@@ -48,7 +36,7 @@ def ring(procs):
     """Four SyncPeers on a ring, each with a direct relay that this thread owns."""
     peers, relays = [], []
     try:
-        _start_peers(procs, peers, 4, "p")
+        start_sync_ring(procs, peers, 4, "p")
         relays = [_direct_relay(sp, topology="ring") for sp in peers]
         # every relay knows its two neighbours' inboxes (hellos go through the peers)
         assert all(r.ready(timeout=10) for r in relays)
@@ -123,7 +111,7 @@ def test_ready_waits_for_every_neighbours_relay(procs):
     yet and is lost (turn-taking peers then each sat out a whole wait timeout)."""
     peers, relays = [], []
     try:
-        _start_peers(procs, peers, 3, "w")
+        start_sync_ring(procs, peers, 3, "w")
         relays = [_direct_relay(peers[0], topology="ring"), _direct_relay(peers[1], topology="ring")]
         assert not relays[0].ready(timeout=0.5)   # w2 has no relay yet
         assert relays[0]._endpoints.keys() == {"w1"}
@@ -160,7 +148,7 @@ def test_direct_inbox_with_keys_admits_only_the_swarm(procs, tmp_path):
     generate_keys(str(tmp_path / "evil"), ["coordinator", "intruder"])
     peers, relays = [], []
     try:
-        _start_peers(procs, peers, 2, "k", "--keys", str(kd), keys_dir=str(kd), key_name="peer")
+        start_sync_ring(procs, peers, 2, "k", "--keys", str(kd), keys_dir=str(kd), key_name="peer")
         relays = [_direct_relay(sp) for sp in peers]
         assert all(r.ready(timeout=10) for r in relays)
         g = relays[0].publish(np.full(D, 0.5, np.float32), clock=0)

@@ -14,7 +14,7 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from swarmtest import free_port, wait_for
+from swarmtest import wait_for, start_sync_ring
 
 from swarm import wire
 from swarm.errors import WireError
@@ -176,15 +176,9 @@ def test_every_byte_counted_out_on_the_direct_sockets_is_counted_in(procs):
     """direct_bytes_out adds the header and the arrays a relay sent (its own with their
     rides, and those it passed on), direct_bytes_in what decode summed, or the frames of a
     message it refused: over a ring they add up, junk included."""
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coord")
     peers, relays = [], []
     try:
-        for r in range(4):
-            peers.append(SyncPeer(coordinators=[addr], id=f"q{r}", rank=r, topology="ring",
-                                  join_timeout_s=20).start())
-        for sp in peers:
-            sp.call(sp.peer.wait_view(lambda v: len(v.members) == 4, timeout=20), timeout=25)
+        start_sync_ring(procs, peers, 4, "q")
 
         def make(sp: SyncPeer) -> GradientRelay:
             async def build() -> GradientRelay:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from swarmtest import free_port
+from swarmtest import start_sync_ring
 
 from swarm.errors import GossipError
 from swarm.gossip import GradientRelay
-from swarm.peer import SyncPeer
 
 D = 8
 
@@ -21,15 +20,9 @@ def test_every_call_after_the_peer_closed_raises_gossip_error(procs, direct):
     it had sent; without, publish raised RuntimeError("Event loop is closed") and wait
     and take went on as if the peer were there. Each now raises GossipError saying the
     peer closed, and publish counts nothing as published."""
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.coordinator(addr)
     peers, relays = [], []
     try:
-        for r in range(2):
-            peers.append(SyncPeer(coordinators=[addr], id=f"q{r}", rank=r, topology="ring",
-                                  join_timeout_s=20).start())
-        for sp in peers:
-            sp.call(sp.peer.wait_view(lambda v: len(v.members) == 2, timeout=20), timeout=25)
+        start_sync_ring(procs, peers, 2, "q")
 
         async def make(sp):
             return GradientRelay(sp.peer, D, direct=direct)

@@ -12,12 +12,11 @@ import time
 
 import numpy as np
 import zmq
-from swarmtest import free_port, wait_for
+from swarmtest import wait_for, start_sync_ring
 
 from swarm import transport as tp
 from swarm.gossip import GradientRelay
 from swarm.gossip.sim import SimHub
-from swarm.peer import SyncPeer
 
 D = 200_000      # an encode long enough for the two threads' calls to overlap
 CALLS = 60       # per thread
@@ -105,16 +104,9 @@ def test_direct_publish_from_another_thread_takes_turns_with_polls_forwarding(pr
             with count:
                 inside[0] -= 1
 
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coord")
-    n = 3
     peers, relays = [], []
     try:
-        for r in range(n):
-            peers.append(SyncPeer(coordinators=[addr], id=f"t{r}", rank=r, topology="ring",
-                                  join_timeout_s=20).start())
-        for sp in peers:
-            sp.call(sp.peer.wait_view(lambda v: len(v.members) == n, timeout=20), timeout=25)
+        start_sync_ring(procs, peers, 3, "t")
 
         async def make() -> GradientRelay:   # hops 2 both ways: t1 passes t0's gradients on to t2
             return GradientRelay(sp.peer, 50, codec="topk:0.5", direct=True)
@@ -148,15 +140,9 @@ def test_a_publish_waiting_while_a_direct_relay_closes_opens_no_socket_on_it(pro
     close() closed the outboxes took it next, found no outbox and opened a new PUSH socket
     in the closed relay, which nothing closed again. close_side is slowed here while
     close() holds the lock, so the publish surely waits for it."""
-    addr = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("coordinator", "--bind", addr, name="coord")
     peers, relays = [], []
     try:
-        for r in range(2):
-            peers.append(SyncPeer(coordinators=[addr], id=f"c{r}", rank=r, topology="ring",
-                                  join_timeout_s=20).start())
-        for sp in peers:
-            sp.wait_view(lambda v: len(v.members) == 2, timeout=20)
+        start_sync_ring(procs, peers, 2, "c")
 
         async def make() -> GradientRelay:
             return GradientRelay(sp.peer, 8, direct=True)
