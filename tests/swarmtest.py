@@ -130,6 +130,16 @@ def start_sync_ring(procs: Procs, peers: list, n: int, prefix: str, *coordinator
     return addr
 
 
+class Clock:
+    """A clock the test sets: ``clock.t = ...``; pass it where a component takes ``clock=``."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
 async def until(pred, timeout: float = 5.0, what: str = "condition"):
     """Await ``pred()`` becoming true without blocking the loop the peers (or the
     coordinator) run on."""

@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+from swarmtest import Clock
 
 from swarm.buffer import Items, ReplayBuffer
 from swarm.buffer.persist import digest, load_incremental, save_incremental
@@ -19,16 +20,8 @@ def items(n, start=0):
     return {"obs": np.tile(k[:, None], (1, 8)).astype(np.float32), "action": k, "reward": k.astype(np.float32)}
 
 
-class Clock:
-    def __init__(self, t=500.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
-
-
 def test_round_trip_is_exact(tmp_path):
-    clock = Clock()
+    clock = Clock(500.0)
     buf = ReplayBuffer(SCHEMA, 64, decay=0.01, seed=5, clock=clock, peer_id="a")
     idx = buf.add(items(50))
     buf.update_priorities(idx, np.linspace(0, 3, 50))
@@ -177,10 +170,10 @@ def _unknown_origin(p):
 @pytest.mark.parametrize("damage, word", [(_truncate, "obs"), (_nan_leaf, "_leaf"), (_no_counter, "meta.json"),
                                           (_unknown_origin, "_origin")])
 def test_a_damaged_snapshot_is_refused_and_the_base_buffer_left_alone(tmp_path, damage, word):
-    buf = ReplayBuffer(SCHEMA, 16, decay=0.01, seed=0, clock=Clock())
+    buf = ReplayBuffer(SCHEMA, 16, decay=0.01, seed=0, clock=Clock(500.0))
     buf.add(items(5))
     buf.save(tmp_path / "full")
-    base = ReplayBuffer.load(tmp_path / "full", clock=Clock())
+    base = ReplayBuffer.load(tmp_path / "full", clock=Clock(500.0))
     buf.add(items(3, 5))
     save_incremental(buf, tmp_path / "inc", since=5)
     shutil.copytree(tmp_path / "full", tmp_path / "bad")
@@ -246,7 +239,7 @@ def _received(buf, origins, start=0):
 
 
 def test_a_buffer_whose_origin_list_was_compacted_round_trips(tmp_path):
-    clock = Clock()
+    clock = Clock(500.0)
     buf = ReplayBuffer(SCHEMA, 16, decay=0.01, seed=0, clock=clock, peer_id="a")
     buf.add(items(4))
     _received(buf, [f"r{i}" for i in range(100)])      # a neighbour restarted 100 times
@@ -282,7 +275,7 @@ def test_a_snapshot_with_an_uncompacted_origin_list_still_loads(tmp_path, monkey
 def test_an_increment_taken_after_the_origin_list_was_compacted_applies_to_its_full_snapshot(tmp_path):
     """The rows an increment leaves in place keep the full snapshot's origin numbers, which
     mean other origins once the list is compacted: they are renumbered by name."""
-    clock = Clock()
+    clock = Clock(500.0)
     buf = ReplayBuffer(SCHEMA, 32, seed=0, clock=clock, peer_id="a")
     _received(buf, [f"r{i}" for i in range(60)])       # 61 ids, the ring holds r28..r59
     buf.save(tmp_path / "full")

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from swarmtest import Clock
 
 from swarm.buffer import Items, RateLimiter, ReplayBuffer, Schema
 from swarm.errors import ReplayError
@@ -11,14 +12,6 @@ SCHEMA = {"obs": ("float32", (4,)), "action": ("int64", ()), "reward": ("float32
 
 # 99.9% quantiles of chi-square (no scipy here).
 CHI2_999 = {7: 24.32, 15: 37.70, 31: 61.10}
-
-
-class Clock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
 
 
 def items(n, start=0):

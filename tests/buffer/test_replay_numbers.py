@@ -5,19 +5,12 @@ import warnings
 
 import numpy as np
 import pytest
+from swarmtest import Clock
 
 from swarm.buffer import ReplayBuffer
 from swarm.errors import ReplayError
 
 SCHEMA = {"obs": ("float32", (2,)), "action": ("int64", ())}
-
-
-class Clock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
 
 
 def items(n):

@@ -10,18 +10,11 @@ normalised over the batch; without decay nothing changes.
 from __future__ import annotations
 
 import numpy as np
+from swarmtest import Clock
 
 from swarm.buffer import ReplayBuffer
 
 SCHEMA = {"obs": ("float32", (4,)), "action": ("int64", ())}
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def items(n: int, start: int = 0) -> dict[str, np.ndarray]:

@@ -123,6 +123,17 @@ def relay_pair(**kw):
     return hub, [GradientRelay(link, D, **kw) for link in hub.add_many(2)]
 
 
+def refusal(call, **kw) -> tuple[GradientRelay, str]:
+    """The first relay of a pair (its hub closed) and the WireError text ``call(relay)`` raised."""
+    async def main():
+        hub, (a, _) = relay_pair(**kw)
+        with pytest.raises(WireError) as e:
+            call(a)
+        await hub.close()
+        return a, str(e.value)
+    return asyncio.run(main())
+
+
 GOOD = {"o": "p001", "s": 1, "h": 1, "t": 0.0, "c": 0, "meta": {}, "p": 1}
 #: an origin with a line break, 60,000 characters long (the wire takes strings up to 64 KiB)
 LONG_ORIGIN = "O\n" + "o" * 60_000
@@ -147,26 +158,15 @@ def test_a_malformed_gradient_is_refused_with_a_short_text_on_one_line(bad, orig
     """The relay's texts quoted the sender's src and the message's origin raw ({msg.src},
     {origin}): the wire takes any 1-256 character src and origins up to 64 KiB, line breaks
     and all, so an error text carried whole forged log lines, and 60,000 characters."""
-    async def main():
-        hub, (a, _) = relay_pair()
-        body = dict(BAD_GRADS[bad], o=origin) if bad != "o" else BAD_GRADS[bad]
-        with pytest.raises(WireError) as e:
-            a._accept(Message(GRAD, src, body=body), a._send)
-        assert a.stats.rejected == 1 and not a.pending
-        await hub.close()
-        return str(e.value)
-    bounded(asyncio.run(main()))
+    body = dict(BAD_GRADS[bad], o=origin) if bad != "o" else BAD_GRADS[bad]
+    a, text = refusal(lambda a: a._accept(Message(GRAD, src, body=body), a._send))
+    assert a.stats.rejected == 1 and not a.pending
+    bounded(text)
 
 
 def test_a_gradient_with_a_huge_clock_is_refused_without_rendering_it():
     """c was quoted as f'{c!r:.30}': the whole repr made, then cut."""
-    async def main():
-        hub, (a, _) = relay_pair()
-        with pytest.raises(WireError) as e:
-            a._accept(Message(GRAD, "p001", body=dict(GOOD, c=huge())), a._send)
-        await hub.close()
-        return str(e.value)
-    text = asyncio.run(main())
+    _, text = refusal(lambda a: a._accept(Message(GRAD, "p001", body=dict(GOOD, c=huge())), a._send))
     assert Counted.made < 100, Counted.made
     bounded(text)
 
@@ -209,24 +209,12 @@ def test_a_gradient_the_decoder_refuses_and_a_stranger_origin_are_refused_with_a
 def test_a_malformed_notice_request_or_copy_is_refused_with_a_short_text_on_one_line(t, body):
     """grad_late, grad_sync and grad_state texts quoted the sender's src raw ({src}): the
     review's stranger with src 'Z\\n<a forged log line>' wrote that line into the peer's log."""
-    async def main():
-        hub, (a, _) = relay_pair(state=lambda: ({}, []))
-        with pytest.raises(WireError) as e:
-            a._on_side(Message(t, FORGED, body=body))
-        await hub.close()
-        return str(e.value)
-    bounded(asyncio.run(main()))
+    bounded(refusal(lambda a: a._on_side(Message(t, FORGED, body=body)), state=lambda: ({}, []))[1])
 
 
 def test_a_malformed_hello_is_refused_with_a_short_text_on_one_line():
     """grad_hello's text quoted the sender's src raw."""
-    async def main():
-        hub, (a, _) = relay_pair()
-        with pytest.raises(WireError) as e:
-            a._on_hello(Message(GRAD_HELLO, FORGED, body={"ep": 5}))
-        await hub.close()
-        return str(e.value)
-    bounded(asyncio.run(main()))
+    bounded(refusal(lambda a: a._on_hello(Message(GRAD_HELLO, FORGED, body={"ep": 5})))[1])
 
 
 def test_a_welcome_with_a_huge_rank_is_refused_without_rendering_it():
