@@ -102,9 +102,9 @@ def steps_by_peer(st: dict | None) -> dict[str, int]:
 def start_time(pid: int) -> float | None:
     """When ``pid`` started, in seconds of the monotonic clock (its /proc start time)."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()
+        stat = Path(f"/proc/{pid}/stat").read_text()
         ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        uptime = float(open("/proc/uptime").read().split()[0])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
     return time.monotonic() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
@@ -112,7 +112,7 @@ def start_time(pid: int) -> float | None:
 
 def rss_kb(pid: int) -> int | None:
     try:
-        for line in open(f"/proc/{pid}/status"):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     except OSError:

@@ -67,10 +67,10 @@ class Procs:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, *args: str, name: str = "proc", env: dict[str, str] | None = None) -> subprocess.Popen:
-        out = open(self.tmp / f"{name}-{len(self.procs)}.log", "w")
         e = dict(os.environ, PYTHONUNBUFFERED="1")
         e.update(env or {})
-        p = subprocess.Popen([*SWARM, *args], stdout=out, stderr=subprocess.STDOUT, env=e, cwd=ROOT)
+        with open(self.tmp / f"{name}-{len(self.procs)}.log", "w") as out:   # the child has its own copy
+            p = subprocess.Popen([*SWARM, *args], stdout=out, stderr=subprocess.STDOUT, env=e, cwd=ROOT)
         p.log_path = out.name  # type: ignore[attr-defined]
         self.procs.append(p)
         return p
