@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from swarm.buffer import ReplayBuffer
+from swarm.scripting import run_script
 
 if TYPE_CHECKING:
     from cpprb import PrioritizedReplayBuffer
@@ -185,8 +185,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("bench_buffer: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "bench_buffer")

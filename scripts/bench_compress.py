@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from swarm.compress import get_codec  # noqa: E402
+from swarm.scripting import run_script  # noqa: E402
 
 SPECS = ["identity", "fp16", "int8", "int8:stochastic", "qsgd:16", "topk:0.01",
          "randomk:0.01", "sign", "ef+topk:0.01", "ef+sign"]
@@ -126,8 +127,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("bench_compress: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "bench_compress")

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from swarm.buffer import ReplayBuffer  # noqa: E402
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema  # noqa: E402
 from swarm.rl.dqn import QNetwork  # noqa: E402
+from swarm.scripting import run_script  # noqa: E402
 
 OBS, ACTIONS = 4, 2   # CartPole-v1's sizes
 #: transitions in the buffer that ``learn`` samples: a batch larger than this gets no update
@@ -150,8 +151,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("bench_dqn: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "bench_dqn")

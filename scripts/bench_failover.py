@@ -66,6 +66,7 @@ from zmq.utils.monitor import recv_monitor_message
 from swarm import transport
 from swarm.cli import query_status
 from swarm.config import CoordinatorConfig
+from swarm.scripting import run_script
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
 #: the longest quiet run (a day): time.sleep refuses much longer waits, and nan or inf would
@@ -484,8 +485,4 @@ if __name__ == "__main__":
     # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
     # the processes this script started still run (killed outright, they were left behind)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("bench_failover: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "bench_failover")

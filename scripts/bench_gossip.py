@@ -62,6 +62,7 @@ import numpy as np
 
 from swarm.gossip import Gossip, mixing_matrix
 from swarm.gossip.sim import SimHub, consensus_error, run_rounds
+from swarm.scripting import run_script
 
 N = 16
 ROOT = Path(__file__).resolve().parents[1]
@@ -565,8 +566,4 @@ if __name__ == "__main__":
     # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
     # the processes this script started still run (killed outright, they were left behind)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    try:
-        cli()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("bench_gossip: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(cli, "bench_gossip")

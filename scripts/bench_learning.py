@@ -67,6 +67,7 @@ from swarm.experiment.launch import read_csv
 # DQNConfig alone: torch (~3 s a process) is imported where a learner runs, so that the
 # scripts that take this one's settings (compare_runs, eval_schedules) start without it
 from swarm.rl import DQNConfig
+from swarm.scripting import run_script
 
 ENV = "CartPole-v1"
 SOLVE = 475.0
@@ -610,8 +611,4 @@ if __name__ == "__main__":
     # the processes this script started still run (killed outright, they were left behind);
     # a swarm run takes it over while it lasts, and ends its own (_sigterm_exits)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("bench_learning: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "bench_learning")

@@ -36,6 +36,8 @@ import time
 
 import numpy as np
 
+from swarm.scripting import run_script
+
 CODEC = "ef+topk:0.15:values=fp16"
 
 
@@ -269,8 +271,4 @@ if __name__ == "__main__":
     # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
     # the processes this script started still run (killed outright, they were left behind)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("bench_relay: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "bench_relay")

@@ -52,6 +52,7 @@ import numpy as np
 import zmq
 
 from swarm.checks import finite_arg
+from swarm.scripting import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 HZ = os.sysconf("SC_CLK_TCK")
@@ -970,8 +971,4 @@ if __name__ == "__main__":
     # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
     # the processes this script started still run (killed outright, they were left behind)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("bench_scale: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "bench_scale")

@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+from swarm.scripting import run_script
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -243,8 +245,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("bench_transport: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "bench_transport")

@@ -72,6 +72,8 @@ from pathlib import Path
 
 import numpy as np
 
+from swarm.scripting import run_script
+
 ROOT = Path(__file__).resolve().parent.parent
 HM_VENV = ROOT / "build" / "hivemind-venv"
 N = 4
@@ -787,8 +789,4 @@ if __name__ == "__main__":
     # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
     # the processes this script started still run (killed outright, they were left behind)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("bench_vs_hivemind: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "bench_vs_hivemind")

@@ -67,6 +67,7 @@ import numpy as np
 from swarm.checks import finite_arg
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec
+from swarm.scripting import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 #: seconds at the end of the run without faults: the last one's survival check (15 s) and restart fit in
@@ -516,8 +517,4 @@ if __name__ == "__main__":
     # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
     # the processes this script started still run (killed outright, they were left behind)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("chaos: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "chaos")

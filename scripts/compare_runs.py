@@ -47,6 +47,7 @@ from bench_learning import SWARM_PARAMS, _sigterm_exits, changed_keys
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
 from swarm.experiment.launch import read_csv
+from swarm.scripting import run_script
 
 VARIANTS: dict[str, dict[str, list[str]]] = {
     "topology": {
@@ -273,8 +274,4 @@ if __name__ == "__main__":
     # SIGTERM (a `timeout`, a job runner) as SystemExit, exit status 143; a swarm run
     # takes it over while it lasts, ends its processes, and one_run exits the same way
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("compare_runs: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "compare_runs")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 
 import numpy as np
@@ -25,6 +24,7 @@ from swarm.errors import ConfigError
 from swarm.experiment import load_spec
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
 from swarm.rl.train import evaluate, make_env, run_agent
+from swarm.scripting import run_script
 
 
 def random_returns(env_id: str, episodes: int, seed: int) -> list[float]:
@@ -121,8 +121,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("dqn_isolated: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "dqn_isolated")

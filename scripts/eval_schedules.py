@@ -51,6 +51,7 @@ from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
 from swarm.rl import DQNAgent, dqn_schema
 from swarm.rl.train import evaluate, make_env, run_agent
+from swarm.scripting import run_script
 
 
 def first_solves(evals: list[tuple[int, float]], schedules: list[int]) -> dict[int, int | None]:
@@ -166,8 +167,4 @@ if __name__ == "__main__":
     # folders are removed; a swarm run takes it over while it lasts, ends its processes,
     # and swarm_evals exits the same way
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("eval_schedules: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "eval_schedules")

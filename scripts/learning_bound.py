@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 import time
 from dataclasses import replace
 
@@ -50,6 +49,7 @@ from swarm.errors import ConfigError
 from swarm.experiment import load_spec
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
 from swarm.rl.train import evaluate, make_env
+from swarm.scripting import run_script
 
 
 def solve_threshold(env_id: str, solve_at: float | None = None) -> float:
@@ -192,8 +192,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:   # Ctrl-C: the finally blocks have ended what main started
-        print("learning_bound: interrupted", file=sys.stderr)
-        sys.exit(130)   # 128 + SIGINT, as a shell reports it
+    run_script(main, "learning_bound")
