@@ -1,32 +1,27 @@
-"""Lazy access to torch for the few kernels numpy does slowly (float16 casts).
+"""torch for the few kernels numpy does slowly (float16 casts), where the program has it.
 
 numpy casts float32 <-> float16 in a scalar loop on CPUs without AVX-512
 (~0.6 GB/s here); torch's cast into a preallocated tensor runs at memory speed.
-torch is imported on first use only, so ``import swarm.compress`` stays light.
+The codecs never import torch themselves: they use it once the program has (a torch
+model has), and numpy otherwise. Importing it on a codec's first use held the
+caller, a peer's event loop in its first fp16 round, for 1.4-2.2 s.
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
 import numpy as np
 
-_TORCH: Any = None
-_TRIED = False
-
-
 def torch_or_none() -> Any:
-    """The torch module, or None where it is not installed."""
-    global _TORCH, _TRIED
-    if not _TRIED:
-        _TRIED = True
-        try:
-            import torch
-        except ImportError:  # pragma: no cover - torch is a dependency, but stay usable
-            torch = None
-        _TORCH = torch
-    return _TORCH
+    """The torch module where the program has imported it, else None (also while another
+    thread is still importing it: its functions may not exist yet)."""
+    torch = sys.modules.get("torch")
+    if torch is None or getattr(getattr(torch, "__spec__", None), "_initializing", False):
+        return None
+    return torch
 
 
 def view(a: np.ndarray) -> Any:
@@ -54,7 +49,8 @@ def _viewable(*arrays: np.ndarray) -> bool:
 def cast_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
     """``dst[:] = src`` with a dtype cast, at memory speed when torch is present."""
     if dst.size == 0 or not _viewable(dst, src):
-        np.copyto(dst, src, casting="unsafe")
+        with np.errstate(over="ignore"):   # past float16's range: inf, as torch's cast (callers check)
+            np.copyto(dst, src, casting="unsafe")
     else:
         view(dst).copy_(view(src))
     return dst
