@@ -334,7 +334,15 @@ class Coordinator:
             loops.append(self._watch_loop())
         if self._http is not None:
             loops.append(self._http.run())
-        self._failure = await supervise(loops, self._stop)
+        try:
+            self._failure = await supervise(loops, self._stop)
+        except asyncio.CancelledError:
+            if not self._stop.is_set():
+                # cancelled with no close() (asyncio.run's clean-up of a coordinator its
+                # program never closed): the sockets go now, or a later gc's Context.__del__
+                # waits in term() for ever for sockets it no longer lists
+                self._shutdown()
+            raise
         if self._failure is not None:
             log.error("coordinator failed: %r", self._failure)
 

@@ -1216,7 +1216,15 @@ class Peer:
         self._sockets_changed()
 
     async def _run(self) -> None:
-        self._failure = await supervise([self._recv_loop(), self._timer_loop()], self._stop)
+        try:
+            self._failure = await supervise([self._recv_loop(), self._timer_loop()], self._stop)
+        except asyncio.CancelledError:
+            if not self._stop.is_set():
+                # cancelled with no close() (asyncio.run's clean-up of a peer its program
+                # never closed): the sockets go now, or a later gc's Context.__del__ waits
+                # in term() for ever for sockets it no longer lists
+                self._close_now()
+            raise
         if self._failure is not None:
             log.error("peer %s failed: %r", self.id, self._failure)
             if self._welcome is not None and not self._welcome.done():
