@@ -21,10 +21,12 @@ start them.
 
 Exit status: 0; 2 for an error (`swarm: error: ...`); 130 for Ctrl-C; 1 when stdout
 or stderr cannot be written (the reader of `| head` left, a full disk), without a
-traceback; `swarm run` adds its own (1: a process crashed). `swarm coordinator` and
-`swarm peer` go on without their lines when stdout fails, and end cleanly on Ctrl-C,
-SIGTERM or SIGHUP at any time after start-up, also while a peer waits to join. A
-closed fd 0, 1 or 2 (`>&-`) is opened on /dev/null first.
+traceback; `swarm run` adds its own (1: a process crashed). A run (`swarm run`,
+`swarm launch`) goes on without printing when its stderr fails and exits with the
+run's status; `swarm coordinator` and `swarm peer` go on without their lines when
+stdout fails, and end cleanly on Ctrl-C, SIGTERM or SIGHUP at any time after start-up,
+also while a peer waits to join. A closed fd 0, 1 or 2 (`>&-`) is opened on /dev/null
+first.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ DEFAULT_PORT = 5555
 #: of those a restart cures (a refused takeover, a join that timed out); this one it does
 #: not, so `swarm run` reads the line from the log and does not start the peer again.
 CONFIG_ERROR_NOTE = "swarm: (a configuration error: another start would fail the same way)"
+#: the key pair `swarm status --keys DIR` authenticates with when --key-name is left out
+STATUS_KEY_NAME = "peer"
 
 
 def _standard_fds() -> None:
@@ -88,7 +92,8 @@ class _Stream:
     """``sys.stdout`` or ``sys.stderr`` while :func:`main` runs: a write or flush that
     fails (the reader of a pipe left: EPIPE; a full disk: ENOSPC; a terminal gone: EIO)
     raises its OSError marked with the stream's name (``swarm_stream``), which
-    :func:`main` tells from other OSErrors (of files a command writes)."""
+    :func:`main` tells from other OSErrors (of files a command writes); a character the
+    stream's encoding cannot take is written escaped."""
 
     def __init__(self, stream: Any, name: str) -> None:
         self._stream = stream
@@ -96,7 +101,14 @@ class _Stream:
 
     def write(self, text: str) -> int:
         try:
-            return self._stream.write(text)
+            try:
+                return self._stream.write(text)
+            except UnicodeEncodeError:
+                # a stdout that is not UTF-8 (PYTHONIOENCODING=ascii, a latin-1 locale) and a
+                # character it lacks: escaped (\xe9), as stderr does, not a traceback after the
+                # work was done (`swarm keys generate` had written the keys)
+                encoding = self._stream.encoding
+                return self._stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
         except OSError as e:
             e.swarm_stream = self.name  # type: ignore[attr-defined]
             raise
@@ -417,6 +429,26 @@ def _keys_folder(value: str | None) -> str:
     return value or ""
 
 
+def _check_key_pair(keys_dir: str, name: str, source: str) -> None:
+    """Refuse (:class:`ConfigError`) a key folder ``keys_dir`` that lacks the key pair
+    ``name``, naming where the name came from (``source``: ``--key-name peer, the default``)
+    and the pairs the folder has. The key loader's own error says to create the pair, which
+    with one pair per host (docs/multihost.md) is not the fix: the name is. What else is wrong
+    with the folder or the name, the key loader says."""
+    from .transport import _key_name_error  # noqa: PLC0415 - zmq only when needed
+
+    base = Path(keys_dir)
+    if not keys_dir or _key_name_error(name) or not base.is_dir() or (base / f"{name}.key_secret").exists():
+        return
+    # the coordinator's secret is for coordinator hosts only: not one to suggest
+    pairs = sorted(n for f in base.glob("*.key_secret")
+                   if (n := f.name.removesuffix(".key_secret")) != "coordinator" and not _key_name_error(n))
+    shown = ", ".join(pairs[:10]) + (f", ... ({len(pairs)} in all)" if len(pairs) > 10 else "")
+    how = (f"the folder has the key pair{'s' if len(pairs) > 1 else ''} {shown}: pass --key-name with this "
+           "host's" if pairs else f"create it with `swarm keys generate {base} --names {name}`")
+    raise ConfigError(f"keys: {base / f'{name}.key_secret'} does not exist ({source}); {how}")
+
+
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from .coordinator import Coordinator
 
@@ -507,6 +539,12 @@ def cmd_peer(args: argparse.Namespace) -> int:
         cfg.keys_dir = _keys_folder(args.keys)
     if args.key_name is not None:   # "" too: the key folder's check names it, not a silent "peer"
         cfg.key_name = args.key_name
+        named_by = f"--key-name {cfg.key_name}"
+    elif cfg.key_name != PeerConfig().key_name or "peer.key_name" in _set_keys(args.set):
+        named_by = f"peer.key_name = {cfg.key_name!r}"
+    else:
+        named_by = f"--key-name {cfg.key_name}, the default"
+    _check_key_pair(cfg.keys_dir, cfg.key_name, named_by)
     if spec is not None:
         # Train this peer's share of an experiment (see swarm.experiment.runner).
         from .coordinator.report import printable
@@ -528,9 +566,15 @@ def cmd_peer(args: argparse.Namespace) -> int:
             raise SwarmError(f"{world[0]}: the launcher started {world[1]} processes (this one's rank is "
                              f"{from_env}), but the spec {args.spec} has peers = {spec.peers}; start one "
                              "process per peer, or change the spec's peers")
-        if named is None and from_env and cfg.rank >= spec.peers:
-            raise SwarmError(f"{from_env} gives rank = {cfg.rank}: the spec has peers = {spec.peers}, "
-                             f"so ranks are 0..{spec.peers - 1}")
+        if cfg.rank >= spec.peers:
+            # named as the user gave it (run_peer's own check names its `rank` argument)
+            if named is not None:
+                given = f"--replace {args.replace}"
+            elif args.rank is not None:
+                given = f"--rank {args.rank}"
+            else:
+                given = f"{from_env} gives rank = {cfg.rank}" if from_env else f"peer.rank = {cfg.rank}"
+            raise ConfigError(f"{given}: the spec has peers = {spec.peers}, so ranks are 0..{spec.peers - 1}")
         if args.id and args.id != f"peer{cfg.rank}":
             raise SwarmError(f"--id {args.id}: with --spec a peer's id is peer{{RANK}} (here peer{cfg.rank}); "
                              "drop --id")
@@ -559,6 +603,13 @@ def cmd_peer(args: argparse.Namespace) -> int:
         except ImportError:
             factory = None
         parent = _parent_pid()
+        out = peer_dir(run_dir, cfg.rank)
+        try:   # (run_peer makes it too) before the line that says it writes there
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            where = f"--run-dir {args.run_dir}" if args.run_dir else f"run folder {run_dir} (the default --run-dir)"
+            raise ConfigError(f"{where}: cannot create {out} ({e.strerror or e}); pass a --run-dir this process "
+                              "can write") from None
         say = _Lines()
         # escaped: a folder's name that is not UTF-8 failed the print on a strict stdout
         say(f"swarm peer peer{cfg.rank}: {spec.name}, {spec.budget.env_steps} env steps, writing to "
@@ -628,7 +679,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
 
 async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
-                       key_name: str = "peer") -> dict[str, Any]:
+                       key_name: str = STATUS_KEY_NAME) -> dict[str, Any]:
     """Ask a coordinator for its member table and view (with CURVE keys if given)."""
     import zmq
     import zmq.asyncio
@@ -734,12 +785,12 @@ def format_status(st: dict[str, Any]) -> str:
     return "\n".join(printable(line) for line in lines)
 
 
-def _status_of_any(addrs: list[str], args: argparse.Namespace) -> dict[str, Any]:
+def _status_of_any(addrs: list[str], args: argparse.Namespace, key_name: str) -> dict[str, Any]:
     """The status of the first of ``addrs`` that answers (a standby answers too)."""
     keys = _keys_folder(args.keys)
     for addr in addrs:
         try:
-            return asyncio.run(query_status(addr, args.timeout, keys, args.key_name))
+            return asyncio.run(query_status(addr, args.timeout, keys, key_name))
         except (TransportError, StatusUnavailable):
             # a bad address stays bad: no point in asking the next one; and one that
             # answered is the answer (the next may be a standby, with an empty table)
@@ -759,8 +810,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise SwarmError("no coordinator: pass --coordinator tcp://HOST:PORT or set SWARM_COORDINATOR")
     if not 0 < args.timeout <= 3600:   # also refuses nan
         raise SwarmError(f"--timeout must be > 0 and at most 3600 seconds, got {args.timeout}")
+    key_name = STATUS_KEY_NAME if args.key_name is None else args.key_name
+    if args.keys:
+        _check_key_pair(args.keys, key_name, f"--key-name {key_name}"
+                        + (", the default" if args.key_name is None else ""))
     if not args.watch:
-        st = _status_of_any(addrs, args)
+        st = _status_of_any(addrs, args, key_name)
         print(json.dumps(st, indent=2) if args.json else format_status(st))
         return 0
     if args.json:
@@ -777,7 +832,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         while True:   # redraw until Ctrl-C; a coordinator that does not answer is shown, not fatal
             try:
-                st = _status_of_any(addrs, args)
+                st = _status_of_any(addrs, args, key_name)
                 rates.observe_rows(st["members"])
                 width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 1000
                 text = format_table(status_document(st, rates, http=st.get("http", "")), width=width)
@@ -808,7 +863,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     # the keys were written
     for public in tp.generate_keys(args.dir, names):
         print(f"{printable(public)}  (secret: {printable(public)}_secret)")
-    print(f"authorized public keys: {printable(Path(args.dir) / 'authorized')}/ — copy a host's NAME.key there to "
+    print(f"authorized public keys: {printable(Path(args.dir) / 'authorized')}/ - copy a host's NAME.key there to "
           "admit it")
     return 0
 
@@ -997,7 +1052,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(else SWARM_COORDINATOR or MASTER_ADDR)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--keys", help="CurveZMQ key folder, when the swarm uses keys")
-    s.add_argument("--key-name", default="peer", help="key pair to authenticate with (default peer)")
+    s.add_argument("--key-name", help=f"key pair to authenticate with (default {STATUS_KEY_NAME})")
     s.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer (default 2)")
     s.add_argument("--watch", action="store_true", help="redraw a live table (with rates) until Ctrl-C")
     s.add_argument("--interval", type=float, default=1.0, help="with --watch: seconds between redraws (default 1)")
@@ -1037,7 +1092,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="place the peers on a Ray cluster (auto, HOST:PORT, ray://HOST:10001; none: "
                          "RAY_ADDRESS or a local Ray); needs pip install 'swarm[ray]'")
     la.add_argument("spec", nargs="?", help="spec file (TOML or JSON); none runs the built-in default")
-    la.add_argument("--per-node", type=int, default=1, help="peers per node (spec's peers = nodes × this; default 1)")
+    la.add_argument("--per-node", type=int, default=1, help="peers per node (spec's peers = nodes x this; default 1)")
     la.add_argument("--cpus-per-peer", type=float, default=1.0, help="CPUs each peer actor reserves (default 1.0)")
     la.add_argument("--host", help="address the coordinator and peers bind (default: each node's own address)")
     la.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec value")

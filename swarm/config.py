@@ -404,15 +404,23 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+#: largest spec or config file read, in bytes (16 MiB; a spec is a few KiB): a wrong path
+#: (a checkpoint, a data set, /dev/zero) is refused at once, not read until memory runs out
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
 def read_file(path: str | Path) -> dict[str, Any]:
-    """Read a TOML or JSON file into a dict, with an error that names the file."""
+    """Read a TOML or JSON file into a dict, with an error that names the file; one over
+    :data:`MAX_FILE_BYTES` is refused."""
     if not str(path).strip():   # Path("") is ".", the current folder
         raise ConfigError(f"the config path {str(path)!r} is empty (an unset variable?): give a TOML or JSON file")
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        raw = _read_bounded(p)
     except OSError as e:
         raise ConfigError(f"cannot read config {p}: {e.strerror}") from None
+    try:
+        # universal newlines, as a file opened as text reads them
+        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{p}: not a text file (byte {e.start} is not UTF-8)") from None
     if p.suffix.lower() in (".yaml", ".yml", ".ini", ".cfg"):
@@ -429,6 +437,17 @@ def read_file(path: str | Path) -> dict[str, Any]:
                           "reads") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a table")
+    return data
+
+
+def _read_bounded(p: Path) -> bytes:
+    """The bytes of file ``p``, read no further than :data:`MAX_FILE_BYTES` + 1 (past it,
+    :class:`ConfigError`): a pipe or a device that never ends (/dev/zero) too."""
+    with open(p, "rb") as f:
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{p}: more than {MAX_FILE_BYTES} bytes, too big for a spec or config file "
+                          f"(the limit is {MAX_FILE_BYTES >> 20} MiB); is it the file you meant?")
     return data
 
 

@@ -48,7 +48,7 @@ def test_the_printed_paths_are_clean_for_a_folder_with_a_slash(tmp_path, capsys,
     out = capsys.readouterr().out.splitlines()
     assert out == ["keys/coordinator.key  (secret: keys/coordinator.key_secret)",
                    "keys/peer.key  (secret: keys/peer.key_secret)",
-                   "authorized public keys: keys/authorized/ — copy a host's NAME.key there to admit it"]
+                   "authorized public keys: keys/authorized/ - copy a host's NAME.key there to admit it"]
 
 
 @pytest.mark.parametrize("target", ["afile", "afile/sub"])
