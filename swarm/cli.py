@@ -884,7 +884,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         print(f"# swarm run {shown(args.spec) if args.spec else '(built-in default)'}"
               + "".join(f" --set {shown(o)}" for o in args.set or []) + ", resolved\n")
-        print(show_spec(args.spec, list(args.set or [])), flush=True)
+        print(show_spec(spec), flush=True)   # not read again: a pipe (`<(make-spec)`) gives it once
         # stderr, as `swarm run` says them: stdout stays a spec file (`--show > my.toml`)
         for line in spec.warnings():
             print(f"swarm run: warning: {line}", file=sys.stderr, flush=True)

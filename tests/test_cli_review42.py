@@ -82,25 +82,39 @@ def test_a_device_that_never_ends_is_refused_after_the_limit(tmp_path):
                     "file (the limit is 16 MiB); is it the file you meant?"), line
 
 
-def test_a_spec_written_into_a_fifo_is_read(tmp_path):
-    # what the fix leaves as it was: a spec from a named pipe (or `<(make-spec)`) is read; the
-    # peer reads it once, and its rank past the spec's peers (3) shows that it did
+def from_fifo(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess:
+    """``swarm ARGS`` with ``{f}`` a named pipe into which ``text`` is written once, as
+    `<(make-spec)` gives it."""
     fifo = tmp_path / "spec.toml"
     os.mkfifo(fifo)
 
     def write() -> None:
         with open(fifo, "w") as out:   # waits for swarm to open it
-            out.write("peers = 3\r\n")
+            out.write(text)
 
     writer = threading.Thread(target=write)
     writer.start()
     try:
-        p = swarm("peer", "--spec", str(fifo), "--rank", "3", "--coordinator", NOBODY, cwd=tmp_path)
+        return swarm(*(a.format(f=fifo) for a in args), cwd=tmp_path)
     finally:
         if writer.is_alive():   # swarm never opened it: let the writer's open return
             os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
         writer.join()
+
+
+def test_a_spec_written_into_a_fifo_is_read(tmp_path):
+    # what the fix leaves as it was: a spec from a named pipe (or `<(make-spec)`) is read; the
+    # peer reads it once, and its rank past the spec's peers (3) shows that it did
+    p = from_fifo(tmp_path, "peers = 3\r\n", "peer", "--spec", "{f}", "--rank", "3", "--coordinator", NOBODY)
     assert one_error(p) == "swarm: error: --rank 3: the spec has peers = 3, so ranks are 0..2"
+
+
+def test_show_reads_a_spec_from_a_pipe_once(tmp_path):
+    # show_spec read the file twice more after cmd_run's load: from a pipe those reads got
+    # nothing, and --show printed the built-in default's peers = 4 for this spec's 3
+    p = from_fifo(tmp_path, 'peers = 3\nname = "piped"\n', "run", "{f}", "--show")
+    assert p.returncode == 0, p.stderr
+    assert "\npeers = 3\n" in p.stdout and '\nname = "piped"\n' in p.stdout, p.stdout
 
 
 # ------------------------------------------------------------ 2. a stdout that is not UTF-8

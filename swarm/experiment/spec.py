@@ -514,22 +514,17 @@ def load_spec(path: str | Path | Spec | None = None, overrides: list[str] | None
     return spec
 
 
-def show_spec(path: str | Path | None = None, overrides: list[str] | None = None) -> str:
+def show_spec(path: str | Path | Spec | None = None, overrides: list[str] | None = None) -> str:
     """`swarm run --show`'s TOML: the spec resolved, except that the keys derived from
     others while unset (``name`` from the env and topology, ``eval.solve_return`` from
     the env) and left unset by the file and the overrides are written as comments with
     their value: a file started from it and given another env or topology derives them
-    again, instead of keeping "cartpole-ring" and CartPole's 475."""
+    again, instead of keeping "cartpole-ring" and CartPole's 475. ``path`` as for
+    :func:`load_spec` (a spec it loaded: the file is not read again)."""
     spec = load_spec(path, overrides)
-    data = read_file(path) if path is not None else {}
-    apply_overrides(data, [] if overrides is None else overrides)
-    ev = data.get("eval")
-    derived = {}
-    if not data.get("name"):
-        derived["name"] = "derived from env and gossip.topology while unset"
-    if not (isinstance(ev, dict) and ev.get("solve_return") is not None):
-        derived["eval.solve_return"] = "the env's reward_threshold while unset"
-    return to_toml(spec, derived)
+    notes = {"name": "derived from env and gossip.topology while unset",
+             "eval.solve_return": "the env's reward_threshold while unset"}
+    return to_toml(spec, {k: v for k, v in notes.items() if k in spec._derived})
 
 
 def default_name(spec: Spec) -> str:
