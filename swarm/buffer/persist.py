@@ -17,7 +17,9 @@ a snapshot at ``path``. The files are written with plain writes, not through a
 memory map: on a full disk a store into a mapped page kills the process with
 SIGBUS, where a write raises ``ENOSPC``. A save that fails (a full disk, a
 folder it may not write) raises :class:`ReplayError`, removes its temporary
-directory and leaves the snapshot already at ``path`` as it was. An increment
+directory and leaves the snapshot already at ``path`` as it was. A background
+save still running when the program ends is finished before the interpreter
+exits (see :meth:`Snapshot.start`). An increment
 (:func:`take_incremental`, the rows written since a full snapshot) is copied
 the same way.
 
@@ -285,9 +287,14 @@ class Snapshot(_Frozen):
 
     def start(self) -> "Snapshot":
         """Write the snapshot on a thread of its own; :meth:`wait` for it. Raises
-        :class:`ReplayError` if the thread cannot start (the snapshot is then done, failed)."""
+        :class:`ReplayError` if the thread cannot start (the snapshot is then done, failed).
+
+        The program's end waits for it too: the thread is not a daemon, which the
+        interpreter would kill at exit, leaving no snapshot and its temporary directory
+        on disk for good (the directory's name holds this process's id).
+        """
         self._claim()
-        self._thread = threading.Thread(target=self._run, name="replay-snapshot", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="replay-snapshot", daemon=False)
         try:
             self._thread.start()
         except BaseException as e:   # RuntimeError: can't start new thread
