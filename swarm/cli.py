@@ -449,6 +449,31 @@ def _check_key_pair(keys_dir: str, name: str, source: str) -> None:
     raise ConfigError(f"keys: {base / f'{name}.key_secret'} does not exist ({source}); {how}")
 
 
+def _hold_folder(folder: Path, who: str) -> None:
+    """Lock ``folder`` (an exclusive flock on its ``.lock``) for the rest of this process's
+    life, or refuse with :class:`ConfigError`: two `swarm peer --spec` processes of two
+    swarms started into one default folder spliced their metrics.csv rows and took each
+    other's checkpoints (the run.json check sees a run only once its coordinator admitted
+    it). The kernel drops the lock of a process that ends, crashed or not, so a restart
+    into the folder is not refused. Where the file system has no locks, nothing is held."""
+    import fcntl  # noqa: PLC0415 - POSIX only, as swarm is
+
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 20).decode("ascii", "replace").strip() or "?"
+        os.close(fd)
+        raise ConfigError(f"{folder}: another process (pid {holder}) writes {who}'s results there now; pass "
+                          "--run-dir DIR for this run") from None
+    except OSError:   # ENOLCK: a file system without locks
+        os.close(fd)
+        return
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    # fd stays open, and the lock held, until the process ends
+
+
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from .coordinator import Coordinator
 
@@ -610,6 +635,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
             where = f"--run-dir {args.run_dir}" if args.run_dir else f"run folder {run_dir} (the default --run-dir)"
             raise ConfigError(f"{where}: cannot create {out} ({e.strerror or e}); pass a --run-dir this process "
                               "can write") from None
+        _hold_folder(out, f"peer{cfg.rank}")
         say = _Lines()
         # escaped: a folder's name that is not UTF-8 failed the print on a strict stdout
         say(f"swarm peer peer{cfg.rank}: {spec.name}, {spec.budget.env_steps} env steps, writing to "

@@ -279,3 +279,27 @@ def test_a_folder_with_no_other_pair_says_how_to_make_one(tmp_path, capsys, no_l
     line = refused(capsys, ["status", "--keys", str(tmp_path / "keys"), "--coordinator", NOBODY])
     assert line == (f"swarm: error: keys: {tmp_path}/keys/peer.key_secret does not exist (--key-name peer, the "
                     f"default); create it with `swarm keys generate {tmp_path}/keys --names peer`"), line
+
+
+# ------------------------------------------------------------ two swarms' peers in one folder
+
+def test_a_second_peer_into_a_folder_a_live_peer_writes_is_refused(spec4, tmp_path):
+    """Two swarms' `swarm peer --spec --rank 0` from one folder, each with its own coordinator,
+    both went on into the default folder (run.json is written only once a coordinator
+    admits the peer) and spliced their results; the second is now refused at once."""
+    waiting = [*SWARM, "peer", "--spec", spec4, "--rank", "0", "--coordinator", NOBODY,
+               "--set", "peer.join_timeout_s=120"]
+    first = subprocess.Popen(waiting, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    with reaped(first):
+        assert first.stdout.readline().startswith("swarm peer peer0: ")   # its folder is made and held
+        second = swarm(*waiting[len(SWARM):], cwd=tmp_path, timeout=60)
+        assert first.poll() is None
+    folder = tmp_path / "runs" / "cartpole-ring-peer0" / "peer0"
+    assert one_error(second) == (f"swarm: error: {folder.relative_to(tmp_path)}: another process (pid {first.pid}) "
+                                 "writes peer0's results there now; pass --run-dir DIR for this run")
+    # once the first has ended, its lock is gone: a third may start there
+    third = subprocess.Popen(waiting, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    with reaped(third):
+        assert third.stdout.readline().startswith("swarm peer peer0: ")
