@@ -95,6 +95,40 @@ def _socket_with(ctx: zmq.Context, kind: int, options: list[tuple[int, int]]) ->
     return s
 
 
+def fd_limit() -> int | None:
+    """This process's soft limit on open files (``ulimit -n``): each socket holds one
+    (its mailbox) and each of its connections one more. None where there is none
+    (unlimited, or a platform without the ``resource`` module)."""
+    try:
+        import resource  # noqa: PLC0415 - POSIX only
+    except ImportError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def raise_fd_limit() -> int | None:
+    """Raise this process's soft limit on open files to its hard limit, never above it,
+    and return the soft limit it then has (as :func:`fd_limit`); where the system refuses,
+    the limit stays as it was.
+
+    For the `swarm coordinator` and `swarm peer` processes: a ROUTER that has no file
+    left for a connection does not refuse it, libzmq retries the ``accept()`` in a loop
+    (1.5 to 2.5 cores, nothing logged) while the client hangs, and the common soft limit,
+    1024, is far below ``coordinator.max_members`` (10,000) and the usual hard limit."""
+    try:
+        import resource  # noqa: PLC0415 - POSIX only
+    except ImportError:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError):
+            pass   # an unlimited hard limit that the system does not take as a soft one (macOS)
+    return fd_limit()
+
+
 def _heartbeat_options(ivl: float | None, timeout: float | None) -> list[tuple[int, int]]:
     if not ivl:
         return []

@@ -52,7 +52,7 @@ class MemberRecord:
     probe_nonce: int = 0
     linked_epoch: int = -1
     linked_at: float = 0.0
-    died_at: float = 0.0
+    died_at: float = 0.0       # time.monotonic() when it died: its record's age is elapsed time
     cause: str = ""
     key: str = ""
     view_sent: float = 0.0     # when a lagging heartbeat last got the full view
@@ -192,7 +192,7 @@ class MemberTable:
         m = self.members.get(peer_id)
         if m is None or m.state == DEAD:
             return False
-        m.state, m.cause, m.died_at = DEAD, cause, time.time()
+        m.state, m.cause, m.died_at = DEAD, cause, time.monotonic()
         if self._ranks.get(m.rank) == peer_id:
             del self._ranks[m.rank]
             self._low = min(self._low, m.rank)
@@ -227,8 +227,9 @@ class MemberTable:
 
     def forget_dead(self, older_than_s: float = 300.0, keep: int = MAX_DEAD) -> None:
         """Drop dead records after ``older_than_s``, and the oldest beyond ``keep``, so the
-        table stays bounded however fast members come and go."""
-        cutoff = time.time() - older_than_s
+        table stays bounded however fast members come and go. Their age is elapsed time:
+        a step of the wall clock (NTP, a resume from suspend) dropped them all at once."""
+        cutoff = time.monotonic() - older_than_s
         dead = sorted((m.died_at, p) for p, m in self.members.items() if m.state == DEAD)
         over = len(dead) - keep
         for i, (died_at, pid) in enumerate(dead):

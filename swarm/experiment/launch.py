@@ -36,13 +36,15 @@ done, a checkpoint that does not fit the spec), or that cannot be started again 
 row's ``reason`` has the error), is left down with a line that says so; the others go
 on, and the run's exit code is 1.
 ``budget.max_seconds`` limits the whole run: the launcher passes every peer the
-run's deadline in ``SWARM_RUN_DEADLINE`` (a restarted one gets what is left of
-it), and no peer is restarted once the run's time is up. A coordinator that dies
-is started again on the same address; the peers re-register with it. It too is left
-down after ``MAX_RESTARTS`` restarts in a row (e.g. another process took its port: every start
-fails to bind), or at once on a configuration error or a spawn that fails, with a line
-that says so; without it no peer could rejoin nor be restarted, so the run then ends (the
-peers write their results first) and its exit code is 1.
+seconds left of it in ``SWARM_RUN_SECONDS_LEFT`` (a restarted one gets what is left
+at its restart), and no peer is restarted once the run's time is up. The time is
+elapsed time (the monotonic clock): a step of the wall clock changes nothing.
+A coordinator that dies is started again on the same address; the peers re-register
+with it. It too is left down after ``MAX_RESTARTS`` restarts in a row (e.g. another
+process took its port: every start fails to bind), or at once on a configuration error
+or a spawn that fails, with a line that says so; without it no peer could rejoin nor
+be restarted, so the run then ends (the peers write their results first) and its exit
+code is 1.
 
 A crash is any end of a process that the launcher did not cause, whenever it
 comes (a peer that exits 0 has spent its budget, unless its summary says a signal
@@ -185,7 +187,8 @@ class Launch:
     #: peers that crashed and were not restarted, or crashed after their final summary -> why
     #: (their summary row's ``reason``); any makes the run's exit code 1
     given_up: dict[str, str] = field(default_factory=dict)
-    #: time.time() at which budget.max_seconds runs out for the run (None: no limit)
+    #: time.monotonic() at which budget.max_seconds runs out for the run (None: no limit);
+    #: not the wall clock, which a step (NTP, a VM resumed) would move
     deadline: float | None = None
     #: the run folder this run resumes (swarm run --resume), else None
     resumed: Path | None = None
@@ -663,7 +666,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
             _wait_coordinator(launch, coord, addr, intr=intr)
             again = ["--resume-from", str(prev)] if prev is not None else []
             if spec.budget.max_seconds:
-                launch.deadline = time.time() + spec.budget.max_seconds
+                launch.deadline = time.monotonic() + spec.budget.max_seconds
             # The peers stop at the run's deadline, not max_seconds after their own start
             # (importing torch and joining take seconds of the run's time).
             peers = []
@@ -996,8 +999,11 @@ def _check_memory(spec: Spec) -> None:
 
 
 def _deadline_env(launch: Launch) -> dict[str, str] | None:
-    """A peer's environment for budget.max_seconds: the run's deadline (epoch seconds)."""
-    return {"SWARM_RUN_DEADLINE": repr(launch.deadline)} if launch.deadline is not None else None
+    """A peer's environment for budget.max_seconds: the seconds left of the run's time
+    (no clock time: each process counts them on its own monotonic clock)."""
+    if launch.deadline is None:
+        return None
+    return {"SWARM_RUN_SECONDS_LEFT": repr(max(0.0, launch.deadline - time.monotonic()))}
 
 
 def _coordinator_args(spec: Spec, addr: str) -> list[str]:
@@ -1128,7 +1134,7 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
             _count_restart(launch, "coordinator")
         except OSError as e:
             _start_failed(launch, coord, e, out)
-    late = launch.deadline is not None and time.time() >= launch.deadline
+    late = launch.deadline is not None and time.monotonic() >= launch.deadline
     why = ("the run's time is up" if late else "the run is ending" if ending
            else "the coordinator is down" if "coordinator" in launch.given_up else "")
     if why:

@@ -78,6 +78,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import dataclasses
+import errno
 import hashlib
 import io
 import json
@@ -644,17 +645,58 @@ def _finite(x: float) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _others(coordinators: list[str], peer_config: Any, me: str) -> list[dict[str, Any]] | None:
+class _StatusClient:
+    """Asks a coordinator for its member table (rows as `swarm status --json` shows them)
+    on one event loop, kept for every query: the join wait asks every :data:`SPEC_POLL_S`,
+    and a loop made for each query took three file descriptors more each time.
+
+    A query that finds this process out of file descriptors (EMFILE: under a low
+    ``ulimit -n`` the links to the members that join meanwhile can take them all) is no
+    answer this time, as when none comes; the next one tries again, and only the first
+    is logged. Close it when done."""
+
+    def __init__(self, peer_config: Any, me: str) -> None:
+        # imported now, while there are fds: under `python -m swarm.cli` the module is
+        # __main__, so this import reads cli.py again
+        from ..cli import query_status  # noqa: PLC0415 - the status client; cli imports us lazily too
+
+        self._query = query_status
+        self.me = me
+        self.keys = getattr(peer_config, "keys_dir", "") or ""
+        self.key_name = getattr(peer_config, "key_name", "peer") or "peer"
+        self._loop = asyncio.new_event_loop()
+        self._out_of_fds_logged = False
+
+    def status(self, coordinator: str) -> dict[str, Any] | None:
+        """``coordinator``'s status table; None when it does not answer, or this process
+        has no file descriptor left to ask with."""
+        import zmq  # noqa: PLC0415 - the peer package loads zmq
+
+        try:
+            return self._loop.run_until_complete(
+                self._query(coordinator, timeout=2.0, keys_dir=self.keys, key_name=self.key_name))
+        except SwarmError:
+            return None
+        except (OSError, zmq.ZMQError) as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            if not self._out_of_fds_logged:
+                self._out_of_fds_logged = True
+                log.warning("%s: out of file descriptors for a status query of %s (%s); it counts as no answer, "
+                            "and later ones try again (logged once; a higher ulimit -n gives room)",
+                            self.me, coordinator, e)
+            return None
+
+    def close(self) -> None:
+        self._loop.close()
+
+
+def _others(coordinators: list[str], client: _StatusClient, me: str) -> list[dict[str, Any]] | None:
     """The live members other than ``me`` in the table of the coordinator that holds
     ``me`` (rows as `swarm status --json` shows them); None when none answers."""
-    from ..cli import query_status  # noqa: PLC0415 - the status client; cli imports us lazily too
-
-    keys = getattr(peer_config, "keys_dir", "") or ""
-    key_name = getattr(peer_config, "key_name", "peer") or "peer"
     for coordinator in coordinators:
-        try:
-            st = asyncio.run(query_status(coordinator, timeout=2.0, keys_dir=keys, key_name=key_name))
-        except SwarmError:
+        st = client.status(coordinator)
+        if st is None:
             continue
         members = st.get("members", [])
         if not any(m.get("id") == me for m in members):
@@ -663,13 +705,13 @@ def _others(coordinators: list[str], peer_config: Any, me: str) -> list[dict[str
     return None
 
 
-def _should_bootstrap(coordinators: list[str], peer_config: Any, me: str, own_steps: int, margin: int,
+def _should_bootstrap(coordinators: list[str], client: _StatusClient, me: str, own_steps: int, margin: int,
                       fallback: bool, learning_starts: int = 0) -> bool:
     """Whether another member is more than ``margin`` env steps ahead (see the module doc)
     and past ``learning_starts``: before that its network is still the initial one that
     every peer of the run builds, so the few steps by which the first of a fresh run's
     peers start ahead of the others are no reason to bootstrap."""
-    others = _others(coordinators, peer_config, me)
+    others = _others(coordinators, client, me)
     if others is None:
         return fallback
     ahead = max(own_steps + margin, learning_starts)
@@ -692,7 +734,7 @@ def spec_tag(spec: Spec) -> dict[str, str]:
             for k, v in to_dict(spec).items() if k not in PER_PEER_KEYS}
 
 
-def _check_same_spec(coordinators: list[str], peer_config: Any, me: str, tag: dict[str, str],
+def _check_same_spec(coordinators: list[str], client: _StatusClient, me: str, tag: dict[str, str],
                      timeout: float, rank: int = -1) -> None:
     """Raise ConfigError when another member trains another spec, and this peer's is not
     the one that stays: their gossip and replay would be refused in silence (other
@@ -709,9 +751,9 @@ def _check_same_spec(coordinators: list[str], peer_config: Any, me: str, tag: di
     from ..peer.peer import HEARTBEAT_STATS_S  # noqa: PLC0415 - the peer package loads zmq
     deadline = time.monotonic() + timeout
     while True:
-        others = _others(coordinators, peer_config, me)
+        others = _others(coordinators, client, me)
         if others is None:
-            return   # no coordinator to ask: the view was there a moment ago, so rarely
+            return   # no coordinator to ask (or no fd to ask with): the view was there a moment ago, so rarely
         if all("spec" in (m.get("stats") or {}) for m in others) or time.monotonic() > deadline:
             break
         time.sleep(HEARTBEAT_STATS_S)   # a member's next figures come with its next such beat
@@ -816,6 +858,23 @@ def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path |
 BUFFER_KEPT = ("prioritized", "alpha", "eps", "decay")
 
 
+def _run_seconds_left() -> float:
+    """The seconds left of the run's time that `swarm run` gives its peers in
+    ``SWARM_RUN_SECONDS_LEFT`` (inf without): budget.max_seconds limits the whole run, not
+    each process, and a restarted one gets what is left. Seconds, not a clock time: the
+    wall clock may step (NTP, a VM resumed), and each process counts them on its own
+    monotonic clock."""
+    raw = os.environ.get("SWARM_RUN_SECONDS_LEFT") or "inf"
+    try:
+        left = float(raw)
+    except ValueError:
+        left = math.nan
+    if not left >= 0:   # NaN too
+        raise ConfigError(f"SWARM_RUN_SECONDS_LEFT = {raw!r}: expected the seconds left of the run's time, "
+                          "a number >= 0 (set by `swarm run` for its peers)")
+    return left
+
+
 def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: str | Path, *,
              stop: threading.Event | None = None,
              loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
@@ -864,6 +923,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             and topology are replaced by the arguments above. None: the defaults,
             which bind to loopback only.
     """
+    # counted from here, before the imports below take their seconds of it
+    run_ends = time.monotonic() + _run_seconds_left()
     import torch  # noqa: PLC0415 - keep `swarm.experiment` importable without torch
 
     from ..buffer import Federation, ReplayBuffer  # noqa: PLC0415
@@ -952,6 +1013,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
     agent = None
     gossip = relay = fed = None
     ckpt: Checkpointer | None = None
+    status: _StatusClient | None = None
     try:
         if new_here:   # admitted: the fresh run is this folder's now
             _at_start(run_dir, lambda: write_lineage(out, run), out / "run.json")
@@ -970,6 +1032,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         # it is in: the others may be restarting too, and waiting for all of them could
         # outlast join_timeout and crash it again.
         need = 1 if rejoin else spec.peers
+        status = _StatusClient(peer_config, peer.id)
         log.info("peer%d joined; waiting for %d peers", rank, need)
         deadline = time.monotonic() + join_timeout
         next_check = time.monotonic() + SPEC_POLL_S
@@ -994,7 +1057,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     # one that joined with another spec (its own `peers`, say) is named now,
                     # not after join_timeout
                     next_check = now + SPEC_POLL_S
-                    _check_same_spec(coordinators, peer_config, peer.id, tag, 0.0, rank)
+                    _check_same_spec(coordinators, status, peer.id, tag, 0.0, rank)
                 if now < deadline:
                     continue
                 here = sorted(m.id for m in peer.view.members)
@@ -1002,7 +1065,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                   f"{join_timeout:.0f} s ({', '.join(here)}); start the others, ranks 0.."
                                   f"{spec.peers - 1}, with the same --spec and --coordinator") from None
         sp.wait_linked(timeout=10.0)
-        _check_same_spec(coordinators, peer_config, peer.id, tag, spec_check_timeout, rank)
+        _check_same_spec(coordinators, status, peer.id, tag, spec_check_timeout, rank)
 
         env = make_env(spec.env)
         n_actions = getattr(env.action_space, "n", None)
@@ -1199,7 +1262,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             agent.publish = publish
             agent.phase = rank % spec.dqn.train_every   # peers take turns at computing gradients
         replacing = bool(getattr(peer_config, "replace", False))
-        if _should_bootstrap(coordinators, peer_config, peer.id, done_steps, g.interval,
+        if _should_bootstrap(coordinators, status, peer.id, done_steps, g.interval,
                              fallback=replacing or resume_from is not None, learning_starts=spec.dqn.learning_starts):
             try:
                 donors = sp.call(gossip.bootstrap(), timeout=15.0)
@@ -1481,16 +1544,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     return True
             return False
 
-        # `swarm run` gives its peers the run's deadline (epoch seconds): budget.max_seconds
-        # limits the whole run, not each process (a restarted one gets what is left).
-        try:
-            run_deadline = float(os.environ.get("SWARM_RUN_DEADLINE") or "inf")
-        except ValueError:
-            raise ConfigError(f"SWARM_RUN_DEADLINE = {os.environ['SWARM_RUN_DEADLINE']!r}: expected "
-                              "seconds since the epoch (set by `swarm run` for its peers)") from None
         # the earlier of this process's limit and the run's, on the monotonic clock
-        stop_at = (min(t0 + spec.budget.max_seconds, time.monotonic() + (run_deadline - time.time()))
-                   if spec.budget.max_seconds else math.inf)
+        stop_at = min(t0 + spec.budget.max_seconds, run_ends) if spec.budget.max_seconds else math.inf
         log.info("peer%d training: %d env steps, gossip every %d", rank, spec.budget.env_steps, g.interval)
         # CPU time counts from here: joining, imports and TensorBoard set-up are not training.
         summary["setup_cpu_s"] = time.process_time() - cpu0
@@ -1561,5 +1616,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         finally:
             if relay is not None:
                 relay.close()   # its sockets belong to this thread
+            if status is not None:
+                status.close()
             sp.close()
     return summary

@@ -1900,10 +1900,15 @@ class Peer:
                         self._link_failures)
 
     def _sockets_hint(self, e: zmq.ZMQError) -> str:
-        """What a ZMQError from opening a socket says of the context's limit."""
+        """Which limit a ZMQError from opening a socket met: the process's on open files
+        (``ulimit -n``) where that is the lower one (each socket holds a file, so the
+        context's on sockets cannot be met first), else the context's."""
         if e.errno != errno.EMFILE:
             return ""
-        return f" (this context allows {self._ctx.get(zmq.MAX_SOCKETS)} sockets, and a link takes three)"
+        sockets, files = self._ctx.get(zmq.MAX_SOCKETS), tp.fd_limit()
+        if files is not None and files <= sockets:
+            return f" (this process may open {files} files, ulimit -n, and a link takes about four)"
+        return f" (this context allows {sockets} sockets, and a link takes three)"
 
     def _no_socket(self, what: str, e: zmq.ZMQError) -> TransportError:
         """The error for ``what`` (a socket, with its monitor) that libzmq would not open:

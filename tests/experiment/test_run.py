@@ -360,7 +360,7 @@ def test_no_peer_restart_once_the_runs_time_is_up(tmp_path):
     from swarm.experiment.launch import Launch, _Child, _restart_crashed
 
     spec = load_spec(None, ["peers=2", "restart_dead=true", "budget.max_seconds=5"])
-    launch = Launch(tmp_path, deadline=time.time() - 1.0)
+    launch = Launch(tmp_path, deadline=time.monotonic() - 1.0)
     coord = _Child("coordinator", _Exited(), tmp_path / "c.log", ended_by_us=True)
     peers = [_Child(f"peer{r}", _Exited(), tmp_path / f"p{r}.log") for r in range(2)]
     pending = {1: time.monotonic()}          # one crash already waiting for its restart
