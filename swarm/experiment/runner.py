@@ -1012,6 +1012,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
     logs: _Logs | None = None
     agent = None
     gossip = relay = fed = None
+    digests: dict[int, str] = {}   # update count -> parameter digest, every DIGEST_EVERY updates (relay)
     ckpt: Checkpointer | None = None
     status: _StatusClient | None = None
     try:
@@ -1410,8 +1411,6 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                 "gossip/disagreement": state.disagreement if res.ok else None,
                                 "gossip/participants": len(res.participants)})
 
-        digests: dict[int, str] = {}   # update count -> parameter digest, every DIGEST_EVERY updates
-
         def note_digest() -> None:
             # With the relay every peer applies the same updates in one order: equal
             # digests at equal counts say their copies are the same (summary.json).
@@ -1555,33 +1554,33 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         summary.update(reason=reason[0], env_steps=result.steps + done_steps, episodes=len(result.returns),
                        final_mean_return=_finite(result.mean_return(10)), train_seconds=result.seconds)
     finally:
-        state.done = True
-        if gossip is not None:
-            # the counters as they end: the relay's turns go on between rounds, and each
-            # round took the totals only as they were then (the last one missed the turns after it)
-            state.gossip_totals(gossip, relay)
-        traffic = state.traffic(*_traffic(sp.peer.counters if sp.peer is not None else None, relay))
-        summary.update(
-            env_steps=state.env_steps, episodes=state.episodes, rounds=state.rounds, rounds_ok=state.rounds_ok,
-            final_mean_return=_finite(state.mean_return), eval_return=_finite(state.eval_return),
-            **traffic, buffer_size=state.buffer_size, wall_s=time.monotonic() - t0,
-            cpu_s=time.process_time() - cpu0)
-        if agent is not None:   # this process's: updates skipped for a non-finite loss or gradient,
-            summary["skipped"] = agent.skipped   # and sampled items no update could learn from
-            summary["unusable"] = agent.unusable
-        if relay is not None:
-            summary["relay"] = dict(dataclasses.asdict(relay.stats), applied=state.relay_applied,
-                                    refused=state.relay_refused,
-                                    mean_lag_s=_finite(relay.stats.mean_lag_s),
-                                    digests={str(u): h for u, h in digests.items()}, resynced=relay.resynced)
-        if fed is not None:
-            summary["replay_sharing"] = dataclasses.asdict(fed.stats)
-        # A resume or restart that fails before it trains (no checkpoint loads, or one does not
-        # fit the spec) changes none of the folder's results: its checkpoint.pt, ids.json and
-        # summary.json stay those of the process that wrote them (with none, one says why it ended).
-        keep = ckpt is None and (resume_from is not None or rejoin)
-        final_failed: str | None = None   # why the final full checkpoint failed
-        try:
+        try:   # whatever fails here, the relay and the peer are closed below
+            state.done = True
+            if gossip is not None:
+                # the counters as they end: the relay's turns go on between rounds, and each
+                # round took the totals only as they were then (the last one missed the turns after it)
+                state.gossip_totals(gossip, relay)
+            traffic = state.traffic(*_traffic(sp.peer.counters if sp.peer is not None else None, relay))
+            summary.update(
+                env_steps=state.env_steps, episodes=state.episodes, rounds=state.rounds, rounds_ok=state.rounds_ok,
+                final_mean_return=_finite(state.mean_return), eval_return=_finite(state.eval_return),
+                **traffic, buffer_size=state.buffer_size, wall_s=time.monotonic() - t0,
+                cpu_s=time.process_time() - cpu0)
+            if agent is not None:   # this process's: updates skipped for a non-finite loss or gradient,
+                summary["skipped"] = agent.skipped   # and sampled items no update could learn from
+                summary["unusable"] = agent.unusable
+            if relay is not None:
+                summary["relay"] = dict(dataclasses.asdict(relay.stats), applied=state.relay_applied,
+                                        refused=state.relay_refused,
+                                        mean_lag_s=_finite(relay.stats.mean_lag_s),
+                                        digests={str(u): h for u, h in digests.items()}, resynced=relay.resynced)
+            if fed is not None:
+                summary["replay_sharing"] = dataclasses.asdict(fed.stats)
+            # A resume or restart that fails before it trains (no checkpoint loads, or one does not
+            # fit the spec) changes none of the folder's results: its checkpoint.pt, ids.json and
+            # summary.json stay those of the process that wrote them (with none, one says why it ended).
+            keep = ckpt is None and (resume_from is not None or rejoin)
+            final_failed: str | None = None   # why the final full checkpoint failed
             if ckpt is not None:
                 try:
                     summary["last_checkpoint"] = ckpt.close()
