@@ -475,8 +475,10 @@ def _hold_folder(folder: Path, who: str) -> None:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
+    from . import transport as tp
     from .coordinator import Coordinator
 
+    tp.raise_fd_limit()   # a connection past ulimit -n is not refused: libzmq retries its accept, spinning
     cfg = _config(args).coordinator
     if args.bind:
         cfg.bind = args.bind
@@ -523,8 +525,10 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
+    from . import transport as tp
     from .peer import Peer
 
+    tp.raise_fd_limit()   # a link past ulimit -n is not refused: libzmq retries its accept, spinning
     spec = None
     if args.spec:
         from .experiment.spec import load_spec

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from swarmtest import ROOT, SWARM, reaped
+from swarmtest import ROOT, SWARM, reaped, wait_for
 
 from swarm import cli
 from swarm.config import MAX_FILE_BYTES
@@ -303,3 +303,30 @@ def test_a_second_peer_into_a_folder_a_live_peer_writes_is_refused(spec4, tmp_pa
                              text=True)
     with reaped(third):
         assert third.stdout.readline().startswith("swarm peer peer0: ")
+
+
+@pytest.mark.parametrize("command", [["coordinator", "--bind", "tcp://127.0.0.1:{port}"],
+                                     ["peer", "--coordinator", NOBODY, "--set", "peer.join_timeout_s=60"]])
+def test_coordinator_and_peer_raise_their_soft_fd_limit_to_the_hard_one(tmp_path, command):
+    """Started with the common soft limit below the hard one, a coordinator (a peer) past it
+    did not refuse connections: libzmq retried each accept, 1.5-2.5 cores, nothing logged."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"the hard limit here is {hard}: no room above a low soft one")
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([*SWARM, *(a.format(port=port) for a in command)], cwd=tmp_path, env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=low)
+    with reaped(p):
+        def soft() -> str:   # the process raises it first thing, before it binds or waits to join
+            limits = Path(f"/proc/{p.pid}/limits").read_text()
+            return next(ln.split()[3] for ln in limits.splitlines() if ln.startswith("Max open files"))
+        wait_for(lambda: p.poll() is not None or soft() != "256", timeout=30, what="the raised limit")
+        assert p.poll() is None, p.stdout.read()
+        got = soft()
+    expected = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    assert got == expected

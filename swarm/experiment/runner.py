@@ -255,6 +255,8 @@ def _at_start(run_dir: str | Path, change: Callable[[], Any], path: Path | None 
     try:
         return change()
     except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):   # no file descriptor left: not the disk's fault,
+            raise                                    # and another start may have them
         raise ConfigError(f"run folder {run_dir}: cannot {verb} {path or e.filename} ({e.strerror or e}); make "
                           "room on its disk, or pass a --run-dir this process can write") from None
 

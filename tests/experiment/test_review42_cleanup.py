@@ -28,3 +28,19 @@ def test_a_relay_run_that_fails_at_its_start_raises_its_error_and_closes_its_pee
         run_peer(spec, 0, coord.addr, run_dir, tensorboard=False, join_timeout=10)
     assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
     assert (run_dir / "peer0" / "summary.json").is_file()
+
+
+def test_a_start_out_of_file_descriptors_is_no_configuration_error(tmp_path):
+    """_at_start took EMFILE (no fd left for metrics.csv under a low ulimit -n) for a full
+    or read-only disk: a ConfigError, which `swarm run` never restarts."""
+    import errno
+
+    from swarm.experiment.runner import _at_start
+
+    def out_of_fds() -> None:
+        raise OSError(errno.EMFILE, "Too many open files", str(tmp_path / "metrics.csv"))
+    with pytest.raises(OSError) as e:
+        _at_start(tmp_path, out_of_fds)
+    assert type(e.value) is OSError and e.value.errno == errno.EMFILE
+    with pytest.raises(ConfigError, match="make room on its disk"):   # a full disk stays one
+        _at_start(tmp_path, lambda: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
