@@ -40,7 +40,12 @@ __all__ = [
     "known_types",
 ]
 
-VERSION = 1
+#: The protocol's version, in every header; a message of another is refused. Raised when a
+#: message type is added or one's meaning changes, so that hosts running different
+#: releases are told so (docs/wire.md lists the versions): 1 until the gradient relay's
+#: notices and copies (grad_late, grad_sync, grad_state) changed what a peer must answer;
+#: a swarm mixing such releases ran on, 3-4x slower, with nothing said.
+VERSION = 2
 
 #: dtypes allowed on the wire (little-endian only; this is what numpy's native
 #: names mean on every machine swarm runs on).
@@ -359,7 +364,8 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
         raise WireError("header is not a map")
     v = h.get("v")
     if v != VERSION:
-        raise WireError(f"protocol version {shown(v)}, expected {VERSION}")
+        raise WireError(f"protocol version {shown(v)}, expected {VERSION} (another swarm release: every host "
+                        "must run the same one)")
     t, src = h.get("t"), h.get("src")
     if type(t) is not str or t not in _TYPES:   # str first: a list is not hashable
         raise WireError(f"unknown message type {shown(t)}")

@@ -181,7 +181,7 @@ _HUGE = [list(range(1000)) for _ in range(100)]   # 100,000 ints, ~200 KB on the
 def test_a_refused_header_value_is_quoted_short(key, says):
     # decode quoted v, t and src with a whole repr: a 4 MB header of a 4M-int list made a
     # 12 MB error text, built and logged at 7x the cost of accepting a message
-    head = {"v": 1, "t": "ping", "src": "a", "epoch": 0, "seq": 0, "body": {}, "arrays": []}
+    head = {"v": wire.VERSION, "t": "ping", "src": "a", "epoch": 0, "seq": 0, "body": {}, "arrays": []}
     head[key] = _HUGE
     text = _refusal([msgpack.packb(head)])
     assert len(text) < 300, f"{len(text)} characters: {text[:300]}"
@@ -194,16 +194,17 @@ def test_a_refused_header_value_is_quoted_short(key, says):
     (["float32", [1, 2, _HUGE]], "bad shape"),
 ])
 def test_a_refused_array_descriptor_is_quoted_short(desc, says):
-    head = {"v": 1, "t": "ping", "src": "a", "arrays": [desc]}
+    head = {"v": wire.VERSION, "t": "ping", "src": "a", "arrays": [desc]}
     text = _refusal([msgpack.packb(head), b""])
     assert len(text) < 300, f"{len(text)} characters: {text[:300]}"
     assert says in text
 
 
 def test_a_short_refused_value_is_still_quoted_whole():
-    head = {"v": 2, "t": "nosuchtype", "src": "a"}
-    assert _refusal([msgpack.packb(head)]) == "protocol version 2, expected 1"
-    head["v"] = 1
+    head = {"v": 3, "t": "nosuchtype", "src": "a"}
+    assert _refusal([msgpack.packb(head)]) == ("protocol version 3, expected 2 (another swarm release: every host "
+                                               "must run the same one)")
+    head["v"] = wire.VERSION
     assert _refusal([msgpack.packb(head)]) == "unknown message type 'nosuchtype'"
 
 

@@ -44,17 +44,17 @@ def test_non_contiguous_is_sent_contiguous():
 @pytest.mark.parametrize("frames,match", [
     ([], "empty"),
     ([b"\xc1"], "not valid msgpack"),
-    ([msgpack.packb({"v": 2, "t": "ping", "src": "x"})], "version"),
-    ([msgpack.packb({"v": 1, "t": "nope", "src": "x"})], "unknown message type"),
-    ([msgpack.packb({"v": 1, "t": "ping", "src": 5})], "bad src"),
-    ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": [["float32", [3]]]}), b"1234"], "needs 12 bytes"),
-    ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": [["complex64", [1]]]}), b"12345678"], "not allowed"),
-    ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": []}), b"x"], "describes 0 arrays"),
-    ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": [["uint8", [1, True]]]}), b"x"], "bad shape"),
-    ([msgpack.packb({"v": 1, "t": ["ping"], "src": "x"})], "unknown message type"),   # not hashable
+    ([msgpack.packb({"v": wire.VERSION + 1, "t": "ping", "src": "x"})], "version"),
+    ([msgpack.packb({"v": wire.VERSION, "t": "nope", "src": "x"})], "unknown message type"),
+    ([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": 5})], "bad src"),
+    ([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "x", "arrays": [["float32", [3]]]}), b"1234"], "needs 12 bytes"),
+    ([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "x", "arrays": [["complex64", [1]]]}), b"12345678"], "not allowed"),
+    ([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "x", "arrays": []}), b"x"], "describes 0 arrays"),
+    ([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "x", "arrays": [["uint8", [1, True]]]}), b"x"], "bad shape"),
+    ([msgpack.packb({"v": wire.VERSION, "t": ["ping"], "src": "x"})], "unknown message type"),   # not hashable
     # empty arrays whose other dimensions numpy cannot make (this raised ValueError)
-    ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": [["uint8", [0, 2**63]]]}), b""], "bad shape"),
-    ([msgpack.packb({"v": 1, "t": "ping", "src": "x", "arrays": [["float64", [0, 2**62, 2**62]]]}), b""],
+    ([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "x", "arrays": [["uint8", [0, 2**63]]]}), b""], "bad shape"),
+    ([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "x", "arrays": [["float64", [0, 2**62, 2**62]]]}), b""],
      "bad shape"),
 ])
 def test_decode_rejects(frames, match):
@@ -68,7 +68,7 @@ def test_limits_enforced():
         wire.decode(wire.encode("ping", "x", arrays=[np.zeros(200, np.uint8)]), lim)
     with pytest.raises(WireError, match="frames"):
         wire.decode([bytes(f) for f in wire.encode("ping", "x", arrays=[np.zeros(1, np.uint8)] * 4)], lim)
-    big_str = msgpack.packb({"v": 1, "t": "ping", "src": "x", "body": {"s": "a" * 100_000}})
+    big_str = msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "x", "body": {"s": "a" * 100_000}})
     with pytest.raises(WireError, match="msgpack"):
         wire.decode([big_str])
 
@@ -84,12 +84,12 @@ def test_header_holds_at_most_one_container_per_8_bytes_of_its_limit():
     over = {"l": [[]] * 997}
     with pytest.raises(WireError, match="more than 1000 maps and arrays"):
         wire.encode("ping", "p", body=over, limits=lim)
-    head = msgpack.packb({"v": 1, "t": "ping", "src": "p", "body": {"l": [{}] * 500 + [[]] * 500}})
+    head = msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "p", "body": {"l": [{}] * 500 + [[]] * 500}})
     assert len(head) < lim.max_header_bytes
     with pytest.raises(WireError, match="more than 1000 maps and arrays"):
         wire.decode([head], lim)
     # the default: a 1 MB header of a million empty lists is refused, not built
-    flood = msgpack.packb({"v": 1, "t": "ping", "src": "p", "body": {"l": [[[]] * 100_000] * 10}})
+    flood = msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "p", "body": {"l": [[[]] * 100_000] * 10}})
     with pytest.raises(WireError, match="more than 524288 maps and arrays"):
         wire.decode([flood])
 
@@ -158,7 +158,7 @@ def test_encode_accepts_exactly_what_decode_accepts(body):
     except WireError:
         # refused: the receiver would have dropped it (or msgpack could not pack it)
         try:
-            head = msgpack.packb({"v": 1, "t": "ping", "src": "p", "epoch": 0, "seq": 0, "body": body,
+            head = msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "p", "epoch": 0, "seq": 0, "body": body,
                                   "arrays": []}, use_bin_type=True)
         except (TypeError, ValueError, OverflowError):
             return
@@ -244,3 +244,12 @@ def test_frames_that_are_no_contiguous_bytes_are_a_wire_error():
         with pytest.raises(WireError, match=match):
             wire.decode([frame])
     assert wire.decode([memoryview(head)]).t == "ping"
+
+
+def test_a_message_of_the_release_before_the_relays_notices_is_refused_naming_both_versions():
+    """The protocol changed (grad_late, grad_sync, grad_state) with v still 1: a peer of the
+    release before ran on in a swarm of this one, 3-4x slower, with nothing said."""
+    frames = [msgpack.packb({"v": 1, "t": "join", "src": "old-peer", "epoch": 0, "seq": 0, "body": {}})]
+    with pytest.raises(WireError, match=r"^protocol version 1, expected 2 \(another swarm release: every host must "
+                                        r"run the same one\)$"):
+        wire.decode(frames)

@@ -20,7 +20,7 @@ def _hb(src: str, inc, stats=None, **head):
     if stats is not None:
         body["stats"] = stats
     return wire.encode("heartbeat", src, epoch=1, body=body) if not head else [
-        msgpack.packb({"v": 1, "t": "heartbeat", "src": src, "epoch": 1, "seq": 0, "body": body,
+        msgpack.packb({"v": wire.VERSION, "t": "heartbeat", "src": src, "epoch": 1, "seq": 0, "body": body,
                        "arrays": [], **head})]
 
 
@@ -62,7 +62,7 @@ def test_heartbeats_keep_figures_and_reject_bad_beats():
                 bad_beats = [
                     _hb("a", "7"),                            # inc not an integer
                     _hb("a", True),                           # a bool is not an integer either
-                    _hb("a", 7, v=2),                         # another protocol version
+                    _hb("a", 7, v=wire.VERSION + 1),           # another protocol version
                     _hb("a", 7, body=[1, 2]),                 # body not a map
                     _hb("a", 7, epoch="1"),                   # epoch not an integer
                     _hb("a", 7) + [b"\0" * 8],                # a frame the header does not describe
