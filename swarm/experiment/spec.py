@@ -322,8 +322,8 @@ class Spec:
                               f"eval.every <= {steps}")
 
     def warnings(self) -> list[str]:
-        """Settings that load, and have their uses, but do nothing in this run: one line
-        each, naming the key, its value and what follows. `swarm run` prints them (and
+        """Settings that load, and have their uses, but do nothing in this run (or undo what
+        they are for): one line each, naming the key, its value and what follows. `swarm run` prints them (and
         keeps them in the run folder's ``warnings.txt``) before it starts anything.
 
         They stay allowed: ``gossip.interval`` above the budget makes the isolated
@@ -351,6 +351,13 @@ class Spec:
         if b.replicas and not b.sharing:
             said.append(f"buffer.replicas = {b.replicas} with buffer.sharing = false: nothing is replicated, as "
                         "no transition leaves its peer; set buffer.sharing = true to replicate")
+        if g.exchange == "gradients" and self.peers > self.dqn.train_every:
+            # phase = rank % train_every: peers that share a turn apply each other's gradients
+            # after their own, in different orders, and Adam's result depends on the order
+            said.append(f"dqn.train_every = {self.dqn.train_every} with gossip.exchange = gradients and peers = "
+                        f"{self.peers}: peers share turns, so their copies part at each turn and differ at every "
+                        "digest check (each repaired by taking a whole copy from a neighbour); set "
+                        f"dqn.train_every = {self.peers} (a turn per peer) for copies that stay the same")
         if self.eval.every > steps:   # with budget.stop_when_solved, validate() refuses it
             said.append(f"eval.every = {self.eval.every} is above budget.env_steps = {steps}: no greedy "
                         "evaluation runs, so no peer writes best.pt (swarm eval has nothing to play) and the "

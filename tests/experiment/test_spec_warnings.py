@@ -28,15 +28,20 @@ SHORT = ["budget.env_steps=200", "dqn.learning_starts=100", "dqn.batch_size=32",
     (["gossip.interval=201", "eval.every=100", "buffer.sharing=false"], "gossip.interval = 201",
      "never average their parameters; each trains alone"),
     (["gossip.interval=201", "eval.every=100", "gossip.exchange=gradients", "gossip.sync=async",
-      "dqn.learning_starts=150"], "gossip.interval = 201",
+      "dqn.learning_starts=150", "dqn.train_every=4"], "gossip.interval = 201",
      "never average their parameters (their gradients are still relayed)"),
     (["gossip.interval=201", "eval.every=100", "gossip.exchange=gradients", "gossip.sync=async",
-      "gossip.average=false", "buffer.replicas=1", "dqn.learning_starts=150"], "gossip.interval = 201",
+      "gossip.average=false", "buffer.replicas=1", "dqn.learning_starts=150", "dqn.train_every=4"],
+     "gossip.interval = 201",
      "never replicate transitions (their gradients are still relayed)"),
     (["buffer.sharing=false", "buffer.replicas=1", "eval.every=100"], "buffer.replicas = 1",
      "with buffer.sharing = false: nothing is replicated"),
     (["eval.every=201"], "eval.every = 201",
      "above budget.env_steps = 200: no greedy evaluation runs, so no peer writes best.pt"),
+    # peers with the same phase (rank % train_every) applied each other's gradients in
+    # different orders: the copies parted at every turn (found by a straggler review)
+    (["eval.every=100", "gossip.exchange=gradients", "gossip.sync=async", "peers=3", "dqn.train_every=2"],
+     "dqn.train_every = 2", "with gossip.exchange = gradients and peers = 3: peers share turns"),
 ])
 def test_a_setting_that_does_nothing_is_warned_of_by_key_value_and_consequence(overrides, key, said):
     warned = load_spec(None, SHORT + overrides).warnings()
@@ -52,7 +57,7 @@ def test_a_setting_that_does_nothing_is_warned_of_by_key_value_and_consequence(o
     SHORT + ["peers=1", "gossip.interval=201", "eval.every=0"],   # one peer has nobody to gossip with
     # gradients without averaging or replication: a round has nothing to do, whenever it comes
     SHORT + ["gossip.interval=201", "eval.every=0", "gossip.exchange=gradients", "gossip.sync=async",
-             "gossip.average=false", "dqn.learning_starts=150"],
+             "gossip.average=false", "dqn.learning_starts=150", "dqn.train_every=4"],
 ])
 def test_a_spec_whose_settings_all_take_effect_has_no_warning(overrides):
     assert load_spec(None, overrides).warnings() == []
