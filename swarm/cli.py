@@ -455,10 +455,14 @@ def _hold_folder(folder: Path, who: str) -> None:
     swarms started into one default folder spliced their metrics.csv rows and took each
     other's checkpoints (the run.json check sees a run only once its coordinator admitted
     it). The kernel drops the lock of a process that ends, crashed or not, so a restart
-    into the folder is not refused. Where the file system has no locks, nothing is held."""
+    into the folder is not refused. Where the file system has no locks, or takes no file
+    (read only, full: the run's first write then says so, naming its file), nothing is held."""
     import fcntl  # noqa: PLC0415 - POSIX only, as swarm is
 
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -469,8 +473,11 @@ def _hold_folder(folder: Path, who: str) -> None:
     except OSError:   # ENOLCK: a file system without locks
         os.close(fd)
         return
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    try:   # the holder's pid, for the refusal above
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError:   # a full disk: the lock holds without it
+        pass
     # fd stays open, and the lock held, until the process ends
 
 
@@ -709,15 +716,16 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
 
 async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
-                       key_name: str = STATUS_KEY_NAME) -> dict[str, Any]:
-    """Ask a coordinator for its member table and view (with CURVE keys if given)."""
+                       key_name: str = STATUS_KEY_NAME, context: Any = None) -> dict[str, Any]:
+    """Ask a coordinator for its member table and view (with CURVE keys if given), on
+    ``context`` (a zmq.asyncio.Context the caller keeps) or on one of its own."""
     import zmq
     import zmq.asyncio
 
     from . import transport as tp
     from . import wire
 
-    ctx = zmq.asyncio.Context()
+    ctx = context or zmq.asyncio.Context()
     s = tp.dealer(ctx, hwm=4)
     try:
         if keys_dir:
@@ -746,7 +754,8 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
         return msg.body
     finally:
         s.close(0)
-        ctx.term()
+        if context is None:
+            ctx.term()
 
 
 class StatusUnavailable(SwarmError):

@@ -660,9 +660,16 @@ class _StatusClient:
     def __init__(self, peer_config: Any, me: str) -> None:
         # imported now, while there are fds: under `python -m swarm.cli` the module is
         # __main__, so this import reads cli.py again
+        import zmq.asyncio  # noqa: PLC0415 - the peer package loads zmq
+
         from ..cli import query_status  # noqa: PLC0415 - the status client; cli imports us lazily too
 
         self._query = query_status
+        # one context, its I/O thread started now while there are fds: a context made
+        # for each query when none are left aborted the process (libzmq asserts on the
+        # epoll it could not create: "Too many open files (src/epoll.cpp:38)")
+        self._ctx = zmq.asyncio.Context()
+        self._ctx.socket(zmq.DEALER).close(0)
         self.me = me
         self.keys = getattr(peer_config, "keys_dir", "") or ""
         self.key_name = getattr(peer_config, "key_name", "peer") or "peer"
@@ -676,7 +683,7 @@ class _StatusClient:
 
         try:
             return self._loop.run_until_complete(
-                self._query(coordinator, timeout=2.0, keys_dir=self.keys, key_name=self.key_name))
+                self._query(coordinator, timeout=2.0, keys_dir=self.keys, key_name=self.key_name, context=self._ctx))
         except SwarmError:
             return None
         except (OSError, zmq.ZMQError) as e:
@@ -691,6 +698,7 @@ class _StatusClient:
 
     def close(self) -> None:
         self._loop.close()
+        self._ctx.term()
 
 
 def _others(coordinators: list[str], client: _StatusClient, me: str) -> list[dict[str, Any]] | None:

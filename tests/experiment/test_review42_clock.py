@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from swarmtest import ROOT, alive, status, wait_for
+from swarmtest import ROOT, alive, wait_for
 # the helpers of the other `swarm run` tests (tests/ is on the path; experiment/ is a namespace package)
 from experiment.test_run import LONG, recorded_pids, training
 
@@ -48,8 +48,9 @@ def test_a_peer_out_of_fds_while_it_waits_for_the_others_waits_on(procs, tmp_pat
                        "--run-dir", str(tmp_path / "run"), name="peer0")
     members: list = []
     try:
-        wait_for(lambda: any(m["id"] == "peer0" for m in status(coord.addr)["members"]), 60,
-                 what="peer0 admitted")
+        # admitted, and its status client made (it logs this line next): under the limit
+        # below, a fresh event loop or zmq context cannot be made
+        wait_for(lambda: "joined; waiting for" in procs.log(peer), 60, what="peer0 admitted and waiting")
         # a few fds more than it holds now: the links to the members below take them all
         open_now = len(os.listdir(f"/proc/{peer.pid}/fd"))
         resource.prlimit(peer.pid, resource.RLIMIT_NOFILE,
