@@ -184,7 +184,18 @@ def new_log(root: Path) -> IO[str]:
             continue
 
 
+def launcher(run: Path) -> int | None:
+    """The pid of the `swarm run` that made the run folder ``run``, from its pids.json
+    (None until that is written)."""
+    try:
+        return json.loads((run / "pids.json").read_text())["launcher"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def start_run(root: Path, overrides: list[str]) -> tuple[subprocess.Popen, Path]:
+    """Start a `swarm run` in ``root``: its handle and the run folder it made, the one whose
+    pids.json names it (another invocation sharing ``root`` may make one there meanwhile)."""
     args = [sys.executable, "-m", "swarm.cli", "run"]
     for o in overrides:
         args += ["--set", o]
@@ -194,9 +205,9 @@ def start_run(root: Path, overrides: list[str]) -> tuple[subprocess.Popen, Path]
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            new = [d for d in root.glob("runs/chaos-*") if d not in before and (d / "pids.json").is_file()]
-            if new:
-                return p, new[0]
+            own = [d for d in root.glob("runs/chaos-*") if d not in before and launcher(d) == p.pid]
+            if own:
+                return p, own[0]
             if p.poll() is not None:
                 raise SystemExit(f"swarm run exited with {p.returncode}; see {log.name}")
             time.sleep(0.2)

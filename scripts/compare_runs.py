@@ -44,9 +44,9 @@ from pathlib import Path
 import numpy as np
 
 from bench_learning import SWARM_PARAMS, _sigterm_exits, changed_keys
-from swarm.errors import ConfigError
+from swarm.errors import ConfigError, SwarmError
 from swarm.experiment import load_spec, run_experiment
-from swarm.experiment.launch import read_csv
+from swarm.experiment.launch import _new_run_dir, read_csv
 from swarm.scripting import run_script
 
 VARIANTS: dict[str, dict[str, list[str]]] = {
@@ -166,7 +166,9 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     help="a spec override for every run, e.g. --set dqn.lr=0.004 (not of a key the experiment "
                          "varies, nor seed or name)")
-    ap.add_argument("--out", type=Path, default=None, help="output folder (default runs/compare-<experiment>-<time>)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output folder (default a new runs/compare-<experiment>-<time>, with -1, -2 ... added "
+                         "when another comparison took that name)")
     args = ap.parse_args()
     if args.steps < 1:
         ap.error("--steps must be >= 1")
@@ -214,11 +216,18 @@ def main() -> None:
                 ap.error(f"--steps {args.steps} is below eval.every = {spec.eval.every}: no run would evaluate "
                          "its greedy policy")
             plan.append((name, seed, tag, run_sets))
-    out = args.out or Path("runs") / f"compare-{args.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:   # the last check: a refused command line leaves no folder behind
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        ap.error(f"--out {out}: cannot create it ({e.strerror or e})")
+    # the last check: a refused command line leaves no folder behind
+    if args.out is None:   # one of its own, as `swarm run` makes: another started this second has -1
+        try:
+            out = _new_run_dir(Path("runs"), f"compare-{args.experiment}")
+        except SwarmError as e:
+            ap.error(f"{e}; give another folder with --out")
+    else:
+        out = args.out
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            ap.error(f"--out {out}: cannot create it ({e.strerror or e})")
     print(f"{args.experiment}: {list(variants)}, seeds {args.seeds}, {args.steps} env steps per peer\n"
           f"settings: {' '.join(common)}", flush=True)
 

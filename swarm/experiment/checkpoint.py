@@ -472,6 +472,11 @@ class DivergedCheckpoint(ConfigError):
         self.skipped = skipped
 
 
+#: How many times :func:`load_newest` lists a folder again that changed while it read a
+#: checkpoint that failed: a live peer's commits come seconds apart, so a few suffice.
+_RELISTS = 10
+
+
 def load_newest(root: str | Path, run: str | None = None) -> tuple[Restored | None, list[str]]:
     """The newest checkpoint under ``root`` that can be read, and why each newer one could not.
 
@@ -487,15 +492,29 @@ def load_newest(root: str | Path, run: str | None = None) -> tuple[Restored | No
     :class:`DivergedCheckpoint` (a ConfigError) naming the newest such checkpoint, as
     :meth:`Restored.apply` would raise: every start would meet it again, and starting
     over from step 0 would hide it (a caller with older places to look catches it).
+
+    The folder may belong to a peer still running, which commits new checkpoints and
+    deletes older ones as it goes: when one fails to load and the folder has changed
+    meanwhile, it is listed again (a few times at most) and the newest one there
+    now is tried, so that one deleted while it was read is not taken for damaged.
     """
     skipped: list[str] = []
     diverged: ConfigError | None = None   # the newest one skipped for NaN or infinite values
-    for path in committed(root):
+    passed: set[Path] = set()             # those in skipped
+    listed, relists = committed(root), 0
+    while (path := next((p for p in listed if p not in passed), None)) is not None:
         try:
             if run is not None:
                 _check_run(path, run)
             r = load_checkpoint(path)
         except ConfigError as e:
+            now = committed(root)
+            if now != listed and relists < _RELISTS:
+                # A live peer committed or pruned checkpoints meanwhile (a resume or an eval
+                # of a run still going): files gone from under the read are no damage, and
+                # those listed before may all be gone. From the newest there now.
+                listed, relists = now, relists + 1
+                continue
             why = e
         else:
             bad = nonfinite(r.params, r.agent_state)
@@ -508,6 +527,7 @@ def load_newest(root: str | Path, run: str | None = None) -> tuple[Restored | No
             diverged = diverged or why
         log.warning("%s; trying the next older checkpoint", why)
         skipped.append(str(why))
+        passed.add(path)
     if diverged is not None:
         raise DivergedCheckpoint(str(diverged), skipped)
     return None, skipped
