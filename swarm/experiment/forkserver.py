@@ -18,8 +18,9 @@ The launcher talks to the server through its stdin and stdout, one JSON object a
   ``{"cancel": true}`` gives up the last fork: the launcher stopped waiting for its answer
   (and started that peer otherwise, or not at all: Ctrl-C), so the server kills the child
   it forked for it, which it then reports as any child's end.
-- server -> launcher: ``{"pid": PID}`` (or ``{"error": ...}``) for each fork, in order;
-  ``{"exit": PID, "returncode": RC}`` when a child ends (RC as Popen's: -N for signal N).
+- server -> launcher: ``{"pid": PID}`` (or ``{"error": ...}``, or ``{"changed": WHAT}``,
+  below) for each fork, in order; ``{"exit": PID, "returncode": RC}`` when a child ends (RC
+  as Popen's: -N for signal N).
 
 The server reaps a child only when told (``reap``): until then the ended child holds its
 pid, so the launcher's signals (through a pidfd, besides) can never reach another process
@@ -31,6 +32,16 @@ peers stop and write their results (reason ``launcher gone``), the launcher says
 Where the server cannot start or answer (nor a pidfd be had), `swarm run` starts the peer
 as before, a fresh ``python -m swarm.cli``, and asks that server for no more forks (the
 peers it has go on); ``SWARM_FORKSERVER=0`` makes it always do so.
+
+The server forks only while swarm's source on disk is what it imported. It takes
+:func:`source_fingerprint` of the package it runs from before it imports anything, and again
+before each fork (a stat of each ``.py`` file: under a millisecond). Once they differ (the
+install was upgraded under a long run, ``git pull`` in an editable one), a fork would run the
+old modules it holds beside new ones that the peer imports from disk later (swarm imports
+some lazily), and fail in ways that name neither version (``ImportError: cannot import
+name ...`` from a file that has it). So the server answers ``{"changed": WHAT}`` (the files
+that differ) and forks nothing; `swarm run` logs one line that names them and starts that
+peer, and every later one, as a fresh interpreter, which runs the new code whole.
 
 A forked peer's ``/proc/PID/cmdline`` and ``environ`` are the server's (``python -m
 swarm.experiment.forkserver``); its name (``ps -o comm``, top) is ``swarm peer{r}``, and
@@ -52,7 +63,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["ForkServer", "Forked", "enabled"]
+__all__ = ["ForkServer", "Forked", "enabled", "source_fingerprint"]
 
 #: seconds the launcher waits for the server's answer to a fork (the first waits for its imports)
 ANSWER_S = 60.0
@@ -88,6 +99,27 @@ def enabled() -> bool:
     return True
 
 
+def source_fingerprint(package: Path) -> dict[str, tuple[int, int]]:
+    """Each ``.py`` file under ``package`` (its path relative to it) -> its (mtime_ns, size):
+    what any edit, upgrade, new or removed module changes, and an import (which writes
+    only ``__pycache__``) does not."""
+    found = {}
+    for path in package.rglob("*.py"):
+        try:
+            st = path.stat()
+        except OSError:
+            continue   # removed while we looked (an upgrade under way): absent, as it now is
+        found[str(path.relative_to(package))] = (st.st_mtime_ns, st.st_size)
+    return found
+
+
+def _differences(package: Path, then: dict[str, tuple[int, int]], now: dict[str, tuple[int, int]]) -> str:
+    """The files that differ between two fingerprints of ``package``, for a line of the log."""
+    changed = sorted(name for name in then.keys() | now.keys() if then.get(name) != now.get(name))
+    more = f" and {len(changed) - 1} more file{'s' if len(changed) > 2 else ''}" if len(changed) > 1 else ""
+    return f"{package / changed[0]}{more}"
+
+
 def _readable(fd: int, timeout: float) -> bool:
     """Whether ``fd`` is readable within ``timeout`` s (poll: any fd number, unlike select)."""
     p = select.poll()
@@ -113,8 +145,12 @@ class ForkServer:
         self._buf = b""
         #: whether the server is there to talk to (its stdout has not ended)
         self.alive = True
-        #: whether it is asked for forks: not after one went unanswered or unwatchable
+        #: whether it is asked for forks: not after one went unanswered or unwatchable, nor
+        #: once swarm's source changed since it imported it
         self.forking = True
+        #: the files of swarm's source that changed since the server imported it (its
+        #: answer to a fork it then refused), else ""
+        self.changed = ""
         #: fork answers still to come for requests given up on, and the children they name
         self._late = 0
         self._unwanted: set[int] = set()
@@ -127,9 +163,10 @@ class ForkServer:
         """Start ``swarm ARGV`` as a child of the server, called ``swarm NAME`` in ps and
         top (its command line is the server's); None when the server cannot, and the caller
         then starts the process otherwise. After a fork that went unanswered or could not
-        be watched, this server is asked for no more (the children it has go on); after
-        one it answered with an error (``os.fork`` failed, say for want of memory), it is
-        asked again at the next call. ``stop`` is looked at every :data:`STOP_S` while the
+        be watched, or that it refused because swarm's source changed since it imported it
+        (:attr:`changed` says which files), this server is asked for no more (the children
+        it has go on); after one it answered with an error (``os.fork`` failed, say for want
+        of memory), it is asked again at the next call. ``stop`` is looked at every :data:`STOP_S` while the
         answer is awaited: once it is true (Ctrl-C) the fork is given up as after
         :data:`ANSWER_S`, and None returned."""
         if not self.forking or not self._send({"argv": argv, "env": env, "log": str(log), "name": name}):
@@ -150,6 +187,11 @@ class ForkServer:
             self._late += self._send({"cancel": True})
             return None
         answer = self._answers.pop(0)
+        if "changed" in answer:
+            # a fork would mix the modules the server holds with the new ones on disk
+            self.forking = False
+            self.changed = answer["changed"]
+            return None
         if "pid" not in answer:
             return None
         pid = answer["pid"]
@@ -300,9 +342,10 @@ class Forked:
 # -- the server's side --------------------------------------------------------------------
 
 
-def _serve(orders: int, answers: int) -> dict[str, Any] | None:
-    """Fork a child for each order until ``orders`` closes (then return None). In a child,
-    return its order (the server's descriptors closed), for :func:`_child` to run."""
+def _serve(orders: int, answers: int, package: Path, source: dict[str, tuple[int, int]]) -> dict[str, Any] | None:
+    """Fork a child for each order until ``orders`` closes (then return None), while
+    ``package`` has the ``source`` fingerprint it had when the server imported it. In a
+    child, return its order (the server's descriptors closed), for :func:`_child` to run."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -338,6 +381,11 @@ def _serve(orders: int, answers: int) -> dict[str, Any] | None:
                     # peer otherwise: its child must not run beside it (safe by pid: unreaped)
                     if last in children:
                         os.kill(last, signal.SIGKILL)
+                    continue
+                now = source_fingerprint(package)
+                if now != source:
+                    last = None
+                    say({"changed": _differences(package, source, now)})
                     continue
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -393,6 +441,9 @@ def main() -> int:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+    # before the imports: a change while they run is then seen at the first fork
+    package = Path(__file__).resolve().parents[1]
+    source = source_fingerprint(package)
     for name in PRELOAD:
         try:
             __import__(name)
@@ -401,7 +452,7 @@ def main() -> int:
     # the imported objects move out of the collector's sight: a child's collections would
     # otherwise visit (and so copy) every page that holds them
     gc.freeze()
-    order = _serve(orders, answers)
+    order = _serve(orders, answers, package, source)
     return 0 if order is None else _child(order)
 
 

@@ -234,10 +234,16 @@ class Launch:
             p: Any = None
             if fork and self.forks is not None:
                 # its parent is the server: the peer watches that one (which ends with us)
+                forking = self.forks.forking
                 p = self.forks.fork([*loud, *args], dict(env, SWARM_PARENT_PID=str(self.forks.pid)), log_path, name,
                                     stop)
                 if p is None and stop is not None and stop():
                     return None
+                if p is None and forking and self.forks.changed:
+                    print(f"swarm run: swarm's code changed since this run started ({self.forks.changed}): {name} "
+                          "and every peer started after it are fresh interpreters, which run the new code "
+                          "(a fork of the run's fork server would mix it with the old)",
+                          file=self.out or sys.stderr, flush=True)
             if p is None:
                 p = subprocess.Popen([sys.executable, "-m", "swarm.cli", *loud, *args], stdout=f,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
