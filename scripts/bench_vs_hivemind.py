@@ -72,8 +72,6 @@ from pathlib import Path
 
 import numpy as np
 
-from swarm.scripting import run_script
-
 ROOT = Path(__file__).resolve().parent.parent
 HM_VENV = ROOT / "build" / "hivemind-venv"
 N = 4
@@ -789,4 +787,7 @@ if __name__ == "__main__":
     # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
     # the processes this script started still run (killed outright, they were left behind)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    if "--hm-worker" in sys.argv[1:]:   # in the hivemind venv, which has no swarm: main only
+        sys.exit(main())
+    from swarm.scripting import run_script
     run_script(main, "bench_vs_hivemind")
