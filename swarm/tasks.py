@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Coroutine
+from typing import Any, Callable, Coroutine
 
 from .errors import SwarmError
 
@@ -14,7 +14,8 @@ class _Stopping(Exception):
     """Raised inside the task group to end it when asked to stop."""
 
 
-async def supervise(loops: list[Coroutine[Any, Any, Any]], stop: asyncio.Event) -> BaseException | None:
+async def supervise(loops: list[Coroutine[Any, Any, Any]], stop: asyncio.Event,
+                    on_cancel: Callable[[], None] | None = None) -> BaseException | None:
     """Run ``loops`` in one TaskGroup until ``stop`` is set or one of them fails.
 
     Returns None after a requested stop, or the first failure; either way every
@@ -24,20 +25,30 @@ async def supervise(loops: list[Coroutine[Any, Any, Any]], stop: asyncio.Event) 
     A loop that ends by itself while no stop was asked (it returned, or code it ran
     cancelled its task) is a failure too (SwarmError): a TaskGroup ignores a child
     that ends cancelled, and its owner went on without that loop.
+
+    ``on_cancel`` is called when this is cancelled while no stop was asked: the clean-up
+    of ``asyncio.run`` cancelling an owner its program never closed. The owner closes
+    its sockets there; left open, a later gc's ``Context.__del__`` waited in ``term()``
+    for ever for sockets it no longer listed, and the program hung.
     """
     owner = asyncio.current_task()
     failed: list[BaseException] = []   # a loop's failure, which cancels the others
     failure: BaseException | None = None
     try:
-        async with asyncio.TaskGroup() as tg:
-            for c in loops:
-                tg.create_task(_watched(c, stop, owner, failed))
-            await stop.wait()
-            raise _Stopping()
-    except* _Stopping:
-        pass
-    except* Exception as eg:
-        failure = eg.exceptions[0]
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for c in loops:
+                    tg.create_task(_watched(c, stop, owner, failed))
+                await stop.wait()
+                raise _Stopping()
+        except* _Stopping:
+            pass
+        except* Exception as eg:
+            failure = eg.exceptions[0]
+    except asyncio.CancelledError:
+        if on_cancel is not None and not stop.is_set():
+            on_cancel()
+        raise
     finally:
         for c in loops:
             # one whose task was cancelled before it began never ran: closed, it is not

@@ -334,15 +334,8 @@ class Coordinator:
             loops.append(self._watch_loop())
         if self._http is not None:
             loops.append(self._http.run())
-        try:
-            self._failure = await supervise(loops, self._stop)
-        except asyncio.CancelledError:
-            if not self._stop.is_set():
-                # cancelled with no close() (asyncio.run's clean-up of a coordinator its
-                # program never closed): the sockets go now, or a later gc's Context.__del__
-                # waits in term() for ever for sockets it no longer lists
-                self._shutdown()
-            raise
+        # cancelled with no close() (a program that never closed it): its sockets go at once
+        self._failure = await supervise(loops, self._stop, on_cancel=self._shutdown)
         if self._failure is not None:
             log.error("coordinator failed: %r", self._failure)
 

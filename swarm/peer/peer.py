@@ -1216,15 +1216,9 @@ class Peer:
         self._sockets_changed()
 
     async def _run(self) -> None:
-        try:
-            self._failure = await supervise([self._recv_loop(), self._timer_loop()], self._stop)
-        except asyncio.CancelledError:
-            if not self._stop.is_set():
-                # cancelled with no close() (asyncio.run's clean-up of a peer its program
-                # never closed): the sockets go now, or a later gc's Context.__del__ waits
-                # in term() for ever for sockets it no longer lists
-                self._close_now()
-            raise
+        # cancelled with no close() (a program that never closed it): its sockets go at once
+        self._failure = await supervise([self._recv_loop(), self._timer_loop()], self._stop,
+                                        on_cancel=self._close_now)
         if self._failure is not None:
             log.error("peer %s failed: %r", self.id, self._failure)
             if self._welcome is not None and not self._welcome.done():
