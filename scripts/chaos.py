@@ -184,13 +184,12 @@ def new_log(root: Path) -> IO[str]:
             continue
 
 
-def launcher(run: Path) -> int | None:
-    """The pid of the `swarm run` that made the run folder ``run``, from its pids.json
-    (None until that is written)."""
+def pids(run: Path) -> dict:
+    """The run folder's pids.json ({} until the launcher has written it)."""
     try:
-        return json.loads((run / "pids.json").read_text())["launcher"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return json.loads((run / "pids.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def start_run(root: Path, overrides: list[str]) -> tuple[subprocess.Popen, Path]:
@@ -205,7 +204,7 @@ def start_run(root: Path, overrides: list[str]) -> tuple[subprocess.Popen, Path]
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            own = [d for d in root.glob("runs/chaos-*") if d not in before and launcher(d) == p.pid]
+            own = [d for d in root.glob("runs/chaos-*") if d not in before and pids(d).get("launcher") == p.pid]
             if own:
                 return p, own[0]
             if p.poll() is not None:
@@ -230,10 +229,7 @@ def end_run(p: subprocess.Popen) -> None:
 
 
 def children(run: Path) -> dict[str, int]:
-    try:
-        return json.loads((run / "pids.json").read_text())["children"]
-    except (OSError, ValueError, KeyError):
-        return {}
+    return pids(run).get("children", {})
 
 
 def coordinator_addr(run: Path) -> str:

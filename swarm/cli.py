@@ -101,14 +101,13 @@ class _Stream:
 
     def write(self, text: str) -> int:
         try:
-            try:
-                return self._stream.write(text)
-            except UnicodeEncodeError:
-                # a stdout that is not UTF-8 (PYTHONIOENCODING=ascii, a latin-1 locale) and a
-                # character it lacks: escaped (\xe9), as stderr does, not a traceback after the
-                # work was done (`swarm keys generate` had written the keys)
-                encoding = self._stream.encoding
-                return self._stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
+            return self._stream.write(text)
+        except UnicodeEncodeError:
+            # a stdout that is not UTF-8 (PYTHONIOENCODING=ascii, a latin-1 locale) and a
+            # character it lacks: escaped (\xe9), as stderr does, not a traceback after the
+            # work was done (`swarm keys generate` had written the keys)
+            encoding = self._stream.encoding
+            return self.write(text.encode(encoding, "backslashreplace").decode(encoding))
         except OSError as e:
             e.swarm_stream = self.name  # type: ignore[attr-defined]
             raise
@@ -140,14 +139,14 @@ def _tell(line: str) -> None:
         _to_devnull(2)
 
 
-def _output_failed(e: OSError) -> int:
-    """:func:`main`'s answer to a write to stdout or stderr that failed: exit status 1,
-    no traceback; a failed stdout is named on stderr, except for EPIPE (`swarm status |
-    head -1`), where the reader chose to leave."""
+def _output_failed(e: OSError, prog: str = "swarm") -> int:
+    """:func:`main`'s (and a script's: ``prog``) answer to a write to stdout or stderr that
+    failed: exit status 1, no traceback; a failed stdout is named on stderr, except for
+    EPIPE (`swarm status | head -1`), where the reader chose to leave."""
     name = getattr(e, "swarm_stream", "stdout")
     _to_devnull(1 if name == "stdout" else 2)
     if name == "stdout" and e.errno != errno.EPIPE:
-        _tell(f"swarm: cannot write to stdout ({e.strerror or e}); output lost")
+        _tell(f"{prog}: cannot write to stdout ({e.strerror or e}); output lost")
     return 1
 
 

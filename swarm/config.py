@@ -408,6 +408,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 #: (a checkpoint, a data set, /dev/zero) is refused at once, not read until memory runs out
 MAX_FILE_BYTES = 16 * 1024 * 1024
 
+
 def read_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML or JSON file into a dict, with an error that names the file; one over
     :data:`MAX_FILE_BYTES` is refused."""

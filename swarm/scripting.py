@@ -18,43 +18,37 @@ Each script ends with::
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import sys
 from typing import Any, Callable, NoReturn
 
+from .cli import _output_failed, _Stream, _to_devnull
+
 __all__ = ["run_script"]
 
 
-class _Stdout:
-    """``sys.stdout``, whose failed writes are marked as stdout's: a BrokenPipeError can
-    also come from a socket or a child's pipe, which is an error of the script's own."""
+class _Stdout(_Stream):
+    """`swarm`'s stdout (a failed write is marked as stdout's: a BrokenPipeError can also
+    come from a socket or a child's pipe, an error of the script's own), which also points
+    fd 1 at /dev/null at its first failure: the finally blocks that print then run to
+    their end (they end the processes the script started)."""
 
     def __init__(self, stream: Any) -> None:
-        self._stream = stream
+        super().__init__(stream, "stdout")
 
     def write(self, text: str) -> int:
         try:
-            return self._stream.write(text)
-        except OSError as e:
-            raise self._failed(e)
+            return super().write(text)
+        except OSError:
+            _to_devnull(1)
+            raise
 
     def flush(self) -> None:
         try:
-            self._stream.flush()
-        except OSError as e:
-            raise self._failed(e)
-
-    def _failed(self, e: OSError) -> OSError:
-        # what is still buffered then goes nowhere, instead of failing again at exit
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.close(null)
-        e.swarm_stream = "stdout"  # type: ignore[attr-defined]
-        return e
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+            super().flush()
+        except OSError:
+            _to_devnull(1)
+            raise
 
 
 def run_script(main: Callable[[], int | None], name: str) -> NoReturn:
@@ -72,9 +66,7 @@ def run_script(main: Callable[[], int | None], name: str) -> NoReturn:
     except OSError as e:
         if getattr(e, "swarm_stream", None) != "stdout":
             raise
-        if e.errno != errno.EPIPE:
-            print(f"{name}: cannot write to stdout ({e.strerror or e}); output lost", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(_output_failed(e, name))
     finally:
         # main's own SystemExit (argparse's 2, SIGTERM's 143) keeps its status: what stdout
         # cannot take then goes to /dev/null here, instead of failing at exit

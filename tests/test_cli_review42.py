@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from swarmtest import ROOT, SWARM, reaped, wait_for
+from test_cli_review import refused
 
 from swarm import cli
 from swarm.config import MAX_FILE_BYTES
@@ -244,13 +245,6 @@ def host_keys(tmp_path: Path) -> Path:
 def no_launcher_env(monkeypatch):
     for key in ("SWARM_COORDINATOR", "MASTER_ADDR", "SWARM_RANK", "SLURM_PROCID", "RANK", "SWARM_PARENT_PID"):
         monkeypatch.delenv(key, raising=False)
-
-
-def refused(capsys, argv: list[str]) -> str:
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith("swarm: error: "), err
-    return err[0]
 
 
 @pytest.mark.parametrize("command", [["status"], ["peer"]])

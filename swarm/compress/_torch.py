@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+
 def torch_or_none() -> Any:
     """The torch module where the program has imported it, else None (also while another
     thread is still importing it: its functions may not exist yet)."""

@@ -680,7 +680,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
                 if intr.count:
                     break   # interrupted: _supervise ends the peers started so far
                 peer = launch.start(f"peer{r}", _peer_args(config, r, addr, run_dir) + again,
-                                    env=_deadline_env(launch), fork=True, stop=lambda: intr.count > 0)
+                                    env=_time_left_env(launch), fork=True, stop=lambda: intr.count > 0)
                 if peer is None:
                     break   # interrupted while its fork waited for the fork server: not started
                 peers.append(peer)
@@ -1004,7 +1004,7 @@ def _check_memory(spec: Spec) -> None:
                           + limit)
 
 
-def _deadline_env(launch: Launch) -> dict[str, str] | None:
+def _time_left_env(launch: Launch) -> dict[str, str] | None:
     """A peer's environment for budget.max_seconds: the seconds left of the run's time
     (no clock time: each process counts them on its own monotonic clock)."""
     if launch.deadline is None:
@@ -1192,7 +1192,7 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
         # budget.max_seconds limits the whole run: the new process gets what is left of it.
         try:
             peers[r] = launch.start(name, _peer_args(config, r, addr, launch.run_dir) + extra,
-                                    env=_deadline_env(launch), fork=True)
+                                    env=_time_left_env(launch), fork=True)
             _count_restart(launch, name)
         except OSError as e:
             _start_failed(launch, peers[r], e, out)

@@ -251,6 +251,8 @@ def _at_start(run_dir: str | Path, change: Callable[[], Any], path: Path | None 
     naming the file (``path``, else the one the OSError names) and why. A disk that is
     full or read only then would fail the next start the same way: the launcher does
     not restart the peer, and the user reads the file and the cause, not a traceback.
+    No file descriptor left (EMFILE, ENFILE) is not the disk's: that OSError is raised
+    as it is, a crash that a restart may cure.
     (Once it trains, a write that fails is logged and counted instead: :class:`_Unwritten`.)"""
     try:
         return change()

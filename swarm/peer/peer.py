@@ -442,13 +442,12 @@ def _own_context() -> zmq.asyncio.Context:
     a link takes three (its DEALER and its monitor's two ends): a full topology ran out
     at ~340 members. Here as many as the process may open files, up to libzmq's limit."""
     ctx = zmq.asyncio.Context(io_threads=1)
+    soft = tp.fd_limit()
     try:
-        import resource   # noqa: PLC0415 - POSIX only
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        want = min(ctx.get(zmq.SOCKET_LIMIT), 65536 if soft == resource.RLIM_INFINITY else soft)
+        want = min(ctx.get(zmq.SOCKET_LIMIT), 65536 if soft is None else soft)
         if want > ctx.get(zmq.MAX_SOCKETS):
             ctx.set(zmq.MAX_SOCKETS, want)
-    except (ImportError, OSError, ValueError, zmq.ZMQError):
+    except zmq.ZMQError:
         pass   # the default stands
     return ctx
 
