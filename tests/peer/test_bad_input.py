@@ -169,7 +169,7 @@ def test_a_type_that_is_not_hashable_does_not_kill_the_peer():
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.connect(b.address)
-            await s.send_multipart([msgpack.packb({"v": 1, "t": ["data"], "src": "evil", "body": {}})])
+            await s.send_multipart([msgpack.packb({"v": wire.VERSION, "t": ["data"], "src": "evil", "body": {}})])
             try:
                 async with asyncio.timeout(2.0):
                     while b.counters.malformed < 1:

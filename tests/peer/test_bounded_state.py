@@ -13,6 +13,7 @@ import zmq
 import zmq.asyncio
 
 from swarm import transport as tp
+from swarm import wire
 from swarm.coordinator import Coordinator
 from swarm.gossip import Gossip
 from swarm.peer import Peer
@@ -66,7 +67,7 @@ def test_neighbours_that_come_and_go_under_new_ids_leave_no_entries_behind():
 
 def _junk(i: int) -> list[bytes]:
     """A well-formed header of a type nobody registered, a new one each time."""
-    return [msgpack.packb({"v": 1, "t": f"no-such-type-{i}", "src": "evil", "epoch": 0, "seq": 0,
+    return [msgpack.packb({"v": wire.VERSION, "t": f"no-such-type-{i}", "src": "evil", "epoch": 0, "seq": 0,
                            "body": {}, "arrays": []})]
 
 

@@ -69,7 +69,7 @@ def evil_messages(rng: random.Random, n: int, ids: list[str]):
             yield [bytes(h)] + frames[1:]
         elif kind == 3:    # a header whose arrays lie about the frames
             descs = [[rng.choice(DTYPES + ["object", "<U4"]), [rng.choice([-1, 0, 7, 2**40])]]]
-            h = msgpack.packb({"v": 1, "t": rng.choice(TYPES), "src": "mallory", "body": {},
+            h = msgpack.packb({"v": wire.VERSION, "t": rng.choice(TYPES), "src": "mallory", "body": {},
                                "arrays": descs})
             yield [h, rng.randbytes(rng.randrange(64))]
         elif kind == 4:    # truncated valid message
@@ -77,7 +77,7 @@ def evil_messages(rng: random.Random, n: int, ids: list[str]):
                                                     arrays=[rand_array(rng)])]
             yield [frames[0][: rng.randrange(len(frames[0]))]] + frames[1:]
         else:              # deeply nested or huge containers
-            yield [msgpack.packb({"v": 1, "t": "ping", "src": "m",
+            yield [msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "m",
                                   "body": {"a": [[[[[1]]]]] * rng.randrange(1, 50)}})]
 
 

@@ -16,7 +16,7 @@ from swarm.peer import Peer
 
 def garbage_messages() -> list[list[bytes]]:
     good = wire.encode("ping", "evil", body={"x": 1})
-    head = lambda **kw: msgpack.packb({"v": 1, "t": "ping", "src": "evil", "epoch": 0, "seq": 0,
+    head = lambda **kw: msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "evil", "epoch": 0, "seq": 0,
                                        "body": {}, "arrays": [], **kw})
     return [
         [b"\x00\xff garbage \xc1\xc1"],                                  # not msgpack
