@@ -36,9 +36,9 @@ done, a checkpoint that does not fit the spec), or that cannot be started again 
 row's ``reason`` has the error), is left down with a line that says so; the others go
 on, and the run's exit code is 1.
 ``budget.max_seconds`` limits the whole run: the launcher passes every peer the
-seconds left of it in ``SWARM_RUN_SECONDS_LEFT`` (a restarted one gets what is left
-at its restart), and no peer is restarted once the run's time is up. The time is
-elapsed time (the monotonic clock): a step of the wall clock changes nothing.
+run's end in ``SWARM_RUN_ENDS`` (a restarted one gets what is left), and no peer is
+restarted once the run's time is up. The time is elapsed time (the host's monotonic
+clock, one for all its processes): a step of the wall clock changes nothing.
 A coordinator that dies is started again on the same address; the peers re-register
 with it. It too is left down after ``MAX_RESTARTS`` restarts in a row (e.g. another
 process took its port: every start fails to bind), or at once on a configuration error
@@ -680,7 +680,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
                 if intr.count:
                     break   # interrupted: _supervise ends the peers started so far
                 peer = launch.start(f"peer{r}", _peer_args(config, r, addr, run_dir) + again,
-                                    env=_time_left_env(launch), fork=True, stop=lambda: intr.count > 0)
+                                    env=_deadline_env(launch), fork=True, stop=lambda: intr.count > 0)
                 if peer is None:
                     break   # interrupted while its fork waited for the fork server: not started
                 peers.append(peer)
@@ -1004,12 +1004,12 @@ def _check_memory(spec: Spec) -> None:
                           + limit)
 
 
-def _time_left_env(launch: Launch) -> dict[str, str] | None:
-    """A peer's environment for budget.max_seconds: the seconds left of the run's time
-    (no clock time: each process counts them on its own monotonic clock)."""
+def _deadline_env(launch: Launch) -> dict[str, str] | None:
+    """A peer's environment for budget.max_seconds: the run's end on the monotonic clock,
+    which the peers on this host share (not the wall clock, which may step)."""
     if launch.deadline is None:
         return None
-    return {"SWARM_RUN_SECONDS_LEFT": repr(max(0.0, launch.deadline - time.monotonic()))}
+    return {"SWARM_RUN_ENDS": repr(launch.deadline)}
 
 
 def _coordinator_args(spec: Spec, addr: str) -> list[str]:
@@ -1192,7 +1192,7 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
         # budget.max_seconds limits the whole run: the new process gets what is left of it.
         try:
             peers[r] = launch.start(name, _peer_args(config, r, addr, launch.run_dir) + extra,
-                                    env=_time_left_env(launch), fork=True)
+                                    env=_deadline_env(launch), fork=True)
             _count_restart(launch, name)
         except OSError as e:
             _start_failed(launch, peers[r], e, out)

@@ -870,21 +870,22 @@ def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path |
 BUFFER_KEPT = ("prioritized", "alpha", "eps", "decay")
 
 
-def _run_seconds_left() -> float:
-    """The seconds left of the run's time that `swarm run` gives its peers in
-    ``SWARM_RUN_SECONDS_LEFT`` (inf without): budget.max_seconds limits the whole run, not
-    each process, and a restarted one gets what is left. Seconds, not a clock time: the
-    wall clock may step (NTP, a VM resumed), and each process counts them on its own
-    monotonic clock."""
-    raw = os.environ.get("SWARM_RUN_SECONDS_LEFT") or "inf"
+def _run_ends() -> float:
+    """When the run's time ends on this host's monotonic clock, as `swarm run` gives its
+    peers in ``SWARM_RUN_ENDS`` (inf without): budget.max_seconds limits the whole run, not
+    each process, and a restarted one gets what is left. Not the wall clock, which may
+    step (NTP, a VM resumed); Linux's monotonic clock is one for every process of a host,
+    and the launcher's peers run on its host (seconds left instead would leave out each
+    process's start-up)."""
+    raw = os.environ.get("SWARM_RUN_ENDS") or "inf"
     try:
-        left = float(raw)
+        ends = float(raw)
     except ValueError:
-        left = math.nan
-    if not left >= 0:   # NaN too
-        raise ConfigError(f"SWARM_RUN_SECONDS_LEFT = {raw!r}: expected the seconds left of the run's time, "
-                          "a number >= 0 (set by `swarm run` for its peers)")
-    return left
+        ends = math.nan
+    if math.isnan(ends):
+        raise ConfigError(f"SWARM_RUN_ENDS = {raw!r}: expected when the run's time ends on this host's "
+                          "monotonic clock, a number (set by `swarm run` for its peers)")
+    return ends
 
 
 def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: str | Path, *,
@@ -936,7 +937,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             which bind to loopback only.
     """
     # counted from here, before the imports below take their seconds of it
-    run_ends = time.monotonic() + _run_seconds_left()
+    run_ends = _run_ends()
     import torch  # noqa: PLC0415 - keep `swarm.experiment` importable without torch
 
     from ..buffer import Federation, ReplayBuffer  # noqa: PLC0415

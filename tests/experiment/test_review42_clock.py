@@ -162,8 +162,8 @@ def test_a_wall_clock_step_forward_leaves_the_run_its_time(tmp_path):
 def test_a_restarted_peer_gets_the_seconds_left_whatever_the_wall_clock_says(procs, tmp_path):
     """`swarm run` gave a restarted peer the run's deadline as a wall-clock time, which the
     peer turned into time left with its own wall clock: a step back of an hour gave it an
-    hour more (up to its own max_seconds). It gets the seconds left now, counted on its
-    monotonic clock: none left, it trains not a step more after its first."""
+    hour more (up to its own max_seconds). It gets the run's end on the host's monotonic
+    clock now: passed already, it trains not a step more after its first."""
     clock = SteppedWallClock(tmp_path)
     clock.step(-3600)
     spec = tmp_path / "spec.toml"
@@ -171,7 +171,7 @@ def test_a_restarted_peer_gets_the_seconds_left_whatever_the_wall_clock_says(pro
     coord = procs.coordinator(None)
     peer = procs.start("peer", "--spec", str(spec), "--rank", "0", "--coordinator", coord.addr, "--run-dir",
                        str(tmp_path / "run"), name="peer0",
-                       env={**clock.env, "SWARM_RUN_SECONDS_LEFT": "0.0",
+                       env={**clock.env, "SWARM_RUN_ENDS": repr(time.monotonic()),
                             # what the launcher passed before (ignored now): the run's end on its wall
                             # clock, an hour on on the peer's
                             "SWARM_RUN_DEADLINE": repr(time.time())})
@@ -180,11 +180,11 @@ def test_a_restarted_peer_gets_the_seconds_left_whatever_the_wall_clock_says(pro
     assert summary["reason"] == "time limit" and summary["env_steps"] <= 1, summary
 
 
-@pytest.mark.parametrize("left", ["soon", "nan", "-1"])
-def test_seconds_left_that_are_no_number_are_refused_before_anything_is_written(tmp_path, monkeypatch, left):
-    monkeypatch.setenv("SWARM_RUN_SECONDS_LEFT", left)
+@pytest.mark.parametrize("left", ["soon", "nan"])
+def test_a_run_end_that_is_no_number_is_refused_before_anything_is_written(tmp_path, monkeypatch, left):
+    monkeypatch.setenv("SWARM_RUN_ENDS", left)
     spec = load_spec(None, ["peers=1", "budget.max_seconds=60"])
-    with pytest.raises(ConfigError, match=f"SWARM_RUN_SECONDS_LEFT = '{left}': expected the seconds left of the "
-                                          "run's time, a number >= 0"):
+    with pytest.raises(ConfigError, match=f"SWARM_RUN_ENDS = '{left}': expected when the run's time ends on this "
+                                          "host's monotonic clock, a number"):
         run_peer(spec, 0, "tcp://127.0.0.1:9", tmp_path / "run", join_timeout=1.0)
     assert not (tmp_path / "run").exists()
