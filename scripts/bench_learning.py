@@ -50,7 +50,6 @@ import multiprocessing as mp
 import queue
 import signal
 import socket
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -607,8 +606,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
-    # the processes this script started still run (killed outright, they were left behind);
-    # a swarm run takes it over while it lasts, and ends its own (_sigterm_exits)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     run_script(main, "bench_learning")

@@ -30,7 +30,6 @@ import json
 import multiprocessing as mp
 import queue
 import socket
-import signal
 import sys
 import time
 
@@ -268,7 +267,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # SIGTERM (a `timeout`, a job runner) as SystemExit: the finally blocks that end
-    # the processes this script started still run (killed outright, they were left behind)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     run_script(main, "bench_relay")

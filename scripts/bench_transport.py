@@ -20,9 +20,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
-import signal
 import socket
-import sys
 import tempfile
 import time
 
@@ -216,8 +214,6 @@ def main() -> None:
     rows = {}
     raw_b, sw_b, raw_s, sw_s, curve_b = [], [], [], [], []
     from swarm.transport import generate_keys
-    # SIGTERM (a `timeout`, a job runner) as SystemExit, so that the key folder is still removed
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     with tempfile.TemporaryDirectory(prefix="swarm-keys-") as keys:   # private keys: never left behind
         generate_keys(keys, ["coordinator", "peer"])
         for _ in range(args.repeat):   # interleaved, so that drift hits both sides

@@ -35,8 +35,6 @@ import io
 import json
 import math
 import re
-import signal
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -280,7 +278,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # SIGTERM (a `timeout`, a job runner) as SystemExit, exit status 143; a swarm run
-    # takes it over while it lasts, ends its processes, and one_run exits the same way
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     run_script(main, "compare_runs")

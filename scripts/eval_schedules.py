@@ -37,8 +37,6 @@ import argparse
 import csv
 import io
 import json
-import signal
-import sys
 import tempfile
 from pathlib import Path
 
@@ -163,8 +161,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # SIGTERM (a `timeout`, a job runner) as SystemExit, exit status 143: the temporary
-    # folders are removed; a swarm run takes it over while it lasts, ends its processes,
-    # and swarm_evals exits the same way
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     run_script(main, "eval_schedules")

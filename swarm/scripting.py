@@ -7,6 +7,9 @@
   stdout goes to /dev/null, so that the finally blocks that print still run to their end
   and nothing fails again at exit. A full disk is named on stderr; the reader leaving is
   not, since it chose to;
+- 143 for SIGTERM (a ``timeout``, a job runner), taken as SystemExit: the finally blocks
+  that end the processes the script started still run (killed outright, they were left
+  behind); a ``swarm run`` inside takes SIGTERM over while it lasts and ends its own;
 - otherwise what ``main`` returns (``None``: 0), or what it raises.
 
 Each script ends with::
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from typing import Any, Callable, NoReturn
 
@@ -57,6 +61,7 @@ def run_script(main: Callable[[], int | None], name: str) -> NoReturn:
     if sys.stdout is None:   # fd 1 closed (`>&-`): the prints go nowhere, as Python has them do
         sys.stdout = open(os.devnull, "w")
     stdout = sys.stdout = _Stdout(sys.stdout)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         code = main()
         stdout.flush()   # what is still buffered fails here, not at exit

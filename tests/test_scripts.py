@@ -26,6 +26,7 @@ import queue
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -374,6 +375,35 @@ def test_a_script_ended_by_sigterm_ends_the_processes_it_started(script, args, b
     good: the signal ended the script before its finally blocks. Every script that
     starts processes now takes SIGTERM as SystemExit (exit status 143, no traceback)."""
     _signal_ends_script(script, args, busy, tmp_path, signal.SIGTERM, 128 + signal.SIGTERM)
+
+
+def test_run_script_takes_sigterm_as_system_exit_so_finally_blocks_run(tmp_path):
+    """run_script installs the SIGTERM handler that nine scripts each installed before it
+    (five did not: a `timeout` of them skipped their finally blocks)."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        from swarm.scripting import run_script
+
+        def main():
+            try:
+                print("started", file=sys.stderr, flush=True)
+                time.sleep(60)
+            finally:
+                print("finally ran", file=sys.stderr, flush=True)
+
+        run_script(main, "sleeper")
+    """))
+    p = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stderr.readline() == "started\n"
+        p.terminate()
+        assert p.wait(30) == 128 + signal.SIGTERM
+        assert p.stderr.read() == "finally ran\n"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 # ---------------------------------------------------------------- experiment scripts: arguments, folders, signals
