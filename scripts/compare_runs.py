@@ -44,7 +44,7 @@ import numpy as np
 from bench_learning import SWARM_PARAMS, _sigterm_exits, changed_keys
 from swarm.errors import ConfigError, SwarmError
 from swarm.experiment import load_spec, run_experiment
-from swarm.experiment.launch import _new_run_dir, read_csv
+from swarm.experiment.launch import new_run_dir, read_csv
 from swarm.scripting import run_script
 
 VARIANTS: dict[str, dict[str, list[str]]] = {
@@ -217,7 +217,7 @@ def main() -> None:
     # the last check: a refused command line leaves no folder behind
     if args.out is None:   # one of its own, as `swarm run` makes: another started this second has -1
         try:
-            out = _new_run_dir(Path("runs"), f"compare-{args.experiment}")
+            out = new_run_dir(Path("runs"), f"compare-{args.experiment}")
         except SwarmError as e:
             ap.error(f"{e}; give another folder with --out")
     else:

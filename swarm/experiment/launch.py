@@ -109,7 +109,7 @@ from .spec import BufferSpec, Spec, load_spec, save_resolved
 if TYPE_CHECKING:
     from .forkserver import ForkServer, Forked
 
-__all__ = ["run_experiment", "RunResult", "Launch", "write_plots", "summarize"]
+__all__ = ["run_experiment", "RunResult", "Launch", "write_plots", "summarize", "new_run_dir"]
 
 #: seconds a child gets to leave after SIGTERM before it is killed
 TERM_GRACE_S = 15.0
@@ -125,7 +125,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _new_run_dir(root: Path, name: str) -> Path:
+def new_run_dir(root: Path, name: str) -> Path:
+    """Create and return a fresh folder ``root/NAME-YYYYmmdd-HHMMSS`` (``-1``, ``-2``, ...
+    when a run of that name started the same second); a clear SwarmError when it cannot."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for i in range(100):
         d = root / (f"{name}-{stamp}" if i == 0 else f"{name}-{stamp}-{i}")
@@ -654,7 +656,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
             raise ConfigError(f"resume: {prev} has no checkpoint for peer(s) {missing}; "
                               f"peers = {spec.peers} must match that run")
         _check_resume_buffer(prev, spec)
-    run_dir = _new_run_dir(Path(runs_root), spec.name)
+    run_dir = new_run_dir(Path(runs_root), spec.name)
     config = save_resolved(spec, run_dir)
     peers = f"{spec.peers} peer{'s' if spec.peers != 1 else ''}"
     print(f"swarm run: {spec.name}: {peers} on a {spec.gossip.topology.replace('_', ' ')} graph, {spec.env}, "

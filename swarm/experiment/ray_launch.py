@@ -47,7 +47,7 @@ from typing import Any, Iterator, TextIO
 from ..config import PeerConfig, read_file
 from ..errors import ConfigError, SwarmError
 from .checkpoint import write_json
-from .launch import POLL_S, Launch, _Interrupt, _new_run_dir, _Output, _Progress, _status, _table, _warn
+from .launch import POLL_S, Launch, _Interrupt, _Output, _Progress, _status, _table, _warn, new_run_dir
 from .launch import _plots, _wait_coordinator, summarize
 from .runner import peer_dir
 from .spec import Spec, load_spec, save_resolved
@@ -282,7 +282,7 @@ def launch_ray(spec_path: str | Path | Spec | None, overrides: list[str] | None 
                                      "--host 127.0.0.1")
         addr = f"tcp://{coord_host}:{_coordinator_port(coord_host)}"
         spec = load_spec(spec_path, [*(overrides or []), f"peers={n_peers}"])
-        run_dir = _new_run_dir(Path(runs_root), spec.name).resolve()
+        run_dir = new_run_dir(Path(runs_root), spec.name).resolve()
         save_resolved(spec, run_dir)
         print(f"swarm launch: {spec.name}: {n_peers} peers ({len(nodes)} Ray node(s) × {per_node}) on a "
               f"{spec.gossip.topology}, {spec.env}, codec {spec.gossip.codec} -> {run_dir}", file=out, flush=True)
