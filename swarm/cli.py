@@ -583,7 +583,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     if spec is not None:
         # Train this peer's share of an experiment (see swarm.experiment.runner).
         from .coordinator.report import printable
-        from .experiment.runner import peer_dir, run_peer, stop_on_signals
+        from .experiment.runner import make_peer_dir, peer_dir, run_peer, stop_on_signals
 
         # A peer of an experiment is peer{RANK}: its id and its rank say the same thing,
         # so `--replace peer3` is enough to take over rank 3.
@@ -638,13 +638,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
         except ImportError:
             factory = None
         parent = _parent_pid()
-        out = peer_dir(run_dir, cfg.rank)
-        try:   # (run_peer makes it too) before the line that says it writes there
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            where = f"--run-dir {args.run_dir}" if args.run_dir else f"run folder {run_dir} (the default --run-dir)"
-            raise ConfigError(f"{where}: cannot create {out} ({e.strerror or e}); pass a --run-dir this process "
-                              "can write") from None
+        # (run_peer makes it too) before the line that says it writes there
+        out = make_peer_dir(run_dir, cfg.rank, f"--run-dir {args.run_dir}" if args.run_dir
+                            else f"run folder {run_dir} (the default --run-dir)")
         _hold_folder(out, f"peer{cfg.rank}")
         say = _Lines()
         # escaped: a folder's name that is not UTF-8 failed the print on a strict stdout

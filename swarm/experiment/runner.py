@@ -160,6 +160,18 @@ def peer_dir(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / f"peer{rank}"
 
 
+def make_peer_dir(run_dir: str | Path, rank: int, where: str = "") -> Path:
+    """Create the folder of the peer of this rank (see `peer_dir`) and return it; a
+    ConfigError that names ``where`` (default: the run folder) when it cannot."""
+    out = peer_dir(run_dir, rank)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{where or f'run folder {run_dir}'}: cannot create {out} ({e.strerror or e}); "
+                          "pass a --run-dir this process can write") from None
+    return out
+
+
 def stop_on_signals() -> threading.Event:
     """An event that SIGTERM, SIGINT and SIGHUP (the terminal closed; not when it is
     ignored, as under ``nohup``) set (main thread only).
@@ -956,7 +968,6 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                           "a fresh start or a resume from another run folder")
     torch.set_num_threads(1)  # many peers share few cores
     stop = stop or threading.Event()
-    out = peer_dir(run_dir, rank)
     seed = spec.peer_seed(rank)
     g = spec.gossip
     t0 = time.monotonic()
@@ -964,11 +975,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
     state = _State()
     unwritten = _Unwritten(rank, state)   # result files a full disk did not take
     summary: dict[str, Any] = {"rank": rank, "id": f"peer{rank}", "reason": "error"}
-    try:   # before joining: a folder it cannot write would otherwise fail only at the end
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"run folder {run_dir}: cannot create {out} ({e.strerror or e}); "
-                          "pass a --run-dir this process can write") from None
+    # before joining: a folder it cannot write would otherwise fail only at the end
+    out = make_peer_dir(run_dir, rank)
     # The run this process trains (run.json): the one the folder holds when it goes on
     # with it, else a new one. A fresh run records itself as soon as the coordinator has
     # admitted it (and drops the record of another run's resume, resumed.json), so that a
