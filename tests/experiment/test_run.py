@@ -7,6 +7,7 @@ handle; the children it started are checked (by the pids it records) to be gone.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 import os
@@ -155,7 +156,8 @@ def test_tiny_run_writes_the_run_folder(tiny_run):
         assert ck["rank"] == r and ck["env_steps"] == 600
         assert torch.isfinite(ck["params"]).all() and ck["params"].numel() > 1000
         assert {"q", "target", "optimizer"} <= set(ck["agent"])
-        assert list((pd / "tb").glob("events.out.tfevents.*")), "no TensorBoard event file"
+        if importlib.util.find_spec("tensorboard"):   # the plots extra: without it, no event files
+            assert list((pd / "tb").glob("events.out.tfevents.*")), "no TensorBoard event file"
         # best.pt holds the parameters of the highest greedy evaluation, and says which
         evals = [(float(e["eval_return"]), int(e["env_steps"])) for e in csv.DictReader(open(pd / "evals.csv"))]
         assert [s for _, s in evals] == [300, 600]
