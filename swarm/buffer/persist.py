@@ -2,7 +2,7 @@
 
 A snapshot is a directory::
 
-    meta.json         schema, capacity, config, counters, peers, decay base, rng state
+    meta.json         schema, capacity, config, counters, peers, decay base, saved_at, rng state
     <field>.npy       one file per schema field, capacity rows
     _leaf.npy         tree leaves (stored priorities)
     _ticket.npy _origin.npy _seq.npy _time.npy
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from ..checks import is_int, seconds
+from ..checks import is_int, is_real, seconds
 from ..errors import ReplayError
 from .limiter import RateLimiter
 
@@ -497,6 +497,9 @@ def _check_meta(path: Path, meta: dict[str, Any]) -> None:
         raise ReplayError(f"{path}/meta.json is corrupt: {type(e).__name__}: {e}") from None
     if min(counters) < 0 or not (math.isfinite(max_p) and max_p > 0 and math.isfinite(base)):
         raise ReplayError(f"{path}/meta.json is corrupt: counters {counters}, max_p {max_p!r}, base {base!r}")
+    saved_at = meta.get("saved_at", 0.0)   # snapshots before it have none
+    if not (is_real(saved_at) and math.isfinite(saved_at)):
+        raise ReplayError(f"{path}/meta.json is corrupt: saved_at {saved_at!r:.80} is not a finite number of seconds")
     if not (isinstance(peers, list) and peers and all(isinstance(p, str) and p for p in peers)):
         raise ReplayError(f"{path}/meta.json is corrupt: peers {peers!r:.200}")
 
@@ -519,7 +522,10 @@ def _check_values(path: Path, k: str, a: np.ndarray, meta: dict[str, Any]) -> No
 
 def load(path: str | os.PathLike, clock: Callable[[], float] = time.time,
          limiter: RateLimiter | None = None) -> "ReplayBuffer":
-    """Restore a buffer saved with :func:`save`: same items, priorities, ids, counters and rng."""
+    """Restore a buffer saved with :func:`save`: same items, priorities, ids, counters and rng.
+
+    With decay, the time since the save (``saved_at``) is not age: the restored buffer's
+    time goes on from the save's, running behind ``clock`` by the pause (see :func:`_lag`)."""
     from .replay import ReplayBuffer
 
     path = Path(path)
@@ -553,16 +559,34 @@ def load(path: str | os.PathLike, clock: Callable[[], float] = time.time,
             buf._tree.assign(np.asarray(a))
         else:
             col[...] = a
-    _apply_meta(buf, meta)
+    _apply_meta(buf, meta, _lag(buf, meta))
     return buf
 
 
-def _apply_meta(buf: "ReplayBuffer", meta: dict[str, Any]) -> None:
-    """Counters, origin table and rng from ``meta``; rebuild the id index from the columns."""
+def _lag(buf: "ReplayBuffer", meta: dict[str, Any]) -> float:
+    """How far behind ``buf.clock()`` the time of a buffer restored from ``meta`` runs (see
+    ``ReplayBuffer._lag``): the seconds since the snapshot was saved, by the snapshot's own
+    time, so that the pause is not counted as age. 0 without decay (age does not matter),
+    for a snapshot without ``saved_at`` (older than it), and for one saved "in the
+    future" (the clock was set back since): never ahead of the clock, whose times the
+    buffer takes and hands out. Reads the clock: a ReplayError before anything changes."""
+    if not buf.decay or "saved_at" not in meta:
+        return 0.0
+    return max(0.0, buf._now() + buf._lag - float(meta["saved_at"]))
+
+
+def _apply_meta(buf: "ReplayBuffer", meta: dict[str, Any], lag: float) -> None:
+    """Counters, origin table, rng and the time's ``lag`` from ``meta``; rebuild the id index
+    from the columns.
+
+    The columns' times, the decay base and ``saved_at`` are in the snapshot's time; with
+    ``lag`` the restored buffer's time goes on from ``saved_at`` (the leaves, the columns
+    and so the digest stay as saved)."""
     buf._peers = list(meta["peers"])
     buf._peer_index = {p: i for i, p in enumerate(buf._peers)}
     buf._next, buf._next_seq, buf._read = int(meta["next"]), int(meta["next_seq"]), int(meta["read"])
     buf._max_p, buf._base = float(meta["max_p"]), float(meta["base"])
+    buf._lag = lag
     buf._rng.bit_generator.state = meta["rng"]
     buf._foreign.clear()
     buf._foreign.add(np.flatnonzero((buf._ticket >= 0) & (buf._origin != 0)))
@@ -731,6 +755,7 @@ def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuf
     if slots.size and (slots.min() < 0 or slots.max() >= buf.capacity):
         raise ReplayError(f"{path}: row slots outside the capacity {buf.capacity}")
     with buf._lock:
+        lag = _lag(buf, meta)
         number = _renumbering(path, buf, meta["peers"], slots)
         if number is not None:
             buf._origin[...] = number[buf._origin]
@@ -739,7 +764,7 @@ def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuf
                 buf._tree.assign(rows[k])
             else:
                 c[slots] = rows[k]
-        _apply_meta(buf, meta)
+        _apply_meta(buf, meta, lag)
         if counts is not None:   # they stood at the full snapshot's before
             buf.limiter.inserted, buf.limiter.sampled = int(counts[0]), int(counts[1])
     return buf

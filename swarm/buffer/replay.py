@@ -10,6 +10,11 @@ sampling probabilities, so ageing costs nothing per step. When the stored
 exponents grow large the leaves are rescaled once and ``base`` moves forward
 (a *rebase*, O(capacity), every ``rebase_after / decay`` seconds).
 
+A buffer restored from a snapshot with decay keeps its time running from where
+the snapshot stopped: its times (stored origin times, ``base``, now) run behind
+``clock()`` by the pause, so the pause is not counted as age (see ``_lag``).
+Origin times given to it and handed out by it are the clock's.
+
 Each item has an *index*: its insertion number, unique for the life of the
 buffer. Its slot is ``index % capacity``; a slot remembers the index it holds,
 so a priority update for an index whose slot has been overwritten since it was
@@ -136,7 +141,9 @@ class ReplayBuffer:
             as in the PER paper); False draws i.i.d.
         seed: seed of the sampling generator.
         clock: seconds (a finite number; anything else is a ReplayError when read), used
-            for the origin time of locally added items and for age.
+            for the origin time of locally added items and for age. A buffer restored
+            by :meth:`load` with decay does not count the time between the snapshot and
+            the restore as age.
         peer_id: the origin id stamped on locally added items.
         first_seq: the seq of the first locally added item (ids are ``(peer_id, seq)``).
             Default: :func:`seq_floor`, from the wall clock, so that a process restarted
@@ -211,6 +218,11 @@ class ReplayBuffer:
         self._next_seq = seq_floor() if first_seq is None else int(first_seq)   # next local seq
         self._read = 0            # FIFO cursor (an index)
         self._max_p = 1.0         # running max raw priority; new items get it
+        # Seconds this buffer's times (the _time column, _base, _now) run behind clock():
+        # the pause between a snapshot and its restore, which is not age (persist.load
+        # sets it). Origin times cross the API in the clock's time: add(times=), insert,
+        # items and Sample convert them.
+        self._lag = 0.0
         self._base = self._now() if self.decay else 0.0
         self._listeners: list[Callable[[np.ndarray], None]] = []
         self._saver: Any = None   # an active background snapshot, see persist.py
@@ -380,6 +392,8 @@ class ReplayBuffer:
                 # every neighbour and a snapshot's load refuse, stored. The oldest float64 time
                 # instead (a time past the newest is clipped to now just below).
                 times = np.clip(times, -sys.float_info.max, sys.float_info.max)
+            if self._lag:   # the clock's times, into this buffer's
+                times = times.astype(np.float64) - self._lag
             t = np.minimum(times, now, dtype=np.float64)
             idx = self._write(arrays, sel.size, lo, sseq, t, raw)
             # Only the newest `capacity` of a huge batch were written.
@@ -429,16 +443,16 @@ class ReplayBuffer:
             raise ReplayError(f"times must be a finite scalar or shape ({n},), got shape {t.shape}")
         # A time in the future would move the decay base past now on the next rebase,
         # and every item added before it would decay to nothing at once.
-        return np.minimum(t, self._now())
+        return np.minimum(t - self._lag, self._now())
 
     def _now(self) -> float:
-        """``clock()``, or ReplayError before anything is written: a NaN time stored
-        would make every neighbour drop the item, and one that is not a number would
-        fail half-way through an add."""
+        """``clock()`` in this buffer's time (less ``_lag``), or ReplayError before anything
+        is written: a NaN time stored would make every neighbour drop the item, and one
+        that is not a number would fail half-way through an add."""
         t = self.clock()
         if not (is_real(t) and math.isfinite(t)):
             raise ReplayError(f"clock() returned {t!r:.80}: it must return a finite number of seconds")
-        return float(t)
+        return float(t) - self._lag
 
     def _write(self, arrays: dict[str, np.ndarray], n: int, origin: Any, seqs: np.ndarray,
                times: np.ndarray, raw: np.ndarray | None) -> np.ndarray:
@@ -540,7 +554,7 @@ class ReplayBuffer:
             if not self.decay or self._saver is not None:
                 return
             now = self._now()
-            self._rebase(now if t is None else min(float(t), now))
+            self._rebase(now if t is None else min(float(t) - self._lag, now))
 
     def _rebase(self, t: float) -> None:
         """:meth:`rebase` to ``t`` (lock held, decay on, no snapshot under way, ``t`` not past now)."""
@@ -651,7 +665,10 @@ class ReplayBuffer:
             # multi-dimensional columns (one row copy per item instead of a generic loop).
             batch = {name: col.take(slots, axis=0) for name, col in self._data.items()}
             self.limiter.sampled += slots.size
-            return Sample(batch, self._ticket[slots], w, prob, self._time[slots])
+            times = self._time[slots]   # a copy (fancy indexing)
+            if self._lag:
+                times += self._lag
+            return Sample(batch, self._ticket[slots], w, prob, times)
 
     def update_priorities(self, indices: Any, td: Any) -> int:
         """Set priorities ``(|td|+eps)^alpha`` for sampled ``indices``; return how many were applied.
@@ -783,7 +800,8 @@ class ReplayBuffer:
     @classmethod
     def load(cls, path: Any, *, clock: Callable[[], float] = time.time,
              limiter: RateLimiter | None = None) -> "ReplayBuffer":
-        """Restore a buffer written by :meth:`save` (items, priorities, ids, counters, rng)."""
+        """Restore a buffer written by :meth:`save` (items, priorities, ids, counters, rng).
+        With decay, the time between the save and the restore is not counted as age."""
         from .persist import load
         return load(path, clock=clock, limiter=limiter)
 
@@ -818,9 +836,12 @@ class ReplayBuffer:
             else:
                 used, inv = np.unique(origins, return_inverse=True)
             # take() and fancy indexing copy: the seqs and times need no copy() of their own
+            times = self._time[slots]
+            if self._lag:
+                times += self._lag   # the clock's time, as every buffer's items travel
             return Items({k: c.take(slots, axis=0) for k, c in self._data.items()},
                          [self._peers[i] for i in used], inv.astype(np.int32).reshape(-1),
-                         self._seq[slots], self._time[slots], raw)
+                         self._seq[slots], times, raw)
 
     def contains(self, peer: str, seq: int) -> bool:
         """Whether the item with id ``(peer, seq)`` is in the buffer now: False for a seq

@@ -114,7 +114,10 @@ class BufferSpec:
     prioritized: bool = opt(True, "prioritized sampling by TD error (else uniform)")
     alpha: float = opt(0.6, "priority exponent", lambda a: 0.0 <= a <= 1.0, "must be in [0, 1]")
     eps: float = opt(1e-6, "added to |TD| so that no item has zero priority", _pos, "must be > 0")
-    decay: float = opt(0.0, "priority decay per second of age (lambda); 0 keeps priorities", _nonneg, "must be >= 0")
+    decay: float = opt(0.0, "priority decay per second of age (lambda); 0 keeps priorities. Age is wall-clock "
+                            "time, so with decay > 0 sampling depends on how fast the machine runs and the same "
+                            "seed does not reproduce a run (a resume does not count its pause as age)",
+                       _nonneg, "must be >= 0")
     sharing: bool = opt(True, "push a share of new transitions to neighbours")
     share: float = opt(1.0, "fraction of new transitions pushed to each neighbour (with replicas, the "
                             "first `replicas` neighbours get every one as a replication push instead)",
