@@ -22,9 +22,10 @@ Failure detection, fastest first:
 3. no heartbeat for ``heartbeat_timeout_s`` → the same probe.
 
 A live but slow peer refutes a suspicion by answering the probe or by its next
-heartbeat. The coordinator keeps nothing it cannot rebuild: after a restart
-it answers unknown heartbeats with ``rejoin``, gathers re-joins for
-``rejoin_grace_s`` and continues the epochs above the highest one peers report.
+heartbeat. Each death is logged at WARNING with its cause. The coordinator keeps
+nothing it cannot rebuild: after a restart it answers unknown heartbeats with
+``rejoin``, gathers re-joins for ``rejoin_grace_s`` and continues the epochs
+above the highest one peers report.
 """
 
 from __future__ import annotations
@@ -92,6 +93,11 @@ DRAIN_BUDGET_S = 0.05
 #: figures (heartbeat ages, stats, suspicions) are at most that old. The status page keeps
 #: its document as long (StatusServer.cache_s)
 STATUS_CACHE_S = 0.25
+#: members whose death is logged one by one per second at most. Past them a death storm
+#: (a switch that failed under a rack of peers, a client that joined thousands of ids on
+#: one connection and closed it) is counted, and the count logged once a second:
+#: `swarm status` lists each dead member with its cause
+DEATH_LINES_PER_S = 20
 #: the limits a view is encoded under: what a peer decodes by default (a 4 MiB header,
 #: lists of up to 100,000). A view past them could not be sent (its encoding fails), so
 #: the table refuses a join that would make one (MemberTable.max_view_bytes)
@@ -227,10 +233,18 @@ class Coordinator:
         # report that address, and would each find themselves the lowest
         self._token = os.urandom(8).hex()
         self._no_active_since = 0.0
+        #: the others whose first connection attempt has not yet ended: its handshake
+        #: neither succeeded nor failed, its connect neither made nor refused nor timed out
+        self._first_dials: set[str] = set()
         self._last_publish = 0.0
         self._forgot = 0.0
         self._scanned = 0.0
         self._suspects: set[str] = set()
+        #: the second of death lines under way (DEATH_LINES_PER_S): when it began, the lines
+        #: logged in it, and the deaths counted past them
+        self._deaths_since = 0.0
+        self._deaths_logged = 0
+        self._deaths_unlogged = 0
         self._published_at: dict[int, float] = {}
         self._http: StatusServer | None = None
         self._view_cache: tuple[Any, list[Any] | None] | None = None
@@ -436,8 +450,7 @@ class Coordinator:
         nonce = next(self._nonce)
         if not self._send(m.route, "probe", {"nonce": nonce}):
             # the route is gone: the connection closed, nobody is there to answer
-            if self.table.mark_dead(pid, cause):
-                self._dirty = True
+            self._declare_dead(pid, cause, "the probe found its connection closed")
             return
         if m.state == ALIVE:
             m.state = SUSPECT
@@ -445,6 +458,33 @@ class Coordinator:
             m.cause = cause
             self._suspects.add(pid)
         m.probe_nonce = nonce
+
+    def _declare_dead(self, pid: str, cause: str, how: str) -> None:
+        """Mark member ``pid`` dead of ``cause`` (what the table records and status shows),
+        found out ``how``, and log it at WARNING: once per death, up to DEATH_LINES_PER_S
+        lines a second. Its peers log only the new epoch, so a live member taken for dead
+        (a slow link, a loaded host) showed nowhere but in `swarm status`."""
+        if not self.table.mark_dead(pid, cause):
+            return
+        self._dirty = True
+        self._count_deaths(time.monotonic())
+        if self._deaths_logged < DEATH_LINES_PER_S:
+            self._deaths_logged += 1
+            # the id is a sender's: shown cut and escaped; the cause is ours (a suspecter's
+            # id is a member's, printable since its join) but may be long
+            log.warning("member %s declared dead: %s (%.160s)", wire.shown(pid), how, cause)
+        else:
+            self._deaths_unlogged += 1
+
+    def _count_deaths(self, now: float) -> None:
+        """Begin a new second of death lines once one has passed, logging how many deaths
+        the last one counted past DEATH_LINES_PER_S."""
+        if now - self._deaths_since < 1.0:
+            return
+        if self._deaths_unlogged:
+            log.warning("%d more members declared dead in %.1f s, not logged one by one: `swarm status` "
+                        "lists each with its cause", self._deaths_unlogged, now - self._deaths_since)
+        self._deaths_since, self._deaths_logged, self._deaths_unlogged = now, 0, 0
 
     # ------------------------------------------------------------- receiving
 
@@ -793,6 +833,7 @@ class Coordinator:
         while True:
             await asyncio.sleep(cfg.tick_s)
             now = time.monotonic()
+            self._count_deaths(now)
             if self.mode != "active":
                 continue
             if now - self._scanned >= min(0.25, cfg.heartbeat_timeout_s / 10):
@@ -807,8 +848,8 @@ class Coordinator:
                     self._suspects.discard(pid)
                 elif now > m.probe_deadline:
                     self._suspects.discard(pid)
-                    if self.table.mark_dead(m.id, m.cause or "probe timeout"):
-                        self._dirty = True
+                    self._declare_dead(m.id, m.cause or "probe timeout",
+                                       f"no answer to a probe within {cfg.probe_timeout_s:g} s")
                 else:
                     # probe again: libzmq drops the route of a closed connection
                     # a moment after reporting it, and then the send fails at once
@@ -850,7 +891,7 @@ class Coordinator:
             self._others[addr] = {"seen": 0.0, "epoch": 0, "mode": "?", "name": addr, "token": "",
                                   "watches": 1, "handshake": "", "silent": "", "after_silent": "",
                                   "dialing_at": 0.0, "connected_at": 0.0, "redial_at": 0.0}
-        self._no_active_since = time.monotonic()
+        self._first_dials = set(socks)
         while True:
             for d in socks.values():
                 tp.try_send(d, wire.encode("status", self.name, body={"brief": True, "from": self.address}))
@@ -889,6 +930,11 @@ class Coordinator:
         means someone is there whom this one cannot talk to: it may be up, and active."""
         event = ev["event"]
         log.debug("coordinator %s: %s: %s (value %s)", self.address, addr, zmq.Event(event).name, ev["value"])
+        if addr in self._first_dials and event not in (zmq.EVENT_CONNECT_DELAYED, zmq.EVENT_CONNECTED):
+            # the first attempt to reach it ended (its handshake succeeded, or it failed):
+            # takeover_s counts from here (_decide)
+            self._first_dials.discard(addr)
+            self._no_active_since = now
         if event == zmq.EVENT_CONNECT_DELAYED:
             o["dialing_at"] = now     # a connect under way (every attempt that is not answered at once)
             return
@@ -1008,6 +1054,13 @@ class Coordinator:
         if active:
             self._no_active_since = now
             self._held_back = False
+            return
+        if self._first_dials:
+            # takeover_s counts from the end of the first attempt to reach each other: across
+            # a slow link the TCP and ZMTP handshakes take a few round trips (1.2-1.6 s at
+            # 400 ms), and counted from the start a standby took over from a live primary
+            # before it could hear it. The cost: one whose other's host is gone waits out
+            # CONNECT_TIMEOUT_S first, one whose other is frozen HANDSHAKE_TIMEOUT_S
             return
         if now - self._no_active_since < cfg.takeover_s:
             return
