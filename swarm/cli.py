@@ -1124,7 +1124,7 @@ def build_parser() -> argparse.ArgumentParser:
                         parents=[loud])
     la.add_argument("--ray", nargs="?", const=_RAY_ALONE, metavar="ADDRESS",
                     help="place the peers on a Ray cluster (auto, HOST:PORT, ray://HOST:10001; none: "
-                         "RAY_ADDRESS or a local Ray); needs pip install 'swarm[ray]'")
+                         "RAY_ADDRESS or a local Ray); needs Ray: pip install 'ray>=2.9'")
     la.add_argument("spec", nargs="?", help="spec file (TOML or JSON); none runs the built-in default")
     la.add_argument("--per-node", type=int, default=1, help="peers per node (spec's peers = nodes x this; default 1)")
     la.add_argument("--cpus-per-peer", type=float, default=1.0, help="CPUs each peer actor reserves (default 1.0)")

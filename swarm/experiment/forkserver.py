@@ -61,9 +61,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-__all__ = ["ForkServer", "Forked", "enabled", "source_fingerprint"]
+__all__ = ["ForkServer", "Forked", "child_command", "enabled", "source_fingerprint"]
 
 #: seconds the launcher waits for the server's answer to a fork (the first waits for its imports)
 ANSWER_S = 60.0
@@ -78,6 +78,32 @@ LOST = 255
 
 #: seconds a child that has ended waits for the server's report of how, before it is ``lost``
 REPORT_S = 5.0
+#: the folder that holds the swarm package this process runs: site-packages, or the root
+#: of a source tree run as ``python -m swarm``
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def child_command(module: str, env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run ``python -m MODULE`` (one of swarm's) with
+    the very swarm package this process runs. ``-m`` alone puts the working directory first
+    on the child's path, so a ``swarm.py`` or another checkout of swarm there would be
+    imported in its place: ``-P`` (Python 3.11) keeps it off, and the folder that holds this
+    process's package goes first on ``PYTHONPATH`` (a source tree that no one installed, run
+    as ``python -m swarm`` from its root, is then found as well) unless it is a site-packages
+    folder, which the child has anyway (first, it would put whatever else it holds before
+    the standard library)."""
+    command = [sys.executable, "-P", "-m", module]
+    if PACKAGE_ROOT in _site_dirs():
+        return command, dict(env)
+    path = env.get("PYTHONPATH")
+    return command, {**env, "PYTHONPATH": PACKAGE_ROOT + os.pathsep + path if path else PACKAGE_ROOT}
+
+
+def _site_dirs() -> set[str]:
+    import site  # noqa: PLC0415 - only when a child is started
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return {str(Path(d).resolve()) for d in dirs}
 
 
 def enabled() -> bool:
@@ -134,9 +160,9 @@ class ForkServer:
     """The launcher's handle on its fork server (started at once; it imports in the background)."""
 
     def __init__(self, log: Path, env: dict[str, str] | None = None) -> None:
+        argv, env = child_command("swarm.experiment.forkserver", os.environ if env is None else env)
         with open(log, "w") as f:
-            self.proc = subprocess.Popen([sys.executable, "-m", "swarm.experiment.forkserver"],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=f,
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=f,
                                          env=env, start_new_session=True)
         self.pid = self.proc.pid
         #: pid -> returncode, of children that ended and that no handle has taken yet

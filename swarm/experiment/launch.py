@@ -220,7 +220,8 @@ class Launch:
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None, fork: bool = False,
               stop: Callable[[], bool] | None = None) -> _Child | None:
         """Start ``swarm ARGS`` as ``name``: with ``fork`` from the fork server where it
-        answers (its peers import nothing), else as a fresh ``python -m swarm.cli``. None,
+        answers (its peers import nothing), else as a fresh ``python -m swarm.cli`` of the
+        package this process runs (:func:`~swarm.experiment.forkserver.child_command`). None,
         with nothing started, when ``stop()`` came true (Ctrl-C) while the fork server's
         answer was awaited (see :meth:`ForkServer.fork`)."""
         log_path = self.run_dir / "logs" / f"{name}.log"
@@ -247,9 +248,11 @@ class Launch:
                           "(a fork of the run's fork server would mix it with the old)",
                           file=self.out or sys.stderr, flush=True)
             if p is None:
-                p = subprocess.Popen([sys.executable, "-m", "swarm.cli", *loud, *args], stdout=f,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                     start_new_session=True)
+                from .forkserver import child_command  # noqa: PLC0415 - see preload
+
+                argv, fresh = child_command("swarm.cli", env)
+                p = subprocess.Popen([*argv, *loud, *args], stdout=f, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=fresh, start_new_session=True)
         c = _Child(name, p, log_path)
         self.children.append(c)
         self._note_pids()
@@ -614,8 +617,9 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
 
     ``resume`` is a previous run folder: its ``config.json`` is the spec (overrides
     apply on top) and each peer starts from its newest checkpoint there
-    (``peer{r}/ckpt/``, or ``peer{r}/checkpoint.pt``). One that asks for another env, or
-    for other replay-buffer settings than the buffers in ``ckpt/`` keep, raises
+    (``peer{r}/ckpt/``, or ``peer{r}/checkpoint.pt``). One that asks for another env, another
+    ``seed`` (the checkpoints hold the network and random streams it made), or other
+    replay-buffer settings than the buffers in ``ckpt/`` keep, raises
     :class:`~swarm.errors.ConfigError` before anything starts.
 
         >>> r = run_experiment(None, ["peers=2", "budget.env_steps=2000"], stream=io.StringIO())
@@ -655,7 +659,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         if missing:
             raise ConfigError(f"resume: {prev} has no checkpoint for peer(s) {missing}; "
                               f"peers = {spec.peers} must match that run")
-        _check_resume_buffer(prev, spec)
+        _check_resume_kept(prev, spec)
     run_dir = new_run_dir(Path(runs_root), spec.name)
     config = save_resolved(spec, run_dir)
     peers = f"{spec.peers} peer{'s' if spec.peers != 1 else ''}"
@@ -960,23 +964,32 @@ def _check_resume_env(prev: Path, spec: Spec) -> None:
 
 
 
-def _check_resume_buffer(prev: Path, spec: Spec) -> None:
-    """Refuse to resume the run in ``prev`` with a replay-buffer setting (``--set
-    buffer.alpha=...``) that differs from that run's, when a peer there has a checkpoint in
-    ``ckpt/``: the buffer it restores keeps its settings, and each peer would fail on its
-    own, after the launch. Peers that left only ``checkpoint.pt`` start new buffers."""
+def _check_resume_kept(prev: Path, spec: Spec) -> None:
+    """Refuse to resume the run in ``prev`` with a setting that its checkpoints keep and
+    that differs from that run's (``--set seed=7``, ``--set buffer.alpha=...``): the new
+    config.json would record it, but the run would not train with it, and each peer would
+    meet it on its own, after the launch. Every checkpoint holds the network and the
+    agent's random streams, which the run's ``seed`` made; one in ``ckpt/`` also holds a
+    replay buffer, which keeps its settings (peers that left only ``checkpoint.pt`` start
+    new buffers)."""
     from ..config import read_file  # noqa: PLC0415
     from .checkpoint import latest  # noqa: PLC0415
 
-    old = {**asdict(BufferSpec()), **read_file(prev / "config.json").get("buffer", {})}
-    # the capacity too: run_peer refuses a restored buffer of another capacity
-    changed = [(k, old[k], getattr(spec.buffer, k)) for k in ("capacity", *BUFFER_KEPT)
-               if old[k] != getattr(spec.buffer, k)]
-    if changed and any(latest(peer_dir(prev, r) / "ckpt") is not None for r in range(spec.peers)):
-        was = ", ".join(f"buffer.{k} = {json.dumps(w)}" for k, w, _ in changed)
-        now = ", ".join(f"buffer.{k} = {json.dumps(n)}" for k, _, n in changed)
-        raise ConfigError(f"resume: {prev} trained with {was} and this run asks for {now}; the replay buffers "
-                          f"in the peers' checkpoints keep their settings: resume with {was}, or start a new run")
+    old = read_file(prev / "config.json")
+    was = {"seed": old.get("seed", Spec.seed), **{f"buffer.{k}": v for k, v in
+                                                   {**asdict(BufferSpec()), **old.get("buffer", {})}.items()}}
+    now = {"seed": spec.seed, **{f"buffer.{k}": v for k, v in asdict(spec.buffer).items()}}
+    kept = ["seed"]
+    if any(latest(peer_dir(prev, r) / "ckpt") is not None for r in range(spec.peers)):
+        # the capacity too: run_peer refuses a restored buffer of another capacity
+        kept += [f"buffer.{k}" for k in ("capacity", *BUFFER_KEPT)]
+    changed = [k for k in kept if was[k] != now[k]]
+    if changed:
+        then = ", ".join(f"{k} = {json.dumps(was[k])}" for k in changed)
+        asked = ", ".join(f"{k} = {json.dumps(now[k])}" for k in changed)
+        raise ConfigError(f"resume: {prev} trained with {then} and this run asks for {asked}; the peers' "
+                          "checkpoints keep their network, random streams and replay buffers as that run made "
+                          f"them: resume with {then}, or start a new run")
 
 
 def _check_memory(spec: Spec) -> None:
@@ -1416,7 +1429,7 @@ def _plots(run_dir: Path, out: TextIO) -> list[Path] | None:
     try:
         return write_plots(run_dir)
     except ImportError:
-        print("no plots: matplotlib is not installed (pip install 'swarm[plots]')", file=out)
+        print("no plots: matplotlib is not installed (pip install 'matplotlib>=3.8')", file=out)
     except OSError as e:
         print(f"no plots: cannot write them in {run_dir / 'plots'}: {e.strerror or e}", file=out)
     return None
@@ -1458,8 +1471,7 @@ def write_plots(run_dir: str | Path) -> list[Path]:
             ax.plot([_num(r["round"]) for r in rows], [_num(r["bytes_out"]) / 1e3 for r in rows], label=p.name)
     ax.set(xlabel="gossip round", ylabel="kB sent per round (parameter deltas, relayed gradients)",
            title="bytes per round")
-    if ax.lines:
-        ax.set_yscale("log")
+    _log_scale(ax)
     _legend(ax)
     written.append(_save(fig, out / "bytes_per_round.png"))
 
@@ -1474,13 +1486,20 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     ax.set(xlabel="gossip round", ylabel="RMS move per round / step size",
            title="consensus: distance to the neighbourhood average")
     if plotted:
-        ax.set_yscale("log")
+        _log_scale(ax)
         ax.legend(fontsize=8)
     else:   # gossip.average = false, or no round averaged with anybody
         ax.text(0.5, 0.5, "no parameter averaging in this run", ha="center", va="center",
                 transform=ax.transAxes)
     written.append(_save(fig, out / "consensus.png"))
     return written
+
+
+def _log_scale(ax: Any) -> None:
+    """A log y axis where a line has a value above 0: of zeros alone (a run whose gossip
+    sent nothing, rounds that moved nobody) matplotlib could draw none, and warns."""
+    if any(y > 0 for line in ax.lines for y in line.get_ydata()):
+        ax.set_yscale("log")
 
 
 def _legend(ax: Any) -> None:

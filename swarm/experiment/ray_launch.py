@@ -64,7 +64,7 @@ def _ray() -> Any:
     try:
         import ray  # noqa: PLC0415 - optional dependency (the `ray` extra)
     except ImportError:
-        raise SwarmError("swarm launch --ray needs Ray: pip install 'swarm[ray]'") from None
+        raise SwarmError("swarm launch --ray needs Ray: pip install 'ray>=2.9'") from None
     return ray
 
 

@@ -14,7 +14,8 @@ It writes into ``DIR/peer{R}/``:
                   rounds, bytes, loss, epsilon, buffer size, wall time)
 ``rounds.csv``    one row per gossip round: ``round`` the run's count of rounds (as in
                   metrics.csv), ``gossip_round`` the gossip engine's round number (empty
-                  without averaging), participants, bytes, wait, disagreement, and
+                  without averaging), participants, bytes (the gossip's since the row before,
+                  relayed gradients included), wait, disagreement, and
                   ``shared_items`` the replay items sent since the row before: a round
                   whose gossip raised GossipError has no row (it is logged and skipped),
                   but its federation flush still went, and acked.bin took its ids
@@ -485,7 +486,7 @@ class _Logs:
                     from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: PLC0415 - slow, optional
                     from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
                 except ImportError:
-                    log.warning("tensorboard is not installed; no event files (pip install 'swarm[plots]')")
+                    log.warning("tensorboard is not installed; no event files (pip install 'tensorboard>=2.15')")
                 else:
                     # the events past upto, like the CSV rows dropped, are logged again now
                     purge = upto + 1 if append and upto is not None else None
@@ -604,7 +605,6 @@ class _State:
         self.gossip_bytes_in = 0
         self.disagreement = float("nan")
         self.eval_return = float("nan")
-        self.buffer_size = 0
         self.dense_bytes_out = 0    # what the deltas sent would have cost as dense float32
         self.staleness = 0          # rounds the stalest neighbour lagged in the last round
         self.last_error = ""        # the last thing that went wrong (a round alone, a timeout ...)
@@ -1141,7 +1141,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                   f"{buf.capacity}; this is {peer.id} with buffer.capacity = {b.capacity}")
             # The restored buffer samples as it was saved: a spec that says otherwise would be
             # recorded (config.json, the spec's digest) but not trained with. `swarm run --resume`
-            # checks these too, before it starts anything (launch._check_resume_buffer).
+            # checks these too, before it starts anything (launch._check_resume_kept).
             for name in BUFFER_KEPT:
                 key = f"buffer.{name}"
                 was = buf.sampler == "prioritized" if name == "prioritized" else getattr(buf, name)
@@ -1329,7 +1329,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     "env_steps": state.env_steps, "episodes": state.episodes,
                     "mean_return": _finite(state.mean_return), "rounds": state.rounds,
                     "disagreement": _finite(state.disagreement), "eval_return": _finite(state.eval_return),
-                    "buffer_size": state.buffer_size, "budget": spec.budget.env_steps, "done": state.done,
+                    # the buffer as it is (what neighbours send goes in between the steps too)
+                    "buffer_size": len(buf), "budget": spec.budget.env_steps, "done": state.done,
                     "codec_ratio": (state.gossip_bytes_out / state.dense_bytes_out
                                     if state.dense_bytes_out else None),
                     "staleness": state.staleness, "last_error": state.last_error, "spec": tag,
@@ -1421,14 +1422,15 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             if res.ok:
                 state.disagreement = float(np.sqrt(np.mean(np.square(x - before)))) / g.step_size
             # round: the run's count (metrics.csv's rounds, which a resume goes on from);
-            # the engine numbers its rounds itself, from its own start
+            # the engine numbers its rounds itself, from its own start. The bytes are the
+            # totals' growth, as without averaging: res.bytes_out leaves out the relay's.
             logs.rounds.writerow({
                 "round": state.rounds, "env_steps": step, "wall_s": seconds()["wall_s"],
                 "participants": len(res.participants), "missing": len(res.missing),
-                "bytes_out": res.bytes_out, "bytes_in": bytes_in, "waited_s": round(res.waited_s, 4),
+                "bytes_out": bytes_out, "bytes_in": bytes_in, "waited_s": round(res.waited_s, 4),
                 "disagreement": f"{state.disagreement:.6g}" if res.ok else "", "shared_items": shared,
                 "gossip_round": res.round})
-            logs.scalars(step, {"gossip/bytes_out": res.bytes_out, "gossip/bytes_in": bytes_in,
+            logs.scalars(step, {"gossip/bytes_out": bytes_out, "gossip/bytes_in": bytes_in,
                                 "gossip/disagreement": state.disagreement if res.ok else None,
                                 "gossip/participants": len(res.participants)})
 
@@ -1508,7 +1510,6 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             if info.episode_return is not None:
                 state.episodes += 1
                 state.returns.append(info.episode_return)
-                state.buffer_size = len(buf)
                 m = agent.metrics()
                 if "loss" in m:
                     last_loss[0] = m["loss"]
@@ -1517,10 +1518,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     "episode_return": info.episode_return, "mean_return": f"{state.mean_return:.4g}",
                     "rounds": state.rounds, **state.traffic(*_traffic(peer.counters, relay)),
                     "loss": f"{m['loss']:.6g}" if "loss" in m else "", "epsilon": f"{m['epsilon']:.4f}",
-                    "buffer_size": state.buffer_size})
+                    "buffer_size": len(buf)})
                 logs.scalars(step, {"episode/return": info.episode_return, "episode/mean_return": state.mean_return,
                                     "train/loss": m.get("loss"), "train/epsilon": m["epsilon"],
-                                    "train/q_mean": m.get("q_mean"), "buffer/size": state.buffer_size})
+                                    "train/q_mean": m.get("q_mean"), "buffer/size": len(buf)})
             if step % g.interval == 0:
                 gossip_round(step)
             ckpt.step(step)
@@ -1585,8 +1586,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             summary.update(
                 env_steps=state.env_steps, episodes=state.episodes, rounds=state.rounds, rounds_ok=state.rounds_ok,
                 final_mean_return=_finite(state.mean_return), eval_return=_finite(state.eval_return),
-                **traffic, buffer_size=state.buffer_size, wall_s=time.monotonic() - t0,
-                cpu_s=time.process_time() - cpu0)
+                **traffic, buffer_size=len(agent.buffer) if agent is not None else 0,
+                wall_s=time.monotonic() - t0, cpu_s=time.process_time() - cpu0)
             if agent is not None:   # this process's: updates skipped for a non-finite loss or gradient,
                 summary["skipped"] = agent.skipped   # and sampled items no update could learn from
                 summary["unusable"] = agent.unusable

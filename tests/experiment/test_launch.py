@@ -462,7 +462,7 @@ def test_a_child_gets_the_runs_verbosity(tmp_path, monkeypatch, verbose, flags):
     launch = Launch(tmp_path, verbose=verbose)
     launch.start("peer0", ["peer", "--rank", "0"])
     launch.close()
-    assert started == [[sys.executable, "-m", "swarm.cli", *flags, "peer", "--rank", "0"]]
+    assert started == [[sys.executable, "-P", "-m", "swarm.cli", *flags, "peer", "--rank", "0"]]
 
 
 def test_a_peer_whose_start_fails_on_a_config_error_is_not_restarted(tmp_path, monkeypatch):

@@ -47,7 +47,7 @@ def test_launch_needs_an_engine(calls, capsys):
 def test_without_ray_installed_the_error_says_what_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)       # `import ray` raises ImportError
     assert cli.main(["launch", "--ray", "auto"]) == 2
-    assert "pip install 'swarm[ray]'" in capsys.readouterr().err
+    assert "pip install 'ray>=2.9'" in capsys.readouterr().err
 
 
 def test_bad_per_node_is_refused_before_ray_is_touched(monkeypatch):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'swarm[ray]')")
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
 
 from swarm.cli import main as swarm_main, query_status  # noqa: E402
 from swarm.experiment.ray_launch import launch_ray  # noqa: E402
