@@ -722,13 +722,20 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
 
     ctx = context or zmq.asyncio.Context()
     s = tp.dealer(ctx, hwm=4)
+    events = None
     try:
         if keys_dir:
             curve = tp.Curve(keys_dir, key_name)
             curve.client(s, curve.coordinator_public)
+        # whether the connection got through its handshake, for the error when no answer comes
+        events = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         tp.connect(s, address)
         await s.send_multipart(wire.encode("status", f"status-{os.getpid()}"))
         if not await s.poll(int(timeout * 1000)):
+            if await events.poll(0):
+                # reached, keys and all (a coordinator far away, or a busy one: 2.2 s at 600 ms RTT)
+                raise SwarmError(f"the coordinator at {address} was reached (handshake done) but did not answer "
+                                 f"within {timeout} s: it is busy or far away; give it a longer timeout (--timeout)")
             # with CURVE, a coordinator that does not know our key does not answer either
             hint = (f"; with keys, also when it runs without them or does not list the key {key_name!r}"
                     if keys_dir else "; a coordinator started with --keys answers only a client with --keys")
@@ -748,6 +755,9 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
                                     "is it a swarm coordinator of this version?")
         return msg.body
     finally:
+        if events is not None:
+            s.disable_monitor()
+            events.close(0)
         s.close(0)
         if context is None:
             ctx.term()

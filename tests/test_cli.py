@@ -222,6 +222,31 @@ def test_a_coordinator_name_that_does_not_resolve_is_said_so(monkeypatch):
         assert said in done.stderr and "is `swarm coordinator` running there" not in done.stderr, done.stderr
 
 
+def test_status_of_a_coordinator_reached_but_silent_says_so_and_does_not_blame_keys():
+    """From another host at 600 ms RTT, `swarm status` with its default --timeout 2 failed
+    every time (it needs ~2.2 s) with "no coordinator answered ... a coordinator started
+    with --keys answers only a client with --keys": no keys were involved. Where the
+    connection got through its handshake the error now says the coordinator was reached
+    and to give it longer. Here a ZeroMQ ROUTER that never answers stands in for it."""
+    ctx = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)
+    try:
+        port = silent.bind_to_random_port("tcp://127.0.0.1")
+        done = subprocess.run([*SWARM, "status", "--coordinator", f"tcp://127.0.0.1:{port}", "--timeout", "1"],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 2, done
+        assert "was reached (handshake done) but did not answer within 1.0 s" in done.stderr, done.stderr
+        assert "--keys" not in done.stderr and "--timeout" in done.stderr, done.stderr
+    finally:
+        silent.close(0)
+        ctx.term()
+
+    free = free_port()   # nobody there: the old error, with its keys hint
+    done = subprocess.run([*SWARM, "status", "--coordinator", f"tcp://127.0.0.1:{free}", "--timeout", "0.5"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2 and "no coordinator answered" in done.stderr and "--keys" in done.stderr, done
+
+
 def test_status_shows_a_member_not_linked_yet_as_a_dash():
     """`swarm status` printed `linked -1` (the table's "never") for a member that has not
     linked yet; the table shows `-`, and --json keeps -1."""
