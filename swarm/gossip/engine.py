@@ -95,6 +95,9 @@ BOOT_RETRY_S = 0.05
 #: bootstrap slices a donor sends to one asker at once (a bootstrap asks up to its
 #: ``donors`` slices, a few of one donor after a failure); more are dropped, counted
 MAX_BOOT_SERVING = 4
+#: a donor that took a bootstrap request is given this many times as long as the slices
+#: that arrived say the missing ones need, before the next donor is asked (see _Arrivals)
+BOOT_SLACK = 2.0
 MODES = ("params", "pseudo_gradient")
 
 # Random pairing meets many partners over time; past this many per-receiver
@@ -323,6 +326,34 @@ class _InCopy:
         self.pending: deque[Message] = deque()
 
 
+class _Arrivals:
+    """The slices a bootstrap has received so far: what says when the others are late.
+
+    A slice is one message, seen only once whole, so a donor whose reply a slow link is
+    still carrying looks silent. The slices that did arrive show how fast the link
+    carries them; until the missing ones should have followed at that rate, they may
+    be on their way, and asking other donors for them only queues copies behind them
+    (a 4 MB model over 5 Mbit/s drew 26 MB so)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.got = total, 0
+        self.start = self.last = time.monotonic()
+        self.news: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def add(self, nbytes: int) -> None:
+        self.got += nbytes
+        self.last = time.monotonic()
+        self.news.set_result(None)   # wakes the slices still waiting: their due time moved
+        self.news = asyncio.get_running_loop().create_future()
+
+    def due(self) -> float:
+        """When the missing bytes should be in at the rate the others came, ``BOOT_SLACK``
+        times over; never while nothing has come (a slow link and silent donors look alike)."""
+        if not self.got:
+            return math.inf
+        return self.last + BOOT_SLACK * (self.last - self.start) * (self.total - self.got) / self.got
+
+
 class Gossip:
     """Gossip averaging of one float32 vector with the neighbours a link provides.
 
@@ -472,7 +503,7 @@ class Gossip:
                           (T_BOOT_REQ, self._on_boot_req), (T_BOOT, self._on_boot)]
         self._closed = False
         self._running: str | None = None   # "a round" or "a bootstrap" under way (see _may_run)
-        self._boot: dict[int, tuple[str, int, int, asyncio.Future[np.ndarray]]] = {}
+        self._boot: dict[int, tuple[str, int, int, asyncio.Future[np.ndarray | None]]] = {}
         self._boot_nonce = 0
         self._boot_round = 0
         self._serving: dict[str, int] = {}          # bootstrap slices being sent, by asker
@@ -610,6 +641,9 @@ class Gossip:
         self._late &= present   # a member that comes back under its id is waited for again
         for s in self._out.values():
             s.synced &= present
+        for donor, _, _, fut in self._boot.values():   # a bootstrap asks the next donor at once
+            if donor not in present and not fut.done():
+                fut.set_result(None)
         self._arrived.set()
 
     # ------------------------------------------------------------ receiving
@@ -807,12 +841,19 @@ class Gossip:
 
         For a peer that joins a running swarm late or comes back after a crash:
         the vector is cut into ``donors`` slices, each fetched from a different
-        neighbour (so no single neighbour pays for the whole transfer); a slice
-        whose donor does not answer is asked of the next one. On success ``x``
-        is replaced and the public copies are reset, so every receiver gets a
-        full state next round. Returns the donors that served, in slice order;
-        raises :class:`GossipError` (and leaves ``x`` alone) if a slice could not
-        be fetched within ``timeout`` seconds. ``donors`` must be an integer >= 1 and
+        neighbour (so no single neighbour pays for the whole transfer). A slice is
+        asked of the next donor at once when its donor refuses the request or leaves
+        the view; one that took it is waited for at least half the time left, and
+        past that for as long as the slices that arrived say its reply may still be
+        on the way (``BOOT_SLACK`` times what their rate gives; with none arrived, up
+        to the deadline: a slow link and a silent donor look alike, and asking again
+        only queued copies behind the first reply). On success ``x`` is replaced and
+        the public copies are reset, so every receiver gets a full state next round.
+        Returns the donors that served, in slice order; raises :class:`GossipError`
+        (and leaves ``x`` alone) if a slice could not be fetched within ``timeout``
+        seconds, and asks no more; replies that come later are ignored. Over a slow
+        link allow ``timeout`` for the whole vector (4·d bytes) at its rate.
+        ``donors`` must be an integer >= 1 and
         ``timeout`` a finite number of seconds > 0 (a NaN one never ended), else
         :class:`ConfigError` before anything is asked. After :meth:`close` it raises
         :class:`GossipError` at once, as :meth:`round` does (it could receive no slice),
@@ -844,39 +885,67 @@ class Gossip:
         bounds = np.linspace(0, self.d, k + 1).astype(int)
         deadline = time.monotonic() + timeout
         loop = asyncio.get_running_loop()
+        arrivals = _Arrivals(4 * self.d)
 
         async def fetch(i: int) -> tuple[str, np.ndarray]:
             lo, hi = int(bounds[i]), int(bounds[i + 1])
             tries = 0
+            why = "no donor was asked"
             while True:
                 donor = candidates[(i + tries) % len(candidates)]
                 tries += 1
                 self._boot_nonce += 1
                 nonce = self._boot_nonce
-                fut: asyncio.Future[np.ndarray] = loop.create_future()
+                fut: asyncio.Future[np.ndarray | None] = loop.create_future()   # None: the donor left
                 self._boot[nonce] = (donor, lo, hi, fut)
                 try:
                     if self._closed:   # no slice can reach a closed engine (see close)
                         raise self._closed_error()
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise GossipError(f"bootstrap: no neighbour sent values [{lo}, {hi}) in {timeout} s")
-                    if await self.link.send(donor, T_BOOT_REQ, {"lo": lo, "hi": hi, "nonce": nonce},
-                                            timeout=self.send_timeout):
-                        try:
-                            # one donor may not use the whole budget when others could answer
-                            per_try = left if len(candidates) == 1 else max(0.2, left / 2)
-                            return donor, await asyncio.wait_for(fut, per_try)
-                        except TimeoutError:
-                            pass
-                    else:
+                        raise GossipError(f"bootstrap: no neighbour sent values [{lo}, {hi}) in {timeout} s; {why}")
+                    if not await self.link.send(donor, T_BOOT_REQ, {"lo": lo, "hi": hi, "nonce": nonce},
+                                                timeout=self.send_timeout):
                         # refused at once (it left the view, its queue is full): a pause before
                         # the next donor, or this loop would spin without yielding to the peer's
+                        why = f"{donor!r}, asked last, refused the request (gone, or its queue full)"
                         await asyncio.sleep(min(BOOT_RETRY_S, left))
+                        continue
+                    # One donor may not use the whole budget when others could answer: it has
+                    # half the time left, and past that as long as the slices that came say
+                    # its slice may still be on the way (then asking another donor for it
+                    # would only queue a copy behind it). A donor that leaves is not waited for.
+                    floor = time.monotonic() + (left if len(candidates) == 1 else max(0.2, left / 2))
+                    while not fut.done():
+                        now = time.monotonic()
+                        if now >= deadline:
+                            raise GossipError(
+                                f"bootstrap: no neighbour sent values [{lo}, {hi}) in {timeout} s; {donor!r} took "
+                                "the request: over a slow link the values may still have been on the way "
+                                "(a longer timeout waits for them)")
+                        due = max(floor, arrivals.due())
+                        if now >= due:
+                            break
+                        await asyncio.wait((fut, arrivals.news), timeout=min(due, deadline) - now,
+                                           return_when=asyncio.FIRST_COMPLETED)
+                    if not fut.done():
+                        why = f"{donor!r}, asked last, sent nothing while the other slices came"
+                        continue
+                    a = fut.result()   # or the error of an engine closed meanwhile
+                    if a is not None:
+                        arrivals.add(a.nbytes)
+                        return donor, a
+                    why = f"{donor!r}, asked last, left the view"
                 finally:
-                    del self._boot[nonce]
+                    del self._boot[nonce]   # a reply that comes later is ignored (_on_boot)
 
-        got = await asyncio.gather(*(fetch(i) for i in range(k)))
+        tasks = [asyncio.ensure_future(fetch(i)) for i in range(k)]
+        try:
+            got = await asyncio.gather(*tasks)
+        finally:   # a slice failed (or the bootstrap was cancelled): the others stop asking
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         for i, (_, a) in enumerate(got):
             self.x[bounds[i]:bounds[i + 1]] = a
         for key in list(self._out):   # our old public copies are void:
