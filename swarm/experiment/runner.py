@@ -1287,7 +1287,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         if _should_bootstrap(coordinators, status, peer.id, done_steps, g.interval,
                              fallback=replacing or resume_from is not None, learning_starts=spec.dqn.learning_starts):
             try:
-                donors = sp.call(gossip.bootstrap(), timeout=15.0)
+                donors = sp.call(gossip.bootstrap(timeout=g.bootstrap_timeout_s),
+                                 timeout=g.bootstrap_timeout_s + 10.0)
             except (GossipError, PeerTimeout) as e:
                 log.warning("peer%d: bootstrap failed (%s); training on from its own parameters", rank, e)
                 summary["bootstrap"] = state.last_error = f"failed: {e}"

@@ -89,6 +89,12 @@ class GossipSpec:
     round_timeout_s: float = opt(2.0, "deadline for a round's neighbours before it proceeds without them, "
                                       f"at most {MAX_ROUND_TIMEOUT_S:.0f} s",
                                  lambda t: 0 < t <= MAX_ROUND_TIMEOUT_S, f"must be in (0, {MAX_ROUND_TIMEOUT_S:.0f}]")
+    bootstrap_timeout_s: float = opt(5.0, "deadline for a peer that joins late or restarts to fetch its "
+                                          "parameters from its neighbours (a failed bootstrap trains on from "
+                                          "its own); over a slow link allow for the whole vector (4 bytes a "
+                                          f"parameter) at its rate; at most {MAX_ROUND_TIMEOUT_S:.0f} s",
+                                     lambda t: 0 < t <= MAX_ROUND_TIMEOUT_S,
+                                     f"must be in (0, {MAX_ROUND_TIMEOUT_S:.0f}]")
     exchange: str = opt("params", "params: each peer takes its own updates and gossip averages the "
                                   "parameters; gradients: every gradient a peer computes is relayed to "
                                   "every peer (compressed with codec) and applied by all, and parameter "

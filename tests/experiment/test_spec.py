@@ -277,6 +277,10 @@ def test_a_round_timeout_is_at_most_an_hour():
     with pytest.raises(ConfigError, match=r"gossip.round_timeout_s = 3601: must be in \(0, 3600\]"):
         load_spec(None, ID + ["gossip.round_timeout_s=3601"])
     assert load_spec(None, ID + ["gossip.round_timeout_s=3600"]).gossip.round_timeout_s == 3600.0
+    # the bootstrap's deadline (it was a fixed 5 s: a slow link could never bootstrap a large model)
+    with pytest.raises(ConfigError, match=r"gossip.bootstrap_timeout_s = 0: must be in \(0, 3600\]"):
+        load_spec(None, ID + ["gossip.bootstrap_timeout_s=0"])
+    assert load_spec(None, ID + ["gossip.bootstrap_timeout_s=60"]).gossip.bootstrap_timeout_s == 60.0
 
 
 def test_a_name_too_long_for_a_run_folder_is_refused():
