@@ -1,10 +1,11 @@
 """ZeroMQ plumbing shared by peers and the coordinator.
 
 Sockets are created with the options the design asks for (small high-water
-marks, ``LINGER`` 0, ``MAXMSGSIZE``, ZMTP heartbeats) and read with the
-poll-then-drain pattern: await readability once, then take every queued
-message with non-blocking receives on a plain (shadow) socket. Awaiting each
-``recv`` costs a loop round trip per message; draining does not.
+marks, ``LINGER`` 0 but :data:`DATA_LINGER_MS` on data links, ``MAXMSGSIZE``,
+ZMTP heartbeats) and read with the poll-then-drain pattern: await readability
+once, then take every queued message with non-blocking receives on a plain
+(shadow) socket. Awaiting each ``recv`` costs a loop round trip per message;
+draining does not.
 """
 
 from __future__ import annotations
@@ -46,6 +47,17 @@ def router(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: in
     ])
 
 
+#: ``LINGER`` of the sockets that send data to other peers (links, outboxes), in ms; they
+#: are closed and disconnected with it. Not 0: libzmq 4.3.5 aborts the process
+#: (``session_base.cpp:233``, "Resource temporarily unavailable", issue #3442) when a
+#: socket with LINGER 0 is closed or disconnected while its connection is part way
+#: through a multipart message (a multi-MB gossip frame behind a slow receiver) and the
+#: connection then fails before libzmq has let go of it: a neighbour that leaves closes
+#: its end at about the moment we close our link to it. With a linger libzmq can still
+#: read the rest of that message, and drops it. Closing such a socket, and so the
+#: context's ``term()``, waits up to this long for what it has queued to go out.
+DATA_LINGER_MS = 100
+
 #: ``MAXMSGSIZE`` of a send-only DEALER: libzmq applies it to ZMTP commands too, and the
 #: largest it must take is a CURVE handshake's (WELCOME, 168 bytes); pings are under 100
 SEND_ONLY_MAX_BYTES = 4096
@@ -55,15 +67,16 @@ def dealer(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: in
            immediate: bool = False, heartbeat_s: float | None = None,
            heartbeat_timeout_s: float | None = None, connect_timeout_s: float | None = None,
            send_only: bool = False) -> zmq.asyncio.Socket:
-    """An outbound DEALER with a small send queue and no linger; ``connect_timeout_s``:
+    """An outbound DEALER with a small send queue; ``connect_timeout_s``:
     how long a host has to answer a connection before libzmq gives it up and dials again
     (else the OS's SYN retries decide: a host gone without a reset was reached up to a
     minute after it came back). ``send_only`` (a link's DEALER, never read): it queues
-    one message at most and drops the connection on one over :data:`SEND_ONLY_MAX_BYTES`."""
+    one message at most, drops the connection on one over :data:`SEND_ONLY_MAX_BYTES`,
+    and lingers :data:`DATA_LINGER_MS` (others 0: they send single-frame messages)."""
     # a send-only DEALER's receive queue is never read: under the full limits, what the
     # other end sent back (1000 messages of up to 512 MiB) was held for the link's life
     return _socket_with(ctx, zmq.DEALER, [
-        (zmq.LINGER, 0),
+        (zmq.LINGER, DATA_LINGER_MS if send_only else 0),
         (zmq.SNDHWM, hwm),
         (zmq.RCVHWM, 1 if send_only else 1000),
         (zmq.MAXMSGSIZE, SEND_ONLY_MAX_BYTES if send_only else limits.max_message_bytes),

@@ -714,7 +714,7 @@ class Peer:
             s = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH, socket_class=_Outbox)
         except zmq.ZMQError as e:
             raise self._no_socket(f"an outbox to {pid}", e) from None
-        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.LINGER, tp.DATA_LINGER_MS)   # not 0: see transport.DATA_LINGER_MS
         s.setsockopt(zmq.SNDHWM, cfg.data_hwm)
         # a connection gone silent (its host vanished without a reset) is dropped and
         # dialled again within OUTBOX_TIMEOUT_S, not kept until TCP gives up (about 15
@@ -740,8 +740,9 @@ class Peer:
         return s
 
     def close_side(self, s: zmq.Socket) -> None:
-        """Close a side-channel socket (from the thread that owns it)."""
-        s.close(0)
+        """Close a side-channel socket (from the thread that owns it), with its own
+        linger (an outbox's is ``transport.DATA_LINGER_MS``)."""
+        s.close()
         if s in self._side:
             self._side.remove(s)
 
@@ -1195,7 +1196,7 @@ class Peer:
         self._coords, self._coord_monitors = [], []
         for side in self._side:   # their owners should have closed them; term() waits for every socket
             if not side.closed:
-                side.close(0)
+                side.close()   # with its own linger, as close_side
         self._side.clear()
         if self._curve is not None:
             self._curve.stop()
@@ -1211,7 +1212,9 @@ class Peer:
                 pass
             self._unwatch(link.monitor)
             link.monitor.close(0)
-        link.sock.close(0)
+        # with the linger tp.dealer gave it (transport.DATA_LINGER_MS): with 0, libzmq aborted
+        # the process when the neighbour closed its end as the link was part way through a message
+        link.sock.close()
         self._sockets_changed()
 
     async def _run(self) -> None:
