@@ -410,13 +410,17 @@ class _Output:
     or ends as it would, and its results are in the run folder all the same.
     """
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO | None) -> None:
         self.stream = stream
-        self.tty = stream.isatty()
         #: the width of the progress line the terminal shows now (0: none)
         self.drawn = 0
-        #: why writing stopped (None: it has not)
-        self.failed: OSError | None = None
+        #: why writing stopped (None: it has not). A process without stderr (fd 2 closed,
+        #: pythonw, a windowed app: ``sys.stderr`` is None) writes nothing from the start
+        self.failed: Exception | None = None if stream is not None else OSError("no stream to write to")
+        try:   # a caller's sink may have no isatty(), or one that raises (closed: ValueError)
+            self.tty = bool(stream.isatty()) if stream is not None else False
+        except Exception:
+            self.tty = False
 
     def write(self, text: str) -> int:
         """A message (or part of one), below the progress line's last figures."""
@@ -429,7 +433,7 @@ class _Output:
         if self.failed is None:
             try:
                 self.stream.flush()
-            except OSError as e:
+            except (OSError, ValueError) as e:   # ValueError: a stream closed under us
                 self.failed = e
 
     def draw(self, line: str) -> None:
@@ -467,7 +471,7 @@ class _Output:
         if self.failed is None:
             try:
                 self.stream.write(text)
-            except OSError as e:
+            except (OSError, ValueError) as e:   # ValueError: a stream closed under us
                 self.failed = e
 
 
