@@ -18,6 +18,9 @@ A peer's checkpoints live in ``peer{r}/ckpt/``::
 
 Each incremental one is taken against the full one (not against the previous
 incremental), so restoring needs the full one and the newest incremental one.
+As each holds every row written since the full one, a newer one holds all that an
+older one does: only the newest two are kept (the one before is the fall-back
+for a damaged newest one), and the newest finite one when newer ones hold NaN.
 The parameter delta is a bitwise XOR rather than a float difference because
 ``a + (b - a)`` is not always ``b`` in float32; the XOR restores the values bit
 for bit, and its mostly-zero high bits compress well.
@@ -50,8 +53,10 @@ committed checkpoint with empty files while the older ones are already gone.
 
 A checkpoint that cannot be written (a full disk, a ``ckpt`` folder that is read
 only, gone or replaced by a file) removes its temporary folder and leaves the
-committed ones as they were. :meth:`Checkpointer.step` logs it as an error and
-returns: training goes on, and the next checkpoint due tries again. Such a folder
+committed ones as they were. :meth:`Checkpointer.step` logs it as an error (the
+first, then at most one a minute with a count) and returns: training goes on, and
+the next checkpoint due tries again. One that failed for lack of space first deletes
+the increments older than the newest committed one, to make room for it. Such a folder
 when the Checkpointer is made is logged and counted so too; one that cannot be listed
 then (no read permission) gets no checkpoint until it can be, as numbered from 1
 again new ones would take the names of those there.
@@ -59,10 +64,12 @@ again new ones would take the names of those there.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import logging
+import math
 import os
 import pickle
 import re
@@ -115,6 +122,22 @@ def _torch_rng() -> Any:
     return torch.get_rng_state()
 
 
+#: after the first, a failed checkpoint is logged at most once per this many seconds, with how
+#: many failed meanwhile (as the peer's other files do: :class:`swarm.experiment.runner._Recurring`)
+FAILURE_LOG_S = 60.0
+
+
+def _out_of_space(e: BaseException | None) -> bool:
+    """Whether ``e``, or an error it was raised from, is a full disk (ENOSPC)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 class Checkpointer:
     """Takes a peer's checkpoints when they are due (call :meth:`step` after every env step).
 
@@ -155,6 +178,10 @@ class Checkpointer:
         self._base: tuple[str, np.ndarray, int] | None = None   # committed full: name, params, buffer next
         self._pending: tuple[str, Path, Any, np.ndarray, int, dict[str, Any]] | None = None
         self._inc = 0
+        # the increments committed against the committed full one, oldest first, and whether
+        # each is finite (see _prune_increments)
+        self._incs: list[tuple[str, bool]] = []
+        self._next_log, self._unlogged = -math.inf, 0   # when a failure is logged next, and those not logged
         self._last_full_t = clock()
         self._last_full_step = self._last_inc_step = None
 
@@ -173,15 +200,28 @@ class Checkpointer:
             return None
 
     def _failed(self, e: BaseException, then: str) -> None:
-        """Count and log checkpoint failure ``e``; ``then``: what happens next."""
+        """Count and log checkpoint failure ``e``; ``then``: what happens next.
+
+        Out of space, the increments older than the newest committed one go: the next
+        checkpoint gets their room. The first failure is logged, then at most one per
+        :data:`FAILURE_LOG_S` with how many came meanwhile (a full disk fails every one
+        due, as often as every few env steps); :attr:`failures` counts each."""
         self.failures += 1
         self.last_error = str(e)
+        if _out_of_space(e):
+            self._prune_increments(keep=1)
+        now = self.clock()
+        if now < self._next_log:
+            self._unlogged += 1
+            return
         try:   # what a restart would load: an increment, if one is newer than the full one
             kept = committed(self.root)[:1]
         except SwarmError:
             kept = []
-        log.error("checkpoint failed: %s; %s (%s)", e, then,
-                  f"the newest checkpoint stays {kept[0].name}" if kept else "no checkpoint is committed yet")
+        more = f" ({self._unlogged} more failed since the last one logged)" if self._unlogged else ""
+        log.error("checkpoint failed: %s; %s (%s)%s", e, then,
+                  f"the newest checkpoint stays {kept[0].name}" if kept else "no checkpoint is committed yet", more)
+        self._next_log, self._unlogged = now + FAILURE_LOG_S, 0
 
     def _step(self, env_steps: int) -> str | None:
         done = self._poll()
@@ -287,8 +327,11 @@ class Checkpointer:
                 "params_xor": torch.from_numpy(xor.view(np.int32)), "counters": c, "torch_rng": _torch_rng()})
             dig = _state_digest(params, inc.digest)
             rows = inc.write(tmp / "buffer")
+            finite = nonfinite(params, state) is None
             self._commit(name, tmp, {"counters": c, "digest": dig, "base": base_name, "rows": rows, "files": files,
-                                     "finite": nonfinite(params, state) is None})
+                                     "finite": finite})
+        self._incs.append((name, finite))
+        self._prune_increments(keep=2)
         return name
 
     def close(self) -> str | None:
@@ -312,7 +355,7 @@ class Checkpointer:
             snap.wait()
             self._commit(name, tmp, {**info, "digest": _state_digest(params, snap.digest), "base": None})
         self._base = (name, params, nxt)
-        self._inc = 0
+        self._inc, self._incs = 0, []
         # Only now is the new full one safe: drop the older ones and their increments,
         # and what a crash left half written. One holding NaN or infinite values (training
         # diverged) keeps the newest older full one that does not, and its increments: the
@@ -328,6 +371,19 @@ class Checkpointer:
             if (n < self._n and (m.re is _TMP or n != keep)) or (n == self._n and m.re is _INC):
                 shutil.rmtree(p, ignore_errors=True)
         return name
+
+    def _prune_increments(self, keep: int) -> None:
+        """Delete the increments of the committed full checkpoint but the newest ``keep`` and
+        the newest finite one. Each holds every row written since the full one, so a newer
+        one holds all that an older one does: kept, they would use the disk quadratically
+        in the number of increments. The one before the newest is the fall-back for a
+        damaged newest one (:func:`load_newest`), the finite one for a newest one holding
+        NaN (training diverged)."""
+        finite = [n for n, ok in self._incs if ok][-1:]
+        drop = [n for n, _ in self._incs[:-keep] if n not in finite]
+        self._incs = [(n, ok) for n, ok in self._incs if n not in drop]
+        for n in drop:
+            shutil.rmtree(self.root / n, ignore_errors=True)
 
     def _highest(self) -> int:
         """The highest number of a checkpoint in the folder; a ConfigError naming the folder
