@@ -14,7 +14,9 @@ Handlers registered with :meth:`Peer.on` receive decoded messages (until
 touching this file, and take theirs off in their ``close()``.
 
 The peer never owns the event loop; run it inside yours, or use
-:class:`swarm.peer.SyncPeer` from blocking code.
+:class:`swarm.peer.SyncPeer` from blocking code. It belongs to the loop that ran
+:meth:`Peer.start`, as its sockets do: its coroutines awaited on another loop raise
+:class:`SwarmError` (hand them over with ``asyncio.run_coroutine_threadsafe``).
 """
 
 from __future__ import annotations
@@ -183,6 +185,11 @@ class _Dial:
     closes: int = 0             # handshakes it closed in a row (one may be a dying process)
     redial_at: float = 0.0      # when the peer dials again; 0: libzmq dials by itself
     backoff: float = REDIAL_MIN_S
+    # since the start: handshakes that succeeded, and how often a connection made so then
+    # dropped (the join's error tells a link too slow for the heartbeat timeout by them)
+    handshakes: int = 0
+    drops: int = 0
+    up: bool = False            # a handshake succeeded and its connection has not dropped since
 
 
 #: what a data link's monitor reports: a lost connection (a suspicion), and how its
@@ -766,6 +773,7 @@ class Peer:
         if self.state is not PeerState.NEW:
             raise SwarmError(f"peer {self.id} is {self.state.value}; start() only once")
         self.state = PeerState.JOINING
+        self._loop = asyncio.get_running_loop()
         cfg = self.config
         try:
             self._router = tp.router(self._ctx, limits=self.limits, hwm=max(1000, cfg.data_hwm))
@@ -831,6 +839,10 @@ class Peer:
                 raise MembershipError(
                     f"peer {self.id}: no coordinator answered at {', '.join(cfg.coordinators)} within "
                     f"{cfg.join_timeout_s} s: the handshake fails with {'; with '.join(failed)}") from None
+            reached = [(addr, d) for addr, d in zip(cfg.coordinators, self._dials) if d.handshakes]
+            if reached:
+                raise MembershipError(f"peer {self.id}: no coordinator took the join within {cfg.join_timeout_s} s: "
+                                      + "; ".join(self._reached(addr, d) for addr, d in reached)) from None
             raise MembershipError(
                 f"peer {self.id}: no coordinator answered at {', '.join(cfg.coordinators)} within "
                 f"{cfg.join_timeout_s} s" + (tp.unresolved_hint(cfg.coordinators) or (
@@ -858,8 +870,19 @@ class Peer:
         confirmation, so the rest of the close runs in a task of its own once the
         handler returns. :meth:`wait_stopped` returns when the peer is closed. (A view
         callback is a plain function, which cannot await it.)
+
+        From another event loop than the peer's it raises :class:`SwarmError`, as the
+        other coroutines do, and changes nothing; a closed peer returns at once there
+        too, and one whose loop was closed under it (its tasks never run again) closes
+        its sockets at once, without the leave.
         """
         seconds(timeout, none_ok=True)
+        loop = self._loop
+        if loop is not None and loop is not asyncio.get_running_loop() and self.state is not PeerState.CLOSED:
+            if not loop.is_closed():
+                raise self._other_loop("close()")
+            self._close_now()
+            return
         if self._recv_task is not None and asyncio.current_task() is self._recv_task:
             if self._closer is None and self.state is not PeerState.CLOSED:
                 self._closer = asyncio.create_task(self.close(timeout), name=f"peer-{self.id}-close")
@@ -937,6 +960,8 @@ class Peer:
         ``ping`` may be sent, and the receiver answers ``pong``); :class:`ConfigError`
         for a ``dst`` that is not a str.
         """
+        if self._loop is not asyncio.get_running_loop() and self._loop is not None:
+            raise self._other_loop("send()")
         seconds(timeout, none_ok=True)
         _check_id(dst, self.id, "send(dst")
         _check_sendable(t, self.id)
@@ -1069,6 +1094,8 @@ class Peer:
         (``timeout`` None: without a deadline). Raises the peer's failure, or
         :class:`SwarmError` once it is closed (a :meth:`close` in another task), at once,
         when it would wait."""
+        if self._loop is not asyncio.get_running_loop() and self._loop is not None:
+            raise self._other_loop("wait_linked()")
         seconds(timeout, none_ok=True)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         # woken by the event, or every 50 ms to see a close or a failure meanwhile
@@ -1092,6 +1119,8 @@ class Peer:
         (``timeout`` None: without a deadline). Raises the peer's failure, or
         :class:`SwarmError` once it is closed (a :meth:`close` in another task), at
         once, when it would wait."""
+        if self._loop is not asyncio.get_running_loop() and self._loop is not None:
+            raise self._other_loop("wait_view()")
         check_plain(predicate, f"peer {self.id}: wait_view(...)")
         seconds(timeout, none_ok=True)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
@@ -1106,6 +1135,8 @@ class Peer:
     async def wait_stopped(self) -> None:
         """Return when the peer stops running: after :meth:`close`, or when it fails
         (a refused rejoin, a broken socket), whose error it then raises."""
+        if self._loop is not asyncio.get_running_loop() and self._loop is not None:
+            raise self._other_loop("wait_stopped()")
         if self._runner is not None:
             # not an await of the runner: a close cut short cancels it, and that raised
             # CancelledError in every task waiting here, which nobody had cancelled
@@ -1124,6 +1155,28 @@ class Peer:
     def _closed_while_starting(self) -> SwarmError:
         return SwarmError(f"peer {self.id} was closed while starting: close() was called before the join "
                           f"was done")
+
+    def _reached(self, addr: str, d: _Dial) -> str:
+        """Why coordinator ``addr``, whose handshake succeeded, did not take the join."""
+        if not d.drops:
+            return (f"{addr} was reached but did not answer in time: busy or far away (peer.join_timeout_s = "
+                    f"{self.config.join_timeout_s:g} s)")
+        # the ZMTP heartbeat (a PING answered within the timeout) cannot cross a link whose
+        # round trip is longer: each connection is closed before the welcome arrives
+        return (f"{addr} was reached ({d.handshakes} handshake{'s' * (d.handshakes != 1)}) but the connection "
+                f"dropped {d.drops} time{'s' * (d.drops != 1)} before the join was taken: its ZMTP heartbeat "
+                f"timeout peer.link_timeout_s = {self.config.link_timeout_s:g} s may be shorter than the link's "
+                f"round trip needs; raise it, and the coordinator's coordinator.zmtp_timeout_s likewise "
+                f"(docs/multihost.md, \"Long round trips\")")
+
+    def _other_loop(self, what: str) -> SwarmError:
+        """The error for a coroutine awaited on another event loop than the one that
+        started the peer: its zmq sockets are not thread-safe, and a future it waits on
+        would be set from the peer's loop, which does not wake another loop."""
+        return SwarmError(f"peer {self.id}: {what} was awaited on another event loop than the one the peer was "
+                          f"started in, which owns its sockets; run it there: from another thread "
+                          f"asyncio.run_coroutine_threadsafe(coro, peer_loop).result(), or use swarm.SyncPeer "
+                          f"from blocking code")
 
     def _raise_stopped(self) -> None:
         """For the waits: raise the peer's failure, or SwarmError once it is closing or
@@ -1159,17 +1212,19 @@ class Peer:
         what was held: the peer is closed (again: nothing)."""
         if self.state is PeerState.CLOSED:
             return
-        runner = self._runner
-        if runner is not None:
-            if not runner.done():
-                runner.cancel()
-            else:
-                _retrieve(runner)   # seen here: no "exception was never retrieved" at gc
-        for probe in list(self._probes):
-            probe.cancel()
-        bye = self._bye
-        if bye is not None and not bye.done():   # a close() waiting for it returns
-            bye.set_result(None)
+        # a loop closed under the peer runs none of its tasks again, and refuses to cancel them
+        if self._loop is None or not self._loop.is_closed():
+            runner = self._runner
+            if runner is not None:
+                if not runner.done():
+                    runner.cancel()
+                else:
+                    _retrieve(runner)   # seen here: no "exception was never retrieved" at gc
+            for probe in list(self._probes):
+                probe.cancel()
+            bye = self._bye
+            if bye is not None and not bye.done():   # a close() waiting for it returns
+                bye.set_result(None)
         self._close_sockets()
         self._expire_held(math.inf)   # what was held for a view that never came is dropped
         self._expire_held_in(math.inf)
@@ -1280,7 +1335,6 @@ class Peer:
         # coordinator socket (which can take an edge) and a timer every 0.1 s (in
         # case an edge was lost anyway) make a pass look at every socket.
         loop = asyncio.get_running_loop()
-        self._loop = loop
         self._recv_task = asyncio.current_task()
         self._join()
         watched: list[tuple[int, Any, zmq.Socket, Callable[[zmq.Socket], Any]]] = []
@@ -1451,6 +1505,9 @@ class Peer:
         for frames in tp.drain(plain, keep=self._keep_frames):
             ev = parse_monitor_message([f.bytes for f in frames])
             if ev["event"] == zmq.EVENT_DISCONNECTED:
+                d = self._dials[i]
+                if d.up:
+                    d.up, d.drops = False, d.drops + 1
                 if i == self._active:
                     # Remembered until the rotation happens: within 0.1 s of a welcome or of
                     # the last rotation _rotate declines, and the event comes only once (a
@@ -1468,7 +1525,7 @@ class Peer:
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             if d.failure:
                 log.warning("peer %s: the handshake with coordinator %s succeeds again", self.id, addr)
-            self._dials[i] = _Dial()
+            self._dials[i] = _Dial(handshakes=d.handshakes + 1, drops=d.drops, up=True)
             return
         why, gave_up = _coord_handshake_error(event, value, keyed=self._curve is not None)
         d.closes = d.closes + 1 if why and not gave_up else 0

@@ -131,7 +131,7 @@ class SyncPeer:
             raise ConfigError(f"loop_factory = {loop_factory!r:.80}: must be a function that returns "
                               f"an event loop, e.g. uvloop.new_event_loop")
         self._args, self._kwargs = args, kwargs
-        self._loop_factory = loop_factory or asyncio.new_event_loop
+        self._loop_factory = loop_factory   # None: asyncio.new_event_loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.peer: Peer | None = None
@@ -223,7 +223,7 @@ class SyncPeer:
 
         def run() -> None:
             try:
-                loop = self._loop_factory()
+                loop = (self._loop_factory or asyncio.new_event_loop)()
                 if not isinstance(loop, asyncio.AbstractEventLoop):
                     raise TypeError(f"it returned {loop!r:.80}, not an asyncio event loop")
                 if loop.is_running() or loop.is_closed():
@@ -259,6 +259,10 @@ class SyncPeer:
         if failed:
             self._thread.join()
             self._closed = True
+            if self._loop_factory is None:
+                # asyncio's own new_event_loop failed (a logging handler of the caller's that
+                # raises in its "Using selector" record, say): no setting of the user's
+                raise failed[0]
             raise ConfigError(f"loop_factory {self._loop_factory!r:.80} failed: {failed[0]}") from failed[0]
 
     def _clean_up(self, loop: asyncio.AbstractEventLoop) -> None:

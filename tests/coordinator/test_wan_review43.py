@@ -17,71 +17,11 @@ import logging
 import pytest
 import zmq
 import zmq.asyncio
-from swarmtest import free_port, until
+from swarmtest import SlowLink, free_port, until
 
 from swarm import Coordinator, wire
 from swarm.coordinator import server
 from swarm.coordinator.table import DEAD
-
-
-class SlowLink:
-    """A TCP proxy on loopback that delays every byte by ``delay_s`` each way: a wide-area
-    link with a round trip of 2 x ``delay_s``, no loss and no bandwidth limit."""
-
-    def __init__(self, target: str, delay_s: float) -> None:
-        host, port = target.removeprefix("tcp://").rsplit(":", 1)
-        self.target, self.delay_s = (host, int(port)), delay_s
-        self.server: asyncio.Server | None = None
-        self.tasks: list[asyncio.Task] = []
-        self.writers: list[asyncio.StreamWriter] = []
-
-    async def start(self) -> str:
-        """Listen; return the address that reaches ``target`` through the link."""
-        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        return f"tcp://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def _accept(self, r_in: asyncio.StreamReader, w_in: asyncio.StreamWriter) -> None:
-        self.writers.append(w_in)
-        try:
-            r_out, w_out = await asyncio.open_connection(*self.target)
-        except OSError:
-            w_in.transport.abort()
-            return
-        self.writers.append(w_out)
-        for r, w in ((r_in, w_out), (r_out, w_in)):
-            q: asyncio.Queue = asyncio.Queue()
-            self.tasks += [asyncio.create_task(self._read(r, q)), asyncio.create_task(self._write(q, w))]
-
-    async def _read(self, r: asyncio.StreamReader, q: asyncio.Queue) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while data := await r.read(65536):
-                q.put_nowait((loop.time() + self.delay_s, data))
-        except OSError:
-            pass
-        q.put_nowait((loop.time() + self.delay_s, b""))   # the end of the stream, as late as the rest
-
-    async def _write(self, q: asyncio.Queue, w: asyncio.StreamWriter) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                at, data = await q.get()
-                await asyncio.sleep(max(0.0, at - loop.time()))
-                if not data:
-                    w.close()
-                    return
-                w.write(data)
-                await w.drain()
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        for t in self.tasks:
-            t.cancel()
-        for w in self.writers:
-            w.transport.abort()
 
 
 def test_a_standby_across_a_slow_link_does_not_take_over_from_a_live_primary():
