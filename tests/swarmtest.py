@@ -384,12 +384,15 @@ class Forwarder:
             w_in.transport.abort()
             return
         self.writers.append(w_out)
-        self.pumps += [asyncio.create_task(self._pump(r_in, w_out)), asyncio.create_task(self._pump(r_out, w_in))]
+        self.pumps += self._carry(r_in, w_out, towards_target=True) + self._carry(r_out, w_in, towards_target=False)
+
+    def _carry(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, towards_target: bool) -> list[asyncio.Task]:
+        """The tasks that carry one direction of a connection (here: as it comes); a
+        proxy that shapes its traffic overrides this."""
+        return [asyncio.create_task(self._pump(r, w))]
 
     @staticmethod
     async def _pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        import contextlib
-
         with contextlib.suppress(OSError):
             while data := await r.read(65536):
                 w.write(data)
@@ -416,33 +419,23 @@ class Forwarder:
             self.gone.pop().close()
 
 
-class SlowLink:
+class SlowLink(Forwarder):
     """A TCP proxy on loopback that delays every byte by ``delay_s`` each way: a wide-area
     link with a round trip of 2 x ``delay_s``, no loss and no bandwidth limit."""
 
     def __init__(self, target: str, delay_s: float) -> None:
         host, port = target.removeprefix("tcp://").rsplit(":", 1)
-        self.target, self.delay_s = (host, int(port)), delay_s
-        self.server: asyncio.Server | None = None
-        self.tasks: list[asyncio.Task] = []
-        self.writers: list[asyncio.StreamWriter] = []
+        super().__init__(("127.0.0.1", 0), (host, int(port)))
+        self.delay_s = delay_s
 
     async def start(self) -> str:
         """Listen; return the address that reaches ``target`` through the link."""
-        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        await self.up()
         return f"tcp://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
-    async def _accept(self, r_in: asyncio.StreamReader, w_in: asyncio.StreamWriter) -> None:
-        self.writers.append(w_in)
-        try:
-            r_out, w_out = await asyncio.open_connection(*self.target)
-        except OSError:
-            w_in.transport.abort()
-            return
-        self.writers.append(w_out)
-        for r, w in ((r_in, w_out), (r_out, w_in)):
-            q: asyncio.Queue = asyncio.Queue()
-            self.tasks += [asyncio.create_task(self._read(r, q)), asyncio.create_task(self._write(q, w))]
+    def _carry(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, towards_target: bool) -> list[asyncio.Task]:
+        q: asyncio.Queue = asyncio.Queue()
+        return [asyncio.create_task(self._read(r, q)), asyncio.create_task(self._write(q, w))]
 
     async def _read(self, r: asyncio.StreamReader, q: asyncio.Queue) -> None:
         loop = asyncio.get_running_loop()
@@ -453,7 +446,8 @@ class SlowLink:
             pass
         q.put_nowait((loop.time() + self.delay_s, b""))   # the end of the stream, as late as the rest
 
-    async def _write(self, q: asyncio.Queue, w: asyncio.StreamWriter) -> None:
+    @staticmethod
+    async def _write(q: asyncio.Queue, w: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
         try:
             while True:
@@ -466,14 +460,6 @@ class SlowLink:
                 await w.drain()
         except OSError:
             pass
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        for t in self.tasks:
-            t.cancel()
-        for w in self.writers:
-            w.transport.abort()
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 import zmq.asyncio
-from swarmtest import free_port, until
+from swarmtest import Forwarder, free_port, until
 
 from swarm.coordinator import Coordinator
 from swarm.errors import GossipError
@@ -35,41 +35,27 @@ D = 562_500
 TIMEOUT = 8.0
 
 
-class Throttle:
-    """Forwards ``listen`` to ``target`` (as swarmtest's Forwarder), carrying at most
-    ``rate`` bytes a second towards ``target`` over all its connections together, and
-    counting them; the other way is not limited."""
+class Throttle(Forwarder):
+    """Forwards ``listen`` to ``target``, carrying at most ``rate`` bytes a second towards
+    ``target`` over all its connections together, and counting them; the other way is
+    not limited."""
 
     def __init__(self, listen: tuple[str, int], target: tuple[str, int], rate: float) -> None:
-        self.listen, self.target, self.rate = listen, target, rate
+        super().__init__(listen, target)
+        self.rate = rate
         self.carried = 0                       # bytes passed on towards target
         self._free = 0.0                       # when the link is free for the next chunk
-        self.server: asyncio.Server | None = None
-        self.pumps: list[asyncio.Task] = []
-        self.writers: list[asyncio.StreamWriter] = []
 
-    async def up(self) -> None:
-        self.server = await asyncio.start_server(self._accept, *self.listen, reuse_address=True)
+    def _carry(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, towards_target: bool) -> list[asyncio.Task]:
+        return [asyncio.create_task(self._limited(r, w) if towards_target else self._pump(r, w))]
 
-    async def _accept(self, r_in: asyncio.StreamReader, w_in: asyncio.StreamWriter) -> None:
-        self.writers.append(w_in)
-        try:
-            r_out, w_out = await asyncio.open_connection(*self.target)
-        except OSError:
-            w_in.transport.abort()
-            return
-        self.writers.append(w_out)
-        self.pumps += [asyncio.create_task(self._pump(r_in, w_out, limited=True)),
-                       asyncio.create_task(self._pump(r_out, w_in, limited=False))]
-
-    async def _pump(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, limited: bool) -> None:
+    async def _limited(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             while data := await r.read(16384):
-                if limited:
-                    now = time.monotonic()
-                    self._free = max(self._free, now) + len(data) / self.rate   # one link, shared
-                    await asyncio.sleep(self._free - now)
-                    self.carried += len(data)
+                now = time.monotonic()
+                self._free = max(self._free, now) + len(data) / self.rate   # one link, shared
+                await asyncio.sleep(self._free - now)
+                self.carried += len(data)
                 w.write(data)
                 await w.drain()
             w.close()
@@ -82,14 +68,6 @@ class Throttle:
             await asyncio.sleep(1.0)
             if self.carried - before < 10_000:
                 return
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        for p in self.pumps:
-            p.cancel()
-        for w in self.writers:
-            w.transport.abort()
 
 
 def test_a_bootstrap_over_a_slow_link_asks_each_slice_once():
