@@ -365,7 +365,7 @@ def swarm_sets(seed: int, extra: list[str], max_steps: int, every: int, episodes
 
 @contextlib.contextmanager
 def _sigterm_exits() -> Iterator[None]:
-    """Exit 143 when a SIGTERM came while this lasted, as outside it (see ``__main__``).
+    """Exit 143 when a SIGTERM came while this lasted, as outside it (see ``swarm.scripting.run_script``).
 
     While a ``swarm run`` lasts its launcher takes SIGINT, SIGTERM and SIGHUP over: it
     ends its processes, then raises KeyboardInterrupt, whichever signal it was. Python

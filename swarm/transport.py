@@ -72,7 +72,8 @@ def dealer(ctx: zmq.asyncio.Context, *, limits: Limits = DEFAULT_LIMITS, hwm: in
     (else the OS's SYN retries decide: a host gone without a reset was reached up to a
     minute after it came back). ``send_only`` (a link's DEALER, never read): it queues
     one message at most, drops the connection on one over :data:`SEND_ONLY_MAX_BYTES`,
-    and lingers :data:`DATA_LINGER_MS` (others 0: they send single-frame messages)."""
+    and lingers :data:`DATA_LINGER_MS` (others 0: they carry small messages, and are
+    closed only with their process or their coordinator connection)."""
     # a send-only DEALER's receive queue is never read: under the full limits, what the
     # other end sent back (1000 messages of up to 512 MiB) was held for the link's life
     return _socket_with(ctx, zmq.DEALER, [

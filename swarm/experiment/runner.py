@@ -1512,6 +1512,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 state.episodes += 1
                 state.returns.append(info.episode_return)
                 m = agent.metrics()
+                size = len(buf)   # once: a neighbour's insert between two reads made two sizes
                 if "loss" in m:
                     last_loss[0] = m["loss"]
                 logs.episodes.writerow({
@@ -1519,10 +1520,10 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     "episode_return": info.episode_return, "mean_return": f"{state.mean_return:.4g}",
                     "rounds": state.rounds, **state.traffic(*_traffic(peer.counters, relay)),
                     "loss": f"{m['loss']:.6g}" if "loss" in m else "", "epsilon": f"{m['epsilon']:.4f}",
-                    "buffer_size": len(buf)})
+                    "buffer_size": size})
                 logs.scalars(step, {"episode/return": info.episode_return, "episode/mean_return": state.mean_return,
                                     "train/loss": m.get("loss"), "train/epsilon": m["epsilon"],
-                                    "train/q_mean": m.get("q_mean"), "buffer/size": len(buf)})
+                                    "train/q_mean": m.get("q_mean"), "buffer/size": size})
             if step % g.interval == 0:
                 gossip_round(step)
             ckpt.step(step)

@@ -960,8 +960,7 @@ class Peer:
         ``ping`` may be sent, and the receiver answers ``pong``); :class:`ConfigError`
         for a ``dst`` that is not a str.
         """
-        if self._loop is not asyncio.get_running_loop() and self._loop is not None:
-            raise self._other_loop("send()")
+        self._check_loop("send()")
         seconds(timeout, none_ok=True)
         _check_id(dst, self.id, "send(dst")
         _check_sendable(t, self.id)
@@ -1094,8 +1093,7 @@ class Peer:
         (``timeout`` None: without a deadline). Raises the peer's failure, or
         :class:`SwarmError` once it is closed (a :meth:`close` in another task), at once,
         when it would wait."""
-        if self._loop is not asyncio.get_running_loop() and self._loop is not None:
-            raise self._other_loop("wait_linked()")
+        self._check_loop("wait_linked()")
         seconds(timeout, none_ok=True)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         # woken by the event, or every 50 ms to see a close or a failure meanwhile
@@ -1119,8 +1117,7 @@ class Peer:
         (``timeout`` None: without a deadline). Raises the peer's failure, or
         :class:`SwarmError` once it is closed (a :meth:`close` in another task), at
         once, when it would wait."""
-        if self._loop is not asyncio.get_running_loop() and self._loop is not None:
-            raise self._other_loop("wait_view()")
+        self._check_loop("wait_view()")
         check_plain(predicate, f"peer {self.id}: wait_view(...)")
         seconds(timeout, none_ok=True)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
@@ -1135,8 +1132,7 @@ class Peer:
     async def wait_stopped(self) -> None:
         """Return when the peer stops running: after :meth:`close`, or when it fails
         (a refused rejoin, a broken socket), whose error it then raises."""
-        if self._loop is not asyncio.get_running_loop() and self._loop is not None:
-            raise self._other_loop("wait_stopped()")
+        self._check_loop("wait_stopped()")
         if self._runner is not None:
             # not an await of the runner: a close cut short cancels it, and that raised
             # CancelledError in every task waiting here, which nobody had cancelled
@@ -1168,6 +1164,12 @@ class Peer:
                 f"timeout peer.link_timeout_s = {self.config.link_timeout_s:g} s may be shorter than the link's "
                 f"round trip needs; raise it, and the coordinator's coordinator.zmtp_timeout_s likewise "
                 f"(docs/multihost.md, \"Long round trips\")")
+
+    def _check_loop(self, what: str) -> None:
+        """Raise :meth:`_other_loop`'s error when ``what`` runs on another event loop than
+        the one that started the peer (none yet: any)."""
+        if self._loop is not None and self._loop is not asyncio.get_running_loop():
+            raise self._other_loop(what)
 
     def _other_loop(self, what: str) -> SwarmError:
         """The error for a coroutine awaited on another event loop than the one that
