@@ -70,20 +70,23 @@ def _child(script: str) -> tuple[dict, str]:
     and its whole output. A child still running at the deadline is killed by its pid."""
     code = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n" + CHILD \
         + textwrap.dedent(script)
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    # stderr apart: a log line from another thread (the coordinator's, at WARNING) landed
+    # between a report's JSON and its newline, which print() writes separately
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, cwd=ROOT)
     try:
-        out = p.communicate(timeout=DEADLINE_S)[0]
+        out, err = p.communicate(timeout=DEADLINE_S)
     except subprocess.TimeoutExpired:
         p.kill()
-        out = p.communicate()[0] + "\n(hung: killed at the deadline)"
+        out, err = p.communicate()
+        out += "\n(hung: killed at the deadline)"
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
     lines = [line for line in out.splitlines() if line.startswith("{")]
-    assert lines, out[-3000:]
-    return json.loads(lines[-1]), out
+    assert lines, (out + err)[-3000:]
+    return json.loads(lines[-1]), out + "\n" + err
 
 
 def _closed(report: dict, out: str) -> None:
