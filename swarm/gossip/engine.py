@@ -35,6 +35,7 @@ Messages (registered with :func:`swarm.wire.register_type`)
     ``gsp_full``   body ``{r, ver}``, arrays = ``[x̂ float32[d]]`` (every identity message)
     ``gsp_nack``   body ``{ver}``: "my copy of you is not at ``ver − 1``; send it full"
     ``gsp_boot_req`` body ``{lo, hi, nonce}``: "send me x[lo:hi]" (:meth:`Gossip.bootstrap`)
+    ``gsp_boot_ok`` body ``{nonce}``: "I took that request; its slice follows"
     ``gsp_boot``   body ``{lo, hi, nonce, r}``, arrays = ``[x[lo:hi] float32]``
 
 Sync modes
@@ -87,6 +88,7 @@ T_DELTA = wire.register_type("gsp_delta")
 T_FULL = wire.register_type("gsp_full")
 T_NACK = wire.register_type("gsp_nack")
 T_BOOT_REQ = wire.register_type("gsp_boot_req")
+T_BOOT_OK = wire.register_type("gsp_boot_ok")
 T_BOOT = wire.register_type("gsp_boot")
 
 SYNC_MODES = ("lockstep", "bounded", "async")
@@ -98,6 +100,11 @@ MAX_BOOT_SERVING = 4
 #: a donor that took a bootstrap request is given this many times as long as the slices
 #: that arrived say the missing ones need, before the next donor is asked (see _Arrivals)
 BOOT_SLACK = 2.0
+#: seconds a bootstrap waits for a donor to take its request (``gsp_boot_ok``) before
+#: asking the next one (at most half the time left). The request and the ack are two small
+#: messages, one round trip (0.4 s across a 400 ms RTT), the ack sent ahead of the slice;
+#: a donor that has not answered by then dropped the request (see _on_boot_req)
+BOOT_ACK_S = 1.0
 MODES = ("params", "pseudo_gradient")
 
 # Random pairing meets many partners over time; past this many per-receiver
@@ -500,10 +507,11 @@ class Gossip:
         self._view: View = link.view
         self._pos_cache: tuple[View, int | None, tuple[int, list[str], list[str], dict[str, float]]] | None = None
         self._handlers = [(T_DELTA, self._on_message), (T_FULL, self._on_message), (T_NACK, self._on_nack),
-                          (T_BOOT_REQ, self._on_boot_req), (T_BOOT, self._on_boot)]
+                          (T_BOOT_REQ, self._on_boot_req), (T_BOOT_OK, self._on_boot_ok), (T_BOOT, self._on_boot)]
         self._closed = False
         self._running: str | None = None   # "a round" or "a bootstrap" under way (see _may_run)
         self._boot: dict[int, tuple[str, int, int, asyncio.Future[np.ndarray | None]]] = {}
+        self._boot_taken: dict[int, asyncio.Future[None]] = {}   # by nonce: gsp_boot_ok came
         self._boot_nonce = 0
         self._boot_round = 0
         self._serving: dict[str, int] = {}          # bootstrap slices being sent, by asker
@@ -806,23 +814,41 @@ class Gossip:
         task.add_done_callback(self._serve_tasks.discard)
 
     async def _serve_boot(self, dst: str, body: dict[str, int], values: np.ndarray) -> None:
+        # "Taken" first, on the same link, so it arrives ahead of the slice however slow the
+        # link: an asker that hears nothing asks the next donor after BOOT_ACK_S, one that
+        # heard it waits for the slice (see bootstrap). An ack that cannot go means the
+        # asker will ask another donor: the slice would only be a duplicate.
         try:
-            if await self.link.send(dst, T_BOOT, body, [values], timeout=self.send_timeout):
+            if await self.link.send(dst, T_BOOT_OK, {"nonce": body["nonce"]}, timeout=self.send_timeout) \
+                    and await self.link.send(dst, T_BOOT, body, [values], timeout=self.send_timeout):
                 self.stats.boot_served += 1
         finally:
             left = self._serving.pop(dst) - 1
             if left:
                 self._serving[dst] = left
 
-    def _on_boot(self, msg: Message) -> None:
+    def _asked(self, msg: Message, what: str) -> int | None:
+        """The nonce of the request that ``msg`` (``what``: a slice or an ack) answers, if
+        this bootstrap still waits for it and ``msg`` comes from the donor asked."""
         nonce = msg.body.get("nonce")
-        want = self._boot.get(nonce) if isinstance(nonce, int) else None
-        if want is None:
-            return
-        donor, lo, hi, fut = want
+        if not isinstance(nonce, int) or nonce not in self._boot:
+            return None
+        donor = self._boot[nonce][0]
         if msg.src != donor:   # nonces count up: anyone could answer a request sent to another
-            self._reject(msg.src, "rejected_malformed", f"bootstrap slice from {shown(msg.src)}, asked of {donor!r}")
+            self._reject(msg.src, "rejected_malformed", f"bootstrap {what} from {shown(msg.src)}, asked of {donor!r}")
+            return None
+        return nonce
+
+    def _on_boot_ok(self, msg: Message) -> None:
+        nonce = self._asked(msg, "ack")
+        if nonce is not None and not self._boot_taken[nonce].done():
+            self._boot_taken[nonce].set_result(None)
+
+    def _on_boot(self, msg: Message) -> None:
+        nonce = self._asked(msg, "slice")
+        if nonce is None:
             return
+        _, lo, hi, fut = self._boot[nonce]
         a = msg.arrays[0].reshape(-1) if len(msg.arrays) == 1 else None
         if (msg.body.get("lo"), msg.body.get("hi")) != (lo, hi) or a is None \
                 or a.dtype != np.float32 or a.size != hi - lo or not _finite(a):
@@ -843,12 +869,16 @@ class Gossip:
         the vector is cut into ``donors`` slices, each fetched from a different
         neighbour (so no single neighbour pays for the whole transfer). A slice is
         asked of the next donor at once when its donor refuses the request or leaves
-        the view; one that took it is waited for at least half the time left, and
-        past that for as long as the slices that arrived say its reply may still be
-        on the way (``BOOT_SLACK`` times what their rate gives; with none arrived, up
-        to the deadline: a slow link and a silent donor look alike, and asking again
-        only queued copies behind the first reply). On success ``x`` is replaced and
-        the public copies are reset, so every receiver gets a full state next round.
+        the view, and after ``BOOT_ACK_S`` (1 s; at most half the time left) when it
+        has not said it took the request (it drops requests while its view does not
+        list this peer yet, when it serves this peer ``MAX_BOOT_SERVING`` slices already,
+        and when it runs no engine). One that took it is waited for at least half the
+        time left, and past that for as long as the slices that arrived say its reply
+        may still be on the way (``BOOT_SLACK`` times what their rate gives; with none
+        arrived, up to the deadline: a slice over a slow link is seen only once whole,
+        and asking again only queued copies behind the first reply). On success ``x``
+        is replaced and the public copies are reset, so every receiver gets a full
+        state next round.
         Returns the donors that served, in slice order; raises :class:`GossipError`
         (and leaves ``x`` alone) if a slice could not be fetched within ``timeout``
         seconds, and asks no more; replies that come later are ignored. Over a slow
@@ -897,6 +927,7 @@ class Gossip:
                 self._boot_nonce += 1
                 nonce = self._boot_nonce
                 fut: asyncio.Future[np.ndarray | None] = loop.create_future()   # None: the donor left
+                taken = self._boot_taken[nonce] = loop.create_future()
                 self._boot[nonce] = (donor, lo, hi, fut)
                 try:
                     if self._closed:   # no slice can reach a closed engine (see close)
@@ -911,11 +942,21 @@ class Gossip:
                         why = f"{donor!r}, asked last, refused the request (gone, or its queue full)"
                         await asyncio.sleep(min(BOOT_RETRY_S, left))
                         continue
-                    # One donor may not use the whole budget when others could answer: it has
-                    # half the time left, and past that as long as the slices that came say
-                    # its slice may still be on the way (then asking another donor for it
-                    # would only queue a copy behind it). A donor that leaves is not waited for.
-                    floor = time.monotonic() + (left if len(candidates) == 1 else max(0.2, left / 2))
+                    # One donor may not use the whole budget when others could answer. One that
+                    # has not taken the request in BOOT_ACK_S dropped it (its view does not list
+                    # us yet, it serves us MAX_BOOT_SERVING slices already, it runs no engine).
+                    # One that took it has half the time left, and past that as long as the
+                    # slices that came say its slice may still be on the way (then asking
+                    # another donor for it would only queue a copy behind it). A donor that
+                    # leaves is not waited for.
+                    half = max(0.2, left / 2)
+                    floor = time.monotonic() + (left if len(candidates) == 1 else half)
+                    await asyncio.wait((fut, taken), timeout=min(BOOT_ACK_S, half, left),
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    if not (taken.done() or fut.done()):
+                        why = (f"{donor!r}, asked last, did not take the request (its view did not "
+                               "list this peer yet, it was busy, or it runs no engine)")
+                        continue
                     while not fut.done():
                         now = time.monotonic()
                         if now >= deadline:
@@ -937,7 +978,7 @@ class Gossip:
                         return donor, a
                     why = f"{donor!r}, asked last, left the view"
                 finally:
-                    del self._boot[nonce]   # a reply that comes later is ignored (_on_boot)
+                    del self._boot[nonce], self._boot_taken[nonce]   # later replies are ignored (_asked)
 
         tasks = [asyncio.ensure_future(fetch(i)) for i in range(k)]
         try:

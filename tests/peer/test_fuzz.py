@@ -23,7 +23,7 @@ from swarm import wire
 from swarm.peer import Peer
 
 HERE = Path(__file__).parent
-TYPES = sorted(wire.known_types() | {"gsp_delta", "gsp_full", "gsp_nack", "gsp_boot_req", "gsp_boot",
+TYPES = sorted(wire.known_types() | {"gsp_delta", "gsp_full", "gsp_nack", "gsp_boot_req", "gsp_boot_ok", "gsp_boot",
                                      "buf.push", "buf.pull",
                                      "buf.items", "buf.ack"})
 DTYPES = sorted(wire.DTYPES)
