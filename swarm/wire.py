@@ -44,8 +44,10 @@ __all__ = [
 #: message type is added or one's meaning changes, so that hosts running different
 #: releases are told so (docs/wire.md lists the versions): 1 until the gradient relay's
 #: notices and copies (grad_late, grad_sync, grad_state) changed what a peer must answer;
-#: a swarm mixing such releases ran on, 3-4x slower, with nothing said.
-VERSION = 2
+#: a swarm mixing such releases ran on, 3-4x slower, with nothing said; 2 until the
+#: bootstrap's acknowledgement (gsp_boot_ok): an asker of this release asked every old donor
+#: again after 1 s, and an old asker took a new donor's ack for a malformed message.
+VERSION = 3
 
 #: dtypes allowed on the wire (little-endian only; this is what numpy's native
 #: names mean on every machine swarm runs on).

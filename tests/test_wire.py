@@ -250,6 +250,16 @@ def test_a_message_of_the_release_before_the_relays_notices_is_refused_naming_bo
     """The protocol changed (grad_late, grad_sync, grad_state) with v still 1: a peer of the
     release before ran on in a swarm of this one, 3-4x slower, with nothing said."""
     frames = [msgpack.packb({"v": 1, "t": "join", "src": "old-peer", "epoch": 0, "seq": 0, "body": {}})]
-    with pytest.raises(WireError, match=r"^protocol version 1, expected 2 \(another swarm release: every host must "
+    with pytest.raises(WireError, match=rf"^protocol version 1, expected {wire.VERSION} \(another swarm release: "
+                                        r"every host must run the same one\)$"):
+        wire.decode(frames)
+
+
+def test_a_message_of_the_release_before_the_bootstrap_ack_is_refused_naming_both_versions():
+    """gsp_boot_ok came with v still 2: a new late joiner asked each old donor again after
+    1 s, and an old one took a new donor's ack for a malformed message, with nothing said."""
+    assert wire.VERSION == 3
+    frames = [msgpack.packb({"v": 2, "t": "join", "src": "old-peer", "epoch": 0, "seq": 0, "body": {}})]
+    with pytest.raises(WireError, match=r"^protocol version 2, expected 3 \(another swarm release: every host must "
                                         r"run the same one\)$"):
         wire.decode(frames)
