@@ -28,6 +28,16 @@ def _agent(capacity: int = 3000) -> DQNAgent:
     return DQNAgent((4,), 2, buf, DQNConfig(learning_starts=20, batch_size=8, hidden=[16]), seed=0)
 
 
+def _after_full(tmp_path, steps: int = 60, **kw):
+    """An agent trained ``steps`` steps, its Checkpointer in ``tmp_path/ckpt`` (``kw``: its
+    options) and the full checkpoint it has just taken: (agent, root, ck, full)."""
+    agent = _agent()
+    root = tmp_path / "ckpt"
+    ck = Checkpointer(root, agent, agent.buffer, lambda: {"env_steps": agent.steps}, **kw)
+    run_agent("CartPole-v1", agent, steps, seed=0)
+    return agent, root, ck, ck.full(background=False)
+
+
 def _bytes(path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -48,11 +58,7 @@ def test_only_the_newest_increment_and_its_fallback_are_kept_so_the_disk_stays_l
     """Increments 1..k-1 all stayed until the next full checkpoint, although increment k
     holds every row they hold: the folder grew quadratically (rv8: 140 MB against a full
     checkpoint's 4.3 MB). Now it holds the full one and the newest two increments."""
-    agent = _agent()
-    root = tmp_path / "ckpt"
-    ck = Checkpointer(root, agent, agent.buffer, lambda: {"env_steps": agent.steps})
-    run_agent("CartPole-v1", agent, 100, seed=0)
-    full = ck.full(background=False)
+    agent, root, ck, full = _after_full(tmp_path, 100)
     full_bytes = _bytes(root / full)
     incs = []
     for i in range(8):
@@ -82,11 +88,7 @@ def test_increments_holding_nan_keep_the_newest_finite_increment_to_fall_back_to
     """Training diverged after increment 2: the NaN increments after it push it out of
     the newest two, but it stays, so that a resume passes over them to it, not to the
     older full checkpoint."""
-    agent = _agent()
-    root = tmp_path / "ckpt"
-    ck = Checkpointer(root, agent, agent.buffer, lambda: {"env_steps": agent.steps})
-    run_agent("CartPole-v1", agent, 60, seed=0)
-    full = ck.full(background=False)
+    agent, root, ck, full = _after_full(tmp_path)
     good = []
     for i in range(2):
         run_agent("CartPole-v1", agent, 20, seed=1 + i)
@@ -105,11 +107,7 @@ def test_a_checkpoint_that_finds_the_disk_full_deletes_the_superseded_increment(
     committed full one deleted them, and it had no room. Now a checkpoint failing with
     ENOSPC deletes the increments older than the newest committed one (the newest stays,
     loadable), and the next one goes ahead."""
-    agent = _agent()
-    root = tmp_path / "ckpt"
-    ck = Checkpointer(root, agent, agent.buffer, lambda: {"env_steps": agent.steps}, incremental_every_steps=1)
-    run_agent("CartPole-v1", agent, 60, seed=0)
-    full = ck.full(background=False)
+    agent, root, ck, full = _after_full(tmp_path, incremental_every_steps=1)
     incs = []
     for i in range(3):
         run_agent("CartPole-v1", agent, 20, seed=1 + i)
@@ -146,13 +144,8 @@ def test_a_failing_checkpoint_is_logged_once_then_once_a_minute_with_a_count(tmp
     """Every failed checkpoint logged an ERROR line: with a small interval, several a
     second per peer for as long as the disk stayed full. Now the first is logged, then
     at most one a minute saying how many failed meanwhile; the count stays exact."""
-    agent = _agent()
-    root = tmp_path / "ckpt"
     clock = Clock()
-    ck = Checkpointer(root, agent, agent.buffer, lambda: {"env_steps": agent.steps}, incremental_every_steps=1,
-                      clock=clock)
-    run_agent("CartPole-v1", agent, 60, seed=0)
-    full = ck.full(background=False)
+    agent, root, ck, full = _after_full(tmp_path, incremental_every_steps=1, clock=clock)
     caplog.set_level("INFO", logger="swarm.experiment")
     calls: list[int] = []
     monkeypatch.setattr(os, "fsync", _no_space(calls))

@@ -125,21 +125,28 @@ def test_a_bootstrap_over_a_slow_link_asks_each_slice_once():
         assert (x[bounds[i]:bounds[i + 1]] == xs[int(donor[1:])][0]).all(), (i, donor)
 
 
+def _asker_and_donors() -> tuple[SimHub, dict, np.ndarray, Gossip, str, str, Gossip]:
+    """A ring a, b, c on a SimHub: a's engine (x zeros) about to bootstrap one slice, the
+    donor it asks first (with no engine: its requests go where the test says), and the
+    other, whose engine holds fives. Call it inside the loop."""
+    hub = SimHub(topology="ring")
+    links = dict(zip(["a", "b", "c"], hub.add_many(["a", "b", "c"])))
+    x = np.zeros(100, np.float32)
+    g = Gossip(links["a"], x, topology="ring", codec="identity")
+    first = g._positions(0)[1][0]                  # the donor the one slice is asked of first
+    other = next(i for i in ("b", "c") if i != first)
+    donor = Gossip(links[other], np.full(100, 5, np.float32), topology="ring", codec="identity")
+    return hub, links, x, g, first, other, donor
+
+
 def test_a_donor_that_leaves_the_view_is_replaced_at_once():
     # A donor that took the request is now waited for while nothing says its slice is
     # lost; one that leaves the view meanwhile is not waited for (the slice is asked of
     # the next donor at once), whatever time is left.
     async def main():
-        hub = SimHub(topology="ring")
-        links = hub.add_many(["a", "b", "c"])
-        x = np.zeros(100, np.float32)
-        g = Gossip(links[0], x, topology="ring", codec="identity")
+        hub, links, x, g, first, other, _ = _asker_and_donors()
         asked = []
-        first = g._positions(0)[1][0]                  # the donor the one slice is asked of first
-        other = next(i for i in ("b", "c") if i != first)
-        Gossip(links[["a", "b", "c"].index(other)], np.full(100, 5, np.float32), topology="ring",
-               codec="identity")
-        links[["a", "b", "c"].index(first)].on("gsp_boot_req", asked.append)   # never answers
+        links[first].on("gsp_boot_req", asked.append)   # never answers
         task = asyncio.ensure_future(g.bootstrap(donors=1, timeout=600.0))
         try:
             await until(lambda: asked, what=f"{first} asked")
@@ -198,16 +205,9 @@ def test_a_donor_that_runs_no_engine_is_replaced_after_the_ack_wait():
     # A donor that crashed or runs no engine but stays in the view never answers: the
     # slice is asked of the next donor once it has not taken the request.
     async def main():
-        hub = SimHub(topology="ring")
-        links = hub.add_many(["a", "b", "c"])
-        x = np.zeros(100, np.float32)
-        g = Gossip(links[0], x, topology="ring", codec="identity")
-        first = g._positions(0)[1][0]                  # the donor the one slice is asked of first
-        other = next(i for i in ("b", "c") if i != first)
-        donor = Gossip(links[["a", "b", "c"].index(other)], np.full(100, 5, np.float32), topology="ring",
-                       codec="identity")
+        hub, links, x, g, first, other, donor = _asker_and_donors()
         asked = []
-        links[["a", "b", "c"].index(first)].on("gsp_boot_req", asked.append)   # never answers
+        links[first].on("gsp_boot_req", asked.append)   # never answers
         try:
             outcome: object = await g.bootstrap(donors=1, timeout=5.0)
         except GossipError as e:
@@ -226,13 +226,7 @@ def test_an_ack_from_another_peer_than_the_donor_asked_is_refused():
     # Nonces count up, so anyone could acknowledge a request sent to another: taken for
     # the silent donor's, it would make the slice wait for that donor to the deadline.
     async def main():
-        hub = SimHub(topology="ring")
-        links = dict(zip(["a", "b", "c"], hub.add_many(["a", "b", "c"])))
-        x = np.zeros(100, np.float32)
-        g = Gossip(links["a"], x, topology="ring", codec="identity")
-        first = g._positions(0)[1][0]
-        other = next(i for i in ("b", "c") if i != first)
-        donor = Gossip(links[other], np.full(100, 5, np.float32), topology="ring", codec="identity")
+        hub, links, x, g, first, other, donor = _asker_and_donors()
         forged = []
 
         def forge(msg) -> None:   # the first donor stays silent; the other acks in its name
