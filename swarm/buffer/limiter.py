@@ -23,7 +23,7 @@ class RateLimiter:
 
     The buffer enforces ``min_size`` in ``sample``; the ratio is advisory for the
     learner (``can_sample``) and binding for items arriving from neighbours
-    (``can_insert``): a peer whose learner lags does not take in more shared items
+    (``insert_room``): a peer whose learner lags does not take in more shared items
     than it can use, which bounds sharing traffic too.
     """
 
@@ -58,10 +58,9 @@ class RateLimiter:
         return self._deficit(self.inserted, self.sampled + n) <= self.tolerance
 
     def can_insert(self, n: int) -> bool:
-        """Whether ``n`` more inserts keep the learner from falling behind the ratio."""
-        if self.samples_per_insert is None or self.inserted + n <= self.min_size:
-            return True
-        return -self._deficit(self.inserted + n, self.sampled) <= self.tolerance
+        """Whether ``n`` more inserts keep the learner from falling behind the ratio: what
+        the buffer applies (:meth:`insert_room`)."""
+        return n <= self.insert_room()
 
     def insert_room(self) -> int:
         """How many items may be inserted now without breaking the ratio (a large number if unbounded)."""

@@ -258,6 +258,15 @@ def test_rate_limiter_min_size_and_ratio():
     assert lim.can_insert(lim.insert_room()) and not lim.can_insert(lim.insert_room() + 1)
 
 
+def test_can_insert_answers_as_the_buffer_applies_the_ratio():
+    # a second formula for the rule disagreed with insert_room() at the boundary (float rounding)
+    lim = RateLimiter(min_size=20, samples_per_insert=0.3, tolerance=0.3)
+    lim.inserted, lim.sampled = 152, 354
+    room = lim.insert_room()
+    assert room == 1049
+    assert lim.can_insert(room) and not lim.can_insert(room + 1)
+
+
 def test_schema_accepts_a_plain_dict_and_a_schema_object():
     a = ReplayBuffer(SCHEMA, 4)
     b = ReplayBuffer(Schema(SCHEMA), 4)
