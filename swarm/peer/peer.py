@@ -179,7 +179,10 @@ def _mechanism_mismatch(keyed: bool) -> str:
 
 @dataclass
 class _Dial:
-    """How the attempts to reach one coordinator address go."""
+    """How the attempts to reach one address go: a coordinator's, a data link's or an
+    outbox's. A handshake refused for good (libzmq never dials that address again) sets
+    a redial after a backoff, REDIAL_MIN_S doubling up to REDIAL_MAX_S; each caller logs
+    a failure once, until a handshake succeeds, in its own words."""
 
     failure: str = ""           # the handshake failure last logged; "" since one succeeded
     closes: int = 0             # handshakes it closed in a row (one may be a dying process)
@@ -190,6 +193,23 @@ class _Dial:
     handshakes: int = 0
     drops: int = 0
     up: bool = False            # a handshake succeeded and its connection has not dropped since
+
+    def refused(self, why: str, now: float) -> bool:
+        """A handshake failed for ``why`` and libzmq gave the address up: dial it again
+        after the backoff, which doubles. Whether ``why`` is new: the caller logs it then."""
+        self.redial_at = now + self.backoff
+        self.backoff = min(2 * self.backoff, REDIAL_MAX_S)
+        if why == self.failure:
+            return False
+        self.failure = why
+        return True
+
+    def succeeded(self) -> "_Dial":
+        """The dial after a handshake succeeded: no failure, no redial, the backoff from
+        the start, the counts kept. A new object: a coordinator's greeting probe tells by
+        it that a handshake succeeded meanwhile. The caller logs "succeeds again" where
+        ``failure`` was set."""
+        return _Dial(handshakes=self.handshakes + 1, drops=self.drops, up=True)
 
 
 #: what a data link's monitor reports: a lost connection (a suspicion), and how its
@@ -260,15 +280,10 @@ class _OutboxWatch:
                 if d.failure:
                     log.warning("peer %s: the handshake with %s's inbox at %s succeeds again",
                                 self.peer_id, self.pid, self.endpoint)
-                d = self.dial = _Dial()
+                d = self.dial = d.succeeded()
                 continue
             why = _link_refusal(ev["event"], ev["value"], keyed=self.curve is not None)
-            if not why:
-                continue
-            d.redial_at = now + d.backoff
-            d.backoff = min(2 * d.backoff, REDIAL_MAX_S)
-            if why != d.failure:
-                d.failure = why
+            if why and d.refused(why, now):
                 log.error("peer %s: the handshake with %s's inbox at %s (the direct gradient relay) fails: "
                           "%s. Dialling it again, every %g s at most, until it succeeds", self.peer_id,
                           self.pid, self.endpoint, _refusal_text(self.curve, self.pid, why), REDIAL_MAX_S)
@@ -1527,26 +1542,23 @@ class Peer:
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             if d.failure:
                 log.warning("peer %s: the handshake with coordinator %s succeeds again", self.id, addr)
-            self._dials[i] = _Dial(handshakes=d.handshakes + 1, drops=d.drops, up=True)
+            self._dials[i] = d.succeeded()
             return
         why, gave_up = _coord_handshake_error(event, value, keyed=self._curve is not None)
         d.closes = d.closes + 1 if why and not gave_up else 0
         if gave_up:
-            d.redial_at = time.monotonic() + d.backoff
-            d.backoff = min(2 * d.backoff, REDIAL_MAX_S)
-        if why and why != d.failure and (gave_up or (d.closes >= 2 and not d.failure)):
+            if d.refused(why, time.monotonic()):
+                self._log_dial_failure(addr, why, gave_up)
+        elif why and d.closes >= 2 and not d.failure:
             # A close in the handshake counts from the second in a row (the first may be a
             # coordinator going down), and never over a precise reason: a mechanism
             # mismatch, for one, also shows as a close when the coordinator saw it first
             # (most times, on loopback), so its greeting is read for the mechanism it
             # names, and the close's guess stands meanwhile.
             d.failure = why
-            if gave_up:
-                self._log_dial_failure(addr, why, gave_up)
-            else:
-                probe = asyncio.get_running_loop().create_task(self._read_greeting(i, d, addr))
-                self._probes.add(probe)
-                probe.add_done_callback(self._probes.discard)
+            probe = asyncio.get_running_loop().create_task(self._read_greeting(i, d, addr))
+            self._probes.add(probe)
+            probe.add_done_callback(self._probes.discard)
 
     async def _read_greeting(self, i: int, d: _Dial, addr: str) -> None:
         """Log why coordinator ``i`` closes this peer's handshakes: the mechanism its
@@ -1822,16 +1834,14 @@ class Peer:
             if d.failure:
                 log.warning("peer %s: the handshake with neighbour %s at %s succeeds again", self.id, pid,
                             link.addr)
-            link.dial = _Dial()
+            link.dial = d.succeeded()
             return
         why = _link_refusal(event, value, keyed=self._curve is not None)
         if not why:
             return
-        d.redial_at = time.monotonic() + d.backoff
-        d.backoff = min(2 * d.backoff, REDIAL_MAX_S)
+        new = d.refused(why, time.monotonic())
         self._link_redial_at = min(self._link_redial_at, d.redial_at)
-        if why != d.failure:
-            d.failure = why
+        if new:
             log.error("peer %s: the handshake with neighbour %s at %s fails: %s. Dialling it again, every "
                       "%g s at most, until it succeeds", self.id, pid, link.addr,
                       _refusal_text(self._curve, pid, why), REDIAL_MAX_S)
