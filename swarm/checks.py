@@ -1,6 +1,7 @@
 """Argument checks that the public APIs share: what counts as an integer, a real
 number, a number of seconds, a seed. numpy's scalars count (``numbers`` registers them);
-a bool does not, though Python takes ``True`` for 1."""
+a bool does not, though Python takes ``True`` for 1. And how text a sender chose is
+shown in errors, logs and tables (:func:`shown`, :func:`printable`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["is_int", "is_real", "seconds", "rng_seed", "finite_arg", "MAX_GRAD", "largest_abs"]
+__all__ = ["is_int", "is_real", "nonneg", "seconds", "rng_seed", "finite_arg", "MAX_GRAD", "largest_abs", "shown",
+           "printable"]
 
 #: The largest gradient entry a peer takes (FlatAdam, the gradient relay): the square of a
 #: larger one overflows float32 (max 3.4028235e38), and Adam's second moment would stay
@@ -33,6 +35,11 @@ def is_int(x: Any) -> bool:
 
 def is_real(x: Any) -> bool:
     return type(x) in (int, float) or (isinstance(x, numbers.Real) and not isinstance(x, bool))
+
+
+def nonneg(x: Any) -> bool:
+    """Whether ``x >= 0``: the check of a config field that 0 turns off or leaves unbounded."""
+    return x >= 0
 
 
 def seconds(v: Any, name: str = "timeout", *, none_ok: bool = False) -> float | None:
@@ -95,3 +102,19 @@ def shown(x: Any) -> str:
     the cost of accepting a message."""
     s = _short.repr(x)
     return s if len(s) <= MAX_SHOWN else f"{s[:MAX_SHOWN - 3]}..."
+
+
+def printable(s: Any) -> str:
+    r"""``str(s)`` with every character that is not printable (control characters, ESC
+    among them, line breaks, bidi overrides ...) shown as its Python escape, and every
+    other as it is: what a peer sent cannot move the cursor or recolour an operator's
+    terminal, nor forge a line of a log, and an id reads the same in the log as in
+    ``swarm status`` (a repr of the whole text doubled its backslashes).
+
+    >>> printable("p0\x1b[2J"), printable("a\\b\n")
+    ('p0\\x1b[2J', 'a\\b\\n')
+    """
+    s = str(s)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
+from .checks import nonneg
 from .errors import ConfigError
 
 __all__ = [
@@ -56,10 +57,6 @@ def opt(default: Any, help: str, check: Callable[[Any], bool] | None = None,
 
 def _positive(x: Any) -> bool:
     return x > 0
-
-
-def _nonneg(x: Any) -> bool:
-    return x >= 0
 
 
 # Settings that become libzmq socket options have libzmq's bounds: a value past them
@@ -201,7 +198,7 @@ class CoordinatorConfig:
     zmtp_timeout_s: float = opt(0.3, "ZMTP heartbeat timeout: a frozen peer is detected after about this long; "
                                 f"at most {MAX_ZMTP_S:g} s", _zmtp_s, _ZMTP_WHY)
     rejoin_grace_s: float = opt(0.3, "after a (re)start, how long to gather re-joins before the first view",
-                                _nonneg, "must be >= 0")
+                                nonneg, "must be >= 0")
     tick_s: float = opt(0.02, "failure detector period", _positive, "must be > 0")
     keys_dir: str = opt("", "CurveZMQ key folder from `swarm keys generate`; empty: no encryption")
     key_name: str = opt("coordinator", "the coordinator's key pair in keys_dir")
@@ -258,7 +255,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
-        kt, vt = typing.get_args(tp) or (str, Any)
+        _, vt = typing.get_args(tp) or (str, Any)   # keys are strings, as TOML's are
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a table, got {value!r}")
         return {str(k): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}

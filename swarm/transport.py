@@ -25,6 +25,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from .checks import printable
 from .errors import ConfigError, TransportError, WireError
 from .wire import DEFAULT_LIMITS, Limits, Message, decode, shown
 
@@ -326,8 +327,8 @@ MAX_REASONS = 64
 OTHER_REASONS = "(other reasons)"
 
 
-def drain(s: zmq.Socket, batch: int = DRAIN_BATCH, keep: int = KEEP_FRAMES) -> Iterator[list[zmq.Frame]]:
-    """Yield queued multipart messages without blocking, at most ``batch``.
+def drain(s: zmq.Socket, keep: int = KEEP_FRAMES) -> Iterator[list[zmq.Frame]]:
+    """Yield queued multipart messages without blocking, at most :data:`DRAIN_BATCH`.
 
     Frames are received without copying (``copy=False``): arrays decoded from
     them are views of ZeroMQ's own buffers. Of a message of more than ``keep``
@@ -338,7 +339,7 @@ def drain(s: zmq.Socket, batch: int = DRAIN_BATCH, keep: int = KEEP_FRAMES) -> I
     2 bytes on the wire.
     """
     recv, getsockopt = s.recv, s.getsockopt
-    for n in range(batch):
+    for n in range(DRAIN_BATCH):
         # after the first, ask whether another is queued: the zmq.Again that a receive on
         # an empty queue raises costs twice as much, and most drains find one message
         if n and not getsockopt(_EVENTS) & _POLLIN:
@@ -408,8 +409,13 @@ def try_send(s: zmq.Socket, frames: list[Any]) -> bool:
         raise TransportError(f"send failed: {e.strerror}") from None
 
 
+#: seconds between two warnings about malformed messages from the same source
+BAD_INPUT_LOG_S = 10.0
+
+
 class BadInput:
-    """Counts malformed messages and logs them at most once per source per interval.
+    """Counts malformed messages and logs them at most once per source per
+    :data:`BAD_INPUT_LOG_S`.
 
     ``by_reason`` counts them by the start of their error message, which often holds
     what was sent (a type name, a size): it holds at most :data:`MAX_REASONS`
@@ -417,9 +423,8 @@ class BadInput:
     a sender of junk that varies cannot grow it without bound.
     """
 
-    def __init__(self, where: str, interval_s: float = 10.0) -> None:
+    def __init__(self, where: str) -> None:
         self.where = where
-        self.interval_s = interval_s
         self.count = 0
         self.by_reason: dict[str, int] = {}
         self._last: dict[Any, float] = {}
@@ -427,25 +432,20 @@ class BadInput:
     def __call__(self, source: Any, err: Exception) -> None:
         self.count += 1
         text = str(err)
-        reason = _escaped(text.split(":", 1)[0][:60])[:60]   # shown in status, as the log line is
+        reason = printable(text.split(":", 1)[0][:60])[:60]   # shown in status, as the log line is
         if reason not in self.by_reason and len(self.by_reason) >= MAX_REASONS - 1:
             reason = OTHER_REASONS
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
         now = time.monotonic()
-        if now - self._last.get(source, -1e9) >= self.interval_s:
+        if now - self._last.get(source, -1e9) >= BAD_INPUT_LOG_S:
             if len(self._last) > 4096:  # bounded memory under a flood of sources
                 self._last.clear()
             self._last[source] = now
             # Cut: a handler's WireError may quote what was sent, at any length. Escaped
-            # (as repr does, without its quotes): it may quote a sender's id, which may hold
-            # a line break, and so forge whole lines in the log.
+            # as `swarm status` shows it: it may quote a sender's id, which may hold a line
+            # break, and so forge whole lines in the log.
             log.warning("%s: dropped malformed message from %r: %s (%d dropped so far)",
-                        self.where, source, _escaped(text[:300]), self.count)
-
-
-def _escaped(text: str) -> str:
-    """``text`` with control characters escaped as repr does (without its quotes)."""
-    return text if text.isprintable() else repr(text)[1:-1]
+                        self.where, source, printable(text[:300]), self.count)
 
 
 def decode_routed(frames: list[zmq.Frame], limits: Limits) -> tuple[bytes, Message]:
@@ -463,8 +463,6 @@ def srcfd(frame: zmq.Frame) -> int:
     except (zmq.ZMQError, AttributeError, TypeError):
         return -1
 
-
-Callback = Callable[..., Any]
 
 
 #: a key pair's name: a plain file name (no separators, no "..", no leading "-" or ".",

@@ -33,6 +33,8 @@ from collections import deque
 from itertools import islice
 from typing import Any, Iterable
 
+from ..checks import printable
+
 __all__ = ["PeerRates", "peer_rows", "status_document", "prometheus", "format_table", "plain", "bound_stats",
            "printable", "RATE_KEYS", "MAX_STAT_TEXT", "MAX_STAT_ITEMS", "MAX_STATS_SIZE"]
 
@@ -144,25 +146,6 @@ def _bounded(v: Any, depth: int, left: list[int]) -> Any:
     return None
 
 
-def printable(s: Any) -> str:
-    r"""``str(s)`` with every character that is not printable (control characters, ESC
-    among them, line breaks, bidi overrides ...) shown as its Python escape, so that
-    what a peer sent cannot move the cursor or recolour an operator's terminal.
-
-    >>> printable("p0\x1b[2J")
-    'p0\\x1b[2J'
-    """
-    s = str(s)
-    if s.isprintable():
-        return s
-    return "".join(map(_escape, s))
-
-
-def _escape(c: str) -> str:
-    """One character as :func:`printable` shows it."""
-    return c if c.isprintable() else repr(c)[1:-1]
-
-
 def _columns(c: str) -> int:
     """Terminal columns a printable character takes: 2 for a wide East Asian one, none for
     a combining mark (drawn over the character before it), else 1."""
@@ -187,7 +170,7 @@ def _fit(s: Any, width: float) -> tuple[str, int]:
     out: list[str] = []
     used = 0
     for c in s:
-        text = _escape(c)
+        text = printable(c)
         w = _columns(c) if text == c else len(text)
         if used + w > width:
             break

@@ -26,10 +26,11 @@ __all__ = ["MemberRecord", "MemberTable", "ALIVE", "SUSPECT", "DEAD", "MAX_RANK"
 
 ALIVE, SUSPECT, DEAD = "alive", "suspect", "dead"
 
+#: seconds a dead member's record is kept (a row of `swarm status` that says why it died)
+DEAD_KEPT_S = 300.0
 #: dead records kept at most, the newest (each is a row of every status reply): a
 #: restarted process joins under a new id, and a churn of 15,000 deaths within
-#: forget_dead's 300 s made a status reply over the 4 MiB header limit, which went
-#: unanswered
+#: DEAD_KEPT_S made a status reply over the 4 MiB header limit, which went unanswered
 MAX_DEAD = 4096
 
 #: the highest rank a join may ask for: ranks number agents and seed environments
@@ -46,7 +47,6 @@ class MemberRecord:
     route: bytes
     state: str = ALIVE
     last_heartbeat: float = field(default_factory=time.monotonic)
-    joined_at: float = field(default_factory=time.time)
     fd: int = -1
     probe_deadline: float = 0.0
     probe_nonce: int = 0
@@ -225,11 +225,11 @@ class MemberTable:
         self.view = View(self.epoch, members)
         return self.view
 
-    def forget_dead(self, older_than_s: float = 300.0, keep: int = MAX_DEAD) -> None:
-        """Drop dead records after ``older_than_s``, and the oldest beyond ``keep``, so the
-        table stays bounded however fast members come and go. Their age is elapsed time:
-        a step of the wall clock (NTP, a resume from suspend) dropped them all at once."""
-        cutoff = time.monotonic() - older_than_s
+    def forget_dead(self, keep: int = MAX_DEAD) -> None:
+        """Drop dead records after :data:`DEAD_KEPT_S`, and the oldest beyond ``keep``, so
+        the table stays bounded however fast members come and go. Their age is elapsed
+        time: a step of the wall clock (NTP, a resume from suspend) dropped them all at once."""
+        cutoff = time.monotonic() - DEAD_KEPT_S
         dead = sorted((m.died_at, p) for p, m in self.members.items() if m.state == DEAD)
         over = len(dead) - keep
         for i, (died_at, pid) in enumerate(dead):

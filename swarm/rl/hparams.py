@@ -13,6 +13,7 @@ import sys
 import typing
 from dataclasses import dataclass, fields
 
+from ..checks import nonneg
 from ..config import opt
 from ..errors import ConfigError
 
@@ -21,10 +22,6 @@ __all__ = ["DQNConfig"]
 
 def _pos(x: float) -> bool:
     return x > 0
-
-
-def _nonneg(x: float) -> bool:
-    return x >= 0
 
 
 def _unit(x: float) -> bool:
@@ -76,7 +73,7 @@ class DQNConfig:
     learning_starts: int = opt(1000, "env steps before the first update. Acting is epsilon-greedy "
                                      "throughout: epsilon falls from step 0 (eps_steps), not from here, so "
                                      "some actions before the first update are the untrained net's greedy ones",
-                               _nonneg, "must be >= 0")
+                               nonneg, "must be >= 0")
     train_every: int = opt(1, "env steps between updates (with gossip.exchange = gradients: between this "
                               "peer's turns at computing a gradient)", _pos, "must be > 0")
     updates_per_train: int = opt(1, "gradient steps each time an update is due (with gossip.exchange = "
@@ -92,7 +89,7 @@ class DQNConfig:
                      lambda t: 0.0 < t <= 1.0, "must be in (0, 1]")
     target_every: int = opt(1, "updates between target-network updates", _pos, "must be > 0")
     huber_delta: float = opt(1.0, "Huber loss threshold", _pos, "must be > 0")
-    max_grad_norm: float = opt(10.0, "gradient clipping norm; 0 disables", _nonneg, "must be >= 0")
+    max_grad_norm: float = opt(10.0, "gradient clipping norm; 0 disables", nonneg, "must be >= 0")
     eps_start: float = opt(1.0, "initial exploration rate", _unit, "must be in [0, 1]")
     eps_end: float = opt(0.05, "final exploration rate", _unit, "must be in [0, 1]")
     eps_steps: int = opt(5_000, "env steps over which epsilon falls linearly to eps_end", _pos, "must be > 0")
