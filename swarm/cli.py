@@ -392,7 +392,8 @@ def _peer_config(args: argparse.Namespace, spec: Any) -> PeerConfig:
     port was checked against the default free one). Under --spec (``spec``) the peer's
     graph is the spec's (run_peer gives it the spec's topology and edges): one given
     here, by a flag, ``--set`` or the file, must agree with it, and a custom one needs
-    no edge list of its own."""
+    no edge list of its own. The spec's ``link`` section gives ``peer.link_timeout_s``
+    and ``peer.max_message_mb`` where neither ``--set`` nor the file does."""
     data = read_file(args.config) if args.config is not None else {}
     apply_overrides(data, list(args.set or []))
     peer = data.setdefault("peer", {})
@@ -414,6 +415,8 @@ def _peer_config(args: argparse.Namespace, spec: Any) -> PeerConfig:
                     where, drop = f"peer.{key} = {peer[key]!r} in {args.config}", "remove it there"
                 raise ConfigError(f"{where} disagrees with the spec's gossip.{key} = {theirs}; {drop}")
             peer["topology"], peer["edges"] = spec.gossip.topology, spec.gossip.edges
+            for key, value in spec.link.peer_settings().items():   # this host's own, given, win
+                peer.setdefault(key, value)
     return from_dict(SwarmConfig, data).peer
 
 
@@ -583,7 +586,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     if spec is not None:
         # Train this peer's share of an experiment (see swarm.experiment.runner).
         from .coordinator.report import printable
-        from .experiment.runner import make_peer_dir, peer_dir, run_peer, stop_on_signals
+        from .experiment.runner import check_resume_kept, make_peer_dir, peer_dir, run_peer, stop_on_signals
 
         # A peer of an experiment is peer{RANK}: its id and its rank say the same thing,
         # so `--replace peer3` is enough to take over rank 3.
@@ -620,6 +623,8 @@ def cmd_peer(args: argparse.Namespace) -> int:
                              f"peer{cfg.rank}); drop it")
         if args.new_run and not args.resume_from:
             raise SwarmError("--new-run goes with --resume RUN_DIR (a start without it is a new run anyway)")
+        if args.resume_from:   # as run_peer does, but before this process makes and locks its folder
+            check_resume_kept(args.resume_from, spec, [cfg.rank])
         run_dir = args.run_dir or os.path.join("runs", f"{spec.name}-peer{cfg.rank}")
         fresh = not (args.run_dir or args.resume_from or args.replace)
         if fresh and (peer_dir(run_dir, cfg.rank) / "run.json").is_file():

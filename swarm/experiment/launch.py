@@ -98,13 +98,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ..errors import ConfigError, SwarmError
-from .runner import BUFFER_KEPT, DIGEST_EVERY, peer_dir
-from .spec import BufferSpec, Spec, load_spec, save_resolved
+from .runner import DIGEST_EVERY, check_resume_kept, peer_dir
+from .spec import Spec, load_spec, save_resolved
 
 if TYPE_CHECKING:
     from .forkserver import ForkServer, Forked
@@ -969,31 +969,9 @@ def _check_resume_env(prev: Path, spec: Spec) -> None:
 
 
 def _check_resume_kept(prev: Path, spec: Spec) -> None:
-    """Refuse to resume the run in ``prev`` with a setting that its checkpoints keep and
-    that differs from that run's (``--set seed=7``, ``--set buffer.alpha=...``): the new
-    config.json would record it, but the run would not train with it, and each peer would
-    meet it on its own, after the launch. Every checkpoint holds the network and the
-    agent's random streams, which the run's ``seed`` made; one in ``ckpt/`` also holds a
-    replay buffer, which keeps its settings (peers that left only ``checkpoint.pt`` start
-    new buffers)."""
-    from ..config import read_file  # noqa: PLC0415
-    from .checkpoint import latest  # noqa: PLC0415
-
-    old = read_file(prev / "config.json")
-    was = {"seed": old.get("seed", Spec.seed), **{f"buffer.{k}": v for k, v in
-                                                   {**asdict(BufferSpec()), **old.get("buffer", {})}.items()}}
-    now = {"seed": spec.seed, **{f"buffer.{k}": v for k, v in asdict(spec.buffer).items()}}
-    kept = ["seed"]
-    if any(latest(peer_dir(prev, r) / "ckpt") is not None for r in range(spec.peers)):
-        # the capacity too: run_peer refuses a restored buffer of another capacity
-        kept += [f"buffer.{k}" for k in ("capacity", *BUFFER_KEPT)]
-    changed = [k for k in kept if was[k] != now[k]]
-    if changed:
-        then = ", ".join(f"{k} = {json.dumps(was[k])}" for k in changed)
-        asked = ", ".join(f"{k} = {json.dumps(now[k])}" for k in changed)
-        raise ConfigError(f"resume: {prev} trained with {then} and this run asks for {asked}; the peers' "
-                          "checkpoints keep their network, random streams and replay buffers as that run made "
-                          f"them: resume with {then}, or start a new run")
+    """:func:`~swarm.experiment.runner.check_resume_kept` for every peer of the run, before
+    anything starts: each peer would otherwise meet it on its own, after the launch."""
+    check_resume_kept(prev, spec, range(spec.peers))
 
 
 def _check_memory(spec: Spec) -> None:

@@ -99,7 +99,7 @@ class PeerActor:
             factory = uvloop.new_event_loop
         except ImportError:
             factory = None
-        cfg = PeerConfig(bind=f"tcp://{host or ray.util.get_node_ip_address()}:*")
+        cfg = PeerConfig(bind=f"tcp://{host or ray.util.get_node_ip_address()}:*", **spec.link.peer_settings())
         with _peer_log(run_dir, rank, verbose):
             return run_peer(spec, rank, coordinator, run_dir, stop=self._stop, loop_factory=factory,
                             peer_config=cfg)

@@ -91,18 +91,18 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from ..buffer.persist import resume_sequence, write_synced
 from ..buffer.replay import seq_floor
-from ..config import to_dict
+from ..config import PeerConfig, read_file, to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
-from .checkpoint import (Checkpointer, DivergedCheckpoint, Lineage, array_digest, json_bytes, load_newest,
+from .checkpoint import (Checkpointer, DivergedCheckpoint, Lineage, array_digest, json_bytes, latest, load_newest,
                          newest_lineage, nonfinite, read_checkpoint_pt, read_lineage, state_digest, write_json,
                          write_lineage, write_whole)
-from .spec import Spec
+from .spec import BufferSpec, Spec
 
 if TYPE_CHECKING:
     from ..gossip import GradientRelay
@@ -748,8 +748,9 @@ SPEC_POLL_S = 2.0
 STOP_POLL_S = 0.25
 
 #: spec keys that may differ between the peers of one run: how long each trains,
-#: evaluates and checkpoints (a resumed peer may be given a larger budget)
-PER_PEER_KEYS = ("name", "budget", "eval", "checkpoint", "restart_dead")
+#: evaluates and checkpoints (a resumed peer may be given a larger budget), and its
+#: links' settings (which a host's own peer.* settings override anyway)
+PER_PEER_KEYS = ("name", "budget", "eval", "checkpoint", "link", "restart_dead")
 
 
 def spec_tag(spec: Spec) -> dict[str, str]:
@@ -882,6 +883,37 @@ def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path |
 BUFFER_KEPT = ("prioritized", "alpha", "eps", "decay")
 
 
+def check_resume_kept(prev: str | Path, spec: Spec, ranks: Iterable[int]) -> None:
+    """Refuse to resume the peers of ``ranks`` from the run in ``prev`` with a setting that
+    their checkpoints keep and that differs from that run's ``config.json`` (``--set
+    seed=7``, ``--set buffer.alpha=...``): the new config.json would record it, but the run
+    would not train with it. Every checkpoint holds the network and the agent's random
+    streams, which the run's ``seed`` made; one in ``ckpt/`` also holds a replay buffer,
+    which keeps its settings (peers that left only ``checkpoint.pt`` start new buffers).
+    `swarm run --resume` checks every peer before it starts anything, and each peer
+    (``run_peer``, `swarm peer --resume`) its own before it writes anything. A folder
+    without ``config.json`` (a `swarm peer` run's) has nothing to compare with here;
+    ``run_peer`` still compares a restored buffer's own settings once it has loaded."""
+    if not (Path(prev) / "config.json").is_file():
+        return
+    old = read_file(Path(prev) / "config.json")
+    old_buffer = old.get("buffer") if isinstance(old.get("buffer"), dict) else {}
+    was = {"seed": old.get("seed", Spec.seed), **{f"buffer.{k}": v for k, v in
+                                                   {**to_dict(BufferSpec()), **old_buffer}.items()}}
+    now = {"seed": spec.seed, **{f"buffer.{k}": v for k, v in to_dict(spec.buffer).items()}}
+    kept = ["seed"]
+    if any(latest(peer_dir(prev, r) / "ckpt") is not None for r in ranks):
+        # the capacity too: run_peer refuses a restored buffer of another capacity
+        kept += [f"buffer.{k}" for k in ("capacity", *BUFFER_KEPT)]
+    changed = [k for k in kept if was[k] != now[k]]
+    if changed:
+        then = ", ".join(f"{k} = {json.dumps(was[k])}" for k in changed)
+        asked = ", ".join(f"{k} = {json.dumps(now[k])}" for k in changed)
+        raise ConfigError(f"resume: {prev} trained with {then} and this run asks for {asked}; the peers' "
+                          "checkpoints keep their network, random streams and replay buffers as that run made "
+                          f"them: resume with {then}, or start a new run")
+
+
 def _run_ends() -> float:
     """When the run's time ends on this host's monotonic clock, as `swarm run` gives its
     peers in ``SWARM_RUN_ENDS`` (inf without): budget.max_seconds limits the whole run, not
@@ -946,7 +978,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         peer_config: a :class:`swarm.config.PeerConfig` with this host's peer settings
             (bind and advertised address, keys, timeouts); its coordinators, id, rank
             and topology are replaced by the arguments above. None: the defaults,
-            which bind to loopback only.
+            which bind to loopback only, with the spec's ``link`` settings.
     """
     # counted from here, before the imports below take their seconds of it
     run_ends = _run_ends()
@@ -966,6 +998,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         how = "resumes from its own run folder" if own else "replaces a member"
         raise ConfigError(f"new_run (--new-run): peer{rank} {how}, so it goes on with the run there; a new run is "
                           "a fresh start or a resume from another run folder")
+    if resume_from is not None:
+        check_resume_kept(resume_from, spec, [rank])
     torch.set_num_threads(1)  # many peers share few cores
     stop = stop or threading.Event()
     seed = spec.peer_seed(rank)
@@ -1006,6 +1040,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         _at_start(run_dir, lambda: (out / "summary.json").unlink(missing_ok=True), out / "summary.json", "remove")
 
     coordinators = [coordinator] if isinstance(coordinator, str) else list(coordinator)
+    if peer_config is None:
+        peer_config = PeerConfig(**spec.link.peer_settings())
     sp = SyncPeer(peer_config, coordinators=coordinators, id=f"peer{rank}", rank=rank, topology=g.topology,
                   edges=g.edges, loop_factory=loop_factory)
     if new_here:
@@ -1055,7 +1091,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         # outlast join_timeout and crash it again.
         need = 1 if rejoin else spec.peers
         status = _StatusClient(peer_config, peer.id)
-        log.info("peer%d joined; waiting for %d peers", rank, need)
+        log.info("peer%d joined; waiting for %d peers (links time out after %g s, messages up to %d MiB)", rank,
+                 need, peer.config.link_timeout_s, peer.config.max_message_mb)
         deadline = time.monotonic() + join_timeout
         next_check = time.monotonic() + SPEC_POLL_S
         while True:
@@ -1141,7 +1178,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                   f"{buf.capacity}; this is {peer.id} with buffer.capacity = {b.capacity}")
             # The restored buffer samples as it was saved: a spec that says otherwise would be
             # recorded (config.json, the spec's digest) but not trained with. `swarm run --resume`
-            # checks these too, before it starts anything (launch._check_resume_kept).
+            # checks these too, before it starts anything (check_resume_kept).
             for name in BUFFER_KEPT:
                 key = f"buffer.{name}"
                 was = buf.sampler == "prioritized" if name == "prioritized" else getattr(buf, name)

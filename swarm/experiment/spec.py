@@ -22,17 +22,18 @@ import difflib
 import importlib
 import json
 import re
-from dataclasses import InitVar, dataclass, field
+from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..checks import SEED_LIMIT
-from ..config import apply_overrides, from_dict, opt, read_file, to_dict, to_toml
+from ..config import (MAX_MESSAGE_MB, MAX_ZMTP_S, PeerConfig, apply_overrides, from_dict, opt, read_file, to_dict,
+                      to_toml)
 from ..errors import ConfigError
 from ..rl.hparams import DQNConfig
 
 __all__ = [
-    "Spec", "GossipSpec", "BufferSpec", "BudgetSpec", "EvalSpec", "CheckpointSpec",
+    "Spec", "GossipSpec", "BufferSpec", "BudgetSpec", "EvalSpec", "CheckpointSpec", "LinkSpec",
     "DEFAULT_SPEC", "ALGORITHMS", "SYNC_MODES", "load_spec", "show_spec", "save_resolved", "swarm_dqn",
 ]
 
@@ -195,6 +196,34 @@ class CheckpointSpec:
                                           "last full one); 0: none", _nonneg, "must be >= 0")
 
 
+def _peer_opt(name: str, help: str) -> Any:
+    """A spec field that sets :class:`~swarm.config.PeerConfig`'s field ``name``: its
+    default, its check and the check's message are that field's."""
+    f = next(f for f in fields(PeerConfig) if f.name == name)
+    return opt(f.default, help, f.metadata["check"], f.metadata["why"])
+
+
+@dataclass
+class LinkSpec:
+    """The peers' links: what `swarm peer` sets with peer.link_timeout_s and peer.max_message_mb."""
+
+    timeout_s: float = _peer_opt("link_timeout_s", "ZMTP heartbeat timeout of each peer's links (to its neighbours "
+                                                   "and its coordinator): a frozen neighbour is found after about "
+                                                   "this long, and a message that takes longer to drain closes the "
+                                                   "link and is lost; raise it to a few seconds for messages of tens "
+                                                   "of MB (models of 10M parameters or more) or round trips above "
+                                                   f"~50 ms (docs/wire.md); at most {MAX_ZMTP_S:g} s. A host's own "
+                                                   "peer.link_timeout_s (swarm peer --set or --config) wins")
+    max_message_mb: int = _peer_opt("max_message_mb", "largest message a peer sends or accepts, in MiB (a full "
+                                                      "state takes 4 bytes a parameter); at most "
+                                                      f"{MAX_MESSAGE_MB} (1 TiB). A host's own peer.max_message_mb "
+                                                      "wins")
+
+    def peer_settings(self) -> dict[str, Any]:
+        """These settings as the :class:`~swarm.config.PeerConfig` fields they set."""
+        return {"link_timeout_s": self.timeout_s, "max_message_mb": self.max_message_mb}
+
+
 def swarm_dqn() -> DQNConfig:
     """The default spec's DQN settings (a new instance each call).
 
@@ -232,6 +261,7 @@ class Spec:
     budget: BudgetSpec = field(default_factory=BudgetSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    link: LinkSpec = field(default_factory=LinkSpec)
     restart_dead: bool = opt(False, "swarm run restarts a peer that crashed (once per crash; it takes its old "
                                     "rank, resumes from its checkpoint and bootstraps from its neighbours) "
                                     "and a coordinator that died, on the same address")

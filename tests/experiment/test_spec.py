@@ -346,3 +346,18 @@ def test_a_spec_started_from_show_derives_name_and_threshold_again(tmp_path):
     f.write_text(show_spec(None, ["name=mine", "eval.solve_return=400"]))
     spec = load_spec(f, ["env=Acrobot-v1"])
     assert (spec.name, spec.eval.solve_return) == ("mine", 400.0)
+
+
+def test_the_link_section_is_shown_and_an_older_config_json_without_it_loads_at_its_defaults(tmp_path):
+    # `swarm run --show` lists link.* under their help; a run folder's config.json written
+    # before the section existed still loads (swarm run --resume), with PeerConfig's defaults
+    from swarm.config import PeerConfig
+    from swarm.experiment.spec import show_spec
+
+    shown = show_spec(None, ["link.timeout_s=2.5"])
+    assert "\n[link]\n" in shown and "\ntimeout_s = 2.5\n" in shown and "\nmax_message_mb = 512" in shown, shown
+    old = to_dict(load_spec(None, ID))
+    del old["link"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    link = load_spec(tmp_path / "config.json").link
+    assert (link.timeout_s, link.max_message_mb) == (PeerConfig().link_timeout_s, PeerConfig().max_message_mb)
