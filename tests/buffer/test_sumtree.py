@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm.buffer import SumTree
+from swarm.buffer import ReplayBuffer, SumTree
 
 values = st.floats(min_value=0.0, max_value=1e3, allow_nan=False, allow_infinity=False)
 
@@ -132,3 +132,37 @@ def test_a_leaf_that_falls_far_does_not_cancel_out_its_neighbours():
     # a leaf set to 0 where its neighbour is 0 too
     t.set(np.array([2, 3]), np.array([0.0, 0.0]))
     assert t.total == 8190.0 and t.find(np.array([1.5, 2.5])).tolist() == [1, 4]
+
+
+def test_min_follows_single_leaf_writes_that_raise_the_smallest_leaf():
+    # fill_range(i, 1, v) is the one-leaf path a learner's add() takes every env step. A
+    # write that raises the leaf holding its block's minimum (or one of two equal minima)
+    # must move the minimum up to the next smallest positive leaf.
+    t = SumTree(300)
+    ref = np.linspace(1.0, 2.0, 300)
+    t.set_range(0, ref)
+    for i, v in [(0, 3.0),                  # the smallest leaf of all, raised
+                 (70, 0.5), (70, 2.5),      # lowered to the minimum, then raised past others
+                 (64, 0.25), (65, 0.25),    # two equal minima in one block
+                 (64, 4.0), (65, 4.0),      # raised one after the other
+                 (1, 0.0)]:                 # the smallest set to zero: left out
+        t.fill_range(i, 1, v)
+        ref[i] = v
+        assert t.min == ref[ref > 0].min(), (i, v)
+    assert t.min == ref[2]
+
+
+def test_replay_add_over_the_least_likely_item_moves_the_weights_minimum():
+    # Once the ring wraps, add() writes a new item at the max priority over the oldest
+    # slot: where that slot held the smallest priority, the importance weights
+    # (p_i / p_min)^-beta must be taken against the smallest priority still stored.
+    buf = ReplayBuffer({"x": ("float32", ())}, 8, alpha=1.0, eps=1e-6, seed=0)
+    idx = buf.add({"x": np.arange(8, dtype=np.float32)})
+    buf.update_priorities(idx, np.arange(1, 9) / 10.0)   # slot 0 is the least likely: 0.1 + eps
+    buf.add({"x": np.array([8.0], np.float32)})          # one item, over slot 0, at max priority 1
+    np.testing.assert_array_equal(buf.priorities(np.arange(1, 9)), [k / 10.0 + 1e-6 for k in range(2, 9)] + [1.0])
+    assert buf._tree.min == 0.2 + 1e-6   # p_min: the evicted 0.1 + eps is gone
+    s = buf.sample(256, beta=1.0)
+    p = buf.priorities(s.indices)
+    np.testing.assert_allclose(s.weights, ((0.2 + 1e-6) / p).astype(np.float32), rtol=1e-6)
+    assert s.weights.max() == 1.0   # the least likely item stored was drawn (and weighs 1)

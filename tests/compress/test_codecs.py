@@ -271,6 +271,25 @@ def test_extreme_magnitudes(spec, v):
         assert err <= max(v, 2.0 ** -100) * (1 + 1e-6)
 
 
+@pytest.mark.parametrize("spec", ["int8", "int8:stochastic:seed=1", "qsgd:16:bucket=256:seed=1"])
+def test_a_block_below_2_to_the_minus_100_gets_multiplier_0_and_decodes_to_zeros(spec):
+    """The documented flush to zero: a block whose max-abs (int8) or norm (qsgd) is below
+    2**-100 sends multiplier 0 and decodes to zeros; the blocks beside it (1, and 1e-29,
+    above 2**-100) are quantized as usual."""
+    x = np.concatenate([np.full(256, 1.0), np.linspace(-1e-33, 1e-33, 256), np.full(256, 1e-29)]).astype(np.float32)
+    c = get_codec(spec)
+    enc = c.encode(x)
+    y = c.decode(through_wire(enc), x.size)
+    mult = enc.frames[1]
+    assert mult[1] == 0.0 and not y[256:512].any()
+    # the blocks beside it: multiplier max-abs / L (int8) or norm / L (qsgd), every element at its top level
+    L = enc.meta["levels"]
+    norm = 16.0 if spec.startswith("qsgd") else 1.0   # ||ones(256)|| = 16
+    assert mult[0] == np.float32(norm / L) and mult[2] == np.float32(np.float32(1e-29) * norm / L)
+    np.testing.assert_allclose(y[:256], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(y[512:], np.float32(1e-29), rtol=1e-6)
+
+
 @pytest.mark.parametrize("s", [1, 4, 16, 127, 1000])
 @FAST
 @given(x=vec())
@@ -434,6 +453,18 @@ def test_topk_fp8_values_keep_an_eighth_of_each_value_and_refuse_bad_codes():
             c.decode(Encoded(meta, [enc.frames[0], codes]))
 
 
+def test_topk_fp8_values_round_to_nearest_even():
+    """e5m2 keeps 2 mantissa bits; a value exactly halfway between two codes goes to the
+    one with the even mantissa (1.125 -> 1.0, 1.375 -> 1.5, 3.25 -> 3.0, 3.75 -> 4.0),
+    anything past halfway to the nearer. The largest value, 2**15 (FP8_TOP), gives scale 1."""
+    x = np.array([32768.0, 1.125, 1.375, 3.25, 3.75, -1.125, -3.25, 1.126, 0.15625, 2.5], np.float32)
+    c = get_codec("topk:1.0:values=fp8")
+    enc = c.encode(x)
+    assert enc.meta["scale"] == 1.0
+    y = c.decode(through_wire(enc), x.size)
+    assert y.tolist() == [32768.0, 1.0, 1.5, 3.0, 4.0, -1.0, -3.0, 1.25, 0.15625, 2.5]
+
+
 @FAST
 @given(n=st.integers(1, 5000), data=st.data())
 def test_gap_codes_round_trip(n, data):
@@ -573,6 +604,7 @@ def test_error_feedback_residual_stays_bounded(inner, fixed):
 
 @pytest.mark.parametrize("spec,n,scale", [("qsgd:8:seed=1", 1000, 1 / 3),    # omega = 2
                                           ("qsgd:1:seed=1", 1000, 1 / (1 + 512 ** 0.5)),
+                                          ("qsgd:8:bucket=256:seed=1", 1000, 1 / 2),   # omega = 1: scaled
                                           ("qsgd:16:seed=1", 1000, 1.0),  # omega = 0.5: as it was
                                           ("qsgd:8:seed=1", 100, 1.0)])   # one bucket of 100: omega = 0.39
 def test_error_feedback_scales_a_coarse_qsgd_inside_its_payload(spec, n, scale):

@@ -143,13 +143,14 @@ def test_coarse_qsgd_is_rescaled_and_converges(codec, topology):
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("d,scaled", [(100, False), (200, False), (300, True), (2000, True)])
+@pytest.mark.parametrize("d,scaled", [(100, False), (200, False), (256, True), (300, True), (2000, True)])
 def test_qsgd_rescaling_takes_omega_from_the_bucket_a_vector_fills(d, scaled):
     """ω = min(B/4s², √B/s) bounds each bucket's variance and grows with B, and a
     vector shorter than a bucket is one bucket of d: qsgd:8 (buckets of 512, ω = 2)
     on d = 200 has ω = 0.78 < 1, a contraction as it is, so neither end rescales
     (the first rounds' copies were a third of the delta, slowing every round);
-    at d = 300, ω = 1.17, and from 512 on, 2."""
+    at d = 256, ω = 1 exactly, already no contraction: rescaled by 1/2; at d = 300,
+    ω = 1.17, and from 512 on, 2."""
     from swarm.compress import get_codec
     from swarm.gossip._codecs import copy_scale
 
@@ -158,6 +159,9 @@ def test_qsgd_rescaling_takes_omega_from_the_bucket_a_vector_fills(d, scaled):
     assert copy_scale({"codec": "qsgd", "levels": 8, "block": 512, "n": d}) == \
         (1 / (1 + omega) if scaled else 1.0)
     assert copy_scale({"codec": "qsgd", "levels": 8, "block": 512}) == 1 / 3   # no n: the bucket
+    # qsgd:8:bucket=256 has ω = 1 on any vector that fills a bucket: the boundary is rescaled
+    assert copy_scale({"codec": "qsgd", "levels": 8, "block": 256, "n": 10_000}) == 0.5
+    assert copy_scale({"codec": "qsgd", "levels": 8, "block": 256}) == 0.5
 
     async def main():
         _, links, xs, engines = make(2, d=d, codec="qsgd:8", gamma=0.5)
@@ -332,28 +336,37 @@ def test_lost_delta_is_repaired_by_nack_and_full_state():
 
 
 def _slow_neighbour(sync, **kw):
-    """p000's neighbour p001 runs no rounds; how long does p000's round wait?"""
+    """p000's neighbour p001 runs no rounds; how long does p000's round wait? Returns the
+    round's result, every x before it (after a local step moved p000's), and p000's x
+    after it."""
     async def main():
         hub, links, xs, engines = make(3, d=8, topology="ring", sync=sync, round_timeout=0.3, **kw)
         await run_rounds(engines, 2)
+        xs[0] += np.arange(8, dtype=np.float32) - 20.0   # a local step between rounds
+        before = [x.copy() for x in xs]
         r0 = await asyncio.gather(engines[0].round(), engines[2].round())
-        return r0[0]
+        return r0[0], before, xs[0].copy()
     return asyncio.run(main())
 
 
 def test_lockstep_waits_then_reports_missing():
-    r = _slow_neighbour("lockstep")
+    r, before, after = _slow_neighbour("lockstep")
     assert r.waited_s >= 0.25 and r.missing == ["p001"] and r.participants == ["p002"]
+    # and mixes p002 alone, with its own weight on both sides: x0 + γ w02 (x2 − x0) (γ = 1,
+    # identity copies). Subtracting the late p001's weight too pulled x0 towards 0.
+    w02 = mixing_matrix("ring", 3)[0, 2]
+    assert w02 == pytest.approx(1 / 3)
+    np.testing.assert_allclose(after, before[0] + w02 * (before[2] - before[0]), rtol=1e-6, atol=1e-6)
 
 
 def test_async_never_waits():
-    r = _slow_neighbour("async")
+    r, _, _ = _slow_neighbour("async")
     assert r.waited_s < 0.25 and set(r.participants) == {"p001", "p002"}
     assert r.staleness["p001"] == 1
 
 
 def test_bounded_waits_only_past_max_staleness():
-    r = _slow_neighbour("bounded", max_staleness=1)
+    r, _, _ = _slow_neighbour("bounded", max_staleness=1)
     assert r.waited_s < 0.25 and set(r.participants) == {"p001", "p002"}
 
     async def main():

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from swarm.errors import ConfigError, SwarmError
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
@@ -25,22 +26,28 @@ def test_loss_falls_on_a_fixed_batch(replay):
     assert losses[-1] < 0.2 * losses[0], (losses[0], losses[-1])
 
 
-def test_td_errors_are_double_dqn_targets(replay):
-    cfg = DQNConfig(gamma=0.9, target_every=10**9)
+@pytest.mark.parametrize("double", [True, False])
+def test_td_errors_are_double_dqn_targets(replay, double):
+    """Double DQN: the online net picks the next action, the target net values it; plain
+    DQN (double=False): the target net's max. Both bootstrap from the target network."""
+    cfg = DQNConfig(gamma=0.9, target_every=10**9, double=double)
     agent = DQNAgent((4,), 3, replay, cfg, seed=1)
     with torch.no_grad():  # make target and online nets differ
         for p in agent.target.parameters():
             p.add_(0.3 * torch.randn_like(p))
     b = _batch(n=16, seed=2, n_actions=3)
     with torch.no_grad():
+        q_taken = agent.q(b["obs"])[torch.arange(16), b["action"]]
         a_star = agent.q(b["next_obs"]).argmax(1)
         next_q = agent.target(b["next_obs"])[torch.arange(16), a_star]
-        expected = b["reward"] + 0.9 * (1 - b["done"]) * next_q - agent.q(b["obs"])[torch.arange(16), b["action"]]
-        plain = b["reward"] + 0.9 * (1 - b["done"]) * agent.target(b["next_obs"]).max(1).values \
-            - agent.q(b["obs"])[torch.arange(16), b["action"]]
+        double_td = b["reward"] + 0.9 * (1 - b["done"]) * next_q - q_taken
+        plain_td = b["reward"] + 0.9 * (1 - b["done"]) * agent.target(b["next_obs"]).max(1).values - q_taken
+        online_td = b["reward"] + 0.9 * (1 - b["done"]) * agent.q(b["next_obs"]).max(1).values - q_taken
     _, td = agent.update(b, torch.ones(16))
+    expected, others = (double_td, [plain_td, online_td]) if double else (plain_td, [double_td, online_td])
     assert torch.allclose(td, expected, atol=1e-5)
-    assert not torch.allclose(td, plain, atol=1e-3)  # the test can tell double from plain DQN
+    for other in others:   # the test can tell double, plain and online-bootstrapped targets apart
+        assert not torch.allclose(td, other, atol=1e-3)
 
 
 def test_importance_weights_scale_the_gradient(replay):
@@ -50,6 +57,67 @@ def test_importance_weights_scale_the_gradient(replay):
     assert np.array_equal(agent.parameters(), before)  # zero weight: no step
     agent.update(_batch(), torch.ones(64))
     assert not np.array_equal(agent.parameters(), before)
+
+
+def test_importance_weights_weight_each_item_by_their_size(replay):
+    """The loss is mean(w_i * Huber_i): weights of 2 give twice the loss and gradient of
+    weights of 1, and uneven weights give the w-weighted sum of the one-item gradients
+    (not only zero against nonzero)."""
+    agent = DQNAgent((4,), 2, replay, DQNConfig(max_grad_norm=0), seed=0)
+    b = _batch(n=16)
+    loss1, td1 = agent.gradient(b, torch.ones(16))
+    g1 = agent.grad.clone()
+    loss2, td2 = agent.gradient(b, torch.full((16,), 2.0))
+    g2 = agent.grad.clone()
+    assert loss2 == pytest.approx(2 * loss1, rel=1e-6) and torch.equal(td1, td2)
+    assert torch.allclose(g2, 2 * g1, rtol=1e-6, atol=1e-9)
+    w = torch.linspace(0.1, 3.1, 16)
+    loss_w, _ = agent.gradient(b, w)
+    g_w = agent.grad.clone()
+    want_loss, want_g = 0.0, torch.zeros_like(g1)
+    for i in range(16):   # the gradient with item i's weight 1 and every other 0
+        li, _ = agent.gradient(b, torch.eye(16)[i])
+        want_loss += float(w[i]) * li
+        want_g += w[i] * agent.grad
+    assert loss_w == pytest.approx(want_loss, rel=1e-5)
+    assert torch.allclose(g_w, want_g, rtol=1e-4, atol=1e-7)
+    assert not loss_w == pytest.approx(loss1 * float(w.mean()), rel=1e-2)   # uneven is not the mean weight
+
+
+@pytest.mark.parametrize("delta", [0.25, 5.0])
+def test_loss_is_huber_with_the_configured_delta(replay, delta):
+    """DQNConfig.huber_delta is the Huber threshold: the loss is F.huber_loss(q, target,
+    delta), on TD errors on both sides of delta."""
+    agent = DQNAgent((4,), 2, replay, DQNConfig(huber_delta=delta, gamma=0.9), seed=0)
+    b = _batch(n=32)
+    b["done"] = torch.zeros(32)
+    b["reward"] = torch.linspace(-3 * delta, 3 * delta, 32)
+    with torch.no_grad():
+        q = agent.q(b["obs"])[torch.arange(32), b["action"]]
+        a_star = agent.q(b["next_obs"]).argmax(1)
+        target = b["reward"] + 0.9 * agent.target(b["next_obs"])[torch.arange(32), a_star]
+        want = F.huber_loss(q, target, delta=delta).item()
+    err = (target - q).abs()
+    assert (err < delta).sum() >= 4 and (err > delta).sum() >= 4   # both branches of the loss
+    loss, _ = agent.gradient(b, torch.ones(32))
+    assert loss == pytest.approx(want, rel=1e-6)
+    assert loss != pytest.approx(F.huber_loss(q, target, delta=1.0).item(), rel=1e-3)   # not the default
+
+
+def test_training_starts_at_learning_starts_not_a_step_later(replay):
+    """deliberate() trains from env step learning_starts itself: none before it."""
+    agent = DQNAgent((4,), 2, replay, DQNConfig(learning_starts=5, train_every=1), seed=0)
+    trained_at = []
+    agent.learn = lambda: trained_at.append(agent.steps)
+    obs = np.zeros(4, np.float32)
+    for _ in range(8):
+        agent.perceive(obs)
+        agent.deliberate()
+        agent.reflect(0.0, False)
+    assert trained_at == [5, 6, 7]
+    agent.cfg = DQNConfig(learning_starts=100, train_every=4)
+    assert not agent.learns_at(99) and agent.learns_at(100)
+    assert [s for s in range(92, 110) if agent.learns_at(s)] == [100, 104, 108]
 
 
 def test_gradient_clipping_bounds_the_step(replay):
