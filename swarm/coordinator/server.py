@@ -22,10 +22,12 @@ Failure detection, fastest first:
 3. no heartbeat for ``heartbeat_timeout_s`` → the same probe.
 
 A live but slow peer refutes a suspicion by answering the probe or by its next
-heartbeat. Each death is logged at WARNING with its cause. The coordinator keeps
-nothing it cannot rebuild: after a restart it answers unknown heartbeats with
-``rejoin``, gathers re-joins for ``rejoin_grace_s`` and continues the epochs
-above the highest one peers report.
+heartbeat. Each death is logged at WARNING with its cause. A join under the id of
+a live member whose connection has closed (its process restarted) goes unanswered
+until that member's probe has settled; the joiner asks again meanwhile (every
+250 ms). The coordinator keeps nothing it cannot rebuild: after a restart it
+answers unknown heartbeats with ``rejoin``, gathers re-joins for
+``rejoin_grace_s`` and continues the epochs above the highest one peers report.
 """
 
 from __future__ import annotations
@@ -200,8 +202,9 @@ class Coordinator:
         #: every id that still has that route (one connection may carry many ids)
         self._fds: dict[int, dict[str, bytes]] = {}
         #: (id, route) of closed connections, to probe once the messages read with the
-        #: close are handled (_recv_loop), and when the first of them was queued
-        self._closing: list[tuple[str, bytes]] = []
+        #: close are handled (_recv_loop), and when the first of them was queued. Keys of
+        #: a dict, in the order read: a join under one of those ids looks its own up
+        self._closing: dict[tuple[str, bytes], None] = {}
         self._closing_at = 0.0
         #: fd → routes of the connection that closed on it (None: none known, no id nor status), for
         #: the closes read while the router may still hold messages of theirs (a join and
@@ -511,7 +514,7 @@ class Coordinator:
             # An id that has moved to another connection since is not probed: it is there
             drained = n < tp.DRAIN_BATCH
             if self._closing and (drained or time.monotonic() - self._closing_at > 1.0):
-                closing, self._closing = self._closing, []
+                closing, self._closing = self._closing, {}
                 for pid, route in closing:
                     m = self.table.get(pid)
                     if m is not None and m.route == route:
@@ -642,7 +645,7 @@ class Coordinator:
                 if ids:
                     if not self._closing:
                         self._closing_at = time.monotonic()
-                    self._closing += ids.items()
+                    self._closing.update(dict.fromkeys(ids.items()))
 
     def _map_fd(self, pid: str, route: bytes, frame: zmq.Frame) -> None:
         """Remember that ``pid`` speaks on ``route``, the connection ``frame`` came on, so
@@ -661,7 +664,22 @@ class Coordinator:
             # the probe is answered
             if not self._closing:
                 self._closing_at = time.monotonic()
-            self._closing.append((pid, route))
+            self._closing[(pid, route)] = None
+
+    def _holder_closed(self, pid: str, inc: int) -> bool:
+        """Whether a join of ``pid`` as incarnation ``inc`` waits: another incarnation holds
+        the id, alive, on a connection whose close has been read (its probe due or out).
+        Due, it is probed now: where libzmq has dropped the route already the send fails,
+        the holder is declared dead at once and the join goes on."""
+        old = self.table.get(pid)
+        if old is None or old.state == DEAD or old.incarnation == inc:
+            return False
+        self._read_closes()
+        if (pid, old.route) in self._closing:
+            self._probe(pid, "disconnected")
+        elif not (old.state == SUSPECT and old.cause == "disconnected"):
+            return False
+        return old.state != DEAD
 
     def _forget_fds(self) -> None:
         """Drop the fd entries of ids that are dead, forgotten or on another connection: a
@@ -768,6 +786,12 @@ class Coordinator:
                 self._bad(route, WireError(f"join of {src!r}: the id is not printable"))
                 self._send(route, "refuse", {"reason": f"peer id {src!r} holds characters that are not "
                                                        "printable (line breaks, control characters)"})
+                return
+            if self._holder_closed(src, inc):
+                # a process restarted under its id, its join read with (or just after) the
+                # close of its predecessor's connection: refused as a duplicate of a member
+                # that is gone, it failed for good. The joiner asks again every 0.25 s, and is
+                # answered once the probe has settled whether the other one is gone
                 return
             try:
                 # with CURVE, the key a peer is known by is the one it authenticated with
