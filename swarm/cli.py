@@ -204,10 +204,14 @@ def _parent_pid() -> int | None:
     return int(value)
 
 
-async def _until_orphaned(parent: int, every: float = 1.0) -> None:
+#: seconds between looks at whether a coordinator's `swarm run` is still its parent
+ORPHAN_POLL_S = 1.0
+
+
+async def _until_orphaned(parent: int) -> None:
     """Return once this process's parent is no longer ``parent`` (it died, even by SIGKILL)."""
     while os.getppid() == parent:
-        await asyncio.sleep(every)
+        await asyncio.sleep(ORPHAN_POLL_S)
 
 
 def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
@@ -306,19 +310,14 @@ def _is_ipv6(text: str) -> bool:
     return True
 
 
-def env_rank(environ: dict[str, str] | None = None) -> int:
-    """Requested rank from SWARM_RANK, else SLURM_PROCID, else torchrun's RANK; -1 if none.
+def _env_rank(env: Mapping[str, str]) -> tuple[str, int] | None:
+    """``(KEY='VALUE', rank)``: the rank requested by SWARM_RANK, else SLURM_PROCID, else
+    torchrun's RANK; None if none is set.
 
     In a torchrun worker (TORCHELASTIC_RUN_ID set) RANK comes before SLURM_PROCID:
     under ``srun torchrun ...`` every worker on a node inherits its srun task's
     SLURM_PROCID, and only RANK tells them apart.
     """
-    found = _env_rank(os.environ if environ is None else environ)
-    return -1 if found is None else found[1]
-
-
-def _env_rank(env: Mapping[str, str]) -> tuple[str, int] | None:
-    """``(KEY='VALUE', rank)`` for the variable :func:`env_rank` takes the rank from."""
     keys = (("SWARM_RANK", "RANK", "SLURM_PROCID") if "TORCHELASTIC_RUN_ID" in env
             else ("SWARM_RANK", "SLURM_PROCID", "RANK"))
     for key in keys:

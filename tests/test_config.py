@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from swarm.cli import env_coordinator, env_rank
+from swarm.cli import _env_rank, env_coordinator
 from swarm.config import PeerConfig, load_config
 from swarm.errors import ConfigError, SwarmError
 
@@ -62,23 +62,23 @@ def test_launcher_environment():
     assert env_coordinator({"SWARM_COORDINATOR": "tcp://a:1, tcp://b:2"}) == ["tcp://a:1", "tcp://b:2"]
     assert env_coordinator({"MASTER_ADDR": "10.0.0.1"}) == ["tcp://10.0.0.1:5555"]
     assert env_coordinator({}) == []
-    assert env_rank({"SWARM_RANK": "4", "RANK": "1"}) == 4
-    assert env_rank({"SLURM_PROCID": "2"}) == 2
-    assert env_rank({"RANK": "7"}) == 7
-    assert env_rank({}) == -1
+    assert _env_rank({"SWARM_RANK": "4", "RANK": "1"}) == ("SWARM_RANK='4'", 4)
+    assert _env_rank({"SLURM_PROCID": "2"}) == ("SLURM_PROCID='2'", 2)
+    assert _env_rank({"RANK": "7"}) == ("RANK='7'", 7)
+    assert _env_rank({}) is None
     with pytest.raises(SwarmError, match="SWARM_RANK='x'"):
-        env_rank({"SWARM_RANK": "x"})
+        _env_rank({"SWARM_RANK": "x"})
 
 
 def test_a_torchrun_worker_under_srun_takes_rank_not_slurm_procid():
     # `srun torchrun ...`: every worker of a node inherits its srun task's SLURM_PROCID;
     # all of them asked for rank 0 and all but one were refused
     worker = {"SLURM_PROCID": "0", "RANK": "3", "LOCAL_RANK": "3", "TORCHELASTIC_RUN_ID": "none"}
-    assert env_rank(worker) == 3
-    assert env_rank({**worker, "SWARM_RANK": "5"}) == 5           # SWARM_RANK still first
-    assert env_rank({"SLURM_PROCID": "1", "RANK": "3"}) == 1      # not a torchrun worker: Slurm's
+    assert _env_rank(worker) == ("RANK='3'", 3)
+    assert _env_rank({**worker, "SWARM_RANK": "5"}) == ("SWARM_RANK='5'", 5)           # SWARM_RANK still first
+    assert _env_rank({"SLURM_PROCID": "1", "RANK": "3"}) == ("SLURM_PROCID='1'", 1)    # not a torchrun worker: Slurm's
     with pytest.raises(SwarmError, match="RANK=-1 must be >= 0"):
-        env_rank({**worker, "RANK": "-1"})
+        _env_rank({**worker, "RANK": "-1"})
 
 
 def test_peer_config_is_a_dataclass_with_help():

@@ -337,8 +337,12 @@ def _drop_old_results(run_dir: str | Path, out: Path) -> None:
         _at_start(run_dir, lambda p=p: p.unlink(missing_ok=True), p, "remove")
 
 
-def _append_whole(path: Path, data: bytes, entry: int = 8) -> None:
-    """Append ``data`` (whole ``entry``-byte entries) to ``path``, all of it or none.
+#: bytes of one entry of ``acked.bin``: an int64 sequence number
+ACKED_ENTRY_BYTES = 8
+
+
+def _append_whole(path: Path, data: bytes) -> None:
+    """Append ``data`` (whole :data:`ACKED_ENTRY_BYTES`-byte entries) to ``path``, all of it or none.
 
     A write that fails part way (a full disk may take some of it, and refuse the rest)
     is cut back off and raises OSError: a torn entry would shift every entry appended
@@ -346,7 +350,7 @@ def _append_whole(path: Path, data: bytes, entry: int = 8) -> None:
     """
     with open(path, "ab", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
-        whole = size - size % entry
+        whole = size - size % ACKED_ENTRY_BYTES
         try:
             if whole != size:
                 f.truncate(whole)
@@ -735,11 +739,13 @@ def _should_bootstrap(coordinators: list[str], client: _StatusClient, me: str, o
     and past ``learning_starts``: before that its network is still the initial one that
     every peer of the run builds, so the few steps by which the first of a fresh run's
     peers start ahead of the others are no reason to bootstrap."""
+    from ..coordinator.report import num  # noqa: PLC0415 - the coordinator package loads zmq
     others = _others(coordinators, client, me)
     if others is None:
         return fallback
     ahead = max(own_steps + margin, learning_starts)
-    return any(int((m.get("stats") or {}).get("env_steps") or 0) > ahead for m in others)
+    # a member's stats are untrusted (docs/observability.md): a figure that is no finite number counts as none
+    return any((num((m.get("stats") or {}).get("env_steps")) or 0) > ahead for m in others)
 
 
 #: while waiting for the others to join, seconds between looks at their spec digests
