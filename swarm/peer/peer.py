@@ -46,7 +46,7 @@ from .. import wire
 from ..checks import seconds
 from ..config import PeerConfig, from_dict, to_dict
 from ..errors import ConfigError, MembershipError, PeerTimeout, SwarmError, TransportError, WireError
-from ..link import Handler, View
+from ..link import Handler, Member, View
 from ..tasks import supervise
 from ..transport import _EVENTS, _POLLIN   # ints: pyzmq's enums cost an operation per use
 from ..wire import Limits, Message
@@ -1494,12 +1494,8 @@ class Peer:
         while self._released:
             h = self._released.popleft()
             self._held_in_bytes -= h.msg.nbytes
-            m = self._view.member(h.msg.src)
-            if m is None or m.key != h.key:
-                self.counters.malformed += 1
-                self._bad(h.msg.src, WireError(f"src {h.msg.src!r} does not match the sender's CURVE key"))
-                continue
-            await self._dispatch(h.msg)
+            if self._from_key(h.msg, self._view.member(h.msg.src), h.key):   # a later view may have dropped it
+                await self._dispatch(h.msg)
 
     def _expire_held_in(self, now: float) -> None:
         """Drop the held inbound messages whose sender no view listed in time (all of
@@ -1543,6 +1539,12 @@ class Peer:
             if d.failure:
                 log.warning("peer %s: the handshake with coordinator %s succeeds again", self.id, addr)
             self._dials[i] = d.succeeded()
+            waiting = self._welcome is not None and not self._welcome.done()
+            if i == self._active and (waiting or self._rejoining):
+                # the join sent before this connection was up went nowhere (IMMEDIATE: nothing
+                # queues for a coordinator not connected); say it now, not at the next resend
+                # 250 ms on. A second join of this incarnation only refreshes the member.
+                self._join()
             return
         why, gave_up = _coord_handshake_error(event, value, keyed=self._curve is not None)
         d.closes = d.closes + 1 if why and not gave_up else 0
@@ -1636,20 +1638,35 @@ class Peer:
             # with keys, a message must come from the key its src holds in the view
             m = self._view.member(msg.src)
             key = tp.user_id(frames[-1])
-            if m is None or m.key != key:
+            if m is None and msg.epoch > self._view.epoch:
                 # A sender from a newer view than ours may have just joined: keep its
                 # message until a view lists it. A hello is not kept, nor counted as
                 # malformed: the joiner says it again until it is answered.
-                if m is None and msg.epoch > self._view.epoch:
-                    if msg.t == "hello":
-                        log.debug("peer %s: hello from %r before a view lists it", self.id, msg.src)
-                    else:
-                        self._hold_in(msg, key)
-                    return None
-                self.counters.malformed += 1
-                self._bad(msg.src, WireError(f"src {msg.src!r} does not match the sender's CURVE key"))
+                if msg.t == "hello":
+                    log.debug("peer %s: hello from %r before a view lists it", self.id, msg.src)
+                else:
+                    self._hold_in(msg, key)
+                return None
+            if not self._from_key(msg, m, key):
                 return None
         return msg
+
+    def _from_key(self, msg: Message, m: Member | None, key: str) -> bool:
+        """With keys: whether ``msg``, which came with ``key``, is from the key its src
+        holds in our view (``m``: the src's entry there, None where it has none). A src
+        outside the view is dropped, not counted as malformed: most often a member that
+        has just left, whose last messages come from the view it held; its key is gone
+        from ours, so nothing tells a forgery from them (they were logged as forgeries).
+        A listed src from another key is refused as malformed."""
+        if m is None:
+            log.debug("peer %s: %s from %r, which view %d does not list: dropped", self.id, msg.t, msg.src,
+                      self._view.epoch)
+            return False
+        if m.key != key:
+            self.counters.malformed += 1
+            self._bad(msg.src, WireError(f"src {msg.src!r} does not match the sender's CURVE key"))
+            return False
+        return True
 
     async def _dispatch(self, msg: Message) -> None:
         """Handle a message that passed the wire checks (and, with keys, the key check)."""
