@@ -349,6 +349,17 @@ SET_HERE = {
 }
 
 
+def check_seeds(ap: argparse.ArgumentParser, seeds: list[int]) -> None:
+    """Refuse (argparse's exit 2) ``--seeds`` with a negative or a repeated seed: a repeated
+    one would run again and count as another seed in every mean. The scripts that take
+    --seeds share it."""
+    if min(seeds) < 0:
+        ap.error("--seeds must be >= 0")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        ap.error(f"--seeds repeats seed {', '.join(map(str, repeated))}: each seed is one run, counted once")
+
+
 def changed_keys(sets: list[str]) -> set[str]:
     """The dotted keys that ``KEY=VALUE`` overrides set, as ``apply_overrides`` reads them."""
     return {".".join(p for p in item.split("=", 1)[0].strip().split(".") if p) for item in sets}
@@ -499,8 +510,7 @@ def main() -> None:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.eval_every > args.max_steps:
         ap.error(f"--eval-every {args.eval_every} is above --max-steps {args.max_steps}: nothing would be evaluated")
-    if min(args.seeds) < 0:
-        ap.error("--seeds must be >= 0")
+    check_seeds(ap, args.seeds)
     taken = sorted(changed_keys(args.overrides) & set(SET_HERE))
     if taken:
         ap.error(f"--set {', '.join(taken)}: each swarm run sets {'it' if len(taken) == 1 else 'them'} itself ("

@@ -10,10 +10,15 @@ difference is the communication.
     python scripts/compare_runs.py codec                  # identity, fp16, int8, qsgd, topk:0.15, ef+topk:0.15:fp16
     python scripts/compare_runs.py codec --steps 6000 --seeds 0 1 --set dqn.lr=0.004
 
-Writes ``<out>/results.csv`` (one row per variant and seed), ``<out>/table.md``
-(means over seeds) and ``<out>/compare.png`` (return against env steps per
-variant; final greedy return against gossip bytes sent per peer), keeps every run
-folder under ``<out>/runs/``, and ends with one JSON line. The settings default to
+Writes ``<out>/results.csv`` (one row per variant and seed, each ``run_dir``
+relative to ``<out>``), ``<out>/table.md`` (means over seeds) and
+``<out>/compare.png`` (return against env steps per variant; final greedy return
+against gossip bytes sent per peer) as each run ends, keeps every run folder under
+``<out>/runs/`` and the comparison's settings in ``<out>/settings.json``, and ends
+with one JSON line. Another call into the same ``--out`` (to finish a sweep cut
+short, or to add variants or seeds) runs only the variant and seed pairs that
+results.csv does not have yet, and the table and plot cover all of its rows; it
+refuses an ``--out`` that holds a comparison of other settings. The settings default to
 the learning benchmark's parameter-averaging swarm (``SWARM_PARAMS`` in
 ``scripts/bench_learning.py``, what its ``--swarm params`` runs) without its
 topology and codec, with a greedy evaluation of 5 episodes every 500 env steps
@@ -34,6 +39,7 @@ import csv
 import io
 import json
 import math
+import os
 import re
 import time
 import warnings
@@ -41,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_learning import SWARM_PARAMS, _sigterm_exits, changed_keys
+from bench_learning import SWARM_PARAMS, _sigterm_exits, changed_keys, check_seeds
 from swarm.errors import ConfigError, SwarmError
 from swarm.experiment import load_spec, run_experiment
 from swarm.experiment.launch import new_run_dir, read_csv
@@ -68,6 +74,9 @@ EXTRA = {"topology": ["peers=6"], "codec": ["peers=4"]}
 #: The benchmark's parameter-averaging swarm without the settings the experiments vary
 #: (with gossip.exchange = gradients, "isolated" peers would still share gradients).
 BASE = [s for s in SWARM_PARAMS if not s.startswith(("peers=", "gossip.topology=", "gossip.codec="))]
+#: results.csv's columns
+FIELDS = ["variant", "seed", "final_mean_return", "final_eval_return", "solve_return", "first_solve_steps",
+          "peers_solved", "gossip_mb_per_peer", "mb_per_peer", "max_cpu_s", "run_dir"]
 
 
 def _mean(values: list) -> float | None:
@@ -81,6 +90,11 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
+def _num(v: str) -> float | None:
+    """A figure of results.csv: None where it is empty (the run did not have it)."""
+    return None if v == "" else float(v)
+
+
 def one_run(sets: list[str], root: Path) -> dict:
     """Run ``swarm run`` with ``sets``; the run's figures, averaged over its peers."""
     root.mkdir(parents=True, exist_ok=True)
@@ -92,11 +106,9 @@ def one_run(sets: list[str], root: Path) -> dict:
         raise SystemExit(f"swarm run failed ({result.exit_code}) in {run_dir}:\n{log.getvalue()[-3000:]}")
     spec = load_spec(run_dir / "config.json")
     solve = spec.eval.solve_return   # the run's own: its env's reward_threshold unless --set
-    curves, solved = [], []
-    for r in range(spec.peers):
-        eps = read_csv(run_dir / f"peer{r}" / "metrics.csv")
-        curves.append(([int(e["env_steps"]) for e in eps], [float(e["mean_return"]) for e in eps]))
-        if solve is not None:
+    solved = []
+    if solve is not None:
+        for r in range(spec.peers):
             solved += [int(e["env_steps"]) for e in read_csv(run_dir / f"peer{r}" / "evals.csv")
                        if float(e["eval_return"]) >= solve][:1]
     return {
@@ -108,8 +120,17 @@ def one_run(sets: list[str], root: Path) -> dict:
         "gossip_mb_per_peer": float(np.mean([r.get("gossip_bytes_out", 0) for r in rows])) / 1e6,
         "mb_per_peer": float(np.mean([r.get("bytes_out", 0) for r in rows])) / 1e6,
         "max_cpu_s": max(float(r.get("cpu_s") or 0.0) for r in rows),
-        "run_dir": str(run_dir), "curves": curves,
+        "run_dir": str(run_dir),
     }
+
+
+def run_curves(run_dir: Path) -> list[tuple[list[int], list[float]]]:
+    """Each peer's running mean return against its env steps, from its metrics.csv."""
+    curves = []
+    for metrics in sorted(run_dir.glob("peer*/metrics.csv")):
+        eps = read_csv(metrics)
+        curves.append(([int(e["env_steps"]) for e in eps], [float(e["mean_return"]) for e in eps]))
+    return curves
 
 
 def mean_curve(curves: list[tuple[list[int], list[float]]], steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -123,34 +144,98 @@ def mean_curve(curves: list[tuple[list[int], list[float]]], steps: int) -> tuple
         return grid, np.nanmean(ys, axis=0)
 
 
-def plot(results: dict[str, list[dict]], steps: int, title: str, path: Path) -> bool:
+def plot(by_variant: dict[str, list[dict[str, str]]], out: Path, steps: int, title: str) -> bool:
+    """``out/compare.png`` of results.csv's rows (False, and no plot, without matplotlib)."""
     try:
         import matplotlib
     except ImportError:
-        print("no plot: matplotlib is not installed (pip install -e '.[plots]')")
         return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, runs in results.items():
-        x, y = mean_curve([c for r in runs for c in r["curves"]], steps)
+    for name, runs in by_variant.items():
+        x, y = mean_curve([c for r in runs for c in run_curves(out / r["run_dir"])], steps)
         line, = left.plot(x, y, label=name)
-        right.scatter([r["gossip_mb_per_peer"] for r in runs],
-                      [np.nan if r["final_eval_return"] is None else r["final_eval_return"] for r in runs],
-                      color=line.get_color(), label=name)
+        right.scatter([float(r["gossip_mb_per_peer"]) for r in runs],
+                      [float(r["final_eval_return"] or "nan") for r in runs], color=line.get_color(), label=name)
     left.set(xlabel="env steps per peer", ylabel="return (mean of last 10 episodes, mean over peers)",
              title=title)
     right.set(xlabel="gossip MB sent per peer", ylabel="final greedy return (mean over peers)",
               title="return against bytes (one dot per seed)")
-    if any(r["gossip_mb_per_peer"] > 0 for runs in results.values() for r in runs):
+    if any(float(r["gossip_mb_per_peer"]) > 0 for runs in by_variant.values() for r in runs):
         right.set_xscale("symlog", linthresh=0.01)
     for ax in (left, right):
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(out / "compare.png", dpi=100)
     plt.close(fig)
     return True
+
+
+def report(out: Path, experiment: str, steps: int, rows: list[dict[str, str]]) -> tuple[str, dict, bool]:
+    """Write ``out/table.md`` (means over seeds) and ``out/compare.png`` of every row of
+    results.csv; the table, the means per variant, and whether there is a plot."""
+    by_variant = {name: [r for r in rows if r["variant"] == name] for name in VARIANTS[experiment]}
+    by_variant = {name: runs for name, runs in by_variant.items() if runs}
+
+    def mean(runs: list[dict[str, str]], key: str) -> float | None:
+        return _mean([_num(r[key]) for r in runs])
+
+    seeds = sorted({int(r["seed"]) for r in rows})
+    lines = [f"{experiment}, {steps} env steps per peer, seeds {seeds} (means over seeds)", "",
+             "| variant | mean return | greedy return | first solve (steps) | peers solved | gossip MB/peer "
+             "| CPU s (max/peer) |", "|---|---|---|---|---|---|---|"]
+    summary = {}
+    for name, runs in by_variant.items():
+        solves = [float(r["first_solve_steps"]) for r in runs if r["first_solve_steps"] != ""]
+        row = {"final_mean_return": mean(runs, "final_mean_return"),
+               "final_eval_return": mean(runs, "final_eval_return"),
+               "first_solve_steps": float(np.mean(solves)) if solves else None,
+               "solved_runs": len(solves), "peers_solved": mean(runs, "peers_solved"),
+               "gossip_mb_per_peer": mean(runs, "gossip_mb_per_peer"),
+               "max_cpu_s": mean(runs, "max_cpu_s")}
+        summary[name] = row
+        first = (f"{row['first_solve_steps']:.0f} ({len(solves)}/{len(runs)} runs)" if solves
+                 else f"- (0/{len(runs)} runs)")
+        lines.append(f"| {name} | {_fmt(row['final_mean_return'])} | {_fmt(row['final_eval_return'])} | {first} | "
+                     f"{_fmt(row['peers_solved'])} | {row['gossip_mb_per_peer']:.2f} | {row['max_cpu_s']:.1f} |")
+    table = "\n".join(lines)
+    (out / "table.md").write_text(table + "\n")
+    return table, summary, plot(by_variant, out, steps, f"{experiment}: return per variant")
+
+
+def write_results(path: Path, rows: list[dict]) -> None:
+    """results.csv with ``rows``, replaced whole: a kill while it is written leaves the one before."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
+def earlier_rows(out: Path, settings: dict) -> list[dict[str, str]]:
+    """The rows of results.csv in ``out`` (none in a new folder), once ``out/settings.json``
+    says they are of ``settings``; a ConfigError saying why not."""
+    if not (out / "settings.json").exists():
+        if (out / "results.csv").exists():
+            raise ConfigError("holds a results.csv but no settings.json saying of what settings (an older "
+                              "compare_runs wrote it): give another --out")
+        return []
+    try:
+        had = json.loads((out / "settings.json").read_text())
+        items = [f"experiment={had['experiment']}", *had["settings"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"cannot read its settings.json ({e}): give another --out") from None
+    now = [f"experiment={settings['experiment']}", *settings["settings"]]
+    if items != now:
+        there, here = [x for x in items if x not in now], [x for x in now if x not in items]
+        diff = (f"there: {' '.join(there) or '-'}; here: {' '.join(here) or '-'}" if there or here
+                else "the same ones in another order")
+        raise ConfigError(f"holds a comparison of other settings ({diff}): give another --out, or those "
+                          "settings to add runs to it")
+    return read_csv(out / "results.csv")
 
 
 def main() -> None:
@@ -170,6 +255,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.steps < 1:
         ap.error("--steps must be >= 1")
+    check_seeds(ap, args.seeds)
     variants = VARIANTS[args.experiment]
     unknown = sorted(set(args.only or []) - set(variants))
     if unknown:
@@ -214,6 +300,13 @@ def main() -> None:
                 ap.error(f"--steps {args.steps} is below eval.every = {spec.eval.every}: no run would evaluate "
                          "its greedy policy")
             plan.append((name, seed, tag, run_sets))
+    settings = {"experiment": args.experiment, "settings": common}
+    rows: list[dict[str, str]] = []   # results.csv's, as it holds them
+    if args.out is not None and args.out.is_dir():
+        try:
+            rows = earlier_rows(args.out, settings)
+        except ConfigError as e:
+            ap.error(f"--out {args.out}: {e}")
     # the last check: a refused command line leaves no folder behind
     if args.out is None:   # one of its own, as `swarm run` makes: another started this second has -1
         try:
@@ -226,55 +319,35 @@ def main() -> None:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             ap.error(f"--out {out}: cannot create it ({e.strerror or e})")
+    if not (out / "settings.json").exists():
+        (out / "settings.json").write_text(json.dumps(settings, indent=1) + "\n")
     print(f"{args.experiment}: {list(variants)}, seeds {args.seeds}, {args.steps} env steps per peer\n"
           f"settings: {' '.join(common)}", flush=True)
 
-    results: dict[str, list[dict]] = {}
+    results = out / "results.csv"
+    done = {(r["variant"], r["seed"]) for r in rows}
+    shown = None
     for name, seed, tag, run_sets in plan:
+        if (name, str(seed)) in done:
+            print(f"{name} seed {seed}: in {results} already, not run again", flush=True)
+            continue
         t0 = time.monotonic()
         r = one_run(run_sets, out / "runs" / f"{tag}-{seed}")
-        r.update(variant=name, seed=seed)
-        results.setdefault(name, []).append(r)
+        r.update(variant=name, seed=seed, run_dir=os.path.relpath(r["run_dir"], out))
         print(f"{name} seed {seed}: return {_fmt(r['final_mean_return'])}, eval {_fmt(r['final_eval_return'])}, "
               f"first solve {r['first_solve_steps'] or '-'}, {r['gossip_mb_per_peer']:.2f} MB gossip per "
               f"peer, {r['max_cpu_s']:.1f} s CPU ({time.monotonic() - t0:.0f} s)", flush=True)
-
-    fields = ["variant", "seed", "final_mean_return", "final_eval_return", "solve_return", "first_solve_steps",
-              "peers_solved", "gossip_mb_per_peer", "mb_per_peer", "max_cpu_s", "run_dir"]
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        for runs in results.values():
-            w.writerows(runs)
-
-    def mean(runs: list[dict], key: str) -> float | None:
-        return _mean([r[key] for r in runs])
-
-    lines = [f"{args.experiment}, {args.steps} env steps per peer, seeds {args.seeds} (means over seeds)", "",
-             "| variant | mean return | greedy return | first solve (steps) | peers solved | gossip MB/peer "
-             "| CPU s (max/peer) |", "|---|---|---|---|---|---|---|"]
-    summary = {}
-    for name, runs in results.items():
-        solves = [r["first_solve_steps"] for r in runs if r["first_solve_steps"] is not None]
-        row = {"final_mean_return": mean(runs, "final_mean_return"),
-               "final_eval_return": mean(runs, "final_eval_return"),
-               "first_solve_steps": float(np.mean(solves)) if solves else None,
-               "solved_runs": len(solves), "peers_solved": mean(runs, "peers_solved"),
-               "gossip_mb_per_peer": mean(runs, "gossip_mb_per_peer"),
-               "max_cpu_s": mean(runs, "max_cpu_s")}
-        summary[name] = row
-        first = (f"{row['first_solve_steps']:.0f} ({len(solves)}/{len(runs)} runs)" if solves
-                 else f"- (0/{len(runs)} runs)")
-        lines.append(f"| {name} | {_fmt(row['final_mean_return'])} | {_fmt(row['final_eval_return'])} | {first} | "
-                     f"{_fmt(row['peers_solved'])} | {row['gossip_mb_per_peer']:.2f} | {row['max_cpu_s']:.1f} |")
-    table = "\n".join(lines)
-    (out / "table.md").write_text(table + "\n")
+        write_results(results, rows + [r])   # kept as each run ends: a sweep cut short loses only its last run
+        rows = read_csv(results)
+        shown = report(out, args.experiment, args.steps, rows)
+    # with every pair done already, the table and plot of results.csv as it is
+    table, summary, plotted = shown or report(out, args.experiment, args.steps, rows)
     print("\n" + table)
-    if plot(results, args.steps, f"{args.experiment}: return per variant", out / "compare.png"):
-        print(f"plot: {out / 'compare.png'}")
+    print(f"plot: {out / 'compare.png'}" if plotted
+          else "no plot: matplotlib is not installed (pip install -e '.[plots]')")
     print(f"results: {out}")
-    print(json.dumps({"experiment": args.experiment, "steps": args.steps, "seeds": args.seeds,
-                      "out": str(out), "variants": summary}))
+    print(json.dumps({"experiment": args.experiment, "steps": args.steps,
+                      "seeds": sorted({int(r["seed"]) for r in rows}), "out": str(out), "variants": summary}))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ the same runs, the counts that coarser schedules would give (every multiple of
 * isolated: the benchmark's isolated learner (``ISOLATED``) on the plain loop.
   Its training does not depend on the evaluations (they use their own
   environment and the greedy policy), so a schedule's count is the first solving
-  evaluation among its steps; the run goes on until the coarsest schedule has one.
+  evaluation among its steps; the run goes on until every schedule has one.
 * swarm: one ``swarm run`` of the benchmark's settings (``SWARM``) per seed for a
   fixed ``--swarm-steps`` per peer, counted at peer 0's evaluations, as the
   benchmark counts it. A schedule with no solving evaluation by then counts at
@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_learning import ENV, ISOLATED, SOLVE, SWARM, _sigterm_exits
+from bench_learning import ENV, ISOLATED, SOLVE, SWARM, _sigterm_exits, check_seeds
 from swarm.buffer import ReplayBuffer
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
@@ -57,21 +57,26 @@ def first_solves(evals: list[tuple[int, float]], schedules: list[int]) -> dict[i
     return {s: next((step for step, r in evals if step % s == 0 and r >= SOLVE), None) for s in schedules}
 
 
-def isolated_evals(seed: int, every: int, coarsest: int, max_steps: int, episodes: int) -> list[tuple[int, float]]:
-    """(steps, greedy return) every ``every`` steps until one at a multiple of ``coarsest`` solves."""
+def isolated_evals(seed: int, every: int, schedules: list[int], max_steps: int,
+                   episodes: int) -> list[tuple[int, float]]:
+    """(steps, greedy return) every ``every`` steps until each schedule has had a solving
+    one (a schedule that does not divide the coarsest may solve later than it)."""
     env = make_env(ENV)
     buf = ReplayBuffer(dqn_schema(env.observation_space.shape), capacity=50_000, alpha=0.6, eps=1e-6,
                        decay=0.0, prioritized=True, seed=seed)
     agent = DQNAgent.for_env(env, buf, ISOLATED, seed=seed)
     env.close()
     evals: list[tuple[int, float]] = []
+    unsolved = set(schedules)
 
     def on_step(info) -> bool:
         if info.step % every:
             return False
         r = float(np.mean(evaluate(ENV, agent, episodes=episodes, seed=10_000)))
         evals.append((info.step, r))
-        return r >= SOLVE and info.step % coarsest == 0
+        if r >= SOLVE:
+            unsolved.difference_update(s for s in schedules if info.step % s == 0)
+        return not unsolved
 
     run_agent(ENV, agent, max_steps, seed=seed, on_step=on_step)
     return evals
@@ -105,7 +110,8 @@ def main() -> None:
                     help="the schedules to read off (multiples of --every)")
     ap.add_argument("--episodes", type=int, default=5)
     ap.add_argument("--isolated-steps", type=int, default=25_000, help="the isolated learner's step cap")
-    ap.add_argument("--swarm-steps", type=int, default=5_000, help="steps per peer of each swarm run")
+    ap.add_argument("--swarm-steps", type=int, default=5_000,
+                    help="steps per peer of each swarm run (at least the coarsest schedule)")
     args = ap.parse_args()
     for name in ("every", "episodes", "isolated_steps", "swarm_steps"):
         if getattr(args, name) < 1:
@@ -116,8 +122,9 @@ def main() -> None:
         ap.error(f"--schedules {args.schedules} must be multiples of --every {args.every}")
     if args.isolated_steps < max(args.schedules):
         ap.error(f"--isolated-steps {args.isolated_steps} is below the coarsest schedule, {max(args.schedules)}")
-    if min(args.seeds) < 0:
-        ap.error("--seeds must be >= 0")
+    if args.swarm_steps < max(args.schedules):   # the swarm would never be evaluated on it
+        ap.error(f"--swarm-steps {args.swarm_steps} is below the coarsest schedule, {max(args.schedules)}")
+    check_seeds(ap, args.seeds)
     try:   # the swarm runs' settings, checked before the isolated runs take their time
         peers = load_spec(None, swarm_sets(max(args.seeds), args.every, args.swarm_steps, args.episodes)).peers
     except ConfigError as e:
@@ -126,7 +133,7 @@ def main() -> None:
     scheds = sorted(args.schedules)
     iso, sw = {}, {}
     for seed in args.seeds:
-        iso[seed] = first_solves(isolated_evals(seed, args.every, scheds[-1], args.isolated_steps, args.episodes),
+        iso[seed] = first_solves(isolated_evals(seed, args.every, scheds, args.isolated_steps, args.episodes),
                                  scheds)
         sw[seed] = first_solves(swarm_evals(seed, args.every, args.swarm_steps, args.episodes), scheds)
         print(f"seed {seed}: isolated {iso[seed]}  swarm peer 0 {sw[seed]}", flush=True)

@@ -156,8 +156,12 @@ def main() -> None:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.trace < 0:
         ap.error("--trace must be >= 0 (0: no trace)")
+    # bench_learning.check_seeds's checks (this script imports nothing from scripts/: tests load it alone)
     if min(args.seeds) < 0:
         ap.error("--seeds must be >= 0")
+    repeated = sorted({s for s in args.seeds if args.seeds.count(s) > 1})
+    if repeated:
+        ap.error(f"--seeds repeats seed {', '.join(map(str, repeated))}: each seed is one run, counted once")
     try:
         load_spec(None, [f"env={args.env}"])   # a registered env with discrete actions
         solve = solve_threshold(args.env, args.solve_at)
