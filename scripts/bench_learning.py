@@ -66,7 +66,7 @@ from swarm.experiment.launch import read_csv
 # DQNConfig alone: torch (~3 s a process) is imported where a learner runs, so that the
 # scripts that take this one's settings (compare_runs, eval_schedules) start without it
 from swarm.rl import DQNConfig
-from swarm.scripting import run_script
+from swarm.scripting import check_seeds, run_script
 
 ENV = "CartPole-v1"
 SOLVE = 475.0
@@ -347,17 +347,6 @@ SET_HERE = {
     "budget.stop_when_solved": "on, off in the dense run", "eval.every": "set by --eval-every",
     "eval.episodes": "set by --eval-episodes", "eval.solver": "set by --solver",
 }
-
-
-def check_seeds(ap: argparse.ArgumentParser, seeds: list[int]) -> None:
-    """Refuse (argparse's exit 2) ``--seeds`` with a negative or a repeated seed: a repeated
-    one would run again and count as another seed in every mean. The scripts that take
-    --seeds share it."""
-    if min(seeds) < 0:
-        ap.error("--seeds must be >= 0")
-    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
-    if repeated:
-        ap.error(f"--seeds repeats seed {', '.join(map(str, repeated))}: each seed is one run, counted once")
 
 
 def changed_keys(sets: list[str]) -> set[str]:

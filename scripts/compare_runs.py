@@ -47,11 +47,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_learning import SWARM_PARAMS, _sigterm_exits, changed_keys, check_seeds
+from bench_learning import SWARM_PARAMS, _sigterm_exits, changed_keys
 from swarm.errors import ConfigError, SwarmError
 from swarm.experiment import load_spec, run_experiment
 from swarm.experiment.launch import new_run_dir, read_csv
-from swarm.scripting import run_script
+from swarm.scripting import check_seeds, run_script
 
 VARIANTS: dict[str, dict[str, list[str]]] = {
     "topology": {

@@ -24,7 +24,7 @@ from swarm.errors import ConfigError
 from swarm.experiment import load_spec
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
 from swarm.rl.train import evaluate, make_env, run_agent
-from swarm.scripting import run_script
+from swarm.scripting import check_seeds, run_script
 
 
 def random_returns(env_id: str, episodes: int, seed: int) -> list[float]:
@@ -62,8 +62,7 @@ def main() -> None:
     for name in ("steps", "every"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1")
-    if min(args.seeds) < 0:
-        ap.error("--seeds must be >= 0")
+    check_seeds(ap, args.seeds)
     try:
         load_spec(None, [f"env={args.env}"])   # a registered env with discrete actions
         cfg = from_dict(DQNConfig, apply_overrides({}, args.overrides))

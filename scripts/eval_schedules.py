@@ -43,13 +43,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_learning import ENV, ISOLATED, SOLVE, SWARM, _sigterm_exits, check_seeds
+from bench_learning import ENV, ISOLATED, SOLVE, SWARM, _sigterm_exits
 from swarm.buffer import ReplayBuffer
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
 from swarm.rl import DQNAgent, dqn_schema
 from swarm.rl.train import evaluate, make_env, run_agent
-from swarm.scripting import run_script
+from swarm.scripting import check_seeds, run_script
 
 
 def first_solves(evals: list[tuple[int, float]], schedules: list[int]) -> dict[int, int | None]:

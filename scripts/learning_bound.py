@@ -49,7 +49,7 @@ from swarm.errors import ConfigError
 from swarm.experiment import load_spec
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
 from swarm.rl.train import evaluate, make_env
-from swarm.scripting import run_script
+from swarm.scripting import check_seeds, run_script
 
 
 def solve_threshold(env_id: str, solve_at: float | None = None) -> float:
@@ -156,12 +156,7 @@ def main() -> None:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.trace < 0:
         ap.error("--trace must be >= 0 (0: no trace)")
-    # bench_learning.check_seeds's checks (this script imports nothing from scripts/: tests load it alone)
-    if min(args.seeds) < 0:
-        ap.error("--seeds must be >= 0")
-    repeated = sorted({s for s in args.seeds if args.seeds.count(s) > 1})
-    if repeated:
-        ap.error(f"--seeds repeats seed {', '.join(map(str, repeated))}: each seed is one run, counted once")
+    check_seeds(ap, args.seeds)
     try:
         load_spec(None, [f"env={args.env}"])   # a registered env with discrete actions
         solve = solve_threshold(args.env, args.solve_at)

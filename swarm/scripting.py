@@ -20,6 +20,7 @@ Each script ends with::
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -28,7 +29,7 @@ from typing import Any, Callable, NoReturn
 
 from .cli import _output_failed, _Stream, _to_devnull
 
-__all__ = ["run_script"]
+__all__ = ["run_script", "check_seeds"]
 
 
 class _Stdout(_Stream):
@@ -78,3 +79,13 @@ def run_script(main: Callable[[], int | None], name: str) -> NoReturn:
         with contextlib.suppress(OSError):
             stdout.flush()
     sys.exit(code)
+
+
+def check_seeds(ap: argparse.ArgumentParser, seeds: list[int]) -> None:
+    """Refuse (argparse's exit 2) ``--seeds`` with a negative or a repeated seed: a repeated
+    one would run again and count as another seed in every mean."""
+    if min(seeds) < 0:
+        ap.error("--seeds must be >= 0")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        ap.error(f"--seeds repeats seed {', '.join(map(str, repeated))}: each seed is one run, counted once")

@@ -99,6 +99,7 @@ def test_compare_runs_keeps_each_finished_run_and_a_rerun_adds_only_the_missing_
                         "--eval-episodes", "1", "--set", "learning_starts=100"]),
     ("bench_learning", ["--seeds", "1", "0", "1", "--max-steps", "260", "--eval-every", "260",
                         "--eval-episodes", "1", "--skip-dense", "--skip-alone", "--set", "peers=2"]),
+    ("dqn_isolated", ["--seeds", "2", "2", "--steps", "200"]),
 ])
 def test_a_repeated_seed_is_refused(script, args, tmp_path):
     """A repeated seed ran again and counted as another seed in every mean."""
