@@ -720,6 +720,7 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
     ``context`` (a zmq.asyncio.Context the caller keeps) or on one of its own."""
     import zmq
     import zmq.asyncio
+    from zmq.utils.monitor import parse_monitor_message
 
     from . import transport as tp
     from . import wire
@@ -731,20 +732,18 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
         if keys_dir:
             curve = tp.Curve(keys_dir, key_name)
             curve.client(s, curve.coordinator_public)
-        # whether the connection got through its handshake, for the error when no answer comes
-        events = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        # how far the connection got (accepted, its handshake), for the error when no answer comes
+        events = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
         tp.connect(s, address)
         await s.send_multipart(wire.encode("status", f"status-{os.getpid()}"))
         if not await s.poll(int(timeout * 1000)):
-            if await events.poll(0):
-                # reached, keys and all (a coordinator far away, or a busy one: 2.2 s at 600 ms RTT)
-                raise SwarmError(f"the coordinator at {address} was reached (handshake done) but did not answer "
-                                 f"within {timeout} s: it is busy or far away; give it a longer timeout (--timeout)")
-            # with CURVE, a coordinator that does not know our key does not answer either
-            hint = (f"; with keys, also when it runs without them or does not list the key {key_name!r}"
-                    if keys_dir else "; a coordinator started with --keys answers only a client with --keys")
-            raise SwarmError(f"no coordinator answered at {address} within {timeout} s"
-                             f"{tp.unresolved_hint([address]) or hint}")
+            seen = []
+            while await events.poll(0):
+                ev = parse_monitor_message(await events.recv_multipart())
+                seen.append((ev["event"], ev["value"]))
+            raise _no_status(address, timeout, seen, keys_dir, key_name)
         msg = wire.decode(await s.recv_multipart(), wire.Limits(max_header_bytes=64 * 1024 * 1024))
         if isinstance(msg.body.get("error"), str):   # it answered, but cannot send its table
             from .coordinator.report import printable
@@ -765,6 +764,35 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
         s.close(0)
         if context is None:
             ctx.term()
+
+
+def _no_status(address: str, timeout: float, seen: list[tuple[int, int]], keys_dir: str,
+               key_name: str) -> SwarmError:
+    """Why nothing answered a status query at ``address`` within ``timeout``, by the
+    events ``seen`` on its socket's monitor (event, value)."""
+    import zmq
+
+    from . import transport as tp
+
+    events = {e for e, _ in seen}
+    if zmq.EVENT_HANDSHAKE_SUCCEEDED in events:
+        # reached, keys and all (a coordinator far away, or a busy one: 2.2 s at 600 ms RTT)
+        return SwarmError(f"the coordinator at {address} was reached (handshake done) but did not answer "
+                          f"within {timeout} s: it is busy or far away; give it a longer timeout (--timeout)")
+    # refused, or closed in the handshake (EPIPE, ECONNRESET): someone there speaks ZMTP,
+    # with other keys; a handshake that timed out is no such answer
+    refused = any(e in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+                  or (e == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and v in (errno.EPIPE, errno.ECONNRESET))
+                  for e, v in seen)
+    if zmq.EVENT_CONNECTED in events and not refused:
+        return SwarmError(f"no coordinator answered at {address} within {timeout} s: a connection to {address} "
+                          "was accepted but its handshake was never answered: the process there is frozen or "
+                          "overloaded, or is not a ZeroMQ program")
+    # with CURVE, a coordinator that does not know our key does not answer either
+    hint = (f"; with keys, also when it runs without them or does not list the key {key_name!r}"
+            if keys_dir else "; a coordinator started with --keys answers only a client with --keys")
+    return SwarmError(f"no coordinator answered at {address} within {timeout} s"
+                      f"{tp.unresolved_hint([address]) or hint}")
 
 
 class StatusUnavailable(SwarmError):

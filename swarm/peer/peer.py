@@ -65,8 +65,9 @@ HEARTBEAT_STATS_S = 1.0
 #: normally left, or the link has broken (and dropped it) anyway
 SPARE_LINK_IDLE_S = 5.0
 
-#: types the peer answers itself (hello, ping) or that only come from the
-#: coordinator: a handler registered for one would never be called
+#: types the peer answers itself (hello, ping; join and status, which only a coordinator
+#: takes, with a refusal) or that only come from the coordinator: a handler registered
+#: for one would never be called
 RESERVED_TYPES: frozenset[str] = wire.PROTOCOL_TYPES - {"pong"}
 
 #: types :meth:`Peer.send` refuses: the membership types, which no peer reads, and
@@ -145,9 +146,11 @@ OUTBOX_TIMEOUT_S = 10.0
 #: every message does not fill the log with a traceback per message.
 FAILURE_LOG_S = 10.0
 
-#: what a coordinator socket's monitor reports: a lost connection, and how handshakes end
-_COORD_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+#: what a coordinator socket's monitor reports: a connection accepted, a lost one, and how
+#: handshakes end
+_COORD_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                 | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 
 def _coord_handshake_error(event: int, value: int, keyed: bool) -> tuple[str, bool]:
@@ -192,6 +195,9 @@ class _Dial:
     # dropped (the join's error tells a link too slow for the heartbeat timeout by them)
     handshakes: int = 0
     drops: int = 0
+    # connections accepted (TCP) since the start: with no handshake that ended, what
+    # listens there never answers one (a frozen process, or not ZeroMQ)
+    accepted: int = 0
     up: bool = False            # a handshake succeeded and its connection has not dropped since
 
     def refused(self, why: str, now: float) -> bool:
@@ -858,6 +864,14 @@ class Peer:
             if reached:
                 raise MembershipError(f"peer {self.id}: no coordinator took the join within {cfg.join_timeout_s} s: "
                                       + "; ".join(self._reached(addr, d) for addr, d in reached)) from None
+            # connected, and no handshake ended, nor closed (with keys on one side only it is)
+            silent = [addr for addr, d in zip(cfg.coordinators, self._dials) if d.accepted and not d.closes]
+            if silent:
+                raise MembershipError(
+                    f"peer {self.id}: no coordinator answered at {', '.join(cfg.coordinators)} within "
+                    f"{cfg.join_timeout_s} s: " + "; ".join(
+                        f"a connection to {addr} was accepted but its handshake was never answered: the process "
+                        "there is frozen or overloaded, or is not a ZeroMQ program" for addr in silent)) from None
             raise MembershipError(
                 f"peer {self.id}: no coordinator answered at {', '.join(cfg.coordinators)} within "
                 f"{cfg.join_timeout_s} s" + (tp.unresolved_hint(cfg.coordinators) or (
@@ -1517,7 +1531,9 @@ class Peer:
     def _drain_coord_monitor(self, plain: zmq.Socket, i: int) -> None:
         for frames in tp.drain(plain, keep=self._keep_frames):
             ev = parse_monitor_message([f.bytes for f in frames])
-            if ev["event"] == zmq.EVENT_DISCONNECTED:
+            if ev["event"] == zmq.EVENT_CONNECTED:
+                self._dials[i].accepted += 1
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
                 d = self._dials[i]
                 if d.up:
                     d.up, d.drops = False, d.drops + 1
@@ -1692,6 +1708,9 @@ class Peer:
         if t == "ping":
             self._answer(msg, "pong", msg.body)
             return
+        if t in ("join", "status"):
+            self._not_a_coordinator(msg)
+            return
         handlers = self._handlers.get(t)
         if not handlers:
             self.counters.unhandled += 1
@@ -1747,6 +1766,18 @@ class Peer:
         except WireError as e:
             self.counters.malformed += 1
             self._bad(msg.src, e)
+
+    def _not_a_coordinator(self, msg: Message) -> None:
+        """Answer a ``join`` or a ``status``, which only a coordinator takes, with a refusal
+        that says why: they come from a client given this peer's address for its
+        coordinator's (both print tcp://HOST:PORT), which otherwise waited out its timeout
+        and blamed that. On the ROUTER, by the asker's route: it has no address of its own."""
+        why = (f"{self.address} is a swarm peer, not a coordinator; its coordinator is "
+               f"{self.config.coordinators[self._active]}")
+        t, body = ("refuse", {"reason": why}) if msg.t == "join" else ("status_reply", {"error": why})
+        frames = [msg.route, *wire.encode(t, self.id, epoch=self._view.epoch, body=body)]
+        if tp.try_send(tp.shadow(self._router), frames):
+            self._count_out(frames)
 
     def _on_coord(self, frames: list[zmq.Frame], i: int = 0) -> None:
         try:
