@@ -677,3 +677,82 @@ def test_a_resync_whose_send_failed_is_sent_again_at_the_next_flush():
         assert tries == ["a", "a"] and fb2.stats.send_failures == 1
         assert len(b2) == 20 and fa.stats.rereplicated == 20
     run(main())
+
+
+def test_a_target_that_dies_holding_acked_items_frees_its_slot_and_the_next_is_sent_them_all():
+    """replicas=2: b acknowledges all 10 items, c never does (they stay under-replicated);
+    b dies with its copies and d becomes a target. b's copies stop counting: d, which
+    takes b's slot, is sent every item (it must not inherit b's "held" marks)."""
+    async def main():
+        hub = Hub()
+        a, fa = peer(hub, "a", ["b", "c", "d"], share=0.0, replicas=2, ack_timeout=100.0)
+        b, _ = peer(hub, "b", ["a"], share=0.0)
+        hub.link("c", ["a"])                          # receives, acknowledges nothing
+        d, _ = peer(hub, "d", ["a"], share=0.0)
+        a.add(items(10))
+        await fa.flush()
+        await hub.settle()
+        assert len(b) == 10 and len(d) == 0
+        assert fa.stats.pushed == 20 and fa.stats.under_replicated == 10
+        hub.kill("b")                                 # d is among the first 2 now
+        for _ in range(3):
+            await fa.flush()
+            await hub.settle()
+        await hub.close()
+        assert sorted(d.ids()) == [("a", s) for s in range(10)]
+        assert fa.stats.pushed == 30                  # each item to d once; c's pushes still on the way
+        # c still holds nothing acknowledged: nothing is safe, every item keeps its row
+        assert fa.take_acknowledged() == [] and fa.stats.under_replicated == 10 and len(fa._table) == 10
+    run(main())
+
+
+def _restart_b_after_it_acked_beside_a_silent_c(hub):
+    """a (replicas=2) pushes 10 items to b, which acks them, and to c, which never does;
+    then b restarts empty. Returns (a's federation, the new b's buffer and federation)."""
+    async def main():
+        a, fa = peer(hub, "a", ["b", "c"], share=0.0, replicas=2, ack_timeout=100.0)
+        b, _ = peer(hub, "b", ["a"], share=0.0)
+        hub.link("c", ["a"])                          # receives, acknowledges nothing
+        a.add(items(10))
+        await fa.flush()
+        await hub.settle()
+        assert len(b) == 10 and fa.stats.pushed == 20 and fa.stats.under_replicated == 10
+        b2, fb2 = peer(hub, "b", ["a"], share=0.0)    # b restarted from nothing
+        await fb2.flush()                             # its first flush says buf.resync to a
+        await hub.settle()
+        return fa, b2, fb2
+    return main()
+
+
+def test_a_holder_that_restarts_while_its_items_are_under_replicated_is_sent_them_again():
+    """replicas=2, c silent so the rows stay: b acknowledged the items, then restarted empty
+    and resynced. Its slot must be neither "held" (the resync forgets its copies) nor "on
+    the way" (its ack ended that push; no timeout would clear it): b gets them all again."""
+    async def main():
+        hub = Hub()
+        fa, b2, _ = await _restart_b_after_it_acked_beside_a_silent_c(hub)
+        assert fa.stats.rereplicated == 10
+        await fa.flush()
+        await hub.settle()
+        await hub.close()
+        assert sorted(b2.ids()) == [("a", s) for s in range(10)]
+        assert fa.stats.pushed == 30
+    run(main())
+
+
+def test_a_resync_of_items_that_still_have_rows_keeps_one_row_each():
+    """The resync re-adds items the table still has (c never acked them): each keeps its one
+    row, so it goes to the restarted b once and then waits for c, flush after flush; a
+    second row would be pushed again every flush (acks reach one row only)."""
+    async def main():
+        hub = Hub()
+        fa, b2, _ = await _restart_b_after_it_acked_beside_a_silent_c(hub)
+        for _ in range(4):
+            await fa.flush()
+            await hub.settle()
+        await hub.close()
+        assert len(b2) == 10 and sorted(b2.ids()) == [("a", s) for s in range(10)]
+        assert fa.stats.pushed == 30 and fa.stats.resent == 0
+        assert fa.stats.under_replicated == 10 and len(fa._table) == 10
+        assert fa.take_acknowledged() == []
+    run(main())

@@ -166,3 +166,16 @@ def test_replay_add_over_the_least_likely_item_moves_the_weights_minimum():
     p = buf.priorities(s.indices)
     np.testing.assert_allclose(s.weights, ((0.2 + 1e-6) / p).astype(np.float32), rtol=1e-6)
     assert s.weights.max() == 1.0   # the least likely item stored was drawn (and weighs 1)
+
+
+@pytest.mark.parametrize("capacity,leaf", [(1 << 16, 1.0), (10_000, 0.25)])
+def test_find_at_an_exact_boundary_below_the_top_level_returns_the_leaf_starting_there(capacity, leaf):
+    """find's contract sum(leaves[:i]) <= u < sum(leaves[:i+1]) at u exactly on a boundary,
+    in trees past the 4096 nodes of the kept top level, so the descent below it decides
+    (u > left there returned the leaf before: 1000 for u = 1001). Sums of 1.0 or 0.25 are exact."""
+    t = SumTree(capacity)
+    t.set_range(0, np.full(capacity, leaf))
+    want = np.array([0, 1, 2, 3, 1001, 2047, 2048, 4095, 4096, 4097, 9999])
+    if capacity == 1 << 16:
+        want = np.concatenate([want, [40001, 65534, 65535]])
+    np.testing.assert_array_equal(t.find(want * leaf), want)

@@ -691,3 +691,17 @@ def test_scale_codecs_reject_non_finite_input(spec, value):
     x[700] = value
     with pytest.raises(GossipError, match="NaN or Inf"):
         get_codec(spec).encode(x)
+
+
+def test_error_feedback_saturates_an_overflowing_sum_at_the_float32_max():
+    """x + e past float32's range for finite x and e is set to +-max (what is kept stays as
+    large as it can), not +-Inf and not 0. ef+topk keeps 1 of 10 (index 0 on the tie), so
+    the residual carries -max and +max into the next call, where x + e overflows."""
+    big = float(np.finfo(np.float32).max)
+    ef = get_codec("ef+topk:0.1")
+    x = np.zeros(10, np.float32)
+    x[[0, 1, 2, 9]] = [big, -big, big, 3.0]
+    for sent in range(1, 4):
+        _, dec = ef.encode_decoded(x)
+        assert dec.tolist() == [big] + [0.0] * 9
+        assert ef.residual.tolist() == [0.0, -big, big] + [0.0] * 6 + [3.0 * sent], sent

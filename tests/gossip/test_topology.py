@@ -157,3 +157,35 @@ def test_all_receivers_is_receivers_of_every_position(topology):
             except ConfigError:   # hypercube: powers of two only
                 continue
             assert all_receivers(topology, n, t, seed=3) == each, (n, t)
+
+
+@pytest.mark.parametrize("n,want", [
+    (8, [1, 2, 4, 6, 7]),            # 4 = 0 + 4 = 0 - 4: the top power is its own antipode
+    (11, [1, 2, 3, 4, 7, 8, 9, 10]),  # 0 + 8 = 0 - 3 and 0 - 8 = 0 + 3: links no lower power makes
+    (16, [1, 2, 4, 8, 12, 14, 15]),
+])
+def test_exponential_links_every_power_of_two_below_n(n, want):
+    """i ± 2^k (mod n) for every 2^k < n (docs/gossip.md), the largest one included."""
+    assert neighbours("exponential", n, 0) == want
+    assert neighbours("exponential", n, 3) == sorted({(3 + s * 2 ** k) % n for k in range(n.bit_length())
+                                                      if 2 ** k < n for s in (1, -1)})
+
+
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_rho_of_the_directed_one_peer_exponential_graph_is_the_2_norm(n):
+    """Round 0's W = (I + shift)/2 is not symmetric: rho = ||W - J/n||_2 = cos(pi/n), not the
+    real part of lambda2 ((1 + cos(2 pi/n))/2, 0.854 for n = 8), which would undercount rounds."""
+    s = spectrum(mixing_matrix("one_peer_exponential", n, 0))
+    assert abs(s.rho - math.cos(math.pi / n)) < TOL
+    assert abs(s.gap - (1 - math.cos(math.pi / n))) < TOL
+
+
+@pytest.mark.parametrize("rho,eps,k", [
+    (0.5, 0.4, 2),                   # ln 0.4 / ln 0.5 = 1.32: rounding would say 1, and 0.5 > 0.4
+    (0.9, 0.5, 7),                   # 6.58
+    (0.8, 1e-3, 31),                 # 30.96
+    (0.5, 0.25, 2), (0.25, 0.0625, 2), (0.5, 2 ** -10, 10),   # exact powers: no extra round
+])
+def test_rounds_to_epsilon_is_the_least_k_with_rho_to_the_k_at_most_eps(rho, eps, k):
+    assert rounds_to_epsilon(rho, eps) == k
+    assert rho ** k <= eps < rho ** (k - 1)
