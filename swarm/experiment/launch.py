@@ -104,7 +104,7 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ..errors import ConfigError, SwarmError
 from .runner import DIGEST_EVERY, check_resume_kept, peer_dir
-from .spec import Spec, load_spec, save_resolved
+from .spec import CheckpointSpec, Spec, load_spec, save_resolved
 
 if TYPE_CHECKING:
     from .forkserver import ForkServer, Forked
@@ -661,8 +661,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         missing = [r for r in range(spec.peers) if not (peer_dir(prev, r) / "checkpoint.pt").is_file()
                    and latest(peer_dir(prev, r) / "ckpt") is None]
         if missing:
-            raise ConfigError(f"resume: {prev} has no checkpoint for peer(s) {missing}; "
-                              f"peers = {spec.peers} must match that run")
+            raise _no_checkpoint(prev, spec, missing)
         _check_resume_kept(prev, spec)
     run_dir = new_run_dir(Path(runs_root), spec.name)
     config = save_resolved(spec, run_dir)
@@ -966,6 +965,29 @@ def _check_resume_env(prev: Path, spec: Spec) -> None:
                           f"with env = {old!r}, or start a new run")
 
 
+def _no_checkpoint(prev: Path, spec: Spec, missing: list[int]) -> ConfigError:
+    """The error of ``swarm run --resume prev`` where the peers ``missing`` (ranks of
+    ``spec``) have no checkpoint in ``prev``: a run killed before its first full checkpoint
+    (``checkpoint.full_every_s`` after its start, by default) has none at all, and a resume
+    with more peers than that run had has none for the ranks it adds."""
+    from ..config import read_file, to_dict  # noqa: PLC0415
+
+    old = read_file(prev / "config.json")
+    had = old.get("peers", Spec().peers)
+    if all(r in missing for r in range(min(had, spec.peers))):
+        ck = {**to_dict(CheckpointSpec()), **old.get("checkpoint", {})}
+        return ConfigError(f"resume: no peer of {prev} has a checkpoint (ckpt/ or checkpoint.pt): that run ended "
+                           f"before its first one (checkpoint.full_every_s = {ck['full_every_s']:g} and "
+                           f"checkpoint.full_every_steps = {ck['full_every_steps']} in its config.json), so there is "
+                           f"nothing to resume; start it again with swarm run {prev / 'config.json'} (a lower "
+                           "checkpoint.full_every_s or a checkpoint.full_every_steps makes the first checkpoint "
+                           "come sooner)")
+    if had != spec.peers:
+        return ConfigError(f"resume: {prev} has no checkpoint for peer(s) {missing}: that run had peers = {had}, "
+                           f"and peers = {spec.peers} must match it")
+    return ConfigError(f"resume: {prev} has no checkpoint for peer(s) {missing}: they ended before their first "
+                       f"one, and a resume needs every peer's; start the run again with swarm run "
+                       f"{prev / 'config.json'}")
 
 
 def _check_resume_kept(prev: Path, spec: Spec) -> None:
@@ -974,31 +996,89 @@ def _check_resume_kept(prev: Path, spec: Spec) -> None:
     check_resume_kept(prev, spec, range(spec.peers))
 
 
+#: float32 copies of its Q-network's parameters a DQN peer holds for its whole run: the
+#: agent's online and target networks, gradient, Adam's two moments and its scratch
+#: (swarm/rl/dqn.py, FlatAdam). Computing a gradient and saving a checkpoint take more
+#: for a while, so a run needs at least this much.
+AGENT_COPIES = 6
+#: and the gossip engine's, besides one per neighbour whose parameters it mixes in: the
+#: public copy of its own parameters, the delta buffer and the parameters before a mix
+#: (swarm/gossip/engine.py; with the identity codec: two snapshots and the pre-mix copy)
+GOSSIP_COPIES = 3
+
+
+def _q_parameters(obs_size: int, hidden: list[int], n_actions: int) -> int:
+    """The parameters of DQN's Q-network (:class:`swarm.rl.dqn.QNetwork`, an MLP of linear
+    layers with biases), counted without torch, which `swarm run` itself does not import.
+
+        >>> _q_parameters(4, [64, 64], 2)   # the default network on CartPole-v1
+        4610
+    """
+    widths = [obs_size, *hidden, n_actions]
+    return sum((w_in + 1) * w_out for w_in, w_out in zip(widths, widths[1:]))
+
+
+def _network_copies(spec: Spec) -> list[int]:
+    """How many float32 copies of its Q-network's parameters each peer holds
+    (:data:`AGENT_COPIES`, :data:`GOSSIP_COPIES` and one per neighbour it mixes in, in
+    the topology's first round), by rank."""
+    from ..gossip.topology import senders  # noqa: PLC0415 - numpy only, as the spec's checks import it
+
+    g = spec.gossip
+    if spec.peers == 1:
+        return [AGENT_COPIES]   # no neighbour: the engine makes none of its copies
+    return [AGENT_COPIES + GOSSIP_COPIES + len(senders(g.topology, spec.peers, r, edges=g.edges or None,
+                                                       seed=spec.seed))
+            for r in range(spec.peers)]
+
+
 def _check_memory(spec: Spec) -> None:
-    """Refuse a run whose replay buffers cannot fit in this host's memory (in a container,
-    its cgroup's limit: :func:`_available_memory`), before it starts anything: each peer would
-    fail on its own, after the launch, allocating its buffer, or be killed by the OOM killer."""
+    """Refuse a run whose replay buffers and Q-networks cannot fit in this host's memory (in
+    a container, its cgroup's limit: :func:`_available_memory`), before it starts anything:
+    each peer would fail on its own, after the launch, allocating its buffer or network, or
+    be killed by the OOM killer. The error names ``dqn.hidden`` where the networks take
+    more than the buffers, else ``buffer.capacity``."""
     import gymnasium  # noqa: PLC0415 - load_spec has imported it already
 
     b = spec.buffer
     env = gymnasium.make(spec.env)    # load_spec made it once: it can be made
     try:
         obs_size = math.prod(env.observation_space.shape)
+        n_actions = int(env.action_space.n)    # load_spec checked that it is Discrete
     finally:
         env.close()
     each = _replay_bytes(b.capacity, obs_size, b.replicas if b.sharing else 0)
+    buffers = each * spec.peers
+    params = _q_parameters(obs_size, spec.dqn.hidden, n_actions)
+    copies = _network_copies(spec)
+    networks = 4 * params * sum(copies)
     available = _available_memory()
-    if available is not None and each * spec.peers > available:
-        per = f"{each / b.capacity:.0f} bytes a transition of {spec.env}"
-        what = (f"the replay buffers of the {spec.peers} peers would take about {_size(each * spec.peers)} "
-                f"({_size(each)} each, {per})" if spec.peers > 1 else
-                f"the peer's replay buffer would take about {_size(each)} ({per})")
-        cgroup = _cgroup_memory()
-        limit = (f", or raise this process's cgroup memory limit ({_size(cgroup[0])}, {_size(cgroup[1])} of it "
-                 "in use)" if cgroup is not None and cgroup[0] - cgroup[1] <= available else "")
-        raise ConfigError(f"buffer.capacity = {b.capacity}: {what}, more than the {_size(available)} of memory "
-                          "this host has available; lower buffer.capacity" + (" or peers" if spec.peers > 1 else "")
-                          + limit)
+    if available is None or buffers + networks <= available:
+        return
+    cgroup = _cgroup_memory()
+    limit = (f", or raise this process's cgroup memory limit ({_size(cgroup[0])}, {_size(cgroup[1])} of it "
+             "in use)" if cgroup is not None and cgroup[0] - cgroup[1] <= available else "")
+    more = f"more than the {_size(available)} of memory this host has available"
+    if networks > buffers:
+        held = f"{min(copies)}" if min(copies) == max(copies) else f"{min(copies)} to {max(copies)}"
+        if spec.peers > 1:
+            holds = (f"each peer holds {held} copies (online and target networks, gradient, Adam's two moments and "
+                     "its scratch, and gossip's copies of its own parameters and its neighbours'): "
+                     f"{_size(buffers + networks)} for the {spec.peers} peers with their replay buffers")
+        else:
+            holds = (f"the peer holds {held} copies (online and target networks, gradient, Adam's two moments and "
+                     f"its scratch): {_size(buffers + networks)} with its replay buffer")
+        raise ConfigError(f"dqn.hidden = {spec.dqn.hidden}: a Q-network of {params:,} parameters takes "
+                          f"{_size(4 * params)} a copy (float32), and {holds}, {more}; lower dqn.hidden"
+                          + (" or peers" if spec.peers > 1 else "") + limit)
+    per = f"{each / b.capacity:.0f} bytes a transition of {spec.env}"
+    what = (f"the replay buffers of the {spec.peers} peers would take about {_size(buffers)} "
+            f"({_size(each)} each, {per})" if spec.peers > 1 else
+            f"the peer's replay buffer would take about {_size(each)} ({per})")
+    if buffers <= available:   # the networks tip it over
+        what += f", and {'their Q-networks' if spec.peers > 1 else 'its Q-network'} another {_size(networks)}"
+    raise ConfigError(f"buffer.capacity = {b.capacity}: {what}, {more}; lower buffer.capacity"
+                      + (" or peers" if spec.peers > 1 else "") + limit)
 
 
 def _deadline_env(launch: Launch) -> dict[str, str] | None:
@@ -1430,20 +1510,7 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     peers = [folder for _, folder in sorted(_peer_folders(run_dir).items())]
     written = []
 
-    fig = Figure(figsize=(7, 4))
-    ax = fig.subplots()
-    for p in peers:
-        rows = read_csv(p / "metrics.csv")
-        if rows:
-            ax.plot([_num(r["env_steps"]) for r in rows], [_num(r["mean_return"]) for r in rows], label=p.name)
-        ev = read_csv(p / "evals.csv")
-        if ev:
-            ax.plot([_num(r["env_steps"]) for r in ev], [_num(r["eval_return"]) for r in ev], "o",
-                    ms=3, color=ax.lines[-1].get_color() if rows else None)
-    ax.set(xlabel="env steps (per peer)", ylabel="return (mean of last 10 episodes; dots: greedy eval)",
-           title="return per peer")
-    _legend(ax)
-    written.append(_save(fig, out / "returns.png"))
+    written.append(_save(_returns_figure(peers), out / "returns.png"))
 
     fig = Figure(figsize=(7, 4))
     ax = fig.subplots()
@@ -1477,6 +1544,29 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     return written
 
 
+def _returns_figure(peers: list[Path]) -> Any:
+    """returns.png's figure: each peer's mean return (metrics.csv) and its greedy
+    evaluations (evals.csv, dots) against env steps; ``peers`` are the peer folders."""
+    from matplotlib.figure import Figure  # noqa: PLC0415 - optional dependency (the `plots` extra)
+
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    for p in peers:
+        rows = read_csv(p / "metrics.csv")
+        if rows:
+            ax.plot([_num(r["env_steps"]) for r in rows], [_num(r["mean_return"]) for r in rows], label=p.name)
+        ev = read_csv(p / "evals.csv")
+        if ev:
+            # in the colour of the peer's line; a peer without one (no episode ended) has
+            # its dots in the legend instead
+            style = {"color": ax.lines[-1].get_color()} if rows else {"label": f"{p.name} eval"}
+            ax.plot([_num(r["env_steps"]) for r in ev], [_num(r["eval_return"]) for r in ev], "o", ms=3, **style)
+    ax.set(xlabel="env steps (per peer)", ylabel="return (mean of last 10 episodes; dots: greedy eval)",
+           title="return per peer")
+    _legend(ax)
+    return fig
+
+
 def _log_scale(ax: Any) -> None:
     """A log y axis where a line has a value above 0: of zeros alone (a run whose gossip
     sent nothing, rounds that moved nobody) matplotlib could draw none, and warns."""
@@ -1485,7 +1575,8 @@ def _log_scale(ax: Any) -> None:
 
 
 def _legend(ax: Any) -> None:
-    """A legend of the labelled lines; a plot of a run that logged nothing says so."""
+    """A legend of the labelled lines (and dots); a plot with none, of a run that logged
+    nothing, says so."""
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     else:

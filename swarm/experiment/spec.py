@@ -26,7 +26,7 @@ from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..checks import SEED_LIMIT
+from ..checks import SEED_LIMIT, nonneg
 from ..config import (MAX_MESSAGE_MB, MAX_ZMTP_S, PeerConfig, apply_overrides, from_dict, opt, read_file, to_dict,
                       to_toml)
 from ..errors import ConfigError
@@ -59,10 +59,6 @@ def _pos(x: Any) -> bool:
     return x > 0
 
 
-def _nonneg(x: Any) -> bool:
-    return x >= 0
-
-
 @dataclass
 class GossipSpec:
     """How peers average their parameters."""
@@ -79,7 +75,7 @@ class GossipSpec:
                                                  "int8, topk:0.01, ef+topk:0.01 (error feedback)")
     sync: str = opt("bounded", "lockstep (wait for every neighbour), bounded (wait only when one is "
                                "more than max_staleness rounds behind) or async (never wait)")
-    max_staleness: int = opt(4, "rounds a neighbour may lag before a bounded peer waits", _nonneg,
+    max_staleness: int = opt(4, "rounds a neighbour may lag before a bounded peer waits", nonneg,
                              "must be >= 0")
     interval: int = opt(10, "env steps between gossip rounds (local steps H); above budget.env_steps no round "
                             "runs (swarm run warns: the isolated baseline)", _pos, "must be > 0")
@@ -124,7 +120,7 @@ class BufferSpec:
     decay: float = opt(0.0, "priority decay per second of age (lambda); 0 keeps priorities. Age is wall-clock "
                             "time, so with decay > 0 sampling depends on how fast the machine runs and the same "
                             "seed does not reproduce a run (a resume does not count its pause as age)",
-                       _nonneg, "must be >= 0")
+                       nonneg, "must be >= 0")
     sharing: bool = opt(True, "push a share of new transitions to neighbours")
     share: float = opt(1.0, "fraction of new transitions pushed to each neighbour (with replicas, the "
                             "first `replicas` neighbours get every one as a replication push instead)",
@@ -134,7 +130,7 @@ class BufferSpec:
     replicas: int = opt(0, "neighbours that must acknowledge each local transition (0: no replication); "
                            "at most the fewest neighbours any peer has in gossip.topology; needs sharing "
                            "(without it swarm run warns)",
-                        _nonneg, "must be >= 0")
+                        nonneg, "must be >= 0")
     ack_timeout_s: float = opt(2.0, "with replicas: seconds before a replication push that got no ack is "
                                     "sent again", _pos, "must be > 0")
     ack_timeout_max_s: float = opt(30.0, "with replicas: the longest wait between resends to a neighbour "
@@ -157,7 +153,7 @@ class BudgetSpec:
     """When a run stops."""
 
     env_steps: int = opt(10_000, "env steps per peer", _pos, "must be > 0")
-    max_seconds: float = opt(0.0, "wall-clock limit of the whole run; 0 means none", _nonneg, "must be >= 0")
+    max_seconds: float = opt(0.0, "wall-clock limit of the whole run; 0 means none", nonneg, "must be >= 0")
     stop_when_solved: bool = opt(False, "stop a peer once its greedy evaluation reaches eval.solve_return")
 
 
@@ -166,7 +162,7 @@ class EvalSpec:
     """Greedy evaluation during training."""
 
     every: int = opt(1_000, "env steps between evaluations; 0 disables; above budget.env_steps none runs "
-                            "and there is no best.pt (swarm run warns)", _nonneg, "must be >= 0")
+                            "and there is no best.pt (swarm run warns)", nonneg, "must be >= 0")
     episodes: int = opt(5, "episodes per evaluation", _pos, "must be > 0")
     solve_return: float | None = opt(None, "mean greedy return that counts as solved; unset: the env's "
                                            "Gymnasium reward_threshold (CartPole-v1 475, CartPole-v0 195, "
@@ -189,11 +185,11 @@ class CheckpointSpec:
     full one. A crash loses at most the env steps since the newest of either.
     """
 
-    full_every_s: float = opt(300.0, "seconds between full checkpoints; 0: no timer", _nonneg, "must be >= 0")
-    full_every_steps: int = opt(0, "env steps between full checkpoints; 0: only the timer", _nonneg,
+    full_every_s: float = opt(300.0, "seconds between full checkpoints; 0: no timer", nonneg, "must be >= 0")
+    full_every_steps: int = opt(0, "env steps between full checkpoints; 0: only the timer", nonneg,
                                 "must be >= 0")
     incremental_every_steps: int = opt(0, "env steps between incremental checkpoints (changes since the "
-                                          "last full one); 0: none", _nonneg, "must be >= 0")
+                                          "last full one); 0: none", nonneg, "must be >= 0")
 
 
 def _peer_opt(name: str, help: str) -> Any:
@@ -397,6 +393,14 @@ class Spec:
                         f"{self.peers}: peers share turns, so their copies part at each turn and differ at every "
                         "digest check (each repaired by taking a whole copy from a neighbour); set "
                         f"dqn.train_every = {self.peers} (a turn per peer) for copies that stay the same")
+        if self.peers > 1 and g.average and g.interval <= steps:
+            from ..gossip import suggested_gamma  # noqa: PLC0415 - the engine's measure, which warns in each peer's log
+
+            stable = suggested_gamma(g.codec)
+            if g.step_size > 2 * stable:   # where the engine expects CHOCO to diverge
+                said.append(f"gossip.step_size = {g.step_size:g} is far above the stable step for gossip.codec = "
+                            f"{g.codec!r} (about {stable:g}): the peers' parameters are expected to diverge rather "
+                            f"than average; set gossip.step_size = {stable:g}")
         if self.eval.every > steps:   # with budget.stop_when_solved, validate() refuses it
             said.append(f"eval.every = {self.eval.every} is above budget.env_steps = {steps}: no greedy "
                         "evaluation runs, so no peer writes best.pt (swarm eval has nothing to play) and the "
