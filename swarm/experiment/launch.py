@@ -662,7 +662,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
                    and latest(peer_dir(prev, r) / "ckpt") is None]
         if missing:
             raise _no_checkpoint(prev, spec, missing)
-        _check_resume_kept(prev, spec)
+        check_resume_kept(prev, spec, range(spec.peers))   # every peer's, before anything starts
     run_dir = new_run_dir(Path(runs_root), spec.name)
     config = save_resolved(spec, run_dir)
     peers = f"{spec.peers} peer{'s' if spec.peers != 1 else ''}"
@@ -988,12 +988,6 @@ def _no_checkpoint(prev: Path, spec: Spec, missing: list[int]) -> ConfigError:
     return ConfigError(f"resume: {prev} has no checkpoint for peer(s) {missing}: they ended before their first "
                        f"one, and a resume needs every peer's; start the run again with swarm run "
                        f"{prev / 'config.json'}")
-
-
-def _check_resume_kept(prev: Path, spec: Spec) -> None:
-    """:func:`~swarm.experiment.runner.check_resume_kept` for every peer of the run, before
-    anything starts: each peer would otherwise meet it on its own, after the launch."""
-    check_resume_kept(prev, spec, range(spec.peers))
 
 
 #: float32 copies of its Q-network's parameters a DQN peer holds for its whole run: the

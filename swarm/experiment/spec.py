@@ -394,10 +394,11 @@ class Spec:
                         "digest check (each repaired by taking a whole copy from a neighbour); set "
                         f"dqn.train_every = {self.peers} (a turn per peer) for copies that stay the same")
         if self.peers > 1 and g.average and g.interval <= steps:
-            from ..gossip import suggested_gamma  # noqa: PLC0415 - the engine's measure, which warns in each peer's log
+            # the engine's measure, which warns in each peer's log
+            from ..gossip._codecs import DIVERGES_ABOVE, suggested_gamma  # noqa: PLC0415
 
             stable = suggested_gamma(g.codec)
-            if g.step_size > 2 * stable:   # where the engine expects CHOCO to diverge
+            if g.step_size > DIVERGES_ABOVE * stable:
                 said.append(f"gossip.step_size = {g.step_size:g} is far above the stable step for gossip.codec = "
                             f"{g.codec!r} (about {stable:g}): the peers' parameters are expected to diverge rather "
                             f"than average; set gossip.step_size = {stable:g}")

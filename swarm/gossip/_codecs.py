@@ -59,6 +59,11 @@ def copy_scale(meta: Any) -> float:
     return 1.0 / (1.0 + omega) if omega >= 1.0 else 1.0
 
 
+#: a step this many times :func:`suggested_gamma` is where CHOCO gossip is expected to
+#: diverge rather than average (the engine warns; `swarm run` warns before it starts)
+DIVERGES_ABOVE = 2.0
+
+
 def suggested_gamma(spec: str) -> float:
     """A consensus step γ that is stable for codec ``spec`` under CHOCO gossip.
 

@@ -78,7 +78,7 @@ from ..errors import ConfigError, GossipError
 from ..link import Link, View
 from ..wire import Message, shown
 from . import topology as topo
-from ._codecs import Encoded, copy_scale, make_codec, suggested_gamma
+from ._codecs import DIVERGES_ABOVE, Encoded, copy_scale, make_codec, suggested_gamma
 
 __all__ = ["Gossip", "RoundResult", "GossipStats", "SYNC_MODES", "MODES"]
 
@@ -428,7 +428,7 @@ class Gossip:
             gamma = suggested_gamma(codec)
         if isinstance(gamma, bool) or not (isinstance(gamma, (int, float)) and 0 < gamma <= 1):
             raise ConfigError(f"gamma must be in (0, 1] or 'auto', got {gamma!r}")
-        if gamma > 2 * suggested_gamma(codec):
+        if gamma > DIVERGES_ABOVE * suggested_gamma(codec):
             # CHOCO diverges when γ is large for a coarse codec (measured: ef+topk:0.01
             # at γ = 1 on an 8-ring grows the consensus error 37× in 200 rounds)
             log.warning("gossip: gamma=%s is far above the stable step for codec %r (about %s); "

@@ -77,11 +77,11 @@ def test_resume_takes_a_changed_buffer_setting_when_no_checkpoint_holds_a_buffer
     """Not a defect of its own: it keeps the fix above from refusing too much. A run folder
     whose peers left only checkpoint.pt (no ckpt/, so no replay buffer to restore): each
     peer starts a new buffer with the spec's settings, so the launcher lets the change through."""
-    from swarm.experiment.launch import _check_resume_kept
+    from swarm.experiment.runner import check_resume_kept
 
     ran_in, returncode, out = tiny_run
     assert returncode == 0, out
     old = Path(shutil.copytree(run_dir_of(ran_in), tmp_path / "old"))
     for r in range(2):
         shutil.rmtree(old / f"peer{r}" / "ckpt")
-    _check_resume_kept(old, load_spec(old / "config.json", ["buffer.alpha=0.3"]))
+    check_resume_kept(old, load_spec(old / "config.json", ["buffer.alpha=0.3"]), range(2))
