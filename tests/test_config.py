@@ -174,3 +174,32 @@ def test_an_http_port_of_thousands_of_digits_is_a_config_error():
 
     with pytest.raises(ConfigError, match="coordinator.http_bind"):
         load_config(None, [f'coordinator.http_bind="127.0.0.1:{"9" * 5000}"'])
+
+
+_R = 2147483647   # MAX_RANK
+
+
+@pytest.mark.parametrize("at, key, value, past, match", [
+    ("coordinator.zmtp_heartbeat_s=0.001", "coordinator.zmtp_heartbeat_s", 0.001,
+     "coordinator.zmtp_heartbeat_s=0.0009", r"^coordinator\.zmtp_heartbeat_s = 0\.0009: must be in 0\.001\.\.6553 s"),
+    ("coordinator.http_bind='127.0.0.1:65535'", "coordinator.http_bind", "127.0.0.1:65535",
+     "coordinator.http_bind='127.0.0.1:65536'", r"^coordinator\.http_bind = '127\.0\.0\.1:65536': must be HOST:PORT"),
+    ("coordinator.max_members=100000", "coordinator.max_members", 100000,
+     "coordinator.max_members=100001", r"^coordinator\.max_members = 100001: must be in 1\.\.100000$"),
+    (f"peer.rank={_R}", "peer.rank", _R, f"peer.rank={_R + 1}", rf"^peer\.rank = {_R + 1}: must be in -1\.\.{_R}$"),
+    (f"peer.edges=[[0, {_R}]]", "peer.edges", [[0, _R]], f"peer.edges=[[0, {_R + 1}]]",
+     rf"^peer\.edges: \[0, {_R + 1}\] names a rank past the largest; ranks are at most {_R}$"),
+    ("peer.id=" + "p" * 256, "peer.id", "p" * 256, "peer.id=" + "p" * 257,
+     r"^peer\.id = 'p{257}': must be at most 256 characters \(a message's sender id\)"),
+    ("coordinator.run_name=" + "r" * 200, "coordinator.run_name", "r" * 200, "coordinator.run_name=" + "r" * 201,
+     r"^coordinator\.run_name = 'r{201}': must be at most 200 printable characters$"),
+    ("peer.inbox_port=65535", "peer.inbox_port", 65535, "peer.inbox_port=65536",
+     r"^peer\.inbox_port = 65536: must be in 0\.\.65535$"),
+], ids=["zmtp_heartbeat_s", "http_bind", "max_members", "rank", "edges", "id", "run_name", "inbox_port"])
+def test_each_inclusive_limit_is_taken_at_the_limit_and_refused_one_past(at, key, value, past, match):
+    # the value an error message calls allowed ("must be in -1..2147483647") must be allowed
+    extra = ["peer.topology='custom'"] if key == "peer.edges" else []
+    section, name = key.split(".")
+    assert getattr(getattr(load_config(None, [at, *extra]), section), name) == value
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, [past, *extra])

@@ -56,6 +56,14 @@ def test_non_contiguous_is_sent_contiguous():
     ([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "x", "arrays": [["uint8", [0, 2**63]]]}), b""], "bad shape"),
     ([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "x", "arrays": [["float64", [0, 2**62, 2**62]]]}), b""],
      "bad shape"),
+    # encode refuses a bool epoch or seq: decode must too (isinstance(True, int) holds)
+    ([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "x", "epoch": True, "seq": 0, "arrays": []})],
+     "^epoch and seq must be integers$"),
+    ([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "x", "epoch": 0, "seq": False, "arrays": []})],
+     "^epoch and seq must be integers$"),
+    # one dimension past max_ndim (8), as encode refuses
+    ([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": "x", "arrays": [["uint8", [1] * 9]]}), b"x"],
+     r"^array 0: bad shape \[1, 1, 1, 1, 1, 1, \.\.\.\]$"),
 ])
 def test_decode_rejects(frames, match):
     with pytest.raises(WireError, match=match):
@@ -139,6 +147,51 @@ def test_encode_and_decode_share_the_limits():
                dict(arrays=[np.zeros(1, np.uint8)] * 4)):
         with pytest.raises(WireError):
             wire.encode("ping", "p", limits=lim, **kw)
+
+
+def _sent(lim, **kw):
+    """What a receiver under ``lim`` makes of a message encoded under ``lim`` (frames as received)."""
+    return wire.decode([bytes(memoryview(f)) for f in wire.encode("ping", "p", limits=lim, **kw)], lim)
+
+
+def test_the_byte_limits_and_the_src_hold_exactly_at_the_limit_on_both_sides():
+    """A message exactly at max_header_bytes or max_message_bytes, or from a peer.id of
+    MAX_SRC_LEN chars (the longest config allows), is sent and received; one past is
+    refused by both: else what encode accepted is dropped by every receiver."""
+    body = {"s": "x" * 100}
+    h = len(wire.encode("ping", "p", body=body)[0])
+    lim = wire.Limits(max_header_bytes=h)
+    assert _sent(lim, body=body).body == body
+    with pytest.raises(WireError, match=f"^header of {h + 1} bytes exceeds the limit {h}$"):
+        wire.encode("ping", "p", body={"s": "x" * 101}, limits=lim)
+    with pytest.raises(WireError, match=f"^header of {h} bytes exceeds the limit {h - 1}$"):
+        wire.decode(wire.encode("ping", "p", body=body), wire.Limits(max_header_bytes=h - 1))
+
+    a = np.arange(1000, dtype=np.uint8)
+    frames = wire.encode("ping", "p", arrays=[a])
+    total = sum(memoryview(f).nbytes for f in frames)
+    lim = wire.Limits(max_message_bytes=total)
+    np.testing.assert_array_equal(_sent(lim, arrays=[a]).arrays[0], a)
+    with pytest.raises(WireError, match=f"^message of {total + 1} bytes exceeds the limit {total}$"):
+        wire.encode("ping", "p", arrays=[np.zeros(1001, np.uint8)], limits=lim)
+    with pytest.raises(WireError, match=f"^message of {total} bytes exceeds the limit {total - 1}$"):
+        wire.decode(frames, wire.Limits(max_message_bytes=total - 1))
+
+    src = "s" * wire.MAX_SRC_LEN
+    assert wire.MAX_SRC_LEN == 256 and wire.decode(wire.encode("ping", src)).src == src
+    with pytest.raises(WireError, match="^bad src 's{257}': a str of 1 to 256 chars$"):
+        wire.encode("ping", src + "s")
+    with pytest.raises(WireError, match=r"^bad src 's+\.\.\.s+'$"):
+        wire.decode([msgpack.packb({"v": wire.VERSION, "t": "ping", "src": src + "s", "epoch": 0, "seq": 0,
+                                    "body": {}, "arrays": []})])
+
+
+def test_a_message_type_of_exactly_max_type_len_is_registered_and_sent():
+    name = "test." + "t" * (wire.MAX_TYPE_LEN - 5)
+    assert wire.MAX_TYPE_LEN == 32 and len(name) == 32
+    assert wire.decode(wire.encode(wire.register_type(name), "p")).t == name
+    with pytest.raises(WireError, match="^message type must be a non-empty str of <= 32 chars, got 'test.t{28}'$"):
+        wire.register_type(name + "t")
 
 
 # limits small enough for random bodies to cross them (the header is a map of 7 keys)

@@ -167,8 +167,31 @@ def _unknown_origin(p):
     np.save(p / "_origin.npy", a)
 
 
+def _nan_time(p):
+    a = np.load(p / "_time.npy")
+    a[1] = np.nan
+    np.save(p / "_time.npy", a)
+
+
+def _zero_max_p(p):
+    """New items take priority max_p: 0 would leave everything collected after the restore unsampled."""
+    meta = json.loads((p / "meta.json").read_text())
+    meta["max_p"] = 0.0
+    (p / "meta.json").write_text(json.dumps(meta))
+
+
+def _ticket_at_next(p):
+    """Tickets run 0 .. next-1: one equal to next would be handed out again while a row holds it."""
+    a = np.load(p / "_ticket.npy")
+    a[0] = json.loads((p / "meta.json").read_text())["next"]
+    np.save(p / "_ticket.npy", a)
+
+
 @pytest.mark.parametrize("damage, word", [(_truncate, "obs"), (_nan_leaf, "_leaf"), (_no_counter, "meta.json"),
-                                          (_unknown_origin, "_origin")])
+                                          (_unknown_origin, "_origin"),
+                                          (_nan_time, "column '_time' holds NaN or Inf origin times"),
+                                          (_zero_max_p, r"meta.json is corrupt: .* max_p 0\.0,"),
+                                          (_ticket_at_next, r"column '_ticket' holds item numbers >= (5|8),")])
 def test_a_damaged_snapshot_is_refused_and_the_base_buffer_left_alone(tmp_path, damage, word):
     buf = ReplayBuffer(SCHEMA, 16, decay=0.01, seed=0, clock=Clock(500.0))
     buf.add(items(5))
@@ -325,3 +348,71 @@ def test_an_increment_restores_the_rate_limiters_counts(tmp_path):
     with pytest.raises(ReplayError, match="limiter"):
         load_incremental(base, tmp_path / "inc")
     assert (len(base), base.limiter.inserted, base.limiter.sampled) == before
+
+
+def test_an_increment_is_refused_by_any_full_snapshot_but_its_own(tmp_path):
+    """A folder of several full snapshots: an increment applied to an older one than it was
+    taken against would leave the rows written between the two as the older one's."""
+    buf = ReplayBuffer(SCHEMA, 16, seed=0, peer_id="a")
+    buf.add(items(5))
+    buf.save(tmp_path / "fullA")                      # next 5
+    buf.add(items(3, 5))
+    buf.save(tmp_path / "fullB")                      # next 8
+    buf.add(items(2, 8))
+    save_incremental(buf, tmp_path / "inc", since=8)  # against fullB
+    base = ReplayBuffer.load(tmp_path / "fullA")
+    before = digest(base)
+    with pytest.raises(ReplayError, match="taken since item 8, but the base buffer has written 5 items; "
+                                          "it belongs to another full snapshot"):
+        load_incremental(base, tmp_path / "inc")
+    assert digest(base) == before and base.total_added == 5
+    back = load_incremental(ReplayBuffer.load(tmp_path / "fullB"), tmp_path / "inc")
+    assert digest(back) == digest(buf) and back.total_added == 10
+
+
+def test_an_increment_naming_the_slot_one_past_the_ring_is_refused(tmp_path):
+    """Slot == capacity passed a check off by one and failed inside the copy with a bare IndexError."""
+    buf = ReplayBuffer(SCHEMA, 8, seed=0, peer_id="a")
+    buf.add(items(3))
+    buf.save(tmp_path / "full")
+    buf.add(items(2, 3))
+    save_incremental(buf, tmp_path / "inc", since=3)
+    slots = np.load(tmp_path / "inc" / "_slots.npy")
+    assert slots.tolist() == [3, 4]
+    slots[-1] = 8                                     # == capacity
+    np.save(tmp_path / "inc" / "_slots.npy", slots)
+    base = ReplayBuffer.load(tmp_path / "full")
+    before = digest(base)
+    with pytest.raises(ReplayError, match="row slots outside the capacity 8"):
+        load_incremental(base, tmp_path / "inc")
+    assert digest(base) == before
+    slots[-1] = 7                                     # the last slot of the ring is in it
+    np.save(tmp_path / "inc" / "_slots.npy", slots)
+    assert load_incremental(base, tmp_path / "inc").total_added == 5
+
+
+def test_a_snapshot_saved_after_the_clock_is_restored_with_no_shift(tmp_path):
+    """The clock was set back 4000 s since the save: the buffer runs at the clock, not ahead of it."""
+    buf = ReplayBuffer(SCHEMA, 8, decay=0.01, seed=0, peer_id="a", clock=Clock(5000.0))
+    buf.add(items(2))
+    buf.save(tmp_path / "s")
+    back = ReplayBuffer.load(tmp_path / "s", clock=Clock(1000.0))
+    assert back._lag == 0.0 and back._now() == 1000.0
+    later = ReplayBuffer.load(tmp_path / "s", clock=Clock(5030.0))   # 30 s after the save: not age
+    assert later._lag == 30.0 and later._now() == 5000.0
+
+
+def test_resume_sequence_only_raises_the_sequence_counter(tmp_path):
+    """A floor below what the buffer issued (the clock set back) must not hand out its ids again."""
+    from swarm.buffer.persist import resume_sequence
+    buf = ReplayBuffer(SCHEMA, 8, seed=0, peer_id="a", first_seq=0)
+    buf.add(items(5))
+    assert buf._next_seq == 5
+    resume_sequence(buf, 2)
+    assert buf._next_seq == 5
+    resume_sequence(buf, 5)
+    assert buf._next_seq == 5
+    resume_sequence(buf, 100)
+    assert buf._next_seq == 100
+    buf.add(items(1, 5))
+    assert buf.ids()[-1] == ("a", 100)

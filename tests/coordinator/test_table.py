@@ -108,3 +108,28 @@ def test_a_suspect_that_joins_again_is_alive_without_its_cause():
     rec.state, rec.cause = SUSPECT, "heartbeat timeout"   # what the coordinator's probe sets
     t.join("p0", "tcp://127.0.0.1:9000", -1, 7, b"r1")
     assert (rec.state, rec.cause) == (ALIVE, "")
+
+
+def test_a_join_that_makes_the_member_list_exactly_max_view_bytes_is_admitted():
+    sizes = [MemberTable.entry_bytes(p, f"tcp://h:{i}", i, "") for i, p in enumerate("abc")]
+    t = MemberTable(max_view_bytes=sizes[0] + sizes[1])
+    t.join("a", "tcp://h:0", -1, 1, b"r")
+    t.join("b", "tcp://h:1", -1, 1, b"r")            # fills the room exactly: it fits
+    assert (t.live(), t.view_bytes) == (2, t.max_view_bytes)
+    full = sum(sizes)
+    with pytest.raises(MembershipError, match=f"^the view is full: with 'c' its member list would be {full} bytes, "
+                                              rf"over the {full - sizes[2]} that fit in a view message \(2 members\)"):
+        t.join("c", "tcp://h:2", -1, 1, b"r")
+    assert (t.live(), t.view_bytes) == (2, t.max_view_bytes)
+
+
+def test_a_join_after_one_refused_for_view_room_takes_the_lowest_free_rank():
+    # the refused join had picked rank 2 before its entry was found too big: the next join
+    # skipped it, and ranks (which seed environments and name agents) got a hole
+    t = MemberTable(max_view_bytes=200)
+    t.join("a", "tcp://h:0", -1, 1, b"r")
+    t.join("b", "tcp://h:1", -1, 1, b"r")
+    with pytest.raises(MembershipError, match="^the view is full"):
+        t.join("x" * 300, "tcp://h:9", -1, 1, b"r")
+    assert t.join("c", "tcp://h:2", -1, 1, b"r").rank == 2
+    assert [m.rank for m in t.publish().members] == [0, 1, 2]

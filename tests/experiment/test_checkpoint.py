@@ -325,6 +325,10 @@ def test_the_chain_of_runs_a_restart_follows_is_bounded_and_ends_where_it_comes_
     assert [(str(f), r) for f, r in lin.sources(c)] == [(c, "r3"), (b, "r2"), (a, "r1"), (c, "r0")]
     long = Lineage.of({"run": "r", "continues": [[f"/f{i}", f"r{i}"] for i in range(100)]}, tmp_path)
     assert len(long.continues) == MAX_LINEAGE and len(long.sources(tmp_path)) == MAX_LINEAGE + 1
+    chain = tuple((f"/f{i}", f"r{i}") for i in range(MAX_LINEAGE + 3))   # a new run after a long chain
+    new = Lineage.new(chain)
+    assert new.continues == chain[:MAX_LINEAGE]      # its oldest run is still searched
+    assert [r for _, r in new.sources(tmp_path)][1:] == [f"r{i}" for i in range(MAX_LINEAGE)]
 
     write_lineage(tmp_path, lin)
     assert read_lineage(tmp_path) == lin
@@ -333,6 +337,41 @@ def test_the_chain_of_runs_a_restart_follows_is_bounded_and_ends_where_it_comes_
     assert read_lineage(tmp_path) == Lineage(None, ())
     assert Lineage.of({"run": "r", "continues": [1, 2]}, tmp_path) == Lineage("r", ())
     assert Lineage.of({"run": 7, "continues": None}, tmp_path) == Lineage(None, ())
+
+
+def test_newest_lineage_passes_over_a_torn_newest_manifest_to_the_next_one(tmp_path):
+    """A torn manifest in the newest checkpoint made a resume from the folder start a new run
+    where it goes on with the one that wrote the older checkpoints."""
+    from swarm.experiment.checkpoint import Lineage, newest_lineage
+
+    for n in ("full-000001", "full-000002"):
+        (tmp_path / "ckpt" / n).mkdir(parents=True)
+    (tmp_path / "ckpt" / "full-000001" / "manifest.json").write_text(
+        json.dumps({"run": "abc", "continues": [["/old", "r0"]]}))
+    (tmp_path / "ckpt" / "full-000002" / "manifest.json").write_text('{"run": "ab')   # torn
+    assert newest_lineage(tmp_path) == Lineage("abc", (("/old", "r0"),))
+    (tmp_path / "ckpt" / "full-000001" / "manifest.json").write_text("")             # none reads
+    assert newest_lineage(tmp_path) is None
+
+
+def test_a_full_checkpoint_comes_exactly_full_every_steps_after_the_last(tmp_path):
+    """full_every_steps = N: the full one at step N after the last, not N + 1, with increments
+    every M steps between."""
+    agent = _agent()
+    steps = {"n": 0}
+    ck = Checkpointer(tmp_path / "ckpt", agent, agent.buffer, lambda: {"env_steps": steps["n"]},
+                      full_every_steps=100, incremental_every_steps=30)
+
+    def at(n):
+        steps["n"] = n
+        got = ck.step(n)
+        return ck._wait_pending() if ck._pending is not None else got
+
+    assert ck.full(background=False) == "full-000001"          # at env step 0
+    got = {n: at(n) for n in (29, 30, 59, 60, 89, 90, 99, 100, 190, 199, 200)}
+    assert got == {29: None, 30: "full-000001-inc-0001", 59: None, 60: "full-000001-inc-0002",
+                   89: None, 90: "full-000001-inc-0003", 99: None, 100: "full-000002",
+                   190: "full-000002-inc-0001", 199: None, 200: "full-000003"}, got
 
 
 @pytest.mark.parametrize("where", ["q", "target", "optimizer"])

@@ -361,3 +361,29 @@ def test_the_link_section_is_shown_and_an_older_config_json_without_it_loads_at_
     (tmp_path / "config.json").write_text(json.dumps(old))
     link = load_spec(tmp_path / "config.json").link
     assert (link.timeout_s, link.max_message_mb) == (PeerConfig().link_timeout_s, PeerConfig().max_message_mb)
+
+
+_GRAD = ["gossip.exchange='gradients'", "gossip.topology='ring'", "gossip.sync='async'"]
+
+
+@pytest.mark.parametrize("at, got, past, match", [
+    (["buffer.ack_timeout_s=5.0", "buffer.ack_timeout_max_s=5.0"], lambda s: s.buffer.ack_timeout_max_s == 5.0,
+     ["buffer.ack_timeout_s=5.0", "buffer.ack_timeout_max_s=4.9"],
+     r"^buffer\.ack_timeout_max_s = 4\.9 is below buffer\.ack_timeout_s = 5: the longest wait"),
+    (_GRAD + ["dqn.learning_starts=32"], lambda s: s.dqn.learning_starts == s.dqn.batch_size == 32,
+     _GRAD + ["dqn.learning_starts=31"],
+     r"^dqn\.learning_starts = 31 with gossip\.exchange = gradients: must be at least dqn\.batch_size = 32,"),
+    (["buffer.capacity=32"], lambda s: s.buffer.capacity == s.dqn.batch_size == 32, ["buffer.capacity=31"],
+     r"^buffer\.capacity = 31 is below dqn\.batch_size = 32; a batch could never be sampled$"),
+    (["checkpoint.full_every_steps=500", "checkpoint.incremental_every_steps=499"],
+     lambda s: (s.checkpoint.incremental_every_steps, s.checkpoint.full_every_steps) == (499, 500),
+     ["checkpoint.full_every_steps=500", "checkpoint.incremental_every_steps=500"],
+     r"^checkpoint\.incremental_every_steps = 500 is not below checkpoint\.full_every_steps = 500; every "
+     "incremental one would coincide with a full one$"),
+], ids=["ack_timeout_max_s", "learning_starts_with_gradients", "capacity", "incremental_every_steps"])
+def test_each_cross_field_rule_takes_its_bound_and_refuses_the_first_value_past_it(at, got, past, match):
+    # "must be at least dqn.batch_size = 32" must take 32
+    base = ID + ["budget.env_steps=1000", "dqn.batch_size=32", "dqn.learning_starts=100", "dqn.train_every=1"]
+    assert got(load_spec(None, base + at))
+    with pytest.raises(ConfigError, match=match):
+        load_spec(None, base + past)
