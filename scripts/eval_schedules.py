@@ -39,6 +39,7 @@ import io
 import json
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -48,7 +49,7 @@ from swarm.buffer import ReplayBuffer
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec, run_experiment
 from swarm.rl import DQNAgent, dqn_schema
-from swarm.rl.train import evaluate, make_env, run_agent
+from swarm.rl.train import StepInfo, evaluate, make_env, run_agent
 from swarm.scripting import check_seeds, run_script
 
 
@@ -57,27 +58,37 @@ def first_solves(evals: list[tuple[int, float]], schedules: list[int]) -> dict[i
     return {s: next((step for step, r in evals if step % s == 0 and r >= SOLVE), None) for s in schedules}
 
 
+def until_every_schedule_solves(every: int, schedules: list[int], greedy_return: Callable[[int], float],
+                                evals: list[tuple[int, float]]) -> Callable[[StepInfo], bool]:
+    """A ``run_agent`` ``on_step`` that evaluates every ``every`` steps (``greedy_return(step)``),
+    adds (steps, return) to ``evals``, and stops the run once each schedule has had a
+    solving evaluation (a schedule that does not divide the coarsest may solve later than it)."""
+    unsolved = set(schedules)
+
+    def on_step(info: StepInfo) -> bool:
+        if info.step % every:
+            return False
+        r = greedy_return(info.step)
+        evals.append((info.step, r))
+        if r >= SOLVE:
+            unsolved.difference_update(s for s in schedules if info.step % s == 0)
+        return not unsolved
+
+    return on_step
+
+
 def isolated_evals(seed: int, every: int, schedules: list[int], max_steps: int,
                    episodes: int) -> list[tuple[int, float]]:
     """(steps, greedy return) every ``every`` steps until each schedule has had a solving
-    one (a schedule that does not divide the coarsest may solve later than it)."""
+    one (:func:`until_every_schedule_solves`)."""
     env = make_env(ENV)
     buf = ReplayBuffer(dqn_schema(env.observation_space.shape), capacity=50_000, alpha=0.6, eps=1e-6,
                        decay=0.0, prioritized=True, seed=seed)
     agent = DQNAgent.for_env(env, buf, ISOLATED, seed=seed)
     env.close()
     evals: list[tuple[int, float]] = []
-    unsolved = set(schedules)
-
-    def on_step(info) -> bool:
-        if info.step % every:
-            return False
-        r = float(np.mean(evaluate(ENV, agent, episodes=episodes, seed=10_000)))
-        evals.append((info.step, r))
-        if r >= SOLVE:
-            unsolved.difference_update(s for s in schedules if info.step % s == 0)
-        return not unsolved
-
+    on_step = until_every_schedule_solves(
+        every, schedules, lambda _step: float(np.mean(evaluate(ENV, agent, episodes=episodes, seed=10_000))), evals)
     run_agent(ENV, agent, max_steps, seed=seed, on_step=on_step)
     return evals
 

@@ -47,6 +47,7 @@ from typing import Any, Callable, Coroutine, Mapping
 
 from .config import (MAX_RANK, PeerConfig, SwarmConfig, apply_overrides, from_dict, load_config, read_file,
                      to_dict)
+from .checks import printable
 from .errors import ConfigError, SwarmError, TransportError
 
 log = logging.getLogger("swarm.cli")
@@ -584,7 +585,6 @@ def cmd_peer(args: argparse.Namespace) -> int:
     _check_key_pair(cfg.keys_dir, cfg.key_name, named_by)
     if spec is not None:
         # Train this peer's share of an experiment (see swarm.experiment.runner).
-        from .coordinator.report import printable
         from .experiment.runner import check_resume_kept, make_peer_dir, peer_dir, run_peer, stop_on_signals
 
         # A peer of an experiment is peer{RANK}: its id and its rank say the same thing,
@@ -740,15 +740,16 @@ async def query_status(address: str, timeout: float = 2.0, keys_dir: str = "",
         await s.send_multipart(wire.encode("status", f"status-{os.getpid()}"))
         if not await s.poll(int(timeout * 1000)):
             seen = []
-            while await events.poll(0):
-                ev = parse_monitor_message(await events.recv_multipart())
+            # what is queued now, without waiting: a refused handshake is retried, and its
+            # events keep coming
+            for frames in tp.drain(tp.shadow(events)):
+                ev = parse_monitor_message([f.bytes for f in frames])
                 seen.append((ev["event"], ev["value"]))
             raise _no_status(address, timeout, seen, keys_dir, key_name)
         msg = wire.decode(await s.recv_multipart(), wire.Limits(max_header_bytes=64 * 1024 * 1024))
         if isinstance(msg.body.get("error"), str):   # it answered, but cannot send its table
-            from .coordinator.report import printable
-
-            raise StatusUnavailable(f"coordinator at {address} answered but cannot send its status: "
+            # no "coordinator at": a peer answers so too, to say that it is not one
+            raise StatusUnavailable(f"{address} answered but cannot send its status: "
                                     f"{printable(msg.body['error'][:1000])}")
         # whatever answers at the address (another program, another version): the printers
         # below index and format what they read, and raised KeyError or ValueError
@@ -779,15 +780,8 @@ def _no_status(address: str, timeout: float, seen: list[tuple[int, int]], keys_d
         # reached, keys and all (a coordinator far away, or a busy one: 2.2 s at 600 ms RTT)
         return SwarmError(f"the coordinator at {address} was reached (handshake done) but did not answer "
                           f"within {timeout} s: it is busy or far away; give it a longer timeout (--timeout)")
-    # refused, or closed in the handshake (EPIPE, ECONNRESET): someone there speaks ZMTP,
-    # with other keys; a handshake that timed out is no such answer
-    refused = any(e in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-                  or (e == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and v in (errno.EPIPE, errno.ECONNRESET))
-                  for e, v in seen)
-    if zmq.EVENT_CONNECTED in events and not refused:
-        return SwarmError(f"no coordinator answered at {address} within {timeout} s: a connection to {address} "
-                          "was accepted but its handshake was never answered: the process there is frozen or "
-                          "overloaded, or is not a ZeroMQ program")
+    if zmq.EVENT_CONNECTED in events and not any(tp.handshake_refused(e, v) for e, v in seen):
+        return SwarmError(f"no coordinator answered at {address} within {timeout} s: {tp.silent_hint(address)}")
     # with CURVE, a coordinator that does not know our key does not answer either
     hint = (f"; with keys, also when it runs without them or does not list the key {key_name!r}"
             if keys_dir else "; a coordinator started with --keys answers only a client with --keys")
@@ -839,8 +833,6 @@ def _not_a_status_table(st: Any) -> str:
 
 
 def format_status(st: dict[str, Any]) -> str:
-    from .coordinator.report import printable
-
     lines = [f"coordinator {st['coordinator']}  epoch {st['epoch']}  uptime {st['uptime_s']:.1f} s  "
              f"members {len(st['view']['members'])}"]
     if st.get("others"):
@@ -933,8 +925,6 @@ def cmd_keys(args: argparse.Namespace) -> int:
     # every key folder needs the coordinator's pair; one that has it can take new names
     if "coordinator" not in names and not (Path(args.dir) / "coordinator.key").exists():
         names.insert(0, "coordinator")
-    from .coordinator.report import printable
-
     # escaped: a folder's name that is not UTF-8 failed the print on a strict stdout, after
     # the keys were written
     for public in tp.generate_keys(args.dir, names):
@@ -1024,8 +1014,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if "spec_error" in meta:
             print(f"swarm eval: {f}: its spec no longer loads whole ({meta['spec_error']}); playing it with its "
                   f"env ({spec.env}) and dqn settings", file=sys.stderr, flush=True)
-    from .coordinator.report import printable
-
     # escaped: a path that is not UTF-8 failed the print on a strict stdout
     width = max(len("policy"), *(len(printable(f)) for f in files))
     print(f"{'policy':<{width}} {'steps':>7} {'eval then':>9} {'mean':>7} {'min':>6} {'max':>6}")

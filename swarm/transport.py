@@ -11,6 +11,8 @@ draining does not.
 from __future__ import annotations
 
 import asyncio
+import enum
+import errno
 import logging
 import math
 import os
@@ -237,6 +239,25 @@ def unresolved_hint(addrs: list[str]) -> str:
             "(swarm connects over IPv4 only: check the name, or give the address)")
 
 
+def handshake_refused(event: int, value: int) -> bool:
+    """Whether a socket monitor's event ``event`` (with ``value``) says that what listens
+    at the other end answered a ZMTP handshake and refused it: it refused the key, the
+    mechanism or the protocol, or closed the connection in the handshake (``EPIPE``,
+    ``ECONNRESET``): something there speaks ZeroMQ, with other keys. A handshake that
+    timed out is no such answer (a frozen process, or one that is not ZeroMQ)."""
+    if event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+        return True
+    return event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and value in (errno.EPIPE, errno.ECONNRESET)
+
+
+def silent_hint(addr: str) -> str:
+    """What a client says of ``addr`` where a connection was accepted and no handshake
+    ended, nor was refused (:func:`handshake_refused`): for an error message after
+    nobody answered."""
+    return (f"a connection to {addr} was accepted but its handshake was never answered: the process there is "
+            "frozen or overloaded, or is not a ZeroMQ program")
+
+
 #: what a ZMTP 3 greeting starts with: its signature and major version (ZMTP 3.0, rfc 23)
 _ZMTP_HELLO = b"\xff" + bytes(8) + b"\x7f" + b"\x03"
 #: a ZMTP 3 greeting's length, and where its mechanism's name (NUL-padded) lies
@@ -443,9 +464,11 @@ class BadInput:
             self._last[source] = now
             # Cut: a handler's WireError may quote what was sent, at any length. Escaped
             # as `swarm status` shows it: it may quote a sender's id, which may hold a line
-            # break, and so forge whole lines in the log.
-            log.warning("%s: dropped malformed message from %r: %s (%d dropped so far)",
-                        self.where, source, printable(text[:300]), self.count)
+            # break, and so forge whole lines in the log. A sender's id so too; a route
+            # (bytes) keeps its b'...' form.
+            sender = printable(source) if isinstance(source, str) else repr(source)
+            log.warning("%s: dropped malformed message from %s: %s (%d dropped so far)",
+                        self.where, sender, printable(text[:300]), self.count)
 
 
 def decode_routed(frames: list[zmq.Frame], limits: Limits) -> tuple[bytes, Message]:
@@ -462,7 +485,6 @@ def srcfd(frame: zmq.Frame) -> int:
         return int(frame.get(zmq.SRCFD))
     except (zmq.ZMQError, AttributeError, TypeError):
         return -1
-
 
 
 #: a key pair's name: a plain file name (no separators, no "..", no leading "-" or ".",
@@ -782,3 +804,11 @@ def user_id(frame: zmq.Frame) -> str:
         return frame.get("User-Id") or ""
     except (zmq.ZMQError, AttributeError):
         return ""
+
+
+class KeyCheck(enum.Enum):
+    """What a keyed peer's view says of a message's sender (``Peer.key_check``)."""
+
+    OK = "ok"                  # listed with the key the message came with (or no keys)
+    UNLISTED = "unlisted"      # not listed: nothing to check its key against
+    OTHER_KEY = "other key"    # listed with another key: a forgery

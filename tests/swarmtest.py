@@ -239,15 +239,15 @@ async def start_ticking_peers(ids: list[str], coordinators: list[str]):
 
 
 @contextlib.asynccontextmanager
-async def linked_pair(**kw):
-    """A coordinator on loopback and two peers "a" and "b" linked to each other (``kw``
+async def linked_pair(ids: tuple[str, str] = ("a", "b"), **kw):
+    """A coordinator on loopback and two peers, of ``ids``, linked to each other (``kw``
     goes to both Peers); yields (a, b), and closes the peers and the coordinator after."""
     from swarm.coordinator import Coordinator
     from swarm.peer import Peer
 
     async with Coordinator(bind="tcp://127.0.0.1:*", http_bind="") as coord:
-        a = Peer(id="a", coordinators=[coord.address], heartbeat_s=0.2, **kw)
-        b = Peer(id="b", coordinators=[coord.address], heartbeat_s=0.2, **kw)
+        a = Peer(id=ids[0], coordinators=[coord.address], heartbeat_s=0.2, **kw)
+        b = Peer(id=ids[1], coordinators=[coord.address], heartbeat_s=0.2, **kw)
         try:
             await a.start()
             await b.start()

@@ -9,17 +9,14 @@ grepping the log for an id seen in the table found nothing."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+
+from swarmtest import linked_pair, until
 
 from swarm import transport
 from swarm.cli import format_status, query_status
-from swarm.coordinator import Coordinator
 from swarm.coordinator.report import PeerRates, format_table, status_document
-from swarm.errors import SwarmError, WireError
-from swarm.peer import Peer
-
-from swarmtest import until
+from swarm.errors import WireError
 
 #: an id with a backslash in it, as a config may give one (it is printable)
 SLASHED = "a\\b"
@@ -53,32 +50,20 @@ def test_a_peers_log_line_names_a_sender_as_swarm_status_shows_it(caplog):
     # end to end: a member whose id has a backslash sends a message that a handler of
     # its neighbour refuses, quoting the id and a line break the sender put in its body
     async def main() -> tuple[str, str]:
-        async with Coordinator(bind="tcp://127.0.0.1:*") as coord:
-            a = Peer(id=SLASHED, coordinators=[coord.address], heartbeat_s=0.2)
-            b = Peer(id="b", coordinators=[coord.address], heartbeat_s=0.2)
-            try:
-                await a.start()
-                await b.start()
-                for p in (a, b):
-                    await p.wait_view(lambda v: len(v.members) == 2, timeout=10)
-                    await p.wait_linked(timeout=10)
+        async with linked_pair(ids=(SLASHED, "b")) as (a, b):
+            def refuses(msg):
+                raise WireError(f"reading from {msg.src}: {msg.body['v']} is not a number")
 
-                def refuses(msg):
-                    raise WireError(f"reading from {msg.src}: {msg.body['v']} is not a number")
-
-                b.on("reading", refuses)
-                with caplog.at_level(logging.WARNING, logger="swarm.transport"):
-                    assert await a.send("b", "reading", {"v": "1\n2"}, timeout=1.0)
-                    await until(lambda: b.counters.malformed == 1, 10.0, "the refused message counted")
-                (record,) = [r for r in caplog.records if "dropped malformed" in r.getMessage()]
-                return record.getMessage(), format_status(await query_status(coord.address))
-            finally:
-                for p in (a, b):
-                    with contextlib.suppress(SwarmError):
-                        await p.close()
+            b.on("reading", refuses)
+            with caplog.at_level(logging.WARNING, logger="swarm.transport"):
+                assert await a.send("b", "reading", {"v": "1\n2"}, timeout=1.0)
+                await until(lambda: b.counters.malformed == 1, 10.0, "the refused message counted")
+            (record,) = [r for r in caplog.records if "dropped malformed" in r.getMessage()]
+            return record.getMessage(), format_status(await query_status(a.config.coordinators[0]))
 
     logged, table = asyncio.run(main())
     (row,) = [line for line in table.splitlines() if line.startswith("a")]
     shown = row.split()[0]
     assert shown == SLASHED, row
     assert f"reading from {shown}: 1\\n2 is not a number" in logged, logged
+    assert f"dropped malformed message from {shown}: " in logged, logged   # the sender's slot too

@@ -11,6 +11,7 @@ left out as "not solved"), and read a swarm ratio off runs shorter than the sche
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ import pytest
 from swarmtest import wait_for
 
 from swarm.experiment.launch import read_csv
+from swarm.rl.train import StepInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -109,15 +111,31 @@ def test_a_repeated_seed_is_refused(script, args, tmp_path):
     assert os.listdir(tmp_path) == []   # compare_runs made no folder
 
 
-def test_eval_schedules_runs_the_isolated_learner_until_every_schedule_has_a_solve(tmp_path):
-    """Seed 5's learner solves at 2,000 steps, on the 1,000 grid first: the run stopped there,
-    before the 750 grid had a solve (2,250), and the seed was left out as not solved."""
-    res = _run("eval_schedules", "--seeds", "5", "--every", "250", "--schedules", "750", "1000", "--episodes", "2",
-               "--isolated-steps", "10000", "--swarm-steps", "1000", cwd=tmp_path)
-    assert res.returncode == 0, f"{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
-    out = json.loads(res.stdout.splitlines()[-1])
-    assert out["isolated"]["5"]["1000"] == 2000 and out["isolated"]["5"]["750"] is not None, out["isolated"]
-    assert out["seeds"] == [5], res.stdout
+def _load_script(name: str):
+    """scripts/<name>.py as a module (with scripts/ on the path for what it imports)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return module
+
+
+def test_eval_schedules_runs_the_isolated_learner_until_every_schedule_has_a_solve():
+    """A learner whose greedy policy first solves at 2,000 steps, on the 1,000 grid: the
+    run stopped there, before the 750 grid had a solve (2,250), and the seed was left out
+    as not solved. The stop rule, with evaluations that solve at chosen steps."""
+    es = _load_script("eval_schedules")
+    solves_at = {2000, 2250}
+    evals: list[tuple[int, float]] = []
+    on_step = es.until_every_schedule_solves(250, [750, 1000], lambda step: 500.0 if step in solves_at else 9.0,
+                                             evals)
+    stopped = next(t for t in range(1, 10_001) if on_step(StepInfo(t, 1.0, False, False, None, None)))
+    assert stopped == 2250, evals   # before: 2000
+    assert es.first_solves(evals, [750, 1000]) == {750: 2250, 1000: 2000}
+    assert [t for t, _ in evals] == list(range(250, 2251, 250))
 
 
 def test_eval_schedules_refuses_swarm_steps_below_the_coarsest_schedule(tmp_path):

@@ -6,12 +6,20 @@ process and socket is ended by its handle, also on failure."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
+import struct
 import subprocess
+import threading
 
+import pytest
 from swarmtest import ROOT, SWARM, free_port, freeze, wait_for
+
+from swarm.cli import StatusUnavailable, query_status
+from swarm.coordinator import Coordinator
+from swarm.peer import Peer
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
 for _key in ("SWARM_PARENT_PID", "SWARM_COORDINATOR"):
@@ -42,6 +50,19 @@ def test_status_and_join_at_a_peers_address_are_refused_by_that_peer(procs):
     assert done.returncode == 2, done
     assert said in done.stderr and "busy or far away" not in done.stderr, done.stderr
     assert peer.poll() is None, procs.log(peer)   # the peer that answered goes on
+
+
+def test_status_at_a_peers_address_does_not_call_it_a_coordinator():
+    """The peer's answer to `status` says it is no coordinator; the query's error began
+    "coordinator at ADDR answered", naming the peer a coordinator in the same line."""
+    async def main() -> str:
+        async with Coordinator(bind="tcp://127.0.0.1:*", http_bind="") as coord:
+            async with Peer(id="a", coordinators=[coord.address]) as peer:
+                with pytest.raises(StatusUnavailable) as got:
+                    await query_status(peer.address, 10.0)
+                return str(got.value), peer.address
+    said, at = asyncio.run(main())
+    assert said.startswith(f"{at} answered but cannot send its status: {at} is a swarm peer, not a coordinator"), said
 
 
 def _accepted_but_unanswered(addr: str) -> None:
@@ -80,3 +101,68 @@ def test_a_listener_that_never_speaks_zeromq_is_said_to_be_silent():
         _accepted_but_unanswered(f"tcp://127.0.0.1:{listener.getsockname()[1]}")
     finally:
         listener.close()
+
+
+class _ClosesOnce:
+    """A TCP listener on loopback that resets its first connection as a ZeroMQ handshake
+    begins (what a server with other keys does) and holds the later ones in silence."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", free_port()))
+        self.listener.listen(16)
+        self.addr = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                c, _ = self.listener.accept()
+            except OSError:   # closed
+                return
+            self.held.append(c)
+            if len(self.held) == 1:
+                c.recv(10)   # the greeting begins
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                c.close()    # a reset
+
+    def close(self) -> None:
+        self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        self.thread.join(10)
+        for c in self.held:
+            c.close()
+
+
+@pytest.mark.slow
+def test_both_commands_tell_an_address_that_once_refused_a_handshake_alike():
+    """An address that closed one handshake (ZeroMQ with other keys answers so), then
+    let one time out (libzmq's 30 s): `swarm status` took the close as an answer, and
+    `swarm peer` forgot it once the timeout came (its count of closes in a row went
+    back to 0) and called the address silent. Both now go by whether a handshake there
+    was ever refused."""
+    wait = "34"   # past the 30 s handshake timeout, which follows the close
+    listeners = [_ClosesOnce(), _ClosesOnce()]
+    runs: list[subprocess.Popen] = []
+    try:
+        status, peer = listeners
+        runs.append(subprocess.Popen([*SWARM, "status", "--coordinator", status.addr, "--timeout", wait],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV))
+        runs.append(subprocess.Popen([*SWARM, "peer", "--id", "b", "--coordinator", peer.addr,
+                                      "--set", f"peer.join_timeout_s={wait}"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV))
+        for run, listener in zip(runs, listeners):
+            _, err = run.communicate(timeout=100)
+            assert run.returncode == 2, err
+            assert f"no coordinator answered at {listener.addr} within" in err, err
+            assert "was accepted but its handshake was never answered" not in err, err
+            assert len(listener.held) >= 2, err   # the reset, then one held in silence
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+        for listener in listeners:
+            listener.close()

@@ -42,7 +42,8 @@ __all__ = ["PeerRates", "peer_rows", "status_document", "prometheus", "format_ta
 RATE_KEYS = ("env_steps", "rounds", "bytes_in", "bytes_out")
 #: counts of messages set aside, shown per peer when the peer sends them: its transport's
 #: (``PeerCounters``) and, with ``gossip.exchange = gradients``, its relay's (``relay_*``)
-LOSS_KEYS = ("dropped_out", "malformed", "unknown_dst", "held", "held_in", "relay_held_dropped", "relay_stale")
+LOSS_KEYS = ("dropped_out", "malformed", "unlisted", "unknown_dst", "held", "held_in", "relay_held_dropped",
+             "relay_stale", "relay_unlisted")
 
 _MAX_TEXT = 200   # longest string copied from a peer's stats into a row
 
@@ -368,6 +369,8 @@ _PEER_METRICS = [
     ("swarm_peer_dropped_out_total", "counter", "sends dropped: the send queue stayed full past the deadline",
      "dropped_out"),
     ("swarm_peer_malformed_total", "counter", "inbound messages that failed a wire check", "malformed"),
+    ("swarm_peer_unlisted_total", "counter",
+     "inbound messages (keys) from a sender the view no longer listed, dropped", "unlisted"),
     ("swarm_peer_unknown_dst_total", "counter", "sends to a peer not in the view (or that could not be linked)",
      "unknown_dst"),
     ("swarm_peer_held_total", "counter", "sends held until the view listed their destination", "held"),
@@ -377,6 +380,8 @@ _PEER_METRICS = [
      "relayed gradients held for a sender the view did not list, then dropped", "relay_held_dropped"),
     ("swarm_peer_relay_stale_total", "counter",
      "relayed gradients dropped as more than the window late (may have been first copies)", "relay_stale"),
+    ("swarm_peer_relay_unlisted_total", "counter",
+     "relayed gradients (keys) from a sender the view no longer listed, dropped", "relay_unlisted"),
 ]
 
 

@@ -666,16 +666,18 @@ class Coordinator:
                 self._closing_at = time.monotonic()
             self._closing[(pid, route)] = None
 
-    def _holder_closed(self, pid: str, inc: int) -> bool:
+    def _join_waits(self, pid: str, inc: int) -> bool:
         """Whether a join of ``pid`` as incarnation ``inc`` waits: another incarnation holds
         the id, alive, on a connection whose close has been read (its probe due or out).
-        Due, it is probed now: where libzmq has dropped the route already the send fails,
-        the holder is declared dead at once and the join goes on."""
+        Due, it is probed now, not again by the receive loop: where libzmq has dropped the
+        route already the send fails, the holder is declared dead at once and the join
+        goes on."""
         old = self.table.get(pid)
         if old is None or old.state == DEAD or old.incarnation == inc:
             return False
         self._read_closes()
         if (pid, old.route) in self._closing:
+            del self._closing[(pid, old.route)]
             self._probe(pid, "disconnected")
         elif not (old.state == SUSPECT and old.cause == "disconnected"):
             return False
@@ -787,7 +789,7 @@ class Coordinator:
                 self._send(route, "refuse", {"reason": f"peer id {src!r} holds characters that are not "
                                                        "printable (line breaks, control characters)"})
                 return
-            if self._holder_closed(src, inc):
+            if self._join_waits(src, inc):
                 # a process restarted under its id, its join read with (or just after) the
                 # close of its predecessor's connection: refused as a duplicate of a member
                 # that is gone, it failed for good. The joiner asks again every 0.25 s, and is

@@ -1382,7 +1382,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     # with buffer.replicas: local items fewer than k neighbours hold (docs/buffer.md)
                     **({"under_replicated": fed.stats.under_replicated} if fed is not None and b.replicas else {}),
                     # with gradient exchange: what the relay set aside (docs/observability.md)
-                    **({"relay_held_dropped": relay.stats.held_dropped, "relay_stale": relay.stats.stale}
+                    **({"relay_held_dropped": relay.stats.held_dropped, "relay_stale": relay.stats.stale,
+                         "relay_unlisted": relay.stats.unlisted}
                        if relay is not None else {})}
 
         peer.stats = stats

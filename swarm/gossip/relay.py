@@ -235,6 +235,7 @@ class RelayStats:
     resync_failed: int = 0     # with state: requests that timed out or were declined, copies refused
     held_in: int = 0           # direct, with keys: gradients held until the view listed their sender
     held_dropped: int = 0      # direct, with keys: such gradients dropped (hold full, waited too long, sender gone)
+    unlisted: int = 0          # direct, with keys: gradients dropped from a sender the view no longer lists
     stale: int = 0             # of the duplicates, those over _SEQ_WINDOW behind their origin's newest (see _Seqs)
     reforwarded: int = 0       # of the duplicates, those with more hops left than every earlier copy: passed on
     resent: int = 0            # own messages of the last turn sent again at a view that a member left (see _resend)
@@ -481,7 +482,7 @@ class GradientRelay:
             for t in (GRAD_LATE, GRAD_SYNC, GRAD_STATE):
                 self._on(t, self._on_side)
         if direct:
-            if not all(hasattr(link, n) for n in ("open_inbox", "open_outbox", "close_side", "sender_ok")):
+            if not all(hasattr(link, n) for n in ("open_inbox", "open_outbox", "close_side", "key_check")):
                 raise ConfigError(f"direct: {type(link).__name__} has no side channels; direct needs a Peer")
             self._inbox_sock, self._endpoint = link.open_inbox()
             self._on(GRAD_HELLO, self._on_hello)
@@ -1008,11 +1009,12 @@ class GradientRelay:
                 # read before the key check: should a newer view come meanwhile, the
                 # epochs differ and a message held on this one is looked at again at once
                 view = self.link.view
-                if not self.link.sender_ok(msg, frames[-1]):
-                    if view.member(msg.src) is None and msg.epoch > view.epoch:
-                        self._hold(msg, frames[-1], nbytes)
-                        continue
-                    raise WireError(f"src {msg.src!r} does not match the sender's CURVE key")
+                said = self.link.key_check(msg, tp.user_id(frames[-1]))
+                if said is tp.KeyCheck.UNLISTED and msg.epoch > view.epoch:
+                    self._hold(msg, frames[-1], nbytes)
+                    continue
+                if not self._from_key(msg, said):
+                    continue
             except WireError as e:
                 if nbytes < 0:   # not decoded: counted here
                     self.stats.direct_bytes_in += tp.frames_nbytes(frames)
@@ -1034,6 +1036,19 @@ class GradientRelay:
                 yield from tp.drain(s, keep=self._keep_frames)
         except zmq.ZMQError as e:   # the peer closed meanwhile
             raise self._inbox_closed(e) from None
+
+    def _from_key(self, msg: Message, said: tp.KeyCheck) -> bool:
+        """Consumer thread, as the peer's ROUTER does: whether to take in a gradient of
+        whose sender the peer's key check said ``said``. One from a sender outside the view
+        is dropped and counted in ``unlisted`` (most often a member that has just left: see
+        ``Peer._from_key``); one from a listed src and another key raises :class:`WireError`."""
+        if said is tp.KeyCheck.UNLISTED:
+            self.stats.unlisted += 1
+            log.debug("relay %s: gradient from %r, which view %d does not list: dropped", self.link.id, msg.src,
+                      self.link.view.epoch)
+        elif said is tp.KeyCheck.OTHER_KEY:
+            raise WireError(f"src {msg.src!r} does not match the sender's CURVE key")
+        return said is tp.KeyCheck.OK
 
     def _take_in(self, msg: Message) -> None:
         """Consumer thread: take in a gradient that came on the inbox, from its key's holder."""
@@ -1071,11 +1086,12 @@ class GradientRelay:
             until, msg, frame, nbytes = h
             if view.member(msg.src) is not None:
                 self._held_bytes -= nbytes
-                if self.link.sender_ok(msg, frame):
-                    self._take_in(msg)
-                else:
+                try:
+                    if self._from_key(msg, self.link.key_check(msg, tp.user_id(frame))):
+                        self._take_in(msg)
+                except WireError as e:
                     self.stats.rejected += 1
-                    self._bad(msg.src, WireError(f"src {msg.src!r} does not match the sender's CURVE key"))
+                    self._bad(msg.src, e)
             elif view.epoch >= msg.epoch:
                 self._held_bytes -= nbytes
                 self._unhold(msg, f"src {msg.src!r} is not in view {view.epoch}, as new as the one it "

@@ -46,7 +46,7 @@ from .. import wire
 from ..checks import seconds
 from ..config import PeerConfig, from_dict, to_dict
 from ..errors import ConfigError, MembershipError, PeerTimeout, SwarmError, TransportError, WireError
-from ..link import Handler, Member, View
+from ..link import Handler, View
 from ..tasks import supervise
 from ..transport import _EVENTS, _POLLIN   # ints: pyzmq's enums cost an operation per use
 from ..wire import Limits, Message
@@ -156,6 +156,9 @@ _COORD_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSH
 def _coord_handshake_error(event: int, value: int, keyed: bool) -> tuple[str, bool]:
     """Why a handshake with a coordinator failed ("" when the event says nothing
     certain), and whether libzmq gave up on the address (it never dials it again)."""
+    if not tp.handshake_refused(event, value):
+        # a handshake that timed out (a frozen coordinator), or one a dying process cut short
+        return "", False
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return (f"it refused this peer's key (ZAP status {value}): this host's NAME.key is not in the "
                 "coordinator's authorized/"), True
@@ -163,15 +166,12 @@ def _coord_handshake_error(event: int, value: int, keyed: bool) -> tuple[str, bo
         if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
             return _mechanism_mismatch(keyed), True
         return f"CURVE protocol error {value:#x}: other keys", True
-    if value in (errno.EPIPE, errno.ECONNRESET):
-        # it closed the connection in the handshake: it could not open our hello, sealed
-        # for another coordinator key, or it found the other mechanism before we did
-        if keyed:
-            return ("it closes the connection in the CURVE handshake: most likely it runs with another "
-                    "coordinator key pair than this peer's coordinator.key, or without --keys"), False
-        return "it closes the connection in the handshake: most likely it runs with --keys", False
-    # a handshake that timed out (a frozen coordinator), or one a dying process cut short
-    return "", False
+    # it closed the connection in the handshake: it could not open our hello, sealed for
+    # another coordinator key, or it found the other mechanism before we did
+    if keyed:
+        return ("it closes the connection in the CURVE handshake: most likely it runs with another "
+                "coordinator key pair than this peer's coordinator.key, or without --keys"), False
+    return "it closes the connection in the handshake: most likely it runs with --keys", False
 
 
 def _mechanism_mismatch(keyed: bool) -> str:
@@ -195,9 +195,11 @@ class _Dial:
     # dropped (the join's error tells a link too slow for the heartbeat timeout by them)
     handshakes: int = 0
     drops: int = 0
-    # connections accepted (TCP) since the start: with no handshake that ended, what
-    # listens there never answers one (a frozen process, or not ZeroMQ)
-    accepted: int = 0
+    # since the start, whether a connection was accepted (TCP), and whether a handshake was
+    # refused (transport.handshake_refused): accepted, with no handshake that ended nor
+    # was refused, what listens there never answers one (a frozen process, or not ZeroMQ)
+    tcp_accepted: bool = False
+    ever_refused: bool = False
     up: bool = False            # a handshake succeeded and its connection has not dropped since
 
     def refused(self, why: str, now: float) -> bool:
@@ -212,10 +214,11 @@ class _Dial:
 
     def succeeded(self) -> "_Dial":
         """The dial after a handshake succeeded: no failure, no redial, the backoff from
-        the start, the counts kept. A new object: a coordinator's greeting probe tells by
-        it that a handshake succeeded meanwhile. The caller logs "succeeds again" where
-        ``failure`` was set."""
-        return _Dial(handshakes=self.handshakes + 1, drops=self.drops, up=True)
+        the start, and what happened since the start kept (one more handshake). A new
+        object: a coordinator's greeting probe tells by it that a handshake succeeded
+        meanwhile. The caller logs "succeeds again" where ``failure`` was set."""
+        return _Dial(handshakes=self.handshakes + 1, drops=self.drops, tcp_accepted=self.tcp_accepted,
+                     ever_refused=self.ever_refused, up=True)
 
 
 #: what a data link's monitor reports: a lost connection (a suspicion), and how its
@@ -364,6 +367,7 @@ class PeerCounters:
     held: int = 0               # sends held until the view lists dst (it spoke from a newer view)
     held_in: int = 0            # with keys, inbound messages held until the view lists their sender
     malformed: int = 0          # inbound messages that failed a wire check
+    unlisted: int = 0           # with keys, inbound messages dropped: their src is not in the view
     handler_errors: int = 0     # handlers that raised
     unhandled: int = 0          # valid messages of a type nobody handles
     suspicions: int = 0         # link breaks reported to the coordinator
@@ -774,13 +778,18 @@ class Peer:
         if s in self._side:
             self._side.remove(s)
 
-    def sender_ok(self, msg: wire.Message, frame: Any) -> bool:
-        """Whether a message that came on an inbox is from the key its src holds in the
-        view (always true without keys)."""
+    def key_check(self, msg: wire.Message, key: str) -> tp.KeyCheck:
+        """With keys, what the view says of the sender of ``msg``, which came with ``key``
+        (:func:`swarm.transport.user_id` of its last frame): its src is listed with that
+        key (``OK``; always so without keys), not listed (``UNLISTED``: nothing to check
+        the key against), or listed with another key (``OTHER_KEY``: a forgery). The
+        ROUTER and a relay inbox check senders with it."""
         if self._curve is None:
-            return True
+            return tp.KeyCheck.OK
         m = self._view.member(msg.src)
-        return m is not None and m.key == tp.user_id(frame)
+        if m is None:
+            return tp.KeyCheck.UNLISTED
+        return tp.KeyCheck.OK if m.key == key else tp.KeyCheck.OTHER_KEY
 
     async def __aenter__(self) -> "Peer":
         await self.start()
@@ -864,14 +873,12 @@ class Peer:
             if reached:
                 raise MembershipError(f"peer {self.id}: no coordinator took the join within {cfg.join_timeout_s} s: "
                                       + "; ".join(self._reached(addr, d) for addr, d in reached)) from None
-            # connected, and no handshake ended, nor closed (with keys on one side only it is)
-            silent = [addr for addr, d in zip(cfg.coordinators, self._dials) if d.accepted and not d.closes]
+            # connected, and no handshake ended, nor was refused (with keys on one side only it is)
+            silent = [addr for addr, d in zip(cfg.coordinators, self._dials) if d.tcp_accepted and not d.ever_refused]
             if silent:
                 raise MembershipError(
                     f"peer {self.id}: no coordinator answered at {', '.join(cfg.coordinators)} within "
-                    f"{cfg.join_timeout_s} s: " + "; ".join(
-                        f"a connection to {addr} was accepted but its handshake was never answered: the process "
-                        "there is frozen or overloaded, or is not a ZeroMQ program" for addr in silent)) from None
+                    f"{cfg.join_timeout_s} s: " + "; ".join(tp.silent_hint(addr) for addr in silent)) from None
             raise MembershipError(
                 f"peer {self.id}: no coordinator answered at {', '.join(cfg.coordinators)} within "
                 f"{cfg.join_timeout_s} s" + (tp.unresolved_hint(cfg.coordinators) or (
@@ -1508,7 +1515,7 @@ class Peer:
         while self._released:
             h = self._released.popleft()
             self._held_in_bytes -= h.msg.nbytes
-            if self._from_key(h.msg, self._view.member(h.msg.src), h.key):   # a later view may have dropped it
+            if self._from_key(h.msg, self.key_check(h.msg, h.key)):   # a later view may have dropped it
                 await self._dispatch(h.msg)
 
     def _expire_held_in(self, now: float) -> None:
@@ -1532,7 +1539,7 @@ class Peer:
         for frames in tp.drain(plain, keep=self._keep_frames):
             ev = parse_monitor_message([f.bytes for f in frames])
             if ev["event"] == zmq.EVENT_CONNECTED:
-                self._dials[i].accepted += 1
+                self._dials[i].tcp_accepted = True
             elif ev["event"] == zmq.EVENT_DISCONNECTED:
                 d = self._dials[i]
                 if d.up:
@@ -1563,6 +1570,7 @@ class Peer:
                 self._join()
             return
         why, gave_up = _coord_handshake_error(event, value, keyed=self._curve is not None)
+        d.ever_refused = d.ever_refused or bool(why)
         d.closes = d.closes + 1 if why and not gave_up else 0
         if gave_up:
             if d.refused(why, time.monotonic()):
@@ -1652,9 +1660,9 @@ class Peer:
         msg.route = route
         if self._curve is not None:
             # with keys, a message must come from the key its src holds in the view
-            m = self._view.member(msg.src)
             key = tp.user_id(frames[-1])
-            if m is None and msg.epoch > self._view.epoch:
+            said = self.key_check(msg, key)
+            if said is tp.KeyCheck.UNLISTED and msg.epoch > self._view.epoch:
                 # A sender from a newer view than ours may have just joined: keep its
                 # message until a view lists it. A hello is not kept, nor counted as
                 # malformed: the joiner says it again until it is answered.
@@ -1663,26 +1671,25 @@ class Peer:
                 else:
                     self._hold_in(msg, key)
                 return None
-            if not self._from_key(msg, m, key):
+            if not self._from_key(msg, said):
                 return None
         return msg
 
-    def _from_key(self, msg: Message, m: Member | None, key: str) -> bool:
-        """With keys: whether ``msg``, which came with ``key``, is from the key its src
-        holds in our view (``m``: the src's entry there, None where it has none). A src
-        outside the view is dropped, not counted as malformed: most often a member that
-        has just left, whose last messages come from the view it held; its key is gone
-        from ours, so nothing tells a forgery from them (they were logged as forgeries).
-        A listed src from another key is refused as malformed."""
-        if m is None:
+    def _from_key(self, msg: Message, said: tp.KeyCheck) -> bool:
+        """With keys: whether to handle ``msg``, of whose sender :meth:`key_check` said
+        ``said``. A src outside the view is dropped and counted in ``unlisted``, not as
+        malformed: most often a member that has just left, whose last messages come from
+        the view it held; its key is gone from ours, so nothing tells a forgery from them
+        (they were logged as forgeries). A listed src from another key is refused as
+        malformed."""
+        if said is tp.KeyCheck.UNLISTED:
+            self.counters.unlisted += 1
             log.debug("peer %s: %s from %r, which view %d does not list: dropped", self.id, msg.t, msg.src,
                       self._view.epoch)
-            return False
-        if m.key != key:
+        elif said is tp.KeyCheck.OTHER_KEY:
             self.counters.malformed += 1
             self._bad(msg.src, WireError(f"src {msg.src!r} does not match the sender's CURVE key"))
-            return False
-        return True
+        return said is tp.KeyCheck.OK
 
     async def _dispatch(self, msg: Message) -> None:
         """Handle a message that passed the wire checks (and, with keys, the key check)."""

@@ -6,20 +6,25 @@ length of a restart.
 The members are real processes (a `Peer` each, ``heartbeat_s`` long so that one that has
 joined sends nothing more); the coordinator runs in the test's loop, which the test holds
 with blocking waits while the old process dies and the new one joins.
+
+A join that waits so probes the holder itself, once: the receive loop does not probe it
+again for the same close.
 """
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
-import time
 
 import zmq
-from swarmtest import ROOT, until
+import zmq.asyncio
+from swarmtest import until, wait_for
 
-from swarm import Coordinator
-from swarm.coordinator.table import ALIVE
+from swarm import Coordinator, wire
+from swarm.coordinator.table import ALIVE, SUSPECT
+
+from coordinator.test_review40 import ADDR
+from coordinator.test_review41 import _python
 
 _MEMBER = r"""
 import asyncio, sys
@@ -40,22 +45,9 @@ asyncio.run(main())
 """
 
 
-def _member(addr: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _MEMBER, addr], cwd=ROOT, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
 async def _line(p: subprocess.Popen) -> str:
     """The next line the member prints: whether its start() joined."""
     return (await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, p.stdout.readline), 30)).strip()
-
-
-def _hold_until(pred, what: str) -> None:
-    """Hold the coordinator's loop (a blocking wait on its thread) until ``pred()``."""
-    deadline = time.monotonic() + 30
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out after 30 s waiting for {what}"
-        time.sleep(0.01)
 
 
 def test_a_restart_whose_join_is_read_with_its_predecessors_close_is_welcomed():
@@ -68,7 +60,7 @@ def test_a_restart_whose_join_is_read_with_its_predecessors_close_is_welcomed():
         try:
             async with Coordinator(bind="tcp://127.0.0.1:0", http_bind="", rejoin_grace_s=0.0,
                                    heartbeat_timeout_s=60.0) as coord:
-                procs.append(_member(coord.address))
+                procs.append(_python(_MEMBER, coord.address))
                 old = procs[0]
                 assert (await _line(old)).startswith("joined")
                 # all it sends after its join (its linked) read: the router is quiet
@@ -78,10 +70,11 @@ def test_a_restart_whose_join_is_read_with_its_predecessors_close_is_welcomed():
                 # from here until the new process's join is queued the loop is held
                 old.kill()
                 old.wait()
-                _hold_until(lambda: monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN, "the old process's close")
-                procs.append(_member(coord.address))
+                # wait_for blocks: the coordinator's loop is held meanwhile
+                wait_for(lambda: monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN, 30, 0.01, "the old process's close")
+                procs.append(_python(_MEMBER, coord.address))
                 new = procs[1]
-                _hold_until(lambda: router.getsockopt(zmq.EVENTS) & zmq.POLLIN, "the new process's join")
+                wait_for(lambda: router.getsockopt(zmq.EVENTS) & zmq.POLLIN, 30, 0.01, "the new process's join")
                 joined = await _line(new)
                 assert joined.startswith("joined"), joined
                 m = coord.table.get("m")
@@ -97,5 +90,43 @@ def test_a_restart_whose_join_is_read_with_its_predecessors_close_is_welcomed():
                 p.wait()
                 p.stdin.close()
                 p.stdout.close()
+
+    asyncio.run(main())
+
+
+def test_a_join_that_waits_for_its_holder_probes_the_holder_once():
+    # The join of another incarnation waits while the holder's connection close is read
+    # and its probe due, and probes it at once; the entry stayed, and the receive loop
+    # probed the holder a second time once the batch was handled. The failure detector
+    # ticks once a minute here: it probes a suspect again at every tick
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        old, new = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+        try:
+            async with Coordinator(bind="tcp://127.0.0.1:0", http_bind="", rejoin_grace_s=0.0,
+                                   heartbeat_timeout_s=60.0, tick_s=60.0) as coord:
+                for s in (old, new):
+                    s.linger = 0
+                    s.connect(coord.address)
+                await old.send_multipart(wire.encode("join", "m", body={"addr": ADDR, "rank": -1, "inc": 1}))
+                while wire.decode(await asyncio.wait_for(old.recv_multipart(), 10)).t != "welcome":
+                    pass
+                m = coord.table.get("m")
+                # as the receive loop leaves it when it read a close of m's connection
+                # (one whose fd a new connection took: Coordinator._map_fd): its probe due,
+                # while libzmq still routes to m
+                coord._closing[("m", m.route)] = None
+                await new.send_multipart(wire.encode("join", "m", body={"addr": ADDR, "rank": -1, "inc": 2}))
+                await until(lambda: m.state == SUSPECT, 10, what="the holder probed")
+                # what the coordinator sent m before this request's reply comes first
+                await old.send_multipart(wire.encode("status", "tester"))
+                seen = []
+                while not seen or seen[-1] != "status_reply":
+                    seen.append(wire.decode(await asyncio.wait_for(old.recv_multipart(), 10)).t)
+                assert seen.count("probe") == 1, seen   # before: 2
+        finally:
+            old.close(0)
+            new.close(0)
+            ctx.term()
 
     asyncio.run(main())

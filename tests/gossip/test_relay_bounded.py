@@ -11,6 +11,7 @@ from swarm import wire
 from swarm.gossip import GradientRelay
 from swarm.gossip.relay import _GONE, _SEQ_WINDOW, GRAD, GRAD_HELLO
 from swarm.gossip.sim import SimHub
+from swarm.transport import KeyCheck
 
 D = 4
 META = {"codec": "identity", "n": D}
@@ -142,7 +143,7 @@ def test_neighbours_greeted_that_left_are_forgotten():
         la.open_inbox = lambda: (object(), "tcp://127.0.0.1:5555")
         la.open_outbox = lambda dst, ep: None
         la.close_side = lambda sock: None
-        la.sender_ok = lambda msg, frame: True
+        la.key_check = lambda msg, key: KeyCheck.OK
         a = GradientRelay(la, D, direct=True)
         for _ in range(100):
             (lx,) = hub.add_many(1)

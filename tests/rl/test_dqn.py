@@ -27,7 +27,7 @@ def test_loss_falls_on_a_fixed_batch(replay):
 
 
 @pytest.mark.parametrize("double", [True, False])
-def test_td_errors_are_double_dqn_targets(replay, double):
+def test_td_errors_bootstrap_as_configured(replay, double):
     """Double DQN: the online net picks the next action, the target net values it; plain
     DQN (double=False): the target net's max. Both bootstrap from the target network."""
     cfg = DQNConfig(gamma=0.9, target_every=10**9, double=double)
