@@ -260,6 +260,31 @@ async def linked_pair(ids: tuple[str, str] = ("a", "b"), **kw):
             await a.close()
 
 
+@contextlib.asynccontextmanager
+async def keyed_trio(keys_dir: str):
+    """A coordinator with CURVE keys from ``keys_dir`` (which holds the pairs
+    "coordinator", "peer" and "leaver") and three peers in one view: b and c with the
+    key "peer", a with "leaver"; yields (b, c, a), and closes what is still open after
+    (a test may close a itself)."""
+    from swarm.coordinator import Coordinator
+    from swarm.peer import Peer
+
+    coord = Coordinator(bind="tcp://127.0.0.1:*", keys_dir=keys_dir, http_bind="")
+    peers = []
+    try:
+        await coord.start()
+        for pid, key in (("b", "peer"), ("c", "peer"), ("a", "leaver")):
+            peers.append(Peer(id=pid, coordinators=[coord.address], keys_dir=keys_dir, key_name=key))
+            await peers[-1].start()
+        b, c, a = peers
+        await b.wait_view(lambda v: set(v.ids) == {"a", "b", "c"}, 10.0)
+        yield b, c, a
+    finally:
+        for p in reversed(peers):
+            await p.close()
+        await coord.close()
+
+
 async def tick_neighbours(peers) -> None:
     """One tick from every peer to each of its neighbours."""
     for p in peers:
@@ -472,6 +497,18 @@ def reaped(p: subprocess.Popen) -> Iterator[subprocess.Popen]:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def reap_all(procs: list[subprocess.Popen]) -> None:
+    """End each of ``procs`` by its pid (killed if it still runs), wait for it and close
+    its pipes: the ``finally`` of a test that started them."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        for pipe in (p.stdin, p.stdout, p.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 async def http(port: int, raw: bytes, timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:

@@ -18,7 +18,7 @@ import subprocess
 
 import zmq
 import zmq.asyncio
-from swarmtest import until, wait_for
+from swarmtest import reap_all, until, wait_for
 
 from swarm import Coordinator, wire
 from swarm.coordinator.table import ALIVE, SUSPECT
@@ -84,12 +84,7 @@ def test_a_restart_whose_join_is_read_with_its_predecessors_close_is_welcomed():
                 new.stdin.flush()
                 assert new.wait(30) == 0
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                p.wait()
-                p.stdin.close()
-                p.stdout.close()
+            reap_all(procs)
 
     asyncio.run(main())
 

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import zmq
-from swarmtest import ROOT, until
+from swarmtest import ROOT, reap_all, until
 
 from swarm import Coordinator, wire
 from swarm import transport as tp
@@ -244,12 +244,7 @@ def test_a_member_on_the_fd_of_a_closed_status_client_is_not_probed(monkeypatch)
                 assert seen[0] == "welcome" and seen[-1] == "status_reply", seen
                 assert "probe" not in seen, seen
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                p.wait()
-                p.stdin.close()
-                p.stdout.close()
+            reap_all(procs)
 
     asyncio.run(main())
 

@@ -17,13 +17,11 @@ import logging
 
 import zmq
 import zmq.asyncio
-from swarmtest import until
+from swarmtest import keyed_trio, until
 
 from swarm import wire
-from swarm.coordinator import Coordinator
 from swarm.gossip import GradientRelay
 from swarm.gossip.relay import GRAD
-from swarm.peer import Peer
 from swarm.transport import Curve, generate_keys
 
 MISMATCH = "does not match the sender's CURVE key"
@@ -37,45 +35,36 @@ def test_a_gradient_on_the_inbox_from_a_member_that_left_is_no_forgery(tmp_path,
         return [r.getMessage() for r in caplog.records if MISMATCH in r.getMessage()]
 
     async def main() -> None:
-        coord = Coordinator(bind="tcp://127.0.0.1:*", keys_dir=kd, http_bind="")
-        peers: list[Peer] = []
-        relay: GradientRelay | None = None
         ctx = zmq.asyncio.Context()
         s = ctx.socket(zmq.PUSH)
         s.linger = 0
         try:
-            await coord.start()
-            for pid, key in (("b", "peer"), ("c", "peer"), ("a", "leaver")):
-                peers.append(Peer(id=pid, coordinators=[coord.address], keys_dir=kd, key_name=key))
-                await peers[-1].start()
-            b, c, a = peers
-            await b.wait_view(lambda v: set(v.ids) == {"a", "b", "c"}, 10.0)
-            relay = GradientRelay(b, 4, direct=True)   # this thread reads its inbox
-            spoke_from = a.view.epoch
-            await a.close()
-            await b.wait_view(lambda v: v.member("a") is None, 10.0)
-            assert b.view.epoch > spoke_from
-            # a's last gradient (a pass), sent from the view it held, with its own key
-            Curve(kd, "leaver").client(s, b.view.member("b").key)
-            s.connect(relay._endpoint)
-            grad = {"s": 1, "h": 1, "t": 0.0, "c": 0, "meta": {}, "p": 1}
-            await s.send_multipart(wire.encode(GRAD, "a", epoch=spoke_from, body={"o": "a", **grad}))
-            # then a forgery on the same connection, in c's name, which the view lists
-            # with another key: refused as before, and once it is, a's was read
-            await s.send_multipart(wire.encode(GRAD, "c", epoch=b.view.epoch, body={"o": "c", **grad}))
-            await until(lambda: relay.poll() >= 0 and any("src 'c'" in m for m in forgeries()), 10.0,
-                        "the forgery refused on b's inbox")
-            st = relay.stats
-            assert st.rejected == 1 and st.passes_in == 0 and st.held_in == 0, st   # before: rejected == 2
-            assert st.unlisted == 1, st
-            assert len(forgeries()) == 1, forgeries()
+            async with keyed_trio(kd) as (b, c, a):
+                relay = GradientRelay(b, 4, direct=True)   # this thread reads its inbox
+                try:
+                    spoke_from = a.view.epoch
+                    await a.close()
+                    await b.wait_view(lambda v: v.member("a") is None, 10.0)
+                    assert b.view.epoch > spoke_from
+                    # a's last gradient (a pass), sent from the view it held, with its own key
+                    Curve(kd, "leaver").client(s, b.view.member("b").key)
+                    s.connect(relay._endpoint)
+                    grad = {"s": 1, "h": 1, "t": 0.0, "c": 0, "meta": {}, "p": 1}
+                    await s.send_multipart(wire.encode(GRAD, "a", epoch=spoke_from, body={"o": "a", **grad}))
+                    # then a forgery on the same connection, in c's name, which the view lists
+                    # with another key: refused as before, and once it is, a's was read
+                    await s.send_multipart(wire.encode(GRAD, "c", epoch=b.view.epoch, body={"o": "c", **grad}))
+                    await until(lambda: relay.poll() >= 0 and any("src 'c'" in m for m in forgeries()), 10.0,
+                                "the forgery refused on b's inbox")
+                    st = relay.stats
+                    assert st.rejected == 1 and st.passes_in == 0 and st.held_in == 0, st   # before: rejected == 2
+                    assert st.unlisted == 1, st
+                    assert len(forgeries()) == 1, forgeries()
+                finally:
+                    relay.close()
         finally:
-            if relay is not None:
-                relay.close()
             s.close(0)
             ctx.term()
-            for p in reversed(peers):
-                await p.close()
-            await coord.close()
+
     with caplog.at_level(logging.WARNING, logger="swarm.transport"):
         asyncio.run(main())

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import zmq
 import zmq.asyncio
-from swarmtest import free_port, until
+from swarmtest import free_port, keyed_trio, until
 
 from swarm import wire
 from swarm.coordinator import Coordinator
@@ -65,43 +65,34 @@ def test_a_message_from_a_member_that_left_is_no_forgery(tmp_path, caplog):
     generate_keys(kd, ["coordinator", "peer", "leaver"])
 
     async def main() -> None:
-        coord = Coordinator(bind="tcp://127.0.0.1:*", keys_dir=kd, http_bind="")
-        peers: list[Peer] = []
         ctx = zmq.asyncio.Context()
         s = ctx.socket(zmq.DEALER)
         s.linger = 0
         try:
-            await coord.start()
-            for pid, key in (("b", "peer"), ("c", "peer"), ("a", "leaver")):
-                peers.append(Peer(id=pid, coordinators=[coord.address], keys_dir=kd, key_name=key))
-                await peers[-1].start()
-            b, c, a = peers
-            await b.wait_view(lambda v: set(v.ids) == {"a", "b", "c"}, 10.0)
-            got: list[str] = []
-            b.on("x", lambda m: got.append(m.src))
-            # a's last messages, sent from the view it held as it left, with its own key
-            spoke_from = a.view.epoch
-            await a.close()
-            await b.wait_view(lambda v: v.member("a") is None, 10.0)
-            assert b.view.epoch > spoke_from
-            Curve(kd, "leaver").client(s, b.view.member("b").key)
-            s.connect(b.address)
-            for t in ("x", "hello", "ping"):
-                await s.send_multipart(wire.encode(t, "a", epoch=spoke_from, body={"e": spoke_from}))
-            # then a forgery on the same connection: in c's name, which the view lists
-            # with another key. Refused as before, and once it is, the others were read.
-            await s.send_multipart(wire.encode("x", "c", epoch=b.view.epoch))
-            await until(lambda: b.counters.malformed, 10.0, "the forgery refused at b")
-            assert b.counters.malformed == 1 and b.counters.held_in == 0 and got == []
-            # counted apart, so that they still show (with any a sent itself as it left)
-            assert b.counters.unlisted >= 3
-            lines = [r.getMessage() for r in caplog.records if MISMATCH in r.getMessage()]
-            assert len(lines) == 1 and "src 'c'" in lines[0], lines   # before: also for 'a'
+            async with keyed_trio(kd) as (b, c, a):
+                got: list[str] = []
+                b.on("x", lambda m: got.append(m.src))
+                # a's last messages, sent from the view it held as it left, with its own key
+                spoke_from = a.view.epoch
+                await a.close()
+                await b.wait_view(lambda v: v.member("a") is None, 10.0)
+                assert b.view.epoch > spoke_from
+                Curve(kd, "leaver").client(s, b.view.member("b").key)
+                s.connect(b.address)
+                for t in ("x", "hello", "ping"):
+                    await s.send_multipart(wire.encode(t, "a", epoch=spoke_from, body={"e": spoke_from}))
+                # then a forgery on the same connection: in c's name, which the view lists
+                # with another key. Refused as before, and once it is, the others were read.
+                await s.send_multipart(wire.encode("x", "c", epoch=b.view.epoch))
+                await until(lambda: b.counters.malformed, 10.0, "the forgery refused at b")
+                assert b.counters.malformed == 1 and b.counters.held_in == 0 and got == []
+                # counted apart, so that they still show (with any a sent itself as it left)
+                assert b.counters.unlisted >= 3
+                lines = [r.getMessage() for r in caplog.records if MISMATCH in r.getMessage()]
+                assert len(lines) == 1 and "src 'c'" in lines[0], lines   # before: also for 'a'
         finally:
             s.close(0)
             ctx.term()
-            for p in reversed(peers):
-                await p.close()
-            await coord.close()
+
     with caplog.at_level(logging.WARNING, logger="swarm.transport"):
         asyncio.run(main())
