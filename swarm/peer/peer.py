@@ -1715,12 +1715,12 @@ class Peer:
         if t == "ping":
             self._answer(msg, "pong", msg.body)
             return
-        if t in ("join", "status"):
-            self._not_a_coordinator(msg)
-            return
         handlers = self._handlers.get(t)
         if not handlers:
-            self.counters.unhandled += 1
+            if t in ("join", "status"):   # a coordinator's (reserved: no handler takes them)
+                self._not_a_coordinator(msg)
+            else:
+                self.counters.unhandled += 1
             return
         for h in handlers:
             try:
