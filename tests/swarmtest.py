@@ -424,6 +424,15 @@ class Forwarder:
                 await w.drain()
             w.close()
 
+    def cut(self) -> None:
+        """End every forwarded connection at once (a reset each side), as a dropped TCP
+        connection is; the address stays up, so both ends can connect again."""
+        for p in self.pumps:
+            p.cancel()
+        self.pumps.clear()
+        while self.writers:
+            self.writers.pop().transport.abort()
+
     def vanish(self) -> None:
         assert self.server is not None
         self.server.close()

@@ -1563,6 +1563,12 @@ class Peer:
                 log.warning("peer %s: the handshake with coordinator %s succeeds again", self.id, addr)
             self._dials[i] = d.succeeded()
             waiting = self._welcome is not None and not self._welcome.done()
+            if i == self._active and d.handshakes and not waiting:
+                # a connection that dropped and is back: the coordinator probed this peer on
+                # the route that went with it and found it gone, so it holds it dead until
+                # it hears from it (a heartbeat_s on, or never for a peer welcomed but not
+                # yet listed). Joined again at once, and until a welcome answers
+                self._rejoining = True
             if i == self._active and (waiting or self._rejoining):
                 # the join sent before this connection was up went nowhere (IMMEDIATE: nothing
                 # queues for a coordinator not connected); say it now, not at the next resend

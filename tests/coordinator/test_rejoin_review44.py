@@ -77,14 +77,17 @@ def test_a_restart_whose_join_is_read_with_its_predecessors_close_is_welcomed():
                 wait_for(lambda: router.getsockopt(zmq.EVENTS) & zmq.POLLIN, 30, 0.01, "the new process's join")
                 joined = await _line(new)
                 # Not refused as a duplicate of the member that is gone, as before every
-                # time. Known, not fixed: once in a loaded full run the new incarnation was
-                # itself declared dead ("the probe found its connection closed") right after
-                # its welcome, and its start failed with "welcomed, but no view that lists it"
+                # time. Known, not root-caused: once in a loaded full run the new incarnation
+                # was itself declared dead ("the probe found its connection closed") right
+                # after its welcome, and its start failed with "welcomed, but no view that
+                # lists it". A connection that dropped and came back does that; such a peer
+                # now joins again at once (test_coord_reconnect_review45), so its log may go
+                # on past the three entries below
                 assert joined.startswith("joined") or "no view that lists it" in joined, joined
                 if joined.startswith("joined"):
                     m = coord.table.get("m")
                     assert (m.state, m.incarnation) == (ALIVE, int(joined.split()[1]))
-                    assert [e[1] for e in coord.table.log if e[2] == "m"] == ["join", "disconnected", "join"]
+                    assert [e[1] for e in coord.table.log if e[2] == "m"][:3] == ["join", "disconnected", "join"]
                     new.stdin.write("\n")
                     new.stdin.flush()
                     assert new.wait(30) == 0
