@@ -562,14 +562,16 @@ def cmd_peer(args: argparse.Namespace) -> int:
     from_env = None
     if args.rank is not None:
         cfg.rank = args.rank
-    elif cfg.rank < 0 and not args.replace:
-        # a replacement takes the dead member's rank (the coordinator's, or with --spec the
-        # one its id names), not the launcher's: in an sbatch shell SLURM_PROCID is 0
+    elif cfg.rank < 0 and not (args.replace or cfg.replace):
+        # a replacement (--replace, or peer.replace in the config) takes the dead member's rank
+        # (the coordinator's, or with --spec the one its id names), not the launcher's: in an
+        # sbatch shell SLURM_PROCID is 0
         from_env, cfg.rank = _env_rank(os.environ) or (None, -1)
     if args.replace:
         if args.id and args.id != args.replace:
             raise SwarmError(f"--replace {args.replace} and --id {args.id} disagree; --replace sets the id")
         cfg.id, cfg.replace = args.replace, True
+    replace_flag = "--replace" if args.replace else "peer.replace with peer.id ="   # how the user said it
     # the flags and variables above skip the config's checks: an id longer than a message's
     # sender or a rank past a C int failed only at the join, with errors that named neither
     from_dict(PeerConfig, to_dict(cfg), prefix="peer")
@@ -589,10 +591,10 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
         # A peer of an experiment is peer{RANK}: its id and its rank say the same thing,
         # so `--replace peer3` is enough to take over rank 3.
-        named = _spec_rank(args.replace, "--replace") if args.replace else None
+        named = _spec_rank(cfg.id, replace_flag) if cfg.replace else None
         if named is not None:
             if args.rank is not None and args.rank != named:
-                raise SwarmError(f"--replace {args.replace} and --rank {args.rank} disagree; drop --rank")
+                raise SwarmError(f"{replace_flag} {cfg.id} and --rank {args.rank} disagree; drop --rank")
             cfg.rank = named
         if cfg.rank < 0:
             raise SwarmError("--spec needs a rank: pass --rank N (or set SWARM_RANK)")
@@ -606,7 +608,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         if cfg.rank >= spec.peers:
             # named as the user gave it (run_peer's own check names its `rank` argument)
             if named is not None:
-                given = f"--replace {args.replace}"
+                given = f"{replace_flag} {cfg.id}"
             elif args.rank is not None:
                 given = f"--rank {args.rank}"
             else:
@@ -625,7 +627,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         if args.resume_from:   # as run_peer does, but before this process makes and locks its folder
             check_resume_kept(args.resume_from, spec, [cfg.rank])
         run_dir = args.run_dir or os.path.join("runs", f"{spec.name}-peer{cfg.rank}")
-        fresh = not (args.run_dir or args.resume_from or args.replace)
+        fresh = not (args.run_dir or args.resume_from or cfg.replace)
         if fresh and (peer_dir(run_dir, cfg.rank) / "run.json").is_file():
             # A fresh start replaces the results of the run a folder holds (run.json: one the
             # coordinator admitted). Into a folder named by hand that is asked for; into the

@@ -80,9 +80,13 @@ def test_a_second_start_of_a_live_rank_changes_nothing_in_its_folder(procs, tmp_
 
 # ---------------------------------------------------------------- --replace and the launcher's rank
 
-def test_replace_takes_the_dead_members_rank_not_the_launchers(procs, tmp_path):
+@pytest.mark.parametrize("replace", [["--replace", "b"], ["--set", "peer.replace=true", "--set", "peer.id=b"]],
+                         ids=["flag", "config"])
+def test_replace_takes_the_dead_members_rank_not_the_launchers(procs, tmp_path, replace):
     """`swarm peer --replace b` in an sbatch shell (SLURM_PROCID=0) asked for rank 0 and
-    was refused: "rank 0 is held by peer 'a'"."""
+    was refused: "rank 0 is held by peer 'a'". Review 45: with peer.replace in the config
+    (`--set`, `--config`) it still took the launcher's rank (here refused; a free one
+    moved the member to another place in the ring)."""
     addr = coordinator(procs)
     procs.start("peer", "--id", "a", "--rank", "0", "--coordinator", addr, name="a")
     b = procs.start("peer", "--id", "b", "--rank", "1", "--coordinator", addr, name="b")
@@ -90,7 +94,7 @@ def test_replace_takes_the_dead_members_rank_not_the_launchers(procs, tmp_path):
     b.kill()
     b.wait()
     wait_for(lambda: alive(addr) == {"a": 0}, 10, what="b declared dead")
-    r = procs.start("peer", "--replace", "b", "--coordinator", addr, name="replacement",
+    r = procs.start("peer", *replace, "--coordinator", addr, name="replacement",
                     env={"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
     wait_for(lambda: r.poll() is not None or alive(addr) == {"a": 0, "b": 1}, 20, what="b back in its place")
     assert r.poll() is None, procs.log(r)
@@ -143,6 +147,16 @@ def test_spec_replace_takes_the_rank_its_id_names_whatever_the_launcher_says(spe
     # the id names the rank; the launcher's variables (even a bad one) are not read
     assert spec_peer(["--replace", "peer2"], {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) == ("started", 2, True)
     assert spec_peer(["--replace", "peer3"], {"SLURM_PROCID": "x"}) == ("started", 3, True)
+    # review 45: the same with peer.replace in the config; it took the launcher's rank
+    config = ["--set", "peer.replace=true", "--set", "peer.id=peer1"]
+    assert spec_peer(config, {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) == ("started", 1, True)
+
+
+def test_spec_replace_in_the_config_is_named_as_given(spec_peer, capsys):
+    assert spec_peer(["--set", "peer.replace=true", "--set", "peer.id=peer9"], {}) == ("error", 2)
+    assert "peer.replace with peer.id = peer9: the spec has peers = 4, so ranks are 0..3" in _error(capsys)
+    assert spec_peer(["--set", "peer.replace=true", "--set", "peer.id=alpha"], {}) == ("error", 2)
+    assert "peer.replace with peer.id = alpha: with --spec peer ids are peer{RANK}" in _error(capsys)
 
 
 # ---------------------------------------------------------------- the launcher's size and the spec's peers
