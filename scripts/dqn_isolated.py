@@ -23,7 +23,7 @@ from swarm.config import apply_overrides, from_dict, to_dict
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec
 from swarm.rl import DQNAgent, DQNConfig, dqn_schema
-from swarm.rl.train import evaluate, make_env, run_agent
+from swarm.rl.train import EVAL_MAX_STEPS, evaluate, make_env, run_agent
 from swarm.scripting import check_seeds, run_script
 
 
@@ -33,11 +33,12 @@ def random_returns(env_id: str, episodes: int, seed: int) -> list[float]:
     out = []
     for i in range(episodes):
         env.reset(seed=seed + i)
-        total, done = 0.0, False
-        while not done:
+        total = 0.0
+        for _ in range(EVAL_MAX_STEPS):   # as evaluate caps an env with no time limit
             _, r, term, trunc, _ = env.step(env.action_space.sample())
             total += float(r)
-            done = term or trunc
+            if term or trunc:
+                break
         out.append(total)
     env.close()
     return out

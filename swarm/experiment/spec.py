@@ -448,10 +448,14 @@ def _check_env(env_id: str) -> float | None:
     if not isinstance(actions, gymnasium.spaces.Discrete):
         raise ConfigError(f"env = {env_id!r}: its action space {actions} is not Discrete; "
                           "DQN needs discrete actions")
-    if not isinstance(observations, gymnasium.spaces.Box) or not observations.shape:
+    if int(actions.start) != 0:
+        # the agent's actions are the indices 0..n-1 of its Q-values, sent to the env as they are
+        raise ConfigError(f"env = {env_id!r}: its action space {actions} starts at {int(actions.start)}; DQN "
+                          "needs actions 0..n-1 (wrap the env to shift them)")
+    if not isinstance(observations, gymnasium.spaces.Box) or not observations.shape or 0 in observations.shape:
         # DQN's network flattens each observation into its input layer.
         raise ConfigError(f"env = {env_id!r}: its observation space {observations} is not a Box of at least "
-                          "one dimension; DQN needs observations that are arrays of numbers")
+                          "one dimension, none of them 0; DQN needs observations that are arrays of numbers")
     return None if threshold is None else float(threshold)
 
 

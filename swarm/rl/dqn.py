@@ -177,12 +177,16 @@ class DQNAgent(BaseAgent):
         n = getattr(env.action_space, "n", None)
         if n is None:
             raise ConfigError(f"env action space {env.action_space} is not Discrete; DQN needs discrete actions")
+        if int(getattr(env.action_space, "start", 0)) != 0:
+            # its actions are the indices 0..n-1 of its Q-values, sent to the env as they are
+            raise ConfigError(f"env action space {env.action_space} does not start at 0; DQN needs actions "
+                              "0..n-1 (wrap the env to shift them)")
         space = env.observation_space
         shape = getattr(space, "shape", None)
-        if not shape:   # None: a Tuple or Dict space; (): a Discrete one
+        if not shape or 0 in shape:   # None: a Tuple or Dict space; (): a Discrete one
             hint = "; one-hot encode a Discrete observation" if shape == () else ""
-            raise ConfigError(f"env observation space {space} is not a Box of at least one dimension; DQN needs "
-                              f"observations that are arrays of numbers{hint}")
+            raise ConfigError(f"env observation space {space} is not a Box of at least one dimension, none of "
+                              f"them 0; DQN needs observations that are arrays of numbers{hint}")
         return cls(shape, int(n), buffer, config, seed, init_seed)
 
     # ------------------------------------------------------------ the update rule

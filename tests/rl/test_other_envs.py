@@ -255,3 +255,52 @@ def test_bench_learning_refuses_a_set_of_what_it_sets_itself(key, monkeypatch, c
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert f"--set {key.split('=')[0]}: each swarm run sets it itself" in err and "Traceback" not in err, err
+
+
+# ---------------------------------------------------------------- review 45: spaces the agent cannot index
+
+
+class Shifted(gym.Env):
+    """Actions -1, 0, 1 (``Discrete(3, start=-1)``, as Gymnasium allows): it refuses any other."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(3, start=-1)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), f"action {action} outside {self.action_space}"
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+class Featureless(Shifted):
+    """A bandit with no features: observations of shape (0,)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (0,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+
+@pytest.mark.parametrize(("cls", "why"), [(Shifted, r"action space Discrete\(3, start=-1\).* 0\.\.n-1"),
+                                          (Featureless, r"observation space Box.*\(0,\).* none of them 0")])
+def test_spaces_the_agent_cannot_index_are_refused_up_front(register, replay, cls, why):
+    # accepted, then every peer died at its first out-of-range action (start != 0: the
+    # agent sends the indices 0..n-1 of its Q-values) or its first stored transition
+    # (shape (0,)), after `swarm run` had made the run folder
+    env_id = register(f"test_other_envs/{cls.__name__}-v0", entry_point=cls, max_episode_steps=20)
+    with pytest.raises(ConfigError, match=f"env = '{env_id}': .*{why}"):
+        load_spec(None, ID + [f"env={env_id}"])
+    env = make_env(env_id)
+    try:
+        with pytest.raises(ConfigError, match=why):
+            DQNAgent.for_env(env, replay)
+    finally:
+        env.close()
+
+
+def test_the_isolated_scripts_random_baseline_ends_on_an_env_without_a_time_limit(register):
+    # it looped until killed: its random episodes had no step cap, where evaluate's have
+    env_id = register("test_other_envs/Endless-v0", entry_point=Endless)
+    returns = load_script("dqn_isolated").random_returns(env_id, 1, 0)
+    assert len(returns) == 1 and 0 < returns[0] <= train.EVAL_MAX_STEPS
