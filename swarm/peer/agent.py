@@ -9,8 +9,8 @@ restores the agent.
 
     agent.perceive(obs)              # what the agent sees now
     action = agent.deliberate()      # what it does (explores, may learn)
-    obs, reward, done = sim.step(action)
-    agent.reflect(reward, done)      # what came of it
+    obs, reward, terminal = sim.step(action)
+    agent.reflect(reward, terminal)  # what came of it (a time limit's cut: truncated=True)
     # every few steps, between agent calls:
     peer.call(gossip.round()); agent.on_parameters_changed()
 
