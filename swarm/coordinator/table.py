@@ -20,7 +20,6 @@ import msgpack
 
 from ..errors import MembershipError
 from ..link import Member, View
-from .report import plain
 
 __all__ = ["MemberRecord", "MemberTable", "ALIVE", "SUSPECT", "DEAD", "MAX_RANK"]
 
@@ -57,7 +56,7 @@ class MemberRecord:
     key: str = ""
     view_sent: float = 0.0     # when a lagging heartbeat last got the full view
     view_bytes: int = 0        # the bytes of its entry in an encoded view (see MemberTable.view_bytes)
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)   # as bound_stats keeps them: plain, bounded
     stats_at: float = 0.0      # when ``stats`` arrived (heartbeats carry them only once a second)
 
 
@@ -237,12 +236,16 @@ class MemberTable:
                 del self.members[pid]
 
     def rows(self) -> list[dict[str, Any]]:
-        """The table as plain rows for `swarm status`: what a peer sent in its stats is
-        reduced to what JSON holds, and its neighbours (``stats["nbrs"]``) to a list of ids."""
+        """The table as plain rows for `swarm status`, and each member's neighbours
+        (``stats["nbrs"]``) as a list of ids. A row holds the member's ``stats`` itself,
+        not a copy: they are plain already (:func:`~swarm.coordinator.report.bound_stats`),
+        and walking up to ~8,000 values of each member's again on every status read held
+        the loop for seconds at a few thousand members (heartbeats unanswered, live
+        members declared dead while a status page was open)."""
         now = time.monotonic()
         out = []
         for m in sorted(self.members.values(), key=lambda m: (m.state == DEAD, m.rank)):
-            stats = plain(m.stats)
+            stats = m.stats
             nbrs = stats.get("nbrs")
             out.append({
                 "id": m.id, "addr": m.addr, "rank": m.rank, "state": m.state,
