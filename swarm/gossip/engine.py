@@ -379,8 +379,9 @@ class Gossip:
     topology, edges, seed: as in :mod:`swarm.gossip.topology`, applied to the link's view.
     codec: codec spec for :func:`swarm.compress.get_codec`; one instance per stream.
     gamma: CHOCO consensus step in (0, 1], or ``"auto"`` for
-        :func:`~swarm.gossip.suggested_gamma` of the codec; 1 with the identity codec
-        is exact gossip, coarse codecs need less (top-1%: 0.02) and diverge above it.
+        :func:`~swarm.gossip.suggested_gamma` of the codec (and of the outer step, in
+        ``pseudo_gradient`` mode); 1 with the identity codec is exact gossip, coarse
+        codecs need less (top-1%: 0.02) and diverge above it.
     sync: ``lockstep``, ``bounded`` or ``async``; ``max_staleness`` for ``bounded``.
     round_timeout: longest a round waits for neighbours, in seconds.
     send_timeout: passed to ``link.send``.
@@ -424,15 +425,24 @@ class Gossip:
         if probe.aliases_input and probe.name != "identity":
             raise ConfigError(f"codec {codec!r} returns frames that alias its input; the engine "
                               "reuses its delta buffer, which such frames would race")
+        if mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        if not (_real(outer_lr) and outer_lr > 0):
+            raise ConfigError(f"outer_lr must be a finite number > 0, got {outer_lr!r}")
+        if not (isinstance(outer_momentum, (int, float)) and 0 <= outer_momentum < 1):
+            raise ConfigError(f"outer_momentum must be in [0, 1), got {outer_momentum!r}")
+        # the outer step scales how far a round moves x, and so the step that is stable
+        stable = suggested_gamma(codec, *((outer_lr, outer_momentum) if mode == "pseudo_gradient" else ()))
         if gamma == "auto":
-            gamma = suggested_gamma(codec)
+            gamma = stable
         if isinstance(gamma, bool) or not (isinstance(gamma, (int, float)) and 0 < gamma <= 1):
             raise ConfigError(f"gamma must be in (0, 1] or 'auto', got {gamma!r}")
-        if gamma > DIVERGES_ABOVE * suggested_gamma(codec):
+        if gamma > DIVERGES_ABOVE * stable:
             # CHOCO diverges when γ is large for a coarse codec (measured: ef+topk:0.01
             # at γ = 1 on an 8-ring grows the consensus error 37× in 200 rounds)
-            log.warning("gossip: gamma=%s is far above the stable step for codec %r (about %s); "
-                        "expect divergence; pass gamma='auto'", gamma, codec, suggested_gamma(codec))
+            log.warning("gossip: gamma=%s is far above the stable step for codec %r%s (about %.3g); "
+                        "expect divergence; pass gamma='auto'", gamma, codec,
+                        " with this outer step" if mode == "pseudo_gradient" else "", stable)
         if sync not in SYNC_MODES:
             raise ConfigError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
         if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
@@ -442,12 +452,6 @@ class Gossip:
         if send_timeout is not None and not (_real(send_timeout) and send_timeout >= 0):
             raise ConfigError(f"send_timeout must be None or a finite number of seconds >= 0, "
                               f"got {send_timeout!r}")
-        if mode not in MODES:
-            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
-        if not (_real(outer_lr) and outer_lr > 0):
-            raise ConfigError(f"outer_lr must be a finite number > 0, got {outer_lr!r}")
-        if not (isinstance(outer_momentum, (int, float)) and 0 <= outer_momentum < 1):
-            raise ConfigError(f"outer_momentum must be in [0, 1), got {outer_momentum!r}")
         if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
             raise ConfigError(f"local_steps must be an integer >= 1, got {local_steps!r}")
         limits: wire.Limits = getattr(link, "limits", wire.DEFAULT_LIMITS)
