@@ -431,7 +431,7 @@ class _Unwritten:
         self.counts[what] = n + 1
         self.last_error = f"{what}: {e.strerror or e}"
         if self.state is not None:
-            self.state.last_error = f"cannot write {self.last_error}"
+            self.state.error(f"cannot write {self.last_error}")
         if n == 0:
             # summary.json is where the others are counted, written once: of its failure only this line tells
             then = (f"{after}, and this process's figures are not on disk" if what == "summary.json"
@@ -612,12 +612,35 @@ class _State:
         self.dense_bytes_out = 0    # what the deltas sent would have cost as dense float32
         self.staleness = 0          # rounds the stalest neighbour lagged in the last round
         self.last_error = ""        # the last thing that went wrong (a round alone, a timeout ...)
+        self.round_error = False    # last_error is a gossip round's: the next round that mixes clears it
+        self.mixed = False          # a round of this process has mixed with a neighbour
         self.done = False
         # Traffic of the processes before this one (restored from a checkpoint): the
         # counters above are this process's, the figures logged are the run's.
         self.carried = dict.fromkeys(TRAFFIC_KEYS, 0)
         # ... and their seconds, so that the CSVs' wall_s and cpu_s go on as their counters do
         self.carried_s = dict.fromkeys(SECONDS_KEYS, 0.0)
+
+    def error(self, text: str, *, of_round: bool = False) -> None:
+        """Show ``text`` as the heartbeat's ``last_error``. A gossip round's (``of_round``) is
+        cleared by the next round that mixes (:meth:`round_done`): the status pages read it
+        as the peer's current problem, and ``rounds_ok`` against ``rounds`` still counts
+        every round that mixed with nobody. Any other stays until something else goes wrong."""
+        self.last_error, self.round_error = text, of_round
+
+    def round_done(self, res: Any) -> None:
+        """Count the gossip round just run (``rounds`` is already its number: rounds.csv's ``round``).
+
+        A round with nobody before this process's first round that mixed is no error: peers
+        start apart, and the first one's first rounds find no neighbour's engine yet
+        (docs/gossip.md), and a peer alone by design (a run of one) never mixes."""
+        if res.ok:
+            self.rounds_ok += 1
+            self.mixed = True
+            if self.round_error:
+                self.error("")
+        elif self.mixed:
+            self.error(f"round {self.rounds}: {res.reason or 'averaged with nobody'}", of_round=True)
 
     def seconds(self, wall: float, cpu: float) -> dict[str, float]:
         """The run's seconds so far: this process's (``wall`` since it started, ``cpu`` since
@@ -1334,7 +1357,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                                  timeout=g.bootstrap_timeout_s + 10.0)
             except (GossipError, PeerTimeout) as e:
                 log.warning("peer%d: bootstrap failed (%s); training on from its own parameters", rank, e)
-                summary["bootstrap"] = state.last_error = f"failed: {e}"
+                summary["bootstrap"] = f"failed: {e}"
+                state.error(summary["bootstrap"])
             else:
                 agent.on_parameters_changed()
                 if donors:   # the online network is now the donors': so is the target (docs/rl.md)
@@ -1372,6 +1396,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             return {**state.traffic(*_traffic(peer.counters, relay)),
                     "env_steps": state.env_steps, "episodes": state.episodes,
                     "mean_return": _finite(state.mean_return), "rounds": state.rounds,
+                    "rounds_ok": state.rounds_ok,
                     "disagreement": _finite(state.disagreement), "eval_return": _finite(state.eval_return),
                     # the buffer as it is (what neighbours send goes in between the steps too)
                     "buffer_size": len(buf), "budget": spec.budget.env_steps, "done": state.done,
@@ -1426,7 +1451,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     res, acked, failed = sp.call(exchange(), timeout=call_timeout)
                 except PeerTimeout:
                     log.warning("peer%d: gossip round did not finish within %.0f s; skipped", rank, call_timeout)
-                    state.last_error = f"step {step}: gossip round timed out after {call_timeout:.0f} s"
+                    state.error(f"step {step}: gossip round timed out after {call_timeout:.0f} s", of_round=True)
                     return
             if acked:   # each id comes once: nothing to remember here
                 try:
@@ -1435,7 +1460,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     unwritten("acked.bin", e, "the ids acknowledged meanwhile go unrecorded; training goes on")
             if failed is not None:   # it sent and changed nothing (x NaN, say): training goes on
                 round_failed("peer%d: gossip round at env step %d skipped: %s", rank, step, failed)
-                state.last_error = f"step {step}: gossip round skipped: {failed}"
+                state.error(f"step {step}: gossip round skipped: {failed}", of_round=True)
                 return
             if fed is not None:
                 # What went since the last row: with buffer.ride what rode on the relay, and
@@ -1445,7 +1470,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             state.rounds += 1
             if res is not None:
                 agent.on_parameters_changed()
-                state.rounds_ok += int(res.ok)
+                state.round_done(res)
             bytes_out, bytes_in = state.gossip_totals(gossip, relay)   # (gossip.exchange = gradients)
             if relay is not None:   # one dense vector per gradient: a turn's go in one message, a pass has none
                 state.dense_bytes_out += (relay.stats.vectors_out - state.relay_vectors) * x.nbytes
@@ -1459,8 +1484,6 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 return
             state.dense_bytes_out += res.sent * x.nbytes
             state.staleness = max(res.staleness.values(), default=0)
-            if not res.ok:
-                state.last_error = f"round {res.round}: {res.reason or 'averaged with nobody'}"
 
             # How far the round moved us, per parameter and per unit of step size:
             # with exact gossip this is the RMS distance to the neighbourhood average.
@@ -1546,7 +1569,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                         # it changed nothing; the others applied it, so from here on this
                         # copy may differ from theirs (docs/gossip.md, "Out of step")
                         state.relay_refused += 1
-                        state.last_error = f"step {step}: a neighbour's gradient refused: {e}"
+                        state.error(f"step {step}: a neighbour's gradient refused: {e}")
                         refused("peer%d: a neighbour's gradient refused at env step %d (%s); not applied, "
                                 "training goes on (refused in summary.json's relay)", rank, step, e)
                         continue
