@@ -115,9 +115,10 @@ class FederationStats:
 
     pushed: int = 0          # items sent in buf.push
     received: int = 0        # items that arrived in buf.push / buf.items
-    stored: int = 0          # of those, stored (not duplicates, not over the rate)
-    duplicates: int = 0
+    stored: int = 0          # of those, stored (not duplicates, not over the rate, not overflow)
+    duplicates: int = 0      # of those, held already, repeated in the message, or from this peer
     throttled: int = 0       # items not sent or not taken because of a rate limit
+    overflow: int = 0        # of those received, new items the ring had no room for (past its capacity)
     served: int = 0          # items sent in answer to pulls
     acked: int = 0           # local items acknowledged by `replicas` neighbours
     under_replicated: int = 0   # now: local items in the ring that fewer than `replicas` neighbours hold
@@ -706,13 +707,14 @@ class Federation:
         self.stats.received += n
         try:
             # Duplicates are dropped before the limiter's room is counted: they take none of it.
-            idx, over = self.buffer._insert(items, self.priority_clip, limit)
+            idx, over, overflow = self.buffer._insert(items, self.priority_clip, limit)
         except ReplayError as e:
             self._drop(msg, str(e))
             return None
         self.stats.stored += idx.size
         self.stats.throttled += over
-        self.stats.duplicates += n - over - idx.size
+        self.stats.overflow += overflow
+        self.stats.duplicates += n - over - overflow - idx.size
         return idx
 
     async def _on_push(self, msg: Message) -> None:

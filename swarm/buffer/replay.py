@@ -301,13 +301,16 @@ class ReplayBuffer:
         ``eps**alpha`` unless 0 (a forgotten item stays forgotten); origin times in
         the future are clipped to now. With ``limit``, only as many of the remaining
         (new) items as the rate limiter's ``insert_room()`` allows are stored, the
-        last ones in ``items``: duplicates take no room. Returns the indices of the
-        items stored.
+        last ones in ``items``: duplicates take no room. Of more new items than
+        ``capacity``, only the newest ``capacity`` are stored. Returns the indices of
+        the items stored.
         """
         return self._insert(items, priority_clip, limit)[0]
 
-    def _insert(self, items: Items, priority_clip: float | None, limit: bool) -> tuple[np.ndarray, int]:
-        """:meth:`insert`, and how many new items were left out for lack of room."""
+    def _insert(self, items: Items, priority_clip: float | None, limit: bool) -> tuple[np.ndarray, int, int]:
+        """:meth:`insert`, and how many new items were left out: for the rate limiter's
+        room, and then for the ring's (of more new items than ``capacity``, only the
+        newest ``capacity`` are written)."""
         if priority_clip is not None and not (is_real(priority_clip) and priority_clip > 0):
             raise ReplayError(f"priority_clip must be a number > 0 or None, got {priority_clip!r}")
         if not isinstance(items, Items):
@@ -366,7 +369,7 @@ class ReplayBuffer:
             over = max(0, sel.size - self.limiter.insert_room()) if limit else 0
             sel = sel[over:]
             if not sel.size:
-                return np.zeros(0, dtype=np.int64), over
+                return np.zeros(0, dtype=np.int64), over, 0
             if sel.size < n:   # else every item is stored: no copies to pick them out
                 arrays = {k: v[sel] for k, v in arrays.items()}
                 origins, sseq, pri, times = origins[sel], sseq[sel], pri[sel], times[sel]
@@ -400,7 +403,7 @@ class ReplayBuffer:
             self._foreign.add(idx % self.capacity)
             if len(self._peers) > self._compact_at:
                 self._compact_peers()
-        return idx, over
+        return idx, over, sel.size - idx.size
 
     def _compact_peers(self) -> None:
         """Drop the origin ids no stored item refers to and renumber the rest (lock held).
