@@ -195,6 +195,13 @@ class Federation:
             raise ReplayError(f"max_items must be an int >= 1, got {max_items!r}")
         if seed is not None and not (is_int(seed) and seed >= 0):
             raise ReplayError(f"seed must be an int >= 0 or None, got {seed!r}")
+        if buffer.peer_id != link.id and not buffer._take_id(link.id):
+            # its neighbours' ids and its own must differ: a buffer left at the default id
+            # "local" with items in it took every neighbour's items (all stamped "local" too)
+            # for its own, and dropped them all as duplicates
+            raise ReplayError(f"the buffer's peer_id {buffer.peer_id!r} is not the link's id {link.id!r}: "
+                              "its items would go out under another peer's id; make the buffer with "
+                              "ReplayBuffer(..., peer_id=<the peer's id>)")
         self.buffer, self.link = buffer, link
         self.share, self.share_by, self.replicas = float(share), share_by, int(replicas)
         self.priority_clip = priority_clip

@@ -405,6 +405,16 @@ class ReplayBuffer:
                 self._compact_peers()
         return idx, over, sel.size - idx.size
 
+    def _take_id(self, peer_id: str) -> bool:
+        """Stamp local items with ``peer_id`` from now on, where the buffer was made with
+        the default id and holds nothing yet (a :class:`Federation` gives it its peer's
+        id); whether it did."""
+        with self._lock:
+            if self.peer_id != "local" or self._next or len(self._peers) > 1:
+                return False
+            self.peer_id, self._peers[0], self._peer_index = peer_id, peer_id, {peer_id: 0}
+            return True
+
     def _compact_peers(self) -> None:
         """Drop the origin ids no stored item refers to and renumber the rest (lock held).
 
