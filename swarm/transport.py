@@ -190,8 +190,13 @@ def connect(s: zmq.Socket, addr: str) -> None:
         raise TransportError(f"cannot connect to {addr}: {e.strerror}{hint}") from None
 
 
-#: a member's address: a host name or an IPv4 address (sockets do not enable IPv6), and a port
-_MEMBER_ADDR = re.compile(r"tcp://[A-Za-z0-9._-]{1,253}:([0-9]{1,5})", re.ASCII)
+#: a member's address: a host name or an IPv4 address (sockets do not enable IPv6), and a port.
+#: The host begins with a letter or digit: libzmq's connect() refuses one that begins
+#: with '-', '_' or '.' (EINVAL), and then every neighbour failed to link to the member
+_MEMBER_ADDR = re.compile(r"tcp://([A-Za-z0-9][A-Za-z0-9._-]{0,252}):([0-9]{1,5})", re.ASCII)
+#: a host of digits and dots: no name, so it must be an IPv4 address (999.1.1.1 and
+#: 1.2.3.4.5 went into views, and nobody could reach them)
+_NUMERIC_HOST = re.compile(r"[0-9.]+", re.ASCII)
 
 
 def unspecified_host(host: str) -> bool:
@@ -203,6 +208,17 @@ def unspecified_host(host: str) -> bool:
         return False
 
 
+def _not_ipv4(host: str) -> bool:
+    """Whether ``host`` looks like an IPv4 address (digits and dots) but is not a dotted quad."""
+    if not _NUMERIC_HOST.fullmatch(host):
+        return False
+    try:
+        _socket.inet_pton(_socket.AF_INET, host)
+    except OSError:
+        return True
+    return False
+
+
 def member_address_error(addr: Any) -> str:
     """Why ``addr`` cannot be a member's address, or "" when it can.
 
@@ -211,7 +227,7 @@ def member_address_error(addr: Any) -> str:
     junk (port 0, ``ipc://``) without complaint, then retries it for ever.
     """
     m = _MEMBER_ADDR.fullmatch(addr) if isinstance(addr, str) else None
-    if m is not None and 1 <= int(m.group(1)) <= 65535:
+    if m is not None and 1 <= int(m.group(2)) <= 65535 and not _not_ipv4(m.group(1)):
         return ""
     # a join's addr is the sender's choice: a bounded repr, not a whole one cut afterwards
     return f"{shown(addr)} is not tcp://HOST:PORT with a port in 1..65535"
@@ -228,7 +244,7 @@ def unresolved_hint(addrs: list[str]) -> str:
         m = _MEMBER_ADDR.fullmatch(addr) if isinstance(addr, str) else None
         if m is None:
             continue
-        host = addr[len("tcp://"):addr.rindex(":")]
+        host = m.group(1)
         try:
             _socket.getaddrinfo(host, None, _socket.AF_INET)
         except (OSError, UnicodeError):
@@ -276,10 +292,10 @@ async def zmtp_mechanism(addr: str, timeout: float) -> str:
     just those, reads the greeting and closes, which the other side takes for a handshake
     cut short."""
     m = _MEMBER_ADDR.fullmatch(addr) if isinstance(addr, str) else None
-    port = int(m.group(1)) if m is not None else 0
+    port = int(m.group(2)) if m is not None else 0
     if not 1 <= port <= 65535:
         return ""
-    host = addr[len("tcp://"):addr.rindex(":")]
+    host = m.group(1)
     writer = None
     try:
         async with asyncio.timeout(timeout):
