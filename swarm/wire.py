@@ -365,7 +365,7 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
     if type(h) is not dict:
         raise WireError("header is not a map")
     v = h.get("v")
-    if v != VERSION:
+    if type(v) is not int or v != VERSION:   # 3.0 is no version number
         raise WireError(f"protocol version {shown(v)}, expected {VERSION} (another swarm release: every host "
                         "must run the same one)")
     t, src = h.get("t"), h.get("src")
