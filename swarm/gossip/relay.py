@@ -1365,7 +1365,7 @@ class GradientRelay:
                     d.pop(pid, None)
 
     def _resend(self, view: Any) -> None:
-        """On the loop, at a view that a member left: send this peer's messages of its last
+        """On the loop, at a view that a member left or joined: send this peer's messages of its last
         turn again, once each, and those sent so far of the turn going on (publish(hold=True);
         its last _MAX_BUNDLE), along the new routes (without their ride), marked ``r`` and
         with the epoch of the view they were published in (``e``). Copies that went through the
@@ -1384,15 +1384,20 @@ class GradientRelay:
         (with state) or parameter averaging bring it back. Leaving newcomers out of the
         resend was tried: a newcomer may be the only way to the peers behind it."""
         present = {m.id for m in view.members}
-        left, self._members = self._members - present, present
+        # A member that joined moves routes too: on a ring, a copy on its way was passed by
+        # the hops left of the old ring to the newcomer, where they ran out, and the peer
+        # behind it never had that gradient (nothing counted it; its wait timed out).
+        left, joined = self._members - present, bool(self._members) and bool(present - self._members)
+        self._members = present
         if self._since is None and self.link.id in present:
             self._since = view.epoch
-        if not left or self._closed:
+        if not (left or joined) or self._closed:
             return
         with self._cond:   # publish notes its messages under it, from any thread
             msgs = self._last_turn + tuple(self._turn)
-            self._last_turn = ()
-            self._turn.clear()   # the turn goes on; what was sent of it goes again only once
+            if left:   # after a join's they stay, for a leave that follows: they may go through it
+                self._last_turn = ()
+                self._turn.clear()   # the turn goes on; what was sent of it goes again only once
         if not msgs:
             return
         for body, _, _ in msgs:
