@@ -128,6 +128,14 @@ COORD_CONNECT_TIMEOUT_S = 10.0
 #: (``RECONNECT_IVL_MAX``), so a lost SYN costs what it did. Not link_timeout_s: that
 #: bounds silence on a connection that was made (300 ms by default), below the kernel's
 #: first SYN retry.
+#: A link that has had no handshake for this long (since it was made, or since its
+#: connection dropped) is one whose neighbour cannot be reached: its host had the time a
+#: host has to answer a connection, and did not. That is logged once at WARNING (and its
+#: return once), counted (``unreachable``, in heartbeats and ``swarm status``), and sends on
+#: it fail at once instead of waiting out their timeout on its full queue. Before, a
+#: neighbour whose inbound path was cut while the coordinator still reached it (its probe
+#: goes over the neighbour's own connection) went unnoticed, and each gossip round waited
+#: ``send_timeout`` on it (a lockstep ring fell from ~9 to ~1.3 rounds a second).
 LINK_CONNECT_TIMEOUT_S = COORD_CONNECT_TIMEOUT_S
 
 #: seconds of silence after which the relay's outbox (:meth:`Peer.open_outbox`) drops a
@@ -224,9 +232,12 @@ class _Dial:
 #: what a data link's monitor reports: a lost connection (a suspicion), and how its
 #: handshakes end: a neighbour that refused our key is one libzmq never dials again (its
 #: ``authorized/`` may list the key later), so the peer does, as for a coordinator
-#: (REDIAL_MIN_S, doubling, up to REDIAL_MAX_S)
+#: (REDIAL_MIN_S, doubling, up to REDIAL_MAX_S); and how its connection attempts go (one
+#: begun, accepted, or ended without a connection), which says why a neighbour cannot be
+#: reached (see LINK_CONNECT_TIMEOUT_S)
 _LINK_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+                | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECTED
+                | zmq.EVENT_CLOSED)
 #: the same for the relay's outbox (:meth:`Peer.open_outbox`), less the lost connections
 _OUTBOX_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 #: seconds between two looks of an outbox at how its handshakes ended (at its owner's sends)
@@ -372,6 +383,7 @@ class PeerCounters:
     unhandled: int = 0          # valid messages of a type nobody handles
     suspicions: int = 0         # link breaks reported to the coordinator
     rejoins: int = 0
+    unreachable: int = 0        # now: members (neighbours) its links cannot reach (see LINK_CONNECT_TIMEOUT_S)
 
 
 @dataclass
@@ -384,6 +396,11 @@ class _Link:
     used: float = 0.0     # when a message was last sent on it (monotonic)
     waiting: int = 0      # sends waiting for room in its queue
     dial: _Dial = field(default_factory=_Dial)   # how its handshakes go (a refused one is dialled again)
+    # since when it has had no handshake (made, or its connection dropped, since the last); 0: up
+    down_since: float = 0.0
+    dialled: float = 0.0      # when its latest connection attempt began
+    why: str = ""             # how its latest attempt went, for the log: refused, not answered ...
+    unreachable: bool = False   # down for longer than LINK_CONNECT_TIMEOUT_S: logged, sends fail at once
 
 
 @dataclass
@@ -945,7 +962,9 @@ class Peer:
             if self.state is PeerState.RUNNING and self._runner and not self._runner.done():
                 self.state = PeerState.LEAVING
                 self._bye = asyncio.get_running_loop().create_future()
-                self._send_coord("leave", {"inc": self.incarnation})
+                # with the final figures: the last heartbeat's may be a second old (and none
+                # follows a leave), and the coordinator keeps what a member last sent
+                self._send_with_stats("leave", {"inc": self.incarnation})
                 try:
                     await asyncio.wait_for(self._bye, timeout)
                 except asyncio.TimeoutError:
@@ -970,8 +989,11 @@ class Peer:
         Returns False, and counts it, when ``dst`` is unknown (``unknown_dst``; so
         is every send once the peer is closed) or its queue stays full past
         ``timeout`` seconds (None: do not wait) or until it leaves the view
-        (``dropped_out``). Arrays of 64 KiB or more (``swarm.transport.ZERO_COPY_MIN``)
-        go out without a copy and are read when the message leaves the queue, which
+        (``dropped_out``); at once, whatever ``timeout``, when ``dst`` cannot be
+        reached: its link has had no handshake for :data:`LINK_CONNECT_TIMEOUT_S`
+        (``dropped_out``; logged, and counted in ``unreachable``). Arrays of 64 KiB
+        or more (``swarm.transport.ZERO_COPY_MIN``) go out without a copy and are
+        read when the message leaves the queue, which
         may be several sends later behind a slow receiver: do not modify them after
         this call. Smaller ones are copied on send.
 
@@ -1003,7 +1025,7 @@ class Peer:
         sent, link, frames = self._try_send(dst, t, body, arrays, hold=timeout)
         if sent or link is None:
             return sent
-        if timeout:
+        if timeout and not link.unreachable:   # an unreachable dst would only cost the timeout
             deadline = time.monotonic() + timeout
             link.waiting += 1    # a link in use, neighbour or not
             try:
@@ -1036,7 +1058,8 @@ class Peer:
                     arrays: Sequence[np.ndarray] = ()) -> bool:
         """:meth:`send` without waiting, for callers on the peer's loop that must not
         yield (no task per message): False, and counted, when ``dst`` is unknown (a
-        message is never held for it), the peer is closed or the queue is full;
+        message is never held for it) or cannot be reached, the peer is closed or the
+        queue is full;
         :class:`WireError` and :class:`ConfigError` as for :meth:`send`."""
         _check_id(dst, self.id, "send_nowait(dst")
         _check_sendable(t, self.id)
@@ -1067,7 +1090,7 @@ class Peer:
             self.counters.unknown_dst += 1
             return False, None, []
         link.used = time.monotonic()
-        if tp.try_send(link.plain, frames):
+        if not link.unreachable and tp.try_send(link.plain, frames):
             self._count_out(frames)
             return True, link, frames
         return False, link, frames
@@ -1876,26 +1899,43 @@ class Peer:
             link = self._links.get(pid)
             if link is None or link.monitor is not sock:
                 return   # a link closed since (its events are stale)
-            if ev["event"] != zmq.EVENT_DISCONNECTED:
-                self._on_link_handshake(pid, link, ev["event"], ev["value"])
-            elif link.dial.redial_at:
-                pass   # the end of a handshake it refused: it is alive, and dialled again
-            elif pid in self._view.ids:
-                now = time.monotonic()
-                if now - self._last_suspect.get(pid, 0) > 0.2:
+            event, now = ev["event"], time.monotonic()
+            if event == zmq.EVENT_DISCONNECTED:
+                link.down_since = link.down_since or now
+                if link.dial.redial_at:
+                    pass   # the end of a handshake it refused: it is alive, and dialled again
+                elif pid in self._view.ids and now - self._last_suspect.get(pid, 0) > 0.2:
                     self._last_suspect[pid] = now
                     self.counters.suspicions += 1
                     self._send_coord("suspect", {"id": pid})
+            elif event == zmq.EVENT_CONNECT_DELAYED:
+                link.dialled = now
+            elif event == zmq.EVENT_CONNECTED:
+                link.why = "its address takes the connection, but no ZeroMQ handshake completes"
+            elif event == zmq.EVENT_CLOSED:
+                # an attempt that ended without a connection: at once (a reset, no route), or
+                # at the connect timeout (nothing answered)
+                link.why = ("its address refuses the connection (nothing listens there, or a firewall rejects it)"
+                            if now - link.dialled < LINK_CONNECT_TIMEOUT_S / 2 else
+                            f"its address does not answer a connection within {LINK_CONNECT_TIMEOUT_S:g} s")
+            else:
+                self._on_link_handshake(pid, link, event, ev["value"])
 
     def _on_link_handshake(self, pid: str, link: _Link, event: int, value: int) -> None:
         """Follow how the handshakes of the link to ``pid`` end: log a refusal once (until
-        one succeeds), and dial it again with a backoff (libzmq gave the address up)."""
+        one succeeds), and dial it again with a backoff (libzmq gave the address up); a
+        success after :meth:`_check_reach` found ``pid`` unreachable is logged once."""
         d = link.dial
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             if d.failure:
                 log.warning("peer %s: the handshake with neighbour %s at %s succeeds again", self.id, pid,
                             link.addr)
+            if link.unreachable:
+                log.warning("peer %s: reaches %s at %s again, after %.0f s", self.id, pid, link.addr,
+                            time.monotonic() - link.down_since)
             link.dial = d.succeeded()
+            link.down_since, link.why, link.unreachable = 0.0, "", False
+            self._count_unreachable()
             return
         why = _link_refusal(event, value, keyed=self._curve is not None)
         if not why:
@@ -2011,7 +2051,8 @@ class Peer:
             self._close_link(_Link(s, tp.shadow(s), mon, m.addr))
             self._unlinkable(pid, m.addr, str(e))
             return None
-        link = _Link(s, tp.shadow(s), mon, m.addr, used=time.monotonic())
+        now = time.monotonic()
+        link = _Link(s, tp.shadow(s), mon, m.addr, used=now, down_since=now)
         self._links[pid] = link
         self._sockets_changed()
         return link
@@ -2082,6 +2123,7 @@ class Peer:
             if self._rejoining and now - self._join_sent > 0.25:
                 self._join()
             self._resend_hellos(now)
+            self._check_reach(now)
             if now - last_hb < cfg.heartbeat_s or self.state is PeerState.LEAVING:
                 continue   # leaving: a beat after the leave reads as a dead member's, answered "rejoin"
             last_hb = now
@@ -2091,28 +2133,37 @@ class Peer:
                 # the figures ride on one heartbeat a second; the others are bare
                 # liveness beats (a coordinator of 1,000 members decodes 4,000 a second)
                 last_stats = now
-                c = self.counters
-                # every counter, as PeerCounters says (handler errors were seen only in the log)
-                body["stats"] = {**asdict(c), "nbrs": self._neighbours}
-                if self._stats is not None:
-                    # its errors as a view callback's: counted, a traceback at most every
-                    # FAILURE_LOG_S (a full one each second, for ever, filled the log)
-                    try:
-                        body["stats"].update(self._stats())
-                    except asyncio.CancelledError:
-                        if not _cancelled_by_callback():
-                            raise
-                        self._callback_failed("stats callback")
-                    except Exception:
-                        self._callback_failed("stats callback")
+                self._send_with_stats("heartbeat", body)
+            else:
+                self._send_coord("heartbeat", body)
+
+    def _send_with_stats(self, t: str, body: dict[str, Any]) -> None:
+        """Send ``t`` (a heartbeat, the leave) to the coordinator with the peer's figures
+        in ``stats``: every counter, as PeerCounters says (handler errors were seen only in
+        the log), the neighbours, those it cannot reach, and what the stats callback adds.
+        Figures that cannot go on the wire are the callback's error: ``t`` goes without them."""
+        c = self.counters
+        body["stats"] = {**asdict(c), "nbrs": self._neighbours,
+                         "unreachable_ids": [pid for pid, link in self._links.items() if link.unreachable]}
+        if self._stats is not None:
+            # its errors as a view callback's: counted, a traceback at most every
+            # FAILURE_LOG_S (a full one each second, for ever, filled the log)
             try:
-                self._send_coord("heartbeat", body)
-            except WireError:
-                # the stats callback returned what cannot go on the wire: beat without it
-                self._callback_failed("stats callback", "returned figures that cannot go on the wire "
-                                                        "(heartbeat stats dropped)")
-                body.pop("stats", None)
-                self._send_coord("heartbeat", body)
+                body["stats"].update(self._stats())
+            except asyncio.CancelledError:
+                if not _cancelled_by_callback():
+                    raise
+                self._callback_failed("stats callback")
+            except Exception:
+                self._callback_failed("stats callback")
+        try:
+            self._send_coord(t, body)
+        except WireError:
+            # one wording for the heartbeat and the leave: the same failure, logged once per FAILURE_LOG_S
+            self._callback_failed("stats callback", "returned figures that cannot go on the wire (heartbeat "
+                                                    "stats dropped; so are the leave's)")
+            body.pop("stats", None)
+            self._send_coord(t, body)
 
     def _close_spare_links(self, now: float) -> None:
         """Close the links to members that are no longer neighbours (the view changed,
@@ -2125,6 +2176,23 @@ class Peer:
         for pid in [p for p, link in self._links.items()
                     if p not in keep and not link.waiting and now - link.used > idle]:
             self._close_link(self._links.pop(pid))
+
+    def _check_reach(self, now: float) -> None:
+        """Log once (and count) each link that has had no handshake for
+        :data:`LINK_CONNECT_TIMEOUT_S`: its member cannot be reached, and sends to it
+        fail at once until a handshake succeeds (:meth:`_on_link_handshake`)."""
+        for pid, link in self._links.items():
+            if link.down_since and not link.unreachable and now - link.down_since > LINK_CONNECT_TIMEOUT_S:
+                link.unreachable = True
+                why = link.dial.failure or link.why or "its address does not answer a connection"
+                log.warning("peer %s: cannot reach %s at %s for %.0f s: %s. The view still lists %s (the "
+                            "coordinator reaches it over its own connection): check that its address (its "
+                            "peer.advertise) takes connections from this host. Sends to it fail at once until "
+                            "it answers", self.id, pid, link.addr, now - link.down_since, why, pid)
+        self._count_unreachable()
+
+    def _count_unreachable(self) -> None:
+        self.counters.unreachable = sum(link.unreachable for link in self._links.values())
 
     def _resend_hellos(self, now: float) -> None:
         """Neighbours that have not answered hello yet: say it again."""
