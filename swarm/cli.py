@@ -835,6 +835,11 @@ def _not_a_status_table(st: Any) -> str:
 
 
 def format_status(st: dict[str, Any]) -> str:
+    """A coordinator's ``status`` reply as `swarm status` prints it: one line per member,
+    a member that left shown as ``left``, and after an alive one's neighbours those its
+    links cannot reach."""
+    from .coordinator.report import has_left, unreachable_ids
+
     lines = [f"coordinator {st['coordinator']}  epoch {st['epoch']}  uptime {st['uptime_s']:.1f} s  "
              f"members {len(st['view']['members'])}"]
     if st.get("others"):
@@ -847,10 +852,15 @@ def format_status(st: dict[str, Any]) -> str:
     for r in st["members"]:
         age = "-" if r["heartbeat_age_s"] is None else f"{r['heartbeat_age_s']:.2f}"
         linked = "-" if r["linked_epoch"] < 0 else r["linked_epoch"]   # -1: not linked yet
+        state = "left" if has_left(r) else r["state"]   # dead by its own wish: no failure
+        neighbours = ",".join(r["neighbours"])
+        unreachable = unreachable_ids(r.get("stats")) if r["state"] != "dead" else []
+        if unreachable:   # its links cannot reach them, though the coordinator lists them
+            neighbours += f"  (cannot reach {','.join(unreachable)})"
         # each cell escaped before it is padded: escaped after, a control character
         # in an address took four columns of the padding's one
-        lines.append(f"{printable(r['id']):<20} {r['rank']:>4} {printable(r['state']):<8} {age:>7} {linked:>6}  "
-                     f"{printable(r['addr']):<24} {printable(','.join(r['neighbours']))}")
+        lines.append(f"{printable(r['id']):<20} {r['rank']:>4} {printable(state):<8} {age:>7} {linked:>6}  "
+                     f"{printable(r['addr']):<24} {printable(neighbours)}")
     # what peers sent (ids, neighbours) must not reach the terminal as control characters
     return "\n".join(printable(line) for line in lines)
 

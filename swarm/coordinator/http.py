@@ -362,7 +362,8 @@ function si(v, unit) {
 }
 function fixed(v, n) { return typeof v === "number" && isFinite(v) ? v.toFixed(n) : "-"; }
 function cells(p) {
-  return [p.id, si(p.rank), p.state, fixed(p.heartbeat_age_s, 2) + (p.heartbeat_age_s == null ? "" : " s"),
+  return [p.id, si(p.rank), p.left ? "left" : p.state,
+          fixed(p.heartbeat_age_s, 2) + (p.heartbeat_age_s == null ? "" : " s"),
           p.neighbours.join(", "), si(p.env_steps_per_s), si(p.rounds_per_s),
           si(p.bytes_in, "B") + " (" + si(p.bytes_in_per_s, "B") + "/s)",
           si(p.bytes_out, "B") + " (" + si(p.bytes_out_per_s, "B") + "/s)",
@@ -420,7 +421,9 @@ _CSP = ("default-src 'none'; style-src 'unsafe-inline'; connect-src 'self'; "
 
 def _cells(p: dict[str, Any]) -> list[str]:
     age = p["heartbeat_age_s"]
-    return [p["id"], si(p["rank"]), str(p["state"]), fixed(age, 2) + ("" if age is None else " s"),
+    # a member that left is dead by its own wish: shown as such (the row is styled as dead)
+    return [p["id"], si(p["rank"]), "left" if p.get("left") else str(p["state"]),
+            fixed(age, 2) + ("" if age is None else " s"),
             ", ".join(p["neighbours"]), si(p["env_steps_per_s"]), si(p["rounds_per_s"]),
             f"{si(p['bytes_in'], 'B')} ({si(p['bytes_in_per_s'], 'B')}/s)",
             f"{si(p['bytes_out'], 'B')} ({si(p['bytes_out_per_s'], 'B')}/s)",

@@ -36,7 +36,8 @@ from typing import Any, Iterable
 from ..checks import printable
 
 __all__ = ["PeerRates", "peer_rows", "status_document", "prometheus", "format_table", "plain", "bound_stats",
-           "printable", "RATE_KEYS", "MAX_STAT_TEXT", "MAX_STAT_ITEMS", "MAX_STATS_SIZE"]
+           "printable", "unreachable_ids", "has_left", "RATE_KEYS", "MAX_STAT_TEXT", "MAX_STAT_ITEMS",
+           "MAX_STATS_SIZE"]
 
 #: counters whose per-second rate the coordinator derives from heartbeats
 RATE_KEYS = ("env_steps", "rounds", "bytes_in", "bytes_out")
@@ -289,17 +290,38 @@ class PeerRates:
         self.forget_except(seen)
 
 
+def unreachable_ids(stats: Any) -> list[str]:
+    """The members a peer's links cannot reach, from its stats (``unreachable_ids``):
+    the string ids only, each cut to :data:`MAX_STAT_TEXT`, at most 64."""
+    ids = stats.get("unreachable_ids") if isinstance(stats, dict) else None
+    return [n[:MAX_STAT_TEXT] for n in ids if isinstance(n, str)][:64] if isinstance(ids, list) else []
+
+
+def has_left(row: dict[str, Any]) -> bool:
+    """Whether a status row is of a member that left (a ``leave``): dead, by its own wish."""
+    return row.get("state") == "dead" and row.get("cause") == "left"
+
+
 def peer_rows(status: dict[str, Any], rates: PeerRates, now: float | None = None) -> list[dict[str, Any]]:
     """One flat row per member: the table's fields, the figures from its stats, its rates
-    (as of ``now`` on ``rates``' clock, by default ``time.monotonic()``: see :meth:`PeerRates.rates`)."""
+    (as of ``now`` on ``rates``' clock, by default ``time.monotonic()``: see :meth:`PeerRates.rates`).
+
+    ``last_error`` is the peer's own (its stats'), else the coordinator's cause of its
+    death, but for a member that left (``left``: a state, not an error), led by the
+    members an alive one cannot reach."""
     now = time.monotonic() if now is None else now
     out = []
     for r in status.get("members", []):
         s = r.get("stats") if isinstance(r.get("stats"), dict) else {}
-        rt = rates.rates(r["id"], now) if r.get("state") != "dead" else dict.fromkeys(RATE_KEYS)
-        last_error = _text(s.get("last_error")) or (r.get("cause") or "")
+        dead = r.get("state") == "dead"
+        rt = rates.rates(r["id"], now) if not dead else dict.fromkeys(RATE_KEYS)
+        errors = [_text(s.get("last_error")) or ("" if has_left(r) else _text(r.get("cause")))]
+        unreachable = unreachable_ids(s) if not dead else []   # a dead member's last figures are stale
+        if unreachable:
+            errors.insert(0, f"cannot reach {', '.join(unreachable)}")
         out.append({
             "id": r["id"], "rank": r.get("rank"), "addr": r.get("addr"), "state": r.get("state"),
+            "left": has_left(r),
             "incarnation": r.get("incarnation"), "heartbeat_age_s": r.get("heartbeat_age_s"),
             "linked_epoch": r.get("linked_epoch"),
             "neighbours": [n[:MAX_STAT_TEXT] for n in r.get("neighbours", []) if isinstance(n, str)][:64],
@@ -310,7 +332,8 @@ def peer_rows(status: dict[str, Any], rates: PeerRates, now: float | None = None
             "gossip_bytes_in": num(s.get("gossip_bytes_in")), "gossip_bytes_out": num(s.get("gossip_bytes_out")),
             "codec_ratio": num(s.get("codec_ratio")), "staleness": num(s.get("staleness")),
             "buffer_size": num(s.get("buffer_size")), "mean_return": num(s.get("mean_return")),
-            "under_replicated": num(s.get("under_replicated")), "last_error": last_error,
+            "under_replicated": num(s.get("under_replicated")), "last_error": "; ".join(e for e in errors if e),
+            "unreachable": num(s.get("unreachable")),
             # what the peer's transport (and, with gradient exchange, its relay) set aside
             **{k: num(s.get(k)) for k in LOSS_KEYS},
         })
@@ -366,6 +389,8 @@ _PEER_METRICS = [
     ("swarm_peer_under_replicated_items", "gauge",
      "local replay items that fewer than buffer.replicas neighbours hold", "under_replicated"),
     ("swarm_peer_mean_return", "gauge", "mean episode return", "mean_return"),
+    ("swarm_peer_unreachable_neighbours", "gauge",
+     "neighbours the peer cannot reach now (no handshake for the link's connect timeout)", "unreachable"),
     ("swarm_peer_dropped_out_total", "counter", "sends dropped: the send queue stayed full past the deadline",
      "dropped_out"),
     ("swarm_peer_malformed_total", "counter", "inbound messages that failed a wire check", "malformed"),
@@ -511,7 +536,8 @@ def format_table(doc: dict[str, Any], width: int = 160) -> str:
         figures = (f" {age:>6} {_number(p['env_steps_per_s'], 8):>8} {_number(p['rounds_per_s'], 8):>8} "
                    f"{_number(p['bytes_in_per_s'], 7, unit='B'):>7} {_number(p['bytes_out_per_s'], 7, unit='B'):>7} "
                    f"{ratio:>5} {_number(p['staleness'], 5):>5} {_number(p['buffer_size'], 7):>7}  ")
-        lines.append(_row([(p["id"], 16), (f" {_number(p['rank'], 4):>4} ", None), (p["state"], 7), (figures, None),
+        state = "left" if p.get("left") else p["state"]
+        lines.append(_row([(p["id"], 16), (f" {_number(p['rank'], 4):>4} ", None), (state, 7), (figures, None),
                            (",".join(p["neighbours"]), 20), (" ", None), (p["last_error"], None)], width))
     recent = doc.get("log", [])[-5:]
     if recent:

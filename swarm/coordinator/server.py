@@ -4,7 +4,7 @@ Protocol (see docs/wire.md for the envelope)::
 
     peer → coord   join {addr, rank, inc, last_epoch}   → welcome {rank, epoch} | refuse {reason}
     peer → coord   heartbeat {inc, linked, stats}        → rejoin {} if unknown/dead/other incarnation
-    peer → coord   leave {inc}                           → bye {}
+    peer → coord   leave {inc, stats}                    → bye {}
     peer → coord   suspect {id}                          (a neighbour's link broke)
     coord → peer   probe {nonce}                         → probe_ack {nonce, inc}
     coord → peer   view {epoch, members}                 (on every change, and to a peer that lags)
@@ -120,6 +120,15 @@ def _str(body: dict[str, Any], key: str) -> str:
     if not isinstance(v, str) or not v or len(v) > 512:
         raise WireError(f"{key} must be a non-empty string, got {wire.shown(v)}")
     return v
+
+
+def _keep_stats(rec: MemberRecord, stats: Any, now: float) -> None:
+    """Keep the figures a member sent (a heartbeat's ``stats``, or its leave's), if they are
+    a map: a bounded copy (strings cut, maps to their first 64 items, about 8 KiB in all),
+    so that each member's share of a status reply is small. A map of more items is cut,
+    not dropped: dropped whole, a peer's figures froze at the last that fitted."""
+    if stats is not None and type(stats) is dict:
+        rec.stats, rec.stats_at = bound_stats(stats), now
 
 
 def _handshake_error(event: int, value: int, keyed: bool) -> tuple[str, bool]:
@@ -727,13 +736,9 @@ class Coordinator:
         self.heartbeats += 1
         if rec.state == SUSPECT:
             rec.state, rec.cause = ALIVE, ""
-        if stats is not None and type(stats) is dict:
-            # peers send their figures on some heartbeats only (once a second);
-            # the others are bare liveness beats and the last figures stay. A bounded copy
-            # (strings cut, maps to their first 64 items, about 8 KiB in all): each member's
-            # share of a status reply is small. A map of more items is cut, not dropped:
-            # dropped whole, a peer's figures froze at the last that fitted
-            rec.stats, rec.stats_at = bound_stats(stats), now
+        # peers send their figures on some heartbeats only (once a second); the others
+        # are bare liveness beats and the last figures stay
+        _keep_stats(rec, stats, now)
         if (epoch < self.table.view.epoch and now >= self._grace_until and now - rec.view_sent > 0.25
                 and now - self._published_at.get(epoch + 1, 0.0) > 0.2):
             # a lagging peer (it missed a delta, not a heartbeat that crossed the newest
@@ -830,6 +835,9 @@ class Coordinator:
         if t == "leave":
             if _int(body, "inc") != rec.incarnation:
                 raise WireError(f"leave for {src!r} with a foreign incarnation")
+            # its final figures (a peer of an older release sends none): the last
+            # heartbeat's may be a second old, and none follows
+            _keep_stats(rec, body.get("stats"), now)
             if self.table.mark_dead(src, "left"):
                 self._dirty = True
             self._send(route, "bye", {})
