@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import pytest
 from swarmtest import Forwarder, free_port, until
 
 from swarm.cli import format_status, query_status
@@ -35,8 +36,21 @@ def _warnings(caplog, text: str) -> list[str]:
             if r.name == "swarm.peer" and r.levelno == logging.WARNING and text in r.getMessage()]
 
 
-async def _pair(coord: Coordinator, relay: Forwarder, b_port: int) -> tuple[Peer, Peer]:
-    """a, and b behind ``relay`` (its advertised address), linked to each other."""
+@pytest.fixture
+def relayed(monkeypatch, caplog) -> tuple[Forwarder, int]:
+    """The relay that stands for b's advertised address, and the port b binds; the bound
+    at BOUND_S, and the peers' log in ``caplog``."""
+    monkeypatch.setattr(peer_mod, "LINK_CONNECT_TIMEOUT_S", BOUND_S)
+    caplog.set_level(logging.INFO, logger="swarm.peer")
+    b_port = free_port()
+    return Forwarder(("127.0.0.1", free_port()), ("127.0.0.1", b_port)), b_port
+
+
+async def _pair(coord: Coordinator, relay: Forwarder, b_port: int, got: list[str]) -> tuple[Peer, Peer]:
+    """a, and b behind ``relay`` (its advertised address), linked to each other; what b
+    gets as "tick" goes into ``got``."""
+    await coord.start()
+    await relay.up()
     a = Peer(id="a", coordinators=[coord.address], rank=0)
     b = Peer(id="b", coordinators=[coord.address], rank=1, bind=f"tcp://127.0.0.1:{b_port}",
              advertise=f"tcp://127.0.0.1:{relay.listen[1]}")
@@ -46,29 +60,24 @@ async def _pair(coord: Coordinator, relay: Forwarder, b_port: int) -> tuple[Peer
     except BaseException:
         await a.close()
         raise
+    b.on("tick", lambda m: got.append(m.src))
+    for p in (a, b):
+        await p.wait_view(lambda v: len(v.members) == 2, 10)
+        await p.wait_linked(10)
     return a, b
 
 
 def test_a_neighbour_that_does_not_answer_is_logged_counted_shown_and_not_waited_for(
-        syns_dropped_when_full, monkeypatch, caplog):
-    monkeypatch.setattr(peer_mod, "LINK_CONNECT_TIMEOUT_S", BOUND_S)
-    caplog.set_level(logging.INFO, logger="swarm.peer")
-    b_port, relay_port = free_port(), free_port()
-    relay = Forwarder(("127.0.0.1", relay_port), ("127.0.0.1", b_port))
-    got: list[str] = []
+        syns_dropped_when_full, relayed, caplog):
+    (relay, b_port), got = relayed, []
+    relay_port = relay.listen[1]
 
     async def main() -> None:
         coord = Coordinator(bind="tcp://127.0.0.1:*", http_bind="")
         peers: list[Peer] = []
         try:
-            await coord.start()
-            await relay.up()
-            peers += await _pair(coord, relay, b_port)
+            peers += await _pair(coord, relay, b_port, got)
             a, b = peers
-            b.on("tick", lambda m: got.append(m.src))
-            for p in peers:
-                await p.wait_view(lambda v: len(v.members) == 2, 10)
-                await p.wait_linked(10)
             relay.vanish()   # b's advertised address no longer answers; b's own connections are fine
 
             await until(lambda: _warnings(caplog, "cannot reach b"), 3 * BOUND_S + 5,
@@ -118,25 +127,16 @@ def test_a_neighbour_that_does_not_answer_is_logged_counted_shown_and_not_waited
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
-def test_a_refused_neighbour_is_logged_once_and_again_once_it_is_back(monkeypatch, caplog):
-    monkeypatch.setattr(peer_mod, "LINK_CONNECT_TIMEOUT_S", BOUND_S)
-    caplog.set_level(logging.INFO, logger="swarm.peer")
-    b_port, relay_port = free_port(), free_port()
-    relay = Forwarder(("127.0.0.1", relay_port), ("127.0.0.1", b_port))
-    got: list[str] = []
+def test_a_refused_neighbour_is_logged_once_and_again_once_it_is_back(relayed, caplog):
+    (relay, b_port), got = relayed, []
+    relay_port = relay.listen[1]
 
     async def main() -> None:
         coord = Coordinator(bind="tcp://127.0.0.1:*", http_bind="")
         peers: list[Peer] = []
         try:
-            await coord.start()
-            await relay.up()
-            peers += await _pair(coord, relay, b_port)
+            peers += await _pair(coord, relay, b_port, got)
             a, b = peers
-            b.on("tick", lambda m: got.append(m.src))
-            for p in peers:
-                await p.wait_view(lambda v: len(v.members) == 2, 10)
-                await p.wait_linked(10)
             # nothing listens at b's advertised address any more (connections refused), and
             # the connection through it is cut
             relay.server.close()
