@@ -209,11 +209,12 @@ def unspecified_host(host: str) -> bool:
 
 
 def _not_ipv4(host: str) -> bool:
-    """Whether ``host`` looks like an IPv4 address (digits and dots) but is not a dotted quad."""
+    """Whether ``host`` looks like an IPv4 address (digits and dots) but is not one, as the
+    resolver reads them (``inet_aton``: ``10.1`` and ``0`` are)."""
     if not _NUMERIC_HOST.fullmatch(host):
         return False
     try:
-        _socket.inet_pton(_socket.AF_INET, host)
+        _socket.inet_aton(host)
     except OSError:
         return True
     return False
