@@ -245,6 +245,11 @@ class Coordinator:
         # report that address, and would each find themselves the lowest
         self._token = os.urandom(8).hex()
         self._no_active_since = 0.0
+        #: when this one's loops last ran (_check_stall), and when one that was active found
+        #: that they had stalled (frozen, swapped out): until the others have answered since, it
+        #: neither probes, declares deaths nor publishes (0.0: not held)
+        self._ran_at = 0.0
+        self._stalled_at = 0.0
         #: the others whose first connection attempt has not yet ended: its handshake
         #: neither succeeded nor failed, its connect neither made nor refused nor timed out
         self._first_dials: set[str] = set()
@@ -285,7 +290,11 @@ class Coordinator:
                 self._curve.server(self._router)
             self.address = tp.bind(self._router, cfg.bind)
             for addr in cfg.others:   # a bad address fails here, before anyone is told we are up
-                d = tp.dealer(self._ctx, limits=self.limits, hwm=4, immediate=True, connect_timeout_s=CONNECT_TIMEOUT_S)
+                # ZMTP heartbeats, as a peer's coordinator connection has: a connection whose
+                # state a partition lost (a NAT or firewall that dropped the flow) was kept open
+                # for good, and two active coordinators never heard each other again
+                d = tp.dealer(self._ctx, limits=self.limits, hwm=4, immediate=True, connect_timeout_s=CONNECT_TIMEOUT_S,
+                              heartbeat_s=cfg.zmtp_heartbeat_s, heartbeat_timeout_s=cfg.zmtp_timeout_s)
                 d.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_TIMEOUT_S * 1000))
                 self._watch[addr] = d
                 if self._curve is not None:
@@ -305,7 +314,7 @@ class Coordinator:
                 self._shutdown()
                 raise
             self.http_url = self._http.url
-        self.started = time.monotonic()
+        self.started = self._ran_at = time.monotonic()
         self._grace_until = self.started + cfg.rejoin_grace_s
         self._runner = asyncio.create_task(self._run(), name="coordinator")
         log.info("coordinator listening on %s", self.address)
@@ -451,7 +460,7 @@ class Coordinator:
     def _publish_due(self, now: float) -> bool:
         """Publish changes at once in a small swarm; a large one gets at most one view
         per ~0.1 ms × members (0.1 s at 1,000), so a join storm is not a view storm."""
-        if not self._dirty or self.mode != "active" or now < self._grace_until:
+        if not self._dirty or self.mode != "active" or now < self._grace_until or self._stalled_at:
             return False
         return now - self._last_publish >= min(0.1, 1e-4 * len(self.table.view.members))
 
@@ -515,6 +524,7 @@ class Coordinator:
         fds = (router.getsockopt(zmq.FD), mon.getsockopt(zmq.FD))
         pollin = zmq.POLLIN
         while True:
+            self._check_stall(time.monotonic())
             self._read_closes()
             n = self._drain_router() if router.getsockopt(zmq.EVENTS) & pollin else 0
             # probed after the messages: what a member sent before its connection closed (a
@@ -522,7 +532,9 @@ class Coordinator:
             # also behind more than a batch of others' (under a flood, after 1 s at most).
             # An id that has moved to another connection since is not probed: it is there
             drained = n < tp.DRAIN_BATCH
-            if self._closing and (drained or time.monotonic() - self._closing_at > 1.0):
+            if self.mode != "active":
+                self._closing.clear()   # a standby serves no members: their closes are another's to probe
+            if self._closing and not self._stalled_at and (drained or time.monotonic() - self._closing_at > 1.0):
                 closing, self._closing = self._closing, {}
                 for pid, route in closing:
                     m = self.table.get(pid)
@@ -862,13 +874,35 @@ class Coordinator:
 
     # ------------------------------------------------------------- timers
 
+    def _check_stall(self, now: float) -> None:
+        """Notice that this one's loops did not run for more than ``takeover_s`` (a frozen
+        process, a swapped-out host), by its own clock, which every loop reads first. The
+        members' silence in that time was not theirs: their heartbeat and probe deadlines
+        move on by it. An active one with other coordinators holds (no probes, no deaths, no
+        views) until each has answered since or stayed silent for ``takeover_s``: a standby
+        may have taken its members over meanwhile. Thawed, it declared every one of them
+        dead (their connections to it had closed), published an empty view and took the
+        swarm back on a tie of epochs."""
+        gap, self._ran_at = now - self._ran_at, now
+        if gap <= self.config.takeover_s:
+            return
+        for m in self.table.members.values():
+            m.last_heartbeat += gap
+            m.probe_deadline += gap
+        held = self.mode == "active" and bool(self.config.others)
+        if held:
+            self._stalled_at = now
+        log.warning("coordinator %s: its loops did not run for %.1f s (a stopped process or an overloaded host)%s",
+                    self.address, gap, "; asking the other coordinators before it serves again" if held else "")
+
     async def _tick_loop(self) -> None:
         cfg = self.config
         while True:
             await asyncio.sleep(cfg.tick_s)
             now = time.monotonic()
+            self._check_stall(now)
             self._count_deaths(now)
-            if self.mode != "active":
+            if self.mode != "active" or self._stalled_at:
                 continue
             if now - self._scanned >= min(0.25, cfg.heartbeat_timeout_s / 10):
                 # silent members: a scan of the whole table, a few times a second
@@ -899,9 +933,10 @@ class Coordinator:
 
     def brief(self) -> dict[str, Any]:
         """What other coordinators need to decide who is active. ``watches``: how many
-        other coordinators this one watches; one that watches none never stands by."""
+        other coordinators this one watches; one that watches none never stands by. ``members``:
+        how many it serves (of two active ones, one that serves some stays)."""
         return {"coordinator": self.address, "epoch": self.table.epoch, "mode": self.mode,
-                "watches": len(self.config.others), "token": self._token}
+                "watches": len(self.config.others), "token": self._token, "members": self.table.live()}
 
     def _watched_alone(self, asker: Any) -> None:
         """Another coordinator watches this one, which watches none: say so once per asker
@@ -922,15 +957,21 @@ class Coordinator:
             # handshake: why the last attempt to reach it failed its handshake ("" if it did not);
             # silent: why it is taken as down although no attempt was refused (its handshake or
             # its connect timed out), and after_silent: which of the two, for the log once it answers
-            self._others[addr] = {"seen": 0.0, "epoch": 0, "mode": "?", "name": addr, "token": "",
+            self._others[addr] = {"seen": 0.0, "epoch": 0, "mode": "?", "name": addr, "token": "", "members": None, "lost": False,
                                   "watches": 1, "handshake": "", "silent": "", "after_silent": "",
                                   "dialing_at": 0.0, "connected_at": 0.0, "redial_at": 0.0}
         self._first_dials = set(socks)
+        cfg = self.config
         while True:
+            # an answer is as fresh as the request it answers: one read after a stall (this
+            # process frozen) may have waited in the socket since before it
+            asked = time.monotonic()
+            self._check_stall(asked)
             for d in socks.values():
                 tp.try_send(d, wire.encode("status", self.name, body={"brief": True, "from": self.address}))
             await asyncio.sleep(0.1)
             now = time.monotonic()
+            self._check_stall(now)
             for addr, d in socks.items():
                 o = self._others[addr]
                 for frames in tp.drain(monitors[addr]):
@@ -942,6 +983,7 @@ class Coordinator:
                     except zmq.ZMQError:
                         pass
                     tp.connect(d, addr)
+                answered = False
                 for frames in tp.drain(d):
                     try:
                         b = wire.decode(frames, self.limits).body
@@ -950,14 +992,25 @@ class Coordinator:
                         if not 0 <= epoch <= MAX_LAST_EPOCH:
                             # followed, it would be this one's epoch: past 64 bits no view could go out
                             raise WireError(f"epoch {epoch} of another coordinator is not in 0..{MAX_LAST_EPOCH}")
-                        o.update(seen=now, epoch=epoch, mode=str(b.get("mode")),
+                        members = _int(b, "members") if "members" in b else None   # None: from before the field
+                        o.update(seen=asked, epoch=epoch, mode=str(b.get("mode")),
                                  name=str(b.get("coordinator", addr)), token=str(b.get("token", "")),
-                                 watches=watches if type(watches) is int else 1)
+                                 watches=watches if type(watches) is int else 1, members=members)
+                        answered = True
                     except WireError as e:
                         self._bad(addr, e)
-                if o["handshake"] and o["seen"] == now:
+                if answered and o["handshake"]:
                     self._handshake_cleared(addr, o, "it answers")
+                if answered:
+                    o["lost"] = False
+                elif o["seen"] and not o["lost"] and now - o["seen"] >= cfg.takeover_s:
+                    o["lost"] = True   # logged once, until it answers again
+                    log.warning("coordinator %s: coordinator %s stopped answering (its last answer %.1f s ago)",
+                                self.address, addr, now - o["seen"])
             self._decide(now)
+            if self._stalled_at and (now - self._stalled_at >= cfg.takeover_s
+                                     or all(o["seen"] > self._stalled_at for o in self._others.values())):
+                self._stalled_at = 0.0   # each other answered since (and _decide has weighed it), or is down
 
     def _on_watch_event(self, addr: str, o: dict[str, Any], ev: dict[str, Any], now: float) -> None:
         """Follow how the attempts to reach another coordinator end. A handshake that fails
@@ -1066,22 +1119,29 @@ class Coordinator:
         # address stayed active with the older view
         ahead = max([self.table.epoch] + [o["epoch"] for o in live])
         if self.mode == "active":
+            serves = self.table.live()
             for o in active:
+                # members is None from a coordinator from before the field: then epochs decide
+                theirs = o.get("members")
                 if o["watches"] < 1:
                     why = "watches no other coordinator (started without --others), so it never stands by"
-                elif (o["epoch"], self.address, self._token) > (self.table.epoch, o["name"], o["token"]):
-                    # two actives (a partition healed, a restart): the newer epoch wins, then the
-                    # lower address, then the lower token
-                    why = (f"has a newer view (epoch {o['epoch']}, this one's {self.table.epoch})"
-                           if o["epoch"] > self.table.epoch else
-                           f"has the same epoch ({o['epoch']}) and a lower address or token")
+                elif ((bool(theirs), o["epoch"], self.address, self._token)
+                      > (theirs is not None and serves > 0, self.table.epoch, o["name"], o["token"])):
+                    # two actives (a partition healed, a restart, a frozen one thawed): the one
+                    # that serves members wins (a standby that took over while only the link
+                    # between the coordinators was cut serves none: by epoch alone it pushed every
+                    # peer through a failover), then the newer epoch, the lower address, the token
+                    if o["epoch"] > self.table.epoch:
+                        why = f"has a newer view (epoch {o['epoch']}, this one's {self.table.epoch})"
+                    elif theirs and not serves:
+                        why = f"serves {o['members']} members and this one none"
+                    else:
+                        why = f"has the same epoch ({o['epoch']}) and a lower address or token"
                 else:
                     continue
                 log.warning("coordinator %s: coordinator %s is active too and %s; standing by",
                             self.address, o["name"], why)
-                self.mode = "standby"
-                self.table.log_event("standby", self.address)
-                self.table.epoch = ahead
+                self._stand_down(ahead)
                 return
             return
         self.table.epoch = ahead
@@ -1118,6 +1178,20 @@ class Coordinator:
             self._dirty = True
             self.table.log_event("takeover", self.address)
             log.warning("coordinator %s: taking over at epoch %d", self.address, self.table.epoch + 1)
+
+    def _stand_down(self, epoch: int) -> None:
+        """Stand by for another active coordinator, following its ``epoch``. The members are
+        the other's now: kept, the table showed them alive in `swarm status`, and their
+        closes were probed and logged as deaths."""
+        self.mode = "standby"
+        self.table.epoch = epoch
+        self.table.clear()
+        self._fds.clear()
+        self._closing.clear()
+        self._suspects.clear()
+        self._dirty = False
+        self._stalled_at = 0.0
+        self.table.log_event("standby", self.address)
 
     def _others_status(self, now: float) -> list[dict[str, Any]]:
         """Each watched coordinator as this one sees it: ``state`` is its mode while it
