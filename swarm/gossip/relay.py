@@ -416,7 +416,7 @@ class GradientRelay:
         # the epoch of the first view listing this peer (None: none yet): what is sent again
         # of turns from before it is not applied here (see _predates)
         self._since: int | None = link.view.epoch if link.id in self._members else None
-        self._resent_in: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()   # (origin, number)
+        self._resent_in: collections.OrderedDict[tuple[str, int, Any], None] = collections.OrderedDict()   # (origin, number, q)
         # the clocks of this peer's messages sent again (the newest _RECENT_CLOCKS), on the loop:
         # a grad_late about one is not about this peer's own lateness (see _on_side)
         self._resent_clocks: collections.OrderedDict[int, None] = collections.OrderedDict()
@@ -1409,7 +1409,10 @@ class GradientRelay:
         routes = self._routes()
         for body, frames, epoch in msgs:
             again = {k: v for k, v in body.items() if k != "x"}
-            again["r"], again["e"] = 1, epoch
+            # q: the view that made this resend, so that the first copy of each resend is
+            # passed on (_first_resent): one that a join made and that died in a member
+            # that had died before it took the copy of the leave's resend that followed
+            again["r"], again["e"], again["q"] = 1, epoch, view.epoch
             nbytes = _nbytes(frames)
             for dst, hops in routes:
                 self._send(dst, dict(again, h=hops), frames, nbytes, forwarding=False)
@@ -1438,10 +1441,10 @@ class GradientRelay:
             raise WireError(f"grad {shown(origin)}#{seq} from {shown(msg.src)}: s is more than a day past this "
                             f"peer's clock in microseconds, from which origins number their messages (set the "
                             f"hosts' clocks)")
-        if b.get("r", 1) != 1 or not _int(b.get("e", 0), 0):   # copies seen before too
+        if b.get("r", 1) != 1 or not _int(b.get("e", 0), 0) or not _int(b.get("q", 0), 0):   # copies seen before too
             self.stats.rejected += 1
-            raise WireError(f"grad {shown(origin)}#{seq} from {shown(msg.src)}: r must be 1 (sent again) and e a view "
-                            f"epoch (an int >= 0) when given")
+            raise WireError(f"grad {shown(origin)}#{seq} from {shown(msg.src)}: r must be 1 (sent again), and e and q "
+                            f"view epochs (ints >= 0) when given")
         seen = self._seen.get(origin)   # checked again under the lock, before anything is queued
         if seen is None:
             seen = self._parked.get(origin)
@@ -1642,9 +1645,10 @@ class GradientRelay:
         (:meth:`_resend`). Its earlier copies went the old routes, through the member that
         left, so a copy seen before is passed on once more, whatever its hops. The last
         _RESENT_KEPT are remembered (one forgotten only costs a copy more)."""
-        if "r" not in b or (origin, seq) in self._resent_in:
+        key = (origin, seq, b.get("q", 0))   # q: the resend's view (0 from a peer of an earlier release)
+        if "r" not in b or key in self._resent_in:
             return False
-        self._resent_in[(origin, seq)] = None
+        self._resent_in[key] = None
         if len(self._resent_in) > _RESENT_KEPT:
             self._resent_in.popitem(last=False)
         return True

@@ -38,3 +38,32 @@ def test_a_gradient_on_its_way_when_a_member_joins_reaches_every_old_member():
         await hub.close()
 
     asyncio.run(main())
+
+
+def test_a_join_between_a_death_and_its_view_leaves_the_leaves_resend_whole():
+    # 6-ring; p003 has died but is still in the view (it drops what it gets). p001's copy
+    # going right dies in it; p006 joins, and the join's resend dies there too; then the
+    # view drops p003. The leave's resend reached p002, which had passed on the join's
+    # resend (its first copy sent again) and so dropped this one as a copy: p004 never
+    # had the gradient, and nothing counted it. Each resend's first copy is passed on now.
+    async def main() -> None:
+        hub = SimHub(topology="ring")
+        links = hub.add_many(6)
+        relays = {link.id: GradientRelay(link, D, topology="ring") for link in links}
+        hub.links["p003"]._handlers.clear()
+        g = np.zeros(D, np.float32)
+        g[1] = 1.0
+        relays["p001"].publish(g, clock=1)
+        await asyncio.sleep(0.05)
+        (new,) = hub.add_many(1)
+        relays[new.id] = GradientRelay(new, D, topology="ring")
+        await asyncio.sleep(0.05)
+        hub.remove("p003")
+        await asyncio.sleep(0.1)
+        took = {pid: len(r.take()) for pid, r in relays.items() if pid not in ("p001", "p003")}
+        # p006 joined after the turn: it passes the copies on without applying them
+        assert took == {"p000": 1, "p002": 1, "p004": 1, "p005": 1, "p006": 0}, took
+        assert relays["p001"].stats.resent == 2
+        await hub.close()
+
+    asyncio.run(main())
