@@ -562,7 +562,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     from_env = None
     if args.rank is not None:
         cfg.rank = args.rank
-    elif cfg.rank < 0 and not (args.replace or cfg.replace):
+    elif cfg.rank < 0 and not (args.replace or (cfg.replace and cfg.id)):
         # a replacement (--replace, or peer.replace in the config) takes the dead member's rank
         # (the coordinator's, or with --spec the one its id names), not the launcher's: in an
         # sbatch shell SLURM_PROCID is 0
@@ -591,7 +591,8 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
         # A peer of an experiment is peer{RANK}: its id and its rank say the same thing,
         # so `--replace peer3` is enough to take over rank 3.
-        named = _spec_rank(cfg.id, replace_flag) if cfg.replace else None
+        # (with no id, peer.replace takes the rank it is given: the id is then peer{RANK})
+        named = _spec_rank(cfg.id, replace_flag) if cfg.replace and cfg.id else None
         if named is not None:
             if args.rank is not None and args.rank != named:
                 raise SwarmError(f"{replace_flag} {cfg.id} and --rank {args.rank} disagree; drop --rank")

@@ -152,6 +152,13 @@ def test_spec_replace_takes_the_rank_its_id_names_whatever_the_launcher_says(spe
     assert spec_peer(config, {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) == ("started", 1, True)
 
 
+def test_spec_replace_in_the_config_without_an_id_takes_the_rank_given(spec_peer):
+    # the id is peer{RANK} under --spec: a restart script sets peer.replace and the rank
+    # only (the first fix of the review read the empty id: "peer.replace with peer.id = :")
+    assert spec_peer(["--set", "peer.replace=true", "--rank", "2"], {}) == ("started", 2, True)
+    assert spec_peer(["--set", "peer.replace=true"], {"SWARM_RANK": "3"}) == ("started", 3, True)
+
+
 def test_spec_replace_in_the_config_is_named_as_given(spec_peer, capsys):
     assert spec_peer(["--set", "peer.replace=true", "--set", "peer.id=peer9"], {}) == ("error", 2)
     assert "peer.replace with peer.id = peer9: the spec has peers = 4, so ranks are 0..3" in _error(capsys)
