@@ -333,7 +333,7 @@ def peer_rows(status: dict[str, Any], rates: PeerRates, now: float | None = None
             "codec_ratio": num(s.get("codec_ratio")), "staleness": num(s.get("staleness")),
             "buffer_size": num(s.get("buffer_size")), "mean_return": num(s.get("mean_return")),
             "under_replicated": num(s.get("under_replicated")), "last_error": "; ".join(e for e in errors if e),
-            "unreachable": num(s.get("unreachable")),
+            "unreachable": None if dead else num(s.get("unreachable")),   # stale, as the ids above
             # what the peer's transport (and, with gradient exchange, its relay) set aside
             **{k: num(s.get(k)) for k in LOSS_KEYS},
         })

@@ -26,7 +26,8 @@ from swarm.peer import Peer
 def test_a_peer_that_leaves_hands_its_final_figures_and_is_shown_as_left():
     async def main() -> dict:
         async with Coordinator(bind="tcp://127.0.0.1:*", http_bind="") as coord:
-            figures = {"env_steps": 1, "rounds": 1, "done": False}
+            # unreachable: as a peer that left while one of its links was down sends it
+            figures = {"env_steps": 1, "rounds": 1, "done": False, "unreachable": 1}
             p = Peer(id="p0", coordinators=[coord.address], rank=0)
             p.stats = lambda: dict(figures)
             await p.start()
@@ -50,6 +51,8 @@ def test_a_peer_that_leaves_hands_its_final_figures_and_is_shown_as_left():
     assert peer["env_steps"] == 1500 and peer["rounds"] == 150
     assert peer["state"] == "dead" and peer["left"] is True and peer["last_error"] == "", peer
     assert 'swarm_peer_env_steps_total{run="",peer="p0",rank="0"} 1500' in prometheus(doc)
+    # a gauge of now: not of a member that is gone (an alert on it fired for a peer that left)
+    assert "swarm_peer_unreachable_neighbours{" not in prometheus(doc) and peer["unreachable"] is None
     (line,) = [ln for ln in format_table(doc, width=1000).splitlines() if ln.startswith("p0 ")]
     assert line.split()[2] == "left" and not line.rstrip().endswith("left"), line   # a state, not an error
     (line,) = [ln for ln in format_status(st).splitlines() if ln.startswith("p0 ")]
