@@ -613,6 +613,7 @@ class _State:
         self.staleness = 0          # rounds the stalest neighbour lagged in the last round
         self.last_error = ""        # the last thing that went wrong (a round alone, a timeout ...)
         self.round_error = False    # last_error is a gossip round's: the next round that mixes clears it
+        self.standing_error = ""    # the last error of any other kind, shown again then
         self.mixed = False          # a round of this process has mixed with a neighbour
         self.done = False
         # Traffic of the processes before this one (restored from a checkpoint): the
@@ -625,7 +626,10 @@ class _State:
         """Show ``text`` as the heartbeat's ``last_error``. A gossip round's (``of_round``) is
         cleared by the next round that mixes (:meth:`round_done`): the status pages read it
         as the peer's current problem, and ``rounds_ok`` against ``rounds`` still counts
-        every round that mixed with nobody. Any other stays until something else goes wrong."""
+        every round that mixed with nobody. Any other stays until another replaces it, and
+        shows again once a round's error is cleared (a disk that filled still has)."""
+        if not of_round:
+            self.standing_error = text
         self.last_error, self.round_error = text, of_round
 
     def round_done(self, res: Any) -> None:
@@ -638,7 +642,7 @@ class _State:
             self.rounds_ok += 1
             self.mixed = True
             if self.round_error:
-                self.error("")
+                self.error(self.standing_error)
         elif self.mixed:
             self.error(f"round {self.rounds}: {res.reason or 'averaged with nobody'}", of_round=True)
 

@@ -125,3 +125,21 @@ def test_a_run_of_one_peer_shows_no_error_for_its_rounds_alone(coordinator, tmp_
     assert not t.is_alive() and out[0]["reason"] == "stopped", out.get(0)
     assert s["last_error"] == "", s   # alone by design: nothing went wrong
     assert s["rounds_ok"] == 0, s
+
+
+def test_an_error_of_another_kind_shows_again_once_a_rounds_is_cleared():
+    # a round that mixed with nobody after a disk error took its place, and the next round
+    # that mixed cleared it: the disk error, which still stood, was shown no more
+    from swarm.experiment.runner import _State
+    from swarm.gossip.engine import RoundResult
+
+    state = _State()
+    state.rounds = 1
+    state.round_done(RoundResult(round=0, participants=["b"]))
+    state.error("cannot write metrics.csv: No space left on device")
+    state.rounds = 2
+    state.round_done(RoundResult(round=1, reason="no neighbour's state arrived in time"))
+    assert state.last_error == "round 2: no neighbour's state arrived in time"
+    state.rounds = 3
+    state.round_done(RoundResult(round=2, participants=["b"]))
+    assert state.last_error == "cannot write metrics.csv: No space left on device"
