@@ -250,6 +250,7 @@ class Coordinator:
         #: neither probes, declares deaths nor publishes (0.0: not held)
         self._ran_at = 0.0
         self._stalled_at = 0.0
+        self._thawed_at = 0.0   # when it last found its loops had stalled (held or not)
         #: the others whose first connection attempt has not yet ended: its handshake
         #: neither succeeded nor failed, its connect neither made nor refused nor timed out
         self._first_dials: set[str] = set()
@@ -886,6 +887,7 @@ class Coordinator:
         gap, self._ran_at = now - self._ran_at, now
         if gap <= self.config.takeover_s:
             return
+        self._thawed_at = now
         for m in self.table.members.values():
             m.last_heartbeat += gap
             m.probe_deadline += gap
@@ -1003,7 +1005,8 @@ class Coordinator:
                     self._handshake_cleared(addr, o, "it answers")
                 if answered:
                     o["lost"] = False
-                elif o["seen"] and not o["lost"] and now - o["seen"] >= cfg.takeover_s:
+                elif o["seen"] and not o["lost"] and now - max(o["seen"], self._thawed_at) >= cfg.takeover_s:
+                    # (silence while this one was stalled is not the other's: counted from the thaw)
                     o["lost"] = True   # logged once, until it answers again
                     log.warning("coordinator %s: coordinator %s stopped answering (its last answer %.1f s ago)",
                                 self.address, addr, now - o["seen"])

@@ -89,6 +89,9 @@ def test_a_thawed_primary_stands_by_for_the_standby_that_holds_its_peers(procs):
              what="the active one seeing the peers leave")
     time.sleep(0.5)
     assert "declared dead" not in procs.log(ca), procs.log(ca)
+    # its own freeze is said as such, not as the other's silence (review 45: "coordinator
+    # <standby> stopped answering (its last answer 6.2 s ago)", logged as it thawed)
+    assert "its loops did not run for" in procs.log(ca) and "stopped answering" not in procs.log(ca), procs.log(ca)
 
 
 def test_after_a_partition_of_the_coordinators_alone_the_one_serving_the_peers_stays(caplog):
