@@ -46,8 +46,11 @@ __all__ = [
 #: notices and copies (grad_late, grad_sync, grad_state) changed what a peer must answer;
 #: a swarm mixing such releases ran on, 3-4x slower, with nothing said; 2 until the
 #: bootstrap's acknowledgement (gsp_boot_ok): an asker of this release asked every old donor
-#: again after 1 s, and an old asker took a new donor's ack for a malformed message.
-VERSION = 3
+#: again after 1 s, and an old asker took a new donor's ack for a malformed message; 3
+#: until the relay sent its last turn again at joins too, each resend marked with the view
+#: that made it (``q``): an old peer took a join's resend and the leave's that followed for
+#: one message, and dropped the second, losing the gradient for the peers behind it.
+VERSION = 4
 
 #: dtypes allowed on the wire (little-endian only; this is what numpy's native
 #: names mean on every machine swarm runs on).

@@ -311,8 +311,18 @@ def test_a_message_of_the_release_before_the_relays_notices_is_refused_naming_bo
 def test_a_message_of_the_release_before_the_bootstrap_ack_is_refused_naming_both_versions():
     """gsp_boot_ok came with v still 2: a new late joiner asked each old donor again after
     1 s, and an old one took a new donor's ack for a malformed message, with nothing said."""
-    assert wire.VERSION == 3
     frames = [msgpack.packb({"v": 2, "t": "join", "src": "old-peer", "epoch": 0, "seq": 0, "body": {}})]
-    with pytest.raises(WireError, match=r"^protocol version 2, expected 3 \(another swarm release: every host must "
+    with pytest.raises(WireError, match=rf"^protocol version 2, expected {wire.VERSION} \(another swarm release: "
+                                        r"every host must run the same one\)$"):
+        wire.decode(frames)
+
+
+def test_a_message_of_the_release_before_resends_at_joins_is_refused_naming_both_versions():
+    """Review 45: the relay's resends at joins and their q came with v still 3: an old peer
+    took a join's resend and a leave's that followed for one message and dropped the
+    second (the gradient lost for the peers behind it), and nothing said the swarm was mixed."""
+    assert wire.VERSION == 4
+    frames = [msgpack.packb({"v": 3, "t": "join", "src": "old-peer", "epoch": 0, "seq": 0, "body": {}})]
+    with pytest.raises(WireError, match=r"^protocol version 3, expected 4 \(another swarm release: every host must "
                                         r"run the same one\)$"):
         wire.decode(frames)
