@@ -13,36 +13,21 @@ from swarmtest import Forwarder, free_port, freeze, start_ticking_peers, status,
 
 from swarm import Coordinator
 
-
-def _seen_as(c: Coordinator, now: float) -> dict:
-    """What another coordinator's watch loop holds about ``c`` once it has answered."""
-    b = c.brief()
-    return {"seen": now, "epoch": b["epoch"], "mode": b["mode"], "name": b["coordinator"], "token": b["token"],
-            "watches": 1, "members": b.get("members", 0), "handshake": "", "silent": "",
-            "after_silent": "", "dialing_at": 0.0, "connected_at": 0.0, "redial_at": 0.0}
+from coordinator.test_standby import decide_both, two_active
 
 
 def test_of_two_active_coordinators_the_one_with_members_stays_whatever_the_epochs():
     # the standby that took over during a partition between the coordinators alone published an
     # empty view one epoch up; on heal the primary, serving every peer, stood by for it
     now = time.monotonic()
-    lower, higher = Coordinator(http_bind=""), Coordinator(http_bind="")
-    try:
-        lower.address, higher.address = "tcp://127.0.0.1:5001", "tcp://127.0.0.1:5002"
-        lower.mode = higher.mode = "active"
+    with two_active() as (lower, higher):
         for i in range(3):
             lower.table.join(f"p{i}", f"tcp://127.0.0.1:{40000 + i}", -1, 1, b"r%d" % i, now=now)
         lower.table.publish()   # epoch 1, three members
         higher.table.epoch = 2   # took over above it, nobody joined
-        lower._others = {higher.address: _seen_as(higher, now)}
-        higher._others = {lower.address: _seen_as(lower, now)}
-        lower._decide(now)
-        higher._decide(now)
+        decide_both(lower, higher, now)
         assert (lower.mode, higher.mode) == ("active", "standby")
         assert higher.table.epoch == 2 and higher.table.members == {}
-    finally:
-        lower._shutdown()
-        higher._shutdown()
 
 
 def test_a_thawed_primary_stands_by_for_the_standby_that_holds_its_peers(procs):

@@ -6,6 +6,7 @@ none, or they report one address; of two active ones the newer epoch stays."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -209,31 +210,43 @@ def test_a_standby_admitted_later_follows_the_active_primary(procs, tmp_path):
 
 def _seen_as(c: Coordinator, now: float) -> dict:
     """What another coordinator's watch loop holds about ``c`` once it has answered."""
-    return {"seen": now, "epoch": c.table.epoch, "mode": c.mode, "name": c.address, "token": c._token,
-            "watches": 1, "handshake": "", "silent": "", "after_silent": "", "dialing_at": 0.0,
-            "connected_at": 0.0, "redial_at": 0.0}
+    b = c.brief()
+    return {"seen": now, "epoch": b["epoch"], "mode": b["mode"], "name": b["coordinator"], "token": b["token"],
+            "watches": 1, "members": b["members"], "handshake": "", "silent": "", "after_silent": "",
+            "dialing_at": 0.0, "connected_at": 0.0, "redial_at": 0.0}
+
+
+@contextlib.contextmanager
+def two_active():
+    """Two coordinators of this process, not started, both active: the lower address and
+    the higher. :func:`decide_both` has each weigh the other as its watch loop would."""
+    lower, higher = Coordinator(http_bind=""), Coordinator(http_bind="")
+    try:
+        lower.address, higher.address = "tcp://127.0.0.1:5001", "tcp://127.0.0.1:5002"
+        lower.mode = higher.mode = "active"
+        yield lower, higher
+    finally:
+        lower._shutdown()
+        higher._shutdown()
+
+
+def decide_both(lower: Coordinator, higher: Coordinator, now: float) -> None:
+    lower._others = {higher.address: _seen_as(higher, now)}
+    higher._others = {lower.address: _seen_as(lower, now)}
+    lower._decide(now)
+    higher._decide(now)
 
 
 @pytest.mark.parametrize("epochs, stays", [((1, 1001), "higher"), ((1001, 1), "lower"), ((5, 5), "lower")])
 def test_of_two_active_coordinators_the_newer_epoch_stays(epochs, stays):
     # the active one raised its epoch to the other's before comparing them: a tie every
     # time, so the lower address stayed active, also with the older view
-    now = time.monotonic()
-    lower, higher = Coordinator(http_bind=""), Coordinator(http_bind="")
-    try:
-        lower.address, higher.address = "tcp://127.0.0.1:5001", "tcp://127.0.0.1:5002"
-        lower.mode = higher.mode = "active"
+    with two_active() as (lower, higher):
         lower.table.epoch, higher.table.epoch = epochs
-        lower._others = {higher.address: _seen_as(higher, now)}
-        higher._others = {lower.address: _seen_as(lower, now)}
-        lower._decide(now)
-        higher._decide(now)
+        decide_both(lower, higher, time.monotonic())
         assert (lower.mode, higher.mode) == (("active", "standby") if stays == "lower" else ("standby", "active"))
         # the one that stands by follows the newer epoch, so that a takeover of its fences above it
         assert lower.table.epoch == higher.table.epoch == max(epochs)
-    finally:
-        lower._shutdown()
-        higher._shutdown()
 
 
 def test_a_frozen_active_coordinator_that_comes_back_stands_by_for_the_newer_view(procs):
