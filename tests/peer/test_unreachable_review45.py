@@ -17,6 +17,7 @@ to 2 s here (10 s in use), as tests/peer/test_link_vanished.py does."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -46,25 +47,31 @@ def relayed(monkeypatch, caplog) -> tuple[Forwarder, int]:
     return Forwarder(("127.0.0.1", free_port()), ("127.0.0.1", b_port)), b_port
 
 
-async def _pair(coord: Coordinator, relay: Forwarder, b_port: int, got: list[str]) -> tuple[Peer, Peer]:
-    """a, and b behind ``relay`` (its advertised address), linked to each other; what b
-    gets as "tick" goes into ``got``."""
-    await coord.start()
-    await relay.up()
-    a = Peer(id="a", coordinators=[coord.address], rank=0)
-    b = Peer(id="b", coordinators=[coord.address], rank=1, bind=f"tcp://127.0.0.1:{b_port}",
-             advertise=f"tcp://127.0.0.1:{relay.listen[1]}")
-    await a.start()
+@contextlib.asynccontextmanager
+async def _linked(relay: Forwarder, b_port: int, got: list[str]):
+    """A coordinator, a, and b behind ``relay`` (its advertised address), linked to each
+    other; what b gets as "tick" goes into ``got``. All closed on the way out."""
+    coord = Coordinator(bind="tcp://127.0.0.1:*", http_bind="")
+    peers: list[Peer] = []
     try:
-        await b.start()
-    except BaseException:
-        await a.close()
-        raise
-    b.on("tick", lambda m: got.append(m.src))
-    for p in (a, b):
-        await p.wait_view(lambda v: len(v.members) == 2, 10)
-        await p.wait_linked(10)
-    return a, b
+        await coord.start()
+        await relay.up()
+        peers.append(Peer(id="a", coordinators=[coord.address], rank=0))
+        await peers[0].start()
+        peers.append(Peer(id="b", coordinators=[coord.address], rank=1, bind=f"tcp://127.0.0.1:{b_port}",
+                          advertise=f"tcp://127.0.0.1:{relay.listen[1]}"))
+        await peers[1].start()
+        a, b = peers
+        b.on("tick", lambda m: got.append(m.src))
+        for p in peers:
+            await p.wait_view(lambda v: len(v.members) == 2, 10)
+            await p.wait_linked(10)
+        yield coord, a, b
+    finally:
+        for p in peers:
+            await p.close()
+        await coord.close()
+        relay.close()
 
 
 def test_a_neighbour_that_does_not_answer_is_logged_counted_shown_and_not_waited_for(
@@ -73,11 +80,7 @@ def test_a_neighbour_that_does_not_answer_is_logged_counted_shown_and_not_waited
     relay_port = relay.listen[1]
 
     async def main() -> None:
-        coord = Coordinator(bind="tcp://127.0.0.1:*", http_bind="")
-        peers: list[Peer] = []
-        try:
-            peers += await _pair(coord, relay, b_port, got)
-            a, b = peers
+        async with _linked(relay, b_port, got) as (coord, a, b):
             relay.vanish()   # b's advertised address no longer answers; b's own connections are fine
 
             await until(lambda: _warnings(caplog, "cannot reach b"), 3 * BOUND_S + 5,
@@ -118,11 +121,6 @@ def test_a_neighbour_that_does_not_answer_is_logged_counted_shown_and_not_waited
             (a_row,) = [ln for ln in format_table(doc, width=1000).splitlines() if ln.startswith("a ")]
             assert "cannot reach b" in a_row, a_row
             assert len(_warnings(caplog, "cannot reach b")) == 1   # once, not at every redial
-        finally:
-            for p in peers:
-                await p.close()
-            await coord.close()
-            relay.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
@@ -132,11 +130,7 @@ def test_a_refused_neighbour_is_logged_once_and_again_once_it_is_back(relayed, c
     relay_port = relay.listen[1]
 
     async def main() -> None:
-        coord = Coordinator(bind="tcp://127.0.0.1:*", http_bind="")
-        peers: list[Peer] = []
-        try:
-            peers += await _pair(coord, relay, b_port, got)
-            a, b = peers
+        async with _linked(relay, b_port, got) as (coord, a, b):
             # nothing listens at b's advertised address any more (connections refused), and
             # the connection through it is cut
             relay.server.close()
@@ -156,10 +150,5 @@ def test_a_refused_neighbour_is_logged_once_and_again_once_it_is_back(relayed, c
             assert await a.send("b", "tick", timeout=5) is True
             await until(lambda: got, 5, "a's send reaching b")
             assert len(_warnings(caplog, "cannot reach b")) == 1 and len(_warnings(caplog, "reaches b")) == 1
-        finally:
-            for p in peers:
-                await p.close()
-            await coord.close()
-            relay.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
