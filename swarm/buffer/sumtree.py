@@ -15,8 +15,11 @@ over the eight or so remaining levels, not over items:
   kept ancestors with a single ``np.add.at``. Adding differences lets rounding
   error build up in the sums, so they are rebuilt exactly from the leaves after
   every ``capacity`` leaf writes (amortised, well under a microsecond per
-  write), and at once after a change more than 2^26 times the parent sum it
-  leaves, which would cancel out the other leaves' share;
+  write), and at once when a leaf falls while the largest leaf written since the
+  last rebuild is more than 2^26 times its parent's new sum and more than the
+  total: that leaf's rounding error (2^-52 of it) stays in every sum it passed
+  through, however many steps it took down, and would cancel out the other
+  leaves' share;
   :meth:`SumTree.set_range` recomputes its ancestors exactly.
 
 Beside the sums the tree keeps the smallest *positive* leaf of every block of
@@ -52,8 +55,8 @@ _BLOCK = 64
 # as a ring that is not full yet always has); over many blocks the plain one is faster.
 _FEW_BLOCKS = 4
 _INF = np.inf
-# A leaf's change past this many times its parent's new sum loses more than 2**-26 of
-# that sum to rounding (float64 keeps 2**-52 of the change).
+# A sum that once held a leaf past this many times its present value has lost more
+# than 2**-26 of it to rounding (float64 keeps 2**-52 of the leaf).
 _SWING = float(2 ** 26)
 # The ufuncs' own reductions: ndarray.min and .max go through a Python wrapper.
 _min, _max = np.minimum.reduce, np.maximum.reduce
@@ -87,6 +90,7 @@ class SumTree:
         # Ancestors of heap node i below the top: i >> 1, ..., i >> _levels.
         self._shifts = np.arange(1, self._levels + 1, dtype=np.int64)[:, None]
         self._writes = 0
+        self._peak = 0.0   # the largest leaf written since the sums were last exact
 
     # -------------------------------------------------------------- reading
     @property
@@ -168,6 +172,9 @@ class SumTree:
         t = self._tree
         old = t[heap]
         t[heap] = v
+        top = _max(v)
+        if top > self._peak:
+            self._peak = float(top)
         # Block minimum: lowering is immediate; raising a block's minimum makes it stale.
         blk = (heap - self._cap) // self._block
         vpos = np.where(v > 0, v, _INF)
@@ -178,16 +185,18 @@ class SumTree:
             # contiguous operands keep numpy on its fast path (and numpy 2.4's
             # add.at mis-adds when left to broadcast itself).
             # (Filling an array is a tenth of np.broadcast_to's Python cost.)
-            # Only a leaf that falls by more than _SWING times can change by more than
-            # _SWING times the sum it leaves (which holds the new leaf).
-            fall = old > _SWING * v
+            fell = old > v
             v -= old
             d = np.empty((self._levels, heap.size))
             d[...] = v
             np.add.at(t, (heap >> self._shifts).ravel(), d.ravel())
-            # A change far larger than the sum it leaves (a leaf of 1e20 set back to 1)
-            # cancels out the other leaves' share of that sum: rebuild exactly now.
-            if fall.any() and (-v[fall] > _SWING * t[heap[fall] >> 1]).any():
+            self._total = None
+            # A leaf far larger than the sum it leaves (one of 1e20 set back to 1, at
+            # once or in steps of 100x) left its rounding error in every sum above it,
+            # which cancels out the other leaves' share: rebuild exactly now. (Past
+            # the total, that error is no longer a negligible share of the mass.)
+            if (fell.any() and self._peak > _SWING * _min(t[heap[fell] >> 1])
+                    and self._peak > self.total):
                 self._writes = self._cap
         self._total = None
         # Added differences let rounding error build up in the sums: recompute them
@@ -238,6 +247,8 @@ class SumTree:
         t, node = self._tree, i + self._cap
         old = t.item(node)
         t[node] = value
+        if value > self._peak:
+            self._peak = value
         # The block minimum stays exact: a fresh one rescans only where the leaf raised
         # was the minimum (or the block was stale); elsewhere the new leaf can only lower it.
         b = i // self._block
@@ -285,13 +296,17 @@ class SumTree:
                     bmin[zero] = _min_positive(z, axis=1)
                 self._bmin[b0:b1] = bmin
         self._fix_runs(lo, hi - 1)
+        top = values if isinstance(values, float) else float(_max(values))
+        self._peak = max(self._peak, top)
         if start == 0 and n == self.capacity:
-            # every sum was recomputed from the leaves: no drift left. (Counted by
+            # every sum was recomputed from the leaves: no drift left, and no leaf
+            # larger than the largest there is left its rounding error. (Counted by
             # leaves, not heap nodes: with a capacity that is not a power of two the
             # run never spans the whole heap, and every set() after the first
             # `capacity` writes rebuilt the whole tree, 0.55 ms instead of 0.11 ms
             # for a DQN update's 64 priorities at 50,000 items.)
             self._writes = 0
+            self._peak = top
 
     def assign(self, leaves: np.ndarray) -> None:
         """Replace every leaf at once and rebuild the tree exactly; the leaves must be finite

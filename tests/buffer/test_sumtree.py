@@ -134,6 +134,28 @@ def test_a_leaf_that_falls_far_does_not_cancel_out_its_neighbours():
     assert t.total == 8190.0 and t.find(np.array([1.5, 2.5])).tolist() == [1, 4]
 
 
+
+def test_a_leaf_that_falls_back_in_steps_does_not_cancel_out_its_neighbours():
+    # A TD error of 1e20 that comes back down 100x per update never fell 2**26x in one
+    # write, so no rebuild came; its rounding error stayed in every sum above it. The
+    # top-level node over leaves 0..3 held -8191 (exact 4): they were never drawn, and
+    # the total was half the mass, until the rebuild `capacity` writes later.
+    t = SumTree(1 << 14)
+    t.set_range(0, np.ones(1 << 14))
+    for v in (1e20, 1e18, 1e16, 1e14, 1e12, 1e10, 1e8, 1e6, 1e4, 1e2, 1.0):
+        t.set(np.array([0]), np.array([v]))
+    assert t.total == float(1 << 14)
+    assert t.find(np.array([0.5, 1.5, 2.5, 3.5])).tolist() == [0, 1, 2, 3]
+    # the peak is counted from the last rebuild: ordinary writes after it rebuild nothing
+    rebuilt = []
+    real = t.rebuild
+    t.rebuild = lambda: (rebuilt.append(1), real())
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        t.set(rng.integers(0, 1 << 14, 64), rng.random(64))
+    assert rebuilt == []
+    np.testing.assert_allclose(t.total, t.leaves.sum(), rtol=1e-12)
+
 def test_min_follows_single_leaf_writes_that_raise_the_smallest_leaf():
     # fill_range(i, 1, v) is the one-leaf path a learner's add() takes every env step. A
     # write that raises the leaf holding its block's minimum (or one of two equal minima)
