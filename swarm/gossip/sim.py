@@ -33,6 +33,7 @@ from .. import wire
 from ..checks import is_int, is_real, rng_seed, seconds
 from ..errors import ConfigError, WireError
 from ..link import Handler, Member, View
+from ..peer.peer import check_handler_type
 from . import topology as topo
 
 __all__ = ["SimHub", "SimLink", "run_rounds", "consensus_error"]
@@ -84,9 +85,12 @@ class SimLink:
         return self._hub._send(self._id, dst, t, body, arrays, self._seq)
 
     def on(self, t: str, handler: Handler) -> None:
-        """Register the handler for message type ``t`` (one per type, last wins)."""
-        if t not in wire.known_types():
-            raise ConfigError(f"message type {t!r} is not registered; call swarm.wire.register_type first")
+        """Register the handler for message type ``t`` (one per type, last wins), as
+        :meth:`swarm.peer.Peer.on` does: ``t`` is registered in the process's wire types,
+        and swarm's own protocol types are refused (WireError)."""
+        if not callable(handler):
+            raise ConfigError(f"sim link {self._id}: on({t!r}, {handler!r:.80}): the handler must be callable")
+        check_handler_type(t, f"sim link {self._id}")
         self._handlers[t] = handler
 
     def on_view(self, callback: Callable[[View], None]) -> None:
