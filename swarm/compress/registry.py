@@ -8,7 +8,7 @@ Grammar (case-insensitive, no spaces)::
     identity | fp16
     sign[:block=256]                            block=0: one scale for the whole vector
     int8[:stochastic|:deterministic][:block=256][:seed=N]
-    qsgd[:S=16][:bucket=512][:seed=N]          e.g. qsgd:16, qsgd:4:bucket=1024
+    qsgd[:S][:bucket=512][:seed=N]             S levels, 16 if left out: qsgd:4:bucket=1024
     topk:RATIO[:values=fp16|fp8][:seed=N]       e.g. topk:0.01   (0 < RATIO <= 1)
     randomk:RATIO[:seed=N]                      e.g. randomk:0.05:seed=7
 

@@ -365,8 +365,9 @@ class Spec:
         baseline of scripts/compare_runs.py, and ``eval.every`` above it a smoke run
         that spends no time on evaluations.
 
-            >>> load_spec(None, ["budget.env_steps=500"]).warnings()
-            ['eval.every = 1000 is above budget.env_steps = 500: no greedy evaluation runs, ...']
+            >>> for line in load_spec(None, ["budget.env_steps=500"]).warnings():
+            ...     print(line)
+            eval.every = 1000 is above budget.env_steps = 500: no greedy evaluation runs, ...
         """
         g, b, steps = self.gossip, self.buffer, self.budget.env_steps
         said: list[str] = []
@@ -592,12 +593,16 @@ def default_name(spec: Spec) -> str:
 def save_resolved(spec: Spec, path: str | Path) -> Path:
     """Write the resolved spec as JSON and return the file written.
 
-    ``path`` is a ``.json`` file, or a run folder (existing or not, any path
-    without a suffix), which gets ``config.json``. The file loads back with
-    :func:`load_spec`.
+    ``path`` is a ``.json`` file, or a run folder (existing or not, any other
+    path: ``runs/lr-1e-3.v2`` too), which gets ``config.json``. The file loads back
+    with :func:`load_spec`. A ``.toml`` path is refused (ConfigError): the file
+    would be JSON that :func:`load_spec` reads as TOML; :func:`show_spec` gives TOML.
     """
     p = Path(path)
-    if p.is_dir() or not p.suffix:
+    if p.suffix.lower() == ".toml" and not p.is_dir():
+        raise ConfigError(f"save_resolved writes JSON, and {str(p)!r} would load back as TOML; give a .json "
+                          f"file or a run folder (show_spec gives the spec as TOML)")
+    if p.is_dir() or p.suffix.lower() != ".json":
         p = p / "config.json"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(to_dict(spec), indent=2, sort_keys=True) + "\n")
