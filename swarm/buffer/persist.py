@@ -584,6 +584,7 @@ def _apply_meta(buf: "ReplayBuffer", meta: dict[str, Any], lag: float) -> None:
     and so the digest stay as saved)."""
     buf._peers = list(meta["peers"])
     buf._peer_index = {p: i for i, p in enumerate(buf._peers)}
+    buf.peer_id = buf._peers[0]   # an increment's, where the buffer took its peer's id since the base
     buf._next, buf._next_seq, buf._read = int(meta["next"]), int(meta["next_seq"]), int(meta["read"])
     buf._max_p, buf._base = float(meta["max_p"]), float(meta["base"])
     buf._lag = lag
@@ -779,13 +780,14 @@ def _renumbering(path: Path, buf: "ReplayBuffer", peers: list[str], slots: np.nd
     buffer may have compacted its origin list since the full snapshot (dropping the
     ids no stored item referred to and renumbering the others): those rows are
     renumbered by name. Rows still stored then were stored when it compacted, so
-    their origins are listed.
+    their origins are listed. Origin 0 is the buffer's own under any name (one made
+    with the default id takes its peer's when federated).
     """
     old = buf._peers
-    if peers[:len(old)] == old:
+    if peers[1:len(old)] == old[1:]:
         return None                       # the list only grew: every number stays
     index = {p: i for i, p in enumerate(peers)}
-    number = np.array([index.get(p, -1) for p in old], dtype=np.int32)
+    number = np.array([0] + [index.get(p, -1) for p in old[1:]], dtype=np.int32)
     kept = np.ones(buf.capacity, dtype=bool)
     kept[slots] = False
     lost = np.unique(buf._origin[kept & (number[buf._origin] < 0)])

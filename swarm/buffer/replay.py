@@ -406,13 +406,17 @@ class ReplayBuffer:
         return idx, over, sel.size - idx.size
 
     def _take_id(self, peer_id: str) -> bool:
-        """Stamp local items with ``peer_id`` from now on, where the buffer was made with
-        the default id and holds nothing yet (a :class:`Federation` gives it its peer's
-        id); whether it did."""
+        """Name this buffer's own items (origin 0, stored and to come) ``peer_id``, where
+        the buffer has the default id and none of its other origins is ``peer_id`` (a
+        :class:`Federation` gives it its peer's id); whether it did. Items stored under the
+        default id are this buffer's own (a snapshot of the releases before the forty-sixth
+        session's, made as their docs showed, holds nothing else): they go out under it."""
         with self._lock:
-            if self.peer_id != "local" or self._next or len(self._peers) > 1:
+            if self.peer_id != "local" or peer_id in self._peer_index:
                 return False
-            self.peer_id, self._peers[0], self._peer_index = peer_id, peer_id, {peer_id: 0}
+            self.peer_id, self._peers[0] = peer_id, peer_id
+            del self._peer_index["local"]
+            self._peer_index[peer_id] = 0
             return True
 
     def _compact_peers(self) -> None:

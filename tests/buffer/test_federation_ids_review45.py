@@ -50,13 +50,14 @@ def test_a_buffer_under_another_id_is_refused_and_left_as_it_was():
     async def main():
         async with linked_pair() as (a, _b):
             named = ReplayBuffer(SCHEMA, 100, peer_id="c")
-            filled = ReplayBuffer(SCHEMA, 100)
-            filled.add(_items(range(3)))   # already stamped "local": too late to take a's id
-            for buf, shown in ((named, "'c'"), (filled, "'local'")):
+            # at the default id, but holding items of a neighbour under a's id
+            holds_a, from_a = ReplayBuffer(SCHEMA, 100), ReplayBuffer(SCHEMA, 10, peer_id="a")
+            holds_a.insert(from_a.items(from_a.add(_items(range(2)))))
+            for buf, shown in ((named, "'c'"), (holds_a, "'local'")):
                 with pytest.raises(ReplayError, match=f"the buffer's peer_id {shown} is not the link's id 'a'.*"
                                                       r"peer_id=<the peer's id>"):
                     Federation(buf, a)
-            assert (named.peer_id, filled.peer_id) == ("c", "local")
-            assert {o for o, _ in filled.ids()} == {"local"}
+            assert (named.peer_id, holds_a.peer_id) == ("c", "local")
+            assert {o for o, _ in holds_a.ids()} == {"a"}
 
     asyncio.run(asyncio.wait_for(main(), 60))
