@@ -246,8 +246,8 @@ class Coordinator:
         self._token = os.urandom(8).hex()
         self._no_active_since = 0.0
         #: when this one's loops last ran (_check_stall), and when one that was active found
-        #: that they had stalled (frozen, swapped out): until the others have answered since, it
-        #: neither probes, declares deaths nor publishes (0.0: not held)
+        #: that they had stalled (frozen, swapped out): for probe_timeout_s, and until the others
+        #: have answered since, it neither probes, declares deaths nor publishes (0.0: not held)
         self._ran_at = 0.0
         self._stalled_at = 0.0
         self._thawed_at = 0.0   # when it last found its loops had stalled (held or not)
@@ -876,26 +876,45 @@ class Coordinator:
     # ------------------------------------------------------------- timers
 
     def _check_stall(self, now: float) -> None:
-        """Notice that this one's loops did not run for more than ``takeover_s`` (a frozen
-        process, a swapped-out host), by its own clock, which every loop reads first. The
-        members' silence in that time was not theirs: their heartbeat and probe deadlines
-        move on by it. An active one with other coordinators holds (no probes, no deaths, no
-        views) until each has answered since or stayed silent for ``takeover_s``: a standby
-        may have taken its members over meanwhile. Thawed, it declared every one of them
-        dead (their connections to it had closed), published an empty view and took the
-        swarm back on a tie of epochs."""
+        """Notice that this one's loops did not run (a frozen process, a swapped-out host)
+        for more than ``zmtp_timeout_s``, after which its members drop their connections
+        to it (its ZMTP heartbeats' TTL), or ``takeover_s``, after which a standby may have
+        taken over, by its own clock, which every loop reads first. The members' silence
+        in that time was not theirs: their heartbeat and probe deadlines move on by it,
+        and an active one holds (no probes, no deaths, no views) until :meth:`_hold_over`.
+        Without the hold, the closes of their old connections, read at the thaw, were
+        probed at once, found the routes gone, and live members were declared dead before
+        their re-joins on the new connections were read (views without them went out,
+        every peer re-linked); with other coordinators, every member that had moved to a
+        standby was, and an empty view took the swarm back on a tie of epochs."""
         gap, self._ran_at = now - self._ran_at, now
-        if gap <= self.config.takeover_s:
+        if self._stalled_at and self._hold_over(now):
+            self._stalled_at = 0.0
+        if gap <= min(self.config.zmtp_timeout_s, self.config.takeover_s):
             return
         self._thawed_at = now
         for m in self.table.members.values():
             m.last_heartbeat += gap
             m.probe_deadline += gap
-        held = self.mode == "active" and bool(self.config.others)
-        if held:
+        held = ""
+        if self.mode == "active":
             self._stalled_at = now
+            held = (f"; its members have {self.config.probe_timeout_s:g} s (probe_timeout_s) to come back on "
+                    "new connections before it probes them")
+            if self.config.others:
+                held += ", and it asks the other coordinators before it serves again"
         log.warning("coordinator %s: its loops did not run for %.1f s (a stopped process or an overloaded host)%s",
-                    self.address, gap, "; asking the other coordinators before it serves again" if held else "")
+                    self.address, gap, held)
+
+    def _hold_over(self, now: float) -> bool:
+        """Whether the hold that a stall began (``_stalled_at``) is over: the members whose
+        connections closed while this one stalled have had a probe's time
+        (``probe_timeout_s``) to speak on their new ones, and each other coordinator has
+        answered since (and :meth:`_decide` has weighed it) or stayed silent ``takeover_s``.
+        A lone coordinator waits only the first."""
+        held = now - self._stalled_at
+        return held >= self.config.probe_timeout_s and (
+            held >= self.config.takeover_s or all(o["seen"] > self._stalled_at for o in self._others.values()))
 
     async def _tick_loop(self) -> None:
         cfg = self.config
@@ -1011,9 +1030,6 @@ class Coordinator:
                     log.warning("coordinator %s: coordinator %s stopped answering (its last answer %.1f s ago)",
                                 self.address, addr, now - o["seen"])
             self._decide(now)
-            if self._stalled_at and (now - self._stalled_at >= cfg.takeover_s
-                                     or all(o["seen"] > self._stalled_at for o in self._others.values())):
-                self._stalled_at = 0.0   # each other answered since (and _decide has weighed it), or is down
 
     def _on_watch_event(self, addr: str, o: dict[str, Any], ev: dict[str, Any], now: float) -> None:
         """Follow how the attempts to reach another coordinator end. A handshake that fails

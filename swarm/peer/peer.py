@@ -2180,15 +2180,24 @@ class Peer:
     def _check_reach(self, now: float) -> None:
         """Log once (and count) each link that has had no handshake for
         :data:`LINK_CONNECT_TIMEOUT_S`: its member cannot be reached, and sends to it
-        fail at once until a handshake succeeds (:meth:`_on_link_handshake`)."""
+        fail at once until a handshake succeeds (:meth:`_on_link_handshake`). Why the view
+        still lists it depends on the coordinator: one this peer's connection reaches
+        reaches the member too (over the member's own connection); one that does not
+        answer (killed, frozen) reaches nobody, and drops no member that died or froze.
+        Not by when this peer last heard it: a coordinator sends a member nothing while
+        the view stands still."""
         for pid, link in self._links.items():
             if link.down_since and not link.unreachable and now - link.down_since > LINK_CONNECT_TIMEOUT_S:
                 link.unreachable = True
                 why = link.dial.failure or link.why or "its address does not answer a connection"
-                log.warning("peer %s: cannot reach %s at %s for %.0f s: %s. The view still lists %s (the "
-                            "coordinator reaches it over its own connection): check that its address (its "
-                            "peer.advertise) takes connections from this host. Sends to it fail at once until "
-                            "it answers", self.id, pid, link.addr, now - link.down_since, why, pid)
+                if self._dials[self._active].up:
+                    listed = f"The view still lists {pid} (the coordinator reaches it over its own connection): check"
+                else:
+                    listed = (f"The coordinator {self.config.coordinators[self._active]} does not answer either, so "
+                              f"the view cannot drop {pid} if it died or froze; if {pid} runs, check")
+                log.warning("peer %s: cannot reach %s at %s for %.0f s: %s. %s that its address (its peer.advertise) "
+                            "takes connections from this host. Sends to it fail at once until it answers",
+                            self.id, pid, link.addr, now - link.down_since, why, listed)
         self._count_unreachable()
 
     def _count_unreachable(self) -> None:
