@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from bench_learning import SWARM_PARAMS, _sigterm_exits, changed_keys
+from swarm.cli import user_path
 from swarm.errors import ConfigError, SwarmError
 from swarm.experiment import load_spec, run_experiment
 from swarm.experiment.launch import new_run_dir, read_csv
@@ -249,7 +250,7 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     help="a spec override for every run, e.g. --set dqn.lr=0.004 (not of a key the experiment "
                          "varies, nor seed or name)")
-    ap.add_argument("--out", type=Path, default=None,
+    ap.add_argument("--out", type=lambda v: Path(user_path(v)), default=None,
                     help="output folder (default a new runs/compare-<experiment>-<time>, with -1, -2 ... added "
                          "when another comparison took that name)")
     args = ap.parse_args()

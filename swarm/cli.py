@@ -839,7 +839,7 @@ def format_status(st: dict[str, Any]) -> str:
     """A coordinator's ``status`` reply as `swarm status` prints it: one line per member,
     a member that left shown as ``left``, and after an alive one's neighbours those its
     links cannot reach."""
-    from .coordinator.report import has_left, unreachable_ids
+    from .coordinator.report import has_left, pad, unreachable_ids
 
     lines = [f"coordinator {st['coordinator']}  epoch {st['epoch']}  uptime {st['uptime_s']:.1f} s  "
              f"members {len(st['view']['members'])}"]
@@ -858,10 +858,11 @@ def format_status(st: dict[str, Any]) -> str:
         unreachable = unreachable_ids(r.get("stats")) if r["state"] != "dead" else []
         if unreachable:   # its links cannot reach them, though the coordinator lists them
             neighbours += f"  (cannot reach {','.join(unreachable)})"
-        # each cell escaped before it is padded: escaped after, a control character
-        # in an address took four columns of the padding's one
-        lines.append(f"{printable(r['id']):<20} {r['rank']:>4} {printable(state):<8} {age:>7} {linked:>6}  "
-                     f"{printable(r['addr']):<24} {printable(neighbours)}")
+        # each cell escaped before it is padded (escaped after, a control character in an
+        # address took four columns of the padding's one), and padded by the columns it
+        # takes on the screen (a wide character takes two, a combining one none)
+        lines.append(f"{pad(r['id'], 20)} {r['rank']:>4} {pad(state, 8)} {age:>7} {linked:>6}  "
+                     f"{pad(r['addr'], 24)} {printable(neighbours)}")
     # what peers sent (ids, neighbours) must not reach the terminal as control characters
     return "\n".join(printable(line) for line in lines)
 
@@ -907,6 +908,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     from .coordinator.report import PeerRates, format_table, status_document
 
     rates = PeerRates()
+    # a terminal's screen is cleared for each redraw; a file, a pipe, or a terminal that
+    # cannot clear (TERM=dumb: an Emacs shell) gets the tables one after another, each
+    # after a line with the time it was taken, not the escapes
+    clear = sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
     # Ends on Ctrl-C as `swarm run` and `swarm peer` do, also when started with SIGINT
     # ignored (a background job of a non-interactive shell), where Ctrl-C would do nothing.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -921,7 +926,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                 raise
             except SwarmError as e:
                 text = f"{time.strftime('%H:%M:%S')}  {e}"
-            sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+            if clear:
+                sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+            else:
+                sys.stdout.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}\n{text}\n")
             sys.stdout.flush()
             time.sleep(args.interval)
     except KeyboardInterrupt:
@@ -1018,6 +1026,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise SwarmError(f"{p}: not a regular file or folder")
         else:
             raise SwarmError(f"{p}: no such file or folder")
+    from .coordinator.report import columns, pad
     from .experiment.checkpoint import load_policy
     from .rl.train import evaluate
 
@@ -1027,13 +1036,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if "spec_error" in meta:
             print(f"swarm eval: {f}: its spec no longer loads whole ({meta['spec_error']}); playing it with its "
                   f"env ({spec.env}) and dqn settings", file=sys.stderr, flush=True)
-    # escaped: a path that is not UTF-8 failed the print on a strict stdout
-    width = max(len("policy"), *(len(printable(f)) for f in files))
+    # escaped (a path that is not UTF-8 failed the print on a strict stdout), and padded by
+    # the columns it takes on the screen
+    width = max(len("policy"), *(columns(f) for f in files))
     print(f"{'policy':<{width}} {'steps':>7} {'eval then':>9} {'mean':>7} {'min':>6} {'max':>6}")
     for f, agent, spec, meta in policies:
         returns = evaluate(spec.env, agent, episodes=args.episodes, seed=args.seed)
         then = meta.get("eval_return")
-        print(f"{printable(f):<{width}} {meta.get('env_steps', '-'):>7} "
+        print(f"{pad(f, width)} {meta.get('env_steps', '-'):>7} "
               f"{(f'{then:.1f}' if then is not None else '-'):>9} "
               f"{sum(returns) / len(returns):>7.1f} {min(returns):>6.0f} {max(returns):>6.0f}", flush=True)
     return 0
@@ -1079,6 +1089,14 @@ class _Parser(argparse.ArgumentParser):
             file.flush()   # a full disk fails at the flush, after the write went to the buffer
 
 
+def user_path(value: str) -> str:
+    """A file or folder given on the command line, ``~`` (or ``~USER``) at its start
+    expanded to the home folder (argparse's ``type`` of every option that names one): a
+    shell expands it only at the start of a word, so in ``--run-dir=~/x`` it came as a
+    ``~`` that made a folder of that name in the current one."""
+    return os.path.expanduser(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="swarm", description="Decentralized RL over ZeroMQ gossip.")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
@@ -1093,9 +1111,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("coordinator", help="run a coordinator (membership and failover only)", parents=[loud])
     c.add_argument("--bind", default=None, help=f"address to bind (default tcp://127.0.0.1:{DEFAULT_PORT})")
-    c.add_argument("--keys", help="CurveZMQ key folder (from `swarm keys generate`): encrypt and authenticate")
+    c.add_argument("--keys", type=user_path,
+                   help="CurveZMQ key folder (from `swarm keys generate`): encrypt and authenticate")
     c.add_argument("--others", help="comma-separated addresses of the other coordinators (primary/standbys)")
-    c.add_argument("--config", help="TOML or JSON config file")
+    c.add_argument("--config", type=user_path, help="TOML or JSON config file")
     c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
     c.set_defaults(func=cmd_coordinator)
 
@@ -1108,15 +1127,17 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--rank", type=int, help="requested rank (else SWARM_RANK, SLURM_PROCID or RANK; with "
                    "--replace, the dead member's)")
     q.add_argument("--topology", help="ring, grid, torus, exponential, full ...")
-    q.add_argument("--keys", help="CurveZMQ key folder (from `swarm keys generate`)")
+    q.add_argument("--keys", type=user_path, help="CurveZMQ key folder (from `swarm keys generate`)")
     q.add_argument("--key-name", default=None, help="this peer's key pair in --keys (default peer)")
-    q.add_argument("--config", help="TOML or JSON config file")
+    q.add_argument("--config", type=user_path, help="TOML or JSON config file")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value")
-    q.add_argument("--spec", help="experiment spec (e.g. a run's config.json): train this peer's share of it")
-    q.add_argument("--run-dir", help="with --spec: the run folder this peer writes into (peer{RANK}/); default "
-                   "runs/NAME-peerRANK (NAME the spec's name), where a fresh start is refused if an earlier run "
-                   "is there")
-    q.add_argument("--resume", "--resume-from", dest="resume_from", metavar="RUN_DIR",
+    q.add_argument("--spec", type=user_path,
+                   help="experiment spec (e.g. a run's config.json): train this peer's share of it")
+    q.add_argument("--run-dir", type=user_path,
+                   help="with --spec: the run folder this peer writes into (peer{RANK}/); default "
+                        "runs/NAME-peerRANK (NAME the spec's name), where a fresh start is refused if an earlier "
+                        "run is there")
+    q.add_argument("--resume", "--resume-from", dest="resume_from", metavar="RUN_DIR", type=user_path,
                    help="with --spec: start from the newest checkpoint in RUN_DIR/peer{RANK}/ckpt/ "
                         "(parameters, optimizer, buffer, counters) and train what is left of the budget")
     q.add_argument("--new-run", action="store_true",
@@ -1128,7 +1149,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--coordinator", help="coordinator address(es), comma-separated: the first that answers "
                    "(else SWARM_COORDINATOR or MASTER_ADDR)")
     s.add_argument("--json", action="store_true", help="print JSON")
-    s.add_argument("--keys", help="CurveZMQ key folder, when the swarm uses keys")
+    s.add_argument("--keys", type=user_path, help="CurveZMQ key folder, when the swarm uses keys")
     s.add_argument("--key-name", help=f"key pair to authenticate with (default {STATUS_KEY_NAME})")
     s.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer (default 2)")
     s.add_argument("--watch", action="store_true", help="redraw a live table (with rates) until Ctrl-C")
@@ -1137,16 +1158,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("keys", help="CurveZMQ keys: `swarm keys generate DIR`", parents=[loud])
     k.add_argument("action", choices=["generate"], help="what to do")
-    k.add_argument("dir", help="key folder to create, or an existing one to add new key pairs to")
+    k.add_argument("dir", type=user_path, help="key folder to create, or an existing one to add new key pairs to")
     k.add_argument("--names", default="coordinator,peer",
                    help="comma-separated key pair names (default coordinator,peer; coordinator is added "
                         "when DIR has no coordinator.key); an existing key is never overwritten")
     k.set_defaults(func=cmd_keys)
 
     r = sub.add_parser("run", help="run an experiment: a coordinator and N peers on this host", parents=[loud])
-    r.add_argument("spec", nargs="?", help="spec file (TOML or JSON); none runs the built-in default")
+    r.add_argument("spec", nargs="?", type=user_path,
+                   help="spec file (TOML or JSON); none runs the built-in default")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec value")
-    r.add_argument("--resume", metavar="RUN_DIR",
+    r.add_argument("--resume", metavar="RUN_DIR", type=user_path,
                    help="continue a run from its checkpoints (its config.json is the spec; a new run folder)")
     r.add_argument("--show", action="store_true",
                    help="print the resolved spec as TOML, every key with its help, and exit without running "
@@ -1155,7 +1177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="greedy episodes of saved policies: best.pt, checkpoint.pt or run folders",
                        parents=[loud])
-    e.add_argument("paths", nargs="+", metavar="PATH",
+    e.add_argument("paths", nargs="+", metavar="PATH", type=user_path,
                    help="a peer's best.pt or checkpoint.pt, or a run folder (each peer's best.pt, else its "
                         "checkpoint.pt)")
     e.add_argument("--episodes", type=int, default=10, help="episodes per policy (default 10)")
@@ -1168,7 +1190,8 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--ray", nargs="?", const=_RAY_ALONE, metavar="ADDRESS",
                     help="place the peers on a Ray cluster (auto, HOST:PORT, ray://HOST:10001; none: "
                          "RAY_ADDRESS or a local Ray); needs Ray: pip install 'ray>=2.9'")
-    la.add_argument("spec", nargs="?", help="spec file (TOML or JSON); none runs the built-in default")
+    la.add_argument("spec", nargs="?", type=user_path,
+                    help="spec file (TOML or JSON); none runs the built-in default")
     la.add_argument("--per-node", type=int, default=1, help="peers per node (spec's peers = nodes x this; default 1)")
     la.add_argument("--cpus-per-peer", type=float, default=1.0, help="CPUs each peer actor reserves (default 1.0)")
     la.add_argument("--host", help="address the coordinator and peers bind (default: each node's own address)")

@@ -181,6 +181,19 @@ def _fit(s: Any, width: float) -> tuple[str, int]:
     return "".join(out), used
 
 
+def pad(s: Any, cols: int) -> str:
+    """``s`` as :func:`printable` shows it, with spaces after it up to ``cols`` terminal
+    columns (not cut where it takes more): ``f"{s:<{cols}}"`` by what a terminal shows,
+    where that counts characters (a wide one takes 2 columns, a combining one none)."""
+    text, used = _fit(s, math.inf)
+    return text + " " * (cols - used)
+
+
+def columns(s: Any) -> int:
+    """The terminal columns that ``s`` takes as :func:`printable` shows it."""
+    return _fit(s, math.inf)[1]
+
+
 def _row(cells: list[tuple[Any, int | None]], width: int) -> str:
     """One terminal line of ``(text, columns)`` cells, each shown through :func:`printable`,
     cut and padded to its columns by what the terminal shows (None: as wide as it is), so

@@ -87,6 +87,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import csv
+import errno
 import json
 import math
 import io
@@ -129,16 +130,32 @@ def new_run_dir(root: Path, name: str) -> Path:
     """Create and return a fresh folder ``root/NAME-YYYYmmdd-HHMMSS`` (``-1``, ``-2``, ...
     when a run of that name started the same second); a clear SwarmError when it cannot."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SwarmError(f"cannot create the run folder {root / f'{name}-{stamp}'}: "
+                         f"{_in_the_way(root, e)}") from None
     for i in range(100):
         d = root / (f"{name}-{stamp}" if i == 0 else f"{name}-{stamp}-{i}")
         try:
-            d.mkdir(parents=True)
+            d.mkdir()   # only its own "exists" says that the name is taken
             return d
         except FileExistsError:
             continue
-        except OSError as e:  # e.g. runs is a file, or the folder is read-only
+        except OSError as e:  # e.g. the folder is read-only
             raise SwarmError(f"cannot create the run folder {d}: {e.strerror or e}") from None
     raise SwarmError(f"cannot make a fresh run folder under {root} for {name!r}")
+
+
+def _in_the_way(root: Path, e: OSError) -> str:
+    """Why ``root`` (or a folder above it, the one ``e`` names) cannot be made: a link to a
+    target that is gone (a scratch disk not mounted, or purged) is named with its target."""
+    part = Path(e.filename) if e.filename else root
+    if os.path.islink(part) and not os.path.exists(part):   # (both False where part cannot be looked at)
+        return f"{part} is a symbolic link to {os.readlink(part)}, which does not exist"
+    if isinstance(e, FileExistsError):   # a file there
+        return f"{part}: {os.strerror(errno.ENOTDIR)}"
+    return f"{part}: {e.strerror or e}"
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -626,6 +643,9 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     replay-buffer settings than the buffers in ``ckpt/`` keep, raises
     :class:`~swarm.errors.ConfigError` before anything starts.
 
+    The run folder is made in ``runs_root``. It and ``resume`` may start with ``~``, the
+    user's home folder, as in a shell.
+
         >>> r = run_experiment(None, ["peers=2", "budget.env_steps=2000"], stream=io.StringIO())
         >>> r.exit_code, r.run_dir, [p["final_mean_return"] for p in r.summary]
     """
@@ -633,7 +653,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     out = _Output(stream or sys.stderr)
     prev: Path | None = None
     if resume is not None:
-        prev = Path(resume)
+        prev = Path(resume).expanduser()
         if spec_path is not None:
             raise ConfigError("give either a spec or a run folder to resume, not both")
         try:
@@ -663,7 +683,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         if missing:
             raise _no_checkpoint(prev, spec, missing)
         check_resume_kept(prev, spec, range(spec.peers))   # every peer's, before anything starts
-    run_dir = new_run_dir(Path(runs_root), spec.name)
+    run_dir = new_run_dir(Path(runs_root).expanduser(), spec.name)
     config = save_resolved(spec, run_dir)
     peers = f"{spec.peers} peer{'s' if spec.peers != 1 else ''}"
     print(f"swarm run: {spec.name}: {peers} on a {spec.gossip.topology.replace('_', ' ')} graph, {spec.env}, "

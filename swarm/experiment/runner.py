@@ -456,6 +456,28 @@ class _Rows:
             self._failed(self._name, e, "its rows are lost while this lasts; training goes on")
 
 
+def _tb_logdir(path: Path) -> tuple[str | None, int | None]:
+    """A name of the folder ``path`` that TensorBoard's writer can use, and the file
+    descriptor to keep open while it does (None when the name needs none), or
+    ``(None, None)`` when there is no such name.
+
+    TensorBoard turns a file name into bytes as UTF-8, not as the file system does
+    (os.fsencode): a name that is not UTF-8 in this locale (a non-ASCII one under a
+    Latin-1 locale, one holding Latin-1 bytes under a UTF-8 one) named another file, or
+    none. Linux reaches an open folder by the ASCII name ``/proc/self/fd/N`` too."""
+    name = str(path)
+    try:
+        if name.encode("utf-8") == os.fsencode(name):
+            return name, None
+    except UnicodeEncodeError:   # a byte that is not UTF-8, kept as a lone surrogate
+        pass
+    if not os.path.isdir("/proc/self/fd"):
+        return None, None
+    path.mkdir(exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}", fd
+
+
 class _Logs:
     """The peer's CSV files and (optionally) TensorBoard writer.
 
@@ -479,6 +501,7 @@ class _Logs:
         self._failed = failed or _Unwritten(-1)
         self._files = []
         self.tb = None
+        self._tb_fd: int | None = None   # tb/ kept open for the writer, which names it /proc/self/fd/N
         self._summary: Any = None   # tensorboard's Summary proto, with the writer
         self._events: list[tuple[Any, int, float]] = []   # (summary, step, wall time) not yet handed over
         try:
@@ -492,10 +515,16 @@ class _Logs:
                 except ImportError:
                     log.warning("tensorboard is not installed; no event files (pip install 'tensorboard>=2.15')")
                 else:
-                    # the events past upto, like the CSV rows dropped, are logged again now
-                    purge = upto + 1 if append and upto is not None else None
-                    self.tb = SummaryWriter(str(out / "tb"), flush_secs=10, purge_step=purge)
-                    self._summary = Summary
+                    logdir, self._tb_fd = _tb_logdir(out / "tb")
+                    if logdir is None:
+                        log.warning("TensorBoard events disabled: TensorBoard cannot name %s (it encodes file "
+                                    "names as UTF-8, which this one is not in this locale, and there is no "
+                                    "/proc/self/fd to reach it by)", out / "tb")
+                    else:
+                        # the events past upto, like the CSV rows dropped, are logged again now
+                        purge = upto + 1 if append and upto is not None else None
+                        self.tb = SummaryWriter(logdir, flush_secs=10, purge_step=purge)
+                        self._summary = Summary
         except BaseException:
             # the files opened before the one that failed are closed now, not whenever the
             # error's traceback (which holds them) goes
@@ -504,6 +533,7 @@ class _Logs:
                     f.close()
                 except OSError:
                     pass   # a header that did not fit: the caller reports the failure that came first
+            self._close_tb_fd()
             raise
 
     def _csv(self, path: Path, fields: list[str]) -> _Rows:
@@ -568,6 +598,12 @@ class _Logs:
             tb.close()
         except OSError:
             pass   # what it still held is lost
+        self._close_tb_fd()
+
+    def _close_tb_fd(self) -> None:
+        if self._tb_fd is not None:
+            os.close(self._tb_fd)
+            self._tb_fd = None
 
     def flush(self) -> None:
         self._hand_over()
@@ -590,6 +626,7 @@ class _Logs:
                 self.tb.close()
             except OSError as e:
                 self._failed("tb/", e, "its last events are lost")
+        self._close_tb_fd()
 
 
 class _State:

@@ -433,11 +433,11 @@ def test_status_watch_redraws_until_ctrl_c(procs):
         procs.start("peer", "--coordinator", addr, "--id", f"w{i}", name=f"w{i}")
     watch = procs.start("status", "--coordinator", addr, "--watch", "--interval", "0.2", name="watch")
     def both_shown() -> bool:   # w1 alone raced w0's join under load
-        frames = procs.log(watch).split("\x1b[2J")
+        frames = re.split(r"^--- .*\n", procs.log(watch), flags=re.MULTILINE)
         return len(frames) > 3 and all(w in frames[-1] for w in ("w0", "w1"))
 
     wait_for(both_shown, 20, what="three redraws showing both peers")
     watch.send_signal(signal.SIGINT)
     assert watch.wait(5) == 0
-    last = procs.log(watch).split("\x1b[2J")[-1]
+    last = re.split(r"^--- .*\n", procs.log(watch), flags=re.MULTILINE)[-1]
     assert "steps/s" in last and "w0" in last and "alive" in last

@@ -126,7 +126,7 @@ def test_watch_rates_are_stamped_when_the_figures_arrived(procs):
         d.close(0)
 
     rates = []
-    for frame in procs.log(watch).split("\x1b[2J")[1:]:
+    for frame in re.split(r"^--- .*\n", procs.log(watch), flags=re.MULTILINE)[1:]:
         row = next((ln.split() for ln in frame.splitlines() if ln.startswith("steady ")), None)
         if row is not None and row[2] == "alive" and row[4] != "-":
             rates.append(_si(row[4]))
