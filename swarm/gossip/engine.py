@@ -20,11 +20,13 @@ Streams and copies
     version; a receiver holds one copy per sender with that version, for its
     most recently heard-from senders only (:meth:`Gossip._drop_unused_copies`).
 
-    A receiver that is new to a stream, whose send failed, or that reports a gap
-    (``gsp_nack``) is sent the *full* public copy (dense float32) instead of a
-    delta, so nobody ever applies a delta to a copy it never had. A stream that
-    restarts (forgotten, or after bootstrap()) takes versions above every version
-    the engine has sent, so none is one the receiver still holds from before.
+    Every stream starts from x itself (x̂ = x), new or restarted (forgotten, its
+    receiver back in the view, after bootstrap()), and its versions start above
+    every version the engine has sent, so none is one the receiver still holds
+    from before. A receiver that is new to a stream, whose send failed, or that
+    reports a gap (``gsp_nack``) is sent the *full* public copy (dense float32)
+    instead of a delta, so nobody ever applies a delta to a copy it never had: a
+    stream's first message to each receiver is a full state.
 
     With the identity codec x̂ becomes x exactly each round, so every message is
     the full state (a snapshot of x: the same bytes as the delta) and receivers
@@ -111,12 +113,6 @@ MODES = ("params", "pseudo_gradient")
 # streams the least recently used is forgotten (its next meeting starts full).
 # The one-peer exponential graph keeps its τ = ceil(log2 n) receivers' streams.
 _MAX_EDGE_STREAMS = 8
-
-# Streams dropped because their receiver left the view are remembered (their keys
-# only) for this many receivers, the latest to leave: one that comes back gets a
-# restarted stream, full and above the old versions (see Gossip._stream_for), not a
-# new one from version 1 that its old copy could take for its own.
-_FORGOTTEN_LEFT = 256
 
 # Receivers keep the copies of this many times as many senders as a sender keeps
 # streams (see Gossip._drop_unused_copies), the most recently heard from. A copy is
@@ -282,11 +278,9 @@ def _give_back(free: list[np.ndarray], buf: np.ndarray, keep: int = 2) -> None:
         free.append(buf)
 
 
-def _zeros(d: int, written: bool) -> np.ndarray:
-    """float32 zeros; ``written`` writes every page now instead of at first use
-    (see :meth:`Gossip._preallocate`)."""
-    if not written:
-        return np.zeros(d, np.float32)
+def _written_zeros(d: int) -> np.ndarray:
+    """float32 zeros with every page written now instead of at first use (see
+    :meth:`Gossip._snapshot`)."""
     a = np.empty(d, np.float32)
     a.fill(0.0)
     return a
@@ -295,9 +289,8 @@ def _zeros(d: int, written: bool) -> np.ndarray:
 class _OutStream:
     """One public copy x̂ of our own vector, and who holds it at which version."""
 
-    def __init__(self, d: int, codec: Any, shared: list[np.ndarray] | None = None, written: bool = False):
-        self.hat = _zeros(d, written)
-        self.zeroed = written   # hat is all zeros in pages already written: decode into it
+    def __init__(self, d: int, codec: Any, shared: list[np.ndarray] | None = None):
+        self.hat = np.zeros(d, np.float32)   # x once started, or the identity snapshot (see Gossip.round)
         self.ver = 0
         self.codec = codec
         self.synced: set[str] = set()
@@ -313,8 +306,6 @@ class _OutStream:
         (Identity, whose frames would alias it, sends state and never comes here;
         the engine refuses other aliasing codecs, since a zero-copy transport may
         still be sending such a frame when the next round rewrites it.)"""
-        if self.ver == 0:
-            return x, _finite(x)   # x − 0, read once by a codec that keeps none of it
         if not self._shared:
             self._shared.append(np.empty_like(self.hat))
         out = self._shared[0]
@@ -324,9 +315,8 @@ class _OutStream:
 class _InCopy:
     """Our copy of a sender's public stream, and its messages not yet applied."""
 
-    def __init__(self, d: int, codec: Any, written: bool = False):
-        self.hat = _zeros(d, written)
-        self.zeroed = written   # as in _OutStream
+    def __init__(self, d: int, codec: Any):
+        self.hat = np.zeros(d, np.float32)
         self.ver = -1          # -1: never had a full state, so deltas cannot apply
         self.round = -1        # round of the last message applied
         self.codec = codec
@@ -484,12 +474,10 @@ class Gossip:
         self._per_edge = topology in topo.TIME_VARYING
         self._sends_state = probe.name == "identity"   # see round()
         self._out: OrderedDict[str, _OutStream] = OrderedDict()  # key "" = broadcast stream
-        # keys of streams dropped mid-run, oldest first (see _stream_for, _drop_stream)
-        self._forgotten: dict[str, None] = {}
-        # Above every version a dropped stream of this engine reached: a restarted
-        # stream's versions start here (see _stream_for). From the time in µs, as the
-        # relay numbers its gradients: a process restarted under its old id (and
-        # bootstrapped) does not reuse its dead process's versions either.
+        # Above every version a dropped stream of this engine reached: a stream's
+        # versions start here (see _start). From the time in µs, as the relay numbers
+        # its gradients: a process restarted under its old id does not reuse its dead
+        # process's versions either.
         self._ver_floor = time.time_ns() // 1000
         self._in: OrderedDict[str, _InCopy] = OrderedDict()   # least recently heard from first
         self._arrived = asyncio.Event()
@@ -499,6 +487,7 @@ class Gossip:
         # per round, while a merely slow neighbour is waited for as the mode says.
         # (Not before this peer's first averaging round: see round().)
         self._late: set[str] = set()
+        self._size_warned: set[str] = set()   # senders warned of for a model of another size (_reject_size)
         self._bytes_in = 0
         self._rejected = 0
         self._steps = 0
@@ -523,7 +512,7 @@ class Gossip:
         # identity snapshots: written buffers that come back once sent and replaced
         self._free_snapshots: list[np.ndarray] = []
         if self._sends_state:
-            self._free_snapshots += [_zeros(self.d, written=True) for _ in range(2)]
+            self._free_snapshots += [_written_zeros(self.d) for _ in range(2)]
         else:
             self._preallocate()
         # last: a constructor that raised left no handlers behind (an engine nobody could
@@ -581,15 +570,17 @@ class Gossip:
         return view, finite
 
     def _preallocate(self) -> None:
-        """Allocate and write the public copies of the first rounds' neighbours now.
+        """Allocate and write our public copies for the first rounds' receivers now.
 
         Writing fresh pages costs more than a round's arithmetic: the first fp16
-        round of 4 peers at d = 1e7 spent most of its time casting into new
+        round of 4 peers at d = 1e7 spent most of its time writing into new
         copies while ZeroMQ's I/O thread faulted in receive buffers (measured
         0.1 s of CPU per 40 MB copy against 0.005 s into written pages). A peer
-        built before its first round pays that here. Identity streams need no
-        copies of their own (see round()). Neighbours that arrive later get their
-        copies on first contact, as before."""
+        built before its first round pays that here; its first round copies x into
+        them (see _start). The neighbours' copies need none: a stream's first
+        message is a full state, which the receiver keeps as it came. Identity
+        streams need no copies of their own (see round()). Receivers that come
+        later get their streams on first contact, as before."""
         me = self._view.index(self.link.id)
         n = len(self._view.members)
         if me < 0 or n < 2:
@@ -597,14 +588,11 @@ class Gossip:
         rounds = max(1, (n - 1).bit_length()) if self.topology == "one_peer_exponential" else 1
         for t in range(self.t, self.t + rounds):
             try:
-                _, senders, receivers, _ = self._positions_uncached(t)
+                _, _, receivers, _ = self._positions_uncached(t)
             except ConfigError:   # a view the topology cannot take (a hypercube of 3): the round says so
                 return
-            for j in senders:
-                if j not in self._in:
-                    self._in[j] = _InCopy(self.d, make_codec(self.codec_spec), written=True)
-            for j in receivers:
-                self._stream_for(j, written=True)
+            for s in {id(s): s for s in map(self._stream_for, receivers)}.values():
+                s.hat.fill(0.0)
 
     # ------------------------------------------------------------ topology
 
@@ -637,8 +625,7 @@ class Gossip:
     def _on_view(self, view: View) -> None:
         # Neighbours follow the new view at the next round (a round in flight mixes
         # by it when a sender of the round left: see _senders_now); copies of peers that left are dropped so a later
-        # return starts from a full state, and so are streams to them, remembered
-        # as forgotten (the latest _FORGOTTEN_LEFT to leave) for the same reason.
+        # return starts from a full state, and so are streams to them, for the same reason.
         if view.epoch < self._view.epoch:
             return
         self._view = view
@@ -647,10 +634,8 @@ class Gossip:
             del self._in[src]
         for key in [k for k in self._out if k and k not in present]:
             self._drop_stream(key)
-        left = [k for k in self._forgotten if k and k not in present]
-        for k in left[:max(0, len(left) - _FORGOTTEN_LEFT)]:
-            del self._forgotten[k]
         self._late &= present   # a member that comes back under its id is waited for again
+        self._size_warned &= present   # and warned of again
         for s in self._out.values():
             s.synced &= present
         for donor, _, _, fut in self._boot.values():   # a bootstrap asks the next donor at once
@@ -701,6 +686,18 @@ class Gossip:
         # hold a line break and so forge lines in the log
         log.debug("gossip: rejected message from %r: %s", src, why)
 
+    def _reject_size(self, src: str, n: int | None, why: str) -> None:
+        """Reject a state or delta of the wrong size from ``src``, as :meth:`_reject`; the
+        first one of ``n`` values, not ``d``, from each sender is logged as a warning.
+
+        A neighbour with a model of another size is refused every round, for good: at
+        DEBUG only, its rounds were no-ops that nothing explained."""
+        self._reject(src, "rejected_size", why)
+        if n is not None and n != self.d and src not in self._size_warned:
+            self._size_warned.add(src)
+            log.warning("gossip: neighbour %r gossips %d values, this engine has %d (a different model?): "
+                        "its states are dropped, each counted in stats.rejected_size", src, n, self.d)
+
     def _apply_pending(self, src: str, copy: _InCopy, upto: int | None) -> list[int]:
         """Apply queued messages of ``src`` in order, up to round ``upto``; returns
         versions that failed to apply (each gets a nack)."""
@@ -713,7 +710,9 @@ class Gossip:
             copy.pending.popleft()
             if msg.t == T_FULL:
                 if len(msg.arrays) != 1 or msg.arrays[0].dtype != np.float32 or msg.arrays[0].size != self.d:
-                    self._reject(src, "rejected_size", f"full state is not float32[{self.d}]")
+                    got = ", ".join(f"{a.dtype}[{a.size}]" for a in msg.arrays) or "no array"
+                    n = msg.arrays[0].size if len(msg.arrays) == 1 else None
+                    self._reject_size(src, n, f"full state is {got}, expected float32[{self.d}]")
                     gaps.append(ver)
                     continue
                 a = msg.arrays[0].reshape(-1)
@@ -726,12 +725,8 @@ class Gossip:
                     copy.hat = a   # the received buffer is ours alone: keep it, no copy
                 else:
                     np.copyto(copy.hat, a)
-                copy.ver, copy.round, copy.zeroed = ver, r, False
+                copy.ver, copy.round = ver, r
                 continue
-            zero = ver == 1 and msg.body.get("zero") is True
-            if zero:
-                # the stream's first delta, taken against an all-zero copy: start from zero
-                copy.ver = 0
             if copy.ver < 0 or ver != copy.ver + 1:
                 self.stats.out_of_sync += 1
                 copy.ver = -1
@@ -745,7 +740,7 @@ class Gossip:
                 continue
             n = meta.get("n")
             if isinstance(n, int) and not isinstance(n, bool) and n != self.d:
-                self._reject(src, "rejected_size", f"delta has {n} values, expected {self.d}")
+                self._reject_size(src, n, f"delta has {n} values, expected {self.d}")
                 copy.ver = -1
                 gaps.append(ver)
                 continue
@@ -756,21 +751,11 @@ class Gossip:
                 copy.ver = -1
                 gaps.append(ver)
                 continue
-            new_array = zero and not copy.zeroed
-            copy.zeroed = False   # from here on the copy may hold anything
-            scale = copy_scale(meta)   # 1 but for QSGD that is no contraction
             try:
                 # straight into the copy: the codec checks everything before it writes
                 with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked below
-                    if new_array and scale == 1.0:
-                        # the copy is the decoded delta itself: one pass into a new
-                        # array, not zero-fill then add (two passes over d)
-                        copy.hat = copy.codec.decode(Encoded(meta, list(msg.arrays)), self.d)
-                    else:
-                        # (a scaled delta goes into zeros, as the sender's does: same floats)
-                        hat = np.zeros(self.d, np.float32) if new_array else copy.hat
-                        copy.codec.decode_into(Encoded(meta, list(msg.arrays)), hat, scale)
-                        copy.hat = hat
+                    # scale: 1 but for QSGD that is no contraction
+                    copy.codec.decode_into(Encoded(meta, list(msg.arrays)), copy.hat, copy_scale(meta))
             except Exception as e:  # a codec may raise anything on hostile meta
                 self._reject(src, "rejected_malformed", f"codec could not decode: {e}")
                 copy.ver = -1
@@ -1001,45 +986,52 @@ class Gossip:
 
     # ------------------------------------------------------------ a round
 
-    def _stream_for(self, dst: str, written: bool = False) -> _OutStream:
+    def _stream_for(self, dst: str) -> _OutStream:
+        """The stream to ``dst``: the one kept, or a new one, which the next round
+        starts (see :meth:`_start`)."""
         key = dst if self._per_edge else ""
         s = self._out.get(key)
         if s is not None:
             self._out.move_to_end(key)
             return s
-        s = _OutStream(self.d, make_codec(self.codec_spec), self._shared_delta, written)
-        if key in self._forgotten and not self._sends_state:
-            # A forgotten stream (random pairing past _MAX_EDGE_STREAMS partners, a
-            # receiver that left the view and came back, or after bootstrap())
-            # restarts from x itself, sent full. From zero, its first deltas (top-k
-            # of x) left both ends' copies sparse and pulled x towards them at every
-            # restart: top-10% over 16 live peers stayed at 0.25 of the starting
-            # consensus error after 800 rounds (8 peers: 2e-5).
-            if not _fill_finite(s.hat, self.x):
-                raise self._nonfinite()
-            # Its versions start above every version this engine has sent, so the
-            # receiver never holds one of them from the stream's earlier life. From
-            # version 1 again, its first message (a full state at version 2) can be
-            # lost on the way with send reporting it sent, and the next delta
-            # (version 3) applied to the receiver's copy of version 2 from before:
-            # the two ends' copies differed for good, and nothing counted it
-            # (random pairing, topk:0.5: the pair's sum went from 706 to −9,427 over
-            # 300 loss-free rounds). Now that delta finds no copy of its base: the
-            # receiver counts it out of sync and nacks, and gets a full state.
-            s.ver, s.zeroed = self._ver_floor + 1, False   # sent full (never synced)
-        self._forgotten.pop(key, None)
+        s = _OutStream(self.d, make_codec(self.codec_spec), self._shared_delta)
         self._out[key] = s
         if self._per_edge and len(self._out) > self._stream_cap():
             self._drop_stream(next(iter(self._out)))
         return s
 
     def _drop_stream(self, key: str) -> None:
-        """Drop the stream ``key`` and remember it as forgotten: the next stream for
-        that key restarts from x, sent full, at versions above all of this one's."""
+        """Drop the stream ``key``: the next stream for that key starts from x, sent
+        full, at versions above all of this one's (see :meth:`_start`)."""
         s = self._out.pop(key)
         self._ver_floor = max(self._ver_floor, s.ver)
-        self._forgotten.pop(key, None)   # latest last (see _on_view)
-        self._forgotten[key] = None
+
+    def _start(self, s: _OutStream) -> None:
+        """Start the delta stream ``s``, new or restarted (forgotten past the stream cap,
+        its receiver back in the view, after bootstrap()): from x itself, sent full to
+        every receiver, or raise :class:`GossipError` for an ``x`` with NaN or Inf
+        (``s`` stays unstarted).
+
+        From zero, its first delta was C(x): each receiver's copy of it a compressed x.
+        Restarted so, top-k's sparse copies pulled x towards them at every restart
+        (top-10% over 16 live peers stayed at 0.25 of the starting consensus error
+        after 800 rounds; 8 peers: 2e-5); and peers that start from one checkpoint
+        were pushed apart by gossip alone (3-ring, randomk:0.1: 42% of ||x|| away after
+        10-20 rounds; qsgd:4: 36%, back only after ~100 rounds). From x, copies the
+        peers agree on stay where they are, for one full state per receiver.
+
+        Its versions start above every version this engine has sent, so the receiver
+        never holds one of them from the stream's earlier life. From version 1 again,
+        its first message (a full state at version 2) can be lost on the way with send
+        reporting it sent, and the next delta (version 3) applied to the receiver's
+        copy of version 2 from before: the two ends' copies differed for good, and
+        nothing counted it (random pairing, topk:0.5: the pair's sum went from 706 to
+        −9,427 over 300 loss-free rounds). Now that delta finds no copy of its base:
+        the receiver counts it out of sync and nacks, and gets a full state."""
+        if not _finite(self.x):   # checked first: a round that raises changes no copy
+            raise self._nonfinite()
+        np.copyto(s.hat, self.x)
+        s.ver = self._ver_floor + 1   # synced with nobody: every receiver gets it full
 
     def _stream_cap(self) -> int:
         """Per-receiver streams a peer keeps on a time-varying graph (see ``_MAX_EDGE_STREAMS``)."""
@@ -1192,32 +1184,21 @@ class Gossip:
                 state = (T_FULL, body, [snapshot], self._wire_size(T_FULL, body, [snapshot]))
                 sends += [(s, dst, state) for dst in dsts]
                 continue
-            # A stream's first delta is taken against an all-zero copy, which any
-            # receiver can rebuild: it goes compressed to everyone, not as a full state.
-            first = s.ver == 0
-            delta, finite = s.delta(self.x)
-            if not finite and not _finite(self.x):   # else x̂ overflowed: left to the codec, as before
-                raise self._nonfinite()
-            enc = s.codec.encode(delta)
-            scale = copy_scale(enc.meta)   # 1 but for QSGD that is no contraction
-            if first and not s.zeroed and scale == 1.0:
-                # x̂ was zero: it becomes the decoded delta, one pass into a new array
-                s.hat = s.codec.decode(enc, self.d)
+            if s.ver == 0:
+                self._start(s)   # x̂ = x: full states to all, no delta to send
             else:
-                if first and not s.zeroed:
-                    s.hat = np.zeros(self.d, np.float32)
-                s.codec.decode_into(enc, s.hat, scale)
-                s.zeroed = False
-            s.ver += 1
-            meta = dict(enc.meta)
-            frames = [np.asarray(f) for f in enc.frames]
+                delta, finite = s.delta(self.x)
+                if not finite and not _finite(self.x):   # else x̂ overflowed: left to the codec, as before
+                    raise self._nonfinite()
+                enc = s.codec.encode(delta)
+                s.codec.decode_into(enc, s.hat, copy_scale(enc.meta))   # 1 but for QSGD that is no contraction
+                s.ver += 1
             delta = full = None
             for dst in dsts:
-                if dst in s.synced or first:
+                if dst in s.synced:
                     if delta is None:  # one body, measured once, for all receivers
-                        body = {"r": t, "ver": s.ver, "meta": meta}
-                        if first:
-                            body["zero"] = True
+                        body = {"r": t, "ver": s.ver, "meta": dict(enc.meta)}
+                        frames = [np.asarray(f) for f in enc.frames]
                         delta = (T_DELTA, body, frames, self._wire_size(T_DELTA, body, frames))
                     sends.append((s, dst, delta))
                 else:

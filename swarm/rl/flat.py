@@ -2,8 +2,9 @@
 
 Gossip works on one flat vector per peer. :func:`swarm.gossip.flat.flat_parameters`
 re-points a module's parameters into slices of one buffer (no copies either way);
-this module gives agents the same buffer as a torch tensor and a check that the
-sharing still holds.
+this module gives agents the same buffer as a torch tensor, and re-exports
+:func:`swarm.gossip.flat.is_flat`, the check that the sharing still holds (it takes
+the tensor too).
 
     >>> net = torch.nn.Linear(3, 2)
     >>> flat = flatten_parameters(net)
@@ -30,7 +31,7 @@ import torch
 
 from ..checks import MAX_GRAD, is_real, largest_abs
 from ..errors import ConfigError, SwarmError
-from ..gossip.flat import flat_parameters
+from ..gossip.flat import flat_parameters, is_flat
 
 __all__ = ["FlatAdam", "clip_norm_", "flatten_gradients", "flatten_parameters", "flush_denormals", "is_flat"]
 
@@ -65,21 +66,6 @@ def flatten_parameters(module: torch.nn.Module) -> torch.Tensor:
     :class:`swarm.errors.ConfigError` for a module without float32 CPU parameters.
     """
     return torch.from_numpy(flat_parameters(module))
-
-
-def is_flat(module: torch.nn.Module, flat: torch.Tensor) -> bool:
-    """True when every parameter of ``module`` still lives inside ``flat``.
-
-    Something that replaces a parameter's storage (``module.to(...)``, assigning
-    ``p.data = ...``) silently breaks the sharing; callers check with this.
-    """
-    base = flat.data_ptr()
-    end = base + flat.numel() * flat.element_size()
-    for p in module.parameters():
-        start = p.data.data_ptr()
-        if not (base <= start and start + p.numel() * p.element_size() <= end):
-            return False
-    return True
 
 
 def flatten_gradients(module: torch.nn.Module) -> torch.Tensor:

@@ -127,7 +127,7 @@ def test_a_restarted_engine_that_bootstraps_sends_versions_its_old_process_never
         hub, links, xs, engines = make(3, d=64, topology="ring", codec="topk:0.5", gamma=0.5,
                                        round_timeout=0.2)
         await run_rounds(engines, 2)
-        assert engines[1]._in["p000"].ver == engines[0]._out[""].ver == 2
+        assert engines[1]._in["p000"].ver == engines[0]._out[""].ver
         engines[0].close()
         x = np.zeros(64, np.float32)
         new = Gossip(links[0], x, topology="ring", codec="topk:0.5", gamma=0.5, round_timeout=0.2)
@@ -213,26 +213,6 @@ def test_a_view_the_topology_cannot_take_mid_round_ends_the_round_as_before():
         return res
     res = asyncio.run(main())
     assert [r.participants for r in res] == [["p001", "p002"], ["p000"], ["p000"]]
-
-
-def test_streams_to_members_that_left_are_remembered_for_the_latest_to_leave_only(monkeypatch):
-    # What a stream dropped by a view change leaves behind is its key, so that a
-    # return restarts it above its old versions; kept for the latest
-    # _FORGOTTEN_LEFT members to leave, not for every id a long run ever saw.
-    monkeypatch.setattr(engine, "_FORGOTTEN_LEFT", 2)
-
-    async def main():
-        hub, _, xs, engines = make(10, d=16, topology="random_pairing", codec="topk:0.5", gamma=0.5)
-        await run_rounds(engines, 6)
-        g = engines[0]
-        had = [k for k in g._out if k]
-        assert len(had) >= 3
-        for k in had:
-            hub.remove(k)
-        present = set(hub.view.ids)
-        return [k for k in g._forgotten if k and k not in present], had
-    left, had = asyncio.run(main())
-    assert left == had[-2:]
 
 
 @pytest.mark.parametrize("topology", ["ring", "full"])
