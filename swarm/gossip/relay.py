@@ -1304,11 +1304,16 @@ class GradientRelay:
             split = {right: n // 2, left: (n - 1) // 2}
             routes = [(dst, split.get(dst, 1)) for dst in nbrs]
         else:
-            if self.topology is None or i < 0:
-                h = n - 1
-            else:
+            h = n - 1
+            if self.topology is not None and i >= 0:
                 edges = topo.within(self.edges, n) if self.topology == "custom" else None
-                h = topo.eccentricity(self.topology, n, i, edges=edges)
+                try:
+                    h = topo.eccentricity(self.topology, n, i, edges=edges)
+                except ConfigError:
+                    # a view the topology cannot take (a hypercube of 3 once a peer left):
+                    # the peer links no neighbours until one it can. Raised from the view
+                    # callback that resends the last turn, it ended every peer left.
+                    pass
             routes = [(dst, max(1, h)) for dst in nbrs]
         self._routes_cache = (view.epoch, routes)
         return routes

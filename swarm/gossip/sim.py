@@ -63,14 +63,19 @@ class SimLink:
         """Neighbour ids under the hub's topology (round 0 for time-varying ones).
 
         A custom graph may name more positions than the view has (peers still
-        joining): the members link what they can, as a :class:`~swarm.peer.Peer` does."""
+        joining): the members link what they can, as a :class:`~swarm.peer.Peer` does;
+        a view the topology cannot take (a hypercube of 3) gives none, as a Peer's does."""
         hub = self._hub
         ids = hub.view.ids
         i = hub.view.index(self._id)
         if i < 0:
             return []
-        edges = topo.within(hub.edges, len(ids)) if hub.topology == "custom" else None
-        return [ids[j] for j in topo.neighbours(hub.topology, len(ids), i, 0, edges=edges, seed=hub.seed)]
+        try:
+            edges = topo.within(hub.edges, len(ids)) if hub.topology == "custom" else None
+            pos = topo.neighbours(hub.topology, len(ids), i, 0, edges=edges, seed=hub.seed)
+        except ConfigError:   # a view the topology cannot take (a hypercube of 3): none, as a Peer has
+            return []
+        return [ids[j] for j in pos]
 
     async def send(self, dst: str, t: str, body: dict[str, Any] | None = None,
                    arrays: Sequence[np.ndarray] = (), *, timeout: float | None = None) -> bool:
