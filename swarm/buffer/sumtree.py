@@ -15,11 +15,12 @@ over the eight or so remaining levels, not over items:
   kept ancestors with a single ``np.add.at``. Adding differences lets rounding
   error build up in the sums, so they are rebuilt exactly from the leaves after
   every ``capacity`` leaf writes (amortised, well under a microsecond per
-  write), and at once when a leaf falls while the largest leaf written since the
-  last rebuild is more than 2^26 times its parent's new sum and more than the
-  total: that leaf's rounding error (2^-52 of it) stays in every sum it passed
-  through, however many steps it took down, and would cancel out the other
-  leaves' share;
+  write), and at once when a leaf has fallen while the largest leaf written since
+  the last rebuild was more than 2^26 times its parent's new sum, as soon as the
+  total is below that largest leaf (at that fall, or when another huge leaf goes,
+  whichever write path takes it): that leaf's rounding error (2^-52 of it) stays
+  in every sum it passed through, however many steps it took down, and would
+  cancel out the other leaves' share;
   :meth:`SumTree.set_range` recomputes its ancestors exactly.
 
 Beside the sums the tree keeps the smallest *positive* leaf of every block of
@@ -91,6 +92,9 @@ class SumTree:
         self._shifts = np.arange(1, self._levels + 1, dtype=np.int64)[:, None]
         self._writes = 0
         self._peak = 0.0   # the largest leaf written since the sums were last exact
+        # a leaf fell from far above its neighbours' sum (under _peak) since: its rounding
+        # error is in the sums, harmless until the total falls below _peak (see _set)
+        self._owed = False
 
     # -------------------------------------------------------------- reading
     @property
@@ -193,11 +197,12 @@ class SumTree:
             self._total = None
             # A leaf far larger than the sum it leaves (one of 1e20 set back to 1, at
             # once or in steps of 100x) left its rounding error in every sum above it,
-            # which cancels out the other leaves' share: rebuild exactly now. (Past
-            # the total, that error is no longer a negligible share of the mass.)
-            if (fell.any() and self._peak > _SWING * _min(t[heap[fell] >> 1])
-                    and self._peak > self.total):
-                self._writes = self._cap
+            # which cancels out the other leaves' share: rebuild exactly once the total
+            # is below that leaf (now, or when another huge leaf goes: see _settle).
+            if fell.any() and self._peak > _SWING * _min(t[heap[fell] >> 1]):
+                self._owed = True
+            if self._settle():
+                return
         self._total = None
         # Added differences let rounding error build up in the sums: recompute them
         # exactly from the leaves after every `capacity` leaf writes (amortised,
@@ -263,6 +268,8 @@ class SumTree:
             node >>= 1
             t[node] = t.item(2 * node) + t.item(2 * node + 1)
         self._total = None
+        if self._owed and value < old:
+            self._settle()
         if self.capacity == 1:   # as _write_range: the one leaf is every leaf, the sums exact
             self._writes = 0
 
@@ -298,7 +305,9 @@ class SumTree:
         self._fix_runs(lo, hi - 1)
         top = values if isinstance(values, float) else float(_max(values))
         self._peak = max(self._peak, top)
-        if start == 0 and n == self.capacity:
+        if self._owed and not (start == 0 and n == self.capacity):
+            self._settle()
+        elif start == 0 and n == self.capacity:
             # every sum was recomputed from the leaves: no drift left, and no leaf
             # larger than the largest there is left its rounding error. (Counted by
             # leaves, not heap nodes: with a capacity that is not a power of two the
@@ -306,7 +315,7 @@ class SumTree:
             # `capacity` writes rebuilt the whole tree, 0.55 ms instead of 0.11 ms
             # for a DQN update's 64 priorities at 50,000 items.)
             self._writes = 0
-            self._peak = top
+            self._peak, self._owed = top, False
 
     def assign(self, leaves: np.ndarray) -> None:
         """Replace every leaf at once and rebuild the tree exactly; the leaves must be finite
@@ -321,6 +330,15 @@ class SumTree:
         """Multiply every leaf by ``factor`` (used to rebase age decay): ReplayError, and
         nothing changes, where a product is not finite and >= 0."""
         self.set_range(0, self.leaves * _float(factor, "scale factor"))
+
+    def _settle(self) -> bool:
+        """Rebuild now where a fallen leaf's rounding error is in the sums (``_owed``) and
+        the total is below the largest leaf since the last rebuild: that error is then no
+        longer a negligible share of the mass. Whether it rebuilt."""
+        if self._owed and self._peak > self.total:
+            self.rebuild()
+            return True
+        return False
 
     def rebuild(self) -> None:
         """Recompute every inner node from the leaves."""

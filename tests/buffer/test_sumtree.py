@@ -201,3 +201,17 @@ def test_find_at_an_exact_boundary_below_the_top_level_returns_the_leaf_starting
     if capacity == 1 << 16:
         want = np.concatenate([want, [40001, 65534, 65535]])
     np.testing.assert_array_equal(t.find(want * leaf), want)
+
+
+def test_a_leaf_that_fell_beside_another_huge_one_is_settled_when_that_one_goes():
+    # Leaf 0 fell back from 1e20 while leaf 40000 still held 1e20 (the total was above
+    # it: no rebuild); the ring then overwrote leaf 40000 through the add path, which
+    # never looked again: leaves 0 and 1's sum read 0 and leaves 0..15 were never drawn.
+    for n_add in (1, 2):   # fill_range of one leaf and of a run take different paths
+        t = SumTree(1 << 16)
+        t.assign(np.ones(1 << 16))
+        t.set(np.array([0, 40000]), np.array([1e20, 1e20]))
+        t.set(np.array([0]), np.array([1.0]))
+        t.fill_range(40000, n_add, 1.0)
+        assert t.total == float(1 << 16)
+        assert t.find(np.array([0.5, 1.5, 2.5])).tolist() == [0, 1, 2]
