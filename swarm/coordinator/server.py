@@ -247,7 +247,8 @@ class Coordinator:
         self._no_active_since = 0.0
         #: when this one's loops last ran (_check_stall), and when one that was active found
         #: that they had stalled (frozen, swapped out): for probe_timeout_s, and until the others
-        #: have answered since, it neither probes, declares deaths nor publishes (0.0: not held)
+        #: have answered since, it neither probes nor declares deaths, and with others it
+        #: publishes no view either (0.0: not held)
         self._ran_at = 0.0
         self._stalled_at = 0.0
         self._thawed_at = 0.0   # when it last found its loops had stalled (held or not)
@@ -461,7 +462,9 @@ class Coordinator:
     def _publish_due(self, now: float) -> bool:
         """Publish changes at once in a small swarm; a large one gets at most one view
         per ~0.1 ms × members (0.1 s at 1,000), so a join storm is not a view storm."""
-        if not self._dirty or self.mode != "active" or now < self._grace_until or self._stalled_at:
+        if not self._dirty or self.mode != "active" or now < self._grace_until:
+            return False
+        if self._stalled_at and self.config.others:   # a standby may have taken over (_check_stall)
             return False
         return now - self._last_publish >= min(0.1, 1e-4 * len(self.table.view.members))
 
@@ -881,7 +884,9 @@ class Coordinator:
         to it (its ZMTP heartbeats' TTL), or ``takeover_s``, after which a standby may have
         taken over, by its own clock, which every loop reads first. The members' silence
         in that time was not theirs: their heartbeat and probe deadlines move on by it,
-        and an active one holds (no probes, no deaths, no views) until :meth:`_hold_over`.
+        and an active one holds (no probes, no deaths; with other coordinators no views
+        either) until :meth:`_hold_over`. A lone one publishes meanwhile: a join is not
+        held up by a hiccup of its loops past ``zmtp_timeout_s``.
         Without the hold, the closes of their old connections, read at the thaw, were
         probed at once, found the routes gone, and live members were declared dead before
         their re-joins on the new connections were read (views without them went out,
