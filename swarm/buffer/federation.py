@@ -7,7 +7,8 @@ Protocol (all messages carry items in the same layout)::
     buf.pull   {rid, n}                             ask a neighbour for up to n items
     buf.resync {}                                   "I (re)started: what you replicated to me
                                                     recently may be gone" (replication only)
-    buf.items  {rid, fields, peers} + arrays        the answer to a pull (possibly empty)
+    buf.items  {rid, fields, peers} + arrays        the answer to a pull (possibly empty; one that
+                                                    comes after the pull timed out is stored too)
 
 Arrays: one per schema field in schema order, then ``origins`` (int32, into
 ``peers``), ``seqs`` (int64), ``times`` (float64 origin times) and
@@ -18,8 +19,10 @@ priorities and deduplicates by id ``(origin peer, seq)``.
 Sharing: on each :meth:`Federation.flush`, a ``share`` fraction of the items
 added locally since the last flush (the newest, or the highest-priority) goes
 to every neighbour, within a token-bucket rate, in messages of at most
-``max_items``. The fraction is rounded down and the remainder carried to the
-next flush, so it holds however few items a flush has. Replication: with
+``max_items``, or as many as the link's message limit holds (by the schema's
+bytes per item) where that is fewer; a message's items are gathered when it is
+due and let go once it is sent. The fraction is rounded down and the remainder
+carried to the next flush, so it holds however few items a flush has. Replication: with
 ``replicas=k`` every local item is pushed to the first k neighbours with
 ``ack`` set, and those k get no share push of it (a receiver stores both alike:
 it would only go to them twice, and take share tokens); an item counts as safe
@@ -43,8 +46,8 @@ the next flush (shared ones to the same neighbour, if it still is one;
 replicated ones to their targets at once), and :meth:`flush` re-raises. Every
 new item is in the replica table, and every shared one in the list of what is
 owed to each neighbour, before the first send, so no send loses one. A message
-the wire refuses (:class:`~swarm.errors.WireError`: larger than the peer's
-``max_message_mb``) goes again in halves, and from then on every message
+the wire still refuses (:class:`~swarm.errors.WireError`: a header of many long
+origin ids, say) goes again in halves, and from then on every message
 carries at most half as many items; an item that cannot go even alone is
 dropped and counted (``stats.unsendable``, logged as a warning).
 
@@ -88,7 +91,7 @@ import numpy as np
 from ..checks import is_int, is_real, seconds
 from ..errors import ConfigError, ReplayError, WireError
 from ..link import Link
-from ..wire import Message, register_type, shown
+from ..wire import DEFAULT_LIMITS, Limits, Message, register_type, shown
 from .limiter import TokenBucket
 from .replay import Items, ReplayBuffer
 from .replicas import ReplicaTable
@@ -105,6 +108,9 @@ RESYNC_TRIES = 3
 
 log = logging.getLogger(__name__)
 _META = 4  # origins, seqs, times, priorities after the field arrays
+_META_BYTES = 4 + 8 + 8 + 8   # and their bytes per item
+_HEADER_ROOM = 64 << 10   # of a message's limit, left to its header (the origin ids, the field names)
+_LATE_PULLS = 64   # pulls that timed out whose answers are still taken when they come (the latest)
 _BUCKETS = 64  # acks a holder made within rereplicate_s are remembered in at most this many (+1) entries
 _ERROR_CHARS = 300  # of one text in stats.errors: its first 20 are kept for the federation's life
 
@@ -125,6 +131,7 @@ class FederationStats:
     unreplicated: int = 0    # local items the ring overwrote before `replicas` neighbours held them
     resent: int = 0          # items pushed again because a push of them got no ack (timeout, target left)
     rereplicated: int = 0    # acknowledged items replicated again: their holder left or restarted
+    late: int = 0            # answers to pulls that came after the pull timed out (stored as any answer)
     dropped_messages: int = 0
     send_failures: int = 0
     unsendable: int = 0      # items (per neighbour) dropped: the wire refuses a message of that item alone
@@ -156,7 +163,9 @@ class Federation:
             0 for never).
         send_timeout: how long one send may wait on a full queue.
         max_items: the most items in one message (larger batches are split; a ride
-            takes the newest ``max_items``); fewer once the wire refused a message.
+            takes the newest ``max_items``); fewer where the link's message limit
+            (a Peer's ``max_message_mb``) holds fewer, by the schema's bytes per item,
+            and fewer once the wire refused a message.
         ride: share on a :class:`~swarm.gossip.GradientRelay`'s messages (as its
             ``rider``) instead of in :meth:`flush`.
 
@@ -223,7 +232,10 @@ class Federation:
         # neighbour -> indices of the items shared with it (its rate already charged) that are
         # still to go: a send that raised left them for the next flush
         self._owed: dict[str, np.ndarray] = {}
-        self._per_message = self.max_items        # halved each time the wire refuses a message as sent
+        # what one message holds, by the schema's bytes per item and the link's limit: a
+        # message is sized before its items are gathered (a gather of max_items frames the
+        # wire then refused held twice the message); halved each time the wire refuses one
+        self._per_message = min(self.max_items, _fits(buffer, link))
         # rides: at most this many items (halved by each ride the relay could not carry), the
         # last ride (its items' indices, how many, to how many neighbours) until the next, and
         # the items of a refused one, to ride again
@@ -246,6 +258,7 @@ class Federation:
         self._resynced: set[str] = set()           # told so far, while the first resync goes out
         self._credit = 0.0                         # share of new items owed but not yet sent (< 1)
         self._pulls: dict[int, tuple[str, asyncio.Future]] = {}   # rid -> (peer asked, its answer)
+        self._late: dict[int, str] = {}   # rid -> peer asked, of the last _LATE_PULLS pulls that timed out
         buffer.on_add(self._on_add)
         self._handlers = [(PUSH, self._on_push), (PULL, self._on_pull), (ITEMS, self._on_items),
                           (ACK, self._on_ack), (RESYNC, self._on_resync)]
@@ -460,6 +473,9 @@ class Federation:
         Raises :class:`~swarm.errors.PeerTimeout` if no answer comes within ``timeout``
         (finite seconds >= 0, or None: no deadline), :class:`~swarm.errors.ReplayError`
         once the federation is closed. Bad arguments raise before anything is sent.
+        The timeout must cover the transfer of the answer: one that comes later is
+        still stored (its items were drawn and sent for it), and counted in
+        ``stats.late``; the first is logged.
         """
         from ..errors import PeerTimeout
         if not (is_int(n) and n >= 1):
@@ -478,6 +494,9 @@ class Federation:
             async with asyncio.timeout(timeout):
                 return await fut
         except TimeoutError:
+            self._late[rid] = peer
+            if len(self._late) > _LATE_PULLS:
+                del self._late[next(iter(self._late))]
             raise PeerTimeout(f"no buf.items from {peer!r} within {timeout} s") from None
         finally:
             self._pulls.pop(rid, None)
@@ -530,27 +549,43 @@ class Federation:
             if todo is not None and len(self._table):
                 self._owed[dst] = todo[~np.isin(todo, self._table.idx)]
         sent = 0
-        made: dict[bytes, Items] = {}   # neighbours are usually owed the same items: gathered once
-        for dst in nbrs:
-            todo = self._owed.get(dst)
-            while todo is not None and todo.size:
-                n = self._per_message
-                key = todo[:n].tobytes()
-                part = made.get(key)
-                if part is None:   # those the ring overwrote meanwhile are left out
-                    part = made[key] = self.buffer.items(todo[:n])
-                if len(part):
-                    try:
-                        ok = await self._send_items(dst, PUSH, part, {"rid": 0, "ack": False})
-                    except WireError as e:
-                        if self._refused(e, len(part), PUSH, dst):
-                            continue
-                        ok = False
-                    if ok:
-                        sent += len(part)
-                        self.stats.pushed += len(part)
-                todo = self._owed[dst] = todo[n:]
-            self._owed.pop(dst, None)
+        while True:
+            # the next message owed to each neighbour; usually the same items for all of them,
+            # gathered once, sent to each, and let go before the next is gathered
+            n = self._per_message
+            heads: dict[bytes, list[str]] = {}
+            for dst in nbrs:
+                todo = self._owed.get(dst)
+                if todo is not None and not todo.size:
+                    del self._owed[dst]
+                elif todo is not None:
+                    heads.setdefault(todo[:n].tobytes(), []).append(dst)
+            if not heads:
+                return sent
+            for dsts in heads.values():
+                got = await self._share_one(dsts, n)
+                if got is None:   # refused: again, in smaller messages
+                    break
+                sent += got
+
+    async def _share_one(self, dsts: list[str], n: int) -> int | None:
+        """Send the first ``n`` items owed to each of ``dsts`` (the same items) in one
+        message, and take them off what is owed to those it went to; None once the wire
+        refused it (the others are still owed them)."""
+        part = self.buffer.items(self._owed[dsts[0]][:n])   # those the ring overwrote meanwhile are left out
+        sent = 0
+        for dst in dsts:
+            if len(part):
+                try:
+                    ok = await self._send_items(dst, PUSH, part, {"rid": 0, "ack": False})
+                except WireError as e:
+                    if self._refused(e, len(part), PUSH, dst):
+                        return None
+                    ok = False
+                if ok:
+                    sent += len(part)
+                    self.stats.pushed += len(part)
+            self._owed[dst] = self._owed[dst][n:]
         return sent
 
     async def _replicate(self, nbrs: list[str]) -> int:
@@ -602,41 +637,49 @@ class Federation:
             todo = table.to_send(dst)
             while todo.size:
                 n = self._per_message
-                chunk = self.buffer.items(todo[:n])
-                if not len(chunk):
-                    todo = todo[n:]
+                got = await self._replicate_one(dst, todo[:n])
+                if got is None:   # refused: again, in smaller messages
                     continue
-                seqs = chunk.seqs.copy()
-                rid = next(self._rid)
-                self._inflight[rid] = (dst, seqs, time.monotonic() + self.ack_timeout)
-                given_up = table.given_up(seqs)
-                again = table.mark(dst, seqs, sent=True)
-                try:
-                    ok = await self._send_items(dst, PUSH, chunk, {"rid": rid, "ack": True})
-                    if rid in self._inflight:
-                        # the ack's time runs from when the push went, not from before a wait
-                        # on a full queue (up to send_timeout): that resent pushes on congested
-                        # links before an ack could have come. Registered before the send, so
-                        # that an ack that comes first still matches.
-                        self._inflight[rid] = (dst, seqs, time.monotonic() + self.ack_timeout)
-                except BaseException as e:
-                    # Nothing went: the items go again at the next flush (or now, in halves),
-                    # not after ack_timeout, and their target is not backed off for it.
-                    self._inflight.pop(rid, None)
-                    table.unmark(dst, seqs, given_up)
-                    if not isinstance(e, WireError):
-                        raise
-                    if self._refused(e, len(chunk), PUSH, dst):
-                        continue
-                    table.drop(seqs)              # it can go to no one: counted in stats.unsendable
-                    ok = again = False
+                sent += got
                 todo = todo[n:]
-                if ok:
-                    sent += len(chunk)
-                    self.stats.pushed += len(chunk)
-                    self.stats.resent += again
-                # On failure the in-flight entry times out and is resent.
         return sent
+
+    async def _replicate_one(self, dst: str, idx: np.ndarray) -> int | None:
+        """Push the local items ``idx`` to ``dst`` with ``ack`` set, in one message (its items
+        let go on return); the number sent, or None once the wire refused the message."""
+        table = self._table
+        chunk = self.buffer.items(idx)
+        if not len(chunk):
+            return 0
+        seqs = chunk.seqs.copy()
+        rid = next(self._rid)
+        self._inflight[rid] = (dst, seqs, time.monotonic() + self.ack_timeout)
+        given_up = table.given_up(seqs)
+        again = table.mark(dst, seqs, sent=True)
+        try:
+            ok = await self._send_items(dst, PUSH, chunk, {"rid": rid, "ack": True})
+            if rid in self._inflight:
+                # the ack's time runs from when the push went, not from before a wait
+                # on a full queue (up to send_timeout): that resent pushes on congested
+                # links before an ack could have come. Registered before the send, so
+                # that an ack that comes first still matches.
+                self._inflight[rid] = (dst, seqs, time.monotonic() + self.ack_timeout)
+        except BaseException as e:
+            # Nothing went: the items go again at the next flush (or now, in halves),
+            # not after ack_timeout, and their target is not backed off for it.
+            self._inflight.pop(rid, None)
+            table.unmark(dst, seqs, given_up)
+            if not isinstance(e, WireError):
+                raise
+            if self._refused(e, len(chunk), PUSH, dst):
+                return None
+            table.drop(seqs)              # it can go to no one: counted in stats.unsendable
+            return 0
+        if not ok:
+            return 0                      # the in-flight entry times out and is resent
+        self.stats.pushed += len(chunk)
+        self.stats.resent += again
+        return len(chunk)
 
     def _live(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Seqs and indices of the local items ``idx`` that the ring still holds."""
@@ -828,19 +871,35 @@ class Federation:
         if not isinstance(rid, int):
             self._drop(msg, f"bad rid {shown(rid)} in buf.items")
             return
-        peer, fut = self._pulls.get(rid, ("", None))
-        if fut is not None and msg.src != peer:
+        peer, fut = self._pulls.get(rid, (self._late.get(rid), None))
+        if peer is not None and msg.src != peer:
             # rids count up and pushes carry them too: a third peer could answer our pull
             self._drop(msg, f"buf.items for a pull sent to {peer!r}")
             return
         items = self._decode(msg)
-        if items is None or fut is None:
-            if fut is not None and not fut.done():
+        if fut is None:
+            if peer is None:   # no pull of ours asked for it (or it timed out long ago)
+                return
+            # its pull timed out: the items were drawn and sent for it all the same
+            del self._late[rid]
+            if items is not None:
+                self._late_answer(msg, len(items))
+                self._store(msg, items, limit=True)
+            return
+        if items is None:
+            if not fut.done():
                 fut.set_result(0)     # an answer, but nothing usable (counted): not a timeout
             return
         idx = self._store(msg, items, limit=True)
         if not fut.done():
             fut.set_result(0 if idx is None else int(idx.size))
+
+    def _late_answer(self, msg: Message, n: int) -> None:
+        """Count an answer that came after its pull timed out; log the first."""
+        self.stats.late += 1
+        (log.warning if self.stats.late == 1 else log.debug)(
+            "buf.items of %d items from %s came after its pull timed out: stored all the same; give pull() "
+            "a timeout that covers the transfer (stats.late counts such answers)", n, shown(msg.src))
 
     def _draw(self, k: int) -> np.ndarray:
         """Up to k distinct indices by the buffer's law, without touching its counters."""
@@ -877,6 +936,17 @@ class Federation:
                     del self._unridden[:-self.max_items]
             if not self.riding or self.replicas:
                 self._new.append(idx)
+
+
+def _fits(buffer: ReplayBuffer, link: Link) -> int:
+    """How many of ``buffer``'s items one message over ``link`` holds (at least 1): the
+    link's limit (a Peer's ``max_message_mb``; the wire's default for a link without
+    one), less room for the header, over an item's bytes (its fields, and its origin,
+    seq, time and priority)."""
+    limits = getattr(link, "limits", None)
+    limit = (limits if isinstance(limits, Limits) else DEFAULT_LIMITS).max_message_bytes
+    item = sum(f.dtype.itemsize * math.prod(f.shape) for f in buffer.schema) + _META_BYTES
+    return max(1, (limit - _HEADER_ROOM) // item)
 
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:

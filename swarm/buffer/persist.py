@@ -21,7 +21,8 @@ directory and leaves the snapshot already at ``path`` as it was. A background
 save still running when the program ends is finished before the interpreter
 exits (see :meth:`Snapshot.start`). An increment
 (:func:`take_incremental`, the rows written since a full snapshot) is copied
-the same way.
+the same way, and written chunk by chunk as it is read (:func:`save_incremental`);
+:func:`load_incremental` applies it from the files, memory-mapped, a chunk at a time.
 
 A save (``digest=True``) and an increment (``take_incremental(..., digest=True)``)
 can also hash the whole buffer as it was at their moment, with :func:`digest`'s
@@ -38,8 +39,10 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -135,16 +138,22 @@ class _Frozen:
     def __init__(self, buf: "ReplayBuffer", whole: np.ndarray | None = None) -> None:
         self._buf = buf
         self.max_stall_s = 0.0   # longest time the buffer's lock was held for one chunk
+        self._whole = whole
+        # the chunks depend on the columns' shapes and the mask only: laid out before the lock
+        self._spans = _spans(_columns(buf), buf.capacity, whole)
+        self._starts = np.array([a for a, _, _ in self._spans], dtype=np.int64)
         with buf._lock:
             if buf._saver is not None:
                 raise ReplayError("a snapshot of this buffer is already being written (or an increment or digest read)")
             t0 = time.perf_counter()
             self._meta = _meta(buf)
             self._counters = _counters(buf)
-            self._whole = whole
             self._cursor = 0
             self._kept = np.zeros(buf.capacity, dtype=bool)
-            self._aside: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
+            # chunk number -> the rows set aside for it, (slots, columns): each row is copied
+            # once, and the chunk that reads it takes it (joining them all at every chunk
+            # copied them again and again: 27 GiB for a 1 GB buffer of frames)
+            self._aside: dict[int, list[tuple[np.ndarray, dict[str, np.ndarray]]]] = {}
             buf._saver = self
             self.max_stall_s = time.perf_counter() - t0
 
@@ -163,66 +172,52 @@ class _Frozen:
             return
         self._kept[s] = True
         cols = _columns(self._buf)
-        if self._whole is not None:
-            whole = self._whole[s]
-            leaf = s[~whole]
-            if leaf.size:   # rows not read whole: their leaves only
-                self._aside.append((leaf, {"_leaf": cols["_leaf"][leaf].copy()}))
-            s = s[whole]
-            if s.size == 0:
-                return
-        self._aside.append((s, {k: c[s].copy() for k, c in cols.items()}))
-
-    def _spans(self) -> Iterator[tuple[int, int, bool]]:
-        """The locked copies in slot order: ``(a, b, whole)``, rows ``a .. b-1`` read whole or
-        their leaves only, each copy at most _CHUNK rows and _CHUNK_BYTES bytes."""
-        cols = _columns(self._buf)
-        cap = self._buf.capacity
-        # 32k rows of 84x84 frames would hold the lock over half a GB of copying
-        row = sum(c[:1].nbytes for c in cols.values())
-        steps = {True: max(1, min(_CHUNK, _CHUNK_BYTES // max(1, row))),
-                 False: max(1, min(_CHUNK, _CHUNK_BYTES // max(1, cols["_leaf"][:1].nbytes)))}
-        if self._whole is None:
-            runs = [(0, cap, True)]
-        else:   # the mask's runs of equal values
-            edges = [0, *(np.flatnonzero(np.diff(self._whole.view(np.int8))) + 1).tolist(), cap]
-            runs = [(a, b, bool(self._whole[a])) for a, b in zip(edges[:-1], edges[1:])]
-        for lo, hi, whole in runs:
-            for a in range(lo, hi, steps[whole]):
-                yield a, min(hi, a + steps[whole]), whole
+        chunk = np.searchsorted(self._starts, s, side="right") - 1
+        # s is sorted: each chunk's slots are one run of it
+        edges = [0, *(np.flatnonzero(np.diff(chunk)) + 1).tolist(), s.size]
+        for a, b in zip(edges[:-1], edges[1:]):
+            i = int(chunk[a])
+            rows = s[a:b]
+            names = cols if self._spans[i][2] else ("_leaf",)   # rows not read whole: their leaves only
+            self._aside.setdefault(i, []).append((rows, {k: cols[k][rows] for k in names}))   # fancy indexing copies
 
     def _read(self) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         """``(a, part)`` in slot order, ``part`` the columns of rows ``a ..`` as they were when
         this was made: every column, or only ``_leaf`` for rows not read whole."""
         buf = self._buf
         cols = _columns(buf)
-        # per column, the rows changed since this was made, not yet read: their old values (see preserve)
-        held = {k: np.empty(0, dtype=np.int64) for k in cols}
-        old = {k: c[:0].copy() for k, c in cols.items()}
-        for a, b, whole in self._spans():
+        for i, (a, b, whole) in enumerate(self._spans):
             with buf._lock:
                 t0 = time.perf_counter()
                 part = {k: c[a:b].copy() for k, c in cols.items() if whole or k == "_leaf"}
                 self._cursor = b
-                new, self._aside = self._aside, []
+                aside = self._aside.pop(i, [])
                 self.max_stall_s = max(self.max_stall_s, time.perf_counter() - t0)
-            for k in cols if new else ():   # preserve() keeps only rows at or past the cursor: none below a
-                got = [(s, r[k]) for s, r in new if k in r]
-                if got:
-                    h = np.concatenate([held[k], *(s for s, _ in got)])
-                    order = np.argsort(h, kind="stable")
-                    held[k], old[k] = h[order], np.concatenate([old[k], *(v for _, v in got)])[order]
-            for k in cols:   # the copy, outside the lock, back to the old values
-                n = int(np.searchsorted(held[k], b))
-                if k in part:
-                    part[k][held[k][:n] - a] = old[k][:n]
-                held[k], old[k] = held[k][n:], old[k][n:]
+            for slots, old in aside:   # outside the lock, back to the old values
+                for k, v in old.items():
+                    part[k][slots - a] = v
             yield a, part
 
     def _chunks(self) -> Iterator[dict[str, np.ndarray]]:
         """Every column's rows in order, chunk by chunk, each chunk as it was when this was made."""
         for _, part in self._read():
             yield part
+
+
+def _spans(cols: dict[str, np.ndarray], cap: int, whole: np.ndarray | None) -> list[tuple[int, int, bool]]:
+    """The locked copies of a :class:`_Frozen` in slot order: ``(a, b, whole)``, rows
+    ``a .. b-1`` read whole or their leaves only, each copy at most _CHUNK rows and
+    _CHUNK_BYTES bytes."""
+    # 32k rows of 84x84 frames would hold the lock over half a GB of copying
+    row = sum(c[:1].nbytes for c in cols.values())
+    steps = {True: max(1, min(_CHUNK, _CHUNK_BYTES // max(1, row))),
+             False: max(1, min(_CHUNK, _CHUNK_BYTES // max(1, cols["_leaf"][:1].nbytes)))}
+    if whole is None:
+        runs = [(0, cap, True)]
+    else:   # the mask's runs of equal values
+        edges = [0, *(np.flatnonzero(np.diff(whole.view(np.int8))) + 1).tolist(), cap]
+        runs = [(a, b, bool(whole[a])) for a, b in zip(edges[:-1], edges[1:])]
+    return [(a, min(hi, a + steps[w]), w) for lo, hi, w in runs for a in range(lo, hi, steps[w])]
 
 
 class _Hashes:
@@ -342,25 +337,58 @@ class Snapshot(_Frozen):
         """One ``.npy`` file per column, chunk by chunk, each chunk as it was when the save began."""
         cols = _columns(self._buf)
         hashes = _Hashes(cols) if self._hash else None
-        files = {}
+        out = _Rows({k: (c.dtype, c.shape) for k, c in cols.items()}, tmp)
         try:
-            for k, c in cols.items():
-                files[k] = f = open(tmp / f"{k}.npy", "wb")
-                np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(c.dtype),
-                                                         "fortran_order": False, "shape": c.shape})
             for part in self._chunks():   # disk writes and hashing outside the lock
                 for k, v in part.items():
-                    files[k].write(v.reshape(-1).view(np.uint8))
+                    out.append(k, v)
                 if hashes is not None:
                     hashes.update(part)
-            for f in files.values():
-                f.flush()
-                os.fsync(f.fileno())
+            out.sync()
         finally:
-            for f in files.values():
-                f.close()
+            out.close()
         if hashes is not None:
             self.digest = hashes.result(self._counters)
+
+
+class _Rows:
+    """Columns of the given ``(dtype, shape)`` filled in row order, part after part: in
+    :attr:`arrays`, or with a ``folder`` in one ``.npy`` file per column there, written as
+    the parts come (none is held whole in memory)."""
+
+    def __init__(self, shapes: dict[str, tuple[np.dtype, tuple[int, ...]]], folder: Path | None = None) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+        self._files: dict[str, Any] = {}
+        self._at = dict.fromkeys(shapes, 0)
+        try:
+            for k, (dtype, shape) in shapes.items():
+                if folder is None:
+                    self.arrays[k] = np.empty(shape, dtype)
+                    continue
+                self._files[k] = f = open(folder / f"{k}.npy", "wb")
+                np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                         "fortran_order": False, "shape": shape})
+        except BaseException:
+            self.close()
+            raise
+
+    def append(self, k: str, v: np.ndarray) -> None:
+        """Rows ``v`` of column ``k``, after those appended before."""
+        if self._files:
+            self._files[k].write(np.ascontiguousarray(v).reshape(-1).view(np.uint8))
+        else:
+            self.arrays[k][self._at[k]:self._at[k] + len(v)] = v
+        self._at[k] += len(v)
+
+    def sync(self) -> None:
+        """Flush the files and sync them to disk."""
+        for f in self._files.values():
+            f.flush()
+            os.fsync(f.fileno())
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
 
 
 def write_synced(path: Path, data: bytes) -> None:
@@ -598,28 +626,42 @@ def _apply_meta(buf: "ReplayBuffer", meta: dict[str, Any], lag: float) -> None:
 class Increment:
     """What changed in a buffer since a full snapshot, copied by :func:`take_incremental`
     at one moment; :meth:`write` puts it on disk without the buffer's lock. ``digest``:
-    :func:`digest` of the whole buffer at that moment, when it was asked for (else None)."""
+    :func:`digest` of the whole buffer at that moment, when it was asked for (else None).
 
-    def __init__(self, since: int, slots: np.ndarray, rows: dict[str, np.ndarray], meta: dict[str, Any],
-                 digest: dict[str, str] | None = None) -> None:
+    ``rows``: the columns' rows at ``slots`` (all the priority leaves), or None when
+    they were written to the directory ``folder`` as they were taken (then removed
+    if the increment is dropped unwritten)."""
+
+    def __init__(self, since: int, slots: np.ndarray, rows: dict[str, np.ndarray] | None, meta: dict[str, Any],
+                 digest: dict[str, str] | None = None, *, folder: Path | None = None) -> None:
         self.since, self.slots, self.rows, self.meta = since, slots, rows, meta
         self.digest = digest
+        self._folder = folder
+        self._unwritten = weakref.finalize(self, shutil.rmtree, folder, True) if folder is not None else None
 
     def write(self, path: str | os.PathLike) -> int:
         """Write the increment to the directory ``path`` (a temporary directory renamed into
         place); returns the rows written. ``path`` must be absent, empty or an earlier
         increment (never the full snapshot it needs): else :class:`ReplayError`, before
         anything is written. A write that fails (a full disk) raises
-        :class:`ReplayError`, removes the temporary directory and leaves ``path`` as it was."""
+        :class:`ReplayError`, removes the temporary directory and leaves ``path`` as it was.
+
+        An increment taken with a ``path`` has its rows on disk already, in a temporary
+        directory beside that path (give the same one here): ``write`` adds the rest and
+        renames that directory into place, so it writes once (a second call raises)."""
         path = Path(path)
         _check_target(path, increment=True)
-        tmp = path.with_name(path.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
+        if self._folder is not None and not self._folder.is_dir():
+            raise ReplayError(f"incremental snapshot to {path}: its rows, written to {self._folder} as it was "
+                              "taken, are gone (it was written, or failed, already); take it again")
+        tmp = self._folder or path.with_name(path.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
         try:
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-            for k, v in self.rows.items():
-                _save_array(tmp / f"{k}.npy", v)
+            if self._folder is None:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir(parents=True)
+                for k, v in self.rows.items():
+                    _save_array(tmp / f"{k}.npy", v)
             _save_array(tmp / "_slots.npy", self.slots)
             write_synced(tmp / "meta.json", json.dumps(self.meta).encode())
             _replace(tmp, path, increment=True)
@@ -629,10 +671,13 @@ class Increment:
             raise ReplayError(f"incremental snapshot to {path} failed: {e}") from e
         finally:
             shutil.rmtree(tmp, ignore_errors=True)   # gone once renamed; what a failed save left
+            if self._unwritten is not None:
+                self._unwritten.detach()
         return int(self.slots.size)
 
 
-def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False) -> Increment:
+def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False,
+                     path: str | os.PathLike | None = None) -> Increment:
     """Copy what changed in ``buf`` since a full snapshot whose ``next`` counter was ``since``.
 
     Only the ring writes at the head change rows, so the rows of items
@@ -640,22 +685,35 @@ def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False) -
     and rebases touch old rows too) and the counters: at most ``capacity`` rows
     and the leaves, as they were at one moment. They are copied as a full snapshot
     reads (chunk by chunk, copy-on-write): inserts and samples wait one chunk copy
-    at most, not the copy of every row (100k rows of 84x84 frames: 1.4 GB). Taken
+    at most, not the copy of every row (100k rows of two 84x84x4 uint8 frames,
+    ``obs`` and ``next_obs``: 5.6 GB). Taken
     with the (reentrant) lock already held, to pair it with other reads of the
     same moment, it holds the lock over the whole copy.
+
+    With ``path``, the directory :meth:`Increment.write` will be given, the rows go to
+    disk chunk by chunk as they are read, into a temporary directory beside it, as a
+    full snapshot's do: the increment holds none of them in memory (without it, all
+    of them: as many bytes again as the rows changed).
     With ``digest=True`` the increment's :attr:`~Increment.digest` is that of the
     whole buffer at the same moment, hashed without the lock held from the same
     chunks (the increment's rows are among them); the buffer must then have no
     snapshot in progress (a ReplayError). Without it only the increment's rows (and the leaves)
     are read; while a full snapshot is being written they are copied in one hold
-    of the lock, the buffer's one copy-on-write reader being taken.
+    of the lock, and held in memory, the buffer's one copy-on-write reader being taken.
     Raises :class:`ReplayError` when ``since`` is not an int in ``0 .. next``, or more
     than ``capacity`` items were written since (every row changed: take a full
-    snapshot instead).
+    snapshot instead), or (with ``path``) when ``path`` may not be replaced or the
+    rows cannot be written there.
     """
     if not is_int(since):   # a bool is no count; a float would fail in slicing
         raise ReplayError(f"incremental snapshot since {since!r}: give an int, the full snapshot's "
                           "`next` counter (the buffer's total_added when it was saved)")
+    if path is not None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise ReplayError(f"incremental snapshot path={path!r:.80}: give the directory it will be written "
+                              "to (a str or os.PathLike), or None to hold its rows in memory")
+        path = Path(path)
+        _check_target(path, increment=True)
     cap = buf.capacity
     with buf._lock:
         nxt = buf._next
@@ -665,11 +723,11 @@ def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False) -
             raise ReplayError(f"{nxt - since} items written since the full snapshot, more than capacity "
                               f"{cap}: take a full snapshot instead")
         n, first = nxt - since, since % cap
-        # the increment's slots: one or two runs of the ring, (first slot, end, position in the increment)
-        runs = [(first, min(cap, first + n), 0)]
+        # the increment's slots in slot order: one run of the ring, or two where it wraps
+        runs = [(first, min(cap, first + n))]
         if first + n > cap:
-            runs.append((0, first + n - cap, cap - first))
-        slots = np.arange(since, nxt, dtype=np.int64) % cap
+            runs.insert(0, (0, first + n - cap))
+        slots = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs])
         if buf._saver is not None and not digest:
             rows = {k: c[slots] for k, c in _columns(buf).items() if k != "_leaf"}   # fancy indexing copies
             rows["_leaf"] = np.array(buf._tree.leaves, copy=True)
@@ -677,40 +735,55 @@ def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False) -
         whole = None
         if not digest:
             whole = np.zeros(cap, dtype=bool)
-            for lo, hi, _ in runs:
+            for lo, hi in runs:
                 whole[lo:hi] = True
         frozen = _Frozen(buf, whole)
+    folder = None
     try:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            folder = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp-{os.getpid()}-", dir=path.parent))
         cols = _columns(buf)
-        rows = {k: np.empty((n, *c.shape[1:]), dtype=c.dtype) for k, c in cols.items() if k != "_leaf"}
-        rows["_leaf"] = np.empty_like(cols["_leaf"])
-        hashes = _Hashes(cols) if digest else None
-        for a, part in frozen._read():   # copies out of the increment's rows, and hashing, outside the lock
-            b = a + len(part["_leaf"])
-            rows["_leaf"][a:b] = part["_leaf"]
-            if hashes is not None:
-                hashes.update(part)
-            for lo, hi, at in runs:
-                x, y = max(a, lo), min(b, hi)
-                if x < y:
-                    for k, v in rows.items():
-                        if k != "_leaf":
-                            v[at + x - lo:at + y - lo] = part[k][x - a:y - a]
+        shapes = {k: (c.dtype, (n, *c.shape[1:])) for k, c in cols.items() if k != "_leaf"}
+        fields = list(shapes)
+        shapes["_leaf"] = (cols["_leaf"].dtype, cols["_leaf"].shape)
+        out = _Rows(shapes, folder)
+        try:
+            hashes = _Hashes(cols) if digest else None
+            for a, part in frozen._read():   # the increment's rows, and hashing, outside the lock
+                b = a + len(part["_leaf"])
+                out.append("_leaf", part["_leaf"])
+                if hashes is not None:
+                    hashes.update(part)
+                for lo, hi in runs:
+                    x, y = max(a, lo), min(b, hi)
+                    if x < y:
+                        for k in fields:
+                            out.append(k, part[k][x - a:y - a])
+            out.sync()
+        finally:
+            out.close()
+    except BaseException as e:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(e, (OSError, ValueError)) and path is not None:
+            raise ReplayError(f"incremental snapshot to {path} failed: {e}") from e
+        raise
     finally:
         frozen._release()
     meta = {**frozen._meta, "since": int(since)}
-    return Increment(int(since), slots, rows, meta, hashes.result(frozen._counters) if hashes is not None else None)
+    return Increment(int(since), slots, None if folder is not None else out.arrays, meta,
+                     hashes.result(frozen._counters) if hashes is not None else None, folder=folder)
 
 
 def save_incremental(buf: "ReplayBuffer", path: str | os.PathLike, since: int) -> int:
     """Write what changed in ``buf`` since a full snapshot whose ``next`` counter was ``since``
-    (:func:`take_incremental`, then :meth:`Increment.write`: the lock is held a chunk copy
-    at a time, not over the disk writes). Returns the rows written; raises :class:`ReplayError`
+    (:func:`take_incremental` with ``path``, then :meth:`Increment.write`: the lock is held a
+    chunk copy at a time, not over the disk writes, and the rows go to disk as they are read).
+    Returns the rows written; raises :class:`ReplayError`
     as those do, before anything is written when ``path`` may not be replaced (it holds
     something other than an incremental snapshot: the full one it is taken against, say)."""
-    path = Path(path)
-    _check_target(path, increment=True)
-    return take_incremental(buf, since).write(path)
+    return take_incremental(buf, since, path=path).write(path)
 
 
 def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuffer":
@@ -737,8 +810,8 @@ def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuf
     cols = _columns(buf)
     rows = {}
     for k in ["_slots", *cols]:
-        try:
-            rows[k] = np.load(path / f"{k}.npy")
+        try:   # mapped, not read: the rows are applied a chunk at a time, after every check
+            rows[k] = np.load(path / f"{k}.npy", mmap_mode="r")
         except FileNotFoundError as e:
             raise ReplayError(f"{path}: incomplete incremental snapshot ({e.filename} missing)") from None
         except (OSError, ValueError, EOFError) as e:   # truncated, not .npy, unreadable
@@ -748,6 +821,7 @@ def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuf
     slots = rows.pop("_slots")
     if slots.ndim != 1 or slots.dtype.kind not in "iu":
         raise ReplayError(f"{path}: row slots are {slots.dtype}{slots.shape}, expected a 1-D integer array")
+    slots = np.array(slots, dtype=np.int64)   # 8 bytes a row
     for k, c in cols.items():
         want = c.shape if k == "_leaf" else (slots.size,) + c.shape[1:]
         if rows[k].shape != want or rows[k].dtype != c.dtype:
@@ -762,9 +836,11 @@ def load_incremental(buf: "ReplayBuffer", path: str | os.PathLike) -> "ReplayBuf
             buf._origin[...] = number[buf._origin]
         for k, c in cols.items():
             if k == "_leaf":
-                buf._tree.assign(rows[k])
-            else:
-                c[slots] = rows[k]
+                buf._tree.assign(np.asarray(rows[k]))
+                continue
+            step = max(1, _CHUNK_BYTES // max(1, c[:1].nbytes))
+            for i in range(0, slots.size, step):
+                c[slots[i:i + step]] = rows[k][i:i + step]
         _apply_meta(buf, meta, lag)
         if counts is not None:   # they stood at the full snapshot's before
             buf.limiter.inserted, buf.limiter.sampled = int(counts[0]), int(counts[1])

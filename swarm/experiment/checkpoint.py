@@ -299,25 +299,27 @@ class Checkpointer:
             return self.full(background=False)  # nothing to take a delta against, or every row changed
         base_name, base_params, since = self._base
         c = _plain_counters(self.counters())
-        # The increment's rows and the buffer's digest describe one moment: both come from
-        # one chunk-by-chunk, copy-on-write reading of the buffer as it was then, as a full
-        # snapshot reads it, hashed outside the lock. The disk writes and syncs come after
-        # it: inserts and samples wait one chunk copy at most, neither for the hashing nor
-        # for the disk.
-        try:
-            inc = take_incremental(self.buf, since, digest=True)
-        except ReplayError:
-            if self.buf.total_added - since <= self.buf.capacity:
-                raise
-            # a neighbour's items (inserted on the peer's thread) came after the check above:
-            # every row may have changed since the full one
-            return self.full(background=False)
-        self._last_inc_step = c["env_steps"]
-        self._inc += 1
-        name = f"{base_name}-inc-{self._inc:04d}"
+        name = f"{base_name}-inc-{self._inc + 1:04d}"
         tmp = self.root / f".tmp-{name}"
         with _removed_on_error(tmp):
             _fresh_dir(tmp)
+            # The increment's rows and the buffer's digest describe one moment: both come
+            # from one chunk-by-chunk, copy-on-write reading of the buffer as it was then, as
+            # a full snapshot reads it, hashed and written to disk outside the lock (inserts
+            # and samples wait one chunk copy at most, neither for the hashing nor for the
+            # disk), a chunk at a time: the increment is never held whole in memory (as
+            # many bytes again as the rows changed; a buffer of image frames, gigabytes).
+            try:
+                inc = take_incremental(self.buf, since, digest=True, path=tmp / "buffer")
+            except ReplayError:
+                if self.buf.total_added - since <= self.buf.capacity:
+                    raise
+                # a neighbour's items (inserted on the peer's thread) came after the check
+                # above: every row may have changed since the full one
+                shutil.rmtree(tmp, ignore_errors=True)
+                return self.full(background=False)
+            self._last_inc_step = c["env_steps"]
+            self._inc += 1
             params = self.agent.parameters().copy()
             state = self.agent.state_dict()
             state.pop("q")  # the Q-net's weights are the parameter vector, saved as a delta below

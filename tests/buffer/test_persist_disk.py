@@ -104,14 +104,15 @@ def test_an_incremental_save_that_fails_leaves_the_earlier_one_and_no_temporary_
     if where == "rename":
         _failing_replace(monkeypatch, 1)
     else:
-        real, calls = np.save, [0]
+        from swarm.buffer import persist
+        real, calls = persist._Rows.append, [0]
 
-        def save(*a, **k):   # the third column: the disk fills part way
+        def append(*a, **k):   # the third column's rows, written as they are read: the disk fills part way
             calls[0] += 1
             if calls[0] == 3:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return real(*a, **k)
-        monkeypatch.setattr(np, "save", save)
+        monkeypatch.setattr(persist._Rows, "append", append)
     with pytest.raises(ReplayError, match=f"incremental snapshot to {tmp_path / 'inc'} failed: .*No space left"):
         save_incremental(buf, tmp_path / "inc", 40)
     monkeypatch.undo()
