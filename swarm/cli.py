@@ -839,7 +839,7 @@ def format_status(st: dict[str, Any]) -> str:
     """A coordinator's ``status`` reply as `swarm status` prints it: one line per member,
     a member that left shown as ``left``, and after an alive one's neighbours those its
     links cannot reach."""
-    from .coordinator.report import has_left, pad, unreachable_ids
+    from .coordinator.report import STANDBY_NOTE, has_left, pad, unreachable_ids
 
     lines = [f"coordinator {st['coordinator']}  epoch {st['epoch']}  uptime {st['uptime_s']:.1f} s  "
              f"members {len(st['view']['members'])}"]
@@ -848,6 +848,8 @@ def format_status(st: dict[str, Any]) -> str:
         seen = [f"{o['address']}: {o['state']}" + (f" ({o['error']})" if o.get("error") else "")
                 for o in st["others"]]
         lines.append(f"mode {st.get('mode')}  " + "  ".join(seen))
+        if st.get("mode") == "standby":
+            lines.append(STANDBY_NOTE)
     head = f"{'id':<20} {'rank':>4} {'state':<8} {'hb age':>7} {'linked':>6}  {'address':<24} neighbours"
     lines += [head, "-" * len(head)]
     for r in st["members"]:
@@ -868,19 +870,30 @@ def format_status(st: dict[str, Any]) -> str:
 
 
 def _status_of_any(addrs: list[str], args: argparse.Namespace, key_name: str) -> dict[str, Any]:
-    """The status of the first of ``addrs`` that answers (a standby answers too)."""
+    """The status of the active coordinator among ``addrs``: the first that answers, unless
+    that one stands by (as an old primary started again after a failover does, at the first
+    address): then the others are asked, first the one it sees as active. A standby's
+    answer, with its empty table, is the answer only when no active coordinator answers."""
     keys = _keys_folder(args.keys)
-    for addr in addrs:
+    todo, standby, last = list(addrs), None, None
+    while todo:
+        addr = todo.pop(0)
         try:
-            return asyncio.run(query_status(addr, args.timeout, keys, key_name))
+            st = asyncio.run(query_status(addr, args.timeout, keys, key_name))
         except (TransportError, StatusUnavailable):
-            # a bad address stays bad: no point in asking the next one; and one that
-            # answered is the answer (the next may be a standby, with an empty table)
-            raise
+            raise   # a bad address stays bad, and one that cannot send its table says so
         except SwarmError as e:
             if len(addrs) == 1:
                 raise
             last = e
+            continue
+        if st.get("mode") != "standby":
+            return st
+        standby = standby or st
+        active = [o["address"] for o in st.get("others") or [] if o["state"] == "active"]
+        todo.sort(key=lambda a: a not in active)   # stable: else in the order given
+    if standby is not None:
+        return standby
     raise SwarmError(f"no coordinator answered at {', '.join(addrs)} within {args.timeout} s each") from last
 
 
@@ -1146,8 +1159,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_peer)
 
     s = sub.add_parser("status", help="show the member table and current view", parents=[loud])
-    s.add_argument("--coordinator", help="coordinator address(es), comma-separated: the first that answers "
-                   "(else SWARM_COORDINATOR or MASTER_ADDR)")
+    s.add_argument("--coordinator", help="coordinator address(es), comma-separated: the active one that answers, "
+                   "a standby only if none does (else SWARM_COORDINATOR or MASTER_ADDR)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--keys", type=user_path, help="CurveZMQ key folder, when the swarm uses keys")
     s.add_argument("--key-name", help=f"key pair to authenticate with (default {STATUS_KEY_NAME})")

@@ -37,7 +37,7 @@ from ..checks import printable
 
 __all__ = ["PeerRates", "peer_rows", "status_document", "prometheus", "format_table", "plain", "bound_stats",
            "printable", "unreachable_ids", "has_left", "RATE_KEYS", "MAX_STAT_TEXT", "MAX_STAT_ITEMS",
-           "MAX_STATS_SIZE"]
+           "MAX_STATS_SIZE", "STANDBY_NOTE"]
 
 #: counters whose per-second rate the coordinator derives from heartbeats
 RATE_KEYS = ("env_steps", "rounds", "bytes_in", "bytes_out")
@@ -47,6 +47,10 @@ LOSS_KEYS = ("dropped_out", "malformed", "unlisted", "unknown_dst", "held", "hel
              "relay_stale", "relay_unlisted")
 
 _MAX_TEXT = 200   # longest string copied from a peer's stats into a row
+
+#: the line under a standby coordinator's mode in the terminal tables: its table has no
+#: members, which read as a swarm without peers
+STANDBY_NOTE = "this coordinator stands by: its table lists no members until it takes over"
 
 #: a coordinator sends a ``status`` reply again for up to 0.25 s (server.STATUS_CACHE_S),
 #: its ages as of when it was built, so the same figures come stamped up to that much
@@ -424,7 +428,8 @@ _PEER_METRICS = [
 
 
 def prometheus(doc: dict[str, Any]) -> str:
-    """The status document in the Prometheus text exposition format (version 0.0.4)."""
+    """The status document in the Prometheus text exposition format (version 0.0.4). A dead
+    member (crashed or left) has ``swarm_peer_up 0`` and its counters only, none of its gauges."""
     run = _label(doc.get("run") or "")
     lines = []
 
@@ -450,6 +455,10 @@ def prometheus(doc: dict[str, Any]) -> str:
         for p in doc["peers"]:
             if name == "swarm_peer_up":
                 v: Any = int(p["state"] != "dead")
+            elif kind == "gauge" and p["state"] == "dead":
+                # crashed or left, listed for a while: its gauges are its last figures, which a sum
+                # or an average over the swarm would count; its counters stay (they do not go back)
+                continue
             elif name == "swarm_peer_neighbours":
                 v = len(p["neighbours"])
             else:
@@ -541,6 +550,8 @@ def format_table(doc: dict[str, Any], width: int = 160) -> str:
         # cut by the columns the terminal shows, between whole escapes (by characters and
         # before escaping, the line ran past the terminal and could end inside an escape)
         lines.append(_fit(f"mode {doc.get('mode')}  " + "  ".join(seen), width)[0])
+        if doc.get("mode") == "standby":
+            lines.append(_fit(STANDBY_NOTE, width)[0])
     head = (f"{'id':<16} {'rank':>4} {'state':<7} {'hb age':>6} {'steps/s':>8} {'rounds/s':>8} "
             f"{'in/s':>7} {'out/s':>7} {'ratio':>5} {'stale':>5} {'buffer':>7}  {'neighbours':<20} error")
     lines += [head, "-" * len(head)]

@@ -39,12 +39,14 @@ on, and the run's exit code is 1.
 run's end in ``SWARM_RUN_ENDS`` (a restarted one gets what is left), and no peer is
 restarted once the run's time is up. The time is elapsed time (the host's monotonic
 clock, one for all its processes): a step of the wall clock changes nothing.
-A coordinator that dies is started again on the same address; the peers re-register
-with it. It too is left down after ``MAX_RESTARTS`` restarts in a row (e.g. another
-process took its port: every start fails to bind), or at once on a configuration error
-or a spawn that fails, with a line that says so; without it no peer could rejoin nor
-be restarted, so the run then ends (the peers write their results first) and its exit
-code is 1.
+A coordinator that dies is started again on the same address, and its status page (whose
+URL `swarm run` prints once the coordinator answers) on the port it first bound; where
+another process took that port meanwhile, the page moves to a new one and its URL is
+printed again. The peers re-register with it. It too is left down after ``MAX_RESTARTS``
+restarts in a row (e.g. another process took its port: every start fails to bind), or
+at once on a configuration error or a spawn that fails, with a line that says so;
+without it no peer could rejoin nor be restarted, so the run then ends (the peers write
+their results first) and its exit code is 1.
 
 A crash is any end of a process that the launcher did not cause, whenever it
 comes (a peer that exits 0 has spent its budget, unless its summary says a signal
@@ -87,7 +89,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import csv
-import errno
 import json
 import math
 import io
@@ -102,9 +103,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
+from urllib.parse import urlsplit
 
 from ..errors import ConfigError, SwarmError
-from .runner import DIGEST_EVERY, check_resume_kept, peer_dir
+from .runner import DIGEST_EVERY, check_resume_kept, in_the_way, peer_dir
 from .spec import CheckpointSpec, Spec, load_spec, save_resolved
 
 if TYPE_CHECKING:
@@ -134,7 +136,7 @@ def new_run_dir(root: Path, name: str) -> Path:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise SwarmError(f"cannot create the run folder {root / f'{name}-{stamp}'}: "
-                         f"{_in_the_way(root, e)}") from None
+                         f"{in_the_way(root / f'{name}-{stamp}', e)}") from None
     for i in range(100):
         d = root / (f"{name}-{stamp}" if i == 0 else f"{name}-{stamp}-{i}")
         try:
@@ -145,17 +147,6 @@ def new_run_dir(root: Path, name: str) -> Path:
         except OSError as e:  # e.g. the folder is read-only
             raise SwarmError(f"cannot create the run folder {d}: {e.strerror or e}") from None
     raise SwarmError(f"cannot make a fresh run folder under {root} for {name!r}")
-
-
-def _in_the_way(root: Path, e: OSError) -> str:
-    """Why ``root`` (or a folder above it, the one ``e`` names) cannot be made: a link to a
-    target that is gone (a scratch disk not mounted, or purged) is named with its target."""
-    part = Path(e.filename) if e.filename else root
-    if os.path.islink(part) and not os.path.exists(part):   # (both False where part cannot be looked at)
-        return f"{part} is a symbolic link to {os.readlink(part)}, which does not exist"
-    if isinstance(e, FileExistsError):   # a file there
-        return f"{part}: {os.strerror(errno.ENOTDIR)}"
-    return f"{part}: {e.strerror or e}"
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -219,6 +210,9 @@ class Launch:
     #: children killed because they had not left in their time after SIGTERM -> why (a
     #: peer's summary row's ``reason``); a peer among them makes the run's exit code 1
     killed: dict[str, str] = field(default_factory=dict)
+    #: the URL of the coordinator's status page, as its answers give it ("" until one does);
+    #: a restarted coordinator serves it on the same port
+    page: str = ""
 
     #: the fork server that starts the peers (:meth:`preload`), else None
     forks: ForkServer | None = None
@@ -578,18 +572,18 @@ def _tally(v: Any) -> int:
 
 
 def _wait_coordinator(launch: Launch, coord: _Child, addr: str, timeout: float = 20.0,
-                      intr: _Interrupt | None = None) -> None:
-    """Wait until the coordinator answers at ``addr``; return early once ``intr`` has
-    counted a signal (the caller then starts nothing more)."""
+                      intr: _Interrupt | None = None) -> dict[str, Any] | None:
+    """Wait until the coordinator answers at ``addr`` and return its status; return None
+    early once ``intr`` has counted a signal (the caller then starts nothing more)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if intr is not None and intr.count:
-            return
+            return None
         if coord.proc.poll() is not None:
             raise SwarmError(f"the coordinator exited with {coord.how()} before it "
                              f"answered; its log ({coord.log}):\n{_tail(coord.log)}")
-        if _status(addr) is not None:
-            return
+        if (st := _status(addr)) is not None:
+            return st
         time.sleep(0.1)
     raise SwarmError(f"the coordinator did not answer at {addr} within {timeout:.0f} s; log {coord.log}")
 
@@ -646,8 +640,9 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     The run folder is made in ``runs_root``. It and ``resume`` may start with ``~``, the
     user's home folder, as in a shell.
 
-        >>> r = run_experiment(None, ["peers=2", "budget.env_steps=2000"], stream=io.StringIO())
-        >>> r.exit_code, r.run_dir, [p["final_mean_return"] for p in r.summary]
+        >>> r = run_experiment(None, ["peers=2", "budget.env_steps=2000"], stream=io.StringIO())  # doctest: +SKIP
+        >>> r.exit_code, r.run_dir, [p["final_mean_return"] for p in r.summary]  # doctest: +SKIP
+        (0, PosixPath('runs/cartpole-ring-20250101-120000'), [127.6, 136.7])
     """
     # messages start on a line of their own; a stream that fails (a closed terminal) is left alone
     out = _Output(stream or sys.stderr)
@@ -698,7 +693,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
             addr = f"tcp://127.0.0.1:{_free_port()}"
             launch.preload()
             coord = launch.start("coordinator", _coordinator_args(spec, addr))
-            _wait_coordinator(launch, coord, addr, intr=intr)
+            _note_page(launch, _wait_coordinator(launch, coord, addr, intr=intr), progress)
             again = ["--resume-from", str(prev)] if prev is not None else []
             if spec.budget.max_seconds:
                 launch.deadline = time.monotonic() + spec.budget.max_seconds
@@ -1103,10 +1098,43 @@ def _deadline_env(launch: Launch) -> dict[str, str] | None:
     return {"SWARM_RUN_ENDS": repr(launch.deadline)}
 
 
-def _coordinator_args(spec: Spec, addr: str) -> list[str]:
+def _coordinator_args(spec: Spec, addr: str, page_port: int = 0) -> list[str]:
+    """`swarm coordinator` at ``addr`` with its status page on loopback port ``page_port``
+    (0: a free one)."""
     # the status page's title and the `run` label of /metrics name the experiment
     # quoted: a name such as 123 or 1e5 is a string, not a TOML number
-    return ["coordinator", "--bind", addr, "--set", f"coordinator.run_name={json.dumps(spec.name)}"]
+    return ["coordinator", "--bind", addr, "--set", f"coordinator.run_name={json.dumps(spec.name)}",
+            "--set", f'coordinator.http_bind="127.0.0.1:{page_port}"']
+
+
+def _page_port(url: str) -> int:
+    """The port of the status page at ``url`` where this host can bind it again now (a
+    restarted coordinator serves its page there: a scrape target or an open browser tab
+    keeps working), else 0: none known yet, or another process took it."""
+    port = urlsplit(url).port if url else None
+    if not port:
+        return 0
+    with socket.socket() as s:
+        # as the coordinator binds it: the old page's connections in TIME_WAIT do not count
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return 0
+    return port
+
+
+def _note_page(launch: Launch, st: dict[str, Any] | None, progress: _Progress) -> None:
+    """Print the status page's URL where the coordinator's answer ``st`` gives one that
+    ``launch`` has not said yet: its first, or a restarted coordinator's on a new port."""
+    url = (st or {}).get("http") or ""
+    if not url or url == launch.page:
+        return
+    said = (f"coordinator {st.get('coordinator')}, status page {url} (/metrics for Prometheus)" if not launch.page
+            else f"the coordinator's status page is now at {url} (it was at {launch.page})")
+    launch.page = url
+    progress.done()   # below the progress line's last figures
+    print(f"swarm run: {said}", file=progress.out, flush=True)
 
 
 def _peer_args(config: Path, rank: int, addr: str, run_dir: Path) -> list[str]:
@@ -1225,9 +1253,15 @@ def _restart_crashed(launch: Launch, spec: Spec, coord: _Child, peers: list[_Chi
     # The coordinator never ends by itself: an exit 0 is a SIGTERM from someone else.
     if (coord.proc.poll() is not None and not coord.ended_by_us and "coordinator" not in launch.given_up
             and not _left_down(launch, coord, out)):
-        print(f"swarm run: {coord.exited()}; starting it again on {addr}", file=out, flush=True)
+        port = _page_port(launch.page)
+        again = f"starting it again on {addr}"
+        if port:
+            again += f", its status page at {launch.page}"
+        elif launch.page:   # the new URL is said once it answers (_note_page)
+            again += f"; another process took the port of its status page ({launch.page}): the page moves to a new one"
+        print(f"swarm run: {coord.exited()}; {again}", file=out, flush=True)
         try:
-            coord = launch.start("coordinator", _coordinator_args(spec, addr))
+            coord = launch.start("coordinator", _coordinator_args(spec, addr, port))
             _count_restart(launch, "coordinator")
         except OSError as e:
             _start_failed(launch, coord, e, out)
@@ -1360,7 +1394,9 @@ def _supervise(launch: Launch, spec: Spec, coord: _Child, peers: list[_Child], a
             print(f"swarm run: budget.max_seconds = {limit} passed; ending the peers", file=out, flush=True)
             launch.end(peers, hurry=intr.hurry)
         # a coordinator that is down (being restarted) shows nothing new: the last figures stand
-        progress.update(_status(addr) if coord.proc.poll() is None else None, alive)
+        st = _status(addr) if coord.proc.poll() is None else None
+        _note_page(launch, st, progress)   # a restarted coordinator's page on a new port
+        progress.update(st, alive)
         time.sleep(POLL_S)
 
 

@@ -168,9 +168,21 @@ def make_peer_dir(run_dir: str | Path, rank: int, where: str = "") -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"{where or f'run folder {run_dir}'}: cannot create {out} ({e.strerror or e}); "
+        raise ConfigError(f"{where or f'run folder {run_dir}'}: cannot create {out} ({in_the_way(out, e)}); "
                           "pass a --run-dir this process can write") from None
     return out
+
+
+def in_the_way(folder: Path, e: OSError) -> str:
+    """Why ``folder`` cannot be made, from the error ``e`` of its ``mkdir(parents=True)``: what
+    is wrong with the folder above it that ``e`` names, or with ``folder`` itself. A link to
+    a target that is gone (a scratch disk not mounted, or purged) is named with its target."""
+    part = Path(e.filename) if e.filename else folder
+    if os.path.islink(part) and not os.path.exists(part):   # (both False where part cannot be looked at)
+        return f"{part} is a symbolic link to {os.readlink(part)}, which does not exist"
+    # a file there: mkdir's "exists" reads as if the folder were there
+    why = os.strerror(errno.ENOTDIR) if isinstance(e, FileExistsError) else e.strerror or str(e)
+    return why if part == folder else f"{part}: {why}"
 
 
 def stop_on_signals() -> threading.Event:

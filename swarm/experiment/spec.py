@@ -12,8 +12,8 @@ as a spec.
     topology = "grid"
     codec = "ef+topk:0.05"
 
-    >>> spec = load_spec("grid.toml", ["dqn.lr=5e-4"])
-    >>> save_resolved(spec, run_dir)     # run_dir/config.json
+    >>> spec = load_spec("grid.toml", ["dqn.lr=5e-4"])  # doctest: +SKIP
+    >>> save_resolved(spec, run_dir)     # run_dir/config.json  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -550,8 +550,8 @@ def load_spec(path: str | Path | Spec | None = None, overrides: list[str] | None
     solved after that env, not after the one it was derived for.
 
         >>> spec = load_spec(None, ["peers=2", "budget.env_steps=2000"])
-        >>> spec = load_spec(dataclasses.replace(spec, seed=1))
-        >>> load_spec(dataclasses.replace(spec, env="Acrobot-v1")).name
+        >>> spec = load_spec(dataclasses.replace(spec, seed=1))  # doctest: +SKIP
+        >>> load_spec(dataclasses.replace(spec, env="Acrobot-v1")).name  # doctest: +SKIP
         'acrobot-ring'
     """
     # "" (an unset variable) is refused by read_file, not taken for the built-in default

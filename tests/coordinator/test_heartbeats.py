@@ -35,11 +35,12 @@ async def _until(pred, timeout: float = 5.0) -> None:
 def test_heartbeats_keep_figures_and_reject_bad_beats():
     async def main():
         ctx = zmq.asyncio.Context()
-        # takeover_s: the 1 MiB header below can hold the loop past the default 1 s in a loaded
-        # run, and the coordinator's stall check then moves the members' deadlines on by the
-        # gap (review 45), which is no heartbeat; no other coordinator is watched here
+        # takeover_s and zmtp_timeout_s: the 1 MiB header below can hold the loop past the
+        # shorter of them (0.3 s) in a loaded run, and the coordinator's stall check then moves
+        # the members' deadlines on by the gap (reviews 45, 46), which is no heartbeat; no
+        # other coordinator is watched here, and the member is a bare socket
         async with Coordinator(bind="tcp://127.0.0.1:0", http_bind="", rejoin_grace_s=0.0,
-                               takeover_s=60.0) as coord:
+                               takeover_s=60.0, zmtp_timeout_s=60.0) as coord:
             d = ctx.socket(zmq.DEALER)
             d.setsockopt(zmq.LINGER, 0)
             d.connect(coord.address)
