@@ -215,6 +215,17 @@ async def _until_orphaned(parent: int) -> None:
         await asyncio.sleep(ORPHAN_POLL_S)
 
 
+def _gone(pid: int) -> bool:
+    """Whether no process ``pid`` exists (one of another user's exists)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):   # past the largest pid
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
     """Coordinator addresses from SWARM_COORDINATOR (comma-separated) or MASTER_ADDR.
 
@@ -518,9 +529,15 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             done = asyncio.create_task(coord.closed())
             ends = [done, asyncio.create_task(stop.wait())]
             # a coordinator of `swarm run` ends with it, even a killed one (one whose parent is
-            # some other process, e.g. started by hand with the variable set, does not watch)
+            # some other process, e.g. started by hand with the variable set, does not watch);
+            # one whose `swarm run` died before it got here ends now (it watched nothing, and
+            # ran on with nobody to end it)
             if parent is not None and os.getppid() == parent:
                 ends.append(asyncio.create_task(_until_orphaned(parent)))
+            elif parent is not None and _gone(parent):
+                say(f"swarm coordinator: its swarm run (pid {parent}, SWARM_PARENT_PID) is gone; stopping "
+                    "(unset SWARM_PARENT_PID to run one by hand)")
+                return 0
             await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
             for t in ends[1:]:
                 t.cancel()

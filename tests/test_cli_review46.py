@@ -16,6 +16,7 @@ import re
 import select
 import signal
 import subprocess
+import sys
 import time
 import unicodedata
 
@@ -173,3 +174,15 @@ def test_status_watch_clears_the_screen_only_of_a_terminal_that_can(procs, term,
         os.close(master)
     assert _frames(got.decode(errors="replace")) >= 3, got[-600:]
     assert (b"\x1b[H\x1b[2J" in got) is clears and (b"\x1b" in got) is clears, got[:300]
+
+
+def test_a_coordinator_whose_swarm_run_died_before_it_started_watching_ends(tmp_path):
+    # swarm run killed just as it started its coordinator: the coordinator's parent was no
+    # longer that swarm run when it looked, so it watched nothing and ran on for good
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()   # its pid: a swarm run that is gone
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    p = subprocess.run([sys.executable, "-m", "swarm.cli", "coordinator", "--bind", addr], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT, env=dict(os.environ, SWARM_PARENT_PID=str(dead.pid)))
+    assert p.returncode == 0, p.stderr
+    assert f"its swarm run (pid {dead.pid}, SWARM_PARENT_PID) is gone; stopping" in p.stdout + p.stderr
