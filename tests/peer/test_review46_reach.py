@@ -17,7 +17,7 @@ import os
 import signal
 
 import pytest
-from swarmtest import freeze, until, wait_for
+from swarmtest import freeze, until
 
 from peer.test_unreachable_review45 import BOUND_S, _linked, _warnings, relayed  # noqa: F401 (a fixture)
 from swarm.peer import Peer
