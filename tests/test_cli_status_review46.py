@@ -14,7 +14,8 @@ import json
 import os
 import subprocess
 
-from swarmtest import ROOT, SWARM, free_port, status, wait_for
+from coordinator.test_ha_review45 import primary_and_standby
+from swarmtest import ROOT, SWARM, status, wait_for
 
 from swarm.coordinator.report import PeerRates, format_table, status_document
 
@@ -27,12 +28,7 @@ def swarm_status(*args: str, env: dict[str, str] | None = None) -> str:
 
 
 def test_status_of_a_list_asks_past_a_standby_for_the_active_coordinator(procs):
-    # the lower address is the one active first
-    a, b = sorted(f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
-    ca = procs.start("coordinator", "--bind", a, "--others", b, name="a")
-    wait_for(lambda: status(a)["mode"] == "active", 20, what="A active")
-    cb = procs.start("coordinator", "--bind", b, "--others", a, name="b")
-    wait_for(lambda: status(b)["mode"] == "standby", 20, what="B standing by")
+    a, b, ca, cb = primary_and_standby(procs)   # A active first, B standing by
     for pid in ("pa", "pb"):
         procs.start("peer", "--coordinator", f"{a},{b}", "--id", pid, name=pid)
 

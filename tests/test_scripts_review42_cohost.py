@@ -24,10 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 
 
-def _run(script: str, *args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    """Run scripts/<script>.py in ``cwd`` to its end, in a process group of its own that is
-    killed with whatever it left running, also when the test fails or it overruns."""
-    p = subprocess.Popen([sys.executable, str(SCRIPTS / f"{script}.py"), *args], cwd=cwd,
+def _run(script: str, *args: str, cwd: Path, timeout: float, env: dict[str, str] | None = None
+         ) -> subprocess.CompletedProcess:
+    """Run scripts/<script>.py in ``cwd`` (with ``env``, else this one's) to its end, in a process
+    group of its own that is killed with whatever it left running, also when the test fails or
+    it overruns."""
+    p = subprocess.Popen([sys.executable, str(SCRIPTS / f"{script}.py"), *args], cwd=cwd, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)

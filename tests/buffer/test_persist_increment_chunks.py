@@ -13,6 +13,7 @@ updates between holds: no timing, and the interleaving is the same on every run.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import tracemalloc
 
@@ -69,14 +70,21 @@ class MeasuredLock:
                 self._busy = False
 
 
-@pytest.fixture
-def measured(monkeypatch):
-    monkeypatch.setattr(persist, "_CHUNK_BYTES", CHUNK_BYTES)
+@contextlib.contextmanager
+def chunks_traced(monkeypatch, chunk_bytes: int):
+    """Snapshots read in chunks of ``chunk_bytes``, and Python's allocations traced, within."""
+    monkeypatch.setattr(persist, "_CHUNK_BYTES", chunk_bytes)
     tracemalloc.start()
     try:
         yield
     finally:
         tracemalloc.stop()
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    with chunks_traced(monkeypatch, CHUNK_BYTES):
+        yield
 
 
 def _buffer(tmp_path, written: int, since: int) -> ReplayBuffer:

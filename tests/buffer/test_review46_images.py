@@ -16,6 +16,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from buffer.test_persist_increment_chunks import chunks_traced
 from swarmtest import linked_pair, on_small_disk, until
 
 from swarm.buffer import Federation, ReplayBuffer, persist
@@ -72,12 +73,8 @@ class SteppedLock:
 
 @pytest.fixture
 def traced(monkeypatch):
-    monkeypatch.setattr(persist, "_CHUNK_BYTES", CHUNK_BYTES)
-    tracemalloc.start()
-    try:
+    with chunks_traced(monkeypatch, CHUNK_BYTES):
         yield
-    finally:
-        tracemalloc.stop()
 
 
 def _written_over(buf: ReplayBuffer, per_step: int, most: int) -> SteppedLock:

@@ -30,14 +30,20 @@ def test_of_two_active_coordinators_the_one_with_members_stays_whatever_the_epoc
         assert higher.table.epoch == 2 and higher.table.members == {}
 
 
+def primary_and_standby(procs, timeout: float = 20.0):
+    """Two `swarm coordinator` processes that know each other, the lower address active
+    first and the other standing by: ``(primary, standby, its process, its process)``."""
+    primary, standby = sorted(f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    ca = procs.start("coordinator", "--bind", primary, "--others", standby, name="primary")
+    wait_for(lambda: status(primary)["mode"] == "active", timeout, what="the primary active")
+    cb = procs.start("coordinator", "--bind", standby, "--others", primary, name="standby")
+    wait_for(lambda: status(standby)["mode"] == "standby", timeout, what="the standby standing by")
+    return primary, standby, ca, cb
+
 def test_a_thawed_primary_stands_by_for_the_standby_that_holds_its_peers(procs):
     # the thawed primary declared every (moved) peer dead, published an empty view that tied
     # the standby's epoch, won on its lower address, and the peers failed over a second time
-    primary, standby = sorted(f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
-    ca = procs.start("coordinator", "--bind", primary, "--others", standby, name="primary")
-    wait_for(lambda: status(primary)["mode"] == "active", 15, what="the primary active")
-    cb = procs.start("coordinator", "--bind", standby, "--others", primary, name="standby")
-    wait_for(lambda: status(standby)["mode"] == "standby", 15, what="the standby standing by")
+    primary, standby, ca, cb = primary_and_standby(procs)
 
     async def main() -> None:
         peers, _ = await start_ticking_peers([f"p{i}" for i in range(3)], [primary, standby])

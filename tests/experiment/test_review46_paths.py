@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 # a coordinator process for in-process peers (tests/ is on the path)
 from experiment.test_runner import coordinator  # noqa: F401 - a fixture
+from test_scripts_review42_cohost import _run
 
 from swarm.errors import SwarmError
 from swarm.experiment import load_spec, run_experiment
@@ -144,32 +144,14 @@ def test_run_experiment_expands_a_runs_root_under_home(tmp_path, monkeypatch):
     assert not (tmp_path / "~").exists()
 
 
-def _run_script(script: str, *args: str, cwd: Path, env: dict[str, str], timeout: float = 120
-                ) -> subprocess.CompletedProcess:
-    """Run scripts/<script>.py in ``cwd`` to its end, in a process group of its own that is
-    killed with whatever it left running, also when the test fails or it overruns."""
-    p = subprocess.Popen([sys.executable, str(ROOT / "scripts" / f"{script}.py"), *args], cwd=cwd, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)   # the group is the script's: its pid is the group id
-        except ProcessLookupError:
-            pass
-        if p.returncode is None:
-            p.communicate()
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
-
-
 def test_compare_runs_expands_an_out_under_home(tmp_path):
     """``--out=~/cmp`` names $HOME/cmp: here a file, which is refused by its own name."""
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir()
     cwd.mkdir()
     (home / "cmp").write_text("a file\n")
-    res = _run_script("compare_runs", "codec", "--only", "fp16", "--steps", "500", "--set", "peers=1",
-                      "--out=~/cmp", cwd=cwd, env={**os.environ, "HOME": str(home)})
+    res = _run("compare_runs", "codec", "--only", "fp16", "--steps", "500", "--set", "peers=1",
+               "--out=~/cmp", cwd=cwd, timeout=120, env={**os.environ, "HOME": str(home)})
     assert res.returncode == 2, f"{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
     assert f"--out {home / 'cmp'}: is a file, not a folder" in res.stderr, res.stderr
     assert os.listdir(cwd) == []

@@ -37,6 +37,13 @@ def _warnings(caplog, text: str) -> list[str]:
             if r.name == "swarm.peer" and r.levelno == logging.WARNING and text in r.getMessage()]
 
 
+async def _warned_cannot_reach_b(caplog) -> str:
+    """a's one warning that it cannot reach b, once it comes."""
+    await until(lambda: _warnings(caplog, "cannot reach b"), 3 * BOUND_S + 5, "a's warning that it cannot reach b")
+    (warned,) = _warnings(caplog, "cannot reach b")
+    return warned
+
+
 @pytest.fixture
 def relayed(monkeypatch, caplog) -> tuple[Forwarder, int]:
     """The relay that stands for b's advertised address, and the port b binds; the bound
@@ -83,9 +90,7 @@ def test_a_neighbour_that_does_not_answer_is_logged_counted_shown_and_not_waited
         async with _linked(relay, b_port, got) as (coord, a, b):
             relay.vanish()   # b's advertised address no longer answers; b's own connections are fine
 
-            await until(lambda: _warnings(caplog, "cannot reach b"), 3 * BOUND_S + 5,
-                        "a's warning that it cannot reach b")
-            (warned,) = _warnings(caplog, "cannot reach b")
+            warned = await _warned_cannot_reach_b(caplog)
             assert f"tcp://127.0.0.1:{relay_port}" in warned and "does not answer" in warned, warned
             assert a.counters.unreachable == 1 and b.counters.unreachable == 0
             assert a.view.member("b") is not None   # the coordinator still lists b: it reaches it
@@ -137,9 +142,7 @@ def test_a_refused_neighbour_is_logged_once_and_again_once_it_is_back(relayed, c
             relay.server = None
             relay.cut()
 
-            await until(lambda: _warnings(caplog, "cannot reach b"), 3 * BOUND_S + 5,
-                        "a's warning that it cannot reach b")
-            (warned,) = _warnings(caplog, "cannot reach b")
+            warned = await _warned_cannot_reach_b(caplog)
             assert f"tcp://127.0.0.1:{relay_port}" in warned and "refuses" in warned, warned
             assert a.counters.unreachable == 1
             assert await a.send("b", "tick", timeout=3600) is False
