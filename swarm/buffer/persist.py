@@ -35,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
+import glob
 import json
 import math
 import os
@@ -142,6 +143,7 @@ class _Frozen:
         # the chunks depend on the columns' shapes and the mask only: laid out before the lock
         self._spans = _spans(_columns(buf), buf.capacity, whole)
         self._starts = np.array([a for a, _, _ in self._spans], dtype=np.int64)
+        self._span_whole = np.array([w for _, _, w in self._spans], dtype=bool)
         with buf._lock:
             if buf._saver is not None:
                 raise ReplayError("a snapshot of this buffer is already being written (or an increment or digest read)")
@@ -150,10 +152,12 @@ class _Frozen:
             self._counters = _counters(buf)
             self._cursor = 0
             self._kept = np.zeros(buf.capacity, dtype=bool)
-            # chunk number -> the rows set aside for it, (slots, columns): each row is copied
-            # once, and the chunk that reads it takes it (joining them all at every chunk
-            # copied them again and again: 27 GiB for a 1 GB buffer of frames)
-            self._aside: dict[int, list[tuple[np.ndarray, dict[str, np.ndarray]]]] = {}
+            # chunk number -> the rows set aside for it: (slots, their old columns, the
+            # chunk's rows slots[x:y], where they start in the columns other than _leaf,
+            # None where only leaves were kept). Each row is copied once, and the chunk
+            # that reads it takes it (joining them all at every chunk copied them again and
+            # again: 27 GiB for a 1 GB buffer of frames)
+            self._aside: dict[int, list[tuple[np.ndarray, dict[str, np.ndarray], int, int, int | None]]] = {}
             buf._saver = self
             self.max_stall_s = time.perf_counter() - t0
 
@@ -173,13 +177,20 @@ class _Frozen:
         self._kept[s] = True
         cols = _columns(self._buf)
         chunk = np.searchsorted(self._starts, s, side="right") - 1
+        # each column copied once for all the rows (fancy indexing copies); each chunk they
+        # fall in gets where its rows are in them, and copies them when it is read
+        if self._whole is None:   # a full snapshot: every row read whole
+            old = {k: c[s] for k, c in cols.items()}
+            at = None
+        else:   # rows not read whole: their leaves only
+            whole = self._span_whole[chunk]
+            old = {k: c[s] if k == "_leaf" else c[s[whole]] for k, c in cols.items()}
+            # where each row read whole is in the copies of the columns other than _leaf
+            at = [i if w else None for i, w in zip((np.cumsum(whole) - 1).tolist(), whole.tolist())]
         # s is sorted: each chunk's slots are one run of it
-        edges = [0, *(np.flatnonzero(np.diff(chunk)) + 1).tolist(), s.size]
+        edges = [0, *(np.flatnonzero(chunk[1:] != chunk[:-1]) + 1).tolist(), s.size]
         for a, b in zip(edges[:-1], edges[1:]):
-            i = int(chunk[a])
-            rows = s[a:b]
-            names = cols if self._spans[i][2] else ("_leaf",)   # rows not read whole: their leaves only
-            self._aside.setdefault(i, []).append((rows, {k: cols[k][rows] for k in names}))   # fancy indexing copies
+            self._aside.setdefault(int(chunk[a]), []).append((s, old, a, b, a if at is None else at[a]))
 
     def _read(self) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         """``(a, part)`` in slot order, ``part`` the columns of rows ``a ..`` as they were when
@@ -193,9 +204,13 @@ class _Frozen:
                 self._cursor = b
                 aside = self._aside.pop(i, [])
                 self.max_stall_s = max(self.max_stall_s, time.perf_counter() - t0)
-            for slots, old in aside:   # outside the lock, back to the old values
-                for k, v in old.items():
-                    part[k][slots - a] = v
+            for slots, old, x, y, lo in aside:   # outside the lock, back to the old values
+                rows = slots[x:y] - a
+                part["_leaf"][rows] = old["_leaf"][x:y]
+                if lo is not None:   # (rows, leaves and all, at lo.. of the other columns' copies)
+                    for k, v in old.items():
+                        if k != "_leaf":
+                            part[k][rows] = v[lo:lo + y - x]
             yield a, part
 
     def _chunks(self) -> Iterator[dict[str, np.ndarray]]:
@@ -323,6 +338,7 @@ class Snapshot(_Frozen):
     def _write(self) -> None:
         tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
         try:
+            _clear_stale(self.path)
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
@@ -389,6 +405,27 @@ class _Rows:
     def close(self) -> None:
         for f in self._files.values():
             f.close()
+
+
+def _clear_stale(path: Path) -> None:
+    """Remove the temporary folders ``<path>.tmp-PID-...`` that saves to ``path`` by processes
+    now gone left beside it (killed mid-save: an increment's is there for its whole read,
+    up to as large as the increment, and no later save, by another pid, reused its name)."""
+    for old in path.parent.glob(glob.escape(path.name) + ".tmp-*-*"):
+        pid = old.name[len(path.name) + len(".tmp-"):].split("-", 1)[0]
+        if pid.isascii() and pid.isdigit() and _gone(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process ``pid`` exists (one of another user's does)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):   # past the largest pid
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def write_synced(path: Path, data: bytes) -> None:
@@ -742,6 +779,7 @@ def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False,
     try:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
+            _clear_stale(path)
             folder = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp-{os.getpid()}-", dir=path.parent))
         cols = _columns(buf)
         shapes = {k: (c.dtype, (n, *c.shape[1:])) for k, c in cols.items() if k != "_leaf"}

@@ -9,6 +9,9 @@ here is counted in bytes (tracemalloc, which numpy reports its arrays to), not t
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import logging
 import threading
 import tracemalloc
@@ -335,3 +338,25 @@ def test_a_pull_answer_that_comes_after_the_timeout_is_stored_and_counted(caplog
         assert fb.stats.dropped_messages == 0
         assert [r for r in caplog.records if "after its pull" in r.getMessage()], caplog.text
     asyncio.run(main())
+
+
+def test_a_save_removes_the_temporary_folders_that_killed_saves_left(tmp_path):
+    # an increment streams into <path>.tmp-PID-... for its whole read: a process killed then
+    # left it (as large as the increment), and no later save, under another pid, removed it
+    buf = ReplayBuffer(FRAMES, 40, seed=0, peer_id="a")
+    buf.add({"obs": np.zeros((10, 84, 84), np.uint8), "action": np.arange(10)})
+    buf.save(tmp_path / "full")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for name in ("inc", "full"):
+        (tmp_path / f"{name}.tmp-{dead.pid}-x1y2").mkdir()              # a dead process's
+        (tmp_path / f"{name}.tmp-{os.getpid()}-live").mkdir()          # a live one's: left alone
+    buf.add({"obs": np.zeros((5, 84, 84), np.uint8), "action": np.arange(5)})
+    persist.save_incremental(buf, tmp_path / "inc", 10)
+    buf.save(tmp_path / "full2")   # another path: its stale folders only
+    assert not (tmp_path / f"inc.tmp-{dead.pid}-x1y2").exists()
+    assert (tmp_path / f"inc.tmp-{os.getpid()}-live").exists()
+    assert (tmp_path / f"full.tmp-{dead.pid}-x1y2").exists()
+    buf.save(tmp_path / "full")
+    assert not (tmp_path / f"full.tmp-{dead.pid}-x1y2").exists()
+    assert (tmp_path / f"full.tmp-{os.getpid()}-live").exists()
