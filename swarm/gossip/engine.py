@@ -195,6 +195,7 @@ class GossipStats:
     rejected_malformed: int = 0
     out_of_sync: int = 0
     nacks_sent: int = 0
+    nacks_stale: int = 0        # nacks of a gap that a full state sent since fills: no full state more
     full_sent: int = 0
     ignored_strangers: int = 0
     boot_served: int = 0        # parameter slices sent to bootstrapping neighbours
@@ -294,6 +295,9 @@ class _OutStream:
         self.ver = 0
         self.codec = codec
         self.synced: set[str] = set()
+        # receiver -> the version of the last full state sent to it: a nack of an earlier
+        # version is for a gap that full state fills (see Gossip._on_nack)
+        self.full_at: dict[str, int] = {}
         self.sending: str | None = None   # the receiver a send of this stream is waiting on
         self.nacked = False               # and whether it nacked meanwhile
         self._shared = [] if shared is None else shared
@@ -638,6 +642,7 @@ class Gossip:
         self._size_warned &= present   # and warned of again
         for s in self._out.values():
             s.synced &= present
+            s.full_at = {k: v for k, v in s.full_at.items() if k in present}
         for donor, _, _, fut in self._boot.values():   # a bootstrap asks the next donor at once
             if donor not in present and not fut.done():
                 fut.set_result(None)
@@ -674,10 +679,18 @@ class Gossip:
 
     def _on_nack(self, msg: Message) -> None:
         stream = self._out.get(msg.src if self._per_edge else "")
-        if stream is not None:
-            stream.synced.discard(msg.src)
-            if stream.sending == msg.src:
-                stream.nacked = True
+        if stream is None:
+            return
+        ver = msg.body.get("ver")
+        if type(ver) is int and ver <= stream.full_at.get(msg.src, -1):
+            # a gap that the full state sent since fills: a receiver a few rounds behind
+            # nacks each delta queued behind the gap as it reaches it, and each nack cost
+            # a full state more (max_staleness + 1 of them for one lost delta)
+            self.stats.nacks_stale += 1
+            return
+        stream.synced.discard(msg.src)
+        if stream.sending == msg.src:
+            stream.nacked = True
 
     def _reject(self, src: str, kind: str, why: str) -> None:
         setattr(self.stats, kind, getattr(self.stats, kind) + 1)
@@ -1222,6 +1235,7 @@ class Gossip:
                 if typ == T_FULL and not self._sends_state:
                     res.full_sent += 1
                     self.stats.full_sent += 1
+                    s.full_at[dst] = body["ver"]
                 # a nack that came while this delta waited to go is for a gap this delta
                 # does not fill: it stays unsynced and gets the full state next round (a
                 # full state sent meanwhile fills it)
