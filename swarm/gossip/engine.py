@@ -435,7 +435,8 @@ class Gossip:
             # CHOCO diverges when γ is large for a coarse codec (measured: ef+topk:0.01
             # at γ = 1 on an 8-ring grows the consensus error 37× in 200 rounds)
             log.warning("gossip: gamma=%s is far above the stable step for codec %r%s (about %.3g); "
-                        "expect divergence; pass gamma='auto'", gamma, codec,
+                        "expect divergence; pass gamma='auto' (in a swarm run spec, set gossip.step_size to it)",
+                        gamma, codec,
                         " with this outer step" if mode == "pseudo_gradient" else "", stable)
         if sync not in SYNC_MODES:
             raise ConfigError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
