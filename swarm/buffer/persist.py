@@ -39,6 +39,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -407,14 +408,31 @@ class _Rows:
             f.close()
 
 
+#: a temporary folder in which nothing was written for this long, of a process not seen
+#: here, is a killed save's (see _clear_stale)
+_STALE_S = 600.0
+
+
 def _clear_stale(path: Path) -> None:
-    """Remove the temporary folders ``<path>.tmp-PID-...`` that saves to ``path`` by processes
-    now gone left beside it (killed mid-save: an increment's is there for its whole read,
-    up to as large as the increment, and no later save, by another pid, reused its name)."""
+    """Remove the temporary folders that saves to ``path`` by processes now gone left beside
+    it (killed mid-save: an increment's is there for its whole read, up to as large as the
+    increment, and no later save, by another pid, reused its name). Only folders of the
+    names this module gives them (``<path>.tmp-PID-THREAD`` or ``<path>.tmp-PID-`` and 8
+    characters), without a ``meta.json`` (never a snapshot), whose process this one cannot
+    see and in which nothing was written for ``_STALE_S`` (a save in another pid namespace
+    on a shared disk may still be writing one)."""
+    name = re.compile(re.escape(path.name) + r"\.tmp-(\d{1,10})-(\d+|[a-z0-9_]{8})")
+    now = time.time()
     for old in path.parent.glob(glob.escape(path.name) + ".tmp-*-*"):
-        pid = old.name[len(path.name) + len(".tmp-"):].split("-", 1)[0]
-        if pid.isascii() and pid.isdigit() and _gone(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
+        m = name.fullmatch(old.name)
+        if m is None or not _gone(int(m.group(1))) or (old / "meta.json").exists():
+            continue
+        try:
+            if now - max((f.stat().st_mtime for f in (old, *old.iterdir())), default=0.0) < _STALE_S:
+                continue
+        except OSError:   # gone meanwhile, or not a folder
+            continue
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _gone(pid: int) -> bool:

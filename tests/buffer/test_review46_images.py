@@ -14,6 +14,7 @@ import subprocess
 import sys
 import logging
 import threading
+import time
 import tracemalloc
 
 import numpy as np
@@ -348,15 +349,29 @@ def test_a_save_removes_the_temporary_folders_that_killed_saves_left(tmp_path):
     buf.save(tmp_path / "full")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
+    long_ago = time.time() - 3600
+
+    def folder(name: str, *, old: bool = True, snapshot: bool = False):
+        d = tmp_path / name
+        d.mkdir()
+        (d / ("meta.json" if snapshot else "obs.npy")).write_bytes(b"x")
+        if old:
+            for f in (d / ("meta.json" if snapshot else "obs.npy"), d):
+                os.utime(f, (long_ago, long_ago))
+        return d
+
     for name in ("inc", "full"):
-        (tmp_path / f"{name}.tmp-{dead.pid}-x1y2").mkdir()              # a dead process's
-        (tmp_path / f"{name}.tmp-{os.getpid()}-live").mkdir()          # a live one's: left alone
+        folder(f"{name}.tmp-{dead.pid}-x1y2z3w4")                  # a dead process's: removed
+        folder(f"{name}.tmp-{os.getpid()}-live1234")               # a live one's: left alone
+        folder(f"{name}.tmp-{dead.pid}-12345", old=False)          # still being written (another pid namespace?)
+        folder(f"{name}.tmp-{dead.pid}-best")                      # not a name a save gives
+        folder(f"{name}.tmp-{dead.pid}-99999", snapshot=True)      # a finished snapshot of that name
     buf.add({"obs": np.zeros((5, 84, 84), np.uint8), "action": np.arange(5)})
     persist.save_incremental(buf, tmp_path / "inc", 10)
     buf.save(tmp_path / "full2")   # another path: its stale folders only
-    assert not (tmp_path / f"inc.tmp-{dead.pid}-x1y2").exists()
-    assert (tmp_path / f"inc.tmp-{os.getpid()}-live").exists()
-    assert (tmp_path / f"full.tmp-{dead.pid}-x1y2").exists()
+    left = sorted(p.name for p in tmp_path.iterdir() if ".tmp-" in p.name)
+    assert left == sorted([f"full.tmp-{dead.pid}-x1y2z3w4", *(
+        f"{n}.tmp-{pid}" for n in ("inc", "full")
+        for pid in (f"{os.getpid()}-live1234", f"{dead.pid}-12345", f"{dead.pid}-best", f"{dead.pid}-99999"))]), left
     buf.save(tmp_path / "full")
-    assert not (tmp_path / f"full.tmp-{dead.pid}-x1y2").exists()
-    assert (tmp_path / f"full.tmp-{os.getpid()}-live").exists()
+    assert not (tmp_path / f"full.tmp-{dead.pid}-x1y2z3w4").exists()
