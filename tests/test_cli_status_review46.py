@@ -46,6 +46,8 @@ def test_status_of_a_list_asks_past_a_standby_for_the_active_coordinator(procs):
     procs.start("coordinator", "--bind", a, "--others", b, "--set", "coordinator.takeover_s=600", name="a2")
     wait_for(lambda: (st := status(a))["mode"] == "standby" and st["others"][0]["state"] == "active", 20,
              what="A back, standing by for B")
+    # and B has heard it since (B's table below shows how B sees A: "no answer" until then)
+    wait_for(lambda: status(b)["others"][0]["state"] == "standby", 20, what="B seeing A stand by")
 
     for args, env in (((f"--coordinator={a},{b}",), None), ((), {"SWARM_COORDINATOR": f"{a},{b}"})):
         st = json.loads(swarm_status("--json", *args, env=env))
