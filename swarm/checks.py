@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import reprlib
 from typing import Any
 
@@ -118,3 +119,15 @@ def printable(s: Any) -> str:
     if s.isprintable():
         return s
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether no process ``pid`` exists here (one of another user's does; one past the
+    largest pid does not)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return True
+    except PermissionError:
+        return False
+    return False

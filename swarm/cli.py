@@ -47,7 +47,7 @@ from typing import Any, Callable, Coroutine, Mapping
 
 from .config import (MAX_RANK, PeerConfig, SwarmConfig, apply_overrides, from_dict, load_config, read_file,
                      to_dict)
-from .checks import printable
+from .checks import printable, process_gone
 from .errors import ConfigError, SwarmError, TransportError
 
 log = logging.getLogger("swarm.cli")
@@ -213,17 +213,6 @@ async def _until_orphaned(parent: int) -> None:
     """Return once this process's parent is no longer ``parent`` (it died, even by SIGKILL)."""
     while os.getppid() == parent:
         await asyncio.sleep(ORPHAN_POLL_S)
-
-
-def _gone(pid: int) -> bool:
-    """Whether no process ``pid`` exists (one of another user's exists)."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):   # past the largest pid
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def env_coordinator(environ: dict[str, str] | None = None) -> list[str]:
@@ -534,7 +523,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             # ran on with nobody to end it)
             if parent is not None and os.getppid() == parent:
                 ends.append(asyncio.create_task(_until_orphaned(parent)))
-            elif parent is not None and _gone(parent):
+            elif parent is not None and process_gone(parent):
                 say(f"swarm coordinator: its swarm run (pid {parent}, SWARM_PARENT_PID) is gone; stopping "
                     "(unset SWARM_PARENT_PID to run one by hand)")
                 return 0

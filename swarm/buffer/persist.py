@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from ..checks import is_int, is_real, seconds
+from ..checks import is_int, is_real, process_gone, seconds
 from ..errors import ReplayError
 from .limiter import RateLimiter
 
@@ -425,7 +425,7 @@ def _clear_stale(path: Path) -> None:
     now = time.time()
     for old in path.parent.glob(glob.escape(path.name) + ".tmp-*-*"):
         m = name.fullmatch(old.name)
-        if m is None or not _gone(int(m.group(1))) or (old / "meta.json").exists():
+        if m is None or not process_gone(int(m.group(1))) or (old / "meta.json").exists():
             continue
         try:
             if now - max((f.stat().st_mtime for f in (old, *old.iterdir())), default=0.0) < _STALE_S:
@@ -433,17 +433,6 @@ def _clear_stale(path: Path) -> None:
         except OSError:   # gone meanwhile, or not a folder
             continue
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _gone(pid: int) -> bool:
-    """Whether no process ``pid`` exists (one of another user's does)."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):   # past the largest pid
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def write_synced(path: Path, data: bytes) -> None:
