@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Coroutine, Iterator
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,6 +209,15 @@ def freeze(pid: int, timeout: float = 10.0) -> None:
     wait_for(lambda: all(_thread_state(t) in "TtZX" for t in Path(f"/proc/{pid}/task").iterdir()), timeout,
              interval=0.002, what=f"every thread of process {pid} stopped")
 
+
+
+def run_frozen(main: Coroutine[Any, Any, None], pid: int) -> None:
+    """``asyncio.run(main)`` for a test that freezes process ``pid``: it is continued
+    (SIGCONT) when ``main`` ends, also when it fails, so no frozen process outlives it."""
+    try:
+        asyncio.run(main)
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 def _thread_state(task: Path) -> str:
     try:

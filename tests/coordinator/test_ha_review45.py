@@ -9,7 +9,7 @@ import os
 import signal
 import time
 
-from swarmtest import Forwarder, free_port, freeze, start_ticking_peers, status, until, wait_for
+from swarmtest import Forwarder, free_port, freeze, run_frozen, start_ticking_peers, status, until, wait_for
 
 from swarm import Coordinator
 
@@ -71,10 +71,7 @@ def test_a_thawed_primary_stands_by_for_the_standby_that_holds_its_peers(procs):
             for p in peers:
                 await p.close()
 
-    try:
-        asyncio.run(main())
-    finally:
-        os.kill(ca.pid, signal.SIGCONT)
+    run_frozen(main(), ca.pid)
     # the standby does not probe nor log the deaths of members it does not serve
     wait_for(lambda: all(m["state"] == "dead" for m in status(standby)["members"]), 10,
              what="the active one seeing the peers leave")

@@ -18,7 +18,7 @@ import signal
 import pytest
 import zmq
 import zmq.asyncio
-from swarmtest import freeze, start_ticking_peers, status, wait_for
+from swarmtest import freeze, run_frozen, start_ticking_peers, status, wait_for
 
 from swarm import wire
 
@@ -58,10 +58,7 @@ def test_a_lone_coordinator_that_thaws_declares_no_live_member_dead(procs, froze
             for p in peers:
                 await p.close()
 
-    try:
-        asyncio.run(main())
-    finally:
-        os.kill(coord.pid, signal.SIGCONT)
+    run_frozen(main(), coord.pid)
     assert "declared dead" not in procs.log(coord), procs.log(coord)
     assert "its loops did not run for" in procs.log(coord), procs.log(coord)
 
@@ -129,7 +126,4 @@ def test_a_member_back_on_a_new_connection_within_probe_timeout_of_the_thaw_stay
                 s.close(0)
             ctx.term()
 
-    try:
-        asyncio.run(main())
-    finally:
-        os.kill(coord.pid, signal.SIGCONT)
+    run_frozen(main(), coord.pid)

@@ -15,7 +15,7 @@ import time
 import pytest
 import zmq
 import zmq.asyncio
-from swarmtest import free_port, freeze, start_ticking_peers, status, tick_neighbours, until, wait_for
+from swarmtest import free_port, freeze, run_frozen, start_ticking_peers, status, tick_neighbours, until, wait_for
 
 from swarm import Coordinator, wire
 from swarm.cli import query_status
@@ -285,8 +285,5 @@ def test_a_frozen_active_coordinator_that_comes_back_stands_by_for_the_newer_vie
             ctx.term()
             await b.close()
 
-    try:
-        asyncio.run(main())
-    finally:
-        os.kill(ca.pid, signal.SIGCONT)
+    run_frozen(main(), ca.pid)
     assert "has a newer view (epoch 100" in procs.log(ca)
