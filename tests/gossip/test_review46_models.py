@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from multiprocessing import resource_tracker
 
 import numpy as np
 import pytest
@@ -76,6 +77,9 @@ def test_a_model_shared_before_flat_parameters_stays_in_x_across_processes():
         if p.is_alive():
             p.kill()
             p.join(10)
+        # spawning started multiprocessing's resource tracker, a child of this process that
+        # would outlive the test (test_api counts this worker's children after its runs)
+        resource_tracker._resource_tracker._stop()
     assert torch.equal(seen, torch.full((4,), 2.0))
     assert is_flat(m, x)
     np.testing.assert_array_equal(x, np.full(x.size, 3.0, np.float32))   # the child's step is in x
