@@ -395,10 +395,15 @@ def _status(addr: str) -> dict[str, Any] | None:
     from ..cli import query_status  # noqa: PLC0415 - cli imports this module lazily too
 
     def query() -> dict[str, Any] | None:
+        # a loop of its own that is never made the thread's: asyncio.run would leave the
+        # caller's thread with no current loop (a script's get_event_loop() then fails)
+        loop = asyncio.new_event_loop()
         try:
-            return asyncio.run(query_status(addr, timeout=1.0))
+            return loop.run_until_complete(query_status(addr, timeout=1.0))
         except SwarmError:
             return None
+        finally:
+            loop.close()
 
     try:
         asyncio.get_running_loop()
