@@ -1112,7 +1112,9 @@ def user_path(value: str) -> str:
     """A file or folder given on the command line, ``~`` (or ``~USER``) at its start
     expanded to the home folder (argparse's ``type`` of every option that names one): a
     shell expands it only at the start of a word, so in ``--run-dir=~/x`` it came as a
-    ``~`` that made a folder of that name in the current one."""
+    ``~`` that made a folder of that name in the current one. A config's path keys
+    (``peer.keys_dir``, from a file or ``--set``) are expanded so where they are read
+    (:func:`swarm.config.from_dict`)."""
     return os.path.expanduser(value)
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import sys
 import textwrap
 import tomllib
@@ -47,9 +48,10 @@ T = TypeVar("T")
 
 
 def opt(default: Any, help: str, check: Callable[[Any], bool] | None = None,
-        why: str = "", **kw: Any) -> Any:
-    """A dataclass field with a help text and an optional value check."""
-    meta = {"help": help, "check": check, "why": why}
+        why: str = "", path: bool = False, **kw: Any) -> Any:
+    """A dataclass field with a help text and an optional value check. A ``path`` field
+    names a file or folder: :func:`from_dict` expands a ``~`` at its start."""
+    meta = {"help": help, "check": check, "why": why, "path": path}
     if isinstance(default, (list, dict, set)):
         return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -147,7 +149,9 @@ class PeerConfig:
     heartbeat_s: float = opt(0.25, "interval between heartbeats to the coordinator (liveness comes from "
                              "ZMTP heartbeats; these carry figures and refresh the route)", _positive,
                              "must be > 0")
-    join_timeout_s: float = opt(5.0, "deadline for the coordinator to answer a join", _positive, "must be > 0")
+    join_timeout_s: float = opt(5.0, "deadline for the coordinator to answer a join; also how long views of a "
+                                "size the topology takes no neighbours in (a hypercube of 3, while peers join) may "
+                                "last before a warning", _positive, "must be > 0")
     link_heartbeat_s: float = opt(0.1, "ZMTP heartbeat interval on peer links (detects frozen neighbours); "
                                   f"at most {MAX_ZMTP_S:g} s", _zmtp_s, _ZMTP_WHY)
     link_timeout_s: float = opt(0.3, f"ZMTP heartbeat timeout on peer links; at most {MAX_ZMTP_S:g} s",
@@ -158,7 +162,8 @@ class PeerConfig:
                         f"must be in 1..{MAX_HWM} (libzmq keeps a high-water mark in a C int)")
     max_message_mb: int = opt(512, f"largest message accepted, in MiB (ZMQ MAXMSGSIZE); at most {MAX_MESSAGE_MB} "
                               "(1 TiB)", _message_mb, f"must be in 1..{MAX_MESSAGE_MB} (1 TiB)")
-    keys_dir: str = opt("", "CurveZMQ key folder from `swarm keys generate`; empty: no encryption")
+    keys_dir: str = opt("", "CurveZMQ key folder from `swarm keys generate` (~ is the home folder); empty: no "
+                        "encryption", path=True)
     key_name: str = opt("peer", "this peer's key pair in keys_dir")
 
     def validate(self) -> None:
@@ -200,7 +205,8 @@ class CoordinatorConfig:
     rejoin_grace_s: float = opt(0.3, "after a (re)start, how long to gather re-joins before the first view",
                                 nonneg, "must be >= 0")
     tick_s: float = opt(0.02, "failure detector period", _positive, "must be > 0")
-    keys_dir: str = opt("", "CurveZMQ key folder from `swarm keys generate`; empty: no encryption")
+    keys_dir: str = opt("", "CurveZMQ key folder from `swarm keys generate` (~ is the home folder); empty: no "
+                        "encryption", path=True)
     key_name: str = opt("coordinator", "the coordinator's key pair in keys_dir")
     others: list[str] = opt([], "addresses of the other coordinators (primary and standbys); empty: run alone")
     takeover_s: float = opt(1.0, "a standby takes over when no active coordinator has answered for this long",
@@ -309,6 +315,10 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
             if dataclasses.is_dataclass(default):
                 value = {**to_dict(default), **value}
         v = _coerce(value, hints[name], key)
+        if f.metadata.get("path"):
+            # as the command line's paths (cli.user_path): a config file or --set is read by
+            # no shell, and "~/keys" was a folder named "~" in the current one
+            v = os.path.expanduser(v)
         check = f.metadata.get("check")
         if check is not None and not check(v):
             why = f.metadata.get("why") or "is not allowed"

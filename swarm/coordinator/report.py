@@ -439,6 +439,10 @@ def prometheus(doc: dict[str, Any]) -> str:
 
     head("swarm_coordinator_uptime_seconds", "gauge", "seconds since the coordinator started")
     lines.append(f'swarm_coordinator_uptime_seconds{{run="{run}"}} {_fmt(doc.get("uptime_s") or 0.0)}')
+    # a standby's page has no members: without this it read as an active swarm with no peers
+    head("swarm_coordinator_active", "gauge",
+         "1 on the active coordinator, 0 on a standby (whose member metrics are empty until it takes over)")
+    lines.append(f'swarm_coordinator_active{{run="{run}"}} {int(doc.get("mode") == "active")}')
     head("swarm_epoch", "gauge", "current membership epoch")
     lines.append(f'swarm_epoch{{run="{run}"}} {_fmt(doc.get("epoch") or 0)}')
     head("swarm_members", "gauge", "members by state")

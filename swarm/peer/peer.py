@@ -551,6 +551,11 @@ class Peer:
         self._link_failure_logged = -math.inf
         self._view = View(0)
         self._neighbours: list[str] = []
+        # views of a size the topology takes no neighbours in, in a row: since when (0: the
+        # last view fits), the last one's error, and whether it was warned of (_check_shape)
+        self._unfit_since = 0.0
+        self._unfit_why = ""
+        self._unfit_warned = False
         self._links: dict[str, _Link] = {}
         self._pending_hello: set[str] = set()
         self._ahead: dict[str, int] = {}       # non-member sender -> the newer epoch it spoke from
@@ -1966,13 +1971,16 @@ class Peer:
             try:
                 edges = topo.within(cfg.edges, n) if cfg.topology == "custom" else None
                 pos = topo.neighbours(cfg.topology, n, idx, edges=edges)
+                self._unfit_since, self._unfit_warned = 0.0, False
             except ConfigError as e:
                 # the view stands all the same (it says who is alive; the rest of this
                 # installs it): no neighbours until one the topology takes, such as a
                 # hypercube of 3 while its peers join. Before, half-installed, it counted as
-                # a malformed message
-                log.warning("peer %s: epoch %d: %s; no neighbours until a view it can take",
-                            self.id, view.epoch, e)
+                # a malformed message. Only one that lasts is a warning (_check_shape)
+                log.info("peer %s: epoch %d: %s; no neighbours until a view it can take",
+                         self.id, view.epoch, e)
+                self._unfit_since = self._unfit_since or time.monotonic()
+                self._unfit_why = f"epoch {view.epoch}: {e}"
                 pos = []
             self._neighbours = [view.members[j].id for j in pos]
         ids = set(view.ids)
@@ -2124,6 +2132,7 @@ class Peer:
                 self._join()
             self._resend_hellos(now)
             self._check_reach(now)
+            self._check_shape(now)
             if now - last_hb < cfg.heartbeat_s or self.state is PeerState.LEAVING:
                 continue   # leaving: a beat after the leave reads as a dead member's, answered "rejoin"
             last_hb = now
@@ -2199,6 +2208,16 @@ class Peer:
                             "takes connections from this host. Sends to it fail at once until it answers",
                             self.id, pid, link.addr, now - link.down_since, why, listed)
         self._count_unreachable()
+
+    def _check_shape(self, now: float) -> None:
+        """Warn once when the views have been of sizes the topology takes no neighbours
+        in (a hypercube of 3) for ``join_timeout_s`` in a row. While peers join such views
+        come and go (3 on the way to 4), logged at INFO only: a healthy start of every
+        hypercube swarm warned on each peer; one that lasts does not mend by itself."""
+        if self._unfit_since and not self._unfit_warned and now - self._unfit_since > self.config.join_timeout_s:
+            self._unfit_warned = True
+            log.warning("peer %s: no neighbours for %.0f s: %s; start or stop peers for a size it takes, or "
+                        "choose another topology", self.id, now - self._unfit_since, self._unfit_why)
 
     def _count_unreachable(self) -> None:
         self.counters.unreachable = sum(link.unreachable for link in self._links.values())
