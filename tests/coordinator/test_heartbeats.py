@@ -85,7 +85,7 @@ def test_heartbeats_keep_figures_and_reject_bad_beats():
                 for frames in (_hb("a", 8), _hb("zz", 1)):
                     await d.send_multipart(frames)
                     reply = wire.decode(await asyncio.wait_for(d.recv_multipart(), 5))
-                    while reply.t == "view":
+                    while reply.t in ("view", "probe"):   # a probe: this bare member was slow to beat (load)
                         reply = wire.decode(await asyncio.wait_for(d.recv_multipart(), 5))
                     assert reply.t == "rejoin"
                 assert coord.heartbeats == 3 and coord.status()["heartbeats"] == 3
