@@ -81,6 +81,10 @@ def _check_target(path: Path, increment: bool = False) -> None:
     results directory given by mistake would lose every file in it, and an
     increment written to its full snapshot's path the base it cannot load without.
     """
+    size = len(os.fsencode(path.name))
+    if size > _NAME_MAX:   # else refused only by the last rename, after every row was written
+        raise ReplayError(f"snapshot path {path}: its name is {size} bytes, longer than the {_NAME_MAX} "
+                          "bytes a file name may have; give a shorter one")
     if not os.path.lexists(path):
         return
     if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
@@ -337,7 +341,7 @@ class Snapshot(_Frozen):
         return self
 
     def _write(self) -> None:
-        tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
+        tmp = _beside(self.path, "tmp")
         try:
             _clear_stale(self.path)
             if tmp.exists():
@@ -408,6 +412,35 @@ class _Rows:
             f.close()
 
 
+#: the longest file name, in bytes, of the usual file systems (ext4, xfs, btrfs, tmpfs, APFS)
+_NAME_MAX = 255
+#: the most bytes a temporary folder's name adds to its stem: ``.tmp-`` (or ``.old-``), a
+#: pid of up to 10 digits, ``-`` and a thread id of up to 20 (or mkdtemp's 8 characters)
+_SUFFIX_MAX = 36
+
+
+def _stem(path: Path) -> str:
+    """What the names of the temporary folders beside ``path`` start with: its name, or,
+    where a suffix would make that longer than a file name may be, its first bytes, ``~``
+    and a hash of the whole name (so each path's are its own, and found again by
+    :func:`_clear_stale`). Before, a name of 231-255 bytes, valid for the file system,
+    failed deep in the save with "File name too long"."""
+    name = os.fsencode(path.name)
+    if len(name) + _SUFFIX_MAX <= _NAME_MAX:
+        return path.name
+    tag = "~" + hashlib.blake2b(name, digest_size=8).hexdigest()
+    keep = path.name[:_NAME_MAX - _SUFFIX_MAX - len(tag)]
+    while len(os.fsencode(keep)) > _NAME_MAX - _SUFFIX_MAX - len(tag):   # cut whole characters
+        keep = keep[:-1]
+    return keep + tag
+
+
+def _beside(path: Path, kind: str) -> Path:
+    """This thread's temporary folder beside ``path``: ``<stem>.tmp-PID-THREAD`` (``kind``
+    "tmp") or ``<stem>.old-PID-THREAD`` (an old snapshot renamed aside)."""
+    return path.with_name(f"{_stem(path)}.{kind}-{os.getpid()}-{threading.get_ident()}")
+
+
 #: a temporary folder in which nothing was written for this long, of a process not seen
 #: here, is a killed save's (see _clear_stale)
 _STALE_S = 600.0
@@ -417,13 +450,15 @@ def _clear_stale(path: Path) -> None:
     """Remove the temporary folders that saves to ``path`` by processes now gone left beside
     it (killed mid-save: an increment's is there for its whole read, up to as large as the
     increment, and no later save, by another pid, reused its name). Only folders of the
-    names this module gives them (``<path>.tmp-PID-THREAD`` or ``<path>.tmp-PID-`` and 8
-    characters), without a ``meta.json`` (never a snapshot), whose process this one cannot
-    see and in which nothing was written for ``_STALE_S`` (a save in another pid namespace
-    on a shared disk may still be writing one)."""
-    name = re.compile(re.escape(path.name) + r"\.tmp-(\d{1,10})-(\d+|[a-z0-9_]{8})")
+    names this module gives them (``<stem>.tmp-PID-THREAD`` or ``<stem>.tmp-PID-`` and 8
+    characters, ``<stem>`` the name of ``path``, shortened if long: :func:`_stem`), without
+    a ``meta.json`` (never a snapshot), whose process this one cannot see and in which
+    nothing was written for ``_STALE_S`` (a save in another pid namespace on a shared disk
+    may still be writing one)."""
+    stem = _stem(path)
+    name = re.compile(re.escape(stem) + r"\.tmp-(\d{1,10})-(\d+|[a-z0-9_]{8})")
     now = time.time()
-    for old in path.parent.glob(glob.escape(path.name) + ".tmp-*-*"):
+    for old in path.parent.glob(glob.escape(stem) + ".tmp-*-*"):
         m = name.fullmatch(old.name)
         if m is None or not process_gone(int(m.group(1))) or (old / "meta.json").exists():
             continue
@@ -513,7 +548,7 @@ def _replace(tmp: Path, path: Path, increment: bool = False) -> None:
             shutil.rmtree(tmp, ignore_errors=True)   # the old snapshot, now under tmp's name
             fsync_dir(path.parent)
             return
-        old = path.with_name(path.name + f".old-{os.getpid()}-{threading.get_ident()}")
+        old = _beside(path, "old")
         os.replace(path, old)
         try:
             os.replace(tmp, path)
@@ -698,7 +733,7 @@ class Increment:
         if self._folder is not None and not self._folder.is_dir():
             raise ReplayError(f"incremental snapshot to {path}: its rows, written to {self._folder} as it was "
                               "taken, are gone (it was written, or failed, already); take it again")
-        tmp = self._folder or path.with_name(path.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
+        tmp = self._folder or _beside(path, "tmp")
         try:
             if self._folder is None:
                 if tmp.exists():
@@ -787,7 +822,7 @@ def take_incremental(buf: "ReplayBuffer", since: int, *, digest: bool = False,
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             _clear_stale(path)
-            folder = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+            folder = Path(tempfile.mkdtemp(prefix=f"{_stem(path)}.tmp-{os.getpid()}-", dir=path.parent))
         cols = _columns(buf)
         shapes = {k: (c.dtype, (n, *c.shape[1:])) for k, c in cols.items() if k != "_leaf"}
         fields = list(shapes)
