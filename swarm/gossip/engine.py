@@ -35,7 +35,8 @@ Streams and copies
 Messages (registered with :func:`swarm.wire.register_type`)
     ``gsp_delta``  body ``{r, ver, meta}``, arrays = the codec's frames
     ``gsp_full``   body ``{r, ver}``, arrays = ``[x̂ float32[d]]`` (every identity message)
-    ``gsp_nack``   body ``{ver}``: "my copy of you is not at ``ver − 1``; send it full"
+    ``gsp_nack``   body ``{ver, d}``: "my copy of you is not at ``ver − 1``; send it full;
+                   I gossip ``d`` values" (a ``d`` other than the sender's: "send me nothing")
     ``gsp_boot_req`` body ``{lo, hi, nonce}``: "send me x[lo:hi]" (:meth:`Gossip.bootstrap`)
     ``gsp_boot_ok`` body ``{nonce}``: "I took that request; its slice follows"
     ``gsp_boot``   body ``{lo, hi, nonce, r}``, arrays = ``[x[lo:hi] float32]``
@@ -492,7 +493,12 @@ class Gossip:
         # per round, while a merely slow neighbour is waited for as the mode says.
         # (Not before this peer's first averaging round: see round().)
         self._late: set[str] = set()
-        self._size_warned: set[str] = set()   # senders warned of for a model of another size (_reject_size)
+        # Neighbours whose model has another size, by that size: senders whose states this
+        # engine refused (not waited for) and receivers that refused its states (a nack's d:
+        # sent nothing), until a state or nack of this size comes from them or they leave
+        # the view (see _reject_size)
+        self._refused: dict[str, int] = {}
+        self._refused_by: dict[str, int] = {}
         self._bytes_in = 0
         self._rejected = 0
         self._steps = 0
@@ -640,7 +646,9 @@ class Gossip:
         for key in [k for k in self._out if k and k not in present]:
             self._drop_stream(key)
         self._late &= present   # a member that comes back under its id is waited for again
-        self._size_warned &= present   # and warned of again
+        # and warned of again, and sent states again
+        self._refused = {k: n for k, n in self._refused.items() if k in present}
+        self._refused_by = {k: n for k, n in self._refused_by.items() if k in present}
         for s in self._out.values():
             s.synced &= present
             s.full_at = {k: v for k, v in s.full_at.items() if k in present}
@@ -679,6 +687,12 @@ class Gossip:
         self._arrived.set()
 
     def _on_nack(self, msg: Message) -> None:
+        d = msg.body.get("d")   # absent from an older peer's nacks
+        if type(d) is int and d > 0 and self._view.index(msg.src) >= 0:
+            if d == self.d:
+                self._size_matches(msg.src)
+            else:
+                self._other_size(msg.src, d, self._refused_by)
         stream = self._out.get(msg.src if self._per_edge else "")
         if stream is None:
             return
@@ -701,16 +715,32 @@ class Gossip:
         log.debug("gossip: rejected message from %r: %s", src, why)
 
     def _reject_size(self, src: str, n: int | None, why: str) -> None:
-        """Reject a state or delta of the wrong size from ``src``, as :meth:`_reject`; the
-        first one of ``n`` values, not ``d``, from each sender is logged as a warning.
-
-        A neighbour with a model of another size is refused every round, for good: at
-        DEBUG only, its rounds were no-ops that nothing explained."""
+        """Reject a state or delta of the wrong size from ``src``, as :meth:`_reject`; one of
+        ``n`` values, not ``d``, marks ``src`` as a neighbour of another size (see
+        :meth:`_other_size`), whose states are not waited for from then on."""
         self._reject(src, "rejected_size", why)
-        if n is not None and n != self.d and src not in self._size_warned:
-            self._size_warned.add(src)
+        if n is not None and n != self.d:
+            self._other_size(src, n, self._refused)
+
+    def _other_size(self, src: str, n: int, marks: dict[str, int]) -> None:
+        """Mark ``src`` in ``marks`` (:attr:`_refused` or :attr:`_refused_by`) as gossiping
+        ``n`` values, not ``d``; the first mark of each neighbour is logged as a warning.
+
+        Each of its nacks of a refused state took it out of its stream's receivers in
+        sync and so drew a full state: every round with the identity codec, every other
+        round with a delta codec, for good, to a peer that could use none of them; and
+        at DEBUG only, its rounds were no-ops that nothing explained."""
+        if src not in self._refused and src not in self._refused_by:
             log.warning("gossip: neighbour %r gossips %d values, this engine has %d (a different model?): "
-                        "its states are dropped, each counted in stats.rejected_size", src, n, self.d)
+                        "no states go between the two until their sizes match (a new engine, a restart)",
+                        src, n, self.d)
+        marks[src] = n
+
+    def _size_matches(self, src: str) -> None:
+        """``src`` sent a state, delta or nack of this engine's size (a new engine on a model of
+        this size, a restart): its states are waited for, and it is sent states, again."""
+        self._refused.pop(src, None)
+        self._refused_by.pop(src, None)
 
     def _apply_pending(self, src: str, copy: _InCopy, upto: int | None) -> list[int]:
         """Apply queued messages of ``src`` in order, up to round ``upto``; returns
@@ -740,6 +770,7 @@ class Gossip:
                 else:
                     np.copyto(copy.hat, a)
                 copy.ver, copy.round = ver, r
+                self._size_matches(src)
                 continue
             if copy.ver < 0 or ver != copy.ver + 1:
                 self.stats.out_of_sync += 1
@@ -783,6 +814,7 @@ class Gossip:
                 gaps.append(ver)
                 continue
             copy.ver, copy.round = ver, r
+            self._size_matches(src)
         return gaps
 
     # ------------------------------------------------------------ bootstrap
@@ -1172,7 +1204,14 @@ class Gossip:
         streams: dict[int, tuple[_OutStream, list[str]]] = {}
         for dst in receivers:
             s = self._stream_for(dst)
-            streams.setdefault(id(s), (s, []))[1].append(dst)
+            dsts = streams.setdefault(id(s), (s, []))[1]
+            if dst in self._refused_by:
+                # its model has another size: it refuses every state. The stream still
+                # moves (it is this peer's copy in the mix); a full state goes once the
+                # sizes match again
+                s.synced.discard(dst)
+            else:
+                dsts.append(dst)
         if not self._per_edge and receivers:
             self._stream_for("").synced &= set(receivers)
         # x is checked for NaN/Inf in the first pass the round makes over it anyway
@@ -1269,6 +1308,7 @@ class Gossip:
             senders, w = self._senders_now(t, senders, w)
             waiting = [] if need is None else [j for j in senders if self._copy_round(j) < need
                                                and j not in broken and j not in self._late
+                                               and j not in self._refused
                                                and not self._went_past(j, t)]
             if not waiting:
                 break
@@ -1320,7 +1360,9 @@ class Gossip:
         if not mixed:
             self.stats.rounds_alone += 1
             if not res.reason:
-                res.reason = ("no neighbour's state arrived in time" if senders
+                res.reason = ("every sender's model has another size (see the warning)"
+                              if senders and all(j in self._refused for j in senders)
+                              else "no neighbour's state arrived in time" if senders
                               else "the view changed during the round and left it no sender" if began
                               else "alone in the view")
         self._drop_unused_copies(senders)
@@ -1442,7 +1484,8 @@ class Gossip:
             if gaps and self._view.index(src) >= 0:
                 self.stats.nacks_sent += 1
                 nacked.add(src)
-                await self.link.send(src, T_NACK, {"ver": gaps[-1]}, (), timeout=self.send_timeout)
+                # d: a sender of another size sends this peer nothing more (see _on_nack)
+                await self.link.send(src, T_NACK, {"ver": gaps[-1], "d": self.d}, (), timeout=self.send_timeout)
         return nacked
 
     def _outer_step(self) -> bool:

@@ -198,7 +198,9 @@ def test_a_neighbour_with_another_model_size_is_warned_of_once(codec, caplog):
             return engines, res
     engines, res = asyncio.run(main())
     assert not any(r.ok for rs in res for r in rs)
-    assert all(g.stats.rejected_size >= 2 for g in engines)     # still counted, every time
+    # counted; after the first refusal's nack (review 47) no more states come, so 1, or 2
+    # where a second state left before the nack arrived
+    assert all(1 <= g.stats.rejected_size <= 2 for g in engines)
     warned = [r.getMessage() for r in caplog.records
               if r.levelno == logging.WARNING and "values" in r.getMessage()]
     assert len(warned) == 2, warned
