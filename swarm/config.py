@@ -119,9 +119,9 @@ def _label(x: Any) -> bool:
 
 def _advertisable(x: Any) -> bool:
     # neighbours connect to it: a typo here would fail in every one of them, not in this peer
-    from .transport import member_address_error  # noqa: PLC0415 - the coordinator's own rule
+    from .transport import dial_address_error  # noqa: PLC0415 - the coordinator's own rule
 
-    return x == "" or not member_address_error(x)
+    return x == "" or not dial_address_error(x)
 
 
 @dataclass
@@ -136,7 +136,8 @@ class PeerConfig:
                   "breaks, control characters or bytes that are not UTF-8")
     bind: str = opt("tcp://127.0.0.1:*", "ROUTER address to bind; a * port picks a free one")
     advertise: str = opt("", "address other peers connect to (behind NAT); empty means the bound address",
-                         _advertisable, "must be tcp://HOST:PORT with a fixed port (the one bind binds), or empty")
+                         _advertisable, "must be tcp://HOST:PORT with a fixed port (the one bind binds) and a HOST "
+                         "others can dial (not 0.0.0.0, which only binds every interface), or empty")
     inbox_port: int = opt(0, "port of the direct gradient relay's inbox (gossip.exchange = gradients), bound "
                              "on the bind host and advertised with the advertised host: fix it to forward it "
                              "behind NAT; 0 picks a free one", lambda p: 0 <= p <= 65535, "must be in 0..65535")

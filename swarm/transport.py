@@ -162,27 +162,43 @@ def heartbeats(s: zmq.Socket, ivl: float | None, timeout: float | None) -> None:
         s.setsockopt(opt, value)
 
 
-def _check_port(addr: str, verb: str) -> None:
+def _port_error(addr: str) -> str:
     # libzmq takes a tcp port modulo 65536: port 99999 would quietly be 34463. isascii():
     # "²" is a digit to isdigit() and not to int(), whose ValueError escaped; libzmq
     # refuses any port not in 0-9
     port = addr.rpartition(":")[2]
     if addr.startswith("tcp://") and port.isascii() and port.isdigit() and int(port) > 65535:
-        raise TransportError(f"cannot {verb} {addr}: port {port} is out of range (0-65535)")
+        return f"port {port} is out of range (0-65535)"
+    return ""
 
 
-def bind(s: zmq.Socket, addr: str) -> str:
-    """Bind and return the resolved endpoint (a ``*`` port becomes the real one)."""
-    _check_port(addr, "bind")
-    try:
-        s.bind(addr)
-    except zmq.ZMQError as e:
-        raise TransportError(f"cannot bind {addr}: {e.strerror}") from None
+def bind(s: zmq.Socket, addr: str, what: str = "") -> str:
+    """Bind and return the resolved endpoint (a ``*`` port becomes the real one).
+    ``what`` names where ``addr`` comes from (``coordinator.bind``) in an error."""
+    why = _port_error(addr)
+    if not why:
+        try:
+            s.bind(addr)
+        except zmq.ZMQError as e:
+            why = _bind_failure(addr, e)
+    if why:
+        raise TransportError(f"{what + ': ' if what else ''}cannot bind {addr}: {why}")
     return s.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
+def _bind_failure(addr: str, e: zmq.ZMQError) -> str:
+    """Why binding ``addr`` failed, in words that do not repeat it."""
+    if e.errno == errno.ENODEV:
+        # libzmq tries a host it cannot resolve as a network interface's name, and says
+        # that there is no such device
+        return _unresolved_words([addr.removeprefix("tcp://").rpartition(":")[0]])
+    # pyzmq adds the address to libzmq's words, and it is named already
+    return e.strerror.removesuffix(f" (addr={addr!r})")
+
+
 def connect(s: zmq.Socket, addr: str) -> None:
-    _check_port(addr, "connect to")
+    if why := _port_error(addr):
+        raise TransportError(f"cannot connect to {addr}: {why}")
     try:
         s.connect(addr)
     except zmq.ZMQError as e:
@@ -225,13 +241,27 @@ def member_address_error(addr: Any) -> str:
 
     Neighbours dial it, so it must be ``tcp://HOST:PORT`` with a port in 1..65535.
     libzmq's connect() refuses some junk (the caller then fails) and takes other
-    junk (port 0, ``ipc://``) without complaint, then retries it for ever.
+    junk (port 0, ``ipc://``) without complaint, then retries it for ever. HOST may be
+    0.0.0.0, as in a bind address (the CLI checks those with it); for an address that
+    others dial, :func:`dial_address_error` refuses that too.
     """
     m = _MEMBER_ADDR.fullmatch(addr) if isinstance(addr, str) else None
     if m is not None and 1 <= int(m.group(2)) <= 65535 and not _not_ipv4(m.group(1)):
         return ""
     # a join's addr is the sender's choice: a bounded repr, not a whole one cut afterwards
     return f"{shown(addr)} is not tcp://HOST:PORT with a port in 1..65535"
+
+
+def dial_address_error(addr: Any) -> str:
+    """Why other hosts cannot dial ``addr`` (a member's advertised address, a coordinator's),
+    or "" when they can: :func:`member_address_error`'s form, and a HOST other than 0.0.0.0,
+    which a bind listens on every interface with: dialled, it reaches only the dialler's
+    own host (a swarm on one host works, across hosts every neighbour fails to link)."""
+    if why := member_address_error(addr):
+        return why
+    if unspecified_host(addr.removeprefix("tcp://").rpartition(":")[0]):
+        return f"{addr!r} is an address to listen on (every interface), not one to dial"
+    return ""
 
 
 def unresolved_hint(addrs: list[str]) -> str:
@@ -250,9 +280,11 @@ def unresolved_hint(addrs: list[str]) -> str:
             _socket.getaddrinfo(host, None, _socket.AF_INET)
         except (OSError, UnicodeError):
             bad.append(host)
-    if not bad:
-        return ""
-    return (f"; {', '.join(bad)} {'does' if len(bad) == 1 else 'do'} not resolve to an IPv4 address "
+    return f"; {_unresolved_words(bad)}" if bad else ""
+
+
+def _unresolved_words(hosts: list[str]) -> str:
+    return (f"{', '.join(hosts)} {'does' if len(hosts) == 1 else 'do'} not resolve to an IPv4 address "
             "(swarm connects over IPv4 only: check the name, or give the address)")
 
 

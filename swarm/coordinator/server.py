@@ -59,9 +59,9 @@ log = logging.getLogger("swarm.coordinator")
 
 _NOBLOCK = int(zmq.NOBLOCK)
 #: what a watch socket's monitor reports: how the last attempt to reach another coordinator went
-_WATCH_EVENTS = (zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                 | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_WATCH_EVENTS = (zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED
+                 | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 #: seconds another coordinator has to complete a handshake (libzmq's default). One that
 #: accepts the connection but says nothing for this long (a stopped or frozen process:
 #: its kernel still accepts) is taken as down, not as one with other keys
@@ -290,7 +290,7 @@ class Coordinator:
                 self._curve = tp.Curve(cfg.keys_dir, cfg.key_name)
                 self._curve.start(self._ctx)
                 self._curve.server(self._router)
-            self.address = tp.bind(self._router, cfg.bind)
+            self.address = tp.bind(self._router, cfg.bind, "coordinator.bind")
             for addr in cfg.others:   # a bad address fails here, before anyone is told we are up
                 # ZMTP heartbeats, as a peer's coordinator connection has: a connection whose
                 # state a partition lost (a NAT or firewall that dropped the flow) was kept open
@@ -795,7 +795,7 @@ class Coordinator:
                 self._send(route, "refuse", {"reason": f"malformed join: {e}"})
                 raise
             addr = body.get("addr")
-            why = tp.member_address_error(addr)
+            why = tp.dial_address_error(addr)
             if why:
                 # neighbours dial it: in the view, a junk address fails the link in each of them
                 self.malformed += 1
@@ -982,9 +982,10 @@ class Coordinator:
         for addr in socks:
             # handshake: why the last attempt to reach it failed its handshake ("" if it did not);
             # silent: why it is taken as down although no attempt was refused (its handshake or
-            # its connect timed out), and after_silent: which of the two, for the log once it answers
+            # its connect timed out), and after_silent: which of the two, for the log once it answers;
+            # dialed: whether the attempt under way got as far as a connect
             self._others[addr] = {"seen": 0.0, "epoch": 0, "mode": "?", "name": addr, "token": "", "members": None, "lost": False,
-                                  "watches": 1, "handshake": "", "silent": "", "after_silent": "",
+                                  "watches": 1, "handshake": "", "silent": "", "after_silent": "", "dialed": False,
                                   "dialing_at": 0.0, "connected_at": 0.0, "redial_at": 0.0}
         self._first_dials = set(socks)
         cfg = self.config
@@ -1047,10 +1048,19 @@ class Coordinator:
             self._first_dials.discard(addr)
             self._no_active_since = now
         if event == zmq.EVENT_CONNECT_DELAYED:
-            o["dialing_at"] = now     # a connect under way (every attempt that is not answered at once)
+            o["dialing_at"], o["dialed"] = now, True   # a connect under way (every attempt not answered at once)
             return
         if event == zmq.EVENT_CONNECTED:
-            o["connected_at"], o["dialing_at"] = now, 0.0
+            o["connected_at"], o["dialing_at"], o["dialed"] = now, 0.0, True
+            return
+        if event == zmq.EVENT_CONNECT_RETRIED:
+            # an attempt ended and the next is due. One that never got to a connect: libzmq
+            # could not resolve the name, and says nothing else of it (it retries every second)
+            if not o["dialed"]:
+                self._silent(addr, o, "has a host name that does not resolve to an IPv4 address (swarm connects "
+                             "over IPv4 only): check it in --others (coordinator.others), or give the address",
+                             "a name that did not resolve")
+            o["dialed"] = False
             return
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._handshake_cleared(addr, o, "the handshake succeeds")
