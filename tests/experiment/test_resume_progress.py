@@ -24,19 +24,19 @@ def test_a_resumed_runs_progress_line_starts_from_the_peers_steps(tiny_run, tmp_
     ran_in, returncode, out = tiny_run
     assert returncode == 0, out
     old = run_dir_of(ran_in)
-    args = [sys.executable, "-m", "swarm.cli", "run", "--resume", str(old), "--set", "budget.env_steps=3000"]
+    args = [sys.executable, "-m", "swarm.cli", "run", "--resume", str(old), "--set", "budget.env_steps=1500"]
     with reaped(subprocess.Popen(args, cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1",
                                                                PYTHONPATH=str(ROOT)),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)) as p:
         out = finish(p, 90)
     assert p.returncode == 0, out
     drawn = [re.search(r"steps (\S+)/(\d+)", line) for line in out.splitlines() if line.startswith("[")]
-    assert drawn and all(m and m[2] == "6000" for m in drawn), out
+    assert drawn and all(m and m[2] == "3000" for m in drawn), out
     counts = [int(m[1]) for m in drawn if m[1] != "-"]
     # each peer goes on from 600: any sum of the peers that have reported is at least that
     assert all(n >= 600 for n in counts), out
     # the first counts are drawn when they come, in a log file too: the run's starting point
-    assert len(counts) >= 2 and counts[0] < 6000 and counts[-1] == 6000, out
+    assert len(counts) >= 2 and counts[0] < 3000 and counts[-1] == 3000, out
 
 
 def test_a_resumed_runs_line_waits_for_every_peers_count():
