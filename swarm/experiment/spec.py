@@ -21,7 +21,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
+import os
 import re
+import sys
 from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -429,6 +431,13 @@ def _check_env(env_id: str) -> float | None:
         except Exception as e:  # the module's own code runs: it can fail any way
             raise ConfigError(f"env = {env_id!r}: cannot import module {module!r}, which should register "
                               f"{name!r}: {type(e).__name__}: {e}") from None
+        folder = _folder_of(module.partition(".")[0])
+        if folder == Path.cwd().resolve() and folder not in _peers_pythonpath():
+            # `python -m swarm` (or a script run from its folder) has the working directory
+            # first on its path; the peers start with `python -P`, which leaves it off
+            raise ConfigError(f"env = {env_id!r}: module {module!r} is imported from the working directory "
+                              f"{folder}, which the peers do not have on their path (they start with `python "
+                              "-P`); put that folder on PYTHONPATH, or install the module")
     known = gymnasium.envs.registry
     if name not in known:
         close = difflib.get_close_matches(name, list(known), n=3)
@@ -455,9 +464,31 @@ def _check_env(env_id: str) -> float | None:
                           "needs actions 0..n-1 (wrap the env to shift them)")
     if not isinstance(observations, gymnasium.spaces.Box) or not observations.shape or 0 in observations.shape:
         # DQN's network flattens each observation into its input layer.
+        hint = "; one-hot encode a Discrete observation" if isinstance(observations, gymnasium.spaces.Discrete) else ""
         raise ConfigError(f"env = {env_id!r}: its observation space {observations} is not a Box of at least "
-                          "one dimension, none of them 0; DQN needs observations that are arrays of numbers")
+                          f"one dimension, none of them 0; DQN needs observations that are arrays of numbers{hint}")
     return None if threshold is None else float(threshold)
+
+
+def _folder_of(top: str) -> Path | None:
+    """The folder that this process imported the top-level module ``top`` from (the one on
+    ``sys.path``), or None where it came from no folder (a built-in module)."""
+    spec = sys.modules[top].__spec__
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:   # a package: the folder that holds its folder
+        return Path(next(iter(spec.submodule_search_locations))).parent.resolve()
+    return Path(spec.origin).parent.resolve() if spec.has_location else None
+
+
+def _peers_pythonpath() -> set[Path]:
+    """The folders on the peers' PYTHONPATH (:func:`~.forkserver.child_command`, whose ``-P``
+    leaves the working directory off their path otherwise), relative ones as Python reads
+    them: in the working directory, which the peers share."""
+    from .forkserver import child_command  # noqa: PLC0415
+
+    _, env = child_command("swarm.cli", os.environ)
+    return {Path(p).resolve() for p in env.get("PYTHONPATH", "").split(os.pathsep) if p}
 
 
 def _check_topology(topology: str, peers: int, edges: list[list[int]]) -> None:
