@@ -275,6 +275,27 @@ def _real(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _link_topology(link: Link) -> tuple[str, Any, int] | None:
+    """The graph ``link.neighbours()`` follows, as ``(topology, edges, seed)``: a Peer's
+    ``config.topology`` and ``config.edges`` with seed 0 (what a Peer draws its neighbours
+    with), a SimLink's hub's; None for a link that names none (a link of the user's own)."""
+    # Read by attribute, so that the Link protocol asks nothing more of a link; the hub
+    # is private to SimLink, a module of this package.
+    owner = getattr(link, "config", None) or getattr(link, "_hub", None)
+    topology = getattr(owner, "topology", None)
+    if not isinstance(topology, str) or topology not in topo.TOPOLOGIES:
+        return None
+    edges = (getattr(owner, "edges", None) or None) if topology == "custom" else None
+    return topology, edges, getattr(owner, "seed", 0)
+
+
+def _graph(topology: str, edges: Any) -> tuple[str, frozenset[frozenset[int]] | None]:
+    """What two topology settings are compared by: the name, and a custom graph's
+    undirected edges in any order. (The seed is not: it draws random pairings only,
+    which change every round anyway.)"""
+    return topology, frozenset(frozenset(map(int, e)) for e in edges) if topology == "custom" else None
+
+
 def _give_back(free: list[np.ndarray], buf: np.ndarray, keep: int = 2) -> None:
     if len(free) < keep:
         free.append(buf)
@@ -359,7 +380,7 @@ class _Arrivals:
 class Gossip:
     """Gossip averaging of one float32 vector with the neighbours a link provides.
 
-    >>> g = Gossip(link, x, topology="ring", codec="identity", gamma=1.0)
+    >>> g = Gossip(peer, x, codec="identity", gamma=1.0)   # over the peer's own topology
     >>> result = await g.round()          # one round; x is updated in place
     >>> g.close()                         # its handlers off the link (see close)
 
@@ -372,6 +393,13 @@ class Gossip:
         Peer's ``max_message_mb``), else :class:`ConfigError`: receivers new to a stream,
         or that lost a delta, are sent it whatever the codec.
     topology, edges, seed: as in :mod:`swarm.gossip.topology`, applied to the link's view.
+        ``topology=None`` (the default) is the graph the link's own ``neighbours()``
+        follow: a Peer's ``topology`` and ``edges`` (seed 0), a SimLink's hub's
+        ``topology``, ``edges`` and ``seed``; a ring on a link that names none. ``edges``
+        without a topology are refused (pass ``topology="custom"``); a ``seed`` given
+        with none is used instead of the link's. An explicit topology other than the
+        link's is used as given, and said once at INFO: replay sharing and ``swarm
+        status`` still follow the link's neighbours.
     codec: codec spec for :func:`swarm.compress.get_codec`; one instance per stream.
     gamma: CHOCO consensus step in (0, 1], or ``"auto"`` for
         :func:`~swarm.gossip.suggested_gamma` of the codec (and of the outer step, in
@@ -386,11 +414,11 @@ class Gossip:
     local_steps: H, the local steps between rounds counted by :meth:`local_step`.
     """
 
-    def __init__(self, link: Link, params: np.ndarray, *, topology: str = "ring",
+    def __init__(self, link: Link, params: np.ndarray, *, topology: str | None = None,
                  codec: str = "identity", gamma: float | Literal["auto"] = 1.0,
                  sync: Literal["lockstep", "bounded", "async"] = "lockstep",
                  max_staleness: int = 1, round_timeout: float = 5.0,
-                 send_timeout: float | None = 1.0, edges: Any = None, seed: int = 0,
+                 send_timeout: float | None = 1.0, edges: Any = None, seed: int | None = None,
                  mode: Literal["params", "pseudo_gradient"] = "params",
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, local_steps: int = 1):
         if not isinstance(params, np.ndarray) or params.dtype != np.float32 or params.ndim != 1 \
@@ -414,6 +442,13 @@ class Gossip:
             raise ConfigError(f"params must be a writeable 1-D contiguous float32 numpy array, got {got}{hint}")
         if params.size == 0:
             raise ConfigError("params is empty: nothing to gossip")
+        own = _link_topology(link)
+        if topology is None:
+            if edges is not None:
+                raise ConfigError(f"edges = {edges!r:.80} without a topology: pass topology='custom' with them "
+                                  "(an engine without topology= follows its link's own graph, edges included)")
+            topology, edges, own_seed = own or ("ring", None, 0)
+            seed = own_seed if seed is None else seed
         if topology not in topo.TOPOLOGIES:
             raise ConfigError(f"unknown topology {topology!r}; choose one of {', '.join(topo.TOPOLOGIES)}")
         probe = make_codec(codec)  # fail now, naming the spec, rather than in the first round
@@ -458,11 +493,20 @@ class Gossip:
             raise ConfigError(f"d = {params.size}: a full state takes {full} bytes on the wire, more than a "
                               f"message on this link may carry ({limits.max_message_bytes} bytes; a Peer's "
                               "max_message_mb sets it): raise that limit or gossip fewer parameters")
-        seed = rng_seed(seed)   # in [0, 2**32): random_pairing's draws would mask a larger one
+        seed = rng_seed(0 if seed is None else seed)   # in [0, 2**32): random_pairing's draws would mask a larger one
         if topology == "custom":
             if edges is not None and not isinstance(edges, (str, bytes)) and hasattr(edges, "__iter__"):
                 edges = list(edges)   # kept for every view: a generator would be spent by the check below
             topo.within(edges, 0)   # pairs of positions; each view uses those it has
+        if own is not None and _graph(topology, edges) != _graph(*own[:2]):
+            # INFO, not WARNING: only an explicit topology= gets here, and averaging over
+            # another graph than the links' may be deliberate (a benchmark's full mesh under
+            # a one-peer exponential engine); a warning could not be silenced but by
+            # logging. Said once, here, for whoever wonders why the neighbours differ.
+            log.info("gossip %s: topology %r%s differs from its link's %r (what the link's neighbours(), "
+                     "replay sharing and `swarm status` follow); averaging follows %r as given; leave "
+                     "topology unset to follow the link's", link.id, topology,
+                     " with other edges" if topology == own[0] else "", own[0], topology)
 
         self.link = link
         self._limits = limits

@@ -11,9 +11,14 @@ Names (:data:`TOPOLOGIES`):
     ``i ± 1 (mod n)``. n = 2 gives one neighbour, n = 1 none; never a self-loop.
 ``grid``
     A 2-D grid without wrap-around, ``cols = ceil(sqrt(n))`` columns, filled row
-    by row; when n is not a perfect square the last row is partial (so a peer
-    there simply has no "down"/"right" neighbour). Metropolis–Hastings weights
-    keep the matrix symmetric and doubly stochastic for any shape.
+    by row. The last row is partial unless ``cols`` divides n (n = 6 and 12 are
+    full 2×3 and 3×4 rectangles): its last peer has no "right" neighbour, and a
+    peer of the row above with nobody below it has no "down" one. Degrees are at
+    most 4, 2 at a corner, and 1 where a partial row leaves a peer a single
+    neighbour: the top-right peer of a two-row grid with nobody below it (n = 3:
+    peer 1; n = 5: peer 2) and a peer alone on the last row (the last peer of
+    n = 3, 7, 13, 21, ...). n = 2 is one pair. Metropolis–Hastings weights keep
+    the matrix symmetric and doubly stochastic for any shape.
 ``torus``
     A ``rows × cols`` grid with wrap-around, ``rows`` the largest divisor of n
     not above ``sqrt(n)``; a prime n therefore degenerates to a ring. A side of
@@ -38,8 +43,11 @@ Names (:data:`TOPOLOGIES`):
 
 Weights are Metropolis–Hastings, ``w_ij = 1/(1 + max(d_i, d_j))`` and
 ``w_ii = 1 − Σ_j w_ij``, for every undirected topology: symmetric, doubly
-stochastic, and equal to the textbook 1/3 (ring), 1/5 (torus) and 1/(d+1)
-(hypercube) on regular graphs.
+stochastic, and equal to the textbook 1/(d+1) on regular graphs of degree d:
+1/3 on a ring of n >= 3 (1/2 at n = 2), 1/(d+1) on a hypercube, and on a torus
+1/5 only when both sides are at least 3 (n = 9, 12, 15, 16, ...): a side of 2
+gives degree 3 and 1/4 (n = 6, 8, 10, 14), and a ring-like torus 1/3 (a prime
+n > 2, and n = 4, which is 2×2).
 """
 
 from __future__ import annotations
