@@ -41,6 +41,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Mapping
@@ -262,6 +263,30 @@ def _coordinators(text: str, source: str) -> list[str]:
     return addrs
 
 
+#: seconds `swarm peer` waits at start for its coordinators' host names to be looked up
+RESOLVE_WAIT_S = 2.0
+
+
+def _warn_unresolved(addrs: list[str], source: str, join_timeout_s: float) -> None:
+    """Log a warning naming ``source`` (``--coordinator 'TEXT'``) for each host of
+    ``addrs`` that does not resolve to an IPv4 address. libzmq retries such a name in
+    silence, and the join's error said so only after peer.join_timeout_s (60 s with the
+    advice for launchers). A warning, not a refusal: the name may resolve later (a DNS
+    record made as the coordinator's host comes up). The lookup runs on a thread of its
+    own, which nothing can cancel: one slower than RESOLVE_WAIT_S is left to end by
+    itself, and the join goes on meanwhile."""
+    from .transport import unresolved_hint  # noqa: PLC0415 - zmq only when needed
+
+    said: list[str] = []
+    look = threading.Thread(target=lambda: said.append(unresolved_hint(addrs)), name="swarm-resolve",
+                            daemon=True)
+    look.start()
+    look.join(RESOLVE_WAIT_S)
+    if said and said[0]:
+        log.warning("%s: %s; the peer tries to join all the same, for peer.join_timeout_s = %s s", source,
+                    said[0].removeprefix("; "), join_timeout_s)
+
+
 def _dial_error(addr: str) -> str:
     """Why ``addr`` cannot be dialled as a coordinator's address, or "": the check the
     coordinator applies to a member's address (``tcp://HOST:PORT``), and HOST neither
@@ -271,7 +296,7 @@ def _dial_error(addr: str) -> str:
     from .transport import member_address_error, unspecified_host  # noqa: PLC0415 - zmq only when needed
 
     if why := member_address_error(addr):
-        return why + _ipv4_only(addr)
+        return why + _form_hint(addr)
     host = addr.removeprefix("tcp://").rpartition(":")[0]
     if unspecified_host(host):
         return f"{addr!r} is an address to listen on (every interface), not one to dial"
@@ -294,11 +319,16 @@ def _bind_error(addr: str) -> str:
     if not member_address_error(f"{head}{sep}{port}"):
         return ""
     return (f"{addr!r:.80} is not tcp://HOST:PORT (HOST a host name, an IPv4 address or *; PORT in 1..65535, "
-            f"or * for a free one){_ipv4_only(addr)}")
+            f"or * for a free one){_form_hint(addr)}")
 
 
-def _ipv4_only(addr: str) -> str:
-    """A hint for an address that looks like IPv6 (the transport does not enable it), else ""."""
+def _form_hint(addr: str) -> str:
+    """A hint for an address that is not ``tcp://HOST:PORT``: for a ``tcp://`` one whose
+    host looks like IPv6 (brackets, or colons in it), that the transport does not enable
+    IPv6; for another scheme (``http://``, ``TCP://``, ``tcp:/``) or none, that it must
+    begin with ``tcp://``; else ""."""
+    if not addr.startswith("tcp://"):
+        return "; it must begin with tcp://"
     host = addr.removeprefix("tcp://").rpartition(":")[0]
     return "; swarm connects over IPv4 only" if "[" in host or ":" in host else ""
 
@@ -553,11 +583,15 @@ def cmd_peer(args: argparse.Namespace) -> int:
     # every address is checked before anything starts: libzmq would take an IPv6 one and
     # retry it in vain until the join timeout ("no coordinator answered")
     if args.coordinator:
-        coords = _coordinators(args.coordinator, f"--coordinator {args.coordinator!r}")
+        source = f"--coordinator {args.coordinator!r}"
+        coords = _coordinators(args.coordinator, source)
     elif cfg.coordinators:
-        coords = _coordinators(",".join(cfg.coordinators), f"peer.coordinators = {cfg.coordinators!r}")
+        source = f"peer.coordinators = {cfg.coordinators!r}"
+        coords = _coordinators(",".join(cfg.coordinators), source)
     else:
         coords = env_coordinator()
+        variable = "SWARM_COORDINATOR" if os.environ.get("SWARM_COORDINATOR") else "MASTER_ADDR"
+        source = f"{variable}={os.environ.get(variable)!r}"
     if not coords:
         raise SwarmError("no coordinator: pass --coordinator tcp://HOST:PORT or set SWARM_COORDINATOR")
     cfg.coordinators = coords
@@ -591,6 +625,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     else:
         named_by = f"--key-name {cfg.key_name}, the default"
     _check_key_pair(cfg.keys_dir, cfg.key_name, named_by)
+    _warn_unresolved(coords, source, cfg.join_timeout_s)
     if spec is not None:
         # Train this peer's share of an experiment (see swarm.experiment.runner).
         from .experiment.runner import check_resume_kept, make_peer_dir, peer_dir, run_peer, stop_on_signals
@@ -1249,6 +1284,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     args.verbose += vars(args).pop("verbose_after")
     _refuse_empty(args)
+    if getattr(args, "bind", None):
+        args.bind = args.bind.strip()   # as each --coordinator address is (a quoted " $ADDR")
     return args
 
 

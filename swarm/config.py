@@ -130,7 +130,8 @@ class PeerConfig:
 
     # printable, as _label: a lone surrogate (a non-UTF-8 byte of argv) failed only at the
     # join, as a wire error naming neither --id nor peer.id; a line break split output lines
-    id: str = opt("", f"peer id, at most {MAX_PEER_ID} printable characters; empty means HOSTNAME-PID",
+    id: str = opt("", f"peer id, at most {MAX_PEER_ID} printable characters; empty means HOSTNAME-PID (-2, "
+                      "-3, ... for later Peers of one process)",
                   lambda s: len(s) <= MAX_PEER_ID and s.isprintable(),
                   f"must be at most {MAX_PEER_ID} characters (a message's sender id), all printable: no line "
                   "breaks, control characters or bytes that are not UTF-8")

@@ -32,6 +32,10 @@ DEAD_KEPT_S = 300.0
 #: DEAD_KEPT_S made a status reply over the 4 MiB header limit, which went unanswered
 MAX_DEAD = 4096
 
+#: how a refusal of a peer id in use says to choose another: the joiner may be a
+#: `swarm peer` or a Peer in Python (a second one of the same process, say)
+ANOTHER_ID = "--id on the command line, with --spec another --rank; id= in the Python API"
+
 #: the highest rank a join may ask for: ranks number agents and seed environments
 #: (seed + 100·rank), and one that fits 32 bits fits every int type they meet
 MAX_RANK = 2**31 - 1
@@ -143,7 +147,7 @@ class MemberTable:
             # the incarnation is no secret (status shows it): without this, any listed key
             # could re-point a live member's address and key at itself
             raise MembershipError(f"peer id {peer_id!r} is alive and holds another CURVE key; "
-                                  "choose another --id (with --spec: another --rank)")
+                                  f"choose another id ({ANOTHER_ID})")
         if old is not None and old.state != DEAD:
             if old.incarnation == incarnation:
                 # a retried or repeated join of the same process: refresh, keep its rank
@@ -160,7 +164,7 @@ class MemberTable:
                 raise MembershipError(f"peer id {peer_id!r} is held by a newer process at {old.addr}")
             raise MembershipError(
                 f"peer id {peer_id!r} is already alive at {old.addr}; "
-                f"choose another --id (with --spec: another --rank), or stop the other process first"
+                f"choose another id ({ANOTHER_ID}), or stop the peer that holds it first"
                 + (" (a replacement waits until the coordinator has declared it dead)" if replace else ""))
         if replace and old is None:
             raise MembershipError(f"--replace {peer_id}: no such member to take over")

@@ -486,6 +486,27 @@ def _check_sendable(t: Any, peer_id: str) -> None:
                                   f"('ping' may be sent: the receiver answers 'pong')"))
 
 
+#: numbers the Peers of this process that take the default id
+_default_ids = itertools.count(1)
+
+
+def _count_default_ids_again() -> None:
+    """In a child made by fork, whose pid is its own: its first Peer is HOST-PID."""
+    global _default_ids
+    _default_ids = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_count_default_ids_again)
+
+
+def _default_id() -> str:
+    """HOST-PID for the first Peer of this process made without an id, HOST-PID-2,
+    -3, ... for later ones: two agents of one simulator, or a notebook cell run again,
+    were refused the join as one peer id alive twice."""
+    n = next(_default_ids)
+    return f"{socket.gethostname()}-{os.getpid()}" + (f"-{n}" if n > 1 else "")
+
+
 def _own_context() -> zmq.asyncio.Context:
     """A peer's own context. libzmq allows 1,023 sockets per context unless told more, and
     a link takes three (its DEALER and its monitor's two ends): a full topology ran out
@@ -536,7 +557,7 @@ class Peer:
             raise MembershipError("no coordinator address: pass coordinators=[...] (the swarm command also reads "
                                   "SWARM_COORDINATOR; the Python API reads no environment variable)")
         self.config = cfg
-        self.id = cfg.id or f"{socket.gethostname()}-{os.getpid()}"
+        self.id = cfg.id or _default_id()
         self.limits = limits or Limits(max_message_bytes=cfg.max_message_mb * 1024 * 1024)
         self._keep_frames = tp.keep_frames(self.limits)
         self.counters = PeerCounters()
@@ -546,7 +567,9 @@ class Peer:
         self.incarnation = time.time_ns()
         self._stats: Callable[[], dict[str, Any]] | None = None
         self._own_ctx = context is None
-        self._ctx = context or _own_context()
+        # its own is made by start(): a peer built and never started holds nothing (a
+        # context is a file, and one never termed warns when collected)
+        self._ctx: zmq.asyncio.Context | None = context
         self._link_failures = 0          # links that could not be opened (no sockets left)
         self._link_failure_logged = -math.inf
         self._view = View(0)
@@ -571,6 +594,7 @@ class Peer:
         self._linked = asyncio.Event()
         self._handlers: dict[str, list[Handler]] = {}
         self._side: list[zmq.Socket] = []   # side-channel sockets (open_inbox, open_outbox)
+        self._inbox: tuple[zmq.Socket, str] | None = None   # bound by start(), for open_inbox to hand over
         self._view_callbacks: list[Callable[[View], None]] = []
         self._seq = itertools.count()
         # (what failed, error type) -> [when its traceback was last logged, failures not logged since]
@@ -718,10 +742,19 @@ class Peer:
         training thread that polls it between steps takes them in without a
         thread switch per message (:class:`swarm.gossip.GradientRelay` with
         ``direct``). Only the thread that reads it may use it; it closes it before the
-        peer closes (the peer closes any left open).
+        peer closes (the peer closes any left open). On a fixed ``peer.inbox_port``
+        it was bound by :meth:`start`, before the join, and the first call hands it
+        over.
         """
         if self.state is PeerState.CLOSED:
             raise SwarmError(f"peer {self.id} is closed")
+        if self._inbox is not None:
+            inbox, self._inbox = self._inbox, None
+            return inbox
+        return self._bind_inbox()
+
+    def _bind_inbox(self) -> tuple[zmq.Socket, str]:
+        """A new inbox, bound, and its endpoint (:meth:`open_inbox`)."""
         cfg = self.config
         if not (self.address.startswith("tcp://") and cfg.bind.startswith("tcp://")):
             raise ConfigError(f"peer {self.id}: side channels need a tcp address, this peer has {self.address!r}")
@@ -738,8 +771,11 @@ class Peer:
         if self._curve is not None:
             self._curve.server(s)
         self._side.append(s)
+        # its port is not the one --bind gave: the error says which it is
+        what = f"peer {self.id}: " + (f"peer.inbox_port = {cfg.inbox_port} (the gradient relay's inbox)"
+                                      if cfg.inbox_port else "the gradient relay's inbox")
         try:
-            port = tp.bind(s, f"tcp://{bind_host}:{cfg.inbox_port or '*'}").rsplit(":", 1)[1]
+            port = tp.bind(s, f"tcp://{bind_host}:{cfg.inbox_port or '*'}", what).rsplit(":", 1)[1]
         except TransportError:
             self.close_side(s)
             raise
@@ -828,13 +864,18 @@ class Peer:
         self._loop = asyncio.get_running_loop()
         cfg = self.config
         try:
+            if self._ctx is None:
+                self._ctx = _own_context()
             self._router = tp.router(self._ctx, limits=self.limits, hwm=max(1000, cfg.data_hwm))
             if cfg.keys_dir:
                 self._curve = tp.Curve(cfg.keys_dir, cfg.key_name)
                 self._curve.start(self._ctx)
                 self._curve.server(self._router)
-            bound = tp.bind(self._router, cfg.bind)    # also with peer.advertise, which only names it
+            bound = tp.bind(self._router, cfg.bind, f"peer {self.id}: peer.bind")   # with advertise too: it only names it
             self.address = cfg.advertise or tp.advertised(bound)
+            if cfg.inbox_port:
+                # before the join: a port in use stops the start, not a run already in the swarm
+                self._inbox = self._bind_inbox()
             for addr in cfg.coordinators:
                 c = tp.dealer(self._ctx, limits=self.limits, hwm=64, immediate=True,
                               heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s,
@@ -947,11 +988,8 @@ class Peer:
                 self._closer.add_done_callback(_retrieve)   # a failure is the peer's: wait_stopped raises it
                 await asyncio.sleep(0)   # the closer sends the leave before the handler goes on
             return
-        if self.state is PeerState.NEW:
-            # never started: no socket to close, but the context it made has an I/O thread
+        if self.state is PeerState.NEW:   # never started: nothing to close
             self.state = PeerState.CLOSED
-            if self._own_ctx:
-                self._ctx.term()
             return
         if self.state is PeerState.CLOSED:
             return
@@ -1319,10 +1357,11 @@ class Peer:
             if not side.closed:
                 side.close()   # with its own linger, as close_side
         self._side.clear()
+        self._inbox = None
         if self._curve is not None:
             self._curve.stop()
             self._curve = None
-        if self._own_ctx:
+        if self._own_ctx and self._ctx is not None:
             self._ctx.term()
 
     def _close_link(self, link: _Link) -> None:
@@ -2077,11 +2116,13 @@ class Peer:
     def _sockets_hint(self, e: zmq.ZMQError) -> str:
         """Which limit a ZMQError from opening a socket met: the process's on open files
         (``ulimit -n``) where that is the lower one (each socket holds a file, so the
-        context's on sockets cannot be met first), else the context's."""
+        context's on sockets cannot be met first), else the context's. Without a context
+        (start() could not make its own) it was the files."""
         if e.errno != errno.EMFILE:
             return ""
-        sockets, files = self._ctx.get(zmq.MAX_SOCKETS), tp.fd_limit()
-        if files is not None and files <= sockets:
+        sockets = self._ctx.get(zmq.MAX_SOCKETS) if self._ctx is not None else None
+        files = tp.fd_limit()
+        if sockets is None or (files is not None and files <= sockets):
             return f" (this process may open {files} files, ulimit -n, and a link takes about four)"
         return f" (this context allows {sockets} sockets, and a link takes three)"
 

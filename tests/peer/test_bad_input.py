@@ -541,14 +541,16 @@ def test_a_link_that_finds_no_socket_left_leaves_its_neighbour_unlinked_and_the_
 def test_a_peers_own_context_allows_as_many_sockets_as_the_process_may_open_files():
     import resource
 
+    from swarm.peer.peer import _own_context   # what start() makes (a peer never started holds none)
+
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    p = Peer(id="a", coordinators=["tcp://127.0.0.1:9"])
+    ctx = _own_context()
     try:
-        allowed = p._ctx.get(zmq.MAX_SOCKETS)
+        allowed = ctx.get(zmq.MAX_SOCKETS)
         files = 65536 if soft == resource.RLIM_INFINITY else soft
-        assert allowed == max(1023, min(p._ctx.get(zmq.SOCKET_LIMIT), files))
+        assert allowed == max(1023, min(ctx.get(zmq.SOCKET_LIMIT), files))
     finally:
-        asyncio.run(p.close())
+        ctx.term()
 
 
 def test_handlers_registered_from_several_threads_at_once_are_all_kept(sync_pair, monkeypatch):
