@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.machinery
 import json
 import os
 import re
@@ -431,8 +432,9 @@ def _check_env(env_id: str) -> float | None:
         except Exception as e:  # the module's own code runs: it can fail any way
             raise ConfigError(f"env = {env_id!r}: cannot import module {module!r}, which should register "
                               f"{name!r}: {type(e).__name__}: {e}") from None
-        folder = _folder_of(module.partition(".")[0])
-        if folder == Path.cwd().resolve() and folder not in _peers_pythonpath():
+        top = module.partition(".")[0]
+        folder = _folder_of(top)
+        if folder == Path.cwd().resolve() and not _found_by_peers(top):
             # `python -m swarm` (or a script run from its folder) has the working directory
             # first on its path; the peers start with `python -P`, which leaves it off
             raise ConfigError(f"env = {env_id!r}: module {module!r} is imported from the working directory "
@@ -481,14 +483,18 @@ def _folder_of(top: str) -> Path | None:
     return Path(spec.origin).parent.resolve() if spec.has_location else None
 
 
-def _peers_pythonpath() -> set[Path]:
-    """The folders on the peers' PYTHONPATH (:func:`~.forkserver.child_command`, whose ``-P``
-    leaves the working directory off their path otherwise), relative ones as Python reads
-    them: in the working directory, which the peers share."""
+def _found_by_peers(top: str) -> bool:
+    """Whether the peers find the top-level module ``top``: they start with ``python -P``
+    and the PYTHONPATH of :func:`~.forkserver.child_command`, so their path is this
+    process's without its first entry (the working directory, or a script's folder, which
+    ``-P`` leaves off) and with that PYTHONPATH; a folder an installed ``.pth`` names (``pip
+    install -e .``) is on both."""
     from .forkserver import child_command  # noqa: PLC0415
 
     _, env = child_command("swarm.cli", os.environ)
-    return {Path(p).resolve() for p in env.get("PYTHONPATH", "").split(os.pathsep) if p}
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    path += sys.path if sys.flags.safe_path else sys.path[1:]
+    return importlib.machinery.PathFinder.find_spec(top, path) is not None
 
 
 def _check_topology(topology: str, peers: int, edges: list[list[int]]) -> None:

@@ -92,3 +92,23 @@ def test_a_discrete_observation_space_is_refused_with_the_one_hot_hint():
     with pytest.raises(ConfigError, match=r"env = 'FrozenLake-v1': its observation space Discrete\(16\) .*; "
                                           r"one-hot encode a Discrete observation$"):
         load_spec(None, ["env=FrozenLake-v1"])
+
+
+def test_the_same_module_installed_by_a_pth_file_passes_the_check(work, tmp_path):
+    """``pip install -e .`` of a flat project writes a ``.pth`` that names the project folder:
+    ``python -P`` reads it too, so the peers find the module, run from that folder or not.
+    (The first form of the check refused it as "imported from the working directory".)"""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = next(venv.glob("lib/python*/site-packages"))
+    deps = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    (site / "deps.pth").write_text(f"{deps}\n{ROOT}\n")    # numpy, torch, gymnasium; swarm
+    (site / f"__editable__{MODULE}.pth").write_text(f"{work}\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with reaped(subprocess.Popen([str(venv / "bin" / "python"), "-m", "swarm", "run", "--set", f"env={ENV}",
+                                  "--show"], cwd=work, env=env, text=True, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)) as p:
+        out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert ENV in out
