@@ -671,6 +671,30 @@ class _State:
         # ... and their seconds, so that the CSVs' wall_s and cpu_s go on as their counters do
         self.carried_s = dict.fromkeys(SECONDS_KEYS, 0.0)
 
+    def carry_over(self, counters: dict[str, Any], source: Path) -> None:
+        """Go on from the run counters saved in the checkpoint ``source`` (those of
+        ``ckpt/`` or ``checkpoint.pt``; ``env_steps`` is the caller's): episodes, rounds,
+        the recent returns, bytes and seconds. One saved by an older swarm may lack some:
+        those start from 0. ConfigError naming the counter that is not a number (or, for
+        ``returns``, a list of them), with nothing changed."""
+        def read(key: str, kind: type, default: Any) -> Any:
+            v = counters.get(key, default)
+            try:
+                return [float(x) for x in v] if kind is list else kind(v)
+            except (TypeError, ValueError):
+                what = "a list of numbers" if kind is list else "a number"
+                raise ConfigError(f"resume: {source}: its run counter {key!r} = {v!r:.80} is not {what}; "
+                                  "is the file damaged?") from None
+
+        episodes, rounds = read("episodes", int, 0), read("rounds", int, 0)
+        # a checkpoint from before rounds_ok counted rounds only: not known to have failed
+        rounds_ok, returns = read("rounds_ok", int, rounds), read("returns", list, [])
+        carried = {k: read(k, int, 0) for k in TRAFFIC_KEYS}
+        carried_s = {k: read(k, float, 0.0) for k in SECONDS_KEYS}
+        self.episodes, self.rounds, self.rounds_ok = episodes, rounds, rounds_ok
+        self.carried, self.carried_s = carried, carried_s
+        self.returns.extend(returns)
+
     def error(self, text: str, *, of_round: bool = False) -> None:
         """Show ``text`` as the heartbeat's ``last_error``. A gossip round's (``of_round``) is
         cleared by the next round that mixes (:meth:`round_done`): the status pages read it
@@ -1277,23 +1301,11 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         # env and buffer sampling differ per peer (seed = spec.seed + rank).
         agent = DQNAgent(obs_shape, int(n_actions), buf, spec.dqn, seed=seed, init_seed=spec.seed)
 
-        def save_params(path: Path, env_steps: int, **extra: Any) -> Path:
-            out.mkdir(parents=True, exist_ok=True)
-            return _save_whole({"agent": agent.state_dict(), "params": torch.from_numpy(agent.parameters().copy()),
-                                "rank": rank, "env_steps": env_steps, "spec": to_dict(spec), **run.record(),
-                                **extra}, path)
-
         done_steps = 0
         if restored is not None:
             restored.apply(agent)
-            cnt = restored.counters
-            done_steps = int(cnt["env_steps"])
-            state.episodes, state.rounds = int(cnt.get("episodes", 0)), int(cnt.get("rounds", 0))
-            # a checkpoint from before rounds_ok counted rounds only: not known to have failed
-            state.rounds_ok = int(cnt.get("rounds_ok", state.rounds))
-            state.carried = {k: int(cnt.get(k, 0)) for k in TRAFFIC_KEYS}
-            state.carried_s = {k: float(cnt.get(k, 0.0)) for k in SECONDS_KEYS}
-            state.returns.extend(cnt.get("returns", []))
+            done_steps = int(restored.counters["env_steps"])
+            state.carry_over(restored.counters, restored.path)
             summary["resumed_from"] = str(restored.path)
         elif ck is not None:
             if skipped:
@@ -1303,6 +1315,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
             except SwarmError as e:   # another network's, or NaN: every start would meet it
                 raise ConfigError(f"resume: {ck_path}: {e}") from None
             done_steps = int(ck.get("env_steps", 0))
+            if isinstance(ck.get("counters"), dict):
+                state.carry_over(ck["counters"], ck_path)
+            else:
+                log.warning("peer%d: %s holds no run counters (written before swarm saved them there); its "
+                            "episodes, rounds, bytes and seconds start again from 0, its env steps go on from %d",
+                            rank, ck_path, done_steps)
             summary["resumed_from"] = str(ck_path)
         elif own and not run.continues and not diverged:   # step 0 would hide that training diverged
             log.warning("peer%d: no checkpoint of its run in %s can be read; starting again from step 0",
@@ -1388,6 +1406,12 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         per_turn = spec.dqn.updates_per_train
         if relay is not None:
             turn = [-1, 0]   # (env steps of the current turn, updates published in it)
+            # This process's turns start at learning_starts, or where its agent goes on from
+            # (a resume, a restart): the gradients before are in the copy it loaded, and a
+            # neighbour not heard from yet gets a turn's grace from there, as in a fresh run.
+            # (Counted from learning_starts, which a resume is past, the others went on without
+            # the peer slowest to start a resumed swarm, and it took a copy at once.)
+            turns_from = max(spec.dqn.learning_starts, agent.steps) * per_turn
 
             def publish(grad: np.ndarray | None) -> np.ndarray | None:
                 note_digest()   # after the turn's previous update: a turn of several would skip counts
@@ -1475,15 +1499,26 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         logs = _at_start(run_dir, lambda: _Logs(out, tensorboard, append=rejoin or same_run, upto=done_steps,
                                                 failed=unwritten))
         drop_summary()   # it trains from here on
+
+        def run_counters() -> dict[str, Any]:
+            # what every checkpoint (ckpt/, checkpoint.pt, best.pt) carries over to a resume (carry_over)
+            return {"env_steps": state.env_steps, "episodes": state.episodes,
+                    "rounds": state.rounds, "rounds_ok": state.rounds_ok,
+                    "returns": list(state.returns),
+                    # the relay's bytes up to now: it sends between rounds too, and
+                    # a resume carries on from these
+                    **state.traffic(*_traffic(peer.counters, relay),
+                                    gossip=state.gossip_now(gossip, relay)), **seconds()}
+
+        def save_params(path: Path, **extra: Any) -> Path:
+            counters = run_counters()
+            out.mkdir(parents=True, exist_ok=True)
+            return _save_whole({"agent": agent.state_dict(), "params": torch.from_numpy(agent.parameters().copy()),
+                                "rank": rank, "env_steps": counters["env_steps"], "counters": counters,
+                                "spec": to_dict(spec), **run.record(), **extra}, path)
+
         c = spec.checkpoint
-        ckpt = Checkpointer(out / "ckpt", agent, buf,
-                            lambda: {"env_steps": state.env_steps, "episodes": state.episodes,
-                                     "rounds": state.rounds, "rounds_ok": state.rounds_ok,
-                                     "returns": list(state.returns),
-                                     # the relay's bytes up to now: it sends between rounds too, and
-                                     # a resume carries on from these
-                                     **state.traffic(*_traffic(peer.counters, relay),
-                                                     gossip=state.gossip_now(gossip, relay)), **seconds()},
+        ckpt = Checkpointer(out / "ckpt", agent, buf, run_counters,
                             full_every_s=c.full_every_s, full_every_steps=c.full_every_steps,
                             incremental_every_steps=c.incremental_every_steps, run=run)
         last_loss: list[float] = [float("nan")]
@@ -1612,7 +1647,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 # A wait that ends with a copy from a neighbour (this peer was out of step):
                 # load it, and wait again at the turn's clock, which may have moved with it.
                 while not relay.wait(a, g.round_timeout_s, every=spec.dqn.train_every * per_turn,
-                                     rounds=g.relay_staleness, first=spec.dqn.learning_starts * per_turn,
+                                     rounds=g.relay_staleness, first=turns_from,
                                      span=per_turn) and adopt(relay.snapshot()):
                     a = agent.steps * per_turn
                 for grad in relay.take(before=a):
@@ -1658,7 +1693,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     # DQN's greedy return swings long after it first solves a task, so
                     # the final parameters need not be the best ones evaluated.
                     try:
-                        save_params(out / "best.pt", step, eval_return=state.eval_return)
+                        save_params(out / "best.pt", eval_return=state.eval_return)
                     except OSError as e:   # a full disk: the best.pt there stays, and what summary.json says of it
                         unwritten("best.pt", e, "the one there stays; training goes on")
                     else:
@@ -1743,7 +1778,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     unwritten("ids.json", e, "the one there (if any) stays")
             if ckpt is not None:
                 try:
-                    summary["checkpoint"] = str(save_params(out / "checkpoint.pt", state.env_steps))
+                    summary["checkpoint"] = str(save_params(out / "checkpoint.pt"))
                 except OSError as e:   # a full disk: the checkpoint.pt there (if any) stays
                     unwritten("checkpoint.pt", e, "the one there (if any) stays")
             if logs is not None:
