@@ -285,7 +285,7 @@ def _link_topology(link: Link) -> tuple[str, Any, int] | None:
     topology = getattr(owner, "topology", None)
     if not isinstance(topology, str) or topology not in topo.TOPOLOGIES:
         return None
-    edges = (getattr(owner, "edges", None) or None) if topology == "custom" else None
+    edges = getattr(owner, "edges", None) if topology == "custom" else None
     return topology, edges, getattr(owner, "seed", 0)
 
 
@@ -293,7 +293,7 @@ def _graph(topology: str, edges: Any) -> tuple[str, frozenset[frozenset[int]] | 
     """What two topology settings are compared by: the name, and a custom graph's
     undirected edges in any order. (The seed is not: it draws random pairings only,
     which change every round anyway.)"""
-    return topology, frozenset(frozenset(map(int, e)) for e in edges) if topology == "custom" else None
+    return topology, frozenset(frozenset(map(int, e)) for e in edges or ()) if topology == "custom" else None
 
 
 def _give_back(free: list[np.ndarray], buf: np.ndarray, keep: int = 2) -> None:

@@ -122,3 +122,19 @@ def test_edges_without_a_topology_are_refused_naming_the_argument():
         return ra, rb
     ra, rb = asyncio.run(main())
     assert ra.participants == ["p001"] and rb.participants == ["p000"]
+
+
+@pytest.mark.parametrize("args", [{}, {"topology": "ring"}, {"topology": "custom", "edges": [[0, 1]]}],
+                         ids=["the hub's", "ring", "other edges"])
+def test_an_engine_on_a_hub_of_a_custom_graph_without_edges_builds(args):
+    # own-diff review 47: the hub's edges=[] became None, and comparing them raised TypeError
+    async def main():
+        hub = SimHub(topology="custom", edges=[])
+        links = hub.add_many(2)
+        g = Gossip(links[0], np.zeros(4, np.float32), **args)
+        try:
+            return g.topology
+        finally:
+            g.close()
+            await hub.close()
+    assert asyncio.run(main()) == args.get("topology", "custom")
