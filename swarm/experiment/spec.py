@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.machinery
 import json
 import os
 import re
@@ -484,17 +483,22 @@ def _folder_of(top: str) -> Path | None:
 
 
 def _found_by_peers(top: str) -> bool:
-    """Whether the peers find the top-level module ``top``: they start with ``python -P``
-    and the PYTHONPATH of :func:`~.forkserver.child_command`, so their path is this
-    process's without its first entry (the working directory, or a script's folder, which
-    ``-P`` leaves off) and with that PYTHONPATH; a folder an installed ``.pth`` names (``pip
-    install -e .``) is on both."""
+    """Whether the peers find the top-level module ``top``: asked of a ``python -P`` started
+    as :func:`~.forkserver.child_command` starts them (its PYTHONPATH, the site folders and
+    their ``.pth`` files, as ``pip install -e .`` writes; not this process's ``sys.path``,
+    which a script may have changed at run time)."""
+    import subprocess  # noqa: PLC0415 - only for a module in the working directory
+
     from .forkserver import child_command  # noqa: PLC0415
 
-    _, env = child_command("swarm.cli", os.environ)
-    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    path += sys.path if sys.flags.safe_path else sys.path[1:]
-    return importlib.machinery.PathFinder.find_spec(top, path) is not None
+    command, env = child_command("swarm.cli", os.environ)
+    find = "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
+    try:
+        found = subprocess.run([*command[:2], "-c", find, top], env=env, stdin=subprocess.DEVNULL,
+                               capture_output=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return True   # not known: the peers' own import says it, as before this check
+    return found.returncode == 0
 
 
 def _check_topology(topology: str, peers: int, edges: list[list[int]]) -> None:

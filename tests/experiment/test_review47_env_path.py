@@ -112,3 +112,24 @@ def test_the_same_module_installed_by_a_pth_file_passes_the_check(work, tmp_path
         out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
     assert ENV in out
+
+
+def test_a_script_that_puts_another_folder_first_still_has_its_module_refused(work):
+    """The working directory was then sys.path[1], and a check that read this process's
+    path from its second entry on took the module for one the peers have (own-diff review)."""
+    (work / "lib").mkdir()
+    (work / "check.py").write_text(textwrap.dedent(f"""\
+        import os, sys
+        sys.path.insert(0, os.path.abspath("lib"))
+        from swarm.errors import ConfigError
+        from swarm.experiment import load_spec
+        try:
+            load_spec(None, ["env={ENV}"])
+        except ConfigError as e:
+            print("refused:", e)
+        else:
+            print("accepted")
+        """))
+    r = subprocess.run([sys.executable, "check.py"], cwd=work, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=120)
+    assert r.stdout.startswith("refused:") and "PYTHONPATH" in r.stdout, (r.stdout, r.stderr)
