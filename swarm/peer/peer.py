@@ -594,7 +594,6 @@ class Peer:
         self._linked = asyncio.Event()
         self._handlers: dict[str, list[Handler]] = {}
         self._side: list[zmq.Socket] = []   # side-channel sockets (open_inbox, open_outbox)
-        self._inbox: tuple[zmq.Socket, str] | None = None   # bound by start(), for open_inbox to hand over
         self._view_callbacks: list[Callable[[View], None]] = []
         self._seq = itertools.count()
         # (what failed, error type) -> [when its traceback was last logged, failures not logged since]
@@ -742,19 +741,10 @@ class Peer:
         training thread that polls it between steps takes them in without a
         thread switch per message (:class:`swarm.gossip.GradientRelay` with
         ``direct``). Only the thread that reads it may use it; it closes it before the
-        peer closes (the peer closes any left open). On a fixed ``peer.inbox_port``
-        it was bound by :meth:`start`, before the join, and the first call hands it
-        over.
+        peer closes (the peer closes any left open).
         """
         if self.state is PeerState.CLOSED:
             raise SwarmError(f"peer {self.id} is closed")
-        if self._inbox is not None:
-            inbox, self._inbox = self._inbox, None
-            return inbox
-        return self._bind_inbox()
-
-    def _bind_inbox(self) -> tuple[zmq.Socket, str]:
-        """A new inbox, bound, and its endpoint (:meth:`open_inbox`)."""
         cfg = self.config
         if not (self.address.startswith("tcp://") and cfg.bind.startswith("tcp://")):
             raise ConfigError(f"peer {self.id}: side channels need a tcp address, this peer has {self.address!r}")
@@ -873,9 +863,6 @@ class Peer:
                 self._curve.server(self._router)
             bound = tp.bind(self._router, cfg.bind, f"peer {self.id}: peer.bind")   # with advertise too: it only names it
             self.address = cfg.advertise or tp.advertised(bound)
-            if cfg.inbox_port:
-                # before the join: a port in use stops the start, not a run already in the swarm
-                self._inbox = self._bind_inbox()
             for addr in cfg.coordinators:
                 c = tp.dealer(self._ctx, limits=self.limits, hwm=64, immediate=True,
                               heartbeat_s=cfg.link_heartbeat_s, heartbeat_timeout_s=cfg.link_timeout_s,
@@ -1357,7 +1344,6 @@ class Peer:
             if not side.closed:
                 side.close()   # with its own linger, as close_side
         self._side.clear()
-        self._inbox = None
         if self._curve is not None:
             self._curve.stop()
             self._curve = None
