@@ -321,8 +321,19 @@ def test_a_message_of_the_release_before_resends_at_joins_is_refused_naming_both
     """Review 45: the relay's resends at joins and their q came with v still 3: an old peer
     took a join's resend and a leave's that followed for one message and dropped the
     second (the gradient lost for the peers behind it), and nothing said the swarm was mixed."""
-    assert wire.VERSION == 4
+    assert wire.VERSION >= 4
     frames = [msgpack.packb({"v": 3, "t": "join", "src": "old-peer", "epoch": 0, "seq": 0, "body": {}})]
-    with pytest.raises(WireError, match=r"^protocol version 3, expected 4 \(another swarm release: every host must "
+    with pytest.raises(WireError, match=rf"^protocol version 3, expected {wire.VERSION} \(another swarm release: "
+                                        r"every host must run the same one\)$"):
+        wire.decode(frames)
+
+
+def test_a_message_of_the_release_before_the_nacks_size_is_refused_naming_both_versions():
+    """Review 47: gsp_nack gained the receiver's size and an engine without topology= its
+    peer's graph, with v still 4: a mixed swarm kept sending full states to a peer of
+    another size and averaged over two graphs (the mean moved ~5%, every round ok)."""
+    assert wire.VERSION == 5
+    frames = [msgpack.packb({"v": 4, "t": "join", "src": "old-peer", "epoch": 0, "seq": 0, "body": {}})]
+    with pytest.raises(WireError, match=r"^protocol version 4, expected 5 \(another swarm release: every host must "
                                         r"run the same one\)$"):
         wire.decode(frames)

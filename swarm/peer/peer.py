@@ -861,7 +861,8 @@ class Peer:
                 self._curve = tp.Curve(cfg.keys_dir, cfg.key_name)
                 self._curve.start(self._ctx)
                 self._curve.server(self._router)
-            bound = tp.bind(self._router, cfg.bind, f"peer {self.id}: peer.bind")   # with advertise too: it only names it
+            # also with peer.advertise, which only names it
+            bound = tp.bind(self._router, cfg.bind, f"peer {self.id}: peer.bind")
             self.address = cfg.advertise or tp.advertised(bound)
             for addr in cfg.coordinators:
                 c = tp.dealer(self._ctx, limits=self.limits, hwm=64, immediate=True,

@@ -139,3 +139,34 @@ def test_bytes_to_a_neighbour_of_another_size_stay_bounded(codec, topology):
     odd = [k for k in after50 if "p000" in k]
     assert odd and all(after10[k] <= FULL for k in odd), {k: after10[k] for k in odd}
     assert {k: after50[k] for k in odd} == {k: after10[k] for k in odd}
+
+
+def test_a_neighbour_whose_states_were_refused_is_sent_none_without_its_nacks_size():
+    # Upgrade review 47: only a nack that carried d stopped the sends; a neighbour known
+    # to be of another size by its own refused states (its nacks without d, as before
+    # this release's, or lost) was still sent a full state every round.
+    async def main():
+        hub = SimHub(topology="ring")
+        links = hub.add_many(3)
+        send = links[0].send
+
+        async def nack_without_d(dst, t, body=None, arrays=(), **kw):
+            if t == "gsp_nack":
+                body = {k: v for k, v in body.items() if k != "d"}
+            return await send(dst, t, body, arrays, **kw)
+
+        links[0].send = nack_without_d
+        xs = _vectors([OTHER, D, D])
+        engines = [Gossip(link, x, codec="identity", round_timeout=60.0) for link, x in zip(links, xs)]
+        try:
+            await _rounds(engines, 10)
+            after10 = dict(hub.link_bytes)
+            await _rounds(engines, 20)
+        finally:
+            for g in engines:
+                g.close()
+            await hub.close()
+        return after10, dict(hub.link_bytes)
+    after10, after30 = asyncio.run(main())
+    to_odd = [k for k in after30 if k[1] == "p000"]
+    assert to_odd and {k: after30[k] for k in to_odd} == {k: after10[k] for k in to_odd}, (after10, after30)
