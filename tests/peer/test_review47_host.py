@@ -104,9 +104,10 @@ def test_an_id_in_use_is_refused_with_advice_for_the_api_and_the_command_line():
 
 
 def test_a_peer_built_and_never_started_holds_no_context():
+    gc.collect()   # what an earlier test of this worker left is closed now, not while counting
     before = _open_files()
     peers = [Peer(id=f"p{i}", coordinators=["tcp://127.0.0.1:9"]) for i in range(5)]
-    assert _open_files() == before
+    assert _open_files() <= before   # none more (a collection meanwhile can only close some)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         del peers
