@@ -114,28 +114,41 @@ def test_a_neighbour_that_comes_back_with_a_model_of_this_size_is_sent_states_ag
     assert e < (1e-6 if codec == "identity" else 0.5), e
 
 
-@pytest.mark.parametrize("topology", ["ring", "one_peer_exponential"])
-@pytest.mark.parametrize("codec", CODECS)
-def test_bytes_to_a_neighbour_of_another_size_stay_bounded(codec, topology):
-    # Per directed link, on SimHub (real engines, every message encoded): on the
-    # one-peer exponential graph a receiver never sends to some of its senders, which
-    # learn of its size from its nack alone.
+def _link_bytes(topology: str, codec: str, n: int, more: int, *, nacks_say_d: bool = True) -> tuple[dict, dict]:
+    """Bytes per directed link on SimHub (real engines, every message encoded) after 10
+    rounds and after ``more`` rounds after those; p000's model has OTHER values, the
+    others' D. Without ``nacks_say_d`` p000's nacks carry no size, as before this release."""
     async def main():
         hub = SimHub(topology=topology)
-        links = hub.add_many(4)
-        xs = _vectors([OTHER, D, D, D])
+        links = hub.add_many(n)
+        if not nacks_say_d:
+            send = links[0].send
+
+            async def without_d(dst, t, body=None, arrays=(), **kw):
+                if t == "gsp_nack":
+                    body = {k: v for k, v in body.items() if k != "d"}
+                return await send(dst, t, body, arrays, **kw)
+            links[0].send = without_d
         engines = [Gossip(link, x, topology=topology, codec=codec, gamma="auto", round_timeout=60.0)
-                   for link, x in zip(links, xs)]
+                   for link, x in zip(links, _vectors([OTHER] + [D] * (n - 1)))]
         try:
             await _rounds(engines, 10)
             after10 = dict(hub.link_bytes)
-            await _rounds(engines, 40)
+            await _rounds(engines, more)
         finally:
             for g in engines:
                 g.close()
             await hub.close()
         return after10, dict(hub.link_bytes)
-    after10, after50 = asyncio.run(main())
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("topology", ["ring", "one_peer_exponential"])
+@pytest.mark.parametrize("codec", CODECS)
+def test_bytes_to_a_neighbour_of_another_size_stay_bounded(codec, topology):
+    # on the one-peer exponential graph a receiver never sends to some of its senders,
+    # which learn of its size from its nack alone
+    after10, after50 = _link_bytes(topology, codec, 4, 40)
     odd = [k for k in after50 if "p000" in k]
     assert odd and all(after10[k] <= FULL for k in odd), {k: after10[k] for k in odd}
     assert {k: after50[k] for k in odd} == {k: after10[k] for k in odd}
@@ -145,28 +158,6 @@ def test_a_neighbour_whose_states_were_refused_is_sent_none_without_its_nacks_si
     # Upgrade review 47: only a nack that carried d stopped the sends; a neighbour known
     # to be of another size by its own refused states (its nacks without d, as before
     # this release's, or lost) was still sent a full state every round.
-    async def main():
-        hub = SimHub(topology="ring")
-        links = hub.add_many(3)
-        send = links[0].send
-
-        async def nack_without_d(dst, t, body=None, arrays=(), **kw):
-            if t == "gsp_nack":
-                body = {k: v for k, v in body.items() if k != "d"}
-            return await send(dst, t, body, arrays, **kw)
-
-        links[0].send = nack_without_d
-        xs = _vectors([OTHER, D, D])
-        engines = [Gossip(link, x, codec="identity", round_timeout=60.0) for link, x in zip(links, xs)]
-        try:
-            await _rounds(engines, 10)
-            after10 = dict(hub.link_bytes)
-            await _rounds(engines, 20)
-        finally:
-            for g in engines:
-                g.close()
-            await hub.close()
-        return after10, dict(hub.link_bytes)
-    after10, after30 = asyncio.run(main())
+    after10, after30 = _link_bytes("ring", "identity", 3, 20, nacks_say_d=False)
     to_odd = [k for k in after30 if k[1] == "p000"]
     assert to_odd and {k: after30[k] for k in to_odd} == {k: after10[k] for k in to_odd}, (after10, after30)
