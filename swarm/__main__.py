@@ -4,10 +4,11 @@ It imports :mod:`swarm.cli` inside a ``try``: a Ctrl-C that comes while Python i
 still importing it (the first tenth of a second or so, more from a cold disk)
 ends `swarm` as one that comes later does, with exit status 130 and no
 traceback. (The package ``swarm`` is imported before this module runs, out of
-reach of this ``try``: its ``__init__`` imports nothing for that reason.)
+reach of this ``try``: its ``__init__`` imports nothing for that reason. Nor does this
+module before the ``try``, but ``sys``, which is built in: ``from __future__ import
+annotations`` here was a real import on Python 3.12 and later, and a Ctrl-C in it
+printed a traceback.)
 """
-
-from __future__ import annotations
 
 import sys
 
