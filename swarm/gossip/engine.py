@@ -1249,9 +1249,10 @@ class Gossip:
         for dst in receivers:
             s = self._stream_for(dst)
             dsts = streams.setdefault(id(s), (s, []))[1]
-            if dst in self._refused_by or dst in self._refused:
-                # its model has another size (its nack said so, or its own states did, as
-                # a nack without d does not): it refuses every state. The stream still
+            if dst in self._refused_by:
+                # its model has another size (its nack said so; its own states alone do
+                # not stop the sends: one forged or damaged state of another size would
+                # cost it a round's timeout): it refuses every state. The stream still
                 # moves (it is this peer's copy in the mix); a full state goes once the
                 # sizes match again
                 s.synced.discard(dst)

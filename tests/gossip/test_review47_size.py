@@ -114,21 +114,13 @@ def test_a_neighbour_that_comes_back_with_a_model_of_this_size_is_sent_states_ag
     assert e < (1e-6 if codec == "identity" else 0.5), e
 
 
-def _link_bytes(topology: str, codec: str, n: int, more: int, *, nacks_say_d: bool = True) -> tuple[dict, dict]:
+def _link_bytes(topology: str, codec: str, n: int, more: int) -> tuple[dict, dict]:
     """Bytes per directed link on SimHub (real engines, every message encoded) after 10
     rounds and after ``more`` rounds after those; p000's model has OTHER values, the
-    others' D. Without ``nacks_say_d`` p000's nacks carry no size, as before this release."""
+    others' D."""
     async def main():
         hub = SimHub(topology=topology)
         links = hub.add_many(n)
-        if not nacks_say_d:
-            send = links[0].send
-
-            async def without_d(dst, t, body=None, arrays=(), **kw):
-                if t == "gsp_nack":
-                    body = {k: v for k, v in body.items() if k != "d"}
-                return await send(dst, t, body, arrays, **kw)
-            links[0].send = without_d
         engines = [Gossip(link, x, topology=topology, codec=codec, gamma="auto", round_timeout=60.0)
                    for link, x in zip(links, _vectors([OTHER] + [D] * (n - 1)))]
         try:
@@ -153,11 +145,3 @@ def test_bytes_to_a_neighbour_of_another_size_stay_bounded(codec, topology):
     assert odd and all(after10[k] <= FULL for k in odd), {k: after10[k] for k in odd}
     assert {k: after50[k] for k in odd} == {k: after10[k] for k in odd}
 
-
-def test_a_neighbour_whose_states_were_refused_is_sent_none_without_its_nacks_size():
-    # Upgrade review 47: only a nack that carried d stopped the sends; a neighbour known
-    # to be of another size by its own refused states (its nacks without d, as before
-    # this release's, or lost) was still sent a full state every round.
-    after10, after30 = _link_bytes("ring", "identity", 3, 20, nacks_say_d=False)
-    to_odd = [k for k in after30 if k[1] == "p000"]
-    assert to_odd and {k: after30[k] for k in to_odd} == {k: after10[k] for k in to_odd}, (after10, after30)
