@@ -147,7 +147,8 @@ class PeerConfig:
                     f"must be in -1..{MAX_RANK}")
     replace: bool = opt(False, "take over the role (rank) of the dead member whose id this peer uses")
     topology: str = opt("ring", "neighbour topology for links: ring, grid, torus, exponential, full ...")
-    edges: list[list[int]] = opt([], "edge list [[i, j], ...] over ranks when topology = custom")
+    edges: list[list[int]] = opt([], "edge list [[i, j], ...] when topology = custom, over positions in the "
+                                 "view (members sorted by rank: 0 is the lowest rank alive), not over ranks")
     heartbeat_s: float = opt(0.25, "interval between heartbeats to the coordinator (liveness comes from "
                              "ZMTP heartbeats; these carry figures and refresh the route)", _positive,
                              "must be > 0")
@@ -183,9 +184,9 @@ class PeerConfig:
                               "tcp://HOST:PORT), or leave peer.advertise empty to advertise the address bound")
         for e in self.edges:
             if len(e) != 2 or min(e) < 0 or e[0] == e[1]:
-                raise ConfigError(f"peer.edges: {e!r} is not a pair of two different ranks")
+                raise ConfigError(f"peer.edges: {e!r} is not a pair of two different positions")
             if max(e) > MAX_RANK:   # the topology refuses it once a view comes: a peer with no neighbours
-                raise ConfigError(f"peer.edges: {e!r} names a rank past the largest; ranks are at most {MAX_RANK}")
+                raise ConfigError(f"peer.edges: {e!r} names a position past the largest; positions are at most {MAX_RANK}")
 
 
 @dataclass

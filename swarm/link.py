@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from inspect import iscoroutinefunction
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 from .checks import is_int
 from .wire import Message, shown
 
-__all__ = ["Member", "View", "Link", "Handler"]
+__all__ = ["Member", "View", "Link", "Handler", "link_problem"]
 
 Handler = Callable[[Message], Awaitable[None] | None]
 
@@ -180,3 +181,23 @@ class Link(Protocol):
     def off_view(self, callback: Callable[[View], None]) -> bool:
         """Undo one :meth:`on_view`; False if ``callback`` was not registered."""
         ...
+
+
+def link_problem(link: Any) -> str | None:
+    """What keeps ``link`` from being a :class:`Link`, in words; None where nothing does.
+
+    Checked where an engine is built, so that a wrong object (a ``SyncPeer``, whose
+    ``send`` blocks and returns a bool) is named there, not by a ``TypeError`` from
+    inside the first round.
+    """
+    if hasattr(link, "peer") and hasattr(link, "call") and not iscoroutinefunction(getattr(link, "send", None)):
+        return (f"link is a {type(link).__name__}, a blocking facade: pass its .peer (the Peer on its loop), "
+                "and build and run the engine there (through call())")
+    missing = [a for a in ("id", "neighbours", "send", "on") if not hasattr(link, a)]
+    if missing:
+        return (f"link must have the swarm.link.Link shape (a Peer, a SimLink); "
+                f"{type(link).__name__} has no {', '.join(missing)}")
+    if not iscoroutinefunction(link.send):
+        return (f"link.send of {type(link).__name__} is not a coroutine function (async def): the engines "
+                "await it; pass a Peer or a SimLink")
+    return None

@@ -188,7 +188,7 @@ _R = 2147483647   # MAX_RANK
      "coordinator.max_members=100001", r"^coordinator\.max_members = 100001: must be in 1\.\.100000$"),
     (f"peer.rank={_R}", "peer.rank", _R, f"peer.rank={_R + 1}", rf"^peer\.rank = {_R + 1}: must be in -1\.\.{_R}$"),
     (f"peer.edges=[[0, {_R}]]", "peer.edges", [[0, _R]], f"peer.edges=[[0, {_R + 1}]]",
-     rf"^peer\.edges: \[0, {_R + 1}\] names a rank past the largest; ranks are at most {_R}$"),
+     rf"^peer\.edges: \[0, {_R + 1}\] names a position past the largest; positions are at most {_R}$"),
     ("peer.id=" + "p" * 256, "peer.id", "p" * 256, "peer.id=" + "p" * 257,
      r"^peer\.id = 'p{257}': must be at most 256 characters \(a message's sender id\)"),
     ("coordinator.run_name=" + "r" * 200, "coordinator.run_name", "r" * 200, "coordinator.run_name=" + "r" * 201,

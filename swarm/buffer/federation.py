@@ -90,7 +90,7 @@ import numpy as np
 
 from ..checks import is_int, is_real, seconds
 from ..errors import ConfigError, ReplayError, WireError
-from ..link import Link
+from ..link import Link, link_problem
 from ..wire import DEFAULT_LIMITS, Limits, Message, register_type, shown
 from .limiter import TokenBucket
 from .replay import Items, ReplayBuffer
@@ -180,10 +180,8 @@ class Federation:
                  seed: int | None = None, rereplicate_s: float = 300.0, ride: bool = False) -> None:
         if not isinstance(buffer, ReplayBuffer):
             raise ReplayError(f"buffer must be a ReplayBuffer, got {type(buffer).__name__}")
-        missing = [a for a in ("id", "neighbours", "send", "on") if not hasattr(link, a)]
-        if missing:
-            raise ReplayError(f"link must have the swarm.link.Link shape (a Peer, a SimLink); "
-                              f"{type(link).__name__} has no {', '.join(missing)}")
+        if (problem := link_problem(link)) is not None:
+            raise ReplayError(problem)
         if not (is_real(share) and 0.0 <= share <= 1.0):
             raise ReplayError(f"share must be a number in [0, 1], got {share!r}")
         if share_by not in ("newest", "priority"):

@@ -129,7 +129,11 @@ def _past_f32(what: str, amax: float) -> GossipError:
 
 
 class Codec:
-    """Base class of all codecs. Subclasses set ``name`` and implement the hooks.
+    """Base class of all codecs. Subclasses set ``name`` and implement the hooks
+    ``_encode``, ``_frame_specs`` and ``_decode_into`` (the others have defaults).
+    A codec of one's own is used as an instance; specs, ``--set`` and the engines name
+    only the built-in families (:data:`~swarm.compress.CODECS`, read-only: every peer
+    process must build what another sends).
 
     ``name`` is the family that appears as ``meta["codec"]``; ``spec`` is the config
     string the instance was made from (``"topk:0.01"``). Every parameter a decoder
@@ -225,7 +229,7 @@ class Codec:
     # ---- hooks --------------------------------------------------------------------------
 
     def _encode(self, x: np.ndarray) -> Encoded:  # pragma: no cover - abstract
-        raise NotImplementedError
+        raise self._missing("_encode(x) -> Encoded")
 
     def _encode_sparse(self, x: np.ndarray) -> tuple[Encoded, np.ndarray, np.ndarray] | None:
         """For codecs whose payload is a set of coordinates: ``(encode(x), indices, the
@@ -247,7 +251,7 @@ class Codec:
 
     def _frame_specs(self, meta: dict[str, Any], n: int) -> list[tuple[str, Any, int]]:  # pragma: no cover
         """``(label, allowed dtypes, length)`` of each frame this meta implies."""
-        raise NotImplementedError
+        raise self._missing("_frame_specs(meta, n) -> [(label, dtypes, length), ...]")
 
     def _decode(self, meta: dict[str, Any], frames: list[np.ndarray], n: int) -> np.ndarray:
         out = np.zeros(n, np.float32)
@@ -256,7 +260,11 @@ class Codec:
 
     def _decode_into(self, meta: dict[str, Any], frames: list[np.ndarray], out: np.ndarray,
                      alpha: float) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+        raise self._missing("_decode_into(meta, frames, out, alpha), adding alpha * the decoded vector to out")
+
+    def _missing(self, hook: str) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} (codec {self.name!r}) must implement {hook}; a codec "
+                                   "implements _encode, _frame_specs and _decode_into")
 
     def _check_meta(self, meta: dict[str, Any], n: int) -> None:
         """Extra per-codec checks on meta values (ranges, finiteness)."""

@@ -17,7 +17,8 @@ A bad spec raises :class:`~swarm.errors.ConfigError` whose message quotes it.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
 from ._base import Codec
@@ -28,10 +29,12 @@ from .sparse import RandomK, TopK
 
 __all__ = ["CODECS", "get_codec", "split_ef"]
 
-#: Codec family name -> class. ``get_codec`` builds instances from specs.
-CODECS: dict[str, type[Codec]] = {
+#: The built-in codec families, name -> class: read-only. A spec names one of these
+#: (every peer process must be able to build what another sends, so a family is not
+#: added at run time); a codec of one's own is used as an instance (``encode``/``decode``).
+CODECS: Mapping[str, type[Codec]] = MappingProxyType({
     c.name: c for c in (Identity, FP16, Int8, QSGD, TopK, RandomK, Sign)
-}
+})
 
 
 def _int(spec: str, key: str, text: str, lo: int, hi: int) -> int:

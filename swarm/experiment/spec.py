@@ -444,7 +444,9 @@ def _check_env(env_id: str) -> float | None:
         close = difflib.get_close_matches(name, list(known), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         where = f" after importing {module!r}" if sep else ""
-        raise ConfigError(f"env = {env_id!r}: not a registered Gymnasium environment{where}{hint}")
+        how = "" if sep else (" (an env your own code registers is given as module:EnvId, naming the module "
+                              "whose import registers it)")
+        raise ConfigError(f"env = {env_id!r}: not a registered Gymnasium environment{where}{hint}{how}")
     # Made once here (milliseconds for CartPole), an env the peers cannot use fails
     # before `swarm run` makes a run folder, not inside every peer.
     try:
@@ -468,6 +470,13 @@ def _check_env(env_id: str) -> float | None:
         hint = "; one-hot encode a Discrete observation" if isinstance(observations, gymnasium.spaces.Discrete) else ""
         raise ConfigError(f"env = {env_id!r}: its observation space {observations} is not a Box of at least "
                           f"one dimension, none of them 0; DQN needs observations that are arrays of numbers{hint}")
+    # last: what the env is wrong for is said first, wherever it was registered
+    if not sep and not _gymnasiums(known[name].entry_point) and not _registered_in_peers(name):
+        # found here only because this process registered it (a script's or a notebook's
+        # gymnasium.register): the peers, fresh processes, would not know the id
+        raise ConfigError(f"env = {env_id!r} is registered in this process only, which the peers do not run; "
+                          "register it in a module and give env = module:EnvId (the peers import the module "
+                          "first)")
     return None if threshold is None else float(threshold)
 
 
@@ -480,6 +489,30 @@ def _folder_of(top: str) -> Path | None:
     if spec.submodule_search_locations:   # a package: the folder that holds its folder
         return Path(next(iter(spec.submodule_search_locations))).parent.resolve()
     return Path(spec.origin).parent.resolve() if spec.has_location else None
+
+
+def _gymnasiums(entry_point: object) -> bool:
+    """Whether an env's entry point is Gymnasium's own (a "module:Class" text, or a function
+    such as its error for a missing extra), which every peer registers by importing it."""
+    where = entry_point if isinstance(entry_point, str) else getattr(entry_point, "__module__", None) or ""
+    return where.partition(":")[0].partition(".")[0] == "gymnasium"
+
+
+def _registered_in_peers(env_id: str) -> bool:
+    """Whether a process started as the peers are knows ``env_id`` once it imported
+    Gymnasium and swarm's agent (asked only of an id not Gymnasium's own)."""
+    import subprocess  # noqa: PLC0415
+
+    from .forkserver import child_command  # noqa: PLC0415
+
+    command, env = child_command("swarm.cli", os.environ)
+    ask = "import sys, gymnasium, swarm.rl; sys.exit(sys.argv[1] not in gymnasium.envs.registry)"
+    try:
+        found = subprocess.run([*command[:2], "-c", ask, env_id], env=env, stdin=subprocess.DEVNULL,
+                               capture_output=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return True   # not known: the peers' own check says it, as before
+    return found.returncode == 0
 
 
 def _found_by_peers(top: str) -> bool:

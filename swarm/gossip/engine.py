@@ -78,7 +78,7 @@ import numpy as np
 from .. import wire
 from ..checks import rng_seed
 from ..errors import ConfigError, GossipError
-from ..link import Link, View
+from ..link import Link, View, link_problem
 from ..wire import Message, shown
 from . import topology as topo
 from ._codecs import DIVERGES_ABOVE, Encoded, copy_scale, make_codec, suggested_gamma
@@ -400,7 +400,8 @@ class Gossip:
         with none is used instead of the link's. An explicit topology other than the
         link's is used as given, and said once at INFO: replay sharing and ``swarm
         status`` still follow the link's neighbours.
-    codec: codec spec for :func:`swarm.compress.get_codec`; one instance per stream.
+    codec: codec spec string for :func:`swarm.compress.get_codec`, a built-in family
+        (not an instance: the engine makes one per stream, and neighbours decode by name).
     gamma: CHOCO consensus step in (0, 1], or ``"auto"`` for
         :func:`~swarm.gossip.suggested_gamma` of the codec (and of the outer step, in
         ``pseudo_gradient`` mode); 1 with the identity codec is exact gossip, coarse
@@ -421,6 +422,11 @@ class Gossip:
                  send_timeout: float | None = 1.0, edges: Any = None, seed: int | None = None,
                  mode: Literal["params", "pseudo_gradient"] = "params",
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, local_steps: int = 1):
+        if (problem := link_problem(link)) is not None:
+            raise ConfigError(problem)
+        if isinstance(params, np.ndarray) and params.dtype == np.float32 and params.ndim == 1 and params.size == 0:
+            # said first: a read-only empty vector (BaseAgent.parameters()'s) is told it is empty, not read-only
+            raise ConfigError("params is empty: nothing to gossip (an agent with nothing to learn needs no engine)")
         if not isinstance(params, np.ndarray) or params.dtype != np.float32 or params.ndim != 1 \
                 or not params.flags.c_contiguous or not params.flags.writeable:
             got = type(params).__name__
@@ -440,8 +446,6 @@ class Gossip:
                     hint = (": it is read-only, and the engine writes the average into it in place; pass a "
                             "writeable array (params.copy())")
             raise ConfigError(f"params must be a writeable 1-D contiguous float32 numpy array, got {got}{hint}")
-        if params.size == 0:
-            raise ConfigError("params is empty: nothing to gossip")
         own = _link_topology(link)
         if topology is None:
             if edges is not None:

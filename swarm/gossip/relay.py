@@ -122,7 +122,7 @@ from ..checks import MAX_GRAD, is_int, largest_abs, seconds
 from ..compress import Encoded, get_codec, split_ef
 from ..compress.sparse import _Sparse
 from ..errors import ConfigError, EncodedTooLarge, GossipError, WireError
-from ..link import Link
+from ..link import Link, link_problem
 from ..transport import _EVENTS, _POLLIN   # ints: pyzmq's enums cost an operation per use
 from ..wire import Message, shown
 from . import topology as topo
@@ -346,6 +346,8 @@ class GradientRelay:
                  direct: bool = False, rider: Rider | None = None,
                  state: Callable[[], tuple[dict[str, Any], list[np.ndarray]]] | None = None,
                  resync_timeout: float = 5.0) -> None:
+        if (problem := link_problem(link)) is not None:
+            raise ConfigError(problem)
         if not is_int(d) or d < 1:
             raise ConfigError(f"d = {d!r}: the gradient length must be an int >= 1")
         if not is_int(max_pending) or max_pending < 1:

@@ -1997,7 +1997,14 @@ class Peer:
             try:
                 edges = topo.within(cfg.edges, n) if cfg.topology == "custom" else None
                 pos = topo.neighbours(cfg.topology, n, idx, edges=edges)
-                self._unfit_since, self._unfit_warned = 0.0, False
+                if not pos and n > 1 and cfg.topology == "custom":
+                    # as an unfit view: fine while peers join, a warning once it lasts
+                    self._unfit_since = self._unfit_since or time.monotonic()
+                    self._unfit_why = (f"epoch {view.epoch}: peer.edges give position {idx} of {n} no "
+                                       "neighbour (edges are over positions in the view, members sorted "
+                                       "by rank, not over ranks)")
+                else:
+                    self._unfit_since, self._unfit_warned = 0.0, False
             except ConfigError as e:
                 # the view stands all the same (it says who is alive; the rest of this
                 # installs it): no neighbours until one the topology takes, such as a
