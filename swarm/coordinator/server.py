@@ -303,7 +303,9 @@ class Coordinator:
                     self._curve.client(d, self._curve.coordinator_public)
                 self._watch_monitors[addr] = d.get_monitor_socket(_WATCH_EVENTS)
                 tp.connect(d, addr)
-        except Exception:
+        except BaseException:
+            # whatever failed (a bad address, Ctrl-C, a caller's deadline), what was made is
+            # closed: left open, the context's __del__ hung the process at the next gc
             self._shutdown()
             raise
         self._plain = tp.shadow(self._router)
@@ -312,7 +314,10 @@ class Coordinator:
             try:
                 self._http = StatusServer(self, cfg.http_bind, run=cfg.run_name)
                 await self._http.start()
-            except Exception:
+            except BaseException:   # as above; a cancel (a deadline, a TaskGroup) is one too
+                if self._http._server is not None:   # listening already: no client yet to wait for
+                    self._http._server.close()
+                self._http = None
                 self._shutdown()
                 raise
             self.http_url = self._http.url

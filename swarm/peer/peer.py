@@ -888,7 +888,10 @@ class Peer:
         # one deadline for the welcome and the view that lists us (wire.md, section 5)
         deadline = time.monotonic() + cfg.join_timeout_s
         try:
-            welcome = await asyncio.wait_for(asyncio.shield(self._welcome), cfg.join_timeout_s)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns the result when a cancel
+            # lands in the pass its awaitable ends in, and the caller's cancel is lost
+            async with asyncio.timeout(cfg.join_timeout_s):
+                welcome = await asyncio.shield(self._welcome)
             while self._view.index(self.id) < 0:
                 self._raise_failure()
                 if self._closing():
@@ -997,8 +1000,9 @@ class Peer:
                 # follows a leave), and the coordinator keeps what a member last sent
                 self._send_with_stats("leave", {"inc": self.incarnation})
                 try:
-                    await asyncio.wait_for(self._bye, timeout)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(timeout):   # not wait_for: it can lose a cancel (start())
+                        await self._bye
+                except TimeoutError:
                     log.info("peer %s: coordinator did not confirm the leave within %.1f s", self.id, timeout)
         except BaseException:
             # Cancelled (a caller's deadline shorter than ``timeout``) or interrupted while
@@ -1197,9 +1201,10 @@ class Peer:
                 raise PeerTimeout(f"peer {self.id}: neighbours {sorted(self._pending_hello)} "
                                   f"did not answer within {timeout} s")
             try:   # woken by the event: linked, if only for a moment (a new view may clear it)
-                await asyncio.wait_for(self._linked.wait(), min(left, 0.05))
+                async with asyncio.timeout(min(left, 0.05)):   # not wait_for: it can lose a cancel (start())
+                    await self._linked.wait()
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def wait_view(self, predicate: Callable[[View], bool], timeout: float | None = 5.0) -> View:
