@@ -488,27 +488,48 @@ def _hold_folder(folder: Path, who: str) -> None:
     other's checkpoints (the run.json check sees a run only once its coordinator admitted
     it). The kernel drops the lock of a process that ends, crashed or not, so a restart
     into the folder is not refused. Where the file system has no locks, or takes no file
-    (read only, full: the run's first write then says so, naming its file), nothing is held."""
+    (read only, full: the run's first write then says so, naming its file), nothing is held.
+
+    A ``.lock`` this user may only read (another user's, in a folder the two share) is
+    locked all the same (flock takes a read-only file), without its pid (skipped, it let
+    two swarms write one folder). One that cannot be opened at all, or that is a symbolic
+    link (followed, the pid overwrote the file it points to), is refused, naming it."""
     import fcntl  # noqa: PLC0415 - POSIX only, as swarm is
 
-    try:
-        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
+    lock = folder / ".lock"
+    fd = None
+    for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
+        try:
+            fd = os.open(lock, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            break
+        except OSError as e:
+            why = e
+    if fd is None:
+        if lock.is_symlink():
+            raise ConfigError(f"{lock} is a symbolic link (to {os.readlink(lock)}): swarm writes its pid there, "
+                              "and writes through no link; remove it, or pass --run-dir DIR for this run")
+        if why.errno in (errno.EACCES, errno.EPERM):
+            raise ConfigError(f"{lock} cannot be opened ({why.strerror}), so this process cannot hold {folder} "
+                              "against another swarm writing there; make it readable, or pass --run-dir DIR "
+                              "for this run")
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 20).decode("ascii", "replace").strip() or "?"
+        try:
+            holder = os.read(fd, 20).decode("ascii", "replace").strip()
+        except OSError:   # a folder there: it holds no pid
+            holder = ""
         os.close(fd)
-        raise ConfigError(f"{folder}: another process (pid {holder}) writes {who}'s results there now; pass "
-                          "--run-dir DIR for this run") from None
+        raise ConfigError(f"{folder}: another process{f' (pid {holder})' if holder else ''} writes {who}'s "
+                          "results there now; pass --run-dir DIR for this run") from None
     except OSError:   # ENOLCK: a file system without locks
         os.close(fd)
         return
     try:   # the holder's pid, for the refusal above
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-    except OSError:   # a full disk: the lock holds without it
+    except OSError:   # a full disk, a .lock opened read only: the lock holds without it
         pass
     # fd stays open, and the lock held, until the process ends
 

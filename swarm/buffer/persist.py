@@ -470,12 +470,40 @@ def _clear_stale(path: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def no_link(path: str | Path, flags: int) -> int:
+    """:func:`open`'s ``opener`` for a file swarm writes: a symbolic link in its place is
+    refused (OSError naming it), not followed. One planted in a run folder that others
+    may write had swarm overwrite the file it points to, anywhere this user may write."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            raise OSError(e.errno, "a symbolic link is there, and swarm writes through none: remove it",
+                          str(path)) from None
+        raise
+
+
+def create_new(path: Path) -> None:
+    """Create ``path``, a temporary file, empty and this process's own: what is there goes
+    first (a file that a killed write left; a link planted there, not the file it points
+    to), and one that comes back meanwhile is not opened (FileExistsError)."""
+    path.unlink(missing_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666))
+
+
 def write_synced(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` and sync it to disk (a crash after a rename must not leave it empty)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    """Write ``data`` to ``path`` and sync it to disk (a crash after a rename must not leave
+    it empty). A link in ``path``'s place is refused (:func:`no_link`); an OSError names
+    ``path`` (a full disk's write names no file)."""
+    try:
+        with open(path, "wb", opener=no_link) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
 
 
 def _save_array(path: Path, a: np.ndarray) -> None:

@@ -78,14 +78,14 @@ import shutil
 import time
 import warnings
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..buffer.persist import fsync_dir, write_synced
+from ..buffer.persist import create_new, fsync_dir, write_synced
 from ..errors import ConfigError, ReplayError, SwarmError
 
 log = logging.getLogger("swarm.experiment")
@@ -771,12 +771,18 @@ def _load_state_pt(data: bytes, want: str | None) -> Any:
             try:
                 torch.load(io.BytesIO(data), weights_only=True)
             except Exception as e:
-                # torch's text wraps the unpickler's own in advice to load with weights_only=False
-                found = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
-                line = found.group(1) if found else (str(e).splitlines() or [""])[0]
-                raise _Unloadable(f"{type(e).__name__}: {line}" if line else type(e).__name__) from None
+                raise _Unloadable(_refused(e)) from None
         raise _NotItsDigest
     return torch.load(io.BytesIO(data), weights_only=False)  # our own file: RNG states, not just tensors
+
+
+def _refused(e: Exception) -> str:
+    """Why torch's restricted unpickler refused a file, in one line: torch's text wraps the
+    unpickler's own in ~750 characters of advice to load with ``weights_only=False``."""
+    found = (re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
+             or re.search(r"^(Trying to load .+)$", str(e), re.M))   # a global it refused
+    line = found.group(1) if found else (str(e).splitlines() or [""])[0]
+    return f"{type(e).__name__}: {line}" if line else type(e).__name__
 
 
 def _vector(st: dict[str, Any], key: str, dtype: Any) -> np.ndarray:
@@ -944,13 +950,24 @@ def write_whole(path: Path, write: Callable[[Path], Any]) -> None:
     """``write`` a temporary file, then rename it over ``path`` and sync the folder: a
     process killed meanwhile, or a write that fails (a full disk), leaves the previous
     file whole, not a torn one. ``write`` syncs what it writes (a crash after the
-    rename must not leave an empty file)."""
+    rename must not leave an empty file).
+
+    The temporary file, ``.NAME.tmp`` beside ``path``, is made anew (:func:`create_new`):
+    what a killed write left there goes, and a link planted there is neither written
+    through (its target overwritten) nor renamed over ``path``. An OSError names ``path``,
+    not the temporary file (a full disk's write named no file at all)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
+        create_new(tmp)
         write(tmp)
         os.replace(tmp, path)
+    except OSError as e:
+        if e.errno is None or (e.filename is not None and os.fspath(e.filename) != str(tmp)):
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
     finally:
-        tmp.unlink(missing_ok=True)
+        with suppress(OSError):   # a folder there: the error above says so
+            tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
 
 
@@ -988,13 +1005,23 @@ def newest_lineage(peer_folder: str | Path) -> Lineage | None:
 
 def read_checkpoint_pt(path: str | Path) -> dict[str, Any]:
     """A peer's ``checkpoint.pt`` as saved (agent state, env steps; no buffer), or
-    ConfigError saying why it cannot be read (torn, empty, foreign)."""
+    ConfigError saying why it cannot be read (torn, empty, foreign).
+
+    Read by torch's restricted unpickler (``weights_only``), as :func:`load_policy` reads
+    it: the file has tensors and plain containers only (its RNG state is a dict of ints),
+    and unlike ``state.pt`` it has no digest to check before the full unpickler gets it. A
+    run folder copied from elsewhere and resumed ran whatever its checkpoint.pt held."""
     import torch  # noqa: PLC0415
 
     path = Path(path)
     try:
-        ck = torch.load(path, weights_only=False)  # our own file: it holds RNG states, not just tensors
-    except Exception as e:   # a torn or foreign file: RuntimeError, EOFError, UnpicklingError ...
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # a foreign pickle's warnings went to stderr
+            ck = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:   # what the restricted unpickler refuses (loaded, it could run code)
+        raise ConfigError(f"{path} cannot be read: not a peer's checkpoint.pt, which holds tensors and plain "
+                          f"values only ({_refused(e)}); it is not loaded") from None
+    except Exception as e:   # a torn or foreign file: RuntimeError, EOFError ...
         raise ConfigError(f"{path} cannot be read (damaged?): {_unreadable(path, e)}") from None
     if not isinstance(ck, dict) or not isinstance(ck.get("agent"), dict):
         raise ConfigError(f"{path} cannot be read (damaged?): not a peer's checkpoint.pt (no agent state in it)")

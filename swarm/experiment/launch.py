@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import csv
 import json
 import math
@@ -244,7 +245,9 @@ class Launch:
         # A restarted child appends: the log of the process it replaces says why that one died.
         # The child writes through its own copy of the descriptor, so the launcher closes its
         # copy at once (kept open, each restart held one more until the run ended).
-        with open(log_path, "a" if any(c.name == name for c in self.children) else "w") as f:
+        from ..buffer.persist import no_link  # noqa: PLC0415 - numpy: off `swarm run --show`'s path
+
+        with open(log_path, "a" if any(c.name == name for c in self.children) else "w", opener=no_link) as f:
             p: Any = None
             if fork and self.forks is not None:
                 # its parent is the server: the peer watches that one (which ends with us)
@@ -684,7 +687,12 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
             raise _no_checkpoint(prev, spec, missing)
         check_resume_kept(prev, spec, range(spec.peers))   # every peer's, before anything starts
     run_dir = new_run_dir(Path(runs_root).expanduser(), spec.name)
-    config = save_resolved(spec, run_dir)
+    try:
+        config = save_resolved(spec, run_dir)
+    except OSError:   # a full disk: no run folder without its config.json (a resume of it is refused)
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()
+        raise
     peers = f"{spec.peers} peer{'s' if spec.peers != 1 else ''}"
     print(f"swarm run: {spec.name}: {peers} on a {spec.gossip.topology.replace('_', ' ')} graph, {spec.env}, "
           f"codec {spec.gossip.codec}, {spec.budget.env_steps} env steps each -> {run_dir}", file=out, flush=True)
@@ -1429,14 +1437,14 @@ def _solved(run_dir: Path, peers: list[_Child]) -> bool:
 def read_csv(path: Path) -> list[dict[str, str]]:
     """The whole rows of one of a run folder's CSV files (empty when it is missing). A row
     cut short is left out: a peer killed mid-flush, or on a full disk, leaves its last line
-    without its newline or its last fields."""
+    without its newline or its last fields, and so is one that is not UTF-8 (damaged)."""
     try:
-        with open(path, newline="") as f:
-            text = f.read()
+        text = path.read_bytes().decode("utf-8", "replace")   # a byte that is not UTF-8 reads as U+FFFD
     except OSError:
         return []
     text = text[:text.rfind("\n") + 1]   # up to the last newline: a line after it is cut short
-    return [row for row in csv.DictReader(io.StringIO(text)) if None not in row.values()]
+    return [row for row in csv.DictReader(io.StringIO(text))
+            if None not in row.values() and not any("\ufffd" in str(v) for v in row.values())]
 
 
 def _num(v: Any) -> float:

@@ -95,7 +95,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..buffer.persist import resume_sequence, write_synced
+from ..buffer.persist import create_new, no_link, resume_sequence, write_synced
 from ..buffer.replay import seq_floor
 from ..config import PeerConfig, read_file, to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
@@ -294,6 +294,7 @@ def _check_room(path: Path, data: bytes) -> None:
     file of this process beside it, synced (a full disk may fail only there), then removed."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.check")   # not write_whole's: another process may use that
     try:
+        create_new(tmp)   # a link planted there is not written through
         write_synced(tmp, data)
     except OSError as e:
         raise OSError(e.errno, e.strerror, str(path)) from e
@@ -383,13 +384,15 @@ def _keep_rows_upto(path: Path, env_steps: int) -> int:
     A peer restarted or resumed into its own folder trains again the env steps since
     the checkpoint it continues from: the rows its predecessor logged for them would
     appear twice. A last line without its newline (the writer was killed mid-row)
-    goes too. The rows kept replace the file whole (:func:`~swarm.experiment.checkpoint.write_whole`).
+    goes too, and so does a line that is not UTF-8 (damaged: read as text, it ended the
+    restart with a UnicodeDecodeError). The rows kept replace the file whole
+    (:func:`~swarm.experiment.checkpoint.write_whole`).
     """
     try:
-        with open(path, newline="") as f:
-            lines = list(f)
+        text = path.read_bytes().decode("utf-8", "replace")   # a byte that is not UTF-8 reads as U+FFFD
     except FileNotFoundError:
         return 0
+    lines = list(io.StringIO(text, newline=""))
     header = next(csv.reader(lines[:1]), [])
     if "env_steps" not in header:
         return 0   # empty, or not one of ours: nothing to go by
@@ -398,27 +401,20 @@ def _keep_rows_upto(path: Path, env_steps: int) -> int:
     for line in lines[1:]:
         row = next(csv.reader([line]), [])
         try:
-            ok = line.endswith("\n") and int(row[col]) <= env_steps
+            ok = line.endswith("\n") and "\ufffd" not in line and int(row[col]) <= env_steps
         except (IndexError, ValueError):
             ok = False
         if ok:
             keep.append(line)
     if len(keep) == len(lines):
         return 0
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", newline="") as f:
-            f.writelines(keep)
-            f.flush()
-            os.fsync(f.fileno())
-
-    write_whole(path, write)
+    write_whole(path, lambda tmp: write_synced(tmp, "".join(keep).encode()))
     return len(lines) - len(keep)
 
 
 def _header(path: Path) -> list[str]:
     """The column names on the first line of the CSV file ``path`` ([] if it has none)."""
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:   # a damaged byte: U+FFFD, not an error
         return next(csv.reader([f.readline()]), [])
 
 
@@ -556,7 +552,7 @@ class _Logs:
                     log.info("%s: dropped %d rows past env step %d (trained again now)", path, dropped, self._upto)
             fresh = not (self._append and path.is_file() and path.stat().st_size > 0)
             there = [] if fresh else _header(path)
-            f = open(path, "w" if fresh else "a", newline="")
+            f = open(path, "w" if fresh else "a", newline="", opener=no_link)   # a link there: refused
         except OSError as e:   # named by the file, not by its temporary one (or by none: a failed write)
             raise OSError(e.errno, e.strerror, str(path)) from e
         self._files.append(f)
@@ -919,13 +915,7 @@ def _save_whole(obj: dict[str, Any], path: Path) -> Path:
     data = io.BytesIO()
     torch.save(obj, data)
 
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
-            f.write(data.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-
-    write_whole(path, write)
+    write_whole(path, lambda tmp: write_synced(tmp, data.getbuffer()))
     return path
 
 

@@ -671,6 +671,8 @@ def save_resolved(spec: Spec, path: str | Path) -> Path:
     path: ``runs/lr-1e-3.v2`` too), which gets ``config.json``. The file loads back
     with :func:`load_spec`. A ``.toml`` path is refused (ConfigError): the file
     would be JSON that :func:`load_spec` reads as TOML; :func:`show_spec` gives TOML.
+    The file is replaced whole (a full disk leaves none, not an empty one that every
+    resume then read as a damaged spec), and an OSError names it.
     """
     p = Path(path)
     if p.suffix.lower() == ".toml" and not p.is_dir():
@@ -679,5 +681,9 @@ def save_resolved(spec: Spec, path: str | Path) -> Path:
     if p.is_dir() or p.suffix.lower() != ".json":
         p = p / "config.json"
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(to_dict(spec), indent=2, sort_keys=True) + "\n")
+    from ..buffer.persist import write_synced  # noqa: PLC0415 - numpy: off `swarm run --show`'s path
+    from .checkpoint import write_whole  # noqa: PLC0415
+
+    text = (json.dumps(to_dict(spec), indent=2, sort_keys=True) + "\n").encode()
+    write_whole(p, lambda tmp: write_synced(tmp, text))
     return p
