@@ -757,23 +757,24 @@ def _load_state_pt(data: bytes, want: str | None) -> Any:
     """A state.pt's bytes unpickled once they match ``want``, the digest in its manifest
     (None: a manifest from before it); _NotItsDigest when they do not.
 
-    The full unpickler runs whatever the file holds, so it gets only the file this
-    package wrote. Another is read by torch's restricted one, which runs nothing, only
-    for what is wrong with it: a torn or foreign file's error goes up as ``_Unloadable``,
-    in one line (torch's own text ran to ~750 characters advising ``weights_only=False``,
-    and a foreign pickle's warnings went to stderr).
+    Read by torch's restricted unpickler, which runs nothing (the file holds tensors and
+    plain values only): the digest is no guard against a file made to match it, and a
+    run folder copied from elsewhere and resumed ran whatever its state.pt held. A torn or
+    foreign file's error goes up as ``_Unloadable``, in one line (torch's own text ran to
+    ~750 characters advising ``weights_only=False``, and a foreign pickle's warnings went
+    to stderr).
     """
     import torch  # noqa: PLC0415
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            state = torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as e:
+            raise _Unloadable(_refused(e)) from None
     if want is not None and want != _bytes_digest(data):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                torch.load(io.BytesIO(data), weights_only=True)
-            except Exception as e:
-                raise _Unloadable(_refused(e)) from None
         raise _NotItsDigest
-    return torch.load(io.BytesIO(data), weights_only=False)  # our own file: RNG states, not just tensors
+    return state
 
 
 def _refused(e: Exception) -> str:

@@ -34,7 +34,7 @@ from swarmtest import on_small_disk, reaped
 from swarm.cli import _hold_folder
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec
-from swarm.experiment.checkpoint import newest_lineage, read_checkpoint_pt, write_json
+from swarm.experiment.checkpoint import _bytes_digest, load_newest, newest_lineage, read_checkpoint_pt, write_json
 from swarm.experiment.launch import Launch, read_csv, summarize, write_plots
 from swarm.experiment.runner import EPISODE_FIELDS, _check_room, _keep_rows_upto, _Logs, run_peer
 
@@ -219,6 +219,27 @@ def test_a_checkpoint_pt_that_would_run_code_is_refused_and_a_genuine_one_still_
         run_peer(load_spec(None, ONE + ["budget.env_steps=300"]), 0, coordinator, tmp_path / "z",
                  tensorboard=False, join_timeout=10, resume_from=evil)
     assert str(evil / "peer0" / "checkpoint.pt") in str(e.value), e.value
+    assert not planted.exists()
+
+
+def test_a_state_pt_that_would_run_code_is_passed_over_though_its_digest_matches(coordinator, tmp_path):
+    """The digest in manifest.json is no guard: anyone can write the one that matches. Before,
+    a state.pt whose digest matched went to torch's full unpickler and ran what it held."""
+    x = tmp_path / "x"
+    assert run_peer(load_spec(None, ONE), 0, coordinator, x, tensorboard=False, join_timeout=10)["reason"] == "budget"
+    root = x / "peer0" / "ckpt"
+    restored, skipped = load_newest(root)
+    assert restored is not None and skipped == []
+    newest = sorted(root.glob("full-*"))[-1]
+    planted = tmp_path / "pwned"
+    state = torch.load(newest / "state.pt", weights_only=True)
+    torch.save(dict(state, x=_Plants(planted)), newest / "state.pt")
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["files"]["state.pt"] = _bytes_digest((newest / "state.pt").read_bytes())
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    restored, skipped = load_newest(root)
+    assert any(newest.name in s for s in skipped), skipped   # passed over, named
+    assert restored is None or restored.path != newest
     assert not planted.exists()
 
 
