@@ -183,8 +183,9 @@ class Link(Protocol):
         ...
 
 
-def link_problem(link: Any) -> str | None:
+def link_problem(link: Any, send: str = "send") -> str | None:
     """What keeps ``link`` from being a :class:`Link`, in words; None where nothing does.
+    ``send``: the sending method the caller uses (the relay sends with ``send_nowait``).
 
     Checked where an engine is built, so that a wrong object (a ``SyncPeer``, whose
     ``send`` blocks and returns a bool) is named there, not by a ``TypeError`` from
@@ -193,11 +194,11 @@ def link_problem(link: Any) -> str | None:
     if hasattr(link, "peer") and hasattr(link, "call") and not iscoroutinefunction(getattr(link, "send", None)):
         return (f"link is a {type(link).__name__}, a blocking facade: pass its .peer (the Peer on its loop), "
                 "and build and run the engine there (through call())")
-    missing = [a for a in ("id", "neighbours", "send", "on") if not hasattr(link, a)]
+    missing = [a for a in ("id", "neighbours", send, "on") if not hasattr(link, a)]
     if missing:
         return (f"link must have the swarm.link.Link shape (a Peer, a SimLink); "
                 f"{type(link).__name__} has no {', '.join(missing)}")
-    if not iscoroutinefunction(link.send):
+    if send == "send" and not iscoroutinefunction(link.send):
         return (f"link.send of {type(link).__name__} is not a coroutine function (async def): the engines "
                 "await it; pass a Peer or a SimLink")
     return None

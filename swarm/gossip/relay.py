@@ -346,7 +346,7 @@ class GradientRelay:
                  direct: bool = False, rider: Rider | None = None,
                  state: Callable[[], tuple[dict[str, Any], list[np.ndarray]]] | None = None,
                  resync_timeout: float = 5.0) -> None:
-        if (problem := link_problem(link)) is not None:
+        if (problem := link_problem(link, send="send_nowait")) is not None:
             raise ConfigError(problem)
         if not is_int(d) or d < 1:
             raise ConfigError(f"d = {d!r}: the gradient length must be an int >= 1")
