@@ -113,6 +113,8 @@ _HEADER_ROOM = 64 << 10   # of a message's limit, left to its header (the origin
 _LATE_PULLS = 64   # pulls that timed out whose answers are still taken when they come (the latest)
 _BUCKETS = 64  # acks a holder made within rereplicate_s are remembered in at most this many (+1) entries
 _ERROR_CHARS = 300  # of one text in stats.errors: its first 20 are kept for the federation's life
+_MISFITS = 1024   # senders of items of another layout warned of, one warning each (then DEBUG only)
+_LAYOUT_CHARS = 200   # of a sender's layout in that warning
 
 
 @dataclass
@@ -254,6 +256,7 @@ class Federation:
         self._resync_sent = False
         self._resync_tries = 0
         self._resynced: set[str] = set()           # told so far, while the first resync goes out
+        self._misfits: set[str] = set()            # senders of items of another layout, warned of (_misfit)
         self._credit = 0.0                         # share of new items owed but not yet sent (< 1)
         self._pulls: dict[int, tuple[str, asyncio.Future]] = {}   # rid -> (peer asked, its answer)
         self._late: dict[int, str] = {}   # rid -> peer asked, of the last _LATE_PULLS pulls that timed out
@@ -730,7 +733,7 @@ class Federation:
     def _decode(self, msg: Message) -> Items | None:
         b = msg.body
         if b.get("fields") != self._names:
-            self._drop(msg, f"fields {shown(b.get('fields'))} do not match schema {self._names}")
+            self._misfit(msg)
             return None
         if len(msg.arrays) != len(self._names) + _META:
             self._drop(msg, f"{len(msg.arrays)} arrays, expected {len(self._names) + _META}: one per "
@@ -747,8 +750,34 @@ class Federation:
                             f"{shown([type(a).__name__ for a in msg.arrays])}")
             return None
         f = msg.arrays[:len(self._names)]
+        try:   # the layout only: on no rows, no value is looked at (the buffer checks them on insert)
+            self.buffer.schema.check({k: a[:0] if a.ndim else a for k, a in zip(self._names, f)})
+        except ReplayError:
+            self._misfit(msg)
+            return None
         o, s, t, p = msg.arrays[len(self._names):]
         return Items(dict(zip(self._names, f)), peers, o, s, t, p)
+
+    def _misfit(self, msg: Message) -> None:
+        """Drop ``msg``, whose items are not laid out as this buffer's schema, as :meth:`_drop`
+        does; the first such message from each neighbour is logged as a warning, naming
+        both layouts. At DEBUG only, a neighbour with another schema (obs of 6 values
+        beside 4) had every batch it sent refused for the whole run, and only
+        ``stats.errors`` (which a hand-built loop reads nowhere) said why."""
+        fields = msg.body.get("fields")
+        if isinstance(fields, list) and len(msg.arrays) == len(fields) + _META \
+                and all(isinstance(a, np.ndarray) for a in msg.arrays):
+            theirs = ", ".join(f"{shown(k)} {a.dtype} {a.shape[1:]}" for k, a in zip(fields, msg.arrays))
+            theirs = theirs if len(theirs) <= _LAYOUT_CHARS else f"{theirs[:_LAYOUT_CHARS - 3]}..."
+        else:
+            theirs = f"fields {shown(fields)} in {len(msg.arrays)} arrays"
+        ours = ", ".join(f"{f.name!r} {f.dtype} {f.shape}" for f in self.buffer.schema.fields)
+        why = f"items laid out as {theirs} do not match schema {ours}"
+        self._drop(msg, why)
+        if msg.src not in self._misfits and len(self._misfits) < _MISFITS:
+            self._misfits.add(msg.src)
+            log.warning("replay items from neighbour %s do not fit this buffer: %s; each such batch is dropped "
+                        "(stats.dropped_messages): give every peer the same buffer schema", shown(msg.src), why)
 
     def _store(self, msg: Message, items: Items, limit: bool) -> np.ndarray | None:
         n = len(items)

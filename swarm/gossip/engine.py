@@ -33,7 +33,8 @@ Streams and copies
     keep the received buffer as their copy.
 
 Messages (registered with :func:`swarm.wire.register_type`)
-    ``gsp_delta``  body ``{r, ver, meta}``, arrays = the codec's frames
+    ``gsp_delta``  body ``{r, ver, meta, g}``, arrays = the codec's frames; ``g``: the
+                   sender's γ (a receiver with another warns once, see _on_message)
     ``gsp_full``   body ``{r, ver}``, arrays = ``[x̂ float32[d]]`` (every identity message)
     ``gsp_nack``   body ``{ver, d}``: "my copy of you is not at ``ver − 1``; send it full;
                    I gossip ``d`` values" (a ``d`` other than the sender's: "send me nothing")
@@ -77,6 +78,7 @@ import numpy as np
 
 from .. import wire
 from ..checks import rng_seed
+from ..compress import CODECS
 from ..errors import ConfigError, GossipError
 from ..link import Link, View, link_problem
 from ..wire import Message, shown
@@ -127,7 +129,8 @@ _IN_COPIES_PER_STREAM = 2
 # normally holds one or two (async: one per round the sender ran since ours); one
 # that runs no round for a while (an evaluation, a checkpoint) held every message
 # of every neighbour meanwhile: 300 MB after 400 of its neighbours' rounds at d = 1e5.
-# Past this the oldest is dropped, as if lost (a delta's gap costs a full state).
+# Past this the oldest is applied (async) or dropped, as if lost, keeping a full state
+# that later deltas build on (see Gossip._overflow).
 _MAX_PENDING = 32
 
 # The largest round number a peer takes from a neighbour (joining, catching up,
@@ -201,7 +204,7 @@ class GossipStats:
     ignored_strangers: int = 0
     boot_served: int = 0        # parameter slices sent to bootstrapping neighbours
     boot_busy: int = 0          # bootstrap requests dropped: MAX_BOOT_SERVING to that asker under way
-    backlog_dropped: int = 0    # held messages dropped, oldest first, past a sender's _MAX_PENDING
+    backlog_dropped: int = 0    # held messages dropped past a sender's _MAX_PENDING (lockstep, bounded; see _overflow)
     mix_overflows: int = 0      # mixes left out: their float32 sum or outer step was not finite (x unchanged; in rounds_alone)
 
 
@@ -296,6 +299,16 @@ def _graph(topology: str, edges: Any) -> tuple[str, frozenset[frozenset[int]] | 
     return topology, frozenset(frozenset(map(int, e)) for e in edges or ()) if topology == "custom" else None
 
 
+def _decoder(family: Any) -> Any | None:
+    """A codec that decodes the deltas of ``family`` (a delta's ``meta["codec"]``), or None
+    where no built-in family has that name. Every parameter a decoder needs is in the meta
+    (docs/compress.md), so any instance of the family does: one made with ratio 1 decodes
+    a sender's top-1%, and an ``ef+`` sender's payloads are its inner family's."""
+    if not isinstance(family, str) or family not in CODECS:
+        return None
+    return make_codec(f"{family}:1" if family in ("topk", "randomk") else family)
+
+
 def _give_back(free: list[np.ndarray], buf: np.ndarray, keep: int = 2) -> None:
     if len(free) < keep:
         free.append(buf)
@@ -341,12 +354,16 @@ class _OutStream:
 class _InCopy:
     """Our copy of a sender's public stream, and its messages not yet applied."""
 
-    def __init__(self, d: int, codec: Any):
+    def __init__(self, d: int):
         self.hat = np.zeros(d, np.float32)
         self.ver = -1          # -1: never had a full state, so deltas cannot apply
         self.round = -1        # round of the last message applied
-        self.codec = codec
+        # decoders by codec family, each made on its first delta: a delta is decoded by
+        # the family its meta names, which a neighbour with another codec than this
+        # engine's sends (see _decoder)
+        self.codecs: dict[str, Any] = {}
         self.pending: deque[Message] = deque()
+        self.gap: int | None = None   # a version found missing outside a round (see _overflow): the next drain nacks it
 
 
 class _Arrivals:
@@ -547,6 +564,8 @@ class Gossip:
         # the view (see _reject_size)
         self._refused: dict[str, int] = {}
         self._refused_by: dict[str, int] = {}
+        # Neighbours whose messages carry another gamma, by that gamma (warned of once each)
+        self._gammas: dict[str, float] = {}
         self._bytes_in = 0
         self._rejected = 0
         self._steps = 0
@@ -697,6 +716,7 @@ class Gossip:
         # and warned of again, and sent states again
         self._refused = {k: n for k, n in self._refused.items() if k in present}
         self._refused_by = {k: n for k, n in self._refused_by.items() if k in present}
+        self._gammas = {k: g for k, g in self._gammas.items() if k in present}
         for s in self._out.values():
             s.synced &= present
             s.full_at = {k: v for k, v in s.full_at.items() if k in present}
@@ -722,17 +742,65 @@ class Gossip:
                          f"body needs a round r in [0, {_MAX_WIRE_ROUND}] and an integer ver, got r={shown(r)} "
                          f"ver={shown(ver)}")
             return
+        # The sender's gamma, on deltas only: a full state stays the size the constructor
+        # checked against the link's message limit, to the byte (identity sends no delta)
+        g = msg.body.get("g")
+        if _real(g) and g != self.gamma and self._gammas.get(msg.src) != g:
+            self._gammas[msg.src] = g
+            log.warning("gossip: neighbour %r mixes with gamma=%g, this engine with %g: the two ends of the edge "
+                        "move by different steps, so the swarm's mean drifts towards the peers with the larger "
+                        "one (CHOCO keeps it only with one gamma on every peer); give every peer the same gamma "
+                        "(gamma='auto' picks it by codec: then the same codec spec too)", msg.src, g, self.gamma)
         copy = self._in.get(msg.src)
         if copy is None:
-            copy = self._in[msg.src] = _InCopy(self.d, make_codec(self.codec_spec))
+            copy = self._in[msg.src] = _InCopy(self.d)
         else:
             self._in.move_to_end(msg.src)
+        if msg.t == T_FULL and self.sync == "async":
+            # Everything held from the sender is older, and no async round mixes a copy
+            # between them and this state, which replaces the copy: applied, they only
+            # cost decoding, and the deltas behind a gap an out-of-sync count and a nack
+            # each. (Lockstep and bounded mix each round's copy in that round: kept.)
+            copy.pending.clear()
+            copy.gap = None
         copy.pending.append(msg)
         if len(copy.pending) > _MAX_PENDING + self.max_staleness:
-            copy.pending.popleft()
-            self.stats.backlog_dropped += 1
+            self._overflow(msg.src, copy)
         self._late.discard(msg.src)
         self._arrived.set()
+
+    def _overflow(self, src: str, copy: _InCopy) -> None:
+        """Hold one message fewer from ``src``, whose backlog just went past ``_MAX_PENDING``
+        plus ``max_staleness``; a held full state that deltas behind it build on is never
+        the one lost.
+
+        Async: the oldest is applied now, which is what the next round would do first
+        (an async round applies all it holds, and waits for no round): nothing is lost.
+        Lockstep and bounded (whose rounds mix each round's copy in that round): the
+        oldest is dropped, as if lost, unless it is a full state that deltas behind it
+        build on; then the messages before the newest held full state go (superseded by
+        it), or with none, the delta after it (its gap is nacked, and repaired by the next
+        full state). Dropping the oldest whatever it was kept a peer much slower than its
+        neighbours out of sync for good: a neighbour 60 messages ahead each round got the
+        gap nacked, sent the full state that repairs it and more than 33 deltas behind it,
+        and the full state went first. The slow peer (async, fp16, 4-ring) mixed nobody in
+        26 of 33 rounds, and each fast neighbour sent it 30 full states instead of 2."""
+        pending = copy.pending
+        if self.sync == "async":
+            msg = pending.popleft()
+            if not self._apply(src, copy, msg):
+                copy.gap = msg.body["ver"]
+            return
+        drop = 1
+        if pending[0].t == T_FULL and pending[1].t == T_DELTA:
+            drop = max(i for i, m in enumerate(pending) if m.t == T_FULL)
+            if not drop:
+                del pending[1]
+                self.stats.backlog_dropped += 1
+                return
+        for _ in range(drop):
+            pending.popleft()
+        self.stats.backlog_dropped += drop
 
     def _on_nack(self, msg: Message) -> None:
         d = msg.body.get("d")   # absent from an older peer's nacks
@@ -793,77 +861,89 @@ class Gossip:
     def _apply_pending(self, src: str, copy: _InCopy, upto: int | None) -> list[int]:
         """Apply queued messages of ``src`` in order, up to round ``upto``; returns
         versions that failed to apply (each gets a nack)."""
-        gaps: list[int] = []
+        gaps = [] if copy.gap is None else [copy.gap]
+        copy.gap = None
         while copy.pending:
             msg = copy.pending[0]
-            r, ver = msg.body["r"], msg.body["ver"]   # checked on arrival (_on_message)
-            if upto is not None and r > upto:
+            if upto is not None and msg.body["r"] > upto:   # checked on arrival (_on_message)
                 break
             copy.pending.popleft()
-            if msg.t == T_FULL:
-                if len(msg.arrays) != 1 or msg.arrays[0].dtype != np.float32 or msg.arrays[0].size != self.d:
-                    got = ", ".join(f"{a.dtype}[{a.size}]" for a in msg.arrays) or "no array"
-                    n = msg.arrays[0].size if len(msg.arrays) == 1 else None
-                    self._reject_size(src, n, f"full state is {got}, expected float32[{self.d}]")
-                    gaps.append(ver)
-                    continue
-                a = msg.arrays[0].reshape(-1)
-                if not _finite(a):
-                    self._reject(src, "rejected_nonfinite", "full state has NaN/Inf")
-                    copy.ver = -1  # the old copy no longer matches the sender's
-                    gaps.append(ver)
-                    continue
-                if a.flags.writeable:
-                    copy.hat = a   # the received buffer is ours alone: keep it, no copy
-                else:
-                    np.copyto(copy.hat, a)
-                copy.ver, copy.round = ver, r
-                self._size_matches(src)
-                continue
-            if copy.ver < 0 or ver != copy.ver + 1:
-                self.stats.out_of_sync += 1
-                copy.ver = -1
-                gaps.append(ver)
-                continue
-            meta = msg.body.get("meta")
-            if not isinstance(meta, dict):
-                self._reject(src, "rejected_malformed", "delta without codec meta")
-                copy.ver = -1
-                gaps.append(ver)
-                continue
-            n = meta.get("n")
-            if isinstance(n, int) and not isinstance(n, bool) and n != self.d:
-                self._reject_size(src, n, f"delta has {n} values, expected {self.d}")
-                copy.ver = -1
-                gaps.append(ver)
-                continue
-            if not all(_finite(np.asarray(f).reshape(-1)) for f in msg.arrays):
-                # checked on the payload, before the copy is touched: a rejected
-                # message changes no state
-                self._reject(src, "rejected_nonfinite", "delta has NaN/Inf")
-                copy.ver = -1
-                gaps.append(ver)
-                continue
-            try:
-                # straight into the copy: the codec checks everything before it writes
-                with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked below
-                    # scale: 1 but for QSGD that is no contraction
-                    copy.codec.decode_into(Encoded(meta, list(msg.arrays)), copy.hat, copy_scale(meta))
-            except Exception as e:  # a codec may raise anything on hostile meta
-                self._reject(src, "rejected_malformed", f"codec could not decode: {e}")
-                copy.ver = -1
-                gaps.append(ver)
-                continue
-            if not _finite(copy.hat):
-                # finite values can still overflow (huge scale × level): the copy is
-                # spoilt, so it is not mixed until a full state repairs it
-                self._reject(src, "rejected_nonfinite", "delta overflows the public copy")
-                copy.ver = -1
-                gaps.append(ver)
-                continue
+            if not self._apply(src, copy, msg):
+                gaps.append(msg.body["ver"])
+        return gaps
+
+    def _apply(self, src: str, copy: _InCopy, msg: Message) -> bool:
+        """Apply one message of ``src`` to its copy; False if it did not apply (a gap, or
+        a message refused), which leaves the copy unusable until a full state comes."""
+        r, ver = msg.body["r"], msg.body["ver"]   # checked on arrival (_on_message)
+        if msg.t == T_FULL:
+            if len(msg.arrays) != 1 or msg.arrays[0].dtype != np.float32 or msg.arrays[0].size != self.d:
+                got = ", ".join(f"{a.dtype}[{a.size}]" for a in msg.arrays) or "no array"
+                n = msg.arrays[0].size if len(msg.arrays) == 1 else None
+                self._reject_size(src, n, f"full state is {got}, expected float32[{self.d}]")
+                return False
+            a = msg.arrays[0].reshape(-1)
+            if not _finite(a):
+                self._reject(src, "rejected_nonfinite", "full state has NaN/Inf")
+                copy.ver = -1  # the old copy no longer matches the sender's
+                return False
+            if a.flags.writeable:
+                copy.hat = a   # the received buffer is ours alone: keep it, no copy
+            else:
+                np.copyto(copy.hat, a)
             copy.ver, copy.round = ver, r
             self._size_matches(src)
-        return gaps
+            return True
+        if copy.ver < 0 or ver != copy.ver + 1:
+            self.stats.out_of_sync += 1
+            copy.ver = -1
+            return False
+        meta = msg.body.get("meta")
+        if not isinstance(meta, dict):
+            self._reject(src, "rejected_malformed", "delta without codec meta")
+            copy.ver = -1
+            return False
+        n = meta.get("n")
+        if isinstance(n, int) and not isinstance(n, bool) and n != self.d:
+            self._reject_size(src, n, f"delta has {n} values, expected {self.d}")
+            copy.ver = -1
+            return False
+        if not all(_finite(np.asarray(f).reshape(-1)) for f in msg.arrays):
+            # checked on the payload, before the copy is touched: a rejected
+            # message changes no state
+            self._reject(src, "rejected_nonfinite", "delta has NaN/Inf")
+            copy.ver = -1
+            return False
+        # Decoded by the family the payload names, not this engine's: neighbours with other
+        # codecs (int8 beside topk:0.1) refused each other's every delta, each then sent a
+        # full state every round, and a peer between them mixed in every other round only.
+        family = meta.get("codec")
+        codec = copy.codecs.get(family) if isinstance(family, str) else None
+        if codec is None:
+            codec = _decoder(family)
+            if codec is None:
+                self._reject(src, "rejected_malformed", f"delta of codec {shown(family)}, not a built-in family")
+                copy.ver = -1
+                return False
+            copy.codecs[family] = codec
+        try:
+            # straight into the copy: the codec checks everything before it writes
+            with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked below
+                # scale: 1 but for QSGD that is no contraction
+                codec.decode_into(Encoded(meta, list(msg.arrays)), copy.hat, copy_scale(meta))
+        except Exception as e:  # a codec may raise anything on hostile meta
+            self._reject(src, "rejected_malformed", f"codec could not decode: {e}")
+            copy.ver = -1
+            return False
+        if not _finite(copy.hat):
+            # finite values can still overflow (huge scale × level): the copy is
+            # spoilt, so it is not mixed until a full state repairs it
+            self._reject(src, "rejected_nonfinite", "delta overflows the public copy")
+            copy.ver = -1
+            return False
+        copy.ver, copy.round = ver, r
+        self._size_matches(src)
+        return True
 
     # ------------------------------------------------------------ bootstrap
 
@@ -1300,7 +1380,7 @@ class Gossip:
             for dst in dsts:
                 if dst in s.synced:
                     if delta is None:  # one body, measured once, for all receivers
-                        body = {"r": t, "ver": s.ver, "meta": dict(enc.meta)}
+                        body = {"r": t, "ver": s.ver, "meta": dict(enc.meta), "g": self.gamma}
                         frames = [np.asarray(f) for f in enc.frames]
                         delta = (T_DELTA, body, frames, self._wire_size(T_DELTA, body, frames))
                     sends.append((s, dst, delta))
@@ -1528,7 +1608,7 @@ class Gossip:
         nacked = set()
         for src in list(self._in):
             copy = self._in.get(src)   # a view installed while a nack below waited drops copies
-            if copy is None or not copy.pending:
+            if copy is None or not (copy.pending or copy.gap is not None):
                 continue
             gaps = self._apply_pending(src, copy, upto)
             if gaps and self._view.index(src) >= 0:
