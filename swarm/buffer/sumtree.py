@@ -208,7 +208,7 @@ class SumTree:
         # exactly from the leaves after every `capacity` leaf writes (amortised,
         # well under a microsecond per write).
         self._writes += heap.size
-        if self._writes >= self._cap:
+        if self._writes >= self.capacity:   # not _cap, capacity rounded up: up to twice as many
             self.rebuild()
 
     def set_range(self, start: int, values: np.ndarray) -> None:
