@@ -8,7 +8,8 @@ Protocol (all messages carry items in the same layout)::
     buf.resync {}                                   "I (re)started: what you replicated to me
                                                     recently may be gone" (replication only)
     buf.items  {rid, fields, peers} + arrays        the answer to a pull (possibly empty; one that
-                                                    comes after the pull timed out is stored too)
+                                                    comes after the pull timed out, or was
+                                                    cancelled, is stored too)
 
 Arrays: one per schema field in schema order, then ``origins`` (int32, into
 ``peers``), ``seqs`` (int64), ``times`` (float64 origin times) and
@@ -110,7 +111,8 @@ log = logging.getLogger(__name__)
 _META = 4  # origins, seqs, times, priorities after the field arrays
 _META_BYTES = 4 + 8 + 8 + 8   # and their bytes per item
 _HEADER_ROOM = 64 << 10   # of a message's limit, left to its header (the origin ids, the field names)
-_LATE_PULLS = 64   # pulls that timed out whose answers are still taken when they come (the latest)
+_LATE_PULLS = 64   # pulls cut short whose answers are still taken when they come (the latest)
+_LOOK_S = 0.05   # a pull waits at most this long at a time, to see its peer close (which resolves nothing of ours)
 _BUCKETS = 64  # acks a holder made within rereplicate_s are remembered in at most this many (+1) entries
 _ERROR_CHARS = 300  # of one text in stats.errors: its first 20 are kept for the federation's life
 _MISFITS = 1024   # senders of items of another layout warned of, one warning each (then DEBUG only)
@@ -133,7 +135,7 @@ class FederationStats:
     unreplicated: int = 0    # local items the ring overwrote before `replicas` neighbours held them
     resent: int = 0          # items pushed again because a push of them got no ack (timeout, target left)
     rereplicated: int = 0    # acknowledged items replicated again: their holder left or restarted
-    late: int = 0            # answers to pulls that came after the pull timed out (stored as any answer)
+    late: int = 0            # answers that came after their pull timed out or was cancelled (stored)
     dropped_messages: int = 0
     send_failures: int = 0
     unsendable: int = 0      # items (per neighbour) dropped: the wire refuses a message of that item alone
@@ -259,13 +261,14 @@ class Federation:
         self._misfits: set[str] = set()            # senders of items of another layout, warned of (_misfit)
         self._credit = 0.0                         # share of new items owed but not yet sent (< 1)
         self._pulls: dict[int, tuple[str, asyncio.Future]] = {}   # rid -> (peer asked, its answer)
-        self._late: dict[int, str] = {}   # rid -> peer asked, of the last _LATE_PULLS pulls that timed out
+        self._late: dict[int, str] = {}   # rid -> peer asked, of the last _LATE_PULLS pulls cut short
         buffer.on_add(self._on_add)
         self._handlers = [(PUSH, self._on_push), (PULL, self._on_pull), (ITEMS, self._on_items),
                           (ACK, self._on_ack), (RESYNC, self._on_resync)]
         for t, h in self._handlers:
             link.on(t, h)
         self._closed = False
+        self._peer_down = False   # closed because its peer closed (see _peer_gone)
 
     def close(self) -> None:
         """Take this federation's handlers off the link and the buffer: it receives and
@@ -278,7 +281,9 @@ class Federation:
         :meth:`run` task not cancelled ends at its next flush); a relay that still holds
         it as its rider gets no more rides (:meth:`ride` gives None) and every ride it
         hands to :meth:`arrive` is counted and dropped. A link without ``off``
-        (a test double; a Peer and a SimLink have it) keeps its handlers.
+        (a test double; a Peer and a SimLink have it) keeps its handlers. A federation
+        whose peer closed first closes too, at its next pull or flush, or in a pull
+        waiting then, which raise ReplayError saying so.
         """
         if self._closed:
             return
@@ -288,9 +293,29 @@ class Federation:
             for t, h in self._handlers:
                 off(t, h)
         self.buffer.off_add(self._on_add)
-        for _, fut in self._pulls.values():
-            if not fut.done():
-                fut.set_result(0)   # its answer would no longer reach this federation
+        for peer, fut in self._pulls.values():
+            if not fut.done():   # its answer would no longer reach this federation
+                if self._peer_down:   # nor could it come: the pull says why
+                    fut.set_exception(self._closed_error(f"pull from {peer!r}"))
+                else:
+                    fut.set_result(0)
+
+    def _closed_error(self, what: str) -> ReplayError:
+        if self._peer_down:
+            return ReplayError(f"{what}: peer {self.link.id!r}, under this federation, closed, so it sends and "
+                               "receives nothing any more; close the federation before its peer, and build a "
+                               "new one on a new peer")
+        return ReplayError(f"{what}: this federation is closed")
+
+    def _peer_gone(self) -> bool:
+        """Whether the peer under this federation closed: then the federation closes too
+        (once), as a relay does. Before, a pull without a deadline waited for ever, one
+        after returned 0 as if the neighbour had nothing, and flush sent nothing, silently."""
+        if not (self._peer_down or self._closed):
+            if getattr(getattr(self.link, "state", None), "value", None) == "closed":
+                self._peer_down = True
+                self.close()
+        return self._peer_down
 
     # ------------------------------------------------------------------ API
     def take_acknowledged(self) -> list[tuple[str, int]]:
@@ -317,10 +342,10 @@ class Federation:
 
         A send that raises sent nothing: its items go at the next flush, and the
         error goes on up (see the module docstring). Raises
-        :class:`~swarm.errors.ReplayError` once the federation is closed.
+        :class:`~swarm.errors.ReplayError` once the federation is closed, or its peer.
         """
-        if self._closed:   # acks are no longer handled: replication pushes would go again for ever
-            raise ReplayError("flush: this federation is closed")
+        if self._closed or self._peer_gone():   # acks are no longer handled: pushes would go again for ever
+            raise self._closed_error("flush")
         nbrs = [n for n in self.link.neighbours() if n != self.link.id]
         self._take_new(nbrs)
         if not self._resync_sent and nbrs:
@@ -473,8 +498,10 @@ class Federation:
 
         Raises :class:`~swarm.errors.PeerTimeout` if no answer comes within ``timeout``
         (finite seconds >= 0, or None: no deadline), :class:`~swarm.errors.ReplayError`
-        once the federation is closed. Bad arguments raise before anything is sent.
-        The timeout must cover the transfer of the answer: one that comes later is
+        once the federation is closed, and once its peer closed (close the federation
+        first), also while the pull waits. Bad arguments raise before anything is sent.
+        The timeout must cover the transfer of the answer: one that comes later, or
+        after the pull was cancelled (a caller's deadline, a TaskGroup, Ctrl-C), is
         still stored (its items were drawn and sent for it), and counted in
         ``stats.late``; the first is logged.
         """
@@ -482,8 +509,8 @@ class Federation:
         if not (is_int(n) and n >= 1):
             raise ReplayError(f"pull size must be an int >= 1, got {n!r}")
         timeout = seconds(timeout, none_ok=True)
-        if self._closed:   # its handlers are off: the answer would never arrive (it waited out its timeout)
-            raise ReplayError(f"pull from {peer!r}: this federation is closed")
+        if self._closed or self._peer_gone():   # the answer would never arrive (it waited out its timeout)
+            raise self._closed_error(f"pull from {peer!r}")
         rid = next(self._rid)
         fut = asyncio.get_running_loop().create_future()
         self._pulls[rid] = (peer, fut)
@@ -493,11 +520,19 @@ class Federation:
                 self.stats.send_failures += 1
                 return 0
             async with asyncio.timeout(timeout):
-                return await fut
-        except TimeoutError:
+                while not (fut.done() or self._peer_gone()):   # a peer gone fails fut (close)
+                    await asyncio.wait([fut], timeout=_LOOK_S)
+                return fut.result()
+        except (TimeoutError, asyncio.CancelledError) as e:
+            # Cut short by its own deadline or by its caller's (a cancel: asyncio.timeout,
+            # wait_for, a TaskGroup, SyncPeer.call's timeout, Ctrl-C): the neighbour draws and
+            # sends the items all the same, and they are stored when they come. Before, a
+            # caller's deadline threw them away without a trace, counted served there.
             self._late[rid] = peer
             if len(self._late) > _LATE_PULLS:
                 del self._late[next(iter(self._late))]
+            if isinstance(e, asyncio.CancelledError):
+                raise
             raise PeerTimeout(f"no buf.items from {peer!r} within {timeout} s") from None
         finally:
             self._pulls.pop(rid, None)
@@ -907,7 +942,7 @@ class Federation:
         if fut is None:
             if peer is None:   # no pull of ours asked for it (or it timed out long ago)
                 return
-            # its pull timed out: the items were drawn and sent for it all the same
+            # its pull timed out or was cancelled: the items were drawn and sent for it all the same
             del self._late[rid]
             if items is not None:
                 self._late_answer(msg, len(items))
@@ -922,11 +957,12 @@ class Federation:
             fut.set_result(0 if idx is None else int(idx.size))
 
     def _late_answer(self, msg: Message, n: int) -> None:
-        """Count an answer that came after its pull timed out; log the first."""
+        """Count an answer that came after its pull timed out or was cancelled; log the first."""
         self.stats.late += 1
         (log.warning if self.stats.late == 1 else log.debug)(
-            "buf.items of %d items from %s came after its pull timed out: stored all the same; give pull() "
-            "a timeout that covers the transfer (stats.late counts such answers)", n, shown(msg.src))
+            "buf.items of %d items from %s came after its pull timed out or was cancelled: stored all the "
+            "same; give pull() a timeout that covers the transfer (stats.late counts such answers)",
+            n, shown(msg.src))
 
     def _draw(self, k: int) -> np.ndarray:
         """Up to k distinct indices by the buffer's law, without touching its counters."""

@@ -286,15 +286,21 @@ class Snapshot(_Frozen):
             self._claimed = True
 
     def run(self) -> "Snapshot":
-        """Write the snapshot on this thread; :meth:`wait` raises its error, if any."""
+        """Write the snapshot on this thread; :meth:`wait` raises its error, if any. A
+        KeyboardInterrupt or SystemExit (any BaseException not an Exception) goes on up
+        once the temporary directory is removed: it is the caller's, not a failed save."""
         self._claim()
-        return self._run()
+        return self._run(foreground=True)
 
-    def _run(self) -> "Snapshot":
+    def _run(self, foreground: bool = False) -> "Snapshot":
         try:
             self._write()
         except BaseException as e:  # surfaced by wait()
             self._error = e
+            if foreground and not isinstance(e, Exception):
+                # Ctrl-C during buf.save(path) became ReplayError("... failed: "), which a
+                # loop that carries on after a failed save (a full disk) swallowed
+                raise
         finally:
             self._release()
             self._done.set()
