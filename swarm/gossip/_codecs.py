@@ -7,8 +7,9 @@ from typing import Any
 
 from ..compress import Encoded, get_codec, split_ef
 from ..errors import ConfigError
+from .topology import TIME_VARYING
 
-__all__ = ["Encoded", "make_codec", "suggested_gamma", "copy_scale"]
+__all__ = ["Encoded", "make_codec", "suggested_gamma", "outer_step_limit", "copy_scale"]
 
 
 def make_codec(spec: str) -> Any:
@@ -64,7 +65,8 @@ def copy_scale(meta: Any) -> float:
 DIVERGES_ABOVE = 2.0
 
 
-def suggested_gamma(spec: str, outer_lr: float = 1.0, outer_momentum: float = 0.0) -> float:
+def suggested_gamma(spec: str, outer_lr: float = 1.0, outer_momentum: float = 0.0,
+                    topology: str | None = None) -> float:
     """A consensus step γ that is stable for codec ``spec`` under CHOCO gossip.
 
     Measured on rings of 6–16 peers (scripts/bench_gossip.py sweeps it): a
@@ -81,20 +83,60 @@ def suggested_gamma(spec: str, outer_lr: float = 1.0, outer_momentum: float = 0.
     at 0.7 and 0.9), so a lossy codec's step is that much smaller: at the suggested γ
     itself an 8-ring's consensus error grew 1e4× in 600 rounds with top-10% and 1e18×
     with qsgd:4, and falls steadily at the smaller one. Sign diverged there even so
-    (0.14), and levels off near 4e-3 at 0.02; identity and fp16 stay exact at 1.
+    (0.14), and levels off near 4e-3 at 0.02. Every codec, dense ones too, also gets at
+    most half the step where the outer step itself diverges (:func:`outer_step_limit`).
+    On the time-varying graphs (``topology``: one-peer exponential, random pairing) a
+    dense codec's step is (1 − μ)/lr as well, and a sparsifier's or sign's a third of
+    the lossy one: each per-edge stream moves only every few rounds, and top-10% at
+    0.0286 drove 4 and 8 peers apart (×3.4 per 200 rounds), while a third converged on
+    4–32 peers.
 
     >>> suggested_gamma("ef+topk:0.01")
     0.02
     >>> round(suggested_gamma("ef+topk:0.1", outer_lr=0.7, outer_momentum=0.9), 4)
     0.0286
+    >>> round(suggested_gamma("identity", outer_lr=0.7, outer_momentum=0.9, topology="ring"), 3)
+    0.727
     """
     codec = make_codec(spec)  # a bad spec fails here, by its full name
     base = _codec_gamma(codec)
-    if (outer_lr, outer_momentum) == (1.0, 0.0) or codec.name in ("identity", "fp16"):
+    if (outer_lr, outer_momentum) == (1.0, 0.0):
         return base
+    dense = codec.name in ("identity", "fp16")
     if codec.name == "sign":
         base = 0.15
-    return min(1.0, base * (1.0 - outer_momentum) / outer_lr)
+    if topology in TIME_VARYING:
+        # the outer step's stable range shrinks with the swarm there (identity, μ = 0.9:
+        # lr·γ < 0.83 for 8 peers, 0.23 for 64), so dense codecs take the lossy rule too
+        gamma = base * (1.0 - outer_momentum) / outer_lr
+        if codec.name in ("topk", "randomk", "sign"):
+            gamma /= 3.0
+    else:
+        gamma = math.inf if dense else base * (1.0 - outer_momentum) / outer_lr
+    return min(1.0, gamma, outer_step_limit(outer_lr, outer_momentum, topology) / DIVERGES_ABOVE)
+
+
+#: the largest eigenvalue of I − W (its modulus, per round, on the time-varying graphs),
+#: at most, by topology. Gershgorin: a peer of degree D gives its neighbours D/(1 + D) at
+#: most, so 2D/(1 + D): 4/3 on a ring, 8/5 on a torus or grid; 2 bounds the others.
+_LAMBDA_MAX = {"full": 1.0, "ring": 4.0 / 3.0, "torus": 1.6, "grid": 1.6,
+               "one_peer_exponential": 1.0, "random_pairing": 1.0}
+
+
+def outer_step_limit(outer_lr: float, outer_momentum: float, topology: str | None = None) -> float:
+    """The γ above which ``pseudo_gradient`` mode's outer step diverges with exact gossip.
+
+    With identity, the outer step is Nesterov on the quadratic ``γ aᵀ(I − W)a`` of the
+    anchor a, with step lr and momentum μ: stable iff ``lr·γ·λ < 2(1 + μ)/(1 + 2μ)`` for
+    each eigenvalue λ of I − W (4/3 at most on a ring, 1 on a full graph, 8/5 on a torus
+    or grid, 2 on any other; per round on the time-varying graphs, whose products are tighter still: see
+    :func:`suggested_gamma`). A 4-ring at lr 1.1 and μ 0.9 with γ = 1 reached 1e37.
+
+    >>> round(outer_step_limit(1.1, 0.9, "ring"), 3)
+    0.925
+    """
+    lam = _LAMBDA_MAX.get(topology, 2.0) if topology is not None else 2.0
+    return 2.0 * (1.0 + outer_momentum) / ((1.0 + 2.0 * outer_momentum) * outer_lr * lam)
 
 
 def _codec_gamma(codec: Any) -> float:

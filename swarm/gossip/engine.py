@@ -111,6 +111,9 @@ BOOT_SLACK = 2.0
 #: a donor that has not answered by then dropped the request (see _on_boot_req)
 BOOT_ACK_S = 1.0
 MODES = ("params", "pseudo_gradient")
+#: seconds a round waits on arrivals at a time, to see its peer close meanwhile (a
+#: Peer's close sets no event of the engine's), as ``Peer.wait_linked`` looks at its own
+_LOOK_S = 0.05
 
 # Random pairing meets many partners over time; past this many per-receiver
 # streams the least recently used is forgotten (its next meeting starts full).
@@ -278,6 +281,14 @@ def _real(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _number(name: str, v: Any, kind: type = numbers.Real) -> None:
+    """Refuse a setting ``v`` that is not a ``kind`` (numbers.Real or numbers.Integral) by
+    its type: numpy scalars (a sweep's np.linspace) are numbers, a bool is no setting."""
+    if isinstance(v, bool) or not isinstance(v, kind):
+        what = "an integer" if kind is numbers.Integral else "a number"
+        raise ConfigError(f"{name} must be {what}, got {type(v).__name__} {v!r}")
+
+
 def _link_topology(link: Link) -> tuple[str, Any, int] | None:
     """The graph ``link.neighbours()`` follows, as ``(topology, edges, seed)``: a Peer's
     ``config.topology`` and ``config.edges`` with seed 0 (what a Peer draws its neighbours
@@ -428,7 +439,11 @@ class Gossip:
     send_timeout: passed to ``link.send``.
     mode: ``params`` (plain averaging) or ``pseudo_gradient`` (outer Nesterov step on
         the movement to the neighbourhood average, DiLoCo-style), with ``outer_lr``
-        and ``outer_momentum``.
+        and ``outer_momentum``. Its anchor (the outer parameters) is ``params`` as
+        built; after setting ``params`` from outside (a checkpoint loaded in place, x
+        restored after the NaN error) call :meth:`reset_anchor`, else the next round
+        takes the whole jump for one pseudo-gradient. A new engine, :meth:`bootstrap`
+        and ``reset_anchor()`` restart the outer momentum at zero.
     local_steps: H, the local steps between rounds counted by :meth:`local_step`.
     """
 
@@ -478,23 +493,29 @@ class Gossip:
                               "reuses its delta buffer, which such frames would race")
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
-        if not (_real(outer_lr) and outer_lr > 0):
+        _number("outer_lr", outer_lr)
+        if not (math.isfinite(outer_lr) and outer_lr > 0):
             raise ConfigError(f"outer_lr must be a finite number > 0, got {outer_lr!r}")
-        if not (isinstance(outer_momentum, (int, float)) and 0 <= outer_momentum < 1):
+        _number("outer_momentum", outer_momentum)
+        if not 0 <= outer_momentum < 1:
             raise ConfigError(f"outer_momentum must be in [0, 1), got {outer_momentum!r}")
+        outer_lr, outer_momentum = float(outer_lr), float(outer_momentum)
         # the outer step scales how far a round moves x, and so the step that is stable
-        stable = suggested_gamma(codec, *((outer_lr, outer_momentum) if mode == "pseudo_gradient" else ()))
+        stable = suggested_gamma(codec, *((outer_lr, outer_momentum, topology) if mode == "pseudo_gradient" else ()))
         if gamma == "auto":
             gamma = stable
         if isinstance(gamma, bool) or not (isinstance(gamma, (int, float)) and 0 < gamma <= 1):
             raise ConfigError(f"gamma must be in (0, 1] or 'auto', got {gamma!r}")
         if gamma > DIVERGES_ABOVE * stable:
             # CHOCO diverges when γ is large for a coarse codec (measured: ef+topk:0.01
-            # at γ = 1 on an 8-ring grows the consensus error 37× in 200 rounds)
+            # at γ = 1 on an 8-ring grows the consensus error 37× in 200 rounds), and the
+            # outer step for any codec past outer_step_limit (a 4-ring, identity, γ = 1,
+            # outer_lr 1.1: 1e37)
             log.warning("gossip: gamma=%s is far above the stable step for codec %r%s (about %.3g); "
-                        "expect divergence; pass gamma='auto' (in a swarm run spec, set gossip.step_size to it)",
-                        gamma, codec,
-                        " with this outer step" if mode == "pseudo_gradient" else "", stable)
+                        "expect divergence; pass gamma='auto' (in a swarm run spec, set gossip.step_size to it)%s",
+                        gamma, codec, " with this outer step" if mode == "pseudo_gradient" else "", stable,
+                        f", or a smaller outer_lr ({outer_lr}) or outer_momentum ({outer_momentum}) for "
+                        f"topology {topology!r}" if mode == "pseudo_gradient" else "")
         if sync not in SYNC_MODES:
             raise ConfigError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
         if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
@@ -504,8 +525,10 @@ class Gossip:
         if send_timeout is not None and not (_real(send_timeout) and send_timeout >= 0):
             raise ConfigError(f"send_timeout must be None or a finite number of seconds >= 0, "
                               f"got {send_timeout!r}")
-        if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
+        _number("local_steps", local_steps, numbers.Integral)
+        if local_steps < 1:
             raise ConfigError(f"local_steps must be an integer >= 1, got {local_steps!r}")
+        local_steps = int(local_steps)
         limits: wire.Limits = getattr(link, "limits", wire.DEFAULT_LIMITS)
         # Checked now: with a delta codec the first rounds ran, and the first full state
         # (a member joined, a nack) raised WireError out of that round and every one after.
@@ -580,6 +603,7 @@ class Gossip:
         self._handlers = [(T_DELTA, self._on_message), (T_FULL, self._on_message), (T_NACK, self._on_nack),
                           (T_BOOT_REQ, self._on_boot_req), (T_BOOT_OK, self._on_boot_ok), (T_BOOT, self._on_boot)]
         self._closed = False
+        self._peer_down = False   # closed because its peer closed (see _peer_gone)
         self._running: str | None = None   # "a round" or "a bootstrap" under way (see _may_run)
         self._boot: dict[int, tuple[str, int, int, asyncio.Future[np.ndarray | None]]] = {}
         self._boot_taken: dict[int, asyncio.Future[None]] = {}   # by nonce: gsp_boot_ok came
@@ -1093,7 +1117,7 @@ class Gossip:
                 taken = self._boot_taken[nonce] = loop.create_future()
                 self._boot[nonce] = (donor, lo, hi, fut)
                 try:
-                    if self._closed:   # no slice can reach a closed engine (see close)
+                    if self._closed or self._peer_gone():   # no slice can reach a closed engine (see close)
                         raise self._closed_error()
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -1254,8 +1278,12 @@ class Gossip:
         Raises :class:`GossipError` when ``x`` itself holds NaN or Inf, before
         anything is sent or changed: neighbours would refuse such a state, or (top-k
         never picks a NaN) average towards a stale copy of it; after :meth:`close`;
-        and at once, changing nothing, while another round or a :meth:`bootstrap` of
+        once the peer closed (close the engine first), and while the round waits when
+        it closes, leaving ``x`` and ``t`` alone (the engine is closed then too); and
+        at once, changing nothing, while another round or a :meth:`bootstrap` of
         this engine is still running (they must not overlap: await one before the next).
+        A cancelled round (a caller's deadline, a TaskGroup, Ctrl-C) raises
+        ``CancelledError`` and mixes nothing, also when the cancel lands as a state arrives.
         """
         self._may_run()
         self._running = "a round"
@@ -1271,7 +1299,7 @@ class Gossip:
         public copies, and x was mixed twice (two concurrent rounds on one peer of a
         3-ring moved the swarm's sum from 168 to 196). Nor may a round and a bootstrap,
         which replaces x, the public copies and the round number under the round."""
-        if self._closed:
+        if self._closed or self._peer_gone():
             raise self._closed_error()
         if self._running is not None:
             raise GossipError(f"{self._running} is already running on this gossip engine (round {self.t}); "
@@ -1442,6 +1470,8 @@ class Gossip:
                                                and not self._went_past(j, t)]
             if not waiting:
                 break
+            if self._peer_gone():   # nothing can arrive: x is left alone, t as it was
+                raise self._closed_error()
             if self._closed:
                 res.reason = "the engine was closed during the round"
                 break
@@ -1453,8 +1483,11 @@ class Gossip:
                     # peers that start together also train together
                     self._late.update(waiting)
                 break
+            # not wait_for: on 3.11 it returns when a cancel (a caller's deadline, a
+            # TaskGroup, Ctrl-C) lands as the event is set, and the round mixed and went on
             try:
-                await asyncio.wait_for(self._arrived.wait(), left)
+                async with asyncio.timeout(min(left, _LOOK_S)):
+                    await self._arrived.wait()
             except TimeoutError:
                 pass
         res.waited_s = time.monotonic() - t0
@@ -1487,6 +1520,13 @@ class Gossip:
                 why = f"{step} overflowed float32 (a copy near ±3.4e38); x unchanged"
                 res.reason = f"{res.reason}; {why}" if res.reason else why
                 res.participants, res.missing, res.staleness = [], list(senders), {}
+        if not usable and self.mode == "pseudo_gradient":
+            # Nobody to mix: the outer step with y = x (DiLoCo with one worker), so the
+            # anchor follows training. Left where it was, it lagged every step trained
+            # alone, and the first mixed round applied them all at once, amplified by the
+            # momentum: a peer alone for 40 rounds was thrown 1.33× its whole trajectory
+            # back when a peer that had bootstrapped from it joined (loss ×8.8).
+            self._outer_step_alone()
         if not mixed:
             self.stats.rounds_alone += 1
             if not res.reason:
@@ -1506,13 +1546,30 @@ class Gossip:
         self.t = t + 1
         return res
 
-    @staticmethod
-    def _closed_error() -> GossipError:
+    def _closed_error(self) -> GossipError:
+        if self._peer_down:
+            return GossipError(f"gossip engine of peer {self.link.id!r}: its peer closed, so it sends and "
+                               "receives nothing any more; close the engine before its peer, and build a new "
+                               "one on a new peer")
         return GossipError("this gossip engine is closed (it receives nothing); build a new one")
 
+    def _peer_gone(self) -> bool:
+        """Whether the peer under this engine closed: then the engine closes too (once), as a
+        relay does. Before, a round in flight waited out round_timeout and blamed its
+        neighbours ("no neighbour's state arrived in time"), and so did every round after."""
+        if not (self._peer_down or self._closed):
+            if getattr(getattr(self.link, "state", None), "value", None) == "closed":
+                self._peer_down = True
+                self.close()
+        return self._peer_down
+
     def _nonfinite(self) -> GossipError:
+        # restored in place, x is far from the anchor: the next outer step would take the
+        # whole difference for one pseudo-gradient (bootstrap() resets the anchor itself)
+        anchor = (" (in pseudo_gradient mode, then call reset_anchor())"
+                  if self.mode == "pseudo_gradient" else "")
         return GossipError(f"params hold NaN or Inf; round {self.t} not run (nothing sent, x unchanged): "
-                           "restore them, e.g. from a checkpoint or with bootstrap()")
+                           f"restore them, e.g. from a checkpoint{anchor} or with bootstrap()")
 
     @property
     def _has_averaged(self) -> bool:
@@ -1644,6 +1701,14 @@ class Gossip:
         np.copyto(self._anchor, self.x)
         return True
 
+    def _outer_step_alone(self) -> None:
+        """:meth:`_outer_step` on a round that mixed nobody: y is x as trained. One that
+        overflows leaves x, the anchor and the momentum as they were."""
+        if self._unmixed is None:
+            self._unmixed = np.empty(self.d, np.float32), np.empty(min(self.d, _BLOCK), np.bool_)
+        np.copyto(self._unmixed[0], self.x)   # what _outer_step restores on an overflow
+        self._outer_step()
+
     def _mix(self, own: np.ndarray, groups: list[tuple[np.float32, list[np.ndarray]]],
              total: np.float32) -> bool:
         """``x += Σ_g c_g Σ_{h∈g} h − total · own``, i.e. x += γ Σ_j w_j (x̂_j − x̂_i);
@@ -1698,17 +1763,24 @@ class Gossip:
     async def local_step(self) -> RoundResult | None:
         """Count one local training step; every ``local_steps``-th call runs a round.
 
-        One that would run a round raises as :meth:`round` does, without counting."""
-        if (self._steps + 1) % self.local_steps == 0:
-            self._may_run()
-        self._steps += 1
-        if self._steps % self.local_steps:
+        One that would run a round raises as :meth:`round` does, without counting: the
+        call after a repair (x restored after the NaN error) runs that round."""
+        if (self._steps + 1) % self.local_steps:
+            self._steps += 1
             return None
-        return await self.round()
+        # counted once the round is back: a round that raised (NaN in x, a view the
+        # topology cannot take) left the count where it was, and the repaired retry ran
+        # no round, leaving its lockstep neighbours to wait out round_timeout for it
+        res = await self.round()
+        self._steps += 1
+        return res
 
     def reset_anchor(self) -> None:
-        """In pseudo-gradient mode, take the current ``x`` as the outer parameters
-        (call after loading a checkpoint)."""
+        """In pseudo-gradient mode, take the current ``x`` as the outer parameters and
+        restart the outer momentum at zero. Call it after setting ``x`` from outside
+        the engine (a checkpoint loaded in place, x restored after the NaN error): else
+        the next outer step takes the whole jump for one pseudo-gradient and carries x
+        about lr/(1 − μ) times as far. Does nothing in ``params`` mode."""
         if self._anchor is not None:
             np.copyto(self._anchor, self.x)
             self._momentum.fill(0.0)
