@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
-from .checks import nonneg
+from .checks import is_int, is_real, nonneg
 from .errors import ConfigError
 
 __all__ = [
@@ -239,7 +239,8 @@ def _type_name(tp: Any) -> str:
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``tp``; convert int->float only."""
+    """Check ``value`` against the annotation ``tp``; convert int->float, and numpy's
+    numbers to Python's, only."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
@@ -270,18 +271,20 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return {str(k): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
     if tp is Any:
         return value
+    # numpy's scalars count as numbers (a sweep's np.arange seeds, a float32 from a
+    # schedule) and are stored as Python's, so that config.json and TOML stay plain
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not is_real(value):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
-        if isinstance(value, int) and abs(value) > sys.float_info.max:   # TOML's integers have no bound
+        if is_int(value) and abs(value) > sys.float_info.max:   # TOML's integers have no bound
             raise ConfigError(f"{key}: must be finite, got an integer beyond the largest float (about 1.8e308)")
         if not math.isfinite(value):
             raise ConfigError(f"{key}: must be finite, got {value!r}")
         return float(value)
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
+        return int(value)
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true or false, got {value!r}")
@@ -348,6 +351,10 @@ def to_toml(obj: Any, derived: Mapping[str, str] | None = None, _at: str = "") -
     a note, is what was derived from other keys while it was unset, and a file that
     leaves it unset derives it again.
     """
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        raise ConfigError(f"to_toml: obj must be a config (a dataclass instance), got {type(obj).__name__}")
+    if derived is not None and not isinstance(derived, Mapping):
+        raise ConfigError(f"to_toml: derived must be a dict of dotted key to reason, got {type(derived).__name__}")
     derived = derived or {}
     scalars, tables = [], []
     for f in dataclasses.fields(obj):
@@ -387,6 +394,8 @@ def _parse_scalar(text: str) -> Any:
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``a.b=v`` overrides (a list or tuple of them) to a plain config dict (in
     place) and return it."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"apply_overrides: data must be a dict of settings, got {type(data).__name__}")
     if not isinstance(overrides, (list, tuple)):
         # a str would be read a character at a time, and a generator, once only
         raise ConfigError(f"overrides must be a list of 'a.b=v' strings, got {type(overrides).__name__}")

@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..checks import is_int, is_real
 from ..errors import ReplayError
 
 __all__ = ["RateLimiter", "TokenBucket"]
+
+#: the keys of RateLimiter.state()'s dict, all of which from_state needs
+_STATE_KEYS = ("min_size", "samples_per_insert", "tolerance", "inserted", "sampled")
 
 
 class RateLimiter:
@@ -78,6 +81,12 @@ class RateLimiter:
     def from_state(cls, d: dict) -> "RateLimiter":
         """A limiter from :meth:`state`'s dict (a snapshot's meta.json), checked as the
         constructor checks its arguments; the counters must be ints >= 0."""
+        if not isinstance(d, Mapping):
+            raise ReplayError(f"a limiter's state must be a dict (RateLimiter.state()'s), got {type(d).__name__}")
+        missing = [k for k in _STATE_KEYS if k not in d]
+        if missing:
+            raise ReplayError(f"a limiter's state has no {missing[0]!r} key; it needs {', '.join(_STATE_KEYS)}, "
+                              "as RateLimiter.state() gives them")
         r = cls(d["min_size"], d["samples_per_insert"], d["tolerance"])
         counts = d["inserted"], d["sampled"]
         if not all(is_int(c) and c >= 0 for c in counts):

@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..checks import shown
-from ..errors import GossipError, WireError
+from ..checks import is_int, shown
+from ..errors import ConfigError, GossipError, WireError
 
 __all__ = ["Encoded", "Codec", "MAX_N", "as_vector"]
 
@@ -122,6 +122,15 @@ def _torch_to_numpy(t: Any, what: str) -> np.ndarray:
     return a
 
 
+def ratio_length(codec: str, n: Any) -> int:
+    """``n`` as the vector length :meth:`Codec.ratio` is asked about: an int in ``[0, MAX_N]``,
+    else :class:`ConfigError` naming it (a length no decoder takes has no ratio, and the
+    query encodes a vector of that length)."""
+    if not (is_int(n) and 0 <= n <= MAX_N):
+        raise ConfigError(f"{codec}: ratio's n must be an int in [0, {MAX_N}], got {shown(n)}")
+    return int(n)
+
+
 def _past_f32(what: str, amax: float) -> GossipError:
     return GossipError(f"{what} has values past float32's range (largest magnitude {amax:.4g}, "
                        f"float32 holds up to {_F32_MAX:.8g}), which would become Inf; "
@@ -183,6 +192,8 @@ class Codec:
         length is rejected. Raises :class:`~swarm.errors.WireError` for any payload
         that fails a check.
         """
+        if n is not None and not (is_int(n) and n >= 0):   # the caller's slip, not the payload's
+            raise ConfigError(f"{self.name}: decode's n must be an int >= 0 or None, got {shown(n)}")
         meta, frames, size = self._check(enc)
         if n is not None and size != n:
             raise WireError(f"{self.name}: payload is for n={size}, expected n={n}")
@@ -216,6 +227,7 @@ class Codec:
         """Compression ratio (dense float32 bytes / payload bytes) for a vector of length n.
 
         A query: a seeded codec sends the same payloads with or without it."""
+        n = ratio_length(self.name, n)
         # encoding draws from a random codec's generator; put its state back
         rng = getattr(self, "_rng", None)
         state = rng.bit_generator.state if rng is not None else None

@@ -20,6 +20,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
+from ..checks import shown
 from ..errors import ConfigError
 from ._base import Codec
 from .dense import FP16, Identity
@@ -129,6 +130,9 @@ def split_ef(spec: str) -> tuple[bool, str]:
 
         split_ef("EF+topk:0.5")   # (True, "topk:0.5")
     """
+    if not isinstance(spec, str):
+        raise ConfigError(f"codec spec must be a string like 'ef+topk:0.01', got {type(spec).__name__} "
+                          f"{shown(spec)}")
     text = spec.strip()
     if text[:3].lower() == "ef+":
         return True, text[3:]

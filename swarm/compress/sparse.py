@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GossipError, WireError
-from ._base import Codec, Encoded, Scratch, meta_float, meta_int, meta_scale
+from ._base import Codec, Encoded, Scratch, meta_float, meta_int, meta_scale, ratio_length
 from .dense import to_fp16
 
 __all__ = ["TopK", "RandomK", "strata_indices", "pack_gaps", "unpack_gaps"]
@@ -156,6 +156,7 @@ class TopK(_Sparse):
         ``P(g ≥ m) = C(n − m, k) / C(n, k)``, so the codes take
         ``k (1 + Σ_j P(g ≥ 255 j))`` bytes on average: 1.08 per index at 1%, but
         4.4 at 0.1% (a ratio of 474 where k bytes would say 800)."""
+        n = ratio_length(self.name, n)
         k = self.k_for(n)
         if k == 0:
             return 4.0 * n

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgpack
 
+from ..checks import is_int, shown
 from ..errors import MembershipError
 from ..link import Member, View
 
@@ -140,8 +141,19 @@ class MemberTable:
         came with (empty without keys): a live id belongs to the key it joined with.
         """
         now = time.monotonic() if now is None else now
+        # checked as View.from_wire checks a member: one admitted here is in every view
+        # published after, and peers refuse a view with a bad member whole
+        if not (isinstance(peer_id, str) and peer_id):
+            raise MembershipError(f"peer_id must be a non-empty str, got {shown(peer_id)}")
+        if not (isinstance(addr, str) and isinstance(key, str)):
+            raise MembershipError(f"join of {shown(peer_id)}: addr and key must be strs, got {shown(addr)} and "
+                                  f"{shown(key)}")
+        if not (is_int(rank) and is_int(incarnation) and is_int(last_epoch)):
+            raise MembershipError(f"join of {shown(peer_id)}: rank, incarnation and last_epoch must be ints, got "
+                                  f"{shown(rank)}, {shown(incarnation)} and {shown(last_epoch)}")
         if rank < -1 or rank > MAX_RANK:
             raise MembershipError(f"rank {rank} is out of range: -1 (any free rank) or 0 to {MAX_RANK}")
+        rank, incarnation, last_epoch = int(rank), int(incarnation), int(last_epoch)   # msgpack packs no numpy int
         old = self.members.get(peer_id)
         if old is not None and old.state != DEAD and old.key != key:
             # the incarnation is no secret (status shows it): without this, any listed key

@@ -419,6 +419,8 @@ def _check_env(env_id: str) -> float | None:
     ``module:EnvId`` imports ``module`` first (which registers ``EnvId``), as ``gymnasium.make``
     does in each peer process: an env registered only in the calling process is unknown there.
     """
+    if not isinstance(env_id, str):   # a Spec changed in code is checked here before anything reads it
+        raise ConfigError(f"env = {env_id!r:.80}: env must be a str, a Gymnasium id such as 'CartPole-v1'")
     import gymnasium  # noqa: PLC0415 - slow to import; only needed here
 
     module, sep, name = env_id.rpartition(":")

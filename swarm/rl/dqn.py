@@ -61,12 +61,16 @@ class QNetwork(nn.Module):
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: list[int]):
         super().__init__()
+        if not (is_int(obs_dim) and obs_dim >= 1 and is_int(n_actions) and n_actions >= 1):
+            raise ConfigError(f"obs_dim and n_actions must be ints >= 1, got {obs_dim!r:.40} and {n_actions!r:.40}")
+        if not (isinstance(hidden, (list, tuple)) and all(is_int(h) and h >= 1 for h in hidden)):
+            raise ConfigError(f"hidden must be a list of layer widths, ints >= 1, got {hidden!r:.80}")
         layers: list[nn.Module] = []
-        width = obs_dim
+        width = int(obs_dim)
         for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            width = h
-        layers.append(nn.Linear(width, n_actions))
+            layers += [nn.Linear(width, int(h)), nn.ReLU()]
+            width = int(h)
+        layers.append(nn.Linear(width, int(n_actions)))
         self.net = nn.Sequential(*layers)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

@@ -80,6 +80,7 @@ def run_agent(env_id: str, agent: BaseAgent, steps: int, seed: int = 0,
     so it can still bootstrap from it. ``seed`` (an integer >= 0) seeds the env's first
     reset and its action space.
     """
+    _check_agent(agent, "perceive", "deliberate", "reflect")
     if not (is_int(steps) and steps >= 0):
         raise ConfigError(f"steps = {steps!r}: must be an integer >= 0")
     steps, seed = int(steps), _seed(seed)
@@ -115,6 +116,16 @@ def run_agent(env_id: str, agent: BaseAgent, steps: int, seed: int = 0,
     return result
 
 
+def _check_agent(agent: Any, *methods: str) -> None:
+    """Refuse, before the env is made, an agent without the ``methods`` the loop calls (an
+    AttributeError at its first step otherwise). Any object with them will do: a BaseAgent,
+    or for :func:`evaluate` anything with ``act``."""
+    missing = [m for m in methods if not callable(getattr(agent, m, None))]
+    if missing:
+        raise ConfigError(f"agent must be a BaseAgent (swarm.peer.agent), or have {', '.join(methods)}; "
+                          f"got {type(agent).__name__} {agent!r:.60}, which has no {missing[0]}()")
+
+
 def _seed(seed: Any) -> int:
     """``seed`` as the plain int >= 0 that gymnasium takes (it refuses a numpy integer).
 
@@ -139,6 +150,7 @@ def evaluate(env_id: str, agent: BaseAgent, episodes: int = 5, seed: int = 10_00
     ``max_episode_steps``, or :data:`EVAL_MAX_STEPS` when it has none. A ``max_steps``
     given replaces the env's own limit, above it as well as below.
     """
+    _check_agent(agent, "act")
     if not (is_int(episodes) and episodes >= 1):
         raise ConfigError(f"episodes = {episodes!r}: must be an integer >= 1")
     if max_steps is not None and not (is_int(max_steps) and max_steps >= 1):
