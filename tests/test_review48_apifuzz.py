@@ -217,3 +217,45 @@ def test_qnetwork_refuses_a_negative_width_before_torch_does():
     with pytest.raises(ConfigError, match="hidden must be a list of layer widths"):
         QNetwork(4, 2, [8, 0])
     assert QNetwork(np.int64(4), 2, [np.int64(8)])(torch.zeros(3, 4)).shape == (3, 2)
+
+
+# ------------------------------------------------------------ Gossip's numbers, suggested_gamma, Snapshot
+
+
+def test_gossip_takes_numpy_numbers_for_its_settings_as_python_ones():
+    from swarm.gossip import Gossip
+    from swarm.gossip.sim import SimHub
+
+    link = SimHub(topology="ring").add_many(3)[0]
+    g = Gossip(link, np.zeros(10, np.float32), gamma=np.float32(0.5), max_staleness=np.int64(2),
+               round_timeout=np.float32(1.0), send_timeout=np.float16(1), sync="bounded")
+    try:
+        assert (g.gamma, g.max_staleness, g.round_timeout, g.send_timeout) == (0.5, 2, 1.0, 1.0)
+        assert [type(v) for v in (g.gamma, g.max_staleness, g.round_timeout, g.send_timeout)] == \
+            [float, int, float, float]
+    finally:
+        g.close()
+    for kw, what in ((dict(gamma=np.bool_(True)), "gamma"), (dict(max_staleness=True), "max_staleness"),
+                     (dict(max_staleness=np.float64(2.0)), "max_staleness"), (dict(gamma="fast"), "gamma")):
+        with pytest.raises(ConfigError, match=what):
+            Gossip(link, np.zeros(10, np.float32), **kw)
+
+
+@pytest.mark.parametrize(("lr", "mu", "what"), [(0, 0.9, "outer_lr"), (-1.0, 0.9, "outer_lr"),
+                                                (math.nan, 0.9, "outer_lr"), (math.inf, 0.9, "outer_lr"),
+                                                (0.7, 2.0, "outer_momentum"), (0.7, math.nan, "outer_momentum"),
+                                                (0.7, True, "outer_momentum")])
+def test_suggested_gamma_names_a_bad_outer_setting(lr, mu, what):
+    from swarm.gossip import suggested_gamma
+
+    with pytest.raises(ConfigError, match=what):
+        suggested_gamma("topk:0.1", lr, mu)
+    assert 0 < suggested_gamma("topk:0.1", np.float32(0.7), np.float64(0.9)) <= 1
+
+
+def test_a_snapshot_of_what_is_no_buffer_is_refused(tmp_path):
+    from swarm.buffer import Snapshot
+
+    with pytest.raises(ReplayError, match="buf must be a ReplayBuffer, got NoneType"):
+        Snapshot(None, tmp_path / "snap")
+    assert not (tmp_path / "snap").exists()

@@ -266,6 +266,10 @@ class Snapshot(_Frozen):
     """
 
     def __init__(self, buf: "ReplayBuffer", path: str | os.PathLike, *, digest: bool = False) -> None:
+        from .replay import ReplayBuffer  # noqa: PLC0415 - replay imports this module
+
+        if not isinstance(buf, ReplayBuffer):   # an AttributeError from deep inside before
+            raise ReplayError(f"buf must be a ReplayBuffer, got {type(buf).__name__}")
         self.path = Path(path)
         _check_target(self.path)
         self._done = threading.Event()

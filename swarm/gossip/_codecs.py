@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..checks import is_real
 from ..compress import Encoded, get_codec, split_ef
 from ..errors import ConfigError
 from .topology import TIME_VARYING
@@ -99,6 +100,12 @@ def suggested_gamma(spec: str, outer_lr: float = 1.0, outer_momentum: float = 0.
     0.727
     """
     codec = make_codec(spec)  # a bad spec fails here, by its full name
+    # checked as Gossip checks them: 0 divided by zero, NaN came out as γ = 1 (min(1, nan))
+    if not (is_real(outer_lr) and math.isfinite(outer_lr) and outer_lr > 0):
+        raise ConfigError(f"outer_lr must be a finite number > 0, got {outer_lr!r}")
+    if not (is_real(outer_momentum) and 0 <= outer_momentum < 1):
+        raise ConfigError(f"outer_momentum must be a number in [0, 1), got {outer_momentum!r}")
+    outer_lr, outer_momentum = float(outer_lr), float(outer_momentum)
     base = _codec_gamma(codec)
     if (outer_lr, outer_momentum) == (1.0, 0.0):
         return base

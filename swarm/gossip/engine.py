@@ -278,7 +278,7 @@ def _most_bytes(src: str, t: str, body: dict[str, Any], values: np.ndarray) -> i
 
 def _real(v: Any) -> bool:
     """Whether ``v`` is a finite int or float (not a bool: ``True`` is no setting)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)
 
 
 def _number(name: str, v: Any, kind: type = numbers.Real) -> None:
@@ -502,10 +502,13 @@ class Gossip:
         outer_lr, outer_momentum = float(outer_lr), float(outer_momentum)
         # the outer step scales how far a round moves x, and so the step that is stable
         stable = suggested_gamma(codec, *((outer_lr, outer_momentum, topology) if mode == "pseudo_gradient" else ()))
-        if gamma == "auto":
+        if isinstance(gamma, str) and gamma == "auto":
             gamma = stable
-        if isinstance(gamma, bool) or not (isinstance(gamma, (int, float)) and 0 < gamma <= 1):
+        if not isinstance(gamma, str):
+            _number("gamma", gamma)
+        if not (_real(gamma) and 0 < gamma <= 1):
             raise ConfigError(f"gamma must be in (0, 1] or 'auto', got {gamma!r}")
+        gamma = float(gamma)
         if gamma > DIVERGES_ABOVE * stable:
             # CHOCO diverges when γ is large for a coarse codec (measured: ef+topk:0.01
             # at γ = 1 on an 8-ring grows the consensus error 37× in 200 rounds), and the
@@ -518,13 +521,16 @@ class Gossip:
                         f"topology {topology!r}" if mode == "pseudo_gradient" else "")
         if sync not in SYNC_MODES:
             raise ConfigError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
-        if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+        _number("max_staleness", max_staleness, numbers.Integral)
+        if max_staleness < 0:
             raise ConfigError(f"max_staleness must be an integer >= 0, got {max_staleness!r}")
         if not (_real(round_timeout) and round_timeout > 0):
             raise ConfigError(f"round_timeout must be a finite number of seconds > 0, got {round_timeout!r}")
         if send_timeout is not None and not (_real(send_timeout) and send_timeout >= 0):
             raise ConfigError(f"send_timeout must be None or a finite number of seconds >= 0, "
                               f"got {send_timeout!r}")
+        max_staleness, round_timeout = int(max_staleness), float(round_timeout)
+        send_timeout = None if send_timeout is None else float(send_timeout)
         _number("local_steps", local_steps, numbers.Integral)
         if local_steps < 1:
             raise ConfigError(f"local_steps must be an integer >= 1, got {local_steps!r}")
