@@ -135,9 +135,12 @@ def test_an_env_registered_only_in_the_calling_process_is_refused_by_the_spec_ch
             pass
         gym.register("Local-v0", entry_point=Local, max_episode_steps=50)
         gym.register("LocalText-v0", entry_point="__main__:Local", max_episode_steps=50)
+        # Gymnasium's own class under an id of this process (own-diff review: passed)
+        gym.register("LocalGym-v0", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+                     max_episode_steps=200)
         from swarm.errors import ConfigError
         from swarm.experiment import load_spec
-        for env in ("Local-v0", "LocalText-v0"):
+        for env in ("Local-v0", "LocalText-v0", "LocalGym-v0"):
             try:
                 load_spec(None, ["env=" + env, "peers=2"])
             except ConfigError as e:
@@ -151,8 +154,8 @@ def test_an_env_registered_only_in_the_calling_process_is_refused_by_the_spec_ch
                          timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert len(lines) == 3 and lines[-1] == "cartpole ok", res.stdout
-    for line, env in zip(lines, ("Local-v0", "LocalText-v0")):
+    assert len(lines) == 4 and lines[-1] == "cartpole ok", res.stdout
+    for line, env in zip(lines, ("Local-v0", "LocalText-v0", "LocalGym-v0")):
         assert line.startswith(f"refused: env = '{env}' is registered in this process only") \
             and "module:EnvId" in line, line
 

@@ -19,6 +19,7 @@ as a spec.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import json
 import os
@@ -473,7 +474,7 @@ def _check_env(env_id: str) -> float | None:
         raise ConfigError(f"env = {env_id!r}: its observation space {observations} is not a Box of at least "
                           f"one dimension, none of them 0; DQN needs observations that are arrays of numbers{hint}")
     # last: what the env is wrong for is said first, wherever it was registered
-    if not sep and not _gymnasiums(known[name].entry_point) and not _registered_in_peers(name):
+    if not sep and name not in _gymnasium_ids() and not _registered_in_peers(name):
         # found here only because this process registered it (a script's or a notebook's
         # gymnasium.register): the peers, fresh processes, would not know the id
         raise ConfigError(f"env = {env_id!r} is registered in this process only, which the peers do not run; "
@@ -493,11 +494,21 @@ def _folder_of(top: str) -> Path | None:
     return Path(spec.origin).parent.resolve() if spec.has_location else None
 
 
-def _gymnasiums(entry_point: object) -> bool:
-    """Whether an env's entry point is Gymnasium's own (a "module:Class" text, or a function
-    such as its error for a missing extra), which every peer registers by importing it."""
-    where = entry_point if isinstance(entry_point, str) else getattr(entry_point, "__module__", None) or ""
-    return where.partition(":")[0].partition(".")[0] == "gymnasium"
+@functools.cache
+def _gymnasium_ids() -> frozenset[str]:
+    """The ids Gymnasium registers when it is imported, which every peer knows: those its
+    registering module names (``register(id="CartPole-v1", ...)``), read from its source.
+    Asked by id, not by entry point: a script's own ``register("MyCart-v0", entry_point=
+    "gymnasium.envs...:CartPoleEnv")`` points into Gymnasium too, and the peers do not
+    know it. Where that module names none (another layout), every id is asked of a
+    process started as the peers are."""
+    import gymnasium.envs  # noqa: PLC0415
+
+    try:
+        text = Path(gymnasium.envs.__file__).read_text(encoding="utf-8")
+    except (OSError, TypeError, ValueError):
+        return frozenset()
+    return frozenset(re.findall(r"""\bid\s*=\s*["']([^"']+)["']""", text))
 
 
 def _registered_in_peers(env_id: str) -> bool:
