@@ -481,6 +481,17 @@ def _check_key_pair(keys_dir: str, name: str, source: str) -> None:
     raise ConfigError(f"keys: {base / f'{name}.key_secret'} does not exist ({source}); {how}")
 
 
+def _pid_of(text: str, owner: int) -> bool:
+    """Whether ``text`` (a ``.lock``'s content) names a live process of the file's owner:
+    the pid of the holder that wrote it, not one left by an earlier one."""
+    if not text.isdigit():
+        return False
+    try:
+        return os.stat(f"/proc/{int(text)}").st_uid == owner
+    except (OSError, ValueError, OverflowError):
+        return False
+
+
 def _hold_folder(folder: Path, who: str) -> None:
     """Lock ``folder`` (an exclusive flock on its ``.lock``) for the rest of this process's
     life, or refuse with :class:`ConfigError`: two `swarm peer --spec` processes of two
@@ -518,9 +529,14 @@ def _hold_folder(folder: Path, who: str) -> None:
     except BlockingIOError:
         try:
             holder = os.read(fd, 20).decode("ascii", "replace").strip()
+            owner = os.fstat(fd).st_uid
         except OSError:   # a folder there: it holds no pid
-            holder = ""
+            holder, owner = "", -1
         os.close(fd)
+        if not _pid_of(holder, owner):
+            # the pid of a holder that could not write it (a .lock it may only read) is its
+            # last writer's, long gone or another's: named, it sent users to a wrong process
+            holder = ""
         raise ConfigError(f"{folder}: another process{f' (pid {holder})' if holder else ''} writes {who}'s "
                           "results there now; pass --run-dir DIR for this run") from None
     except OSError:   # ENOLCK: a file system without locks

@@ -749,8 +749,8 @@ class _NotItsDigest(Exception):
 
 
 class _Unloadable(RuntimeError):
-    """Why torch's restricted unpickler refused a state.pt that is not its manifest's, in
-    one line."""
+    """Why torch's restricted unpickler refused a state.pt (torn, or holding more than
+    tensors and plain values, whatever its digest says), in one line."""
 
 
 def _load_state_pt(data: bytes, want: str | None) -> Any:

@@ -238,7 +238,7 @@ def test_a_state_pt_that_would_run_code_is_passed_over_though_its_digest_matches
     manifest["files"]["state.pt"] = _bytes_digest((newest / "state.pt").read_bytes())
     (newest / "manifest.json").write_text(json.dumps(manifest))
     restored, skipped = load_newest(root)
-    assert any(newest.name in s for s in skipped), skipped   # passed over, named
+    assert any(newest.name in s and "state.pt: UnpicklingError" in s for s in skipped), skipped   # passed over, named
     assert restored is None or restored.path != newest
     assert not planted.exists()
 
@@ -322,3 +322,39 @@ def test_a_full_disk_names_the_file_and_leaves_no_empty_config_json(tmp_path, fr
         assert "/warnings.txt: No space left on device" in got["log"], got["log"][-2000:]
         (run,) = got["left"][:1]
         assert got["left"] == [run, f"{run}/config.json"], got["left"]   # whole, and no temporary file
+
+
+def test_a_refusal_names_no_pid_left_by_a_holder_that_is_gone(tmp_path):
+    """A holder that could only read .lock writes no pid, so the file kept its last
+    writer's: the refusal named that process, long gone (own-diff review)."""
+    folder = tmp_path / "peer0"
+    folder.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (folder / ".lock").write_text(f"{gone.pid}\n")
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, sys, time
+        fd = os.open({str(folder / '.lock')!r}, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("held", flush=True)
+        time.sleep(30)
+    """)], stdout=subprocess.PIPE, text=True)
+    with reaped(holder):
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError) as e:
+            _hold_folder(folder, "peer0")
+        assert str(e.value) == (f"{folder}: another process writes peer0's results there now; pass --run-dir DIR "
+                                "for this run"), e.value
+    # a live holder that wrote its own pid is still named
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        from pathlib import Path
+        import time
+        from swarm.cli import _hold_folder
+        _hold_folder(Path({str(folder)!r}), "peer0")
+        print("held", flush=True)
+        time.sleep(30)
+    """)], stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])))
+    with reaped(holder):
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"another process \(pid {holder.pid}\) writes"):
+            _hold_folder(folder, "peer0")
