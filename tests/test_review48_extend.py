@@ -69,56 +69,49 @@ def test_the_edges_help_says_positions_not_ranks():
     assert "positions in the view" in help_ and "not over ranks" in help_
 
 
+async def _custom_swarm(edges: list[list[int]], join_timeout_s: float, check) -> None:
+    """A coordinator and peers of ranks 0, 3 and 5 on a custom graph of ``edges``, started
+    and waited for in a view of 3; ``check(peers)`` is awaited, then everything closed."""
+    coord = Coordinator(bind="tcp://127.0.0.1:*", http_bind="")
+    await coord.start()
+    peers = [Peer(coordinators=[coord.address], id=f"c{r}", rank=r, topology="custom", edges=edges,
+                  join_timeout_s=join_timeout_s) for r in (0, 3, 5)]
+    try:
+        for p in peers:
+            await p.start()
+        for p in peers:
+            await p.wait_view(lambda v: len(v.members) == 3, timeout=20)
+        await check(peers)
+    finally:
+        for p in peers:
+            await p.close()
+        await coord.close()
+
+
 def test_custom_edges_that_leave_a_peer_alone_are_warned_of(caplog):
     # ranks 0, 3, 5 with edges written over the ranks: positions 0-1-2 take [[0,3],[3,5]]
     # as edges past the view, so nobody had a neighbour, and nothing was logged
-    async def main() -> None:
-        coord = Coordinator(bind="tcp://127.0.0.1:*", http_bind="")
-        await coord.start()
-        peers = [Peer(coordinators=[coord.address], id=f"c{r}", rank=r, topology="custom",
-                      edges=[[0, 3], [3, 5]], join_timeout_s=1.0) for r in (0, 3, 5)]
-        try:
-            for p in peers:
-                await p.start()
-            for p in peers:
-                await p.wait_view(lambda v: len(v.members) == 3, timeout=20)
+    def warned() -> set[str]:
+        return {r.getMessage().split(":")[0] for r in caplog.records
+                if r.levelno == logging.WARNING and "not over ranks" in r.getMessage()}
 
-            def warned() -> set[str]:
-                return {r.getMessage().split(":")[0] for r in caplog.records
-                        if r.levelno == logging.WARNING and "not over ranks" in r.getMessage()}
-            while len(warned()) < 3:
-                await asyncio.sleep(0.05)
-            assert warned() == {"peer c0", "peer c3", "peer c5"}
-            assert all(p.neighbours() == [] for p in peers)
-        finally:
-            for p in peers:
-                await p.close()
-            await coord.close()
+    async def check(peers: list[Peer]) -> None:
+        while len(warned()) < 3:
+            await asyncio.sleep(0.05)
+        assert warned() == {"peer c0", "peer c3", "peer c5"}
+        assert all(p.neighbours() == [] for p in peers)
 
     with caplog.at_level(logging.INFO, logger="swarm.peer"):
-        asyncio.run(asyncio.wait_for(main(), 60))
+        asyncio.run(asyncio.wait_for(_custom_swarm([[0, 3], [3, 5]], 1.0, check), 60))
 
 
 def test_custom_edges_over_positions_link_and_warn_of_nothing(caplog):
-    async def main() -> None:
-        coord = Coordinator(bind="tcp://127.0.0.1:*", http_bind="")
-        await coord.start()
-        peers = [Peer(coordinators=[coord.address], id=f"c{r}", rank=r, topology="custom",
-                      edges=[[0, 1], [1, 2]], join_timeout_s=0.5) for r in (0, 3, 5)]
-        try:
-            for p in peers:
-                await p.start()
-            for p in peers:
-                await p.wait_view(lambda v: len(v.members) == 3, timeout=20)
-            await asyncio.sleep(1.5)   # past join_timeout_s
-            assert [p.neighbours() for p in peers] == [["c3"], ["c0", "c5"], ["c3"]]
-        finally:
-            for p in peers:
-                await p.close()
-            await coord.close()
+    async def check(peers: list[Peer]) -> None:
+        await asyncio.sleep(1.5)   # past join_timeout_s
+        assert [p.neighbours() for p in peers] == [["c3"], ["c0", "c5"], ["c3"]]
 
     with caplog.at_level(logging.INFO, logger="swarm.peer"):
-        asyncio.run(asyncio.wait_for(main(), 60))
+        asyncio.run(asyncio.wait_for(_custom_swarm([[0, 1], [1, 2]], 0.5, check), 60))
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 

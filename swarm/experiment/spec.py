@@ -514,18 +514,8 @@ def _gymnasium_ids() -> frozenset[str]:
 def _registered_in_peers(env_id: str) -> bool:
     """Whether a process started as the peers are knows ``env_id`` once it imported
     Gymnasium and swarm's agent (asked only of an id not Gymnasium's own)."""
-    import subprocess  # noqa: PLC0415
-
-    from .forkserver import child_command  # noqa: PLC0415
-
-    command, env = child_command("swarm.cli", os.environ)
-    ask = "import sys, gymnasium, swarm.rl; sys.exit(sys.argv[1] not in gymnasium.envs.registry)"
-    try:
-        found = subprocess.run([*command[:2], "-c", ask, env_id], env=env, stdin=subprocess.DEVNULL,
-                               capture_output=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        return True   # not known: the peers' own check says it, as before
-    return found.returncode == 0
+    return _peers_say("import sys, gymnasium, swarm.rl; sys.exit(sys.argv[1] not in gymnasium.envs.registry)",
+                      env_id)
 
 
 def _found_by_peers(top: str) -> bool:
@@ -533,18 +523,24 @@ def _found_by_peers(top: str) -> bool:
     as :func:`~.forkserver.child_command` starts them (its PYTHONPATH, the site folders and
     their ``.pth`` files, as ``pip install -e .`` writes; not this process's ``sys.path``,
     which a script may have changed at run time)."""
-    import subprocess  # noqa: PLC0415 - only for a module in the working directory
+    return _peers_say("import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)", top)
+
+
+def _peers_say(code: str, arg: str) -> bool:
+    """Whether ``code``, run with ``arg`` by a Python started as the peers are
+    (:func:`~.forkserver.child_command`), exits 0; True where it does not answer within a
+    minute (not known: the peers' own check says it)."""
+    import subprocess  # noqa: PLC0415 - only for an env the peers may not know
 
     from .forkserver import child_command  # noqa: PLC0415
 
     command, env = child_command("swarm.cli", os.environ)
-    find = "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
     try:
-        found = subprocess.run([*command[:2], "-c", find, top], env=env, stdin=subprocess.DEVNULL,
-                               capture_output=True, timeout=60)
+        said = subprocess.run([*command[:2], "-c", code, arg], env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=60)
     except subprocess.TimeoutExpired:
-        return True   # not known: the peers' own import says it, as before this check
-    return found.returncode == 0
+        return True
+    return said.returncode == 0
 
 
 def _check_topology(topology: str, peers: int, edges: list[list[int]]) -> None:

@@ -29,6 +29,7 @@ import torch
 # a coordinator process for in-process peers (tests/ is on the path)
 from experiment.test_old_versions import _torch_adam_state
 from experiment.test_runner import ONE, coordinator  # noqa: F401 - a fixture
+from experiment.test_runner_disk import FILL
 from swarmtest import on_small_disk, reaped
 
 from swarm.cli import _hold_folder
@@ -288,19 +289,13 @@ def test_a_restart_into_a_folder_whose_metrics_csv_has_a_byte_not_utf8_goes_on(c
 
 # `swarm run` in argv[1], a small disk filled up (argv[2] bytes left free once it is: room
 # for config.json and not for warnings.txt, or none). Prints its exit code and what runs/ holds.
-FULL = """
+FULL = FILL + """
     import json, os, sys
     from swarm import cli
     disk, free = sys.argv[1], int(sys.argv[2])
     os.chdir(disk)
     os.mkdir("runs")
-    with open("filler", "ab", buffering=0) as f:
-        for size in (1 << 20, 1 << 12, 1):
-            try:
-                while True:
-                    f.write(bytes(size))
-            except OSError:
-                pass
+    fill(".")
     os.truncate("filler", os.path.getsize("filler") - free)
     rc = cli.main(["run", "--set", "peers=2", "--set", "budget.env_steps=300"])
     left = sorted(os.path.relpath(os.path.join(d, n), "runs") for d, ds, fs in os.walk("runs") for n in ds + fs)
