@@ -118,11 +118,12 @@ def test_custom_edges_over_positions_link_and_warn_of_nothing(caplog):
 # ------------------------------------------------------------ 3. an env registered in this process only
 
 
-def test_an_env_registered_only_in_the_calling_process_is_refused_by_the_spec_check(tmp_path):
+def test_an_env_registered_only_in_the_calling_process_is_refused_before_anything_starts(tmp_path):
     # run_experiment's check passed it; every peer then failed: "not a registered
-    # Gymnasium environment", with no word of module:EnvId
+    # Gymnasium environment", with no word of module:EnvId. A spec alone still loads (a
+    # peer knows what its own registry holds, and asks no other process)
     script = textwrap.dedent("""
-        import sys, gymnasium as gym
+        import io, sys, gymnasium as gym
         from gymnasium.envs.classic_control.cartpole import CartPoleEnv
         class Local(CartPoleEnv):
             pass
@@ -132,15 +133,15 @@ def test_an_env_registered_only_in_the_calling_process_is_refused_by_the_spec_ch
         gym.register("LocalGym-v0", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
                      max_episode_steps=200)
         from swarm.errors import ConfigError
-        from swarm.experiment import load_spec
+        from swarm.experiment import load_spec, run_experiment
         for env in ("Local-v0", "LocalText-v0", "LocalGym-v0"):
+            load_spec(None, ["env=" + env, "peers=2"])
             try:
-                load_spec(None, ["env=" + env, "peers=2"])
+                run_experiment(None, ["env=" + env, "peers=2"], runs_root="runs", stream=io.StringIO())
             except ConfigError as e:
                 print("refused:", e)
             else:
                 print("accepted:", env)
-        load_spec(None, ["env=CartPole-v1", "peers=2"])   # Gymnasium's own: no question asked
         print("cartpole ok")
     """)
     res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
@@ -151,6 +152,33 @@ def test_an_env_registered_only_in_the_calling_process_is_refused_by_the_spec_ch
     for line, env in zip(lines, ("Local-v0", "LocalText-v0", "LocalGym-v0")):
         assert line.startswith(f"refused: env = '{env}' is registered in this process only") \
             and "module:EnvId" in line, line
+    assert not (tmp_path / "runs").exists()   # refused before a run folder was made
+
+
+def test_a_peer_loads_a_spec_of_an_env_its_own_process_registers_without_asking_another(tmp_path):
+    # the check started a Python per load_spec for such an id (one in each peer, ~0.2-0.5 s;
+    # performance review); a sitecustomize registers it here, as a plugin's .pth would
+    (tmp_path / "sitecustomize.py").write_text(
+        "import gymnasium\n"
+        "gymnasium.register('SiteCart-v0', entry_point='gymnasium.envs.classic_control.cartpole:CartPoleEnv',"
+        " max_episode_steps=100)\n")
+    script = textwrap.dedent("""
+        import subprocess
+        from swarm.experiment import load_spec
+        from swarm.experiment.spec import check_env_for_peers
+        started = []
+        run = subprocess.run
+        subprocess.run = lambda *a, **kw: started.append(a) or run(*a, **kw)
+        load_spec(None, ["env=SiteCart-v0", "peers=2"])
+        print("spec", len(started))
+        check_env_for_peers("SiteCart-v0")   # the peers have it too: accepted, asked once
+        check_env_for_peers("SiteCart-v0")
+        print("launch", len(started))
+    """)
+    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["spec", "0", "launch", "1"], res.stdout
 
 
 def test_an_unknown_env_id_is_told_the_module_form():

@@ -108,7 +108,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError, SwarmError
 from .runner import DIGEST_EVERY, check_resume_kept, in_the_way, peer_dir
-from .spec import CheckpointSpec, Spec, load_spec, save_resolved
+from .spec import CheckpointSpec, Spec, check_env_for_peers, load_spec, save_resolved
 
 if TYPE_CHECKING:
     from .forkserver import ForkServer, Forked
@@ -673,6 +673,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         if prev is None:
             raise
         raise _refused_config(spec_path, list(overrides or []), e) from None
+    check_env_for_peers(spec.env)
     _check_memory(spec)
     from .forkserver import enabled  # noqa: PLC0415 - see Launch.preload
 

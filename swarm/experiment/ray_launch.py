@@ -50,7 +50,7 @@ from .checkpoint import write_json
 from .launch import POLL_S, Launch, _Interrupt, _Output, _Progress, _status, _table, _warn, new_run_dir
 from .launch import _plots, _wait_coordinator, summarize
 from .runner import peer_dir
-from .spec import Spec, load_spec, save_resolved
+from .spec import Spec, check_env_for_peers, load_spec, save_resolved
 
 __all__ = ["launch_ray", "PeerActor", "cluster_nodes"]
 
@@ -245,6 +245,7 @@ def launch_ray(spec_path: str | Path | Spec | None, overrides: list[str] | None 
                           "--host out to use each node's Ray address")
     # a bad spec fails before Ray is imported or a cluster touched
     asked = load_spec(spec_path, overrides)
+    check_env_for_peers(asked.env)
     peers_from = _peers_given(spec_path, list(overrides or []))
     ray = _ray()
     # messages start on a line of their own, not at the end of the progress line

@@ -473,13 +473,6 @@ def _check_env(env_id: str) -> float | None:
         hint = "; one-hot encode a Discrete observation" if isinstance(observations, gymnasium.spaces.Discrete) else ""
         raise ConfigError(f"env = {env_id!r}: its observation space {observations} is not a Box of at least "
                           f"one dimension, none of them 0; DQN needs observations that are arrays of numbers{hint}")
-    # last: what the env is wrong for is said first, wherever it was registered
-    if not sep and name not in _gymnasium_ids() and not _registered_in_peers(name):
-        # found here only because this process registered it (a script's or a notebook's
-        # gymnasium.register): the peers, fresh processes, would not know the id
-        raise ConfigError(f"env = {env_id!r} is registered in this process only, which the peers do not run; "
-                          "register it in a module and give env = module:EnvId (the peers import the module "
-                          "first)")
     return None if threshold is None else float(threshold)
 
 
@@ -492,6 +485,19 @@ def _folder_of(top: str) -> Path | None:
     if spec.submodule_search_locations:   # a package: the folder that holds its folder
         return Path(next(iter(spec.submodule_search_locations))).parent.resolve()
     return Path(spec.origin).parent.resolve() if spec.has_location else None
+
+
+def check_env_for_peers(env_id: str) -> None:
+    """Refuse ``env_id`` where this process knows it and the peers, fresh processes, would
+    not: a plain id that a script or a notebook registered (``gymnasium.register``), which
+    :func:`Spec.validate` finds in this process's registry. Asked by what starts peers
+    (``run_experiment``, the Ray launch) before anything is made; a peer itself knows what
+    its own registry holds. ``module:EnvId`` is the form the peers can make."""
+    module, sep, name = env_id.rpartition(":")
+    if not sep and name not in _gymnasium_ids() and not _registered_in_peers(name):
+        raise ConfigError(f"env = {env_id!r} is registered in this process only, which the peers do not run; "
+                          "register it in a module and give env = module:EnvId (the peers import the module "
+                          "first)")
 
 
 @functools.cache
@@ -511,6 +517,7 @@ def _gymnasium_ids() -> frozenset[str]:
     return frozenset(re.findall(r"""\bid\s*=\s*["']([^"']+)["']""", text))
 
 
+@functools.cache
 def _registered_in_peers(env_id: str) -> bool:
     """Whether a process started as the peers are knows ``env_id`` once it imported
     Gymnasium and swarm's agent (asked only of an id not Gymnasium's own)."""

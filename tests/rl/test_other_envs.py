@@ -96,14 +96,9 @@ def test_show_prints_the_envs_threshold(capsys):
     assert "\n# solve_return = -100.0   # the env's reward_threshold while unset\n" in capsys.readouterr().out
 
 
-def test_an_env_without_a_threshold_needs_solve_return_to_stop_when_solved(env_module, tmp_path):
-    # registered by a module the spec names, as the peers need it (review 48: one registered
-    # in this process only is refused, and this test registered it so before)
-    mod = env_module("swarm_test_envs_no_threshold", "import gymnasium\n"
-                     f"gymnasium.register('test_other_envs/NoThreshold-v0', entry_point={CARTPOLE!r}, "
-                     "max_episode_steps=100)\n")
-    env = f"{mod}:test_other_envs/NoThreshold-v0"
-    with pytest.raises(ConfigError, match=rf"eval\.solve_return is unset and env = '{env}'"):
+def test_an_env_without_a_threshold_needs_solve_return_to_stop_when_solved(register, tmp_path):
+    env = register("test_other_envs/NoThreshold-v0", entry_point=CARTPOLE, max_episode_steps=100)
+    with pytest.raises(ConfigError, match=r"eval\.solve_return is unset and env = 'test_other_envs/NoThreshold-v0'"):
         load_spec(None, ID + [f"env={env}", "budget.stop_when_solved=true"])
     assert load_spec(None, ID + [f"env={env}", "budget.stop_when_solved=true",
                                  "eval.solve_return=80"]).eval.solve_return == 80.0
@@ -131,8 +126,7 @@ def env_module(tmp_path, monkeypatch):
     yield write
     for name in names:
         sys.modules.pop(name, None)
-    for env_id in ("test_other_envs/FromModule-v0", "test_other_envs/NoThreshold-v0"):
-        gym.registry.pop(env_id, None)
+    gym.registry.pop("test_other_envs/FromModule-v0", None)
 
 
 def test_env_may_name_the_module_that_registers_it(env_module):
