@@ -73,6 +73,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5_000)
     ap.add_argument("--gossip-every", type=int, default=50, help="simulator steps between gossip rounds")
     args = ap.parse_args()
+    for name in ("peers", "steps", "gossip_every"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
 
     torch.set_num_threads(1)   # peers usually share cores; one thread each avoids oversubscription
     room = Room(seed=args.rank)
@@ -107,8 +110,9 @@ def main() -> None:
                 peer.call(federation.flush(), timeout=30)
                 rounds += 1
                 joined += bool(result.participants)
+        mean = lambda xs: f"{np.mean(xs):.1f}" if xs else "-"   # noqa: E731 - no episode ended in a short run
         print(f"room{args.rank}: {args.steps} steps, {len(rewards)} episodes, "
-              f"mean reward of the last 5 {np.mean(rewards[-5:]):.1f} (first 5 {np.mean(rewards[:5]):.1f}), "
+              f"mean reward of the last 5 {mean(rewards[-5:])} (first 5 {mean(rewards[:5])}), "
               f"{rounds} gossip rounds, {joined} with neighbours, "
               f"{gossip.stats.bytes_out} bytes sent, "
               f"{federation.stats.stored} transitions from neighbours", flush=True)

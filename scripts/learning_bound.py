@@ -158,8 +158,9 @@ def main() -> None:
         ap.error("--trace must be >= 0 (0: no trace)")
     check_seeds(ap, args.seeds)
     try:
-        load_spec(None, [f"env={args.env}"])   # a registered env with discrete actions
-        solve = solve_threshold(args.env, args.solve_at)
+        spec = load_spec(None, [f"env={args.env}"])   # a registered env with discrete actions
+        # module:EnvId too: the spec check imported the module and read the threshold
+        solve = args.solve_at if args.solve_at is not None else solve_threshold(spec.env.rpartition(":")[2])
         cfg = from_dict(DQNConfig, apply_overrides(to_dict(DQNConfig()), args.overrides))
     except ConfigError as e:
         ap.error(str(e))

@@ -8,7 +8,7 @@ from typing import Any
 from ..checks import is_real
 from ..compress import Encoded, get_codec, split_ef
 from ..errors import ConfigError
-from .topology import TIME_VARYING
+from .topology import TIME_VARYING, TOPOLOGIES
 
 __all__ = ["Encoded", "make_codec", "suggested_gamma", "outer_step_limit", "copy_scale"]
 
@@ -106,6 +106,8 @@ def suggested_gamma(spec: str, outer_lr: float = 1.0, outer_momentum: float = 0.
     if not (is_real(outer_momentum) and 0 <= outer_momentum < 1):
         raise ConfigError(f"outer_momentum must be a number in [0, 1), got {outer_momentum!r}")
     outer_lr, outer_momentum = float(outer_lr), float(outer_momentum)
+    if topology is not None and topology not in TOPOLOGIES:   # a misspelt time-varying graph got ~3x the step
+        raise ConfigError(f"unknown topology {topology!r}; choose one of {', '.join(TOPOLOGIES)}")
     base = _codec_gamma(codec)
     if (outer_lr, outer_momentum) == (1.0, 0.0):
         return base
