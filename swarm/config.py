@@ -374,8 +374,10 @@ def to_toml(obj: Any, derived: Mapping[str, str] | None = None, _at: str = "") -
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)   # TOML reads inf, nan and exponents as Python writes them
+    if is_int(v):   # numpy's too (a config changed in code): written as Python's
+        return repr(int(v))
+    if is_real(v):
+        return repr(float(v))   # TOML reads inf, nan and exponents as Python writes them
     if isinstance(v, str):
         return json.dumps(v)
     if isinstance(v, (list, tuple)):

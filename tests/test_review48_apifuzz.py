@@ -259,3 +259,21 @@ def test_a_snapshot_of_what_is_no_buffer_is_refused(tmp_path):
     with pytest.raises(ReplayError, match="buf must be a ReplayBuffer, got NoneType"):
         Snapshot(None, tmp_path / "snap")
     assert not (tmp_path / "snap").exists()
+
+
+def test_a_spec_changed_in_code_with_numpy_numbers_is_written_as_python_ones(tmp_path):
+    # to_toml wrote `step_size = np.float64(0.25)` (no TOML), save_resolved raised a bare
+    # TypeError for np.int64 (own-diff review)
+    from swarm.experiment.spec import save_resolved
+
+    spec = load_spec(None, ["peers=2"])
+    spec.gossip.step_size = np.float64(0.25)
+    spec.seed = np.int64(3)
+    spec.dqn.hidden = [np.int64(32), 32]
+    spec.validate()
+    text = to_toml(spec)
+    back = tomllib.loads(text)
+    assert back["gossip"]["step_size"] == 0.25 and back["seed"] == 3 and back["dqn"]["hidden"] == [32, 32]
+    saved = json.loads(save_resolved(spec, tmp_path).read_text())
+    assert (saved["gossip"]["step_size"], saved["seed"], saved["dqn"]["hidden"]) == (0.25, 3, [32, 32])
+    assert load_spec(tmp_path / "config.json").seed == 3

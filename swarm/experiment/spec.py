@@ -29,7 +29,7 @@ from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..checks import SEED_LIMIT, nonneg
+from ..checks import SEED_LIMIT, is_int, is_real, nonneg
 from ..config import (MAX_MESSAGE_MB, MAX_ZMTP_S, PeerConfig, apply_overrides, from_dict, opt, read_file, to_dict,
                       to_toml)
 from ..errors import ConfigError
@@ -680,6 +680,15 @@ def default_name(spec: Spec) -> str:
     return f"{env}-{spec.gossip.topology}"
 
 
+def _plain_number(v: Any) -> int | float:
+    """``json.dumps``'s ``default``: a numpy number as Python's; anything else is refused."""
+    if is_int(v):
+        return int(v)
+    if is_real(v):
+        return float(v)
+    raise TypeError(f"{type(v).__name__} {v!r:.80} cannot be written in config.json")
+
+
 def save_resolved(spec: Spec, path: str | Path) -> Path:
     """Write the resolved spec as JSON and return the file written.
 
@@ -700,6 +709,7 @@ def save_resolved(spec: Spec, path: str | Path) -> Path:
     from ..buffer.persist import write_synced  # noqa: PLC0415 - numpy: off `swarm run --show`'s path
     from .checkpoint import write_whole  # noqa: PLC0415
 
-    text = (json.dumps(to_dict(spec), indent=2, sort_keys=True) + "\n").encode()
+    # numpy's numbers (a Spec changed in code, a sweep's np.linspace) as Python's
+    text = (json.dumps(to_dict(spec), indent=2, sort_keys=True, default=_plain_number) + "\n").encode()
     write_whole(p, lambda tmp: write_synced(tmp, text))
     return p

@@ -1525,7 +1525,8 @@ class Gossip:
                 why = f"{step} overflowed float32 (a copy near ±3.4e38); x unchanged"
                 res.reason = f"{res.reason}; {why}" if res.reason else why
                 res.participants, res.missing, res.staleness = [], list(senders), {}
-        if not usable and self.mode == "pseudo_gradient":
+        if not usable and self.mode == "pseudo_gradient" and not self._closed:
+            # (a round cut short by close() leaves x alone, as a closed engine's calls do)
             # Nobody to mix: the outer step with y = x (DiLoCo with one worker), so the
             # anchor follows training. Left where it was, it lagged every step trained
             # alone, and the first mixed round applied them all at once, amplified by the

@@ -231,3 +231,30 @@ def test_bad_outer_settings_name_what_is_wrong(kw, words):
     with pytest.raises(ConfigError, match=words):
         Gossip(link, np.zeros(4, np.float32), mode="pseudo_gradient", **kw)
     asyncio.run(hub.close())
+
+
+def test_a_round_cut_short_by_close_leaves_x_alone():
+    # the outer step of a round alone ran in a round that close() ended, and moved x after
+    # the engine was closed (own-diff review)
+    async def main() -> None:
+        hub = SimHub(topology="ring")
+        la, lb = hub.add_many(2)
+        xa, xb = np.zeros(10, np.float32), np.ones(10, np.float32)
+        a = Gossip(la, xa, mode="pseudo_gradient", round_timeout=5.0)
+        b = Gossip(lb, xb, round_timeout=5.0)
+        try:
+            await run_rounds([a, b], 1)
+            xa += 1.0                               # a local step
+            before = xa.copy()
+            task = asyncio.create_task(a.round())   # b runs no round: a waits for it
+            await asyncio.sleep(0.2)
+            a.close()
+            r = await task
+            assert r.reason == "the engine was closed during the round", r.reason
+            assert np.array_equal(xa, before)
+        finally:
+            a.close()
+            b.close()
+            await hub.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
