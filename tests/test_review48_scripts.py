@@ -33,7 +33,7 @@ def _learning_bound(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "myenvs48.py").write_text(MODULE)
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{tmp_path}")
     return subprocess.run([sys.executable, str(SCRIPTS / "learning_bound.py"), *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True, timeout=100)
 
 
 def test_learning_bound_reads_the_threshold_of_a_module_env(tmp_path):
@@ -78,8 +78,8 @@ def test_suggested_gamma_refuses_an_unknown_topology():
         assert 0 < suggested_gamma("ef+topk:0.1", 0.7, 0.9, topology) <= 1
 
 
-@pytest.mark.parametrize("flag", ["--gossip-every", "--steps", "--peers"])
-def test_the_example_refuses_a_count_below_one(flag):
-    res = subprocess.run([sys.executable, str(ROOT / "examples" / "custom_simulator.py"), flag, "0"],
+def test_the_example_refuses_a_count_below_one():
+    # one process (each imports torch): --gossip-every 0 divided by zero at its first step
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "custom_simulator.py"), "--gossip-every", "0"],
                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert res.returncode == 2 and f"{flag} must be >= 1" in res.stderr, res.stderr[-2000:]
+    assert res.returncode == 2 and "--gossip-every must be >= 1" in res.stderr, res.stderr[-2000:]
