@@ -17,7 +17,7 @@ import numpy as np
 from .checks import is_int
 from .wire import Message, shown
 
-__all__ = ["Member", "View", "Link", "Handler", "link_problem"]
+__all__ = ["Member", "View", "Link", "Handler", "link_problem", "link_closed"]
 
 Handler = Callable[[Message], Awaitable[None] | None]
 
@@ -202,3 +202,9 @@ def link_problem(link: Any, send: str = "send") -> str | None:
         return (f"link.send of {type(link).__name__} is not a coroutine function (async def): the engines "
                 "await it; pass a Peer or a SimLink")
     return None
+
+
+def link_closed(link: Any) -> bool:
+    """Whether ``link`` is a Peer that has closed (its ``state`` says so); a link without a
+    state (a SimLink, a test double) never is. What the engines check to close with it."""
+    return getattr(getattr(link, "state", None), "value", None) == "closed"

@@ -91,7 +91,7 @@ import numpy as np
 
 from ..checks import is_int, is_real, seconds
 from ..errors import ConfigError, ReplayError, WireError
-from ..link import Link, link_problem
+from ..link import Link, link_closed, link_problem
 from ..wire import DEFAULT_LIMITS, Limits, Message, register_type, shown
 from .limiter import TokenBucket
 from .replay import Items, ReplayBuffer
@@ -312,7 +312,7 @@ class Federation:
         (once), as a relay does. Before, a pull without a deadline waited for ever, one
         after returned 0 as if the neighbour had nothing, and flush sent nothing, silently."""
         if not (self._peer_down or self._closed):
-            if getattr(getattr(self.link, "state", None), "value", None) == "closed":
+            if link_closed(self.link):
                 self._peer_down = True
                 self.close()
         return self._peer_down

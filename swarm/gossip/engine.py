@@ -80,7 +80,7 @@ from .. import wire
 from ..checks import rng_seed
 from ..compress import CODECS
 from ..errors import ConfigError, GossipError
-from ..link import Link, View, link_problem
+from ..link import Link, View, link_closed, link_problem
 from ..wire import Message, shown
 from . import topology as topo
 from ._codecs import DIVERGES_ABOVE, Encoded, copy_scale, make_codec, suggested_gamma
@@ -1564,7 +1564,7 @@ class Gossip:
         relay does. Before, a round in flight waited out round_timeout and blamed its
         neighbours ("no neighbour's state arrived in time"), and so did every round after."""
         if not (self._peer_down or self._closed):
-            if getattr(getattr(self.link, "state", None), "value", None) == "closed":
+            if link_closed(self.link):
                 self._peer_down = True
                 self.close()
         return self._peer_down

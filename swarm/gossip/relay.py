@@ -122,7 +122,7 @@ from ..checks import MAX_GRAD, is_int, largest_abs, seconds
 from ..compress import Encoded, get_codec, split_ef
 from ..compress.sparse import _Sparse
 from ..errors import ConfigError, EncodedTooLarge, GossipError, WireError
-from ..link import Link, link_problem
+from ..link import Link, link_closed, link_problem
 from ..transport import _EVENTS, _POLLIN   # ints: pyzmq's enums cost an operation per use
 from ..wire import Message, shown
 from . import topology as topo
@@ -709,7 +709,7 @@ class GradientRelay:
         raw ZMQErrors, and a SyncPeer's loop, closed with it, ran nothing (see _to_loop)."""
         if not (self._peer_down or self._closed):
             s = self._inbox_sock
-            if (s is not None and s.closed) or getattr(getattr(self.link, "state", None), "value", None) == "closed":
+            if (s is not None and s.closed) or link_closed(self.link):
                 self._peer_down = True
                 self.close()
         return self._peer_down
