@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any
 
@@ -47,6 +48,11 @@ def flat_parameters(module: Any) -> np.ndarray:
     it was shared (which shares it), moves the parameters into new shared memory: the
     vector stays valid, but the model no longer reads it (:func:`is_flat` is then false).
 
+    Each parameter lies in the vector in torch's default (row-major) layout: a weight in
+    ``channels_last`` memory format comes back in the default format (its values
+    unchanged; a warning names it), and ``.to(memory_format=torch.channels_last)``
+    afterwards gives it new storage, outside the vector.
+
     >>> x = flat_parameters(torch.nn.Linear(4, 2))
     >>> x.shape
     (10,)
@@ -76,6 +82,13 @@ def flat_parameters(module: Any) -> np.ndarray:
         # numpy's memory: torch moving the storage (share_memory_) lets go of it, never frees it
         x = np.empty(total, np.float32)
         flat = torch.from_numpy(x)
+    relaid = [name for name, p in module.named_parameters()
+              if not p.is_contiguous() and p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last)]
+    if relaid:
+        warnings.warn(f"flat_parameters: {', '.join(map(repr, relaid))} in channels_last memory format "
+                      f"now lie in the default format (values unchanged): the gossip vector holds "
+                      f"each parameter row-major, and converting back would move it out of the vector",
+                      stacklevel=2)
     off = 0
     with torch.no_grad():
         for p in params:
@@ -107,7 +120,8 @@ def is_flat(module: Any, x: Any) -> bool:
     Gossip writes into ``x``; once a parameter has left it, the model no longer sees
     the averages, and the engine averages a vector the model does not read. Nothing
     raises when that happens. What moves parameters out: ``model.half()``,
-    ``model.double()``, ``.to(...)`` another dtype or device,
+    ``model.double()``, ``.to(...)`` another dtype, device or memory format
+    (``memory_format=torch.channels_last``), ``model.to_empty(...)``,
     ``load_state_dict(..., assign=True)``, ``torch.nn.utils.vector_to_parameters``,
     assigning ``p.data = ...`` or a new ``Parameter``, and ``model.share_memory()``
     (or handing the model to a torch.multiprocessing child) on a model that was not
