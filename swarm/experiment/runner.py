@@ -418,33 +418,56 @@ def _header(path: Path) -> list[str]:
         return next(csv.reader([f.readline()]), [])
 
 
+@dataclasses.dataclass
+class _Outage:
+    """A file's writes failing since ``since`` (time.monotonic): ``failed`` of them; ``logged``: its error."""
+    since: float
+    failed: int = 0
+    logged: bool = False
+
+
 class _Unwritten:
     """The peer's result files that could not be written (a full disk, one gone read only),
     counted by file; training goes on without them.
 
-    The first failure of each file is logged as an error, the others only counted (a full
-    disk fails a write at every flush), and the latest goes to the heartbeat's
-    ``last_error``. summary.json records both (``write_failures``, ``write_error``);
-    summary.json itself, written once at the end, is only logged (its counts are in
-    what :func:`run_peer` returns).
+    The first failure of each outage of a file is logged as an error, the others only
+    counted (a full disk fails a write at every flush), and the latest goes to the
+    heartbeat's ``last_error``. For a file whose writes that succeed come to
+    :meth:`written` (the CSV files) the first of them ends the outage, with a warning,
+    and its next outage is logged again, but not sooner than ``RECURRING_LOG_S`` after
+    its last error (a disk about full may fail every other flush). summary.json
+    records both (``write_failures``, ``write_error``); summary.json itself, written
+    once at the end, is only logged (its counts are in what :func:`run_peer` returns).
     """
 
     def __init__(self, rank: int, state: _State | None = None) -> None:
         self.rank, self.state = rank, state
         self.counts: dict[str, int] = {}
         self.last_error: str | None = None
+        self._down: dict[str, _Outage] = {}   # the files failing now
+        self._quiet: dict[str, float] = {}    # file -> until when a new outage's error waits (time.monotonic)
 
     def __call__(self, what: str, e: OSError, after: str = "training goes on") -> None:
-        n = self.counts.get(what, 0)
-        self.counts[what] = n + 1
+        self.counts[what] = self.counts.get(what, 0) + 1
         self.last_error = f"{what}: {e.strerror or e}"
         if self.state is not None:
             self.state.error(f"cannot write {self.last_error}")
-        if n == 0:
+        now = time.monotonic()
+        down = self._down.setdefault(what, _Outage(now))
+        down.failed += 1
+        if not down.logged and now >= self._quiet.get(what, -math.inf):
+            down.logged, self._quiet[what] = True, now + RECURRING_LOG_S
             # summary.json is where the others are counted, written once: of its failure only this line tells
             then = (f"{after}, and this process's figures are not on disk" if what == "summary.json"
                     else f"{after} (further failures of it are only counted, in summary.json)")
             log.error("peer%d: cannot write %s (%s); %s", self.rank, what, e, then)
+
+    def written(self, what: str) -> None:
+        """A write of ``what`` succeeded: the end of its outage, if it had one (logged if its start was)."""
+        down = self._down.pop(what, None)
+        if down is not None and down.logged:
+            log.warning("peer%d: %s written again after %.0f s (%d failed writes of it meanwhile)",
+                        self.rank, what, time.monotonic() - down.since, down.failed)
 
 
 class _Rows:
@@ -498,8 +521,12 @@ class _Logs:
     A write that fails (a full disk) goes to ``failed`` and training goes on: rows that
     wait in a file's buffer are written at its next flush that succeeds, those that did
     not fit in it are lost; TensorBoard's writer, which stops at its first failure, is
-    dropped (no event files after it).
+    dropped (no event files after it), and its thread's traceback is logged at DEBUG,
+    not printed raw to stderr.
     """
+
+    #: how long closing waits for TensorBoard's writer thread to end before giving threading its hook back
+    _TB_THREAD_END_S = 5.0
 
     def __init__(self, out: Path, tensorboard: bool = True, append: bool = False,
                  upto: int | None = None, failed: _Unwritten | None = None) -> None:
@@ -512,6 +539,7 @@ class _Logs:
         self._tb_fd: int | None = None   # tb/ kept open for the writer, which names it /proc/self/fd/N
         self._summary: Any = None   # tensorboard's Summary proto, with the writer
         self._events: list[tuple[Any, int, float]] = []   # (summary, step, wall time) not yet handed over
+        self._tb_hook: tuple[Callable, Callable, threading.Thread] | None = None   # see _hook_tb_thread
         try:
             self.episodes = self._csv(out / "metrics.csv", EPISODE_FIELDS)
             self.rounds = self._csv(out / "rounds.csv", ROUND_FIELDS)
@@ -533,6 +561,7 @@ class _Logs:
                         purge = upto + 1 if append and upto is not None else None
                         self.tb = SummaryWriter(logdir, flush_secs=10, purge_step=purge)
                         self._summary = Summary
+                        self._hook_tb_thread()
         except BaseException:
             # the files opened before the one that failed are closed now, not whenever the
             # error's traceback (which holds them) goes
@@ -599,6 +628,40 @@ class _Logs:
         except OSError as e:   # its writer thread failed, and fails every write from now on
             self._drop_tb(e)
 
+    def _hook_tb_thread(self) -> None:
+        """Take the OSError that ends TensorBoard's writer thread (a full disk) from threading's
+        hook, which prints its traceback raw to stderr: the peer's log under ``swarm run``, where
+        it reads as a crash. The writer raises it again at its next write or close, where
+        :meth:`_drop_tb` logs it once; here it goes to the log at DEBUG, with its traceback.
+        Any other thread's exception, or another kind, goes on to the hook that was there."""
+        try:
+            thread = self.tb._get_file_writer().event_writer._async_writer._worker
+        except AttributeError:
+            return   # a TensorBoard that keeps its thread elsewhere: its traceback is printed, as before
+        before, rank = threading.excepthook, self._failed.rank
+
+        def hook(args: threading.ExceptHookArgs) -> None:
+            if args.thread is thread and issubclass(args.exc_type, OSError):
+                log.debug("peer%d: TensorBoard's writer thread stopped", rank,
+                          exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+            else:
+                before(args)
+
+        threading.excepthook = hook
+        self._tb_hook = (hook, before, thread)
+
+    def _unhook_tb_thread(self) -> None:
+        """Give threading back the hook that was there, once the writer's thread has ended (ours
+        stays where another was set over it since, passing on all but that thread's)."""
+        if self._tb_hook is None:
+            return
+        hook, before, thread = self._tb_hook
+        thread.join(self._TB_THREAD_END_S)   # one that failed may not have reached the hook yet
+        if not thread.is_alive():
+            self._tb_hook = None
+            if threading.excepthook is hook:
+                threading.excepthook = before
+
     def _drop_tb(self, e: OSError) -> None:
         tb, self.tb = self.tb, None
         self._failed("tb/", e, "no more TensorBoard event files in this run; training goes on")
@@ -606,6 +669,7 @@ class _Logs:
             tb.close()
         except OSError:
             pass   # what it still held is lost
+        self._unhook_tb_thread()
         self._close_tb_fd()
 
     def _close_tb_fd(self) -> None:
@@ -620,7 +684,9 @@ class _Logs:
                 f.flush()
             except OSError as e:   # the rows stay in its buffer for the next flush
                 self._failed(Path(f.name).name, e, "its rows wait in memory (those past its buffer are "
-                             "lost) while this lasts; training goes on")
+                             "lost) until it is written again; training goes on")
+            else:
+                self._failed.written(Path(f.name).name)
 
     def close(self) -> None:
         self._hand_over()
@@ -629,11 +695,14 @@ class _Logs:
                 f.close()
             except OSError as e:
                 self._failed(Path(f.name).name, e, "its last rows are lost")
+            else:
+                self._failed.written(Path(f.name).name)
         if self.tb is not None:
             try:
                 self.tb.close()
             except OSError as e:
                 self._failed("tb/", e, "its last events are lost")
+            self._unhook_tb_thread()
         self._close_tb_fd()
 
 
