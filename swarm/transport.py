@@ -479,13 +479,20 @@ def try_send(s: zmq.Socket, frames: list[Any]) -> bool:
         raise TransportError(f"send failed: {e.strerror}") from None
 
 
-#: seconds between two warnings about malformed messages from the same source
+#: seconds between two warnings about malformed messages from the same sender
 BAD_INPUT_LOG_S = 10.0
+#: warnings about malformed messages per :data:`BAD_INPUT_LOG_S` at most, all senders
+#: together: a sender names itself (a new connection, a src it writes) for free
+BAD_INPUT_LINES = 4
 
 
 class BadInput:
-    """Counts malformed messages and logs them at most once per source per
-    :data:`BAD_INPUT_LOG_S`.
+    """Counts malformed messages and logs them at most once per sender per
+    :data:`BAD_INPUT_LOG_S`, and at most :data:`BAD_INPUT_LINES` times in all in that time.
+
+    The sender is its address (``Peer-Address``, see :func:`peer_address`) where the
+    caller has the frame, else ``source``: a ROUTER's routing id is new on each
+    connection and a src is what the sender writes, so neither alone bounds the log.
 
     ``by_reason`` counts them by the start of their error message, which often holds
     what was sent (a type name, a size): it holds at most :data:`MAX_REASONS`
@@ -497,9 +504,10 @@ class BadInput:
         self.where = where
         self.count = 0
         self.by_reason: dict[str, int] = {}
-        self._last: dict[Any, float] = {}
+        self._last: dict[Any, float] = {}   # sender -> when it was last logged (within the time)
+        self._unlogged = 0                  # counted and not logged since the last line
 
-    def __call__(self, source: Any, err: Exception) -> None:
+    def __call__(self, source: Any, err: Exception, addr: str | None = None) -> None:
         self.count += 1
         text = str(err)
         reason = printable(text.split(":", 1)[0][:60])[:60]   # shown in status, as the log line is
@@ -507,17 +515,28 @@ class BadInput:
             reason = OTHER_REASONS
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
         now = time.monotonic()
-        if now - self._last.get(source, -1e9) >= BAD_INPUT_LOG_S:
-            if len(self._last) > 4096:  # bounded memory under a flood of sources
-                self._last.clear()
-            self._last[source] = now
-            # Cut: a handler's WireError may quote what was sent, at any length. Escaped
-            # as `swarm status` shows it: it may quote a sender's id, which may hold a line
-            # break, and so forge whole lines in the log. A sender's id so too; a route
-            # (bytes) keeps its b'...' form.
-            sender = printable(source) if isinstance(source, str) else repr(source)
-            log.warning("%s: dropped malformed message from %s: %s (%d dropped so far)",
-                        self.where, sender, printable(text[:300]), self.count)
+        sender = addr or source
+        if now - self._last.get(sender, -1e9) < BAD_INPUT_LOG_S:
+            self._unlogged += 1
+            return
+        # bounded memory and lines under a flood of senders: BAD_INPUT_LINES entries at most
+        self._last = {s: t for s, t in self._last.items() if now - t < BAD_INPUT_LOG_S}
+        if len(self._last) >= BAD_INPUT_LINES:
+            self._unlogged += 1
+            return
+        self._last[sender] = now
+        # Cut: a handler's WireError may quote what was sent, at any length. Escaped
+        # as `swarm status` shows it: it may quote a sender's id, which may hold a line
+        # break, and so forge whole lines in the log. A sender's id so too; a route
+        # (bytes) keeps its b'...' form, and is left to DEBUG where the address is known.
+        name = printable(sender) if isinstance(sender, str) else repr(sender)
+        unlogged = f", {self._unlogged} not logged since the last line" if self._unlogged else ""
+        log.warning("%s: dropped malformed message from %s: %s (%d dropped so far%s)",
+                    self.where, name, printable(text[:300]), self.count, unlogged)
+        if addr:
+            log.debug("%s: (the message from %s came on the connection with routing id %r)",
+                      self.where, name, source)
+        self._unlogged = 0
 
 
 def decode_routed(frames: list[zmq.Frame], limits: Limits) -> tuple[bytes, Message]:
@@ -526,6 +545,15 @@ def decode_routed(frames: list[zmq.Frame], limits: Limits) -> tuple[bytes, Messa
         raise WireError("ROUTER message without payload")
     route = frames[0].bytes
     return route, decode(frames[1:], limits)
+
+
+def peer_address(frame: zmq.Frame) -> str | None:
+    """The IP address of the host a frame came from (libzmq's ``Peer-Address``; None
+    over ipc or inproc, or when unknown)."""
+    try:
+        return frame.get("Peer-Address") or None
+    except (zmq.ZMQError, AttributeError):
+        return None
 
 
 def srcfd(frame: zmq.Frame) -> int:

@@ -732,7 +732,7 @@ class Coordinator:
             self._handle(route, msg, frames[-1], now)
         except WireError as e:
             self.malformed += 1
-            self._bad(route, e)
+            self._bad(route, e, tp.peer_address(frames[-1]))
 
     def _from_member(self, rec: MemberRecord, frame: zmq.Frame) -> bool:
         """Whether a message about live member ``rec`` came from the CURVE key it joined
@@ -745,7 +745,8 @@ class Coordinator:
         if rec is not None and rec.state != DEAD and not self._from_member(rec, frame):
             # the fast path calls this outside _on_message: count and log it here
             self.malformed += 1
-            self._bad(route, WireError(f"heartbeat for {src!r} from a CURVE key that is not the member's"))
+            self._bad(route, WireError(f"heartbeat for {src!r} from a CURVE key that is not the member's"),
+                      tp.peer_address(frame))
             return
         if rec is None or rec.state == DEAD or rec.incarnation != inc:
             self._send(route, "rejoin", {})
@@ -791,6 +792,7 @@ class Coordinator:
         if t == "join":
             try:
                 rank, inc, last = _int(body, "rank", -1), _int(body, "inc"), _int(body, "last_epoch", 0)
+                was = _int(body, "was", -1)   # a rejoin's old rank, when it asks for none
                 if last > MAX_LAST_EPOCH:
                     # taken as the table's epoch: one more, over 64 bits, could not be sent
                     raise WireError(f"last_epoch {last} is over {MAX_LAST_EPOCH}")
@@ -804,14 +806,14 @@ class Coordinator:
             if why:
                 # neighbours dial it: in the view, a junk address fails the link in each of them
                 self.malformed += 1
-                self._bad(route, WireError(f"join of {src!r}: addr {why}"))
+                self._bad(route, WireError(f"join of {src!r}: addr {why}"), tp.peer_address(frame))
                 self._send(route, "refuse", {"reason": f"addr {why}; a peer must advertise an address "
                                                        "its neighbours can connect to (peer.advertise)"})
                 return
             if not src.isprintable():
                 # every member logs the ids in its views: a line break in one forged log lines
                 self.malformed += 1
-                self._bad(route, WireError(f"join of {src!r}: the id is not printable"))
+                self._bad(route, WireError(f"join of {src!r}: the id is not printable"), tp.peer_address(frame))
                 self._send(route, "refuse", {"reason": f"peer id {src!r} holds characters that are not "
                                                        "printable (line breaks, control characters)"})
                 return
@@ -824,7 +826,7 @@ class Coordinator:
             try:
                 # with CURVE, the key a peer is known by is the one it authenticated with
                 rec = self.table.join(src, addr, rank, inc, route, last_epoch=last, now=now, key=self._key,
-                                      replace=body.get("replace") is True)
+                                      replace=body.get("replace") is True, was=was)
             except MembershipError as e:
                 self._send(route, "refuse", {"reason": str(e)})
                 return

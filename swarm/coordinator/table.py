@@ -130,7 +130,7 @@ class MemberTable:
 
     def join(self, peer_id: str, addr: str, rank: int, incarnation: int, route: bytes,
              last_epoch: int = 0, now: float | None = None, key: str = "",
-             replace: bool = False) -> MemberRecord:
+             replace: bool = False, was: int = -1) -> MemberRecord:
         """Admit a peer, or raise MembershipError (duplicate live id, rank taken) and
         change nothing.
 
@@ -139,6 +139,8 @@ class MemberTable:
         With ``replace`` the id must be one the table knows, and dead: only one
         holder of an identity exists at a time. ``key`` is the CURVE key the join
         came with (empty without keys): a live id belongs to the key it joined with.
+        ``was`` is the rank a peer that asks for none (``rank`` -1) held before, for a
+        coordinator that does not remember it (restarted): it takes it again if it is free.
         """
         now = time.monotonic() if now is None else now
         # checked as View.from_wire checks a member: one admitted here is in every view
@@ -180,8 +182,12 @@ class MemberTable:
                 + (" (a replacement waits until the coordinator has declared it dead)" if replace else ""))
         if replace and old is None:
             raise MembershipError(f"--replace {peer_id}: no such member to take over")
-        if old is not None and rank < 0 and old.rank not in self._ranks:
-            rank = old.rank
+        # A peer that asked for no rank takes its old one back if no live member holds
+        # it, else any free one: one that joined while it was frozen may hold it now,
+        # and it was given that rank, not asked for it
+        had = old.rank if old is not None else was
+        if rank < 0 and 0 <= had <= MAX_RANK and had not in self._ranks:
+            rank = had
         if rank >= 0:
             holder = self._ranks.get(rank)   # live members only; old, if any, is dead
             if holder is not None:

@@ -627,6 +627,7 @@ class Peer:
         self._rotated = 0.0
         self._heard = 0.0            # last message from the coordinator we talk to
         self._standby_since = 0.0    # since when it answers "standby"
+        self._coord_out = 0.0        # since when the peer has had no coordinator (logged once)
         self._standby_heard: set[str] = set()   # coordinators that answered "standby" (the join's error names them)
         self._curve: tp.Curve | None = None
 
@@ -1394,6 +1395,15 @@ class Peer:
     def _rotate(self, why: str) -> None:
         """Talk to the next coordinator address (failover to a standby) and join there."""
         now = time.monotonic()
+        if not self._coord_out and self.state is PeerState.RUNNING:
+            # once per outage, until a welcome: with one address, nothing else says it
+            self._coord_out = now
+            addr = self.config.coordinators[self._active]
+            lost = (f"lost its connection to coordinator {addr}" if why == "connection lost"
+                    else f"coordinator {addr} {why}")
+            log.warning("peer %s: %s; the view cannot change until it is back%s", self.id, lost,
+                        "; is it running?" if len(self._coords) < 2 else
+                        f" or {self.config.coordinators[(self._active + 1) % len(self._coords)]} takes over")
         if len(self._coords) < 2:
             self._coord_lost = False
             return
@@ -1415,7 +1425,12 @@ class Peer:
             # neighbours linking to a peer about to be gone)
             return
         self._join_sent = time.monotonic()
-        body = {"addr": self.address, "rank": self.rank, "inc": self.incarnation, "last_epoch": self._view.epoch}
+        # The rank asked for, not the one given: a rank the coordinator picked is only
+        # wished back ("was"), as one that joined while this peer was frozen may hold it
+        body = {"addr": self.address, "rank": self.config.rank, "inc": self.incarnation,
+                "last_epoch": self._view.epoch}
+        if self.config.rank < 0 and self.rank >= 0:
+            body["was"] = self.rank
         if self.config.replace and self.state is PeerState.JOINING:
             body["replace"] = True
         self._send_coord("join", body)
@@ -1720,7 +1735,7 @@ class Peer:
             route, msg = tp.decode_routed(frames, self.limits)
         except WireError as e:
             self.counters.malformed += 1
-            self._bad(frames[0].bytes if frames else b"?", e)
+            self._bad(frames[0].bytes if frames else b"?", e, tp.peer_address(frames[-1]) if frames else None)
             return None
         msg.route = route
         if self._curve is not None:
@@ -1873,14 +1888,21 @@ class Peer:
                 if self._welcome is not None and not self._welcome.done():
                     self._welcome.set_result(body)
                 self.rank = rank
+                if self._coord_out:
+                    epoch = body.get("epoch")
+                    log.warning("peer %s: coordinator %s answers again after %.0f s (rejoined, epoch %s)", self.id,
+                                self.config.coordinators[i], time.monotonic() - self._coord_out,
+                                epoch if type(epoch) is int else "?")
+                    self._coord_out = 0.0
             elif t == "refuse":
                 err = MembershipError(f"peer {self.id}: coordinator refused the join: {body.get('reason')}")
                 if self._welcome is not None and not self._welcome.done():
                     self._welcome.set_exception(err)
                 elif i == self._active and self.state is PeerState.RUNNING:
-                    # A rejoin refused: another process took this peer's id or rank while it
-                    # was frozen or cut off. Retrying cannot succeed, and going on would feed
-                    # its neighbours under an id that is no longer its own: the peer fails.
+                    # A rejoin refused: another process took this peer's id or the rank it
+                    # pinned (peer.rank) while it was frozen or cut off. Retrying cannot
+                    # succeed, and going on would feed its neighbours under an id that is
+                    # no longer its own: the peer fails.
                     raise MembershipError(f"{err}; another process holds this peer's place in the swarm "
                                           f"now, so this one stops")
                 else:
@@ -2163,7 +2185,7 @@ class Peer:
             waiting = self._welcome is not None and not self._welcome.done()
             if (waiting or self._rejoining) and \
                     now - max(self._rotated, self._heard) > self.config.coordinator_timeout_s:
-                self._rotate("did not answer")   # no-op with a single coordinator
+                self._rotate(f"did not answer for {self.config.coordinator_timeout_s:g} s")
             if waiting:
                 if now - self._join_sent > 0.25:
                     self._join()
