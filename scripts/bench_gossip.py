@@ -40,29 +40,42 @@ model: `slow_link_speedup_per_host_model`). Wall-clock figures come with the loa
 A ratio (speed-up or byte saving) is null in the JSON line when either of its two
 runs missed its target (1e-3, or the model's check failed), and each time to 1e-3 has
 a `..._reached` flag beside it (the time is null when not reached).
+numpy runs on one BLAS thread, as the swarm side does (its 16 peers share one
+thread): OPENBLAS_NUM_THREADS, OMP_NUM_THREADS and MKL_NUM_THREADS are set to 1
+before numpy is imported, each unless already set (set OPENBLAS_NUM_THREADS to time
+the anchor on more; section 5's host processes inherit them). With OpenBLAS's default pool the anchor's idle workers spin on
+a loaded machine and their CPU counts as the anchor's: it ran 3-5x slower per CPU
+second than on one thread, and the per-CPU ratio measured that spinning.
 Last line: one JSON object.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
-import uuid
-from pathlib import Path
 
-import numpy as np
+# before numpy (here or in swarm) is first imported: BLAS reads them once, as it loads.
+# Imported as a module after numpy, they would change nothing here and only reach children.
+if "numpy" not in sys.modules:
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
-from swarm.gossip import Gossip, mixing_matrix
-from swarm.gossip.sim import SimHub, consensus_error, run_rounds
-from swarm.scripting import run_script
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from swarm.gossip import Gossip, mixing_matrix  # noqa: E402
+from swarm.gossip.sim import SimHub, consensus_error, run_rounds  # noqa: E402
+from swarm.scripting import run_script  # noqa: E402
 
 N = 16
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,9 +107,9 @@ async def rounds_per_s(d, rounds):
 
 
 def numpy_anchor(d, rounds):
-    """(wall, cpu) rounds/s of X ← W X on the 16×d matrix, after two untimed steps
-    (as the swarm side's warm-up rounds: the first pays for BLAS's threads starting
-    and for the output buffer's first page faults, 64 MB at d = 1e6)."""
+    """(wall, cpu) rounds/s of X ← W X on the 16×d matrix on one BLAS thread (see the
+    module's docstring), after two untimed steps (as the swarm side's warm-up rounds:
+    the first pays for the output buffer's first page faults, 64 MB at d = 1e6)."""
     w = mixing_matrix("ring", N).astype(np.float32)
     x = np.random.default_rng(0).standard_normal((N, d)).astype(np.float32)
     y = np.empty_like(x)
@@ -463,7 +476,8 @@ async def main(quick: bool, netns: bool, topk: bool, bytes_d: int) -> dict:
     a5 = numpy_anchor(100_000, 40)
     r6 = await rounds_per_s(1_000_000, 3 if quick else 8)
     a6 = numpy_anchor(1_000_000, 5)
-    print(f"\n1. {N} peers, ring, identity codec, lockstep   (load {load()})")
+    print(f"\n1. {N} peers, ring, identity codec, lockstep; numpy on OPENBLAS_NUM_THREADS="
+          f"{os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}   (load {load()})")
     print(f"{'d':>9} {'swarm rounds/s':>15} {'(per CPU s)':>12} {'numpy W@X rounds/s':>19} {'(per CPU s)':>12}")
     print(f"{100_000:>9} {r5[0]:>15.1f} {r5[1]:>12.1f} {a5[0]:>19.1f} {a5[1]:>12.1f}")
     print(f"{1_000_000:>9} {r6[0]:>15.1f} {r6[1]:>12.1f} {a6[0]:>19.1f} {a6[1]:>12.1f}")
