@@ -3,7 +3,6 @@
 import asyncio
 import io
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -56,18 +55,6 @@ def procs(tmp_path: Path):
         yield ps
     finally:
         ps.close()
-
-
-@pytest.fixture(autouse=True)
-def _denormals_back():
-    """A test that trains in this process flushes denormals on its thread
-    (swarm.rl.flat.flush_denormals); later tests get IEEE floats back (hypothesis
-    refuses to run without subnormals)."""
-    yield
-    flat = sys.modules.get("swarm.rl.flat")
-    if flat is not None and getattr(flat._thread, "flushed", False):
-        sys.modules["torch"].set_flush_denormal(False)
-        flat._thread.flushed = False
 
 
 @pytest.fixture

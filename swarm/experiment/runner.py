@@ -1106,6 +1106,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
              new_run: bool = False) -> dict[str, Any]:
     """Train one peer of ``spec`` until its budget is spent; return its summary.
 
+    Torch runs one intra-op thread while the peer trains (many peers share few
+    cores); the process has its own count back when this returns or raises.
+
     Args:
         spec: the resolved experiment spec (the same on every peer).
         rank: this peer's rank (0 .. spec.peers - 1); it is also its id ``peer{rank}``.
@@ -1165,7 +1168,6 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                           "a fresh start or a resume from another run folder")
     if resume_from is not None:
         check_resume_kept(resume_from, spec, [rank])
-    torch.set_num_threads(1)  # many peers share few cores
     stop = stop or threading.Event()
     seed = spec.peer_seed(rank)
     g = spec.gossip
@@ -1237,7 +1239,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
     digests: dict[int, str] = {}   # update count -> parameter digest, every DIGEST_EVERY updates (relay)
     ckpt: Checkpointer | None = None
     status: _StatusClient | None = None
+    threads = torch.get_num_threads()   # the caller's process gets its count back at the end
     try:
+        torch.set_num_threads(1)  # many peers share few cores
         if new_here:   # admitted: the fresh run is this folder's now
             _at_start(run_dir, lambda: write_lineage(out, run), out / "run.json")
             _at_start(run_dir, lambda: (out / "resumed.json").unlink(missing_ok=True), out / "resumed.json",
@@ -1854,6 +1858,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     unwritten("summary.json", e, "none is left")
                     summary.update(write_failures=dict(unwritten.counts), write_error=unwritten.last_error)
         finally:
+            torch.set_num_threads(threads)
             if relay is not None:
                 relay.close()   # its sockets belong to this thread
             if status is not None:

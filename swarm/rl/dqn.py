@@ -34,7 +34,7 @@ from torch import nn
 from ..checks import MAX_GRAD, is_int, largest_abs
 from ..errors import ConfigError, EncodedTooLarge, ReplayError, SwarmError
 from ..peer.agent import BaseAgent, check_outcome
-from .flat import FlatAdam, clip_norm_, flatten_gradients, flatten_parameters, is_flat
+from .flat import FlatAdam, clip_norm_, flatten_gradients, flatten_parameters, flush_denormals, is_flat
 from .hparams import DQNConfig
 
 __all__ = ["DQNAgent", "QNetwork", "dqn_schema"]
@@ -197,8 +197,9 @@ class DQNAgent(BaseAgent):
 
     def update(self, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> tuple[float, torch.Tensor]:
         """One gradient step on a batch; returns (loss, per-item TD errors)."""
-        loss, td_error = self.gradient(batch, weights)
-        self.apply_gradient()
+        with flush_denormals():   # the update's arithmetic, not the caller's after it (as learn)
+            loss, td_error = self.gradient(batch, weights)
+            self.apply_gradient()
         return loss, td_error
 
     def gradient(self, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -258,7 +259,16 @@ class DQNAgent(BaseAgent):
             self._update_target()
 
     def learn(self) -> float | None:
-        """Sample the buffer, take one update, feed TD errors back as priorities."""
+        """Sample the buffer, take one update, feed TD errors back as priorities.
+
+        The update flushes denormals to zero (:class:`swarm.rl.flat.flush_denormals`:
+        Adam's moments of dead units slow every step otherwise); the calling thread
+        has its own floating-point mode back when it returns.
+        """
+        with flush_denormals():
+            return self._learn()
+
+    def _learn(self) -> float | None:
         can_sample = getattr(self.buffer, "can_sample", None)  # a rate limiter may hold updates back
         if len(self.buffer) < self.cfg.batch_size or (can_sample is not None
                                                        and not can_sample(self.cfg.batch_size)):

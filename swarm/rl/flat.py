@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import numbers
-import threading
+import sys
 
 import numpy as np
 import torch
@@ -35,25 +35,46 @@ from ..gossip.flat import flat_parameters, is_flat
 
 __all__ = ["FlatAdam", "clip_norm_", "flatten_gradients", "flatten_parameters", "flush_denormals", "is_flat"]
 
-_thread = threading.local()
+#: the smallest normal float64: half of it is a denormal, or 0 on a thread that flushes
+_TINY = sys.float_info.min
 
 
-def flush_denormals() -> None:
-    """Flush denormal floats to zero on the calling thread, once per thread.
+class flush_denormals:
+    """Flush denormal floats to zero on the calling thread inside a ``with`` block, and
+    give it back its own mode on exit.
+
+        >>> with flush_denormals():
+        ...     sys.float_info.min / 4 == 0.0
+        True
 
     Adam's moments of a parameter whose gradient stays zero (about two thirds of
     a DQN gradient's entries here, most likely ReLU units no sample activates) decay
     geometrically into the denormal range and stick there (0.9 times the smallest
     denormal rounds back to it), and arithmetic on denormals is several times
     slower on x86: an Adam step on 4,610 parameters took 70 us instead of 16, and
-    the isolated CartPole learner 1.1-1.2 ms per env step instead of 1.0. Values
-    under 1.2e-38 then count as zero in this thread's float arithmetic (numpy's and
-    torch's), which no RL quantity here notices. :meth:`FlatAdam.step` calls it,
-    so the thread that trains an agent flushes from its first update on.
+    the isolated CartPole learner 1.1-1.2 ms per env step instead of 1.0. Inside the
+    block denormals count as zero in this thread's arithmetic (numpy's, torch's and
+    Python's own): float32 values under 1.2e-38, float64 ones under 2.2e-308. No
+    quantity of an update notices. :meth:`FlatAdam.step` and
+    :class:`~swarm.rl.dqn.DQNAgent`'s updates run in one. Before, the first step
+    flushed the thread for good, and the threads it started later (they copy the
+    mode): ``5.6e-309 > 0.0`` was False in the caller's own code after training.
+
+    A thread that flushes already (an enclosing block, or the caller's own
+    ``torch.set_flush_denormal(True)``) is left as it is: nested use costs a
+    comparison. On a CPU that cannot flush, the block changes nothing.
     """
-    if not getattr(_thread, "flushed", False):
-        torch.set_flush_denormal(True)
-        _thread.flushed = True
+
+    __slots__ = ("_turned_on",)
+
+    def __enter__(self) -> None:
+        # The mode has no getter: a denormal result that comes out 0 says the thread flushes.
+        # set_flush_denormal(True) is False where the CPU cannot flush: nothing to undo then.
+        self._turned_on = _TINY * 0.5 != 0.0 and torch.set_flush_denormal(True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._turned_on:
+            torch.set_flush_denormal(False)
 
 
 def flatten_parameters(module: torch.nn.Module) -> torch.Tensor:
@@ -114,7 +135,7 @@ def clip_norm_(grad: torch.Tensor, max_norm: float) -> float:
         unit = float((grad / big).norm())   # at most sqrt(n); a copy, in this rare case only
         if max_norm < big * unit:
             # Not one factor: max_norm / norm can be under float32's smallest normal, which
-            # the thread flushes to zero (flush_denormals).
+            # is 0 inside an agent's update (flush_denormals) and a denormal outside one.
             grad.div_(big).mul_(max_norm / unit)
         return big * unit
     if max_norm < norm + 1e-6:   # 1e-6 as before (and torch's clip_grad_norm_): no division by 0
@@ -130,9 +151,10 @@ class FlatAdam:
     ufuncs into one scratch vector. For a few thousand parameters that is about
     16 us a step, against 85 with seven torch operations (a torch call costs
     microseconds before it does any arithmetic), and a swarm peer that applies
-    every peer's gradients takes one such step per gradient. The step flushes
-    denormals on its thread (:func:`flush_denormals`): without that, the moments
-    of parameters with zero gradients make it 70 us.
+    every peer's gradients takes one such step per gradient. The step's arithmetic
+    flushes denormals (:class:`flush_denormals`), and the thread's own mode is back
+    when it returns: without the flush, the moments of parameters with zero
+    gradients make it 70 us.
 
     Raises :class:`swarm.errors.ConfigError` for an ``lr`` that is not a finite number
     >= 0, a beta outside [0, 1) or an ``eps`` that is not > 0: each makes steps NaN
@@ -172,7 +194,6 @@ class FlatAdam:
         (above :data:`MAX_GRAD`) entry: one such entry would make its moment, and then
         its parameter, NaN or infinite for good.
         """
-        flush_denormals()
         g = self._g if grad is None else grad
         if not isinstance(g, np.ndarray):
             raise SwarmError(f"FlatAdam.step: the gradient is a {type(g).__name__}; needs a numpy "
@@ -191,21 +212,22 @@ class FlatAdam:
                              "moments unchanged)")
         b1, b2 = self.betas
         self.t += 1
-        # m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
-        np.multiply(m, b1, out=m)
-        np.multiply(g, 1.0 - b1, out=tmp)
-        np.add(m, tmp, out=m)
-        np.multiply(v, b2, out=v)
-        np.multiply(g, g, out=tmp)
-        np.multiply(tmp, 1.0 - b2, out=tmp)
-        np.add(v, tmp, out=v)
-        # p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
-        np.sqrt(v, out=tmp)
-        np.multiply(tmp, 1.0 / (1.0 - b2 ** self.t) ** 0.5, out=tmp)
-        np.add(tmp, self.eps, out=tmp)
-        np.divide(m, tmp, out=tmp)
-        np.multiply(tmp, -self.lr / (1.0 - b1 ** self.t), out=tmp)
-        np.add(self._p, tmp, out=self._p)
+        with flush_denormals():   # inside an agent's update, which flushes already: one comparison
+            # m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+            np.multiply(m, b1, out=m)
+            np.multiply(g, 1.0 - b1, out=tmp)
+            np.add(m, tmp, out=m)
+            np.multiply(v, b2, out=v)
+            np.multiply(g, g, out=tmp)
+            np.multiply(tmp, 1.0 - b2, out=tmp)
+            np.add(v, tmp, out=v)
+            # p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
+            np.sqrt(v, out=tmp)
+            np.multiply(tmp, 1.0 / (1.0 - b2 ** self.t) ** 0.5, out=tmp)
+            np.add(tmp, self.eps, out=tmp)
+            np.divide(m, tmp, out=tmp)
+            np.multiply(tmp, -self.lr / (1.0 - b1 ** self.t), out=tmp)
+            np.add(self._p, tmp, out=self._p)
 
     def state_dict(self) -> dict:
         return {"t": self.t, "exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone()}
