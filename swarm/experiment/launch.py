@@ -1469,9 +1469,9 @@ def _peer_folders(run_dir: Path) -> dict[int, Path]:
 
 
 def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, Any]]:
-    """One row per peer from its ``summary.json``, or from its metrics.csv when it has none (it
+    """One row per peer from its ``summary.json``, or from its other files when it has none (it
     crashed, or its summary.json did not fit on disk: a peer that trains removes an earlier
-    process's first, so that one is not shown as its figures)."""
+    process's first, so that one is not shown as its figures): see :func:`_row_from_files`."""
     run_dir = Path(run_dir)
     ranks = (range(spec.peers) if spec
              else sorted(_peer_folders(run_dir)))
@@ -1481,15 +1481,39 @@ def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, A
         try:
             s = json.loads((d / "summary.json").read_text())
         except (OSError, ValueError):
-            eps = read_csv(d / "metrics.csv")
-            last = eps[-1] if eps else {}
-            mean = _num(last.get("mean_return"))
-            s = {"rank": r, "id": f"peer{r}", "reason": "no summary (crashed, or a full disk?)",
-                 "env_steps": _count(last.get("env_steps")),
-                 "final_mean_return": mean if math.isfinite(mean) else None,
-                 "rounds": _count(last.get("rounds")), "bytes_out": _count(last.get("bytes_out"))}
+            s = _row_from_files(d, r)
         rows.append(s)
     return rows
+
+
+def _row_from_files(d: Path, r: int) -> dict[str, Any]:
+    """The row of peer ``r``, whose folder ``d`` has no summary.json, from what it wrote as it
+    went. metrics.csv has a row per finished episode only (one may run 500 steps), so the
+    steps and rounds are the furthest of its, rounds.csv's and evals.csv's last rows; the
+    last evaluation is evals.csv's, and the best the one in ``best.pt`` (as `swarm eval`
+    plays it; one another run left in the folder does not count), else evals.csv's highest."""
+    from .checkpoint import read_lineage  # noqa: PLC0415 - numpy: off `swarm run --show`'s path
+    from .runner import _read_best  # noqa: PLC0415
+
+    eps, rounds, evals = (read_csv(d / f) for f in ("metrics.csv", "rounds.csv", "evals.csv"))
+    last = eps[-1] if eps else {}
+    mean = _num(last.get("mean_return"))
+    s: dict[str, Any] = {
+        "rank": r, "id": f"peer{r}", "reason": "no summary (crashed, or a full disk?)",
+        "env_steps": max(_count(rows[-1].get("env_steps")) if rows else 0 for rows in (eps, rounds, evals)),
+        "final_mean_return": mean if math.isfinite(mean) else None,
+        "rounds": max(_count(last.get("rounds")), _count(rounds[-1].get("round")) if rounds else 0),
+        "bytes_out": _count(last.get("bytes_out"))}
+    scored = [(x, _count(e.get("env_steps"))) for e in evals if math.isfinite(x := _num(e.get("eval_return")))]
+    if evals and math.isfinite(_num(evals[-1].get("eval_return"))):
+        s["eval_return"] = _num(evals[-1]["eval_return"])
+    # read only where there is one: reading it imports torch
+    best = _read_best(d / "best.pt", read_lineage(d).id) if (d / "best.pt").is_file() else None
+    if best is None:   # the first of the highest, as the peer kept it: a later one replaced it only by doing better
+        best = max(scored, key=lambda e: e[0], default=None)
+    if best is not None:
+        s.update(best_eval_return=best[0], best_eval_at=best[1])
+    return s
 
 
 def _divergence_line(split: int, g: Any) -> str:

@@ -730,6 +730,10 @@ class _State:
         self.standing_error = ""    # the last error of any other kind, shown again then
         self.mixed = False          # a round of this process has mixed with a neighbour
         self.done = False
+        # The traffic as training ended (run_peer's finally): summary.json, the last checkpoint,
+        # checkpoint.pt and the heartbeats from then on (the leave's) all show these, though the
+        # peer goes on receiving until it closes
+        self.final_traffic: dict[str, int] | None = None
         # Traffic of the processes before this one (restored from a checkpoint): the
         # counters above are this process's, the figures logged are the run's.
         self.carried = dict.fromkeys(TRAFFIC_KEYS, 0)
@@ -1536,7 +1540,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
 
         def stats() -> dict[str, Any]:
             # Runs on the peer's thread at each heartbeat: plain reads, no locks needed.
-            return {**state.traffic(*_traffic(peer.counters, relay)),
+            return {**(state.final_traffic or state.traffic(*_traffic(peer.counters, relay))),
                     "env_steps": state.env_steps, "episodes": state.episodes,
                     "mean_return": _finite(state.mean_return), "rounds": state.rounds,
                     "rounds_ok": state.rounds_ok,
@@ -1573,8 +1577,9 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     "returns": list(state.returns),
                     # the relay's bytes up to now: it sends between rounds too, and
                     # a resume carries on from these
-                    **state.traffic(*_traffic(peer.counters, relay),
-                                    gossip=state.gossip_now(gossip, relay)), **seconds()}
+                    **(state.final_traffic or state.traffic(*_traffic(peer.counters, relay),
+                                                             gossip=state.gossip_now(gossip, relay))),
+                    **seconds()}
 
         def save_params(path: Path, **extra: Any) -> Path:
             counters = run_counters()
@@ -1806,6 +1811,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 # round took the totals only as they were then (the last one missed the turns after it)
                 state.gossip_totals(gossip, relay)
             traffic = state.traffic(*_traffic(sp.peer.counters if sp.peer is not None else None, relay))
+            state.final_traffic = traffic   # what the files written below record too, and the leave
             summary.update(
                 env_steps=state.env_steps, episodes=state.episodes, rounds=state.rounds, rounds_ok=state.rounds_ok,
                 final_mean_return=_finite(state.mean_return), eval_return=_finite(state.eval_return),

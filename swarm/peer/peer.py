@@ -561,6 +561,10 @@ class Peer:
         self.limits = limits or Limits(max_message_bytes=cfg.max_message_mb * 1024 * 1024)
         self._keep_frames = tp.keep_frames(self.limits)
         self.counters = PeerCounters()
+        # bytes of the message that the last send() or send_nowait() returning True queued or
+        # held (header and frames, as counters.bytes_out counts them): the gossip engine reads
+        # it as the call returns, before it yields, to count what really went (its seq included)
+        self.sent_nbytes = 0
         self.state = PeerState.NEW
         self.address = ""
         self.rank = cfg.rank
@@ -1148,6 +1152,7 @@ class Peer:
         held.msgs.append((time.monotonic() + timeout, frames, nbytes))
         self._held_bytes += nbytes
         self.counters.held += 1
+        self.sent_nbytes = nbytes
         return True
 
     def _release_held(self, view: View) -> None:
@@ -1380,8 +1385,9 @@ class Peer:
                 self._welcome.set_exception(self._failure)
 
     def _count_out(self, frames: list[Any]) -> None:
+        self.sent_nbytes = tp.frames_nbytes(frames)
         self.counters.msgs_out += 1
-        self.counters.bytes_out += tp.frames_nbytes(frames)
+        self.counters.bytes_out += self.sent_nbytes
 
     def _send_coord(self, t: str, body: dict[str, Any], to: int | None = None) -> bool:
         if not self._coords:
