@@ -765,17 +765,9 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         save("summary.json", rows, 2)
         print(_table(rows), file=out)
         g = spec.gossip
-        split = _first_divergence(rows) if g.exchange == "gradients" else None
-        if split is not None:
-            print(_divergence_line(split, g), file=out)
-        elif g.exchange == "gradients":
-            for row in rows:
-                took = (row.get("relay") or {}).get("resynced") or []
-                if took:
-                    print(f"swarm run: {row.get('id')} fell out of step with the relay's turns and took another "
-                          f"peer's copy {len(took)} time{'s' * (len(took) != 1)} (from "
-                          f"{', '.join(sorted({str(t.get('from')) for t in took}))}); the copies agree from then on",
-                          file=out)
+        if g.exchange == "gradients":
+            for line in _relay_ending(rows, spec):
+                print(line, file=out)
         plots = _plots(run_dir, out)
         if plots is not None:
             print(f"plots: {run_dir / 'plots'}  ({', '.join(p.name for p in plots)})", file=out)
@@ -1516,10 +1508,49 @@ def _row_from_files(d: Path, r: int) -> dict[str, Any]:
     return s
 
 
-def _divergence_line(split: int, g: Any) -> str:
+def _relay_ending(rows: list[dict[str, Any]], spec: Spec) -> list[str]:
+    """What the ending of a run with ``gossip.exchange = gradients`` says of the peers'
+    copies (``rows``: the peers' summaries): where their digests part, or who took
+    another's copy and whether the copies were seen to agree after it."""
+    d = spec.dqn
+    shared = (f"peers share turns (dqn.train_every = {d.train_every} with peers = {spec.peers})"
+              if spec.peers > d.train_every else None)
+    split = _first_divergence(rows)
+    if split is not None:
+        return [_divergence_line(split, spec.gossip, shared)]
+    # A peer's digests start afresh at each copy it takes (runner's adopt): the counts
+    # compared all come after every peer's last copy. None compared is no agreement
+    # (r2 of the 49th review: peer1 kept only counts past peer0's last one).
+    seen = ("the copies agree from then on" if _compared_digests(rows) else
+            "no digest count after its last copy was held by every peer (short of the last two), so the "
+            "copies were not compared after it")
+    said = []
+    for row in rows:
+        took = (row.get("relay") or {}).get("resynced") or []
+        if not took:
+            continue
+        n, src = len(took), ", ".join(sorted({str(t.get("from")) for t in took}))
+        if shared is None:
+            said.append(f"swarm run: {row.get('id')} fell out of step with the relay's turns and took another "
+                        f"peer's copy {n} time{'s' * (n != 1)} (from {src}); {seen}")
+            continue
+        # not a peer out of step: shared turns part the copies at each turn (spec.py's warning)
+        moved = sum(t.get("next") is not None for t in took)
+        said.append(f"swarm run: {row.get('id')}'s copy kept parting from the others' as {shared}: it took "
+                    f"another peer's copy {n} time{'s' * (n != 1)} (from {src})"
+                    + (f", {moved} of which moved its turns ahead of its env steps (its last turns then reach "
+                       "no peer)" if moved else "") + f"; {seen}")
+    return said
+
+
+def _divergence_line(split: int, g: Any, shared: str | None = None) -> str:
     """What the ending says where the peers' relay digests part at update ``split`` (a
-    run with ``gossip.exchange = gradients``; ``g`` its spec's gossip section)."""
+    run with ``gossip.exchange = gradients``; ``g`` its spec's gossip section; ``shared``
+    says that peers share turns, when they do)."""
     where = f"swarm run: the peers' parameters differ from update {split} on (summary.json, relay digests)"
+    if shared is not None and not g.average:
+        return (f"{where}: {shared}, and such peers apply each other's gradients in different orders, so their "
+                "copies part at each turn, whatever copies they take")
     if g.average:
         # averaging mixes each copy with lagging estimates of its neighbours': the copies
         # part whether or not a peer fell out of step (spec.py, gossip.average)
@@ -1543,11 +1574,17 @@ def _first_divergence(rows: list[dict[str, Any]]) -> int | None:
     counts the peers share could lie far before the end of the shorter one.
     """
     digests = [(r.get("relay") or {}).get("digests") for r in rows]
+    return next((u for u in _compared_digests(rows) if len({g[str(u)] for g in digests}) > 1), None)
+
+
+def _compared_digests(rows: list[dict[str, Any]]) -> list[int]:
+    """The update counts at which :func:`_first_divergence` compares the peers' digests:
+    those every peer holds, less the last two points; none for fewer than two peers."""
+    digests = [(r.get("relay") or {}).get("digests") for r in rows]
     if len(digests) < 2 or not all(isinstance(g, dict) and g for g in digests):
-        return None
+        return []
     top = min(max(int(u) for u in g) for g in digests) - 2 * DIGEST_EVERY
-    common = sorted(int(u) for u in digests[0] if all(u in g for g in digests) and int(u) <= top)
-    return next((u for u in common if len({g[str(u)] for g in digests}) > 1), None)
+    return sorted(int(u) for u in digests[0] if all(u in g for g in digests) and int(u) <= top)
 
 
 def _table(rows: list[dict[str, Any]]) -> str:

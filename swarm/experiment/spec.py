@@ -392,11 +392,24 @@ class Spec:
                         "no transition leaves its peer; set buffer.sharing = true to replicate")
         if g.exchange == "gradients" and self.peers > self.dqn.train_every:
             # phase = rank % train_every: peers that share a turn apply each other's gradients
-            # after their own, in different orders, and Adam's result depends on the order
+            # after their own, in different orders, and Adam's result depends on the order.
+            # Only runner's repair (average off, relay_staleness 1) takes copies; a copy taken
+            # after the neighbour's turn went on moves the taker's turns past its env steps
+            # (relay._serve's `n`), and its last turns then come after the others ended.
+            if not g.average and g.relay_staleness == 1:
+                then = ("each repaired by taking a whole copy from a neighbour, which mostly also skips the "
+                        "repaired peer's turns up to the copy's and moves its step count (and epsilon and beta) "
+                        "ahead of its env steps, so its last turns' gradients and transitions reach no peer and "
+                        "the copies end apart")
+            elif g.average:
+                then = "only parameter averaging pulls them together"
+            else:
+                then = ("nothing brings them back together: a peer takes a neighbour's copy only with "
+                        "gossip.relay_staleness = 1")
             said.append(f"dqn.train_every = {self.dqn.train_every} with gossip.exchange = gradients and peers = "
                         f"{self.peers}: peers share turns, so their copies part at each turn and differ at every "
-                        "digest check (each repaired by taking a whole copy from a neighbour); set "
-                        f"dqn.train_every = {self.peers} (a turn per peer) for copies that stay the same")
+                        f"digest check ({then}); set dqn.train_every = {self.peers} (a turn per peer) for copies "
+                        "that stay the same")
         if self.peers > 1 and g.average and g.interval <= steps:
             # the engine's measure, which warns in each peer's log
             from ..gossip._codecs import DIVERGES_ABOVE, suggested_gamma  # noqa: PLC0415

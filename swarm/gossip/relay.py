@@ -1855,6 +1855,9 @@ class GradientRelay:
             return f"it holds {len(pending)} gradients past its copy, more than {_MAX_COPY_PENDING}"
         body, arrays = self._state()
         nxt = None
+        # With peers that share a phase (more than `every` has room for) the asker's next
+        # turn is often one this peer took at the same clock while the asker waited: the
+        # asker skips it all the same, and its turns run ahead of its steps (spec.py warns)
         if _turn_start(b, m.rank, every, first, span) <= clock:
             nxt = _turn_start(clock + every, m.rank, every, first, span)
         frames = [np.ascontiguousarray(a) for a in arrays]
