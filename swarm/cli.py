@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import errno
 import ipaddress
 import json
@@ -186,13 +187,38 @@ def _runner(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 def _stop_event() -> asyncio.Event:
     """An event set on SIGINT, SIGTERM or SIGHUP (Ctrl-C, or the terminal closing, leaves
     cleanly), the handlers in place when it returns; a SIGHUP ignored at start (``nohup``)
-    stays ignored. Call it on the running loop."""
+    stays ignored. Call it on the running loop (main thread only).
+
+    The signals stay caught for the rest of the process's life: once the loop has closed
+    they do nothing, and at exit they are ignored. The loop's own handlers
+    (``loop.add_signal_handler``) went with it, and the interpreter puts the default action
+    back for any signal it handles before its teardown (the zmq context, the modules:
+    100-300 ms): a second SIGTERM or SIGHUP then, as a closing terminal, ``timeout`` or
+    systemd send, killed a process that had left cleanly (exit 143 or 129, not 0)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+
+    def handler(signum: int, frame: Any) -> None:
+        # run between the loop's callbacks (it wakes on the signal): stop.set() is the
+        # loop's to call, as asyncio.Runner does for Ctrl-C
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
+
+    for sig in _STOP_SIGNALS:
         if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
-            loop.add_signal_handler(sig, stop.set)
+            signal.signal(sig, handler)
+    atexit.register(_ignore_stop_signals)
     return stop
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _ignore_stop_signals() -> None:
+    """At exit (atexit runs before the interpreter drops its signal handlers): ignored is
+    the one disposition that its teardown keeps."""
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _parent_pid() -> int | None:

@@ -574,5 +574,7 @@ def format_table(doc: dict[str, Any], width: int = 160) -> str:
             event, cols = _fit(e["event"], math.inf)   # not cut: "suspected by" names the suspecting peer
             lines.append(f"{time.strftime('%H:%M:%S', time.localtime(e['time']))}  {event}{' ' * (20 - cols)} "
                          f"{printable(e['peer'])}")
-    # and whatever else reaches the terminal (the run's name, another coordinator's error)
-    return "\n".join(printable(line) for line in lines)
+    # and whatever else reaches the terminal (the run's name, another coordinator's error),
+    # each line cut to the terminal: the title, the header and its rule too, which wrapped
+    # at 80 columns (118 wide) while the rows were cut, and stood no longer over their columns
+    return "\n".join(_fit(line, width)[0] for line in lines)

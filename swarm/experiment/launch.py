@@ -75,6 +75,13 @@ reason (a crash) or once every peer has ended (while it writes the summary and t
 plots) lets it finish, and the exit code is the peers' outcome; the last line says
 whether a process was killed before it had left. A second Ctrl-C or SIGTERM gives the
 children :data:`HURRY_S` more seconds, not :data:`TERM_GRACE_S`, whatever ends them.
+Ctrl-Z (SIGTSTP; SIGTTIN, SIGTTOU) stops the whole run, not only `swarm run`: it stops its
+children (SIGSTOP: they have sessions of their own, which the terminal's signals do not
+reach), then itself, and continues them when it is continued (``fg``, ``bg``). They stop
+and go on together: no budget is spent unseen, and no process is taken for a crash (a
+connection whose ZMTP heartbeats ran out in the stop is made again as they go on: the
+coordinator may log a peer declared dead, then re-joined). A `swarm run` killed (SIGKILL)
+while stopped leaves them stopped until they are continued (``kill -CONT``, pids.json).
 ``summary.json``, ``pids.json``, ``warnings.txt`` and the plots are written whole (a
 temporary file renamed) or not at all; one that cannot be written (a full disk) is
 said, and the run goes on (``pids.json``: the launcher ends its children by their
@@ -325,6 +332,19 @@ class Launch:
                     pass
             c.proc.wait()
 
+    def signal_all(self, sig: int) -> None:
+        """``sig`` to each child that has not ended, and to the fork server, at once. Called
+        from a signal handler (:class:`_Interrupt`), which may run inside a poll of the fork
+        server's answers: so by pid, with none of the polls that ``send_signal`` makes first."""
+        procs = [c.proc for c in self.children] + ([self.forks.proc] if self.forks is not None else [])
+        for p in procs:
+            # Unreaped (returncode None; the fork server holds a forked peer's pid until told),
+            # the pid is still this child's. A forked peer whose server died is init's to reap,
+            # and its pid may be another's by now: left alone.
+            if p.returncode is None and (isinstance(p, subprocess.Popen) or self.forks.alive):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, sig)
+
     def close(self) -> None:
         """End every child (immediately), then the fork server."""
         self.end(grace=2.0)
@@ -340,12 +360,21 @@ class _Interrupt:
     kernel to the foreground job, the shell to each of its jobs), which says nothing about
     how long the user will wait. A SIGHUP ignored when `swarm run` started (``nohup swarm
     run``) stays ignored.
+
+    SIGTSTP (Ctrl-Z), SIGTTIN and SIGTTOU (a background job that reads the terminal, or
+    writes it under ``stty tostop``) stop the whole run: ``pause`` (:meth:`Launch.signal_all`)
+    stops the children, which have sessions of their own and so do not get the terminal's
+    signals, then `swarm run` stops itself as that signal would have, and once it is
+    continued (``fg``, ``bg``, SIGCONT) it continues them. One ignored when `swarm run`
+    started stays ignored.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 
-    def __init__(self, out: TextIO | None = None) -> None:
+    def __init__(self, out: TextIO | None = None, pause: Callable[[int], None] | None = None) -> None:
         self.count = 0
+        self._pause = pause
         #: the first signal's name, e.g. ``SIGHUP``; None before any
         self.first: str | None = None
         self._old: dict[int, Any] = {}
@@ -376,7 +405,24 @@ class _Interrupt:
                 if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
                     continue
                 self._old[sig] = signal.signal(sig, self._handler)
+            for sig in self.STOPS if self._pause is not None else ():
+                if signal.getsignal(sig) != signal.SIG_IGN:
+                    self._old[sig] = signal.signal(sig, self._stop)
         return self
+
+    def _stop(self, signum: int, frame: Any) -> None:
+        # SIGSTOP, which no child can catch: the coordinator, the fork server and the peers
+        # stop and go on together, so that none runs on while the others are silent.
+        self._pause(signal.SIGSTOP)
+        signal.signal(signum, signal.SIG_DFL)
+        try:
+            # stops this process here, until it is continued. Not in an orphaned process
+            # group (its shell gone), where the kernel drops the signal, as for any program:
+            # the children are then continued at once
+            os.kill(os.getpid(), signum)
+        finally:
+            signal.signal(signum, self._stop)
+            self._pause(signal.SIGCONT)
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.count == 0:
@@ -702,7 +748,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     launch = Launch(run_dir, resumed=prev, verbose=verbose, out=out)
     code = 0
     progress = _Progress(spec, out, resumed=prev is not None)
-    with _Interrupt(out) as intr:
+    with _Interrupt(out, pause=launch.signal_all) as intr:
         try:
             addr = f"tcp://127.0.0.1:{_free_port()}"
             launch.preload()
