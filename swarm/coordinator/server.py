@@ -866,7 +866,12 @@ class Coordinator:
             self._send(route, "bye", {})
         elif t == "suspect":
             target = _str(body, "id")
-            if target != src and (m := self.table.get(target)) is not None and m.state == ALIVE:
+            # Not while a stall holds (no probes then, _check_stall): a swarm stopped together
+            # (Ctrl-Z on swarm run) thaws with its links timed out, and each suspect's probe
+            # found the old connection closed and declared a live member dead before its
+            # re-join on the new one was read. One dead indeed fails its heartbeats after.
+            if target != src and (m := self.table.get(target)) is not None and m.state == ALIVE \
+                    and not self._stalled_at:
                 self._probe(target, f"suspected by {src}")
         elif t == "probe_ack":
             if 0 < _int(body, "nonce") <= rec.probe_nonce and _int(body, "inc") == rec.incarnation:
