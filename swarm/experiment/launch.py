@@ -382,6 +382,8 @@ class _Interrupt:
         self._said = False
         #: set once every child has ended: a second signal then stops the ending at once
         self.ending = False
+        #: seconds the run spent stopped (Ctrl-Z until fg): start-up's deadlines move by them
+        self.stopped_s = 0.0
 
     def hurry(self) -> bool:
         """True after a second signal: the children get :data:`HURRY_S` more (said once)."""
@@ -415,12 +417,14 @@ class _Interrupt:
         # stop and go on together, so that none runs on while the others are silent.
         self._pause(signal.SIGSTOP)
         signal.signal(signum, signal.SIG_DFL)
+        stopped = time.monotonic()
         try:
             # stops this process here, until it is continued. Not in an orphaned process
             # group (its shell gone), where the kernel drops the signal, as for any program:
             # the children are then continued at once
             os.kill(os.getpid(), signum)
         finally:
+            self.stopped_s += time.monotonic() - stopped
             signal.signal(signum, self._stop)
             self._pause(signal.SIGCONT)
 
@@ -628,9 +632,12 @@ def _tally(v: Any) -> int:
 def _wait_coordinator(launch: Launch, coord: _Child, addr: str, timeout: float = 20.0,
                       intr: _Interrupt | None = None) -> dict[str, Any] | None:
     """Wait until the coordinator answers at ``addr`` and return its status; return None
-    early once ``intr`` has counted a signal (the caller then starts nothing more)."""
+    early once ``intr`` has counted a signal (the caller then starts nothing more). The time
+    the run spent stopped (Ctrl-Z, :class:`_Interrupt`) does not count: the coordinator was
+    stopped with it, and a run continued past the deadline failed (exit 2)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    stopped = intr.stopped_s if intr is not None else 0.0
+    while time.monotonic() < deadline + (intr.stopped_s - stopped if intr is not None else 0.0):
         if intr is not None and intr.count:
             return None
         if coord.proc.poll() is not None:
