@@ -114,7 +114,7 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, SwarmError
-from .runner import DIGEST_EVERY, check_resume_kept, in_the_way, peer_dir
+from .runner import DIGEST_EVERY, check_resume_kept, in_the_way, peer_dir, resume_point
 from .spec import CheckpointSpec, Spec, check_env_for_peers, load_spec, save_resolved
 
 if TYPE_CHECKING:
@@ -693,10 +693,12 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
 
     ``resume`` is a previous run folder: its ``config.json`` is the spec (overrides
     apply on top) and each peer starts from its newest checkpoint there
-    (``peer{r}/ckpt/``, or ``peer{r}/checkpoint.pt``). One that asks for another env, another
-    ``seed`` (the checkpoints hold the network and random streams it made), or other
-    replay-buffer settings than the buffers in ``ckpt/`` keep, raises
-    :class:`~swarm.errors.ConfigError` before anything starts.
+    (``peer{r}/ckpt/``, or ``peer{r}/checkpoint.pt``; with neither, from the run that its
+    run there continues). One that asks for another env, another ``seed`` or ``dqn.hidden``
+    (the checkpoints hold the network and random streams they made), other replay-buffer
+    settings than the buffers in ``ckpt/`` keep, other ``peers``, or a ``budget.env_steps``
+    that every peer's checkpoint has reached, raises :class:`~swarm.errors.ConfigError`
+    before anything starts; one that only some have reached is warned of.
 
     The run folder is made in ``runs_root``. It and ``resume`` may start with ``~``, the
     user's home folder, as in a shell.
@@ -731,15 +733,18 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     from .forkserver import enabled  # noqa: PLC0415 - see Launch.preload
 
     enabled()   # a bad SWARM_FORKSERVER is refused before anything is made
+    notes: list[str] = []   # a resume's warnings (peers at their budget already), with the spec's
     if prev is not None:
-        from .checkpoint import latest  # noqa: PLC0415 - needs no torch, but keep import cost off `swarm run -h`
-
         _check_resume_env(prev, spec)
-        missing = [r for r in range(spec.peers) if not (peer_dir(prev, r) / "checkpoint.pt").is_file()
-                   and latest(peer_dir(prev, r) / "ckpt") is None]
+        _check_resume_peers(prev, spec)
+        # each peer's checkpoint in prev, else in the run that its run there continues
+        # (one resumed and ended before its first checkpoint), as run_peer looks for it
+        points = [resume_point(prev, r) for r in range(spec.peers)]
+        missing = [r for r, p in enumerate(points) if p is None]
         if missing:
             raise _no_checkpoint(prev, spec, missing)
         check_resume_kept(prev, spec, range(spec.peers))   # every peer's, before anything starts
+        notes = _resume_budget(prev, spec, points)
     run_dir = new_run_dir(Path(runs_root).expanduser(), spec.name)
     try:
         config = save_resolved(spec, run_dir)
@@ -750,7 +755,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     peers = f"{spec.peers} peer{'s' if spec.peers != 1 else ''}"
     print(f"swarm run: {spec.name}: {peers} on a {spec.gossip.topology.replace('_', ' ')} graph, {spec.env}, "
           f"codec {spec.gossip.codec}, {spec.budget.env_steps} env steps each -> {run_dir}", file=out, flush=True)
-    _warn(spec, run_dir, out, "swarm run")
+    _warn(spec, run_dir, out, "swarm run", notes)
 
     launch = Launch(run_dir, resumed=prev, verbose=verbose, out=out)
     code = 0
@@ -839,10 +844,10 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     return RunResult(code, run_dir, rows)
 
 
-def _warn(spec: Spec, run_dir: Path, out: Any, who: str) -> None:
-    """Say the settings that do nothing in this run (:meth:`Spec.warnings`) on ``out``,
-    and keep them in ``run_dir/warnings.txt``."""
-    warned = spec.warnings()
+def _warn(spec: Spec, run_dir: Path, out: Any, who: str, notes: list[str] | None = None) -> None:
+    """Say the settings that do nothing in this run (:meth:`Spec.warnings`), after ``notes``
+    (a resume's), on ``out``, and keep them in ``run_dir/warnings.txt``."""
+    warned = [*(notes or []), *spec.warnings()]
     for line in warned:
         print(f"{who}: warning: {line}", file=out, flush=True)
     if warned:
@@ -1041,16 +1046,20 @@ def _check_resume_env(prev: Path, spec: Spec) -> None:
 
 def _no_checkpoint(prev: Path, spec: Spec, missing: list[int]) -> ConfigError:
     """The error of ``swarm run --resume prev`` where the peers ``missing`` (ranks of
-    ``spec``) have no checkpoint in ``prev``: a run killed before its first full checkpoint
-    (``checkpoint.full_every_s`` after its start, by default) has none at all, and a resume
-    with more peers than that run had has none for the ranks it adds."""
+    ``spec``) have no checkpoint in ``prev`` nor in the runs that their runs there continue
+    (:func:`~swarm.experiment.runner.resume_point`): a fresh run killed before its first
+    full checkpoint (``checkpoint.full_every_s`` after its start, by default) has none at
+    all, and a resume with more peers than that run had has none for the ranks it adds."""
     from ..config import read_file, to_dict  # noqa: PLC0415
+    from .runner import resume_sources  # noqa: PLC0415
 
     old = read_file(prev / "config.json")
     had = old.get("peers", Spec().peers)
+    older = sorted({str(f.parent) for r in missing for f, _ in resume_sources(peer_dir(prev, r))[1:]})
+    nor = f" (nor has {', '.join(older)}, the run it continues)" if older else ""
     if all(r in missing for r in range(min(had, spec.peers))):
         ck = {**to_dict(CheckpointSpec()), **old.get("checkpoint", {})}
-        return ConfigError(f"resume: no peer of {prev} has a checkpoint (ckpt/ or checkpoint.pt): that run ended "
+        return ConfigError(f"resume: no peer of {prev} has a checkpoint (ckpt/ or checkpoint.pt){nor}: that run ended "
                            f"before its first one (checkpoint.full_every_s = {ck['full_every_s']:g} and "
                            f"checkpoint.full_every_steps = {ck['full_every_steps']} in its config.json), so there is "
                            f"nothing to resume; start it again with swarm run {prev / 'config.json'} (a lower "
@@ -1059,7 +1068,7 @@ def _no_checkpoint(prev: Path, spec: Spec, missing: list[int]) -> ConfigError:
     if had != spec.peers:
         return ConfigError(f"resume: {prev} has no checkpoint for peer(s) {missing}: that run had peers = {had}, "
                            f"and peers = {spec.peers} must match it")
-    return ConfigError(f"resume: {prev} has no checkpoint for peer(s) {missing}: they ended before their first "
+    return ConfigError(f"resume: {prev} has no checkpoint for peer(s) {missing}{nor}: they ended before their first "
                        f"one, and a resume needs every peer's; start the run again with swarm run "
                        f"{prev / 'config.json'}")
 
@@ -1073,6 +1082,51 @@ AGENT_COPIES = 6
 #: public copy of its own parameters, the delta buffer and the parameters before a mix
 #: (swarm/gossip/engine.py; with the identity codec: two snapshots and the pre-mix copy)
 GOSSIP_COPIES = 3
+
+
+def _check_resume_peers(prev: Path, spec: Spec) -> None:
+    """Refuse to resume the run in ``prev`` with fewer peers than it had: the ranks left out
+    would be dropped with their training (more have no checkpoint: :func:`_no_checkpoint`)."""
+    from ..config import read_file  # noqa: PLC0415
+
+    had = read_file(prev / "config.json").get("peers", Spec().peers)
+    if spec.peers < had:
+        raise ConfigError(f"resume: {prev} had peers = {had}, and peers = {spec.peers} must match it: a resume goes "
+                          f"on with every peer of that run, and peer(s) {list(range(spec.peers, had))} would be "
+                          f"left out; resume with peers = {had}, or start a new run")
+
+
+def _resume_budget(prev: Path, spec: Spec, points: list[Path]) -> list[str]:
+    """The peers whose checkpoint (in ``points``) is at or past ``budget.env_steps`` already,
+    to warn of: they end at once. With every peer there it is a ConfigError instead, before
+    anything starts: the run would start a swarm to train nothing, and its config.json
+    would record a budget it never kept.
+
+    A checkpoint's env steps are its manifest's (``ckpt/``); a peer that resumes from
+    ``checkpoint.pt`` is not counted (reading it takes torch, which `swarm run` leaves to
+    its peers)."""
+    from .checkpoint import committed  # noqa: PLC0415
+
+    def steps(folder: Path) -> int | None:
+        for ck in committed(folder / "ckpt"):   # newest first; one that cannot be read is passed over, as on load
+            try:
+                n = json.loads((ck / "manifest.json").read_text())["counters"]["env_steps"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            return n if isinstance(n, int) else None
+        return None
+
+    budget = spec.budget.env_steps
+    done = {r: n for r, n in enumerate(map(steps, points)) if n is not None and n >= budget}
+    if not done:
+        return []
+    said = ", ".join(f"peer{r} {n}" for r, n in done.items())
+    if len(done) == len(points):
+        raise ConfigError(f"resume: {prev}'s peers already did their env steps ({said}); budget.env_steps = "
+                          f"{budget} leaves nothing to train: raise budget.env_steps (--set "
+                          f"budget.env_steps=N, N above {max(done.values())})")
+    return [f"resume: peer(s) {list(done)} of {prev} already did their env steps ({said}), "
+            f"budget.env_steps = {budget}: they end at once, without training"]
 
 
 def _q_parameters(obs_size: int, hidden: list[int], n_actions: int) -> int:

@@ -250,7 +250,8 @@ def _goes_on(out: Path, old: Path | None, rejoin: bool, new_run: bool = False) -
 
     A restart into ``out`` (``--replace``, a resume from ``out`` itself) goes on with
     it. So does a resume from another peer folder ``old`` into an ``out`` whose run
-    was itself resumed from the run that wrote ``old``'s newest checkpoint (by run id),
+    was itself resumed from the run that wrote ``old``'s newest checkpoint (by run id;
+    with none in ``old``, the newest of the run it continues: :func:`resume_sources`),
     as ``swarm run`` restarts a peer that had no checkpoint in ``out`` yet, or as a
     person runs the same ``swarm peer --resume OLD`` again: the checkpoints it wrote
     in ``out`` since are newer than ``old``'s and come first. A fresh start, a resume
@@ -264,9 +265,10 @@ def _goes_on(out: Path, old: Path | None, rejoin: bool, new_run: bool = False) -
         return here if rejoin and here.id is not None else None
     if old.resolve() == out.resolve():
         return here   # of no id when the folder predates run ids: then any checkpoint in it is its own
-    theirs = newest_lineage(old)
-    if theirs is not None and here.continues[:1] == ((str(old.resolve()), theirs.id),):
-        return here
+    for src, _ in resume_sources(old):   # where a resume from old takes its checkpoint
+        theirs = newest_lineage(src)
+        if theirs is not None:
+            return here if here.continues[:1] == ((str(src.resolve()), theirs.id),) else None
     return None
 
 
@@ -992,10 +994,11 @@ def _save_whole(obj: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _read_best(path: Path, run: str | None = None) -> tuple[float, int] | None:
+def _read_best(path: Path, run: str | None = None, env: str | None = None) -> tuple[float, int] | None:
     """The evaluation return and env step recorded in a ``best.pt``; None when there is
-    none, it cannot be read (a torn or foreign file: logged) or, with ``run``, another
-    run wrote it."""
+    none, it cannot be read (a torn or foreign file: logged), with ``run``, another
+    run wrote it, or, with ``env``, it was evaluated on another env (one whose spec it
+    does not record counts)."""
     import torch  # noqa: PLC0415
 
     if not path.is_file():
@@ -1009,11 +1012,16 @@ def _read_best(path: Path, run: str | None = None) -> tuple[float, int] | None:
     if run is not None and best.get("run") != run:
         log.info("%s: another run's best evaluation; it does not count", path)
         return None
+    was = best["spec"].get("env", env) if isinstance(best.get("spec"), dict) else env
+    if env is not None and was != env:   # a resume on another env (--set env=...): returns do not compare
+        log.warning("%s: the best evaluation of env = %r, and this run trains env = %r; it does not count, "
+                    "and the next evaluation writes this run's best.pt", path, was, env)
+        return None
     return got
 
 
 def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path | None = None,
-                run: Lineage | None = None) -> None:
+                run: Lineage | None = None, env: str | None = None) -> None:
     """Start from the best evaluation of the process (or run) this one continues:
     its ``src/best.pt``, copied into ``out`` when that is another folder. Otherwise
     the first evaluation after a restart or resume, however poor, would replace it.
@@ -1027,15 +1035,17 @@ def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path |
     With ``run`` (the run this process goes on with), a ``best.pt`` in ``out`` counts only
     when that run wrote it, also when ``src`` is ``out``; the copy of ``src``'s is
     stamped as that run's (it is its best so far), so that a restart into ``out`` keeps it.
+    With ``env`` (the env this process trains), one evaluated on another env (a resume with
+    ``--set env=...``) does not count either: its returns do not compare with this env's.
     With neither readable, the next evaluation writes a new ``best.pt``."""
     import torch  # noqa: PLC0415
 
     rid = run.id if run is not None else None
     here = out / "best.pt"
-    best = _read_best(src / "best.pt", rid if (src / "best.pt").resolve() == here.resolve() else None)
+    best = _read_best(src / "best.pt", rid if (src / "best.pt").resolve() == here.resolve() else None, env)
     if (src / "best.pt").resolve() != here.resolve():
         ours = continued is not None and continued.resolve() == src.resolve()
-        mine = _read_best(here, rid) if ours else None
+        mine = _read_best(here, rid, env) if ours else None
         if mine is not None and (best is None or mine[0] > best[0]):
             best = mine
         elif best is not None:
@@ -1052,13 +1062,32 @@ def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path |
 BUFFER_KEPT = ("prioritized", "alpha", "eps", "decay")
 
 
+def resume_sources(folder: Path) -> list[tuple[Path, str | None]]:
+    """Where a resume from the peer folder ``folder`` (another run's) looks for a checkpoint,
+    in order, as (peer folder, run id; None: any): ``folder``, whichever run wrote it, then
+    each run that the run there continues (its ``run.json``), as a restart into that folder
+    does. So a run that was itself resumed and ended before its first checkpoint resumes
+    from the one it continues, not from nothing."""
+    return [(folder, None), *read_lineage(folder).sources(folder)[1:]]
+
+
+def resume_point(prev: str | Path, rank: int) -> Path | None:
+    """The first peer folder of :func:`resume_sources` that holds a checkpoint (``ckpt/`` or
+    ``checkpoint.pt``), looked up without loading it; None when none does."""
+    for folder, _ in resume_sources(peer_dir(prev, rank)):
+        if (folder / "checkpoint.pt").is_file() or latest(folder / "ckpt") is not None:
+            return folder
+    return None
+
+
 def check_resume_kept(prev: str | Path, spec: Spec, ranks: Iterable[int]) -> None:
     """Refuse to resume the peers of ``ranks`` from the run in ``prev`` with a setting that
     their checkpoints keep and that differs from that run's ``config.json`` (``--set
     seed=7``, ``--set buffer.alpha=...``): the new config.json would record it, but the run
     would not train with it. Every checkpoint holds the network and the agent's random
-    streams, which the run's ``seed`` made; one in ``ckpt/`` also holds a replay buffer,
-    which keeps its settings (peers that left only ``checkpoint.pt`` start new buffers).
+    streams, which the run's ``seed`` made, and a network of its ``dqn.hidden`` widths; one
+    in ``ckpt/`` also holds a replay buffer, which keeps its settings (peers that left only
+    ``checkpoint.pt`` start new buffers; the checkpoint is the one :func:`resume_point` finds).
     `swarm run --resume` checks every peer before it starts anything, and each peer
     (``run_peer``, `swarm peer --resume`) its own before it writes anything. A folder
     without ``config.json`` (a `swarm peer` run's) has nothing to compare with here;
@@ -1067,11 +1096,13 @@ def check_resume_kept(prev: str | Path, spec: Spec, ranks: Iterable[int]) -> Non
         return
     old = read_file(Path(prev) / "config.json")
     old_buffer = old.get("buffer") if isinstance(old.get("buffer"), dict) else {}
-    was = {"seed": old.get("seed", Spec.seed), **{f"buffer.{k}": v for k, v in
-                                                   {**to_dict(BufferSpec()), **old_buffer}.items()}}
-    now = {"seed": spec.seed, **{f"buffer.{k}": v for k, v in to_dict(spec.buffer).items()}}
-    kept = ["seed"]
-    if any(latest(peer_dir(prev, r) / "ckpt") is not None for r in ranks):
+    old_dqn = old.get("dqn") if isinstance(old.get("dqn"), dict) else {}
+    was = {"seed": old.get("seed", Spec.seed), "dqn.hidden": old_dqn.get("hidden", Spec().dqn.hidden),
+           **{f"buffer.{k}": v for k, v in {**to_dict(BufferSpec()), **old_buffer}.items()}}
+    now = {"seed": spec.seed, "dqn.hidden": list(spec.dqn.hidden),
+           **{f"buffer.{k}": v for k, v in to_dict(spec.buffer).items()}}
+    kept = ["seed", "dqn.hidden"]   # the network's widths: another one's parameters do not load
+    if any((p := resume_point(prev, r)) is not None and latest(p / "ckpt") is not None for r in ranks):
         # the capacity too: run_peer refuses a restored buffer of another capacity
         kept += [f"buffer.{k}" for k in ("capacity", *BUFFER_KEPT)]
     changed = [k for k in kept if was[k] != now[k]]
@@ -1319,7 +1350,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         elif same_run:
             sources = run.sources(out)
         else:
-            sources = [(peer_dir(resume_from, rank), None)]   # the folder named: whichever run is there
+            sources = resume_sources(peer_dir(resume_from, rank))   # the folder named, then the runs it continues
         restored, ck, ck_path, skipped = None, None, None, []   # skipped: why each newer one could not be read
         folders: list[Path] = []   # those tried
         diverged = False   # a checkpoint was passed over for NaN (training diverged): no start from step 0
@@ -1434,8 +1465,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
         resume_sequence(buf, seq_floor())
         if rejoin or resume_from is not None:
             src = peer_dir(resume_from, rank) if resume_from is not None else out
-            _at_start(run_dir, lambda: _carry_best(src, out, summary, continued=src if same_run else None, run=run),
-                      out / "best.pt")
+            _at_start(run_dir, lambda: _carry_best(src, out, summary, continued=src if same_run else None, run=run,
+                                                   env=spec.env), out / "best.pt")
         x = agent.parameters()
 
         repair = g.exchange == "gradients" and not g.average and g.relay_staleness == 1
