@@ -44,6 +44,8 @@ def test_the_documented_unlinking_operations_unlink(move):
         m.to(memory_format=torch.channels_last)
     else:
         m.to_empty(device="cpu")
+        with torch.no_grad():
+            m.weight.fill_(1.0)   # its new storage is uninitialised: it may hold zeros already
     assert not is_flat(m, x)
     x[:] = 0.0
     assert not bool((m.weight == 0).all())
