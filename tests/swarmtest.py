@@ -517,6 +517,19 @@ def reaped(p: subprocess.Popen) -> Iterator[subprocess.Popen]:
             p.wait()
 
 
+def reap_run(p: subprocess.Popen, root: Path) -> None:
+    """The ``finally`` of a test that started ``swarm run`` as ``p`` with its runs under
+    ``root``: every child its runs' ``pids.json`` lists that still runs is killed by its
+    pid, then ``p`` if it still runs."""
+    for pids in root.glob("runs/*/pids.json"):
+        for pid in json.loads(pids.read_text())["children"].values():
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
 def reap_all(procs: list[subprocess.Popen]) -> None:
     """End each of ``procs`` by its pid (killed if it still runs), wait for it and close
     its pipes: the ``finally`` of a test that started them."""

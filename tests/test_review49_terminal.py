@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from swarmtest import ROOT, alive, proc_stat, wait_for
+from swarmtest import ROOT, proc_stat, reap_run, wait_for
 
 from swarm.coordinator.report import columns, format_table
 
@@ -84,13 +84,7 @@ def test_ctrl_z_on_swarm_run_stops_its_children_too_and_fg_goes_on(tmp_path):
         os.kill(p.pid, signal.SIGCONT)   # fg
         p.wait(120)
     finally:
-        for pids_file in tmp_path.glob("runs/*/pids.json"):   # what a failed test left of the run
-            for pid in json.loads(pids_file.read_text())["children"].values():
-                if alive(pid):
-                    os.kill(pid, signal.SIGKILL)
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        reap_run(p, tmp_path)   # what a failed test left of the run
     out = said.read_text()
     assert p.returncode == 0, out
     rows = {r["id"]: r for r in json.loads((d / "summary.json").read_text())}

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from swarmtest import ROOT, alive, wait_for
+from swarmtest import ROOT, reap_run, wait_for
 # the helpers of the other `swarm run` tests (tests/ is on the path; experiment/ is a namespace package)
 from experiment.test_run import LONG, recorded_pids, training
 
@@ -145,13 +145,7 @@ def test_a_wall_clock_step_forward_leaves_the_run_its_time(tmp_path):
         p.send_signal(signal.SIGINT)
         p.wait(60)
     finally:
-        for pids in tmp_path.glob("runs/*/pids.json"):   # what a failed test left of the run's children
-            for pid in json.loads(pids.read_text())["children"].values():
-                if alive(pid):
-                    os.kill(pid, signal.SIGKILL)
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        reap_run(p, tmp_path)   # what a failed test left of the run's children
     out = said.read_text()
     assert "the run's time is up" not in out, out
     assert f"peer1 (pid {first}) exited with signal 9; restarting it" in out, out
