@@ -114,7 +114,7 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, SwarmError
-from .runner import DIGEST_EVERY, check_resume_kept, in_the_way, peer_dir, resume_point
+from .runner import DIGEST_EVERY, RESUMED_FROM, check_resume_kept, in_the_way, peer_dir, resume_point
 from .spec import CheckpointSpec, Spec, check_env_for_peers, load_spec, save_resolved
 
 if TYPE_CHECKING:
@@ -748,8 +748,16 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
     run_dir = new_run_dir(Path(runs_root).expanduser(), spec.name)
     try:
         config = save_resolved(spec, run_dir)
+        if prev is not None:
+            # before anything starts: the peers record the run they continue (run.json) only
+            # once started, and a resume of this run interrupted before then resumes from
+            # prev's checkpoints (resume_sources), not "start it again" from step 0
+            from .checkpoint import write_json  # noqa: PLC0415 - numpy: off `swarm run --show`'s path
+
+            write_json(run_dir / RESUMED_FROM, {"resumed_from": str(prev.resolve())}, indent=1)
     except OSError:   # a full disk: no run folder without its config.json (a resume of it is refused)
         with contextlib.suppress(OSError):
+            (run_dir / "config.json").unlink(missing_ok=True)
             run_dir.rmdir()
         raise
     peers = f"{spec.peers} peer{'s' if spec.peers != 1 else ''}"

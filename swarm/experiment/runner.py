@@ -99,10 +99,10 @@ from ..buffer.persist import create_new, no_link, resume_sequence, write_synced
 from ..buffer.replay import seq_floor
 from ..config import PeerConfig, read_file, to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
-from .checkpoint import (Checkpointer, DivergedCheckpoint, Lineage, array_digest, json_bytes, latest, load_newest,
-                         newest_lineage, nonfinite, read_checkpoint_pt, read_lineage, state_digest, write_json,
-                         write_lineage, write_whole)
-from .spec import BufferSpec, Spec
+from .checkpoint import (MAX_LINEAGE, Checkpointer, DivergedCheckpoint, Lineage, array_digest, json_bytes, latest,
+                         load_newest, newest_lineage, nonfinite, read_checkpoint_pt, read_lineage, state_digest,
+                         write_json, write_lineage, write_whole)
+from .spec import BufferSpec, Spec, _plain_number
 
 if TYPE_CHECKING:
     from ..gossip import GradientRelay
@@ -923,6 +923,19 @@ def _should_bootstrap(coordinators: list[str], client: _StatusClient, me: str, o
 SPEC_POLL_S = 2.0
 #: and between looks at the stop event (SIGTERM, Ctrl-C)
 STOP_POLL_S = 0.25
+#: a look that came back more than this much after its timeout: the process was stopped
+#: meanwhile (Ctrl-Z, SIGSTOP)
+STOPPED_S = 5.0
+
+
+def _stopped_for(took: float, most: float) -> float:
+    """How much of ``took`` s, spent on a wait of at most ``most`` s, the process spent
+    stopped: what it took beyond ``most`` when that is more than :data:`STOPPED_S`, else 0.
+    Ctrl-Z stops the whole run (`swarm run` stops its children with it), so nobody joined
+    meanwhile: a start-up deadline moves on by this time, as the coordinator's do
+    (``Coordinator._check_stall``). A run continued past it failed, naming peers as not
+    started that were only stopped."""
+    return took - most if took > most + STOPPED_S else 0.0
 
 #: spec keys that may differ between the peers of one run: how long each trains,
 #: evaluates and checkpoints (a resumed peer may be given a larger budget), and its
@@ -1062,13 +1075,44 @@ def _carry_best(src: Path, out: Path, summary: dict[str, Any], continued: Path |
 BUFFER_KEPT = ("prioritized", "alpha", "eps", "decay")
 
 
+#: the file in the folder of a `swarm run --resume PREV` that names PREV, written before
+#: anything starts: its peers record the run they continue (run.json) only once started
+RESUMED_FROM = "resumed_from.json"
+
+
+def run_resumed_from(run_dir: str | Path) -> Path | None:
+    """The run folder that the `swarm run --resume` in ``run_dir`` continues, as its
+    :data:`RESUMED_FROM` names it; None without one, or with one that cannot be read (logged)."""
+    path = Path(run_dir) / RESUMED_FROM
+    if not path.is_file():
+        return None
+    try:
+        prev = json.loads(path.read_text())["resumed_from"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("%s cannot be read (%r); the run it continues is not known", path, e)
+        return None
+    return Path(prev) if isinstance(prev, str) and prev and "\0" not in prev else None
+
+
 def resume_sources(folder: Path) -> list[tuple[Path, str | None]]:
     """Where a resume from the peer folder ``folder`` (another run's) looks for a checkpoint,
     in order, as (peer folder, run id; None: any): ``folder``, whichever run wrote it, then
     each run that the run there continues (its ``run.json``), as a restart into that folder
     does. So a run that was itself resumed and ended before its first checkpoint resumes
-    from the one it continues, not from nothing."""
-    return [(folder, None), *read_lineage(folder).sources(folder)[1:]]
+    from the one it continues, not from nothing. A folder without ``run.json`` (a `swarm run
+    --resume` interrupted before this peer recorded its run, or before it started) continues
+    the run that its run folder's :data:`RESUMED_FROM` names, in that run's peer folder of
+    the same rank."""
+    out: list[tuple[Path, str | None]] = [(folder, None)]
+    lineage = read_lineage(folder)
+    while lineage.id is None and not lineage.continues and len(out) <= MAX_LINEAGE:
+        prev = run_resumed_from(folder.parent)
+        if prev is None or any((prev / folder.name).resolve() == f.resolve() for f, _ in out):
+            break
+        folder = prev / folder.name
+        out.append((folder, None))
+        lineage = read_lineage(folder)
+    return [*out, *lineage.sources(folder)[1:]]
 
 
 def resume_point(prev: str | Path, rank: int) -> Path | None:
@@ -1107,8 +1151,9 @@ def check_resume_kept(prev: str | Path, spec: Spec, ranks: Iterable[int]) -> Non
         kept += [f"buffer.{k}" for k in ("capacity", *BUFFER_KEPT)]
     changed = [k for k in kept if was[k] != now[k]]
     if changed:
-        then = ", ".join(f"{k} = {json.dumps(was[k])}" for k in changed)
-        asked = ", ".join(f"{k} = {json.dumps(now[k])}" for k in changed)
+        # numpy's numbers (a Spec changed in code) as Python's, as config.json has them
+        then = ", ".join(f"{k} = {json.dumps(was[k], default=_plain_number)}" for k in changed)
+        asked = ", ".join(f"{k} = {json.dumps(now[k], default=_plain_number)}" for k in changed)
         raise ConfigError(f"resume: {prev} trained with {then} and this run asks for {asked}; the peers' "
                           "checkpoints keep their network, random streams and replay buffers as that run made "
                           f"them: resume with {then}, or start a new run")
@@ -1299,6 +1344,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                  need, peer.config.link_timeout_s, peer.config.max_message_mb)
         deadline = time.monotonic() + join_timeout
         next_check = time.monotonic() + SPEC_POLL_S
+        polled = time.monotonic()   # when the last look ended: a stop since then does not count
         while True:
             left = max(0.0, deadline - time.monotonic())
             try:
@@ -1316,6 +1362,8 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     raise SwarmError(f"peer{rank}: its launcher (pid {parent_pid}) is gone; not waiting "
                                      "for the others to join") from None
                 now = time.monotonic()
+                deadline += _stopped_for(now - polled, min(STOP_POLL_S, left))
+                polled = now
                 if now >= next_check:
                     # one that joined with another spec (its own `peers`, say) is named now,
                     # not after join_timeout
@@ -1371,8 +1419,11 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     skipped.append(f"{ck_path}: {bad}")
                     ck, diverged = None, True
             if restored is not None or ck is not None:
-                if len(folders) > 1:
+                if len(folders) > 1 and skipped:
                     log.warning("peer%d: no checkpoint of its run in %s can be read (or all hold NaN); resuming "
+                                "from the run it continues, %s", rank, ", ".join(map(str, folders[:-1])), src)
+                elif len(folders) > 1:   # none there at all: nothing was passed over
+                    log.warning("peer%d: %s has no checkpoint (that run ended before its first one); resuming "
                                 "from the run it continues, %s", rank, ", ".join(map(str, folders[:-1])), src)
                 break
         if restored is not None:
@@ -1388,7 +1439,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                 was = buf.sampler == "prioritized" if name == "prioritized" else getattr(buf, name)
                 now = getattr(b, name)
                 if was != now:
-                    was, now = json.dumps(was), json.dumps(now)
+                    was, now = json.dumps(was, default=_plain_number), json.dumps(now, default=_plain_number)
                     raise ConfigError(f"resume: {restored.path} holds a replay buffer with {key} = {was}, and "
                                       f"this spec asks for {key} = {now}; the buffer keeps its settings: resume "
                                       f"with {key} = {was}, or start a new run")
