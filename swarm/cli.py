@@ -1,4 +1,4 @@
-"""`swarm` — the command line. The only place that picks uvloop.
+"""`swarm` — the command line. It and `launch_ray`'s peer actors are the only places that pick uvloop.
 
     swarm coordinator --bind tcp://0.0.0.0:5555 [--keys DIR] [--others ADDR,...]
     swarm peer --coordinator tcp://HOST:5555[,tcp://STANDBY:5555] [--bind ADDR] [--id ID] [--rank N]

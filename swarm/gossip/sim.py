@@ -9,7 +9,9 @@ for one machine, with the same gossip engine the real peers run.
 
 Links can be slowed down: ``bandwidth_bps`` (bits per second, per directed
 link: a message occupies its link for ``8·size/bandwidth`` seconds, queued
-behind earlier ones) and ``latency_s`` (added to every delivery).
+behind earlier ones) and ``latency_s`` (added to every delivery). Both are kept on
+:func:`time.monotonic`, not the loop's clock, so a message is never delivered before
+its time under uvloop either (whose clock and timers go by whole milliseconds).
 
 >>> hub = SimHub(topology="ring")
 >>> links = hub.add_many(16)
@@ -20,9 +22,12 @@ behind earlier ones) and ``latency_s`` (added to every delivery).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import inspect
+import itertools
 import logging
 import math
+import time
 import weakref
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Sequence
@@ -153,6 +158,13 @@ class SimHub:
         self._next_rank = 0
         self._free_at: dict[tuple[str, str], float] = defaultdict(float)
         self._in_flight: dict[tuple[str, str], int] = defaultdict(int)
+        # per directed link: the messages on their way, a heap of (due, order, frames) so that
+        # they leave in due order as the loop's timers had them (with one latency_s, the order
+        # sent), and the link's one timer (loop, due, handle); another loop's (a later
+        # asyncio.run) is replaced, not waited for
+        self._due: dict[tuple[str, str], list[tuple[float, int, list]]] = defaultdict(list)
+        self._timers: dict[tuple[str, str], tuple[asyncio.AbstractEventLoop, float, asyncio.TimerHandle]] = {}
+        self._order = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self.bytes_sent = 0
         self.messages_sent = 0
@@ -236,12 +248,37 @@ class SimHub:
         if self.bandwidth_bps is None and self.latency_s == 0:
             loop.call_soon(self._deliver, key, frames)
         else:
-            now = loop.time()
-            start = max(now, self._free_at[key])
+            # not loop.time(): uvloop's goes by whole ms, floored
+            start = max(time.monotonic(), self._free_at[key])
             done = start + (8.0 * size / self.bandwidth_bps if self.bandwidth_bps else 0.0)
             self._free_at[key] = done
-            loop.call_at(done + self.latency_s, self._deliver, key, frames)
+            heapq.heappush(self._due[key], (done + self.latency_s, next(self._order), frames))
+            self._arm(key, loop)
         return True
+
+    def _arm(self, key: tuple[str, str], loop: asyncio.AbstractEventLoop) -> None:
+        """Set ``key``'s timer for the first message due on it, unless it is set for that
+        already (one timer per link, so a timer firing early cannot let a later message
+        overtake an earlier one)."""
+        due = self._due[key][0][0]
+        armed = self._timers.get(key)
+        if armed is not None:
+            if armed[0] is loop and armed[1] <= due:
+                return
+            armed[2].cancel()
+        self._timers[key] = (loop, due, loop.call_later(due - time.monotonic(), self._on_time, key, loop))
+
+    def _on_time(self, key: tuple[str, str], loop: asyncio.AbstractEventLoop) -> None:
+        """Deliver, in order, what is due on ``key``. uvloop rounds a timer's delay to
+        whole ms (one under 0.5 ms is none), so the timer may fire early: then it is set again."""
+        del self._timers[key]
+        queue = self._due[key]
+        try:
+            while queue and queue[0][0] <= time.monotonic():
+                self._deliver(key, heapq.heappop(queue)[2])
+        finally:   # a failed delivery must not strand the messages behind it
+            if queue:
+                self._arm(key, loop)
 
     def _copy(self, frame: Any) -> np.ndarray:
         """A private copy of ``frame`` in a recycled buffer.
