@@ -75,6 +75,7 @@ import pickle
 import re
 import secrets
 import shutil
+import stat
 import time
 import warnings
 from collections import deque
@@ -138,6 +139,23 @@ def _out_of_space(e: BaseException | None) -> bool:
     return False
 
 
+def refuse_foreign_link(path: Path) -> None:
+    """Raise ConfigError naming ``path`` when it is a symbolic link that another user made:
+    in a run folder that others may write (a group-shared one, a ``--run-dir /tmp/x``
+    another user made first), one planted as ``peer0/``, ``tb/`` or ``ckpt/`` had swarm
+    write into, and prune (old event files, ``full-*`` folders), the folder it points to,
+    anywhere this user may write. A link of this user's own (``ckpt`` on a scratch disk)
+    is followed."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return   # not there yet (made as a folder), or not to be looked at: its use says why
+    if stat.S_ISLNK(st.st_mode) and st.st_uid != os.geteuid():
+        raise ConfigError(f"{path} is a symbolic link (to {os.readlink(path)}) that another user (uid "
+                          f"{st.st_uid}) made, and swarm writes through no link planted in a run folder; "
+                          "remove it, or pass --run-dir DIR for this run")
+
+
 class Checkpointer:
     """Takes a peer's checkpoints when they are due (call :meth:`step` after every env step).
 
@@ -168,20 +186,22 @@ class Checkpointer:
         self.last_error: str | None = None   # why the latest of them failed
         # The highest number in the folder; None until it could be listed (see full)
         self._n: int | None = None
+        self._next_log, self._unlogged = -math.inf, 0   # when a failure is logged next, and those not logged
         try:
+            refuse_foreign_link(self.root)   # before anything is written or pruned in it
             self.root.mkdir(parents=True, exist_ok=True)
             self._n = self._highest()
         except (OSError, ConfigError) as e:   # a folder that is read only, or a file: as a failed checkpoint
             self.failures = 1
             self.last_error = str(e) if isinstance(e, ConfigError) else f"checkpoint folder {self.root}: {e}"
             log.error("%s; training goes on, and each checkpoint due tries again", self.last_error)
+            self._next_log = clock() + FAILURE_LOG_S   # the first failure: the next ones wait, as in _failed
         self._base: tuple[str, np.ndarray, int] | None = None   # committed full: name, params, buffer next
         self._pending: tuple[str, Path, Any, np.ndarray, int, dict[str, Any]] | None = None
         self._inc = 0
         # the increments committed against the committed full one, oldest first, and whether
         # each is finite (see _prune_increments)
         self._incs: list[tuple[str, bool]] = []
-        self._next_log, self._unlogged = -math.inf, 0   # when a failure is logged next, and those not logged
         self._last_full_t = clock()
         self._last_full_step = self._last_inc_step = None
 
@@ -259,6 +279,7 @@ class Checkpointer:
         c = _plain_counters(self.counters())
         self._last_full_t, self._last_full_step, self._last_inc_step = self.clock(), c["env_steps"], c["env_steps"]
         if self._n is None:   # the folder could not be made or listed when this Checkpointer was
+            refuse_foreign_link(self.root)
             self.root.mkdir(parents=True, exist_ok=True)
             self._n = self._highest()
         self._n += 1

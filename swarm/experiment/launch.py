@@ -804,7 +804,7 @@ def run_experiment(spec_path: str | Path | Spec | None, overrides: list[str] | N
         # signals counted so far came while the run ended its processes (and may have hurried them)
         settled = intr.count
         started = {c.name: c for c in launch.children}   # the last process of each name
-        rows = summarize(run_dir, spec)
+        rows = summarize(run_dir, spec, {name: c.proc.returncode for name, c in started.items()})
         for r, row in enumerate(rows):
             rid = row.get("id", "")
             row["restarts"] = launch.restarts.get(rid, 0)
@@ -1575,10 +1575,13 @@ def _peer_folders(run_dir: Path) -> dict[int, Path]:
     return {int(m[1]): run_dir / m[0] for m in found if m}
 
 
-def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, Any]]:
+def summarize(run_dir: str | Path, spec: Spec | None = None,
+              exits: dict[str, int | None] | None = None) -> list[dict[str, Any]]:
     """One row per peer from its ``summary.json``, or from its other files when it has none (it
-    crashed, or its summary.json did not fit on disk: a peer that trains removes an earlier
-    process's first, so that one is not shown as its figures): see :func:`_row_from_files`."""
+    crashed, or its summary.json could not be written: a peer that trains removes an earlier
+    process's first, so that one is not shown as its figures): see :func:`_row_from_files`.
+    ``exits``: the exit status of each peer's last process by id, where known; a peer that
+    exited 0 without one is not said to have crashed."""
     run_dir = Path(run_dir)
     ranks = (range(spec.peers) if spec
              else sorted(_peer_folders(run_dir)))
@@ -1589,6 +1592,8 @@ def summarize(run_dir: str | Path, spec: Spec | None = None) -> list[dict[str, A
             s = json.loads((d / "summary.json").read_text())
         except (OSError, ValueError):
             s = _row_from_files(d, r)
+            if (exits or {}).get(f"peer{r}") == 0:   # it ended cleanly: its log says why the file is not there
+                s["reason"] = f"no summary.json (not written: see logs/peer{r}.log)"
         rows.append(s)
     return rows
 

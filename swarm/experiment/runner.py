@@ -100,8 +100,8 @@ from ..buffer.replay import seq_floor
 from ..config import PeerConfig, read_file, to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
 from .checkpoint import (MAX_LINEAGE, Checkpointer, DivergedCheckpoint, Lineage, array_digest, json_bytes, latest,
-                         load_newest, newest_lineage, nonfinite, read_checkpoint_pt, read_lineage, state_digest,
-                         write_json, write_lineage, write_whole)
+                         load_newest, newest_lineage, nonfinite, read_checkpoint_pt, read_lineage,
+                         refuse_foreign_link, state_digest, write_json, write_lineage, write_whole)
 from .spec import BufferSpec, Spec, _plain_number
 
 if TYPE_CHECKING:
@@ -163,8 +163,15 @@ def peer_dir(run_dir: str | Path, rank: int) -> Path:
 
 def make_peer_dir(run_dir: str | Path, rank: int, where: str = "") -> Path:
     """Create the folder of the peer of this rank (see `peer_dir`) and return it; a
-    ConfigError that names ``where`` (default: the run folder) when it cannot."""
+    ConfigError that names ``where`` (default: the run folder) when it cannot, or when it,
+    its ``tb/`` or its ``ckpt/`` is a symbolic link that another user made
+    (:func:`~swarm.experiment.checkpoint.refuse_foreign_link`)."""
     out = peer_dir(run_dir, rank)
+    for folder in (out, out / "tb", out / "ckpt"):   # swarm writes into these, and prunes tb/ and ckpt/
+        try:
+            refuse_foreign_link(folder)
+        except ConfigError as e:
+            raise ConfigError(f"{where or f'run folder {run_dir}'}: {e}") from None
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -275,9 +282,10 @@ def _goes_on(out: Path, old: Path | None, rejoin: bool, new_run: bool = False) -
 def _at_start(run_dir: str | Path, change: Callable[[], Any], path: Path | None = None, verb: str = "write") -> Any:
     """``change`` the peer's folder before it trains (``run.json``, ``resumed.json``, the
     copy of the best evaluation it continues, its CSV files), or raise ConfigError
-    naming the file (``path``, else the one the OSError names) and why. A disk that is
-    full or read only then would fail the next start the same way: the launcher does
-    not restart the peer, and the user reads the file and the cause, not a traceback.
+    naming the file (``path``, else the one the OSError names), why, and what to do (make
+    room, or make it writable). A disk that is full or read only then would fail the
+    next start the same way: the launcher does not restart the peer, and the user reads
+    the file and the cause, not a traceback.
     No file descriptor left (EMFILE, ENFILE) is not the disk's: that OSError is raised
     as it is, a crash that a restart may cure.
     (Once it trains, a write that fails is logged and counted instead: :class:`_Unwritten`.)"""
@@ -286,8 +294,24 @@ def _at_start(run_dir: str | Path, change: Callable[[], Any], path: Path | None 
     except OSError as e:
         if e.errno in (errno.EMFILE, errno.ENFILE):   # no file descriptor left: not the disk's fault,
             raise                                    # and another start may have them
-        raise ConfigError(f"run folder {run_dir}: cannot {verb} {path or e.filename} ({e.strerror or e}); make "
-                          "room on its disk, or pass a --run-dir this process can write") from None
+        name = path or e.filename
+        if isinstance(name, bytes):   # as some libraries name it (TensorBoard): shown as b'...'
+            name = os.fsdecode(name)
+        raise ConfigError(f"run folder {run_dir}: cannot {verb} {name} ({e.strerror or e}); "
+                          f"{_remedy(e, name)}, or pass a --run-dir this process can write") from None
+
+
+def _remedy(e: OSError, name: Any) -> str:
+    """What to do about the OSError ``e`` met on the file or folder ``name``: a file or
+    folder that is another's, or read only, wants to be made writable (room on the disk
+    does not help there); a disk that is full, or mounted read only, wants its room."""
+    if e.errno in (errno.EACCES, errno.EPERM):
+        try:   # the file, else the folder it would be in
+            owner = os.stat(name if os.path.lexists(name) else os.path.dirname(name)).st_uid
+        except (OSError, TypeError, ValueError):
+            return "make it writable by this user"
+        return f"make it writable by this user (its owner is uid {owner}, this process's {os.geteuid()})"
+    return "make room on its disk"
 
 
 def _check_room(path: Path, data: bytes) -> None:
@@ -346,7 +370,9 @@ def _drop_old_results(run_dir: str | Path, out: Path) -> None:
     ``ids.json``) and ``tb/``'s event files (TensorBoard showed both runs at the same
     steps). For a run that starts in the folder, whose CSV files start afresh too; a
     restart that goes on with the folder's run keeps them. ConfigError (as
-    :func:`_at_start`) when one cannot be removed."""
+    :func:`_at_start`) when one cannot be removed, or when ``tb/`` is a symbolic link that
+    another user made (its event files are not this peer's to remove)."""
+    refuse_foreign_link(out / "tb")
     _at_start(run_dir, lambda: (out / "acked.bin").unlink(missing_ok=True), out / "acked.bin", "remove")
     for p in sorted((out / "tb").glob("events.out.tfevents.*")):
         _at_start(run_dir, lambda p=p: p.unlink(missing_ok=True), p, "remove")
@@ -451,6 +477,8 @@ class _Unwritten:
 
     def __call__(self, what: str, e: OSError, after: str = "training goes on") -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
+        if isinstance(e.filename, bytes):   # TensorBoard's: shown as b'...'
+            e = OSError(e.errno, e.strerror, os.fsdecode(e.filename))
         self.last_error = f"{what}: {e.strerror or e}"
         if self.state is not None:
             self.state.error(f"cannot write {self.last_error}")
@@ -541,7 +569,7 @@ class _Logs:
         self._tb_fd: int | None = None   # tb/ kept open for the writer, which names it /proc/self/fd/N
         self._summary: Any = None   # tensorboard's Summary proto, with the writer
         self._events: list[tuple[Any, int, float]] = []   # (summary, step, wall time) not yet handed over
-        self._tb_hook: tuple[Callable, Callable, threading.Thread] | None = None   # see _hook_tb_thread
+        self._tb_hook: tuple[Callable, Callable, list[threading.Thread], Callable] | None = None   # _hook_tb_thread
         try:
             self.episodes = self._csv(out / "metrics.csv", EPISODE_FIELDS)
             self.rounds = self._csv(out / "rounds.csv", ROUND_FIELDS)
@@ -553,6 +581,7 @@ class _Logs:
                 except ImportError:
                     log.warning("tensorboard is not installed; no event files (pip install 'tensorboard>=2.15')")
                 else:
+                    refuse_foreign_link(out / "tb")   # its events would go where it points
                     logdir, self._tb_fd = _tb_logdir(out / "tb")
                     if logdir is None:
                         log.warning("TensorBoard events disabled: TensorBoard cannot name %s (it encodes file "
@@ -561,9 +590,17 @@ class _Logs:
                     else:
                         # the events past upto, like the CSV rows dropped, are logged again now
                         purge = upto + 1 if append and upto is not None else None
-                        self.tb = SummaryWriter(logdir, flush_secs=10, purge_step=purge)
-                        self._summary = Summary
+                        # before the writer: its constructor writes and flushes its first event
                         self._hook_tb_thread()
+                        try:
+                            self.tb = SummaryWriter(logdir, flush_secs=10, purge_step=purge)
+                        except OSError as e:   # tb/ read only, or full: as a writer that fails later
+                            self._failed("tb/", e, "no TensorBoard event files in this run; training goes on")
+                            self._unhook_tb_thread()
+                            self._close_tb_fd()
+                        else:
+                            self._summary = Summary
+                            self._tb_hook_known()
         except BaseException:
             # the files opened before the one that failed are closed now, not whenever the
             # error's traceback (which holds them) goes
@@ -572,6 +609,7 @@ class _Logs:
                     f.close()
                 except OSError:
                     pass   # a header that did not fit: the caller reports the failure that came first
+            self._unhook_tb_thread()
             self._close_tb_fd()
             raise
 
@@ -631,35 +669,57 @@ class _Logs:
             self._drop_tb(e)
 
     def _hook_tb_thread(self) -> None:
-        """Take the OSError that ends TensorBoard's writer thread (a full disk) from threading's
-        hook, which prints its traceback raw to stderr: the peer's log under ``swarm run``, where
-        it reads as a crash. The writer raises it again at its next write or close, where
-        :meth:`_drop_tb` logs it once; here it goes to the log at DEBUG, with its traceback.
-        Any other thread's exception, or another kind, goes on to the hook that was there."""
+        """Take the OSError that ends TensorBoard's writer thread (a full disk, a read-only
+        ``tb/``) from threading's hook, which prints its traceback raw to stderr: the peer's
+        log under ``swarm run``, where it reads as a crash. The writer raises it again (in its
+        constructor, at its next write or at close), where it is logged once (:meth:`_drop_tb`);
+        here it goes to the log at DEBUG, with its traceback. Any other thread's exception,
+        or another kind, goes on to the hook that was there.
+
+        Called before the writer is made, as its constructor's first write may fail already:
+        until :meth:`_tb_hook_known` names its thread, any TensorBoard writer thread started
+        since is taken for it."""
         try:
-            thread = self.tb._get_file_writer().event_writer._async_writer._worker
-        except AttributeError:
+            from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread  # noqa: PLC0415
+        except ImportError:
             return   # a TensorBoard that keeps its thread elsewhere: its traceback is printed, as before
         before, rank = threading.excepthook, self._failed.rank
+        earlier = set(threading.enumerate())   # threads that are not this writer's
+        mine: list[threading.Thread] = []      # its thread, once known
+
+        def ours(t: threading.Thread | None) -> bool:
+            return t in mine if mine else isinstance(t, _AsyncWriterThread) and t not in earlier
 
         def hook(args: threading.ExceptHookArgs) -> None:
-            if args.thread is thread and issubclass(args.exc_type, OSError):
+            if ours(args.thread) and issubclass(args.exc_type, OSError):
                 log.debug("peer%d: TensorBoard's writer thread stopped", rank,
                           exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
             else:
                 before(args)
 
         threading.excepthook = hook
-        self._tb_hook = (hook, before, thread)
+        self._tb_hook = (hook, before, mine, ours)
+
+    def _tb_hook_known(self) -> None:
+        """Narrow the hook of :meth:`_hook_tb_thread` to the writer's own thread, now that it is made."""
+        if self._tb_hook is None:
+            return
+        try:
+            self._tb_hook[2].append(self.tb._get_file_writer().event_writer._async_writer._worker)
+        except AttributeError:
+            pass   # kept elsewhere: the hook goes on taking the writer threads started since
 
     def _unhook_tb_thread(self) -> None:
         """Give threading back the hook that was there, once the writer's thread has ended (ours
         stays where another was set over it since, passing on all but that thread's)."""
         if self._tb_hook is None:
             return
-        hook, before, thread = self._tb_hook
-        thread.join(self._TB_THREAD_END_S)   # one that failed may not have reached the hook yet
-        if not thread.is_alive():
+        hook, before, mine, ours = self._tb_hook
+        # (a writer whose constructor failed was not named: its thread is the one started since)
+        threads = mine or [t for t in threading.enumerate() if ours(t)]
+        for t in threads:
+            t.join(self._TB_THREAD_END_S)   # one that failed may not have reached the hook yet
+        if not any(t.is_alive() for t in threads):
             self._tb_hook = None
             if threading.excepthook is hook:
                 threading.excepthook = before
@@ -1848,7 +1908,7 @@ def run_peer(spec: Spec, rank: int, coordinator: str | Sequence[str], run_dir: s
                     try:
                         save_params(out / "best.pt", eval_return=state.eval_return)
                     except OSError as e:   # a full disk: the best.pt there stays, and what summary.json says of it
-                        unwritten("best.pt", e, "the one there stays; training goes on")
+                        unwritten("best.pt", e, "the one there (if any) stays; training goes on")
                     else:
                         summary.update(best_eval_return=state.eval_return, best_eval_at=step)
                 if (spec.budget.stop_when_solved and state.eval_return >= ev.solve_return
