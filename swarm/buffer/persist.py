@@ -41,6 +41,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -51,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from ..checks import is_int, is_real, process_gone, seconds
-from ..errors import ReplayError
+from ..errors import ConfigError, ReplayError
 from .limiter import RateLimiter
 
 if TYPE_CHECKING:
@@ -491,6 +492,23 @@ def no_link(path: str | Path, flags: int) -> int:
             raise OSError(e.errno, "a symbolic link is there, and swarm writes through none: remove it",
                           str(path)) from None
         raise
+
+
+def refuse_foreign_link(path: Path) -> None:
+    """Raise ConfigError naming ``path`` when it is a symbolic link that another user made:
+    in a run folder that others may write (a group-shared one, a ``--run-dir /tmp/x``
+    another user made first), one planted as ``peer0/``, ``tb/`` or ``ckpt/`` had swarm
+    write into, and prune (old event files, ``full-*`` folders), the folder it points to,
+    anywhere this user may write. A link of this user's own (``ckpt`` on a scratch disk)
+    is followed."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return   # not there yet (made as a folder), or not to be looked at: its use says why
+    if stat.S_ISLNK(st.st_mode) and st.st_uid != os.geteuid():
+        raise ConfigError(f"{path} is a symbolic link (to {os.readlink(path)}) that another user (uid "
+                          f"{st.st_uid}) made, and swarm writes through no link planted in a run folder; "
+                          "remove it, or pass --run-dir DIR for this run")
 
 
 def create_new(path: Path) -> None:

@@ -75,7 +75,6 @@ import pickle
 import re
 import secrets
 import shutil
-import stat
 import time
 import warnings
 from collections import deque
@@ -86,7 +85,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..buffer.persist import create_new, fsync_dir, write_synced
+from ..buffer.persist import create_new, fsync_dir, refuse_foreign_link, write_synced
 from ..errors import ConfigError, ReplayError, SwarmError
 
 log = logging.getLogger("swarm.experiment")
@@ -137,23 +136,6 @@ def _out_of_space(e: BaseException | None) -> bool:
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return False
-
-
-def refuse_foreign_link(path: Path) -> None:
-    """Raise ConfigError naming ``path`` when it is a symbolic link that another user made:
-    in a run folder that others may write (a group-shared one, a ``--run-dir /tmp/x``
-    another user made first), one planted as ``peer0/``, ``tb/`` or ``ckpt/`` had swarm
-    write into, and prune (old event files, ``full-*`` folders), the folder it points to,
-    anywhere this user may write. A link of this user's own (``ckpt`` on a scratch disk)
-    is followed."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return   # not there yet (made as a folder), or not to be looked at: its use says why
-    if stat.S_ISLNK(st.st_mode) and st.st_uid != os.geteuid():
-        raise ConfigError(f"{path} is a symbolic link (to {os.readlink(path)}) that another user (uid "
-                          f"{st.st_uid}) made, and swarm writes through no link planted in a run folder; "
-                          "remove it, or pass --run-dir DIR for this run")
 
 
 class Checkpointer:

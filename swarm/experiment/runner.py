@@ -95,13 +95,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..buffer.persist import create_new, no_link, resume_sequence, write_synced
+from ..buffer.persist import create_new, no_link, refuse_foreign_link, resume_sequence, write_synced
 from ..buffer.replay import seq_floor
 from ..config import PeerConfig, read_file, to_dict
 from ..errors import ConfigError, GossipError, PeerTimeout, SwarmError
 from .checkpoint import (MAX_LINEAGE, Checkpointer, DivergedCheckpoint, Lineage, array_digest, json_bytes, latest,
-                         load_newest, newest_lineage, nonfinite, read_checkpoint_pt, read_lineage,
-                         refuse_foreign_link, state_digest, write_json, write_lineage, write_whole)
+                         load_newest, newest_lineage, nonfinite, read_checkpoint_pt, read_lineage, state_digest,
+                         write_json, write_lineage, write_whole)
 from .spec import BufferSpec, Spec, _plain_number
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def make_peer_dir(run_dir: str | Path, rank: int, where: str = "") -> Path:
     """Create the folder of the peer of this rank (see `peer_dir`) and return it; a
     ConfigError that names ``where`` (default: the run folder) when it cannot, or when it,
     its ``tb/`` or its ``ckpt/`` is a symbolic link that another user made
-    (:func:`~swarm.experiment.checkpoint.refuse_foreign_link`)."""
+    (:func:`~swarm.buffer.persist.refuse_foreign_link`)."""
     out = peer_dir(run_dir, rank)
     for folder in (out, out / "tb", out / "ckpt"):   # swarm writes into these, and prunes tb/ and ckpt/
         try:
