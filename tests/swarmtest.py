@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, Coroutine, Iterator
@@ -515,6 +516,19 @@ def reaped(p: subprocess.Popen) -> Iterator[subprocess.Popen]:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def run_child(tmp_path: Path, source: str, *args: str, timeout: float = 120.0) -> tuple[int, str, str]:
+    """Run ``source`` (a script, dedented) in a Python process of its own with this tree's
+    swarm first on its path, from the tree's root; return its exit status, stdout and stderr
+    (it is killed by its pid if the wait fails)."""
+    src = tmp_path / "child.py"
+    src.write_text(textwrap.dedent(source))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))   # this tree's swarm, not the one installed
+    with reaped(subprocess.Popen([sys.executable, str(src), *args], cwd=ROOT, text=True, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)) as p:
+        out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
 
 
 def reap_run(p: subprocess.Popen, root: Path) -> None:

@@ -12,21 +12,17 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 import types
 from pathlib import Path
 
 import pytest
-from swarmtest import Clock, reaped
+from swarmtest import Clock, run_child
 
 from swarm.experiment import runner
 from swarm.experiment.runner import _Logs, _Unwritten
 
-ROOT = Path(__file__).resolve().parents[2]
 
 # A _Logs whose TensorBoard writes fail (gfile's _write raises ENOSPC, as a full disk does)
 # in a process of its own, so that threading's hook is Python's default one, which prints
@@ -64,12 +60,8 @@ FULL_TB = """
 
 def test_a_tensorboard_writer_thread_that_fails_prints_no_traceback_and_is_logged_once(tmp_path):
     pytest.importorskip("tensorboard")
-    src = tmp_path / "child.py"
-    src.write_text(textwrap.dedent(FULL_TB))
-    with reaped(subprocess.Popen([sys.executable, str(src), str(tmp_path / "peer0")], cwd=ROOT, text=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)) as p:
-        out, err = p.communicate(timeout=120)
-    assert p.returncode == 0, err
+    code, out, err = run_child(tmp_path, FULL_TB, str(tmp_path / "peer0"))
+    assert code == 0, err
     got = json.loads(out.strip().splitlines()[-1])
     assert got["dropped"] and got["counts"] == {"tb/": 1}, (got, err)
     # the old runner: "Exception in thread Thread-1:" and TensorBoard's traceback, raw

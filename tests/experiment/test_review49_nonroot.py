@@ -18,15 +18,12 @@ import errno
 import json
 import logging
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 # a coordinator process for in-process peers (tests/ is on the path)
 from experiment.test_runner import ONE, coordinator  # noqa: F401 - a fixture
-from swarmtest import Clock, reaped
+from swarmtest import Clock, run_child
 
 from swarm.errors import ConfigError
 from swarm.experiment import load_spec
@@ -34,7 +31,6 @@ from swarm.experiment.checkpoint import FAILURE_LOG_S, Checkpointer
 from swarm.experiment.launch import summarize
 from swarm.experiment.runner import _at_start, _drop_old_results, make_peer_dir, run_peer
 
-ROOT = Path(__file__).resolve().parents[2]
 OTHER_UID = 4242   # another user's, as the links planted in a shared folder are
 
 
@@ -128,16 +124,11 @@ UNWRITABLE_TB = """
 
 def test_a_tb_folder_that_cannot_be_written_at_start_drops_tensorboard_with_one_error_and_no_traceback(tmp_path):
     pytest.importorskip("tensorboard")
-    src = tmp_path / "child.py"
-    src.write_text(textwrap.dedent(UNWRITABLE_TB))
     out = tmp_path / "peer0"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))   # this tree's swarm, not the one installed
-    with reaped(subprocess.Popen([sys.executable, str(src), str(out)], cwd=ROOT, text=True, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)) as p:
-        got, err = p.communicate(timeout=120)
+    code, got, err = run_child(tmp_path, UNWRITABLE_TB, str(out))
     # the old runner: "Exception in thread Thread-1" and TensorBoard's traceback, then the
     # PermissionError raised out of _Logs
-    assert p.returncode == 0, err
+    assert code == 0, err
     assert "Exception in thread" not in err and "Traceback" not in err, err
     got = json.loads(got.strip().splitlines()[-1])
     assert got["tb"] and got["counts"] == {"tb/": 1} and got["hook_back"], got
